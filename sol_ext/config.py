@@ -1,0 +1,156 @@
+"""Configuration of one training run, its defaults and its checks.
+
+The defaults are chosen for the default data set (UCI abalone, 8 physical measurements, 29 ranks,
+~3300 training rows) on two CPU cores; the SOL loss settings are the paper's (SPEC §11, MORPH II):
+``sigma=1, tau=3, margin=0.25, T=1, beta=0.9``, Adam with weight decay 5e-4. The learning rate
+is 1e-3 instead of the paper's 1e-4: the paper fine-tunes a pretrained VGG16 for 100 epochs,
+while here a small MLP starts from scratch and must converge in ~20 epochs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .encoders import ENCODERS
+from .pairs import PAIR_MODES
+
+__all__ = ["METHODS", "NO_NOISE_SIGMA", "TrainConfig", "CONFIG_FIELDS_FREE_ON_RESUME",
+           "config_mismatches"]
+
+METHODS = ("sol", "sol-no-noise", "l1", "ce")
+
+# sigma of the noise kernel for "sol-no-noise": P[q, j] = exp(-(j-q)^2 / 2e-6) / ... is the
+# identity to float64 precision (the first off-diagonal term is exp(-5e5) = 0), so the loss is
+# plain order learning with 0/1 ordering probabilities.
+NO_NOISE_SIGMA = 1e-3
+
+# Fields a resumed run may change: more epochs, another device or kernel backend.
+CONFIG_FIELDS_FREE_ON_RESUME = frozenset({"epochs", "device", "backend"})
+
+
+@dataclass
+class TrainConfig:
+    """Everything that determines a run. Units: ranks unless said otherwise."""
+
+    # data
+    data: str = "abalone"                   # data set name or file path (sol_ext.data.load_dataset)
+    test_data: Optional[str] = None         # separate test file: then `data` is used whole for training
+    label_column: Optional[str] = None      # label column of a CSV file
+    test_fraction: float = 0.2
+    # label noise added to the training labels (SPEC §9); "none" when they are already noisy
+    noise: str = "gaussian"
+    kappa: float = 0.3
+    noise_fraction: float = 1.0
+    # method and encoder
+    method: str = "sol"
+    encoder: str = "auto"                   # auto: mlp for vectors, cnn for images
+    embedding_dim: int = 16
+    hidden: tuple[int, ...] = (128, 128)   # MLP widths
+    vgg_weights: Optional[str] = None       # local VGG16-BN state dict
+    normalize: bool = True                  # L2-normalize embeddings and centroids (SPEC §10.4)
+    # SOL hyperparameters (SPEC §1, §8, §11)
+    sigma: float = 1.0
+    tau: int = 3
+    margin: float = 0.25
+    T: int = 1
+    disc_weight: float = 1.0
+    beta: float = 0.9
+    convention: str = "paper"               # "official" also floors the relabel step (SPEC §10.5)
+    pairs: str = "all"                      # "all" pairs of a batch or the authors' "balanced" sampler
+    pairs_per_class: int = 32
+    refine: Optional[bool] = None           # outlier detection + relabeling; None: on for "sol" only
+    # optimization
+    lr: float = 1e-3
+    weight_decay: float = 5e-4
+    epochs: int = 20
+    batch_size: int = 64
+    seed: int = 0
+    device: str = "cpu"
+    backend: str = "auto"
+    # evaluation
+    cs_theta: Optional[float] = None        # CS threshold in label units; None: 2 rank steps
+
+    def __post_init__(self) -> None:
+        self.hidden = tuple(int(h) for h in self.hidden)  # a list after a JSON round trip
+
+    # -- derived settings -------------------------------------------------------------------
+    @property
+    def uses_centroids(self) -> bool:
+        return self.method in ("sol", "sol-no-noise")
+
+    @property
+    def kernel_sigma(self) -> float:
+        """sigma of the noise kernel actually used (tiny for ``sol-no-noise``)."""
+        return NO_NOISE_SIGMA if self.method == "sol-no-noise" else self.sigma
+
+    @property
+    def refines(self) -> bool:
+        """Whether labels are refined after each epoch (SOL only; default on for ``sol``)."""
+        if not self.uses_centroids:
+            return False
+        return self.method == "sol" if self.refine is None else bool(self.refine)
+
+    def validate(self) -> "TrainConfig":
+        """Check every value; raise ``ValueError`` naming the bad one and the expected range."""
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ValueError(msg)
+
+        need(self.method in METHODS,
+             f"unknown method {self.method!r}; expected one of {', '.join(METHODS)}.")
+        need(self.encoder in ENCODERS,
+             f"unknown encoder {self.encoder!r}; expected one of {', '.join(ENCODERS)}.")
+        need(self.pairs in PAIR_MODES,
+             f"unknown pair set {self.pairs!r}; expected one of {', '.join(PAIR_MODES)}.")
+        need(self.convention in ("paper", "official"),
+             f"unknown convention {self.convention!r}; expected 'paper' or 'official'.")
+        need(math.isfinite(self.kappa) and self.kappa >= 0,
+             f"kappa must be a finite number >= 0, got {self.kappa}.")
+        need(0.0 <= self.noise_fraction <= 1.0,
+             f"noise fraction must be in [0, 1], got {self.noise_fraction}.")
+        need(0.0 < self.test_fraction < 1.0,
+             f"test fraction must be in (0, 1), got {self.test_fraction}.")
+        need(self.sigma > 0 and math.isfinite(self.sigma), f"sigma must be > 0, got {self.sigma}.")
+        need(self.tau >= 0, f"tau must be an integer >= 0, got {self.tau}.")
+        need(self.margin >= 0, f"margin must be >= 0, got {self.margin}.")
+        need(self.T >= 1, f"T must be an integer >= 1, got {self.T}.")
+        need(0.0 < self.beta <= 1.0, f"beta must be in (0, 1], got {self.beta}.")
+        need(self.lr > 0, f"learning rate must be > 0, got {self.lr}.")
+        need(self.weight_decay >= 0, f"weight decay must be >= 0, got {self.weight_decay}.")
+        need(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}.")
+        need(self.batch_size >= 2, f"batch size must be >= 2 (pairs need two samples), "
+                                   f"got {self.batch_size}.")
+        need(self.embedding_dim >= 1, f"embedding dim must be >= 1, got {self.embedding_dim}.")
+        need(all(h >= 1 for h in self.hidden), f"hidden widths must be >= 1, got {self.hidden}.")
+        need(self.pairs_per_class >= 1,
+             f"pairs per class must be >= 1, got {self.pairs_per_class}.")
+        need(self.seed >= 0, f"seed must be >= 0, got {self.seed}.")
+        need(self.cs_theta is None or self.cs_theta >= 0,
+             f"CS threshold must be >= 0, got {self.cs_theta}.")
+        need(self.vgg_weights is None or self.encoder == "vgg16bn",
+             "--vgg-weights applies only to --encoder vgg16bn.")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["hidden"] = list(self.hidden)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown configuration keys {sorted(unknown)}; the checkpoint was "
+                             f"written by another version of sol_ext.")
+        return cls(**d)
+
+
+def config_mismatches(saved: TrainConfig, current: TrainConfig) -> list[str]:
+    """``"field: saved -> current"`` for each field that a resumed run may not change."""
+    a, b = saved.to_dict(), current.to_dict()
+    return [f"{k}: {a[k]!r} -> {b[k]!r}" for k in a
+            if k not in CONFIG_FIELDS_FREE_ON_RESUME and a[k] != b[k]]

@@ -1,0 +1,96 @@
+"""PNG figures of a run (matplotlib, Agg backend): learning curves, CS curve, PCA of embeddings."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from .checkpoint import atomic_write_bytes
+
+__all__ = ["pca_2d", "plot_learning_curves", "plot_cs_curve", "plot_embeddings", "save_figure"]
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ImportError("plots need matplotlib: pip install matplotlib "
+                          "(or pass --no-plots).") from exc
+    matplotlib.use("Agg", force=True)  # files only; never open a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path) -> None:
+    """Render ``fig`` to PNG and write it atomically; the figure is closed."""
+    plt = _pyplot()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def pca_2d(x: torch.Tensor) -> torch.Tensor:
+    """First two principal components ``[N, 2]`` of ``x`` ``[N, d]`` (zeros where ``d < 2``)."""
+    x = x.detach().to(torch.float64)
+    x = x - x.mean(dim=0, keepdim=True)
+    out = torch.zeros(x.shape[0], 2, dtype=torch.float64)
+    if x.shape[0] < 2:
+        return out
+    _, _, v = torch.linalg.svd(x, full_matrices=False)
+    k = min(2, v.shape[0])
+    out[:, :k] = x @ v[:k].T
+    return out
+
+
+def plot_learning_curves(history: Sequence[dict[str, Any]], path: Path, title: str) -> None:
+    """Train loss, test MAE, label error of the current training labels and relabels per epoch."""
+    plt = _pyplot()
+    epochs = [r["epoch"] for r in history]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    axes[0].plot(epochs, [r["train_loss"] for r in history], marker=".")
+    axes[0].set(title="training loss", xlabel="epoch")
+    axes[1].plot(epochs, [r["test"]["mae"] for r in history], marker=".", label="test MAE")
+    if history and history[0].get("labels_after") is not None:
+        axes[1].plot(epochs, [r["labels_after"]["mae"] for r in history], marker=".",
+                     label="training-label MAE vs clean (ranks)")
+    axes[1].set(title="errors", xlabel="epoch")
+    axes[1].legend(fontsize=8)
+    axes[2].bar(epochs, [r["relabeled"] for r in history])
+    axes[2].set(title="labels relabeled", xlabel="epoch")
+    fig.suptitle(title)
+    save_figure(fig, path)
+
+
+def plot_cs_curve(errors: torch.Tensor, path: Path, title: str, step: float) -> None:
+    """Cumulative score (percent of test samples with ``|error| <= theta``) against theta."""
+    plt = _pyplot()
+    from .metrics import cs_curve
+
+    errors = errors.detach().to(torch.float64).abs()
+    top = max(float(errors.max()) if errors.numel() else 0.0, 10 * step)
+    n_steps = int(round(top / step))
+    thetas = [i * step for i in range(n_steps + 1)]
+    cs = cs_curve(errors, torch.zeros_like(errors), thetas)
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    ax.plot(thetas, cs, marker=".")
+    ax.set(title=title, xlabel="error tolerance theta (label units)", ylabel="CS (%)",
+           ylim=(0, 100.5))
+    ax.grid(alpha=0.3)
+    save_figure(fig, path)
+
+
+def plot_embeddings(embeddings: torch.Tensor, ranks_values: torch.Tensor, path: Path,
+                    title: str) -> None:
+    """PCA of test embeddings ``[M, d]``, colored by clean label ``[M]`` (label units)."""
+    plt = _pyplot()
+    xy = pca_2d(embeddings)
+    fig, ax = plt.subplots(figsize=(5.2, 4.2))
+    sc = ax.scatter(xy[:, 0], xy[:, 1], c=ranks_values.to(torch.float64), s=6, cmap="viridis")
+    fig.colorbar(sc, ax=ax, label="clean label")
+    ax.set(title=title, xlabel="PC 1", ylabel="PC 2")
+    save_figure(fig, path)

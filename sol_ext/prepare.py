@@ -1,0 +1,110 @@
+"""Data of one run: load, split, standardize, and add label noise to the training labels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from .config import TrainConfig
+
+__all__ = ["PreparedData", "prepare_data"]
+
+
+@dataclass
+class PreparedData:
+    """Training and test sets of a run, as tensors.
+
+    Attributes:
+        name, kind: data set name and kind (``tabular``, ``embeddings`` or ``images``).
+        encoder: the ``RankEncoder`` mapping label values to ranks (shared by both sets).
+        train_x: ``[N, ...]`` float32 training inputs.
+        train_given: ``[N]`` int64 training ranks as given to the learner (noisy).
+        train_clean: ``[N]`` int64 clean training ranks, or ``None`` when unknown (labels that
+            came noisy from a file).
+        test_x: ``[M, ...]`` float32 test inputs.
+        test_ranks: ``[M]`` int64 test ranks (clean; never shown to the learner).
+    """
+
+    name: str
+    kind: str
+    encoder: Any
+    train_x: torch.Tensor
+    train_given: torch.Tensor
+    train_clean: Optional[torch.Tensor]
+    test_x: torch.Tensor
+    test_ranks: torch.Tensor
+
+    @property
+    def num_ranks(self) -> int:
+        return int(self.encoder.num_ranks)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.train_x.shape[1:])
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a checkpoint must agree on to be resumed with these data."""
+        return {"name": self.name, "kind": self.kind, "num_ranks": self.num_ranks,
+                "min_value": float(self.encoder.min_value), "step": float(self.encoder.step),
+                "n_train": int(self.train_x.shape[0]), "n_test": int(self.test_x.shape[0]),
+                "input_shape": list(self.input_shape),
+                "given_label_sum": int(self.train_given.sum())}
+
+
+def _load(spec: str, config: TrainConfig):
+    from .data import load_dataset
+
+    options = {}
+    if config.label_column is not None:
+        options["label_column"] = config.label_column
+    return load_dataset(spec, **options)
+
+
+def prepare_data(config: TrainConfig) -> PreparedData:
+    """Load ``config.data`` (and ``config.test_data``), split, standardize vectors, add noise.
+
+    Without ``test_data`` the data set is split ``1 - test_fraction : test_fraction`` with
+    ``config.seed``; its labels count as clean and noise of ``config.noise``/``kappa`` is added
+    to the training part only. With ``test_data`` the first file is the whole training set and
+    its labels are taken as given (already noisy: no clean labels) unless noise is requested.
+    """
+    from .data import standardize, train_test_split
+    from .noise import add_label_noise
+
+    full = _load(config.data, config)
+    if config.test_data is not None:
+        train, test = full, _load(config.test_data, config)
+        test = _reencode(test, train.encoder, config.test_data)
+        if tuple(test.features.shape[1:]) != tuple(train.features.shape[1:]):
+            raise ValueError(f"test samples of {config.test_data!r} have shape "
+                             f"{list(test.features.shape[1:])}, training samples "
+                             f"{list(train.features.shape[1:])}; expected the same features.")
+    else:
+        train, test = train_test_split(full, test_fraction=config.test_fraction, seed=config.seed)
+    if train.kind in ("tabular", "embeddings"):
+        train, test = standardize(train, test)
+    n = int(train.encoder.num_ranks)
+    noisy = add_label_noise(train.ranks, n, noise=config.noise, kappa=config.kappa,
+                            seed=config.seed, fraction=config.noise_fraction)
+    labels_known_clean = config.test_data is None or noisy.scale > 0
+    return PreparedData(
+        name=train.name, kind=train.kind, encoder=train.encoder,
+        train_x=train.features.float(), train_given=noisy.noisy.long(),
+        train_clean=noisy.clean.long() if labels_known_clean else None,
+        test_x=test.features.float(), test_ranks=test.ranks.long())
+
+
+def _reencode(test, encoder, path: str):
+    """The test set's labels on the training set's rank grid."""
+    from .data import OrdinalDataset
+
+    values = test.encoder.decode(test.ranks)
+    lo = float(encoder.min_value)
+    hi = lo + float(encoder.step) * (int(encoder.num_ranks) - 1)
+    if float(values.min()) < lo - 1e-9 or float(values.max()) > hi + 1e-9:
+        raise ValueError(f"test labels of {path!r} range over {float(values.min()):g}.."
+                         f"{float(values.max()):g}, outside the training labels' {lo:g}..{hi:g}; "
+                         f"expected test labels within the training range.")
+    return OrdinalDataset(test.features, encoder.encode(values), encoder, test.name, test.kind)
