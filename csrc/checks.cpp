@@ -1,0 +1,74 @@
+// Last-guard argument checks shared by every backend. The Python layer (sol_ext/_validation.py)
+// validates first and gives friendlier messages; these keep a kernel from ever reading out of bounds
+// when an op is called directly through torch.ops.
+#include <c10/util/Exception.h>
+
+#include <cmath>
+
+#include "sol_ext.h"
+
+namespace sol_ext {
+
+void check_labels(const at::Tensor& labels, int64_t batch_size, int64_t n) {
+  TORCH_CHECK(labels.scalar_type() == at::kLong, "labels must be int64, got ", labels.scalar_type());
+  TORCH_CHECK(labels.dim() == 1 && labels.size(0) == batch_size,
+              "labels must have shape [", batch_size, "], got ", labels.sizes());
+  if (labels.is_cpu() && labels.numel() > 0) {  // a device-side check would synchronize
+    const auto [lowest, highest] = at::aminmax(labels);
+    TORCH_CHECK(lowest.item<int64_t>() >= 0 && highest.item<int64_t>() < n,
+                "labels must lie in 0..", n - 1, ", got values in ", lowest.item<int64_t>(), "..",
+                highest.item<int64_t>());
+  }
+}
+
+void check_dissimilarity_inputs(const at::Tensor& h, const at::Tensor& mu, double sigma) {
+  TORCH_CHECK(h.dim() == 2, "h must have shape [B, d], got ", h.sizes());
+  TORCH_CHECK(mu.dim() == 2 && mu.size(0) >= 1 && mu.size(1) == h.size(1),
+              "mu must have shape [n, ", h.size(1), "] with n >= 1, got ", mu.sizes());
+  TORCH_CHECK(h.scalar_type() == mu.scalar_type(), "h and mu must have one dtype, got ",
+              h.scalar_type(), " and ", mu.scalar_type());
+  TORCH_CHECK(at::isFloatingType(h.scalar_type()), "h must be floating point, got ", h.scalar_type());
+  TORCH_CHECK(h.device() == mu.device(), "h and mu must be on one device, got ", h.device(), " and ",
+              mu.device());
+  TORCH_CHECK(std::isfinite(sigma) && sigma > 0, "sigma must be a finite number > 0, got ", sigma);
+}
+
+void check_order_loss_inputs(
+    const at::Tensor& D,
+    const at::Tensor& labels,
+    const std::optional<at::Tensor>& pairs,
+    double sigma,
+    int64_t tau,
+    double margin) {
+  TORCH_CHECK(D.dim() == 2 && D.size(1) >= 1, "D must have shape [B, n] with n >= 1, got ", D.sizes());
+  TORCH_CHECK(at::isFloatingType(D.scalar_type()), "D must be floating point, got ", D.scalar_type());
+  TORCH_CHECK(labels.device() == D.device(), "labels must be on D's device ", D.device(), ", got ",
+              labels.device());
+  check_labels(labels, D.size(0), D.size(1));
+  TORCH_CHECK(std::isfinite(sigma) && sigma > 0, "sigma must be a finite number > 0, got ", sigma);
+  TORCH_CHECK(tau >= 0, "tau must be >= 0, got ", tau);
+  TORCH_CHECK(std::isfinite(margin) && margin >= 0, "margin must be a finite number >= 0, got ", margin);
+  if (pairs.has_value()) {
+    const at::Tensor& p = *pairs;
+    TORCH_CHECK(p.scalar_type() == at::kLong, "pairs must be int64, got ", p.scalar_type());
+    TORCH_CHECK(p.dim() == 2 && p.size(1) == 2, "pairs must have shape [M, 2], got ", p.sizes());
+    TORCH_CHECK(p.device() == D.device(), "pairs must be on D's device ", D.device(), ", got ", p.device());
+    if (p.is_cpu() && p.numel() > 0) {
+      const auto [lowest, highest] = at::aminmax(p);
+      TORCH_CHECK(lowest.item<int64_t>() >= 0 && highest.item<int64_t>() < D.size(0),
+                  "pair indices must lie in 0..", D.size(0) - 1, ", got values in ", lowest.item<int64_t>(),
+                  "..", highest.item<int64_t>());
+    }
+  }
+}
+
+void check_disc_loss_inputs(const at::Tensor& D, const at::Tensor& labels, int64_t T) {
+  TORCH_CHECK(D.dim() == 2 && D.size(1) >= 1, "D must have shape [B, n] with n >= 1, got ", D.sizes());
+  TORCH_CHECK(at::isFloatingType(D.scalar_type()), "D must be floating point, got ", D.scalar_type());
+  TORCH_CHECK(labels.device() == D.device(), "labels must be on D's device ", D.device(), ", got ",
+              labels.device());
+  check_labels(labels, D.size(0), D.size(1));
+  TORCH_CHECK(T >= 1, "T must be >= 1, got ", T);
+}
+
+} // namespace sol_ext

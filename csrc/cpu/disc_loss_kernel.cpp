@@ -1,0 +1,65 @@
+// Discriminative loss (SPEC §4) on the CPU. The loss is linear in D, so its backward pass needs
+// only the labels: grad_D[x,k] = grad[x] * coef_k.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "../sol_ext.h"
+#include "../sol_math.h"
+
+namespace sol_ext {
+namespace {
+
+at::Tensor disc_loss_cpu(const at::Tensor& D_in, const at::Tensor& labels_in, int64_t T) {
+  check_disc_loss_inputs(D_in, labels_in, T);
+  const at::Tensor D = D_in.contiguous();
+  const at::Tensor labels = labels_in.contiguous();
+  const int64_t B = D.size(0), n = D.size(1);
+  at::Tensor losses = at::empty({B}, D.options());
+  AT_DISPATCH_FLOATING_TYPES(D.scalar_type(), "disc_loss_cpu", [&] {
+    const scalar_t* D_ptr = D.data_ptr<scalar_t>();
+    const int64_t* r = labels.data_ptr<int64_t>();
+    scalar_t* out = losses.data_ptr<scalar_t>();
+    at::parallel_for(0, B, 1024, [&](int64_t begin, int64_t end) {
+      for (int64_t x = begin; x < end; ++x) {
+        double total = 0.0;
+        for_each_disc_term<double>(r[x], n, T, [&](int64_t k, double coef) { total += coef * D_ptr[x * n + k]; });
+        out[x] = scalar_t(total);
+      }
+    });
+  });
+  return losses;
+}
+
+at::Tensor disc_loss_backward_cpu(const at::Tensor& grad_in, const at::Tensor& labels_in, int64_t n, int64_t T) {
+  TORCH_CHECK(n >= 1, "num_ranks must be >= 1, got ", n);
+  TORCH_CHECK(at::isFloatingType(grad_in.scalar_type()), "grad_losses must be floating point, got ",
+              grad_in.scalar_type());
+  TORCH_CHECK(grad_in.dim() == 1, "grad_losses must have shape [B], got ", grad_in.sizes());
+  TORCH_CHECK(T >= 1, "T must be >= 1, got ", T);
+  const int64_t B = grad_in.size(0);
+  check_labels(labels_in, B, n);
+  const at::Tensor grad = grad_in.contiguous();
+  const at::Tensor labels = labels_in.contiguous();
+  at::Tensor grad_D = at::zeros({B, n}, grad.options());
+  AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "disc_loss_backward_cpu", [&] {
+    const scalar_t* g = grad.data_ptr<scalar_t>();
+    const int64_t* r = labels.data_ptr<int64_t>();
+    scalar_t* out = grad_D.data_ptr<scalar_t>();
+    at::parallel_for(0, B, 1024, [&](int64_t begin, int64_t end) {
+      for (int64_t x = begin; x < end; ++x) {
+        for_each_disc_term<scalar_t>(r[x], n, T, [&](int64_t k, scalar_t coef) { out[x * n + k] += coef * g[x]; });
+      }
+    });
+  });
+  return grad_D;
+}
+
+} // namespace
+
+TORCH_LIBRARY_IMPL(sol_ext, CPU, m) {
+  m.impl("disc_loss", &disc_loss_cpu);
+  m.impl("_disc_loss_backward", &disc_loss_backward_cpu);
+}
+
+} // namespace sol_ext

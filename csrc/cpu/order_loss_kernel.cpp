@@ -1,0 +1,197 @@
+// Stochastic order loss (SPEC §6, §7) on the CPU, forward and backward.
+//
+// No [M,n] or [B,B,n] intermediate: each pair's loss is reduced over ranks on the fly, and the
+// backward pass gives each row of grad_D to one worker, which visits that row's pairs in a fixed
+// order. Every pair's rank-gradient is therefore computed twice (once per row), and the result is
+// bitwise reproducible for any number of threads. Extra memory: O(B*n + M).
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <vector>
+
+#include "../sol_ext.h"
+#include "../sol_math.h"
+
+namespace sol_ext {
+namespace {
+
+using acc_t = double;
+
+// What every pair evaluation needs: D, labels, the probability table and the loss constants.
+template <typename scalar_t>
+struct PairContext {
+  const scalar_t* D;
+  const int64_t* labels;
+  const double* table;  // [n,n,3]
+  int64_t n;
+  scalar_t gamma;
+  bool official;
+
+  PairTerms<acc_t> terms(int64_t x, int64_t y) const {
+    const int64_t rx = labels[x], ry = labels[y];
+    const double* p = table + (rx * n + ry) * 3;
+    return PairTerms<acc_t>(p[0], p[1], p[2], rx, ry, official);
+  }
+
+  acc_t loss(int64_t x, int64_t y) const {
+    const PairTerms<acc_t> t = terms(x, y);
+    const scalar_t* Dx = D + x * n;
+    const scalar_t* Dy = D + y * n;
+    acc_t total = 0;
+    for (int64_t q = 0; q < n; ++q) total += t.loss(q, scalar_t(Dx[q] - Dy[q]), gamma);
+    return total;
+  }
+
+  // acc[q] += scale * d l(x,y) / d delta_q, where delta_q = D[x,q] - D[y,q].
+  void add_grad(int64_t x, int64_t y, acc_t scale, acc_t* acc) const {
+    const PairTerms<acc_t> t = terms(x, y);
+    const scalar_t* Dx = D + x * n;
+    const scalar_t* Dy = D + y * n;
+    for (int64_t q = 0; q < n; ++q) acc[q] += scale * t.grad(q, scalar_t(Dx[q] - Dy[q]), gamma);
+  }
+};
+
+template <typename scalar_t>
+PairContext<scalar_t> make_context(
+    const at::Tensor& D, const at::Tensor& labels, const at::Tensor& table, double margin, c10::string_view convention) {
+  return {D.data_ptr<scalar_t>(), labels.data_ptr<int64_t>(), table.data_ptr<double>(), D.size(1),
+          static_cast<scalar_t>(margin), parse_convention(convention) == Convention::Official};
+}
+
+// First pair (a, b) of the all-pairs order at linear index m.
+std::pair<int64_t, int64_t> unravel_pair(int64_t m, int64_t B) {
+  const double two_b = 2.0 * B - 1.0;
+  int64_t a = static_cast<int64_t>((two_b - std::sqrt(std::max(0.0, two_b * two_b - 8.0 * m))) / 2.0);
+  a = std::min(std::max<int64_t>(a, 0), B - 2);
+  while (a > 0 && pair_index(a, a + 1, B) > m) --a;  // correct the float estimate
+  while (a + 1 < B - 1 && pair_index(a + 1, a + 2, B) <= m) ++a;
+  return {a, a + 1 + (m - pair_index(a, a + 1, B))};
+}
+
+at::Tensor order_loss_cpu(
+    const at::Tensor& D_in,
+    const at::Tensor& labels_in,
+    const std::optional<at::Tensor>& pairs_in,
+    double sigma,
+    int64_t tau,
+    double margin,
+    c10::string_view convention) {
+  check_order_loss_inputs(D_in, labels_in, pairs_in, sigma, tau, margin);
+  const at::Tensor D = D_in.contiguous();
+  const at::Tensor labels = labels_in.contiguous();
+  const int64_t B = D.size(0), n = D.size(1);
+  const int64_t M = num_pairs(B, pairs_in);
+  at::Tensor losses = at::empty({M}, D.options());
+  if (M == 0) return losses;
+  const at::Tensor table = ordering_table(n, sigma, tau, parse_convention(convention), at::kDouble, D.device());
+
+  AT_DISPATCH_FLOATING_TYPES(D.scalar_type(), "order_loss_cpu", [&] {
+    const auto ctx = make_context<scalar_t>(D, labels, table, margin, convention);
+    scalar_t* out = losses.data_ptr<scalar_t>();
+    const int64_t grain = std::max<int64_t>(1, 32768 / n);
+    if (pairs_in.has_value()) {
+      const at::Tensor pairs = pairs_in->contiguous();
+      const int64_t* p = pairs.data_ptr<int64_t>();
+      at::parallel_for(0, M, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t m = begin; m < end; ++m) out[m] = scalar_t(ctx.loss(p[2 * m], p[2 * m + 1]));
+      });
+    } else {
+      at::parallel_for(0, M, grain, [&](int64_t begin, int64_t end) {
+        auto [a, b] = unravel_pair(begin, B);
+        for (int64_t m = begin; m < end; ++m) {
+          out[m] = scalar_t(ctx.loss(a, b));
+          if (++b == B) b = ++a + 1;
+        }
+      });
+    }
+  });
+  return losses;
+}
+
+at::Tensor order_loss_backward_cpu(
+    const at::Tensor& grad_losses,
+    const at::Tensor& D_in,
+    const at::Tensor& labels_in,
+    const std::optional<at::Tensor>& pairs_in,
+    double sigma,
+    int64_t tau,
+    double margin,
+    c10::string_view convention) {
+  check_order_loss_inputs(D_in, labels_in, pairs_in, sigma, tau, margin);
+  const at::Tensor D = D_in.contiguous();
+  const at::Tensor labels = labels_in.contiguous();
+  const int64_t B = D.size(0), n = D.size(1);
+  const int64_t M = num_pairs(B, pairs_in);
+  TORCH_CHECK(grad_losses.dim() == 1 && grad_losses.size(0) == M, "grad_losses must have shape [", M,
+              "], got ", grad_losses.sizes());
+  at::Tensor grad_D = at::zeros_like(D);
+  if (M == 0) return grad_D;
+  const at::Tensor table = ordering_table(n, sigma, tau, parse_convention(convention), at::kDouble, D.device());
+  // A stride-0 gradient (the backward of a mean or sum) is read in place, never materialized.
+  const at::Tensor g = grad_losses.to(D.scalar_type());
+  const int64_t g_stride = g.stride(0);
+
+  // For each row x, the pairs that touch it, as (pair index, +1 if x is the pair's first element
+  // else -1). Rows of all pairs are implicit; explicit pairs get a CSR list in pair order.
+  std::vector<int64_t> row_start, entries;
+  const int64_t* p = nullptr;
+  at::Tensor pairs;
+  if (pairs_in.has_value()) {
+    pairs = pairs_in->contiguous();
+    p = pairs.data_ptr<int64_t>();
+    row_start.assign(B + 1, 0);
+    for (int64_t m = 0; m < M; ++m) {
+      if (p[2 * m] == p[2 * m + 1]) continue;  // x == y: delta is 0 whatever D is, so no gradient
+      ++row_start[p[2 * m] + 1];
+      ++row_start[p[2 * m + 1] + 1];
+    }
+    for (int64_t x = 0; x < B; ++x) row_start[x + 1] += row_start[x];
+    entries.resize(row_start[B]);
+    std::vector<int64_t> fill(row_start.begin(), row_start.end() - 1);
+    for (int64_t m = 0; m < M; ++m) {
+      if (p[2 * m] == p[2 * m + 1]) continue;
+      entries[fill[p[2 * m]]++] = 2 * m;          // even: this row is the pair's x
+      entries[fill[p[2 * m + 1]]++] = 2 * m + 1;  // odd: this row is the pair's y
+    }
+  }
+
+  AT_DISPATCH_FLOATING_TYPES(D.scalar_type(), "order_loss_backward_cpu", [&] {
+    const auto ctx = make_context<scalar_t>(D, labels, table, margin, convention);
+    const scalar_t* g_ptr = g.data_ptr<scalar_t>();
+    scalar_t* out = grad_D.data_ptr<scalar_t>();
+    const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, M / B * n));
+    at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
+      std::vector<acc_t> acc(n);
+      for (int64_t x = begin; x < end; ++x) {
+        std::fill(acc.begin(), acc.end(), acc_t(0));
+        if (pairs_in.has_value()) {
+          for (int64_t e = row_start[x]; e < row_start[x + 1]; ++e) {
+            const int64_t m = entries[e] / 2;
+            const acc_t sign = entries[e] % 2 == 0 ? 1 : -1;
+            ctx.add_grad(p[2 * m], p[2 * m + 1], sign * acc_t(g_ptr[m * g_stride]), acc.data());
+          }
+        } else {
+          for (int64_t y = 0; y < B; ++y) {
+            if (y == x) continue;
+            const int64_t a = std::min(x, y), b = std::max(x, y);
+            const acc_t sign = x == a ? 1 : -1;
+            ctx.add_grad(a, b, sign * acc_t(g_ptr[pair_index(a, b, B) * g_stride]), acc.data());
+          }
+        }
+        for (int64_t q = 0; q < n; ++q) out[x * n + q] = scalar_t(acc[q]);
+      }
+    });
+  });
+  return grad_D;
+}
+
+} // namespace
+
+TORCH_LIBRARY_IMPL(sol_ext, CPU, m) {
+  m.impl("order_loss", &order_loss_cpu);
+  m.impl("_order_loss_backward", &order_loss_backward_cpu);
+}
+
+} // namespace sol_ext

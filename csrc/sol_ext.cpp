@@ -1,0 +1,41 @@
+// Every sol_ext op schema, and the (empty) Python module that loads them.
+// Shapes, dtypes and determinism of each op are documented in sol_ext.h.
+#include <Python.h>
+#include <torch/library.h>
+
+#include "sol_ext.h"
+
+#ifndef SOL_EXT_TORCH_VERSION
+#define SOL_EXT_TORCH_VERSION "unknown"
+#endif
+
+extern "C" {
+// Importing sol_ext._C runs the static TORCH_LIBRARY initializers below; the module itself only
+// records which torch it was built against, so that a mismatch is reported instead of crashing.
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  PyObject* module = PyModule_Create(&module_def);
+  if (module != nullptr) {
+    PyModule_AddStringConstant(module, "torch_version", SOL_EXT_TORCH_VERSION);
+  }
+  return module;
+}
+}
+
+TORCH_LIBRARY(sol_ext, m) {
+  m.def("stochastic_dissimilarity(Tensor h, Tensor mu, float sigma) -> Tensor");
+  m.def(
+      "_stochastic_dissimilarity_backward(Tensor grad_D, Tensor h, Tensor mu, float sigma, "
+      "bool need_grad_h, bool need_grad_mu) -> (Tensor, Tensor)");
+  m.def(
+      "ordering_probabilities(Tensor r_x, Tensor r_y, int num_ranks, float sigma, int tau, "
+      "str convention, ScalarType dtype) -> Tensor");
+  m.def(
+      "order_loss(Tensor D, Tensor labels, Tensor? pairs, float sigma, int tau, float margin, "
+      "str convention) -> Tensor");
+  m.def(
+      "_order_loss_backward(Tensor grad_losses, Tensor D, Tensor labels, Tensor? pairs, "
+      "float sigma, int tau, float margin, str convention) -> Tensor");
+  m.def("disc_loss(Tensor D, Tensor labels, int T) -> Tensor");
+  m.def("_disc_loss_backward(Tensor grad_losses, Tensor labels, int num_ranks, int T) -> Tensor");
+}

@@ -1,0 +1,75 @@
+// sol_ext: fused Stochastic Order Learning ops.
+//
+// Every op schema lives in sol_ext.cpp; each backend registers its kernels in
+// csrc/<backend>/<op>_kernel.{cpp,cu}. The math is ../SPEC.md (sections cited below).
+//
+// Ops (all tensors on one device; B = batch, n = ranks, d = embedding size, M = pairs):
+//
+//   stochastic_dissimilarity(h [B,d], mu [n,d], sigma) -> D [B,n]                      (SPEC §3)
+//       D[x,q] = sum_j P[q,j] ||h_x - mu_j||^2, computed as one [B,d]x[d,n] product plus
+//       a fused epilogue. dtype of h (float32/float64; CUDA also float16/bfloat16).
+//   _stochastic_dissimilarity_backward(grad_D [B,n], h, mu, sigma, need_grad_h, need_grad_mu)
+//       -> (grad_h [B,d], grad_mu [n,d]); an output that is not needed comes back empty ([0]).
+//
+//   ordering_probabilities(r_x [M] int64, r_y [M] int64, n, sigma, tau, convention, dtype)
+//       -> [M,3] = (Pr(x<y), Pr(x~y), Pr(x>y)) gathered from the cached [n,n,3] table (SPEC §5, §10.2).
+//
+//   order_loss(D [B,n], labels [B] int64, pairs [M,2] int64 or None, sigma, tau, margin, convention)
+//       -> per-pair losses [M], M = B(B-1)/2 for all pairs x<y in batch order      (SPEC §6, §7)
+//   _order_loss_backward(grad_losses [M], D, labels, pairs, sigma, tau, margin, convention) -> grad_D [B,n]
+//       Deterministic on the CPU: each row of grad_D is summed by one worker in pair order.
+//       Extra memory O(B*n + M): no [M,n] or [B,B,n] intermediate.
+//
+//   disc_loss(D [B,n], labels [B] int64, T) -> per-sample losses [B]                (SPEC §4)
+//   _disc_loss_backward(grad_losses [B], labels, n, T) -> grad_D [B,n]
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string_view>
+
+namespace sol_ext {
+
+// SPEC §10: "paper" follows the paper's equations, "official" reproduces the authors' code.
+enum class Convention { Paper, Official };
+
+Convention parse_convention(std::string_view name);
+
+// Noise kernel P [n,n] (SPEC §2), computed in float64 and cast to `dtype` on `device`.
+// Cached per (n, sigma, dtype, device); the returned tensor must not be modified.
+at::Tensor noise_kernel(int64_t num_ranks, double sigma, at::ScalarType dtype, at::Device device);
+
+// Ordering-probability table [n,n,3] (SPEC §5, §10.2): table[a,b] = (lt, eq, gt) for
+// noisy ranks (r_x, r_y) = (a, b). Computed in float64 on the CPU, cast and cached per
+// (n, sigma, tau, convention, dtype, device); the returned tensor must not be modified.
+at::Tensor ordering_table(
+    int64_t num_ranks,
+    double sigma,
+    int64_t tau,
+    Convention convention,
+    at::ScalarType dtype,
+    at::Device device);
+
+// The centroid side of the dissimilarity algebra (SPEC §3), on mu's device and dtype:
+// P [n,n], nu = P mu [n,d], a = P 1 [n] and c = P ||mu_j||^2 [n].
+struct SmoothedCentroids {
+  at::Tensor P, nu, a, c;
+};
+SmoothedCentroids smooth_centroids(const at::Tensor& mu, double sigma);
+
+// Number of pairs the order loss sees: B(B-1)/2 for all pairs, else pairs.size(0).
+int64_t num_pairs(int64_t batch_size, const std::optional<at::Tensor>& pairs);
+
+// Last-guard argument checks shared by every backend (the Python layer validates first).
+void check_labels(const at::Tensor& labels, int64_t batch_size, int64_t num_ranks);
+void check_dissimilarity_inputs(const at::Tensor& h, const at::Tensor& mu, double sigma);
+void check_order_loss_inputs(
+    const at::Tensor& D,
+    const at::Tensor& labels,
+    const std::optional<at::Tensor>& pairs,
+    double sigma,
+    int64_t tau,
+    double margin);
+void check_disc_loss_inputs(const at::Tensor& D, const at::Tensor& labels, int64_t T);
+
+} // namespace sol_ext

@@ -1,0 +1,137 @@
+// The noise kernel P (SPEC §2) and the ordering-probability table (SPEC §5, §10.2): small,
+// computed once in float64 on the CPU and cached on each device that asks for them.
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "sol_ext.h"
+
+namespace sol_ext {
+namespace {
+
+// (what, n, sigma bits, tau, convention, dtype, device type, device index)
+using CacheKey = std::tuple<int, int64_t, uint64_t, int64_t, int, int, int, int>;
+constexpr size_t kMaxCachedTensors = 64;
+
+uint64_t bits_of(double value) {
+  uint64_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+// Returns the cached tensor for `key`, computing it with `make` on a miss.
+template <typename Make>
+at::Tensor cached(const CacheKey& key, Make make) {
+  static std::mutex mutex;
+  static std::map<CacheKey, at::Tensor> cache;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  at::Tensor value = make();  // outside the lock: may copy to a device
+  std::lock_guard<std::mutex> lock(mutex);
+  if (cache.size() >= kMaxCachedTensors) cache.clear();  // a run uses a handful; never grow unbounded
+  return cache.emplace(key, value).first->second;
+}
+
+// P [n,n] in float64 on the CPU.
+std::vector<double> noise_kernel_values(int64_t n, double sigma) {
+  std::vector<double> P(n * n);
+  const double inv_two_var = 1.0 / (2.0 * sigma * sigma);
+  for (int64_t q = 0; q < n; ++q) {
+    double row_sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+      const double diff = static_cast<double>(j - q);
+      P[q * n + j] = std::exp(-diff * diff * inv_two_var);
+      row_sum += P[q * n + j];
+    }
+    for (int64_t j = 0; j < n; ++j) P[q * n + j] /= row_sum;  // row_sum >= 1: the diagonal is exp(0)
+  }
+  return P;
+}
+
+at::Tensor to_tensor(const std::vector<double>& values, at::IntArrayRef sizes) {
+  return at::from_blob(const_cast<double*>(values.data()), sizes, at::kDouble).clone();
+}
+
+void check_table_args(int64_t n, double sigma) {
+  TORCH_CHECK(n >= 1, "num_ranks must be >= 1, got ", n);
+  TORCH_CHECK(std::isfinite(sigma) && sigma > 0, "sigma must be a finite number > 0, got ", sigma);
+}
+
+} // namespace
+
+Convention parse_convention(std::string_view name) {
+  if (name == "paper") return Convention::Paper;
+  if (name == "official") return Convention::Official;
+  TORCH_CHECK(false, "convention must be \"paper\" or \"official\", got \"", std::string(name), "\"");
+}
+
+at::Tensor noise_kernel(int64_t n, double sigma, at::ScalarType dtype, at::Device device) {
+  check_table_args(n, sigma);
+  const CacheKey key{0, n, bits_of(sigma), 0, 0, static_cast<int>(dtype),
+                     static_cast<int>(device.type()), device.has_index() ? device.index() : -1};
+  return cached(key, [&] {
+    return to_tensor(noise_kernel_values(n, sigma), {n, n}).to(device, dtype);
+  });
+}
+
+at::Tensor ordering_table(
+    int64_t n, double sigma, int64_t tau, Convention convention, at::ScalarType dtype, at::Device device) {
+  check_table_args(n, sigma);
+  TORCH_CHECK(tau >= 0, "tau must be >= 0, got ", tau);
+  const CacheKey key{1, n, bits_of(sigma), tau, static_cast<int>(convention), static_cast<int>(dtype),
+                     static_cast<int>(device.type()), device.has_index() ? device.index() : -1};
+  return cached(key, [&] {
+    const std::vector<double> P = noise_kernel_values(n, sigma);
+    // tail[b][k] = sum_{k' >= k} P[b,k'], for k in 0..n (tail[b][n] = 0).
+    std::vector<double> tail(n * (n + 1), 0.0);
+    for (int64_t b = 0; b < n; ++b) {
+      for (int64_t k = n - 1; k >= 0; --k) tail[b * (n + 1) + k] = tail[b * (n + 1) + k + 1] + P[b * n + k];
+    }
+    const int64_t far = tau + 1;
+    // Pr(true rank of y >= j + tau + 1); the authors' code clamps that start at n-1 (SPEC §10.2).
+    const int64_t last_start = convention == Convention::Official ? n - 1 : n;
+    auto prob_beyond = [&](int64_t a, int64_t b) {  // sum_j P[a,j] Pr_b(k >= j + tau + 1)
+      double total = 0.0;
+      for (int64_t j = 0; j < n; ++j) total += P[a * n + j] * tail[b * (n + 1) + std::min(last_start, j + far)];
+      return total;
+    };
+    std::vector<double> table(n * n * 3);
+    at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t a = begin; a < end; ++a) {
+        for (int64_t b = 0; b < n; ++b) {
+          double eq = 0.0;
+          for (int64_t j = 0; j < n; ++j) {
+            const double within = tail[b * (n + 1) + std::max<int64_t>(0, j - tau)] -
+                                  tail[b * (n + 1) + std::min(n, j + far)];
+            eq += P[a * n + j] * within;
+          }
+          double* out = &table[(a * n + b) * 3];
+          out[0] = prob_beyond(a, b);  // x < y: y's true rank exceeds x's by more than tau
+          out[1] = eq;
+          out[2] = prob_beyond(b, a);  // x > y
+        }
+      }
+    });
+    return to_tensor(table, {n, n, 3}).to(device, dtype);
+  });
+}
+
+SmoothedCentroids smooth_centroids(const at::Tensor& mu, double sigma) {
+  const at::Tensor P = noise_kernel(mu.size(0), sigma, mu.scalar_type(), mu.device());
+  return {P, at::mm(P, mu), P.sum(1), at::mv(P, mu.pow(2).sum(1))};
+}
+
+int64_t num_pairs(int64_t batch_size, const std::optional<at::Tensor>& pairs) {
+  return pairs.has_value() ? pairs->size(0) : batch_size * (batch_size - 1) / 2;
+}
+
+} // namespace sol_ext

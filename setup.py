@@ -1,0 +1,143 @@
+"""Build sol_ext: fused C++ (and, when possible, CUDA) kernels for Stochastic Order Learning.
+
+Build against the torch you will run with:  pip install --no-build-isolation .
+(An isolated build would compile against whatever torch pip fetches into a throwaway
+environment, and the extension would then fail to load beside your own torch.)
+
+Switches (environment variables):
+  SOL_EXT_FORCE_CUDA=1   compile the CUDA kernels even when auto-detection says no (fails if it can't)
+  SOL_EXT_CPU_ONLY=1     never compile the CUDA kernels
+  SOL_EXT_DEBUG=1        -O0 -g host code, -G -lineinfo device code
+  SOL_EXT_NVCC_FLAGS     extra nvcc flags, space separated
+  TORCH_CUDA_ARCH_LIST   GPU architectures (default "8.0;9.0", i.e. A100 and H100/H200)
+  CUDA_HOME              CUDA toolkit root (default /usr/local/cuda when it exists)
+  MAX_JOBS               parallel compile jobs
+"""
+import glob
+import os
+import shutil
+import sys
+
+from setuptools import find_packages, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _say(message: str) -> None:
+    print(f"[sol_ext setup] {message}", file=sys.stderr)
+
+
+# torch finds the toolkit from CUDA_HOME, else from the `nvcc` on PATH; a wrapper script there
+# (such as /usr/local/bin/nvcc -> /usr/local/cuda-X/bin/nvcc) makes it guess the root wrongly and the
+# link fails on -lcudart. Point it at the real toolkit before torch reads the variable.
+if not os.environ.get("CUDA_HOME") and not os.environ.get("CUDA_PATH"):
+    if os.path.isfile("/usr/local/cuda/bin/nvcc"):
+        os.environ["CUDA_HOME"] = "/usr/local/cuda"
+
+try:
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+except ImportError:
+    sys.exit(
+        "sol_ext builds against the installed torch, and none is importable here.\n"
+        "Install torch first, then build without build isolation so that the extension is compiled\n"
+        "against that same torch:\n"
+        "    pip install torch\n"
+        "    pip install --no-build-isolation ."
+    )
+
+
+def _want_cuda() -> bool:
+    if _flag("SOL_EXT_CPU_ONLY"):
+        _say("CUDA kernels: off (SOL_EXT_CPU_ONLY=1)")
+        return False
+    has_toolkit = CUDA_HOME is not None and os.path.isfile(os.path.join(CUDA_HOME, "bin", "nvcc"))
+    has_cuda_torch = torch.version.cuda is not None
+    if _flag("SOL_EXT_FORCE_CUDA"):
+        if not (has_toolkit and has_cuda_torch):
+            sys.exit(
+                f"SOL_EXT_FORCE_CUDA=1 but the CUDA toolkit (CUDA_HOME={CUDA_HOME}) or a CUDA build of torch "
+                f"(torch {torch.__version__}, CUDA {torch.version.cuda}) is missing."
+            )
+        _say("CUDA kernels: on (SOL_EXT_FORCE_CUDA=1)")
+        return True
+    if has_toolkit and has_cuda_torch:
+        _say(f"CUDA kernels: on (toolkit at {CUDA_HOME}, torch built with CUDA {torch.version.cuda})")
+        return True
+    why = "no CUDA toolkit found (set CUDA_HOME)" if not has_toolkit else f"torch {torch.__version__} is a CPU build"
+    _say(f"CUDA kernels: off ({why})")
+    return False
+
+
+def _cuda_header_fallbacks() -> list:
+    """torch's CUDA headers include cuBLAS/cuSPARSE headers that a slim toolkit may lack; the
+    nvidia-* wheels that come with a CUDA build of torch carry them. They are added with -isystem
+    so that the toolkit's own headers win wherever both exist."""
+    toolkit_include = os.path.join(CUDA_HOME, "include")
+    if os.path.isfile(os.path.join(toolkit_include, "cublas_v2.h")):
+        return []
+    found = []
+    for site in {os.path.dirname(os.path.dirname(torch.__file__))}:
+        for header in glob.glob(os.path.join(site, "nvidia", "*", "include", "cublas_v2.h")):
+            found.append(os.path.dirname(header))
+    if found:
+        _say(f"cuBLAS/cuSPARSE headers from {found[0]}")
+    return [flag for path in found[:1] for flag in ("-isystem", path)]
+
+
+def _extension():
+    debug = _flag("SOL_EXT_DEBUG")
+    with_cuda = _want_cuda()
+    sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
+    # OpenMP: without it at::parallel_for runs every kernel on one thread.
+    cxx_flags = ["-O0", "-g"] if debug else ["-O3"]
+    cxx_flags += ["-fopenmp", f'-DSOL_EXT_TORCH_VERSION="{torch.__version__}"']
+    extra_compile_args = {"cxx": cxx_flags}
+    extension = CppExtension
+    if with_cuda:
+        if not os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip():
+            # Without a GPU to query, an empty list makes torch's build helper fail.
+            os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0"
+        _say(f"CUDA architectures: {os.environ['TORCH_CUDA_ARCH_LIST']}")
+        sources += sorted(glob.glob("csrc/cuda/*.cu") + glob.glob("csrc/cuda/*.cpp"))
+        nvcc_flags = ["-G", "-lineinfo"] if debug else ["-O3", "-lineinfo"]
+        nvcc_flags += [f'-DSOL_EXT_TORCH_VERSION="{torch.__version__}"']
+        nvcc_flags += _cuda_header_fallbacks()
+        nvcc_flags += os.environ.get("SOL_EXT_NVCC_FLAGS", "").split()
+        extra_compile_args["nvcc"] = nvcc_flags
+        extra_compile_args["cxx"] = cxx_flags + ["-DSOL_EXT_WITH_CUDA"]
+        extension = CUDAExtension
+    _say(f"torch {torch.__version__}; {len(sources)} sources; {'debug' if debug else 'release'} build")
+    return extension(
+        name="sol_ext._C",
+        sources=sources,
+        include_dirs=[os.path.join(ROOT, "csrc")],
+        extra_compile_args=extra_compile_args,
+        extra_link_args=["-fopenmp"],
+        py_limited_api=False,
+    )
+
+
+if shutil.which("ninja") is None:
+    _say("ninja not found: compiling one file at a time (pip install ninja to build faster)")
+
+setup(
+    name="sol_ext",
+    version="0.1.0",
+    description="Fused C++/CUDA kernels for Stochastic Order Learning: rank estimation from noisy labels",
+    long_description=open(os.path.join(ROOT, "README.md"), encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.9",
+    packages=find_packages(include=["sol_ext", "sol_ext.*"]),
+    package_data={"sol_ext": ["datasets/*"]},
+    install_requires=["torch>=2.4", "numpy"],
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": BuildExtension},
+    entry_points={"console_scripts": ["sol-ext = sol_ext.cli:main"]},
+    zip_safe=False,
+)

@@ -1,0 +1,50 @@
+"""sol_ext: Stochastic Order Learning (ICML 2026) with fused C++/CUDA kernels.
+
+Estimate ranks (ages, scores, grades) from noisily labelled data. See README.md for the method, and
+SPEC sections cited in each docstring for the exact math.
+"""
+import torch
+
+try:
+    from . import _C  # registers the torch.ops.sol_ext operators
+except ImportError as error:  # pragma: no cover - depends on how the package was installed
+    raise ImportError(
+        "sol_ext's compiled extension (sol_ext._C) could not be loaded: "
+        f"{error}.\nBuild it against the torch in this environment with "
+        "`pip install --no-build-isolation -e .` (or without -e). If you are running from the source "
+        "folder without an editable install, Python is importing the sources, which have no _C."
+    ) from error
+
+if _C.torch_version != torch.__version__:  # pragma: no cover
+    raise ImportError(
+        f"sol_ext was compiled against torch {_C.torch_version} but torch {torch.__version__} is installed; "
+        "C++ extensions are tied to the torch they were built with. Rebuild with "
+        "`pip install --no-build-isolation --force-reinstall --no-deps .`"
+    )
+
+from . import _fake  # noqa: E402,F401  fake (meta) kernels for torch.compile and opcheck
+from . import reference  # noqa: E402
+from .loss import StochasticOrderLoss  # noqa: E402
+from .ops import (  # noqa: E402
+    cuda_kernels_available,
+    disc_loss,
+    noise_kernel,
+    order_loss,
+    ordering_probabilities,
+    ordering_probability_table,
+    stochastic_dissimilarity,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "StochasticOrderLoss",
+    "stochastic_dissimilarity",
+    "ordering_probabilities",
+    "ordering_probability_table",
+    "order_loss",
+    "disc_loss",
+    "noise_kernel",
+    "cuda_kernels_available",
+    "reference",
+]

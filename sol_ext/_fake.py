@@ -1,0 +1,46 @@
+"""Fake (meta) kernels: output shapes and dtypes of every op, for torch.compile and opcheck."""
+from __future__ import annotations
+
+import torch
+
+
+@torch.library.register_fake("sol_ext::stochastic_dissimilarity")
+def _(h, mu, sigma):
+    return h.new_empty((h.shape[0], mu.shape[0]))
+
+
+@torch.library.register_fake("sol_ext::_stochastic_dissimilarity_backward")
+def _(grad_D, h, mu, sigma, need_grad_h, need_grad_mu):
+    grad_h = torch.empty_like(h, memory_format=torch.contiguous_format) if need_grad_h else h.new_empty((0,))
+    grad_mu = torch.empty_like(mu, memory_format=torch.contiguous_format) if need_grad_mu else mu.new_empty((0,))
+    return grad_h, grad_mu
+
+
+@torch.library.register_fake("sol_ext::ordering_probabilities")
+def _(r_x, r_y, num_ranks, sigma, tau, convention, dtype):
+    return r_x.new_empty((r_x.shape[0], 3), dtype=dtype)
+
+
+def _num_pairs(D, pairs):
+    batch_size = D.shape[0]
+    return batch_size * (batch_size - 1) // 2 if pairs is None else pairs.shape[0]
+
+
+@torch.library.register_fake("sol_ext::order_loss")
+def _(D, labels, pairs, sigma, tau, margin, convention):
+    return D.new_empty((_num_pairs(D, pairs),))
+
+
+@torch.library.register_fake("sol_ext::_order_loss_backward")
+def _(grad_losses, D, labels, pairs, sigma, tau, margin, convention):
+    return torch.empty_like(D, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("sol_ext::disc_loss")
+def _(D, labels, T):
+    return D.new_empty((D.shape[0],))
+
+
+@torch.library.register_fake("sol_ext::_disc_loss_backward")
+def _(grad_losses, labels, num_ranks, T):
+    return grad_losses.new_empty((grad_losses.shape[0], num_ranks))

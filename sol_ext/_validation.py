@@ -1,0 +1,161 @@
+"""Argument checks run before any kernel: errors that name the argument, the value and what was expected.
+
+Shape, dtype and device checks always run. Checks that read tensor values (label ranges, NaN/inf)
+need a device synchronization and data-dependent control flow, so they are skipped while
+``torch.compile`` traces; the kernels' own ``TORCH_CHECK``s remain as the last guard there.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional
+
+import torch
+
+BACKENDS = ("auto", "fused", "reference")
+CONVENTIONS = ("paper", "official")
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def _tracing() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def check_choice(name: str, value, choices) -> str:
+    if value not in choices:
+        options = ", ".join(f'"{c}"' for c in choices)
+        raise ValueError(f"{name} must be one of {options}; got {value!r}")
+    return value
+
+
+def check_reduction(reduction, allow_none: bool = True) -> str:
+    return check_choice("reduction", reduction, REDUCTIONS if allow_none else REDUCTIONS[:2])
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_positive_float(name: str, value) -> float:
+    if not _is_real(value):
+        raise TypeError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def check_nonnegative_float(name: str, value) -> float:
+    if not _is_real(value):
+        raise TypeError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def check_int(name: str, value, minimum: int) -> int:
+    """An integer >= minimum; integral floats such as 3.0 are accepted, 3.5 is not."""
+    if _is_real(value) and not isinstance(value, numbers.Integral) and float(value).is_integer():
+        value = int(value)
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_tensor(name: str, value) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_floating(name: str, t: torch.Tensor, ndim: int, shape_text: str) -> None:
+    check_tensor(name, t)
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have shape {shape_text}, got {tuple(t.shape)}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+
+
+def check_finite(name: str, t: torch.Tensor) -> None:
+    if _tracing() or t.numel() == 0:
+        return
+    if not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise ValueError(f"{name} contains {bad} NaN or inf value(s); expected finite numbers")
+
+
+def check_same_device(**tensors: Optional[torch.Tensor]) -> torch.device:
+    present = {name: t for name, t in tensors.items() if t is not None}
+    devices = {t.device for t in present.values()}
+    if len(devices) > 1:
+        where = ", ".join(f"{name} on {t.device}" for name, t in present.items())
+        raise ValueError(f"all tensors must be on one device, got {where}; move them with .to(device)")
+    return next(iter(devices))
+
+
+def check_embeddings(h: torch.Tensor, mu: torch.Tensor) -> None:
+    """``h [B, d]`` and ``mu [n, d]``: floating, one dtype, one device, finite."""
+    check_floating("h", h, 2, "[B, d]")
+    check_floating("mu", mu, 2, "[n, d]")
+    if mu.shape[0] < 1:
+        raise ValueError(f"mu must have at least one rank (shape [n, d], n >= 1), got {tuple(mu.shape)}")
+    if mu.shape[1] != h.shape[1]:
+        raise ValueError(
+            f"h and mu must have the same embedding size d: h is {tuple(h.shape)}, mu is {tuple(mu.shape)}"
+        )
+    if h.dtype != mu.dtype:
+        raise TypeError(f"h and mu must have one dtype, got h {h.dtype} and mu {mu.dtype}")
+    check_same_device(h=h, mu=mu)
+    check_finite("h", h)
+    check_finite("mu", mu)
+
+
+def check_dissimilarities(D: torch.Tensor) -> None:
+    check_floating("D", D, 2, "[B, n]")
+    if D.shape[1] < 1:
+        raise ValueError(f"D must have at least one rank column (shape [B, n], n >= 1), got {tuple(D.shape)}")
+    check_finite("D", D)
+
+
+def check_ranks(name: str, ranks, num_ranks: int, length: Optional[int] = None) -> torch.Tensor:
+    """Integer ranks in ``0 … num_ranks-1``; returned as int64 (integer widening only)."""
+    check_tensor(name, ranks)
+    if ranks.is_floating_point() or ranks.is_complex() or ranks.dtype == torch.bool:
+        raise TypeError(
+            f"{name} must be an integer tensor of 0-based ranks, got dtype {ranks.dtype}; "
+            f"convert with {name}.round().long() if the values are whole ranks"
+        )
+    if ranks.dim() != 1 or (length is not None and ranks.shape[0] != length):
+        expected = f"[{length}]" if length is not None else "[M]"
+        raise ValueError(f"{name} must have shape {expected} (one rank per sample), got {tuple(ranks.shape)}")
+    if not _tracing() and ranks.numel() > 0:
+        lowest, highest = (int(v) for v in torch.aminmax(ranks))
+        if lowest < 0 or highest > num_ranks - 1:
+            hint = ""
+            if lowest >= 1 and highest == num_ranks:
+                hint = "; they look 1-based: pass labels - 1"
+            raise ValueError(
+                f"{name} must lie in 0 … {num_ranks - 1} (0-based ranks for num_ranks={num_ranks}), "
+                f"got values in {lowest} … {highest}{hint}"
+            )
+    return ranks.long()
+
+
+def check_pairs(pairs, batch_size: int) -> Optional[torch.Tensor]:
+    """``None`` (all pairs) or integer ``[M, 2]`` batch indices; returned as int64."""
+    if pairs is None:
+        return None
+    check_tensor("pairs", pairs)
+    if pairs.is_floating_point() or pairs.is_complex() or pairs.dtype == torch.bool:
+        raise TypeError(f"pairs must be an integer tensor of batch indices, got dtype {pairs.dtype}")
+    if pairs.dim() != 2 or pairs.shape[1] != 2:
+        raise ValueError(f"pairs must have shape [M, 2] (rows of (x, y) batch indices), got {tuple(pairs.shape)}")
+    if not _tracing() and pairs.numel() > 0:
+        lowest, highest = (int(v) for v in torch.aminmax(pairs))
+        if lowest < 0 or highest > batch_size - 1:
+            raise ValueError(
+                f"pairs must hold batch indices in 0 … {batch_size - 1} (batch size {batch_size}), "
+                f"got values in {lowest} … {highest}"
+            )
+    return pairs.long()

@@ -1,0 +1,84 @@
+"""``StochasticOrderLoss``: the SOL training objective as an ``nn.Module``."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from . import _validation as check
+from . import reference
+from .ops import _disc_losses, _dissimilarity, _order_losses, _use_fused
+
+
+class StochasticOrderLoss(nn.Module):
+    """``L = order_loss(D) + disc_weight * disc_loss(D)`` with ``D = stochastic_dissimilarity(h, mu)``.
+
+    The loss of paper eq. 16 plus lambda times eq. 9 (SPEC §7), for one batch::
+
+        criterion = sol_ext.StochasticOrderLoss(num_ranks=62)
+        loss = criterion(h, labels, centroids)        # h [B, d], labels [B] int, centroids [n, d]
+        loss.backward()
+
+    Args:
+        num_ranks: number of ranks ``n`` (>= 1); ``mu`` must have ``n`` rows.
+        sigma: std of the label-noise model in rank units (> 0).
+        tau: ``x ~ y`` threshold in ranks (int >= 0). margin: hinge margin gamma (>= 0).
+        T: neighbour range of the discriminative loss (int >= 1). disc_weight: lambda (>= 0).
+        convention: ``"paper"`` (default) or ``"official"`` (the authors' code, SPEC §10).
+        reduction: ``"mean"`` (each part averaged over its pairs or samples) or ``"sum"``.
+        backend: ``"auto"``, ``"fused"`` or ``"reference"`` (see :mod:`sol_ext.ops`).
+
+    ``forward(h, labels, mu, pairs=None)``: ``pairs`` is ``None`` for all pairs of the batch, or integer
+    ``[M, 2]`` batch indices. Gradients flow to ``h`` and ``mu``. Returns a scalar in ``h``'s dtype.
+    """
+
+    def __init__(
+        self,
+        num_ranks: int,
+        sigma: float = 1.0,
+        tau: int = 3,
+        margin: float = 0.25,
+        T: int = 1,
+        disc_weight: float = 1.0,
+        convention: str = "paper",
+        reduction: str = "mean",
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        self.num_ranks = check.check_int("num_ranks", num_ranks, 1)
+        self.sigma = check.check_positive_float("sigma", sigma)
+        self.tau = check.check_int("tau", tau, 0)
+        self.margin = check.check_nonnegative_float("margin", margin)
+        self.T = check.check_int("T", T, 1)
+        self.disc_weight = check.check_nonnegative_float("disc_weight", disc_weight)
+        self.convention = check.check_choice("convention", convention, check.CONVENTIONS)
+        self.reduction = check.check_reduction(reduction, allow_none=False)
+        self.backend = check.check_choice("backend", backend, check.BACKENDS)
+
+    def forward(
+        self, h: torch.Tensor, labels: torch.Tensor, mu: torch.Tensor, pairs: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        check.check_embeddings(h, mu)
+        if mu.shape[0] != self.num_ranks:
+            raise ValueError(
+                f"mu must have num_ranks={self.num_ranks} rows (one centroid per rank), got shape {tuple(mu.shape)}"
+            )
+        labels = check.check_ranks("labels", labels, self.num_ranks, length=h.shape[0])
+        pairs = check.check_pairs(pairs, h.shape[0])
+        check.check_same_device(h=h, labels=labels, mu=mu, pairs=pairs)
+
+        fused = _use_fused(self.backend, "StochasticOrderLoss", h.device, h.dtype)
+        D = _dissimilarity(h, mu, self.sigma, fused)
+        order = _order_losses(D, labels, pairs, self.sigma, self.tau, self.margin, self.convention, fused)
+        disc = _disc_losses(D, labels, self.T, fused)
+        return reference.reduce_losses(order, self.reduction) + self.disc_weight * reference.reduce_losses(
+            disc, self.reduction
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_ranks={self.num_ranks}, sigma={self.sigma}, tau={self.tau}, margin={self.margin}, T={self.T}, "
+            f"disc_weight={self.disc_weight}, convention={self.convention!r}, reduction={self.reduction!r}, "
+            f"backend={self.backend!r}"
+        )

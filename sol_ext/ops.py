@@ -1,0 +1,298 @@
+"""The public functional API: validation, backend choice, and the autograd wrappers of the fused ops.
+
+Data flow of one SOL step (see README):
+``h, mu -> stochastic_dissimilarity -> D [B, n] -> order_loss + disc_loss``.
+``D`` is the only tensor passed between ops; everything quadratic in the batch stays inside the
+order-loss kernel.
+
+Every function takes ``backend``:
+``"auto"`` uses the fused kernels when this build has them for the tensors' device and dtype, and
+otherwise the plain-PyTorch reference with a warning that says why; ``"fused"`` uses the kernels or
+raises; ``"reference"`` always uses :mod:`sol_ext.reference`.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Optional, Tuple
+
+import torch
+
+from . import _validation as check
+from . import reference
+
+__all__ = [
+    "stochastic_dissimilarity",
+    "ordering_probabilities",
+    "ordering_probability_table",
+    "order_loss",
+    "disc_loss",
+    "noise_kernel",
+    "cuda_kernels_available",
+]
+
+_ops = torch.ops.sol_ext
+_CPU_DTYPES = (torch.float32, torch.float64)
+_CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_warned: set = set()
+
+
+def cuda_kernels_available() -> bool:
+    """Whether CUDA kernels were compiled into this build (says nothing about a GPU being present)."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key("sol_ext::order_loss", "CUDA")
+
+
+def _fused_unavailable_reason(device: torch.device, dtype: torch.dtype) -> Optional[str]:
+    if device.type == "cpu":
+        if dtype not in _CPU_DTYPES:
+            return f"the CPU kernels take float32 or float64, got {dtype} (convert with .float() or .double())"
+        return None
+    if device.type == "cuda":
+        if not cuda_kernels_available():
+            return "this build of sol_ext has no CUDA kernels (rebuild with a CUDA toolkit; see README)"
+        if dtype not in _CUDA_DTYPES:
+            return f"the CUDA kernels take float16, bfloat16, float32 or float64, got {dtype}"
+        return None
+    return f"sol_ext has no kernels for device type {device.type!r}"
+
+
+def _use_fused(backend: str, op: str, device: torch.device, dtype: torch.dtype) -> bool:
+    check.check_choice("backend", backend, check.BACKENDS)
+    if backend == "reference":
+        return False
+    why = _fused_unavailable_reason(device, dtype)
+    if why is None:
+        return True
+    if backend == "fused":
+        raise RuntimeError(f"sol_ext.{op}(backend='fused'): {why}")
+    if (op, why) not in _warned:  # warn once per cause, not every step
+        _warned.add((op, why))
+        warnings.warn(f"sol_ext.{op}: using the plain PyTorch reference because {why}", stacklevel=3)
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Autograd wrappers. Each calls a fused forward op and its private backward op; double backward is
+# not supported (the backward ops have no derivatives of their own).
+# ---------------------------------------------------------------------------------------------
+
+
+class _StochasticDissimilarity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, mu: torch.Tensor, sigma: float) -> torch.Tensor:
+        ctx.save_for_backward(h, mu)
+        ctx.sigma = sigma
+        return _ops.stochastic_dissimilarity(h, mu, sigma)
+
+    @staticmethod
+    def backward(ctx, grad_D: torch.Tensor):
+        h, mu = ctx.saved_tensors
+        need_h, need_mu = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if not (need_h or need_mu):
+            return None, None, None
+        grad_h, grad_mu = _ops._stochastic_dissimilarity_backward(grad_D, h, mu, ctx.sigma, need_h, need_mu)
+        return (grad_h if need_h else None), (grad_mu if need_mu else None), None
+
+
+class _OrderLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, D, labels, pairs, sigma: float, tau: int, margin: float, convention: str):
+        ctx.save_for_backward(D, labels, pairs)
+        ctx.constants = (sigma, tau, margin, convention)
+        return _ops.order_loss(D, labels, pairs, sigma, tau, margin, convention)
+
+    @staticmethod
+    def backward(ctx, grad_losses: torch.Tensor):
+        if not ctx.needs_input_grad[0]:
+            return (None,) * 7
+        D, labels, pairs = ctx.saved_tensors
+        grad_D = _ops._order_loss_backward(grad_losses, D, labels, pairs, *ctx.constants)
+        return (grad_D,) + (None,) * 6
+
+
+class _DiscLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, D, labels, T: int):
+        ctx.save_for_backward(labels)
+        ctx.num_ranks, ctx.T = D.shape[1], T
+        return _ops.disc_loss(D, labels, T)
+
+    @staticmethod
+    def backward(ctx, grad_losses: torch.Tensor):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        (labels,) = ctx.saved_tensors
+        return _ops._disc_loss_backward(grad_losses, labels, ctx.num_ranks, ctx.T), None, None
+
+
+# ---------------------------------------------------------------------------------------------
+# Unchecked dispatch, shared by the public functions and StochasticOrderLoss (which validates once).
+# ---------------------------------------------------------------------------------------------
+
+
+def _dissimilarity(h, mu, sigma, fused: bool):
+    if fused:
+        return _StochasticDissimilarity.apply(h, mu, sigma)
+    return reference.stochastic_dissimilarity(h, mu, sigma)
+
+
+def _order_losses(D, labels, pairs, sigma, tau, margin, convention, fused: bool):
+    """Per-pair losses ``[M]``."""
+    if fused:
+        return _OrderLoss.apply(D, labels, pairs, sigma, tau, margin, convention)
+    return reference.order_loss(D, labels, pairs, sigma, tau, margin, convention, reduction="none")
+
+
+def _disc_losses(D, labels, T, fused: bool):
+    """Per-sample losses ``[B]``."""
+    if fused:
+        return _DiscLoss.apply(D, labels, T)
+    return reference.disc_loss(D, labels, T, reduction="none")
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+
+
+def stochastic_dissimilarity(
+    h: torch.Tensor, mu: torch.Tensor, sigma: float = 1.0, *, backend: str = "auto"
+) -> torch.Tensor:
+    """Stochastic dissimilarities ``D[x, q] = sum_j P[q, j] ||h_x - mu_j||^2`` (SPEC §3, paper eq. 3).
+
+    Args:
+        h: embeddings ``[B, d]``, float32 or float64 (CUDA also float16/bfloat16).
+        mu: rank centroids ``[n, d]``, same dtype and device as ``h``.
+        sigma: std of the label-noise model in rank units, > 0.
+
+    Returns:
+        ``D [B, n]`` in ``h``'s dtype. Differentiable with respect to ``h`` and ``mu``.
+        ``argmin_q D[x, q]`` is the estimated rank of ``x`` (paper eq. 6).
+    """
+    check.check_embeddings(h, mu)
+    sigma = check.check_positive_float("sigma", sigma)
+    fused = _use_fused(backend, "stochastic_dissimilarity", h.device, h.dtype)
+    return _dissimilarity(h, mu, sigma, fused)
+
+
+def ordering_probabilities(
+    r_x: torch.Tensor,
+    r_y: torch.Tensor,
+    num_ranks: int,
+    sigma: float = 1.0,
+    tau: int = 3,
+    convention: str = "paper",
+    *,
+    dtype: torch.dtype = torch.float64,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """``[M, 3] = (Pr(x<y), Pr(x~y), Pr(x>y))`` for noisy ranks ``r_x [M]``, ``r_y [M]`` (SPEC §5).
+
+    The true ranks are drawn independently from rows ``r_x`` and ``r_y`` of the noise kernel;
+    ``x ~ y`` means they differ by at most ``tau``. Under ``convention="paper"`` each row sums to 1;
+    ``"official"`` reproduces the authors' code, whose ``<`` and ``>`` carry extra mass near the top rank
+    (SPEC §10.2). Computed in float64 and returned in ``dtype``; no gradient.
+    """
+    num_ranks = check.check_int("num_ranks", num_ranks, 1)
+    r_x = check.check_ranks("r_x", r_x, num_ranks)
+    r_y = check.check_ranks("r_y", r_y, num_ranks, length=r_x.shape[0])
+    check.check_same_device(r_x=r_x, r_y=r_y)
+    sigma = check.check_positive_float("sigma", sigma)
+    tau = check.check_int("tau", tau, 0)
+    check.check_choice("convention", convention, check.CONVENTIONS)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    if _use_fused(backend, "ordering_probabilities", r_x.device, torch.float64):
+        return _ops.ordering_probabilities(r_x, r_y, num_ranks, sigma, tau, convention, dtype)
+    return reference.ordering_probabilities(r_x, r_y, num_ranks, sigma, tau, convention, dtype)
+
+
+def ordering_probability_table(
+    num_ranks: int,
+    sigma: float = 1.0,
+    tau: int = 3,
+    convention: str = "paper",
+    *,
+    dtype: torch.dtype = torch.float64,
+    device=None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """The whole ``[n, n, 3]`` table: ``table[a, b] = ordering_probabilities(a, b)``."""
+    num_ranks = check.check_int("num_ranks", num_ranks, 1)
+    ranks = torch.arange(num_ranks, device=device)
+    r_x, r_y = torch.meshgrid(ranks, ranks, indexing="ij")
+    probs = ordering_probabilities(
+        r_x.reshape(-1), r_y.reshape(-1), num_ranks, sigma, tau, convention, dtype=dtype, backend=backend
+    )
+    return probs.reshape(num_ranks, num_ranks, 3)
+
+
+def order_loss(
+    D: torch.Tensor,
+    labels: torch.Tensor,
+    pairs: Optional[torch.Tensor] = None,
+    sigma: float = 1.0,
+    tau: int = 3,
+    margin: float = 0.25,
+    convention: str = "paper",
+    reduction: str = "mean",
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Stochastic order loss (SPEC §6, paper eqs. 14–16) over pairs of a batch.
+
+    Args:
+        D: stochastic dissimilarities ``[B, n]`` (from :func:`stochastic_dissimilarity`).
+        labels: noisy 0-based ranks ``[B]``, any integer dtype.
+        pairs: ``None`` for all ``B(B-1)/2`` pairs ``x < y`` in batch order, or integer ``[M, 2]`` rows of
+            ``(x, y)`` batch indices (``x == y`` and repeats allowed).
+        sigma, tau, margin: noise std (> 0), similarity threshold (int >= 0), hinge margin gamma (>= 0).
+        convention: ``"paper"`` or ``"official"`` (the authors' code, SPEC §10).
+        reduction: ``"mean"`` over pairs, ``"sum"``, or ``"none"`` for the ``[M]`` per-pair losses.
+
+    Returns a scalar (or ``[M]``) in ``D``'s dtype; an empty pair set gives 0. Differentiable with
+    respect to ``D``. The fused CPU backward is deterministic (no atomics).
+    """
+    check.check_dissimilarities(D)
+    batch_size, num_ranks = D.shape
+    labels = check.check_ranks("labels", labels, num_ranks, length=batch_size)
+    pairs = check.check_pairs(pairs, batch_size)
+    check.check_same_device(D=D, labels=labels, pairs=pairs)
+    sigma = check.check_positive_float("sigma", sigma)
+    tau = check.check_int("tau", tau, 0)
+    margin = check.check_nonnegative_float("margin", margin)
+    check.check_choice("convention", convention, check.CONVENTIONS)
+    check.check_reduction(reduction)
+    fused = _use_fused(backend, "order_loss", D.device, D.dtype)
+    losses = _order_losses(D, labels, pairs, sigma, tau, margin, convention, fused)
+    return reference.reduce_losses(losses, reduction)
+
+
+def disc_loss(
+    D: torch.Tensor, labels: torch.Tensor, T: int = 1, reduction: str = "mean", *, backend: str = "auto"
+) -> torch.Tensor:
+    """Discriminative loss (SPEC §4, paper eqs. 7–9): pulls each ``D[x, r_x]`` below its ``T`` neighbours.
+
+    Args:
+        D: ``[B, n]`` stochastic dissimilarities. labels: ``[B]`` 0-based integer ranks.
+        T: neighbour range, int >= 1. reduction: ``"mean"`` over samples, ``"sum"`` or ``"none"`` (``[B]``).
+
+    Linear in ``D`` and possibly negative; an empty batch gives 0.
+    """
+    check.check_dissimilarities(D)
+    batch_size, num_ranks = D.shape
+    labels = check.check_ranks("labels", labels, num_ranks, length=batch_size)
+    check.check_same_device(D=D, labels=labels)
+    T = check.check_int("T", T, 1)
+    check.check_reduction(reduction)
+    fused = _use_fused(backend, "disc_loss", D.device, D.dtype)
+    return reference.reduce_losses(_disc_losses(D, labels, T, fused), reduction)
+
+
+def noise_kernel(
+    num_ranks: int, sigma: float = 1.0, dtype: torch.dtype = torch.float64, device=None
+) -> torch.Tensor:
+    """The noise kernel ``P [n, n]`` (SPEC §2): row ``q`` is the distribution of the true rank given noisy rank ``q``."""
+    num_ranks = check.check_int("num_ranks", num_ranks, 1)
+    sigma = check.check_positive_float("sigma", sigma)
+    return reference.noise_kernel(num_ranks, sigma, dtype=dtype, device=device)
+
