@@ -1,0 +1,422 @@
+"""Rank encoder, loaders on tiny temporary files, the shipped Abalone data, splitting and scaling."""
+
+import gzip
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from sol_ext.data import (FASHION_MNIST_DIR, OrdinalDataset, RankEncoder, infer_step, load_abalone,
+                          load_csv, load_dataset, load_fashion_mnist_degradation, load_image_folder,
+                          load_npz, load_train_test, standardize, train_test_split)
+
+# --------------------------------------------------------------------------------------------------
+# RankEncoder
+
+
+def test_encoder_round_trip_integer_ages():
+    ages = [16, 20, 33, 77]
+    enc = RankEncoder.fit(ages)
+    assert enc == RankEncoder(16.0, 1.0, 62)
+    assert enc.max_value == 77.0
+    ranks = enc.encode(ages)
+    assert ranks.dtype == torch.int64 and ranks.tolist() == [0, 4, 17, 61]
+    assert enc.decode(ranks).tolist() == [16.0, 20.0, 33.0, 77.0]
+    assert enc.decode(ranks).dtype == torch.float64
+
+
+def test_encoder_decodes_expected_ranks_and_scalars():
+    enc = RankEncoder(0.0, 0.01, 101)
+    assert enc.decode(torch.tensor([2.5])).tolist() == pytest.approx([0.025])
+    assert float(enc.decode(100)) == pytest.approx(1.0)
+    assert enc.values().shape == (101,)
+
+
+def test_encoder_infers_decimal_step_through_float_error():
+    scores = np.round(np.arange(0, 101) * 0.01, 2) + 1e-12  # 0.00 … 1.00 with round-off
+    enc = RankEncoder.fit(scores)
+    assert enc.step == 0.01 and enc.num_ranks == 101
+    assert torch.equal(enc.encode(scores), torch.arange(101))
+
+
+@pytest.mark.parametrize("values,step", [
+    ([0, 2, 5, 9], 1.0),            # gaps 2, 3, 4: the common step is 1, not the smallest gap
+    ([0.0, 0.3, 0.5], 0.1),
+    ([10, 20, 40], 10.0),
+    ([0.0, 0.25, 1.0], 0.25),
+    ([0, 1 / 3, 1], 0.333333),
+])
+def test_infer_step(values, step):
+    assert infer_step(values) == pytest.approx(step)
+
+
+def test_encoder_with_given_bounds_and_step():
+    enc = RankEncoder.fit([3, 5], step=1, min_value=0, max_value=10)
+    assert enc == RankEncoder(0.0, 1.0, 11)
+    # the given bounds join the step inference: 0 and 10 with labels 4, 6 -> step 2
+    assert RankEncoder.fit([4, 6], min_value=0, max_value=10).step == 2.0
+
+
+def test_encoder_rounds_off_grid_values_half_up():
+    enc = RankEncoder(0.0, 1.0, 10)
+    assert enc.encode([0.4, 0.5, 1.49, 8.6]).tolist() == [0, 1, 1, 9]
+
+
+def test_encoder_keeps_input_shape():
+    enc = RankEncoder(0.0, 1.0, 10)
+    assert enc.encode(torch.zeros(2, 3)).shape == (2, 3)
+
+
+def test_encoder_out_of_range_names_the_value():
+    enc = RankEncoder(1.0, 1.0, 29)
+    with pytest.raises(ValueError, match="label value 31 .*outside the rank grid 1 … 29"):
+        enc.encode([3, 31])
+    with pytest.raises(ValueError, match="outside"):
+        RankEncoder.fit([1, 5, 9], min_value=2)
+
+
+@pytest.mark.parametrize("values,kwargs,match", [
+    ([4, 4, 4], {}, "one rank"),
+    ([4, 4], {"step": 1}, "one rank"),
+    ([], {}, "empty"),
+    ([1.0, float("nan")], {}, "finite"),
+    (np.random.default_rng(0).random(50) * 80, {}, "continuous.*pass step="),
+    ([1, 2], {"step": -1}, "step"),
+    ([1, 2], {"min_value": 5, "max_value": 3}, "below"),
+])
+def test_encoder_bad_fit(values, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RankEncoder.fit(values, **kwargs)
+
+
+def test_continuous_labels_with_explicit_step():
+    rng = np.random.default_rng(0)
+    enc = RankEncoder.fit(rng.random(50) * 80 + 3, step=1.0)
+    assert enc.step == 1.0 and enc.num_ranks <= 81
+
+
+def test_encoder_direct_construction_validates():
+    with pytest.raises(ValueError, match="step"):
+        RankEncoder(0.0, 0.0, 3)
+    with pytest.raises(ValueError, match="num_ranks"):
+        RankEncoder(0.0, 1.0, 0)
+
+
+# --------------------------------------------------------------------------------------------------
+# OrdinalDataset
+
+
+def _tiny(n=10, num_ranks=5):
+    return OrdinalDataset(torch.randn(n, 3), torch.arange(n) % num_ranks, RankEncoder(0.0, 1.0, num_ranks),
+                          "tiny", "tabular")
+
+
+def test_dataset_helpers():
+    ds = _tiny()
+    assert len(ds) == 10 and ds.num_ranks == 5
+    assert ds.labels.dtype == torch.float64
+    sub = ds.subset([1, 3])
+    assert torch.equal(sub.ranks, torch.tensor([1, 3])) and sub.features.shape == (2, 3)
+    assert torch.equal(ds.subset(ds.ranks == 0).ranks, torch.tensor([0, 0]))
+    assert torch.equal(ds.with_ranks(torch.zeros(10, dtype=torch.long)).ranks, torch.zeros(10, dtype=torch.long))
+
+
+def test_dataset_validation():
+    enc = RankEncoder(0.0, 1.0, 3)
+    x = torch.randn(2, 2)
+    x[1, 1] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        OrdinalDataset(x, torch.tensor([0, 1]), enc, "d", "tabular")
+    with pytest.raises(ValueError, match="empty"):
+        OrdinalDataset(torch.zeros(0, 2), torch.zeros(0, dtype=torch.long), enc, "d", "tabular")
+    with pytest.raises(ValueError, match="0 … 2"):
+        OrdinalDataset(torch.zeros(1, 2), torch.tensor([3]), enc, "d", "tabular")
+    with pytest.raises(ValueError, match="kind"):
+        OrdinalDataset(torch.zeros(1, 2), torch.tensor([0]), enc, "d", "video")
+    with pytest.raises(ValueError, match=r"\[N, C, H, W\]"):
+        OrdinalDataset(torch.zeros(1, 2), torch.tensor([0]), enc, "d", "images")
+
+
+# --------------------------------------------------------------------------------------------------
+# CSV
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_load_csv_basic(tmp_path):
+    p = _write(tmp_path / "t.csv", "a,b,age\n1,2,20\n3,4,22\n5,6,21\n")
+    ds = load_csv(p, "age")
+    assert ds.kind == "tabular" and ds.name == "t"
+    assert ds.features.dtype == torch.float32 and ds.features.tolist() == [[1, 2], [3, 4], [5, 6]]
+    assert ds.encoder == RankEncoder(20.0, 1.0, 3)
+    assert ds.ranks.tolist() == [0, 2, 1]
+    assert ds.feature_names == ("a", "b")
+    assert load_csv(p, "age", feature_columns=["b"]).features.tolist() == [[2], [4], [6]]
+
+
+def test_load_csv_gz_and_categorical(tmp_path):
+    p = tmp_path / "t.csv.gz"
+    with gzip.open(p, "wt") as fh:
+        fh.write("sex,x,y\nM,1,0.5\nF,2,0.75\nM,3,1.0\n")
+    ds = load_csv(p, "y", categorical=["sex"])
+    assert ds.feature_names == ("sex=F", "sex=M", "x")
+    assert ds.features.tolist() == [[0, 1, 1], [1, 0, 2], [0, 1, 3]]
+    assert ds.encoder.step == 0.25 and ds.ranks.tolist() == [0, 1, 2]
+    fixed = load_csv(p, "y", categorical={"sex": ["F", "I", "M"]})
+    assert fixed.features.shape == (3, 4)
+    with pytest.raises(ValueError, match="outside its categories"):
+        load_csv(p, "y", categorical={"sex": ["F"]})
+
+
+@pytest.mark.parametrize("text,match", [
+    ("a,b\n1,2\n", "no label column 'age'"),
+    ("a,age\n1,twenty\n2,30\n", "label column 'age' has a missing or non-numeric value 'twenty'"),
+    ("a,age\n1,\n2,30\n", "missing or non-numeric"),
+    ("a,age\nx,20\n2,30\n", "feature column 'a' has a non-numeric value 'x'.*categorical="),
+    ("a,age\nnan,20\n2,30\n", "feature column 'a' has a missing value \\(NaN\\)"),
+    ("a,age\n,20\n2,30\n", "missing value"),
+    ("a,age\n1,20\n2,20\n", "one rank"),
+    ("", "empty"),
+    ("a,age\n", "no data rows"),
+    ("a,age\n1,20,3\n", "3 cells but the header has 2"),
+])
+def test_load_csv_bad_input(tmp_path, text, match):
+    p = _write(tmp_path / "bad.csv", text)
+    with pytest.raises(ValueError, match=match):
+        load_csv(p, "age")
+
+
+def test_load_csv_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.csv"):
+        load_csv(tmp_path / "nope.csv", "age")
+
+
+def test_shared_encoder_for_train_and_test_files(tmp_path):
+    train = _write(tmp_path / "train.csv", "x,label\n1,10\n2,14\n3,12\n4,11\n")
+    test = _write(tmp_path / "test.csv", "x,label\n5,12\n6,13\n")
+    tr, te = load_train_test(train, test)
+    assert te.encoder == tr.encoder == RankEncoder(10.0, 1.0, 5)
+    assert te.ranks.tolist() == [2, 3]
+    # the same through load_dataset with encoder=
+    assert load_dataset(test, encoder=tr.encoder).ranks.tolist() == [2, 3]
+    wide = _write(tmp_path / "wide.csv", "x,label\n5,30\n")
+    with pytest.raises(ValueError, match="label value 30 .*outside"):
+        load_train_test(train, wide)
+    tr2, te2 = load_train_test(train, wide, min_value=0, max_value=40)
+    assert te2.ranks.tolist() == [30]
+    with pytest.raises(ValueError, match="either encoder= or step"):
+        load_csv(test, encoder=tr.encoder, step=1)
+
+
+# --------------------------------------------------------------------------------------------------
+# npz
+
+
+def test_load_npz_embeddings(tmp_path):
+    p = tmp_path / "emb.npz"
+    np.savez(p, embeddings=np.arange(12, dtype=np.float64).reshape(4, 3), labels=np.array([0.1, 0.3, 0.2, 0.1]))
+    ds = load_npz(p)
+    assert ds.kind == "embeddings" and ds.features.shape == (4, 3) and ds.features.dtype == torch.float32
+    assert ds.encoder.step == pytest.approx(0.1) and ds.ranks.tolist() == [0, 2, 1, 0]
+    q = tmp_path / "feat.npz"
+    np.savez(q, features=np.zeros((2, 5, 6)), labels=np.array([1, 2]))
+    img = load_npz(q)
+    assert img.kind == "images" and img.features.shape == (2, 1, 5, 6)
+
+
+@pytest.mark.parametrize("arrays,match", [
+    ({"x": np.zeros((2, 2)), "labels": np.array([1, 2])}, "exactly one of the arrays"),
+    ({"embeddings": np.zeros((2, 2)), "features": np.zeros((2, 2)), "labels": np.array([1, 2])},
+     "exactly one"),
+    ({"embeddings": np.zeros((2, 2))}, "no array 'labels'"),
+    ({"embeddings": np.zeros((3, 2)), "labels": np.array([1, 2])}, "N = 2"),
+    ({"embeddings": np.zeros((2, 2)), "labels": np.array([1.0, np.nan])}, "finite"),
+    ({"embeddings": np.array([[0.0], [np.nan]]), "labels": np.array([1, 2])}, "NaN"),
+    ({"embeddings": np.zeros((2, 2)), "labels": np.array([3, 3])}, "one rank"),
+    ({"embeddings": np.zeros((0, 2)), "labels": np.zeros(0)}, "no samples"),
+])
+def test_load_npz_bad_input(tmp_path, arrays, match):
+    p = tmp_path / "bad.npz"
+    np.savez(p, **arrays)
+    with pytest.raises(ValueError, match=match):
+        load_npz(p)
+
+
+# --------------------------------------------------------------------------------------------------
+# Images
+
+
+@pytest.fixture
+def image_folder(tmp_path):
+    Image = pytest.importorskip("PIL.Image")
+    (tmp_path / "img").mkdir()
+    rows = ["path,label"]
+    for i, months in enumerate([0, 12, 24, 12]):
+        arr = np.full((10, 14), 40 * i, dtype=np.uint8)
+        Image.fromarray(arr, mode="L").save(tmp_path / "img" / f"{i}.png")
+        rows.append(f"img/{i}.png,{months}")
+    _write(tmp_path / "labels.csv", "\n".join(rows) + "\n")
+    return tmp_path
+
+
+def test_load_image_folder_grayscale(image_folder):
+    ds = load_image_folder(image_folder / "labels.csv", image_size=8)
+    assert ds.kind == "images" and ds.features.shape == (4, 1, 8, 8)
+    assert ds.encoder == RankEncoder(0.0, 12.0, 3) and ds.ranks.tolist() == [0, 1, 2, 1]
+    assert ds.features[2].mean().item() == pytest.approx(80 / 255, abs=1e-5)
+    assert load_image_folder(image_folder / "labels.csv", image_size=(4, 6), channels=3).features.shape == (4, 3, 4, 6)
+    assert load_dataset(str(image_folder), image_size=8).features.shape == (4, 1, 8, 8)  # folder with labels.csv
+    assert load_dataset(image_folder / "labels.csv", image_size=8).kind == "images"
+
+
+def test_load_image_folder_rgb_and_16_bit(tmp_path):
+    Image = pytest.importorskip("PIL.Image")
+    Image.new("RGB", (5, 5), (255, 0, 0)).save(tmp_path / "red.png")
+    Image.fromarray(np.full((5, 5), 65535, dtype=np.uint16)).save(tmp_path / "white16.png")
+    _write(tmp_path / "list.csv", "file,score\nred.png,1\nwhite16.png,2\n")
+    ds = load_image_folder(tmp_path / "list.csv", path_column="file", label_column="score", image_size=5)
+    assert ds.features.shape == (2, 3, 5, 5)
+    assert ds.features[0, 0].mean().item() == pytest.approx(1.0) and ds.features[0, 1].max().item() == 0.0
+    gray = load_image_folder(tmp_path / "list.csv", path_column="file", label_column="score", image_size=5,
+                             channels=1)
+    assert gray.features[1].mean().item() == pytest.approx(1.0, abs=1e-3)
+
+
+def test_unreadable_and_missing_images(image_folder):
+    (image_folder / "img" / "1.png").write_bytes(b"not an image")
+    with pytest.raises(ValueError, match="cannot read image .*1.png"):
+        load_image_folder(image_folder / "labels.csv", image_size=8)
+    (image_folder / "img" / "1.png").unlink()
+    with pytest.raises(FileNotFoundError, match="1.png"):
+        load_image_folder(image_folder / "labels.csv", image_size=8)
+
+
+# --------------------------------------------------------------------------------------------------
+# Fashion-MNIST degradation
+
+
+def _fake_idx(folder, n=40, seed=0):
+    """A tiny stand-in of the Fashion-MNIST image files: random 28x28 uint8 images in IDX3 format."""
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+    for name in ("train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte.gz"):
+        with gzip.open(folder / name, "wb") as fh:
+            fh.write(struct.pack(">IIII", 2051, n, 28, 28) + data.tobytes())
+    return folder
+
+
+def _roughness(x):
+    """Mean absolute difference of horizontally adjacent pixels, per image."""
+    return (x[..., 1:] - x[..., :-1]).abs().mean(dim=(1, 2, 3))
+
+
+def test_degradation_loader_on_small_files(tmp_path):
+    root = _fake_idx(tmp_path)
+    ds = load_fashion_mnist_degradation(levels=4, samples_per_level=5, root=root, seed=1)
+    assert ds.features.shape == (20, 1, 28, 28) and ds.kind == "images"
+    assert ds.encoder == RankEncoder(0.0, 1.0, 4)
+    assert torch.bincount(ds.ranks).tolist() == [5, 5, 5, 5]
+    assert float(ds.features.min()) >= 0.0 and float(ds.features.max()) <= 1.0
+    rough = _roughness(ds.features)
+    per_level = [rough[ds.ranks == k].mean().item() for k in range(4)]
+    assert per_level == sorted(per_level, reverse=True)  # more blur, smoother images
+    again = load_fashion_mnist_degradation(levels=4, samples_per_level=5, root=root, seed=1)
+    assert torch.equal(again.features, ds.features) and torch.equal(again.ranks, ds.ranks)
+    noisy = load_fashion_mnist_degradation(levels=4, samples_per_level=5, kind="noise", root=root)
+    assert noisy.name == "fashion-mnist-noise"
+    with pytest.raises(ValueError, match="exceeds"):
+        load_fashion_mnist_degradation(levels=4, samples_per_level=11, root=root)
+
+
+def test_degradation_loader_missing_data_says_how_to_install(tmp_path):
+    with pytest.raises(FileNotFoundError, match="apt-get install -y dataset-fashion-mnist"):
+        load_fashion_mnist_degradation(root=tmp_path)
+
+
+@pytest.mark.skipif(not (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").is_file(),
+                    reason="Debian package dataset-fashion-mnist is not installed")
+def test_fashion_mnist_blur_from_debian_package():
+    ds = load_dataset("fashion-mnist-blur", levels=8, samples_per_level=50)
+    assert ds.features.shape == (400, 1, 28, 28) and ds.num_ranks == 8
+    rough = _roughness(ds.features)
+    assert rough[ds.ranks == 0].mean() > rough[ds.ranks == 7].mean()
+    test = load_fashion_mnist_degradation(levels=8, samples_per_level=10, split="test")
+    assert test.features.shape == (80, 1, 28, 28)
+
+
+# --------------------------------------------------------------------------------------------------
+# Abalone, dispatch, splitting, scaling
+
+
+@pytest.fixture(scope="module")
+def abalone():
+    return load_abalone()
+
+
+def test_abalone(abalone):
+    assert abalone.features.shape == (4177, 10) and abalone.kind == "tabular"
+    assert abalone.encoder == RankEncoder(1.0, 1.0, 29)
+    assert int(abalone.ranks.min()) == 0 and int(abalone.ranks.max()) == 28
+    assert abalone.labels.min().item() == 1.0 and abalone.labels.max().item() == 29.0
+    assert torch.all(abalone.features[:, :3].sum(dim=1) == 1)  # sex one-hot
+    assert abalone.feature_names[:3] == ("Sex=F", "Sex=I", "Sex=M")
+    assert load_dataset("abalone").features.shape == (4177, 10)
+
+
+def test_load_dataset_dispatch_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a built-in name"):
+        load_dataset("no-such-data")
+    (tmp_path / "x.txt").write_text("1")
+    with pytest.raises(ValueError, match="cannot tell the format"):
+        load_dataset(tmp_path / "x.txt")
+    with pytest.raises(FileNotFoundError, match="labels.csv"):
+        load_dataset(tmp_path)
+
+
+def test_load_dataset_csv_and_npz(tmp_path):
+    p = _write(tmp_path / "t.csv", "f,label\n1,1\n2,2\n")
+    assert load_dataset(p).ranks.tolist() == [0, 1]
+    q = tmp_path / "e.npz"
+    np.savez(q, embeddings=np.zeros((2, 4)), labels=np.array([5, 7]))
+    assert load_dataset(str(q)).encoder == RankEncoder(5.0, 2.0, 2)
+
+
+def test_train_test_split_is_deterministic_stratified_and_disjoint(abalone):
+    train, test = train_test_split(abalone, test_fraction=0.2, seed=0)
+    assert len(train) + len(test) == 4177
+    assert abs(len(test) - 0.2 * 4177) <= 1
+    again_train, again_test = train_test_split(abalone, test_fraction=0.2, seed=0)
+    assert torch.equal(test.features, again_test.features)
+    other = train_test_split(abalone, test_fraction=0.2, seed=1)[1]
+    assert not torch.equal(test.features, other.features)
+    all_counts = torch.bincount(abalone.ranks, minlength=29).double()
+    test_counts = torch.bincount(test.ranks, minlength=29).double()
+    assert torch.all((test_counts - 0.2 * all_counts).abs() <= 1.0)
+    # disjoint and covering, each part in the original order: tag every sample with its index
+    tagged = OrdinalDataset(torch.arange(4177.0)[:, None], abalone.ranks, abalone.encoder, "ids", "tabular")
+    ids_train, ids_test = (part.features[:, 0].long() for part in train_test_split(tagged, 0.2, seed=0))
+    assert torch.equal(torch.sort(torch.cat([ids_train, ids_test])).values, torch.arange(4177))
+    assert torch.all(ids_train[1:] > ids_train[:-1]) and torch.all(ids_test[1:] > ids_test[:-1])
+    assert torch.equal(abalone.features[ids_test], test.features)
+
+
+def test_train_test_split_bad_fraction():
+    with pytest.raises(ValueError, match="test_fraction"):
+        train_test_split(_tiny(), test_fraction=1.0)
+    with pytest.raises(ValueError, match="empty part"):
+        train_test_split(_tiny(n=2), test_fraction=0.01)
+
+
+def test_standardize_fits_on_train_only():
+    enc = RankEncoder(0.0, 1.0, 2)
+    train = OrdinalDataset(torch.tensor([[1.0, 5.0], [3.0, 5.0]]), torch.tensor([0, 1]), enc, "a", "tabular")
+    test = OrdinalDataset(torch.tensor([[5.0, 6.0]]), torch.tensor([1]), enc, "b", "tabular")
+    tr, te = standardize(train, test)
+    assert tr.features.tolist() == [[-1.0, 0.0], [1.0, 0.0]]  # constant column: centred only
+    assert te.features.tolist() == [[3.0, 1.0]]
+    img = OrdinalDataset(torch.rand(2, 1, 3, 3), torch.tensor([0, 1]), enc, "i", "images")
+    assert standardize(img)[0] is img
