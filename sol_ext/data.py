@@ -35,7 +35,7 @@ import torch
 __all__ = [
     "RankEncoder", "OrdinalDataset", "infer_step",
     "load_abalone", "load_csv", "load_npz", "load_image_folder", "load_fashion_mnist_degradation",
-    "load_dataset", "load_train_test", "train_test_split", "standardize",
+    "degradation_strengths", "load_dataset", "load_train_test", "train_test_split", "standardize",
     "DATASETS_DIR", "FASHION_MNIST_DIR", "FASHION_MNIST_INSTALL",
 ]
 
@@ -435,7 +435,8 @@ def load_csv(path: str | Path, label_column: str = "label", feature_columns: Seq
     cats = dict(categorical) if isinstance(categorical, Mapping) else {c: () for c in categorical}
     for c in cats:
         if c not in feature_columns:
-            raise ValueError(f"categorical column {c!r} is not among the feature columns {list(feature_columns)}")
+            raise ValueError(f"categorical column {c!r} is not among the feature columns "
+                             f"{list(feature_columns)}")
     x, names = _parse_features(body, header, list(feature_columns), cats, path)
     return _make_dataset(torch.from_numpy(x).to(torch.float32), values, name=name or _stem(path),
                          kind="tabular", encoder=encoder, step=step, min_value=min_value,
@@ -453,12 +454,12 @@ ABALONE_SEX = ("F", "I", "M")
 
 
 def load_abalone() -> OrdinalDataset:
-    """UCI Abalone (Nash et al. 1994, CC BY 4.0; see ``sol_ext/datasets/ABALONE.md``), shipped with the package.
+    """UCI Abalone (Nash et al. 1994, CC BY 4.0), shipped with the package (``sol_ext/datasets/ABALONE.md``).
 
-    4177 samples; label: rings 1–29 on a step-1 grid (29 ranks; 28 rings never occurs). Features ``[N, 10]``:
-    ``Sex`` one-hot (``Sex=F``, ``Sex=I``, ``Sex=M``) and the seven raw measurements (length, diameter,
-    height, four weights), unscaled: call :func:`standardize` after splitting, so test data never
-    shapes the scaling.
+    4177 samples; label: rings 1–29 on a step-1 grid (29 ranks; 28 rings never occurs).
+    Features ``[N, 10]``: ``Sex`` one-hot (``Sex=F``, ``Sex=I``, ``Sex=M``) and the seven raw
+    measurements (length, diameter, height, four weights), unscaled: call :func:`standardize` after
+    splitting, so test data never shape the scaling.
     """
     return load_csv(DATASETS_DIR / "abalone.csv.gz", label_column="Rings",
                     encoder=RankEncoder(min_value=1.0, step=1.0, num_ranks=29),
@@ -621,9 +622,35 @@ def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path
 # Fashion-MNIST with a controlled degradation level as the rank
 
 DEGRADATIONS = ("blur", "noise")
-# Strength at the top level K-1; level k gets k/(K-1) of it. Blur: Gaussian sigma in pixels; noise: std of
-# additive Gaussian pixel noise on [0, 1] intensities (then clipped to [0, 1]).
+# Strength at the top level K-1. Blur: Gaussian sigma in pixels; noise: std of additive Gaussian pixel noise
+# on [0, 1] intensities (then clipped to [0, 1]).
 DEFAULT_MAX_STRENGTH = {"blur": 2.5, "noise": 0.5}
+# Blur below sigma 0.5 px hardly changes a 28x28 image, while each further step of sigma matters less and
+# less: blur levels 1..K-1 are spaced geometrically from this sigma up to the maximum.
+MIN_BLUR_SIGMA = 0.5
+
+
+def degradation_strengths(levels: int, kind: str = "blur", max_strength: float | None = None) -> list[float]:
+    """The strength of each level ``0 … levels-1`` (level 0 is the original image, strength 0).
+
+    ``kind="blur"``: Gaussian sigma in pixels, geometric from 0.5 at level 1 to ``max_strength`` (2.5)
+    at the top level. ``kind="noise"``: std of additive pixel noise, linear ``k / (levels-1) * max_strength``
+    (0.5).
+    """
+    if kind not in DEGRADATIONS:
+        raise ValueError(f"kind must be one of {DEGRADATIONS}, got {kind!r}")
+    if isinstance(levels, bool) or int(levels) != levels or levels < 2:
+        raise ValueError(f"levels must be an integer >= 2, got {levels}")
+    top = DEFAULT_MAX_STRENGTH[kind] if max_strength is None else float(max_strength)
+    if not (math.isfinite(top) and top > 0):
+        raise ValueError(f"max_strength must be a finite number > 0, got {max_strength}")
+    levels = int(levels)
+    if kind == "noise":
+        return [top * k / (levels - 1) for k in range(levels)]
+    low = min(MIN_BLUR_SIGMA, top)
+    if levels == 2:
+        return [0.0, top]
+    return [0.0] + [low * (top / low) ** ((k - 1) / (levels - 2)) for k in range(1, levels)]
 
 
 def _read_idx_images(path: Path) -> np.ndarray:
@@ -655,26 +682,23 @@ def load_fashion_mnist_degradation(levels: int = 8, samples_per_level: int = 500
     """Real Fashion-MNIST images whose rank is a degradation level ``0 … levels-1`` applied to them.
 
     ``levels * samples_per_level`` distinct images (default 4000) are drawn at random from the split,
-    each is given a level (balanced: ``samples_per_level`` per level) and degraded by
-    ``k / (levels - 1) * max_strength``: a Gaussian blur of that sigma in pixels (default max 2.5) for
-    ``kind="blur"``, additive Gaussian pixel noise of that std (default max 0.5, clipped to [0, 1]) for
-    ``kind="noise"``. Level 0 is the original image. Features: float32 ``[N, 1, 28, 28]`` in [0, 1].
+    each is given a level (balanced: ``samples_per_level`` per level) and degraded with the strength of
+    its level (:func:`degradation_strengths`): a Gaussian blur of sigma 0.5 … 2.5 pixels, geometric in the
+    level, for ``kind="blur"``; additive Gaussian pixel noise of std ``k / (levels-1) * 0.5``, clipped to
+    [0, 1], for ``kind="noise"``. Level 0 is the original image. ``max_strength`` changes the top level's
+    strength. Features: float32 ``[N, 1, 28, 28]`` in [0, 1].
 
     The data come from Debian's ``dataset-fashion-mnist`` package (``/usr/share/datasets/fashion-mnist``;
     ``root=`` points elsewhere, to a folder with the ``*-images-idx3-ubyte.gz`` files). ``split="test"``
     draws from the 10 000 test images, so a train/test pair shares no source image.
     """
-    if kind not in DEGRADATIONS:
-        raise ValueError(f"kind must be one of {DEGRADATIONS}, got {kind!r}")
+    strengths = degradation_strengths(levels, kind, max_strength)
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    if int(levels) != levels or levels < 2:
-        raise ValueError(f"levels must be an integer >= 2, got {levels}")
-    if int(samples_per_level) != samples_per_level or samples_per_level < 1:
+    if isinstance(samples_per_level, bool) or int(samples_per_level) != samples_per_level \
+            or samples_per_level < 1:
         raise ValueError(f"samples_per_level must be an integer >= 1, got {samples_per_level}")
-    strength = DEFAULT_MAX_STRENGTH[kind] if max_strength is None else float(max_strength)
-    if not (math.isfinite(strength) and strength > 0):
-        raise ValueError(f"max_strength must be a finite number > 0, got {max_strength}")
+    levels, samples_per_level = int(levels), int(samples_per_level)
     folder = FASHION_MNIST_DIR if root is None else Path(root)
     path = folder / ("train-images-idx3-ubyte.gz" if split == "train" else "t10k-images-idx3-ubyte.gz")
     if not path.is_file():
@@ -682,7 +706,7 @@ def load_fashion_mnist_degradation(levels: int = 8, samples_per_level: int = 500
                                 f"`{FASHION_MNIST_INSTALL}` (Debian/Ubuntu, as root), or pass root= a folder "
                                 "holding train-images-idx3-ubyte.gz and t10k-images-idx3-ubyte.gz")
     images = _read_idx_images(path)
-    total = int(levels) * int(samples_per_level)
+    total = levels * samples_per_level
     if total > images.shape[0]:
         raise ValueError(f"levels * samples_per_level = {total} exceeds the {images.shape[0]} images of the "
                          f"{split} split")
@@ -691,15 +715,15 @@ def load_fashion_mnist_degradation(levels: int = 8, samples_per_level: int = 500
     level = rng.permutation(np.repeat(np.arange(levels), samples_per_level))
     x = torch.from_numpy(images[pick].astype(np.float32) / 255.0)[:, None]
     noise_gen = torch.Generator().manual_seed(int(seed))
-    for k in range(1, int(levels)):
+    for k in range(1, levels):
         rows = torch.from_numpy(np.flatnonzero(level == k))
-        s = strength * k / (levels - 1)
+        s = strengths[k]
         if kind == "blur":
             x[rows] = _gaussian_blur(x[rows], s)
         else:
             noisy = x[rows] + s * torch.randn(x[rows].shape, generator=noise_gen)
             x[rows] = noisy.clamp_(0.0, 1.0)
-    encoder = RankEncoder(min_value=0.0, step=1.0, num_ranks=int(levels))
+    encoder = RankEncoder(min_value=0.0, step=1.0, num_ranks=levels)
     return OrdinalDataset(features=x, ranks=torch.from_numpy(level.astype(np.int64)), encoder=encoder,
                           name=f"fashion-mnist-{kind}", kind="images")
 
@@ -719,8 +743,9 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
     - ``"abalone"`` → :func:`load_abalone`;
     - ``"fashion-mnist-blur"`` / ``"fashion-mnist-noise"`` → :func:`load_fashion_mnist_degradation`;
     - a ``.npz`` file → :func:`load_npz`;
-    - a ``.csv``/``.csv.gz`` file with a ``path`` column (or ``path_column=`` given) → :func:`load_image_folder`;
-      any other CSV → :func:`load_csv` (``label_column`` defaults to ``"label"``);
+    - a ``.csv``/``.csv.gz`` file with a ``path`` column (or ``path_column=`` given) →
+      :func:`load_image_folder`; any other CSV → :func:`load_csv` (``label_column`` defaults to
+      ``"label"``);
     - a folder holding ``labels.csv`` → :func:`load_image_folder` on it.
 
     Pass ``encoder=`` to put the data on an existing grid (a test file on the training file's grid).

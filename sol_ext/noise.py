@@ -206,12 +206,14 @@ def noise_statistics(noisy: Any, clean: Any) -> dict[str, float]:
     """How far noisy labels ``[N]`` are from clean ones ``[N]`` (same units, usually ranks).
 
     Returns ``{"mae": mean |noisy - clean|, "mean": mean (noisy - clean), "std": population std of
-    (noisy - clean), "fraction_wrong": share of samples with noisy != clean, "max_abs": max |noisy - clean|}``.
+    (noisy - clean), "fraction_wrong": share of samples with noisy != clean,
+    "max_abs": max |noisy - clean|}``.
     """
     a = np.asarray(noisy.cpu() if isinstance(noisy, torch.Tensor) else noisy, dtype=np.float64)
     b = np.asarray(clean.cpu() if isinstance(clean, torch.Tensor) else clean, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"noisy and clean must be 1-D of the same length, got shapes {a.shape} and {b.shape}")
+        raise ValueError(f"noisy and clean must be 1-D of the same length, got shapes {a.shape} and "
+                         f"{b.shape}")
     if a.size == 0:
         raise ValueError("noise_statistics needs at least one sample")
     d = a - b

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from sol_ext.data import (FASHION_MNIST_DIR, OrdinalDataset, RankEncoder, infer_step, load_abalone,
-                          load_csv, load_dataset, load_fashion_mnist_degradation, load_image_folder,
-                          load_npz, load_train_test, standardize, train_test_split)
+from sol_ext.data import (FASHION_MNIST_DIR, OrdinalDataset, RankEncoder, degradation_strengths, infer_step,
+                          load_abalone, load_csv, load_dataset, load_fashion_mnist_degradation,
+                          load_image_folder, load_npz, load_train_test, standardize, train_test_split)
 
 # --------------------------------------------------------------------------------------------------
 # RankEncoder
@@ -119,7 +119,8 @@ def test_dataset_helpers():
     sub = ds.subset([1, 3])
     assert torch.equal(sub.ranks, torch.tensor([1, 3])) and sub.features.shape == (2, 3)
     assert torch.equal(ds.subset(ds.ranks == 0).ranks, torch.tensor([0, 0]))
-    assert torch.equal(ds.with_ranks(torch.zeros(10, dtype=torch.long)).ranks, torch.zeros(10, dtype=torch.long))
+    zeros = torch.zeros(10, dtype=torch.long)
+    assert torch.equal(ds.with_ranks(zeros).ranks, zeros)
 
 
 def test_dataset_validation():
@@ -218,7 +219,8 @@ def test_shared_encoder_for_train_and_test_files(tmp_path):
 
 def test_load_npz_embeddings(tmp_path):
     p = tmp_path / "emb.npz"
-    np.savez(p, embeddings=np.arange(12, dtype=np.float64).reshape(4, 3), labels=np.array([0.1, 0.3, 0.2, 0.1]))
+    np.savez(p, embeddings=np.arange(12, dtype=np.float64).reshape(4, 3),
+             labels=np.array([0.1, 0.3, 0.2, 0.1]))
     ds = load_npz(p)
     assert ds.kind == "embeddings" and ds.features.shape == (4, 3) and ds.features.dtype == torch.float32
     assert ds.encoder.step == pytest.approx(0.1) and ds.ranks.tolist() == [0, 2, 1, 0]
@@ -268,8 +270,10 @@ def test_load_image_folder_grayscale(image_folder):
     assert ds.kind == "images" and ds.features.shape == (4, 1, 8, 8)
     assert ds.encoder == RankEncoder(0.0, 12.0, 3) and ds.ranks.tolist() == [0, 1, 2, 1]
     assert ds.features[2].mean().item() == pytest.approx(80 / 255, abs=1e-5)
-    assert load_image_folder(image_folder / "labels.csv", image_size=(4, 6), channels=3).features.shape == (4, 3, 4, 6)
-    assert load_dataset(str(image_folder), image_size=8).features.shape == (4, 1, 8, 8)  # folder with labels.csv
+    rgb = load_image_folder(image_folder / "labels.csv", image_size=(4, 6), channels=3)
+    assert rgb.features.shape == (4, 3, 4, 6)
+    # a folder holding labels.csv, and the CSV itself, through load_dataset
+    assert load_dataset(str(image_folder), image_size=8).features.shape == (4, 1, 8, 8)
     assert load_dataset(image_folder / "labels.csv", image_size=8).kind == "images"
 
 
@@ -330,6 +334,19 @@ def test_degradation_loader_on_small_files(tmp_path):
     assert noisy.name == "fashion-mnist-noise"
     with pytest.raises(ValueError, match="exceeds"):
         load_fashion_mnist_degradation(levels=4, samples_per_level=11, root=root)
+
+
+def test_degradation_strengths():
+    blur = degradation_strengths(8, "blur")
+    assert blur[0] == 0.0 and blur[1] == pytest.approx(0.5) and blur[-1] == pytest.approx(2.5)
+    ratios = np.array(blur[2:]) / np.array(blur[1:-1])
+    assert np.allclose(ratios, ratios[0])  # geometric from level 1 on
+    assert degradation_strengths(5, "noise", max_strength=0.4) == pytest.approx([0, 0.1, 0.2, 0.3, 0.4])
+    assert degradation_strengths(2, "blur") == [0.0, 2.5]
+    with pytest.raises(ValueError, match="levels"):
+        degradation_strengths(1)
+    with pytest.raises(ValueError, match="kind"):
+        degradation_strengths(4, "jpeg")
 
 
 def test_degradation_loader_missing_data_says_how_to_install(tmp_path):
