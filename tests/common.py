@@ -1,0 +1,57 @@
+"""Helpers shared by the op tests: devices, tolerances and random SOL inputs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+CUDA_REASON = "needs a CUDA GPU and a build of sol_ext with CUDA kernels"
+
+
+def cuda_ready() -> bool:
+    import sol_ext
+
+    return torch.cuda.is_available() and sol_ext.cuda_kernels_available()
+
+
+def cpu_and_cuda():
+    """Device parameters; the CUDA case skips itself where there is no GPU (or no CUDA build)."""
+    return ("cpu", pytest.param("cuda", marks=pytest.mark.skipif(not cuda_ready(), reason=CUDA_REASON)))
+
+
+# Relative error bounds of the fused kernels against the reference, per dtype.
+REL_TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+
+def assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, tol: float, what: str = "") -> None:
+    """max |actual - expected| <= tol * max |expected| (exact equality required when expected is all 0)."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    if expected.numel() == 0:
+        return
+    actual, expected = actual.double().cpu(), expected.double().cpu()
+    error = (actual - expected).abs().max().item()
+    scale = expected.abs().max().item()
+    assert error <= tol * scale, f"{what}: max abs error {error:.3e} > {tol:.0e} x max |expected| {scale:.3e}"
+
+
+def noncontiguous(t: torch.Tensor) -> torch.Tensor:
+    """The same values, stored transposed (a non-contiguous view)."""
+    return t.T.contiguous().T if t.dim() == 2 else t.repeat_interleave(2)[::2]
+
+
+def random_labels(batch_size: int, num_ranks: int, generator: torch.Generator, device="cpu") -> torch.Tensor:
+    """Random ranks that include 0 and n-1 whenever the batch has room."""
+    labels = torch.randint(0, num_ranks, (batch_size,), generator=generator)
+    if batch_size >= 2:
+        labels[0], labels[-1] = 0, num_ranks - 1
+    return labels.to(device)
+
+
+def random_pairs(batch_size: int, count: int, generator: torch.Generator, device="cpu") -> torch.Tensor:
+    """Explicit pairs with some x == y and some repeated rows."""
+    pairs = torch.randint(0, batch_size, (count, 2), generator=generator)
+    if count >= 4:
+        pairs[0, 1] = pairs[0, 0]  # x == y
+        pairs[-1] = pairs[1]  # a repeat
+        pairs[-2] = pairs[1].flip(0)  # the same pair, other orientation
+    return pairs.to(device)

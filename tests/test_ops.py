@@ -1,0 +1,125 @@
+"""Fused kernels against the plain-PyTorch reference: values and gradients on random configurations."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+import sol_ext
+from sol_ext import reference
+
+from common import REL_TOL, assert_rel_close, cpu_and_cuda, noncontiguous, random_labels, random_pairs
+
+NUM_CONFIGS = 200
+
+
+def _log_uniform_int(rng: random.Random, low: int, high: int) -> int:
+    """Integers in [low, high], small values as likely as large ones on a log scale."""
+    return min(high, int(math.exp(rng.uniform(math.log(low), math.log(high + 1)))))
+
+
+def make_config(seed: int) -> dict:
+    rng = random.Random(seed)
+    batch_size = 0 if seed % 50 == 7 else _log_uniform_int(rng, 1, 130)  # a few empty batches
+    return dict(
+        num_ranks=_log_uniform_int(rng, 1, 150),
+        batch_size=batch_size,
+        dim=_log_uniform_int(rng, 1, 600),
+        tau=rng.randint(0, 6),
+        T=rng.randint(1, 3),
+        sigma=rng.uniform(0.3, 3.0),
+        margin=rng.choice([0.0, 1.0, rng.uniform(0.0, 1.0)]),
+        convention=rng.choice(["paper", "official"]),
+        explicit_pairs=rng.random() < 0.4,
+        noncontiguous=rng.random() < 0.3,
+    )
+
+
+def make_inputs(cfg: dict, seed: int, dtype: torch.dtype, device: str):
+    gen = torch.Generator().manual_seed(seed)
+    B, n, d = cfg["batch_size"], cfg["num_ranks"], cfg["dim"]
+    h = torch.randn(B, d, generator=gen, dtype=torch.float64)
+    mu = torch.randn(n, d, generator=gen, dtype=torch.float64) * 0.5
+    labels = random_labels(B, n, gen)
+    pairs = random_pairs(B, 2 * B + 3, gen) if cfg["explicit_pairs"] and B > 0 else None
+    h, mu = h.to(device, dtype), mu.to(device, dtype)
+    if cfg["noncontiguous"]:
+        h, mu = noncontiguous(h), noncontiguous(mu)
+    return h, mu, labels.to(device), None if pairs is None else pairs.to(device)
+
+
+def grads(output: torch.Tensor, inputs, upstream: torch.Tensor):
+    return torch.autograd.grad(output, inputs, upstream, allow_unused=False)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("seed", range(NUM_CONFIGS))
+def test_fused_matches_reference(seed, dtype, device):
+    """Each fused op's forward and both gradients equal the reference's, for the same upstream gradient."""
+    cfg = make_config(seed)
+    tol = REL_TOL[dtype]
+    h, mu, labels, pairs = make_inputs(cfg, seed, dtype, device)
+    gen = torch.Generator().manual_seed(seed + 1)
+    loss_args = dict(sigma=cfg["sigma"], tau=cfg["tau"], margin=cfg["margin"], convention=cfg["convention"])
+
+    # Dissimilarity: forward, and d/dh, d/dmu for one random upstream gradient.
+    h.requires_grad_(True)
+    mu.requires_grad_(True)
+    D_fused = sol_ext.stochastic_dissimilarity(h, mu, cfg["sigma"], backend="fused")
+    D_ref = reference.stochastic_dissimilarity(h, mu, cfg["sigma"])
+    assert_rel_close(D_fused, D_ref, tol, "D")
+    upstream = torch.randn(D_ref.shape, generator=gen, dtype=torch.float64).to(device, dtype)
+    for name, g_fused, g_ref in zip(("dh", "dmu"), grads(D_fused, (h, mu), upstream), grads(D_ref, (h, mu), upstream)):
+        assert_rel_close(g_fused, g_ref, tol, name)
+
+    # Order and discriminative losses, per pair / per sample, on one shared D.
+    D = D_ref.detach().requires_grad_(True)
+    order_fused = sol_ext.order_loss(D, labels, pairs, reduction="none", backend="fused", **loss_args)
+    order_ref = reference.order_loss(D, labels, pairs, reduction="none", **loss_args)
+    assert_rel_close(order_fused, order_ref, tol, "order loss")
+    upstream = torch.randn(order_ref.shape, generator=gen, dtype=torch.float64).to(device, dtype)
+    if order_ref.numel() > 0:
+        assert_rel_close(grads(order_fused, D, upstream)[0], grads(order_ref, D, upstream)[0], tol, "order dD")
+
+    disc_fused = sol_ext.disc_loss(D, labels, cfg["T"], reduction="none", backend="fused")
+    disc_ref = reference.disc_loss(D, labels, cfg["T"], reduction="none")
+    assert_rel_close(disc_fused, disc_ref, tol, "disc loss")
+    upstream = torch.randn(disc_ref.shape, generator=gen, dtype=torch.float64).to(device, dtype)
+    if disc_ref.numel() > 0:
+        assert_rel_close(grads(disc_fused, D, upstream)[0], grads(disc_ref, D, upstream)[0], tol, "disc dD")
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("seed", range(0, NUM_CONFIGS, 10))
+def test_module_matches_reference(seed, reduction, device):
+    """StochasticOrderLoss end to end (h -> D -> both losses), float64, value and gradients."""
+    cfg = make_config(seed)
+    h, mu, labels, pairs = make_inputs(cfg, seed, torch.float64, device)
+    kwargs = dict(
+        num_ranks=cfg["num_ranks"], sigma=cfg["sigma"], tau=cfg["tau"], margin=cfg["margin"], T=cfg["T"],
+        disc_weight=0.7, convention=cfg["convention"], reduction=reduction,
+    )
+    results = {}
+    for backend in ("fused", "reference"):
+        h_, mu_ = h.clone().requires_grad_(True), mu.clone().requires_grad_(True)
+        loss = sol_ext.StochasticOrderLoss(**kwargs, backend=backend)(h_, labels, mu_, pairs)
+        results[backend] = (loss, *torch.autograd.grad(loss, (h_, mu_)))
+    for name, fused, ref in zip(("loss", "dh", "dmu"), results["fused"], results["reference"]):
+        assert_rel_close(fused, ref, REL_TOL[torch.float64], name)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_only_needed_gradients_are_computed(device):
+    h = torch.randn(6, 4, dtype=torch.float64, device=device)
+    mu = torch.randn(5, 4, dtype=torch.float64, device=device, requires_grad=True)
+    labels = torch.tensor([0, 1, 2, 3, 4, 0], device=device)
+    sol_ext.StochasticOrderLoss(5, backend="fused")(h, labels, mu).backward()
+    assert h.grad is None and mu.grad is not None and mu.grad.abs().sum() > 0
+    grad_h, grad_mu = torch.ops.sol_ext._stochastic_dissimilarity_backward(
+        torch.ones(6, 5, dtype=torch.float64, device=device), h, mu.detach(), 1.0, True, False
+    )
+    assert grad_h.shape == (6, 4) and grad_mu.numel() == 0
