@@ -35,7 +35,8 @@ import torch
 __all__ = [
     "RankEncoder", "OrdinalDataset", "infer_step",
     "load_abalone", "load_csv", "load_npz", "load_image_folder", "load_fashion_mnist_degradation",
-    "degradation_strengths", "load_dataset", "load_train_test", "train_test_split", "standardize",
+    "degradation_strengths", "load_dataset", "load_train_test", "split_indices", "train_test_split",
+    "standardize",
     "DATASETS_DIR", "FASHION_MNIST_DIR", "FASHION_MNIST_INSTALL",
 ]
 
@@ -798,20 +799,20 @@ def load_train_test(train_spec: str | Path, test_spec: str | Path,
 # Splitting and scaling
 
 
-def train_test_split(ds: OrdinalDataset, test_fraction: float = 0.2,
-                     seed: int = 0) -> tuple[OrdinalDataset, OrdinalDataset]:
-    """A deterministic split stratified by rank; both parts keep the original sample order.
+def split_indices(ranks: Any, test_fraction: float = 0.2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row numbers ``(train, test)`` (int64, ascending) of a deterministic split stratified by rank.
 
-    Samples are grouped by rank (random order within a rank, from ``seed``) and every
+    Samples are grouped by rank ``[N]`` (random order within a rank, from ``seed``) and every
     ``1/test_fraction``-th one goes to the test set, so each rank contributes its share (± 1) and the
-    test set has ``round(test_fraction * N)`` samples (± 1).
+    test set has ``round(test_fraction * N)`` samples (± 1). It depends on the ranks and the seed only.
     """
     if not (0.0 < float(test_fraction) < 1.0):
         raise ValueError(f"test_fraction must be between 0 and 1 (exclusive), got {test_fraction}")
-    n = len(ds)
+    r = np.asarray(ranks.cpu() if isinstance(ranks, torch.Tensor) else ranks).reshape(-1)
+    n = r.size
     rng = np.random.default_rng(seed)
     perm = rng.permutation(n)
-    order = perm[np.argsort(ds.ranks.numpy()[perm], kind="stable")]
+    order = perm[np.argsort(r[perm], kind="stable")]
     offset = rng.random()
     pos = np.arange(n)
     take = (np.floor((pos + 1) * test_fraction + offset) - np.floor(pos * test_fraction + offset)) >= 1
@@ -819,6 +820,13 @@ def train_test_split(ds: OrdinalDataset, test_fraction: float = 0.2,
     if test_idx.size == 0 or train_idx.size == 0:
         raise ValueError(f"splitting {n} samples with test_fraction={test_fraction} leaves an empty part; "
                          "use more data or another fraction")
+    return torch.from_numpy(train_idx), torch.from_numpy(test_idx)
+
+
+def train_test_split(ds: OrdinalDataset, test_fraction: float = 0.2,
+                     seed: int = 0) -> tuple[OrdinalDataset, OrdinalDataset]:
+    """``(train, test)`` parts of ``ds`` by :func:`split_indices`; both keep the original sample order."""
+    train_idx, test_idx = split_indices(ds.ranks, test_fraction, seed)
     return ds.subset(train_idx), ds.subset(test_idx)
 
 

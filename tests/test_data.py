@@ -9,7 +9,8 @@ import torch
 
 from sol_ext.data import (FASHION_MNIST_DIR, OrdinalDataset, RankEncoder, degradation_strengths, infer_step,
                           load_abalone, load_csv, load_dataset, load_fashion_mnist_degradation,
-                          load_image_folder, load_npz, load_train_test, standardize, train_test_split)
+                          load_image_folder, load_npz, load_train_test, split_indices, standardize,
+                          train_test_split)
 
 # --------------------------------------------------------------------------------------------------
 # RankEncoder
@@ -413,9 +414,9 @@ def test_train_test_split_is_deterministic_stratified_and_disjoint(abalone):
     all_counts = torch.bincount(abalone.ranks, minlength=29).double()
     test_counts = torch.bincount(test.ranks, minlength=29).double()
     assert torch.all((test_counts - 0.2 * all_counts).abs() <= 1.0)
-    # disjoint and covering, each part in the original order: tag every sample with its index
-    tagged = OrdinalDataset(torch.arange(4177.0)[:, None], abalone.ranks, abalone.encoder, "ids", "tabular")
-    ids_train, ids_test = (part.features[:, 0].long() for part in train_test_split(tagged, 0.2, seed=0))
+    # disjoint and covering, each part in the original order
+    ids_train, ids_test = split_indices(abalone.ranks, 0.2, seed=0)
+    assert ids_train.dtype == torch.int64
     assert torch.equal(torch.sort(torch.cat([ids_train, ids_test])).values, torch.arange(4177))
     assert torch.all(ids_train[1:] > ids_train[:-1]) and torch.all(ids_test[1:] > ids_test[:-1])
     assert torch.equal(abalone.features[ids_test], test.features)
