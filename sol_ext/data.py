@@ -733,7 +733,7 @@ def load_fashion_mnist_degradation(levels: int = 8, samples_per_level: int = 500
 # One entry point by name or path
 
 
-_NAMED = ("abalone", "fashion-mnist-blur", "fashion-mnist-noise")
+_NAMED = ("abalone", "fashion-mnist", "fashion-mnist-blur", "fashion-mnist-noise")
 
 
 def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
@@ -742,7 +742,8 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
     ``spec`` is one of:
 
     - ``"abalone"`` → :func:`load_abalone`;
-    - ``"fashion-mnist-blur"`` / ``"fashion-mnist-noise"`` → :func:`load_fashion_mnist_degradation`;
+    - ``"fashion-mnist-blur"`` (or ``"fashion-mnist"``) / ``"fashion-mnist-noise"`` →
+      :func:`load_fashion_mnist_degradation`;
     - a ``.npz`` file → :func:`load_npz`;
     - a ``.csv``/``.csv.gz`` file with a ``path`` column (or ``path_column=`` given) →
       :func:`load_image_folder`; any other CSV → :func:`load_csv` (``label_column`` defaults to
@@ -754,6 +755,8 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
     key = str(spec).strip()
     if key.lower() == "abalone":
         return load_abalone(**options)
+    if key.lower() == "fashion-mnist":
+        return load_fashion_mnist_degradation(**options)
     if key.lower() in ("fashion-mnist-blur", "fashion-mnist-noise"):
         return load_fashion_mnist_degradation(kind=key.lower().rsplit("-", 1)[1], **options)
     path = Path(key)

@@ -362,6 +362,7 @@ def test_fashion_mnist_blur_from_debian_package():
     assert ds.features.shape == (400, 1, 28, 28) and ds.num_ranks == 8
     rough = _roughness(ds.features)
     assert rough[ds.ranks == 0].mean() > rough[ds.ranks == 7].mean()
+    assert load_dataset("fashion-mnist", levels=3, samples_per_level=2).name == "fashion-mnist-blur"
     test = load_fashion_mnist_degradation(levels=8, samples_per_level=10, split="test")
     assert test.features.shape == (80, 1, 28, 28)
 
