@@ -1,0 +1,87 @@
+"""Noise kernel and ordering probabilities (SPEC §2, §5, §10.2)."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import sol_ext
+from sol_ext import reference
+
+from common import cpu_and_cuda
+
+
+def direct_probabilities(a: int, b: int, n: int, sigma: float, tau: int, convention: str):
+    """SPEC §5 (and §10.2) written as explicit loops over the true ranks j of x and k of y."""
+    P = [[math.exp(-((j - q) ** 2) / (2 * sigma**2)) for j in range(n)] for q in range(n)]
+    P = [[v / sum(row) for v in row] for row in P]
+    lt = eq = gt = 0.0
+    for j, k in itertools.product(range(n), range(n)):
+        w = P[a][j] * P[b][k]
+        if convention == "official":
+            lt += w * (k >= min(n - 1, j + tau + 1))
+            gt += w * (j >= min(n - 1, k + tau + 1))
+        else:
+            lt += w * (k - j > tau)
+            gt += w * (j - k > tau)
+        eq += w * (abs(k - j) <= tau)
+    return lt, eq, gt
+
+
+@pytest.mark.parametrize("convention, expected", [
+    ("official", (0.283021, 0.896718, 0.004441)),
+    ("paper", (0.103252, 0.896718, 0.000030)),
+])
+@pytest.mark.parametrize("backend", ["fused", "reference"])
+def test_known_values_from_the_authors_code(convention, expected, backend):
+    """n=12, tau=3, sigma=1, noisy ranks (8, 10): values measured by running the authors' code."""
+    probs = sol_ext.ordering_probabilities(
+        torch.tensor([8]), torch.tensor([10]), 12, sigma=1.0, tau=3, convention=convention, backend=backend
+    )
+    assert probs.shape == (1, 3) and probs.dtype == torch.float64
+    assert probs[0].tolist() == pytest.approx(expected, abs=5e-7)
+
+
+@pytest.mark.parametrize("n, sigma, tau", [(1, 1.0, 0), (5, 0.5, 0), (12, 1.0, 3), (9, 2.5, 2), (20, 0.7, 6)])
+@pytest.mark.parametrize("convention", ["paper", "official"])
+def test_table_equals_the_direct_double_sum(n, sigma, tau, convention):
+    table = sol_ext.ordering_probability_table(n, sigma, tau, convention, backend="fused")
+    for a, b in itertools.product(range(n), range(n)):
+        assert table[a, b].tolist() == pytest.approx(direct_probabilities(a, b, n, sigma, tau, convention), abs=1e-13)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_paper_probabilities_sum_to_one_and_mirror(device):
+    table = sol_ext.ordering_probability_table(40, 1.3, 3, "paper", device=device, backend="fused").cpu()
+    torch.testing.assert_close(table.sum(-1), torch.ones(40, 40, dtype=torch.float64), atol=1e-13, rtol=0)
+    # Swapping x and y swaps "<" and ">".
+    torch.testing.assert_close(table[:, :, 0], table[:, :, 2].T, atol=1e-15, rtol=0)
+
+
+def test_official_convention_adds_mass_near_the_top_rank():
+    """SPEC §10.2: the clamp at n-1 makes lt + eq + gt exceed 1 for ranks near the top."""
+    table = sol_ext.ordering_probability_table(12, 1.0, 3, "official", backend="fused")
+    assert table.sum(-1).max() > 1.01
+    paper = sol_ext.ordering_probability_table(12, 1.0, 3, "paper", backend="fused")
+    torch.testing.assert_close(table[:, :, 1], paper[:, :, 1], atol=1e-15, rtol=0)  # Pr(x ~ y) is exact
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gather_matches_reference(device, dtype):
+    gen = torch.Generator().manual_seed(0)
+    r_x, r_y = torch.randint(0, 30, (500,), generator=gen), torch.randint(0, 30, (500,), generator=gen)
+    fused = sol_ext.ordering_probabilities(r_x.to(device), r_y.to(device), 30, 0.8, 2, dtype=dtype, backend="fused")
+    ref = reference.ordering_probabilities(r_x, r_y, 30, 0.8, 2, dtype=dtype)
+    assert fused.dtype == dtype and fused.device.type == device
+    torch.testing.assert_close(fused.cpu(), ref, atol=1e-15, rtol=1e-6 if dtype == torch.float32 else 1e-12)
+
+
+def test_noise_kernel_rows_are_normalized_gaussians():
+    P = sol_ext.noise_kernel(7, 1.5)
+    torch.testing.assert_close(P.sum(1), torch.ones(7, dtype=torch.float64), atol=1e-15, rtol=0)
+    assert P[3, 1] / P[3, 3] == pytest.approx(math.exp(-4 / (2 * 1.5**2)))
+    # A tiny sigma makes P the identity: plain order learning.
+    torch.testing.assert_close(sol_ext.noise_kernel(5, 1e-3), torch.eye(5, dtype=torch.float64))
