@@ -16,6 +16,7 @@ import warnings
 from typing import Optional, Tuple
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import _validation as check
 from . import reference
@@ -71,8 +72,8 @@ def _use_fused(backend: str, op: str, device: torch.device, dtype: torch.dtype) 
 
 
 # ---------------------------------------------------------------------------------------------
-# Autograd wrappers. Each calls a fused forward op and its private backward op; double backward is
-# not supported (the backward ops have no derivatives of their own).
+# Autograd wrappers. Each calls a fused forward op and its private backward op. Double backward is
+# not supported: the backward ops have no derivatives of their own, and once_differentiable says so.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -84,6 +85,7 @@ class _StochasticDissimilarity(torch.autograd.Function):
         return _ops.stochastic_dissimilarity(h, mu, sigma)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_D: torch.Tensor):
         h, mu = ctx.saved_tensors
         need_h, need_mu = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -101,6 +103,7 @@ class _OrderLoss(torch.autograd.Function):
         return _ops.order_loss(D, labels, pairs, sigma, tau, margin, convention)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_losses: torch.Tensor):
         if not ctx.needs_input_grad[0]:
             return (None,) * 7
@@ -117,6 +120,7 @@ class _DiscLoss(torch.autograd.Function):
         return _ops.disc_loss(D, labels, T)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_losses: torch.Tensor):
         if not ctx.needs_input_grad[0]:
             return None, None, None

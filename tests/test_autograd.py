@@ -1,0 +1,162 @@
+"""Gradients, op registration, torch.compile, determinism and empty inputs of the fused ops."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import sol_ext
+
+from common import cpu_and_cuda, random_labels, random_pairs
+
+ops = torch.ops.sol_ext
+
+
+def _inputs(device, B=9, n=6, d=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    h = torch.randn(B, d, generator=gen, dtype=torch.float64).to(device)
+    mu = torch.randn(n, d, generator=gen, dtype=torch.float64).to(device)
+    labels = random_labels(B, n, gen, device)
+    pairs = random_pairs(B, 12, gen, device)
+    return h, mu, labels, pairs
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_gradcheck_dissimilarity(device):
+    h, mu, _, _ = _inputs(device)
+    fn = lambda h, mu: sol_ext.stochastic_dissimilarity(h, mu, 0.8, backend="fused")  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (h.requires_grad_(), mu.requires_grad_()))
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("convention", ["paper", "official"])
+@pytest.mark.parametrize("explicit_pairs", [False, True])
+def test_gradcheck_order_loss(device, convention, explicit_pairs):
+    h, mu, labels, pairs = _inputs(device)
+    # D well away from the hinge kinks, so finite differences see one linear piece.
+    D = (sol_ext.stochastic_dissimilarity(h, mu) / 3).requires_grad_()
+    fn = lambda D: sol_ext.order_loss(  # noqa: E731
+        D, labels, pairs if explicit_pairs else None, sigma=1.2, tau=1, margin=0.1, convention=convention,
+        reduction="none", backend="fused",
+    )
+    assert torch.autograd.gradcheck(fn, (D,))
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_gradcheck_disc_loss(device):
+    h, mu, labels, _ = _inputs(device)
+    D = sol_ext.stochastic_dissimilarity(h, mu).requires_grad_()
+    fn = lambda D: sol_ext.disc_loss(D, labels, T=3, reduction="none", backend="fused")  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (D,))
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_gradcheck_module(device):
+    h, mu, labels, _ = _inputs(device)
+    criterion = sol_ext.StochasticOrderLoss(6, sigma=0.9, tau=1, margin=0.05, T=2, backend="fused")
+    assert torch.autograd.gradcheck(lambda h, mu: criterion(h / 2, labels, mu), (h.requires_grad_(), mu.requires_grad_()))
+
+
+def _op_cases(device):
+    h, mu, labels, pairs = _inputs(device)
+    D = sol_ext.stochastic_dissimilarity(h, mu)
+    B, n = D.shape
+    grad_pairs = torch.randn(B * (B - 1) // 2, dtype=torch.float64, device=device)
+    return {
+        "stochastic_dissimilarity": (ops.stochastic_dissimilarity, (h, mu, 1.0)),
+        "_stochastic_dissimilarity_backward": (ops._stochastic_dissimilarity_backward, (D, h, mu, 1.0, True, True)),
+        "_stochastic_dissimilarity_backward_h_only": (ops._stochastic_dissimilarity_backward, (D, h, mu, 1.0, True, False)),
+        "ordering_probabilities": (ops.ordering_probabilities, (labels, labels.flip(0), n, 1.0, 2, "paper", torch.float32)),
+        "order_loss_all_pairs": (ops.order_loss, (D, labels, None, 1.0, 2, 0.25, "paper")),
+        "order_loss_pairs": (ops.order_loss, (D, labels, pairs, 1.0, 2, 0.25, "official")),
+        "_order_loss_backward_all_pairs": (ops._order_loss_backward, (grad_pairs, D, labels, None, 1.0, 2, 0.25, "paper")),
+        "_order_loss_backward_pairs": (
+            ops._order_loss_backward, (torch.randn(12, dtype=torch.float64, device=device), D, labels, pairs, 1.0, 2, 0.25, "official")),
+        "disc_loss": (ops.disc_loss, (D, labels, 2)),
+        "_disc_loss_backward": (ops._disc_loss_backward, (torch.randn(B, dtype=torch.float64, device=device), labels, n, 2)),
+    }
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("case", list(_op_cases("cpu")))
+def test_opcheck(device, case):
+    """Schema, fake kernel and dispatch consistency of every op (autograd lives in the Python wrappers)."""
+    op, args = _op_cases(device)[case]
+    opcheck(op, args)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_compiled_training_step_matches_eager(device):
+    """torch.compile(fullgraph=True) of model + StochasticOrderLoss; backward through the compiled graph."""
+    torch._dynamo.reset()
+    h, mu, labels, _ = _inputs(device, B=16, n=7, d=5)
+    model = torch.nn.Linear(5, 5).double().to(device)
+    criterion = sol_ext.StochasticOrderLoss(7, backend="fused")
+
+    def loss_of(x, labels, mu):
+        return criterion(model(x), labels, mu)
+
+    compiled = torch.compile(loss_of, fullgraph=True)
+    results = []
+    for fn in (compiled, loss_of):
+        model.zero_grad()
+        loss = fn(h, labels, mu)
+        loss.backward()
+        results.append((loss.detach(), model.weight.grad.clone()))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=0)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-12, atol=1e-14)
+
+
+def test_all_pairs_backward_is_bitwise_reproducible_across_thread_counts():
+    gen = torch.Generator().manual_seed(3)
+    D = torch.randn(200, 40, generator=gen, dtype=torch.float32).requires_grad_()
+    labels = torch.randint(0, 40, (200,), generator=gen)
+    threads = torch.get_num_threads()
+    grads = []
+    try:
+        for count in (1, max(2, threads)):
+            torch.set_num_threads(count)
+            loss = sol_ext.order_loss(D, labels, backend="fused")
+            grads.append(torch.autograd.grad(loss, D)[0])
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("backend", ["fused", "reference"])
+@pytest.mark.parametrize("batch_size, pairs", [(0, None), (1, None), (5, "empty")])
+def test_empty_batch_or_pair_set_gives_zero_loss_and_zero_gradients(device, backend, batch_size, pairs):
+    h = torch.randn(batch_size, 3, dtype=torch.float64, device=device, requires_grad=True)
+    mu = torch.randn(4, 3, dtype=torch.float64, device=device, requires_grad=True)
+    labels = torch.zeros(batch_size, dtype=torch.long, device=device)
+    pairs = torch.zeros(0, 2, dtype=torch.long, device=device) if pairs == "empty" else None
+    for reduction in ("mean", "sum"):
+        criterion = sol_ext.StochasticOrderLoss(4, reduction=reduction, backend=backend, disc_weight=0.0)
+        loss = criterion(h, labels, mu, pairs)
+        grad_h, grad_mu = torch.autograd.grad(loss, (h, mu))
+        assert loss.item() == 0.0
+        assert torch.count_nonzero(grad_h) == 0 and torch.count_nonzero(grad_mu) == 0
+        assert torch.isfinite(grad_h).all() and torch.isfinite(grad_mu).all()
+    disc = sol_ext.disc_loss(torch.zeros(0, 4, dtype=torch.float64, device=device), labels[:0], backend=backend)
+    assert disc.item() == 0.0
+
+
+def test_auto_backend_falls_back_with_a_warning_for_half_on_cpu():
+    h = torch.randn(4, 3).half()
+    mu = torch.randn(5, 3).half()
+    with pytest.raises(RuntimeError, match="float32 or float64"):
+        sol_ext.stochastic_dissimilarity(h, mu, backend="fused")
+    with pytest.warns(UserWarning, match="reference"):
+        D = sol_ext.stochastic_dissimilarity(h, mu, backend="auto")
+    assert D.dtype == torch.float16  # no silent cast
+
+
+def test_double_backward_is_refused():
+    h, mu, labels, _ = _inputs("cpu")
+    h.requires_grad_()
+    loss = sol_ext.StochasticOrderLoss(6, backend="fused")(h, labels, mu)
+    (grad_h,) = torch.autograd.grad(loss, h, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(grad_h.sum(), h)
