@@ -85,13 +85,13 @@ def check_finite(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} contains {bad} NaN or inf value(s); expected finite numbers")
 
 
-def check_same_device(**tensors: Optional[torch.Tensor]) -> torch.device:
-    present = {name: t for name, t in tensors.items() if t is not None}
+def check_same_device(**tensors) -> None:
+    """Run before any check that reads values, so that a tensor on the wrong device is named as such."""
+    present = {name: t for name, t in tensors.items() if isinstance(t, torch.Tensor)}
     devices = {t.device for t in present.values()}
     if len(devices) > 1:
         where = ", ".join(f"{name} on {t.device}" for name, t in present.items())
         raise ValueError(f"all tensors must be on one device, got {where}; move them with .to(device)")
-    return next(iter(devices))
 
 
 def check_embeddings(h: torch.Tensor, mu: torch.Tensor) -> None:
@@ -106,7 +106,6 @@ def check_embeddings(h: torch.Tensor, mu: torch.Tensor) -> None:
         )
     if h.dtype != mu.dtype:
         raise TypeError(f"h and mu must have one dtype, got h {h.dtype} and mu {mu.dtype}")
-    check_same_device(h=h, mu=mu)
     check_finite("h", h)
     check_finite("mu", mu)
 

@@ -59,6 +59,7 @@ class StochasticOrderLoss(nn.Module):
     def forward(
         self, h: torch.Tensor, labels: torch.Tensor, mu: torch.Tensor, pairs: Optional[torch.Tensor] = None
     ) -> torch.Tensor:
+        check.check_same_device(h=h, labels=labels, mu=mu, pairs=pairs)
         check.check_embeddings(h, mu)
         if mu.shape[0] != self.num_ranks:
             raise ValueError(
@@ -66,7 +67,6 @@ class StochasticOrderLoss(nn.Module):
             )
         labels = check.check_ranks("labels", labels, self.num_ranks, length=h.shape[0])
         pairs = check.check_pairs(pairs, h.shape[0])
-        check.check_same_device(h=h, labels=labels, mu=mu, pairs=pairs)
 
         fused = _use_fused(self.backend, "StochasticOrderLoss", h.device, h.dtype)
         D = _dissimilarity(h, mu, self.sigma, fused)

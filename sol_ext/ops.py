@@ -172,6 +172,7 @@ def stochastic_dissimilarity(
         ``D [B, n]`` in ``h``'s dtype. Differentiable with respect to ``h`` and ``mu``.
         ``argmin_q D[x, q]`` is the estimated rank of ``x`` (paper eq. 6).
     """
+    check.check_same_device(h=h, mu=mu)
     check.check_embeddings(h, mu)
     sigma = check.check_positive_float("sigma", sigma)
     fused = _use_fused(backend, "stochastic_dissimilarity", h.device, h.dtype)
@@ -197,9 +198,9 @@ def ordering_probabilities(
     (SPEC §10.2). Computed in float64 and returned in ``dtype``; no gradient.
     """
     num_ranks = check.check_int("num_ranks", num_ranks, 1)
+    check.check_same_device(r_x=r_x, r_y=r_y)
     r_x = check.check_ranks("r_x", r_x, num_ranks)
     r_y = check.check_ranks("r_y", r_y, num_ranks, length=r_x.shape[0])
-    check.check_same_device(r_x=r_x, r_y=r_y)
     sigma = check.check_positive_float("sigma", sigma)
     tau = check.check_int("tau", tau, 0)
     check.check_choice("convention", convention, check.CONVENTIONS)
@@ -256,11 +257,11 @@ def order_loss(
     Returns a scalar (or ``[M]``) in ``D``'s dtype; an empty pair set gives 0. Differentiable with
     respect to ``D``. The fused CPU backward is deterministic (no atomics).
     """
+    check.check_same_device(D=D, labels=labels, pairs=pairs)
     check.check_dissimilarities(D)
     batch_size, num_ranks = D.shape
     labels = check.check_ranks("labels", labels, num_ranks, length=batch_size)
     pairs = check.check_pairs(pairs, batch_size)
-    check.check_same_device(D=D, labels=labels, pairs=pairs)
     sigma = check.check_positive_float("sigma", sigma)
     tau = check.check_int("tau", tau, 0)
     margin = check.check_nonnegative_float("margin", margin)
@@ -282,10 +283,10 @@ def disc_loss(
 
     Linear in ``D`` and possibly negative; an empty batch gives 0.
     """
+    check.check_same_device(D=D, labels=labels)
     check.check_dissimilarities(D)
     batch_size, num_ranks = D.shape
     labels = check.check_ranks("labels", labels, num_ranks, length=batch_size)
-    check.check_same_device(D=D, labels=labels)
     T = check.check_int("T", T, 1)
     check.check_reduction(reduction)
     fused = _use_fused(backend, "disc_loss", D.device, D.dtype)

@@ -1,0 +1,121 @@
+"""Bad input raises ValueError/TypeError naming the argument, the value and what was expected."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import sol_ext
+
+from common import cpu_and_cuda
+
+B, N, DIM = 6, 5, 3
+
+
+def good(device="cpu"):
+    return dict(
+        h=torch.randn(B, DIM, device=device),
+        labels=torch.tensor([0, 1, 2, 3, 4, 0], device=device),
+        mu=torch.randn(N, DIM, device=device),
+    )
+
+
+def call_loss(device="cpu", module_kwargs=None, **overrides):
+    args = {**good(device), **overrides}
+    criterion = sol_ext.StochasticOrderLoss(N, **(module_kwargs or {}))
+    return criterion(args["h"], args["labels"], args["mu"], args.get("pairs"))
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("overrides, error, pattern", [
+    (dict(labels=torch.tensor([0, 1, 2, 3, 5, 0])), ValueError, r"labels must lie in 0 … 4.*got values in 0 … 5"),
+    (dict(labels=torch.tensor([1, 2, 3, 4, 5, 1])), ValueError, r"look 1-based"),
+    (dict(labels=torch.tensor([0, -1, 2, 3, 4, 0])), ValueError, r"labels must lie in 0 … 4"),
+    (dict(labels=torch.tensor([0.0, 1, 2, 3, 4, 0])), TypeError, r"labels must be an integer tensor.*float32"),
+    (dict(labels=torch.tensor([0, 1, 2])), ValueError, r"labels must have shape \[6\]"),
+    (dict(labels=torch.zeros(6, 1, dtype=torch.long)), ValueError, r"labels must have shape \[6\]"),
+    (dict(h=torch.randn(B)), ValueError, r"h must have shape \[B, d\]"),
+    (dict(mu=torch.randn(N, DIM + 1)), ValueError, r"same embedding size d"),
+    (dict(mu=torch.randn(N + 1, DIM)), ValueError, r"mu must have num_ranks=5 rows"),
+    (dict(mu=torch.randn(N, DIM, dtype=torch.float64)), TypeError, r"h and mu must have one dtype"),
+    (dict(h=torch.ones(B, DIM, dtype=torch.long)), TypeError, r"h must be a floating-point tensor"),
+    (dict(h=torch.full((B, DIM), math.nan)), ValueError, r"h contains 18 NaN or inf"),
+    (dict(mu=torch.tensor([[math.inf] * DIM] * N)), ValueError, r"mu contains 15 NaN or inf"),
+    (dict(pairs=torch.tensor([[0, 6]])), ValueError, r"pairs must hold batch indices in 0 … 5.*0 … 6"),
+    (dict(pairs=torch.tensor([[-1, 2]])), ValueError, r"pairs must hold batch indices"),
+    (dict(pairs=torch.tensor([0, 1])), ValueError, r"pairs must have shape \[M, 2\]"),
+    (dict(pairs=torch.tensor([[0.0, 1.0]])), TypeError, r"pairs must be an integer tensor"),
+    (dict(h=[[0.0] * DIM] * B), TypeError, r"h must be a torch.Tensor"),
+])
+def test_bad_tensors(device, overrides, error, pattern):
+    overrides = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in overrides.items()}
+    with pytest.raises(error, match=pattern):
+        call_loss(device, **overrides)
+
+
+@pytest.mark.parametrize("kwargs, error, pattern", [
+    (dict(sigma=0.0), ValueError, r"sigma must be a finite number > 0, got 0.0"),
+    (dict(sigma=-1.0), ValueError, r"sigma must be a finite number > 0"),
+    (dict(sigma=math.inf), ValueError, r"sigma must be a finite number > 0, got inf"),
+    (dict(sigma=math.nan), ValueError, r"sigma must be a finite number > 0, got nan"),
+    (dict(sigma="1"), TypeError, r"sigma must be a real number"),
+    (dict(tau=-1), ValueError, r"tau must be an integer >= 0, got -1"),
+    (dict(tau=1.5), TypeError, r"tau must be an integer, got 1.5"),
+    (dict(T=0), ValueError, r"T must be an integer >= 1, got 0"),
+    (dict(margin=-0.1), ValueError, r"margin must be a finite number >= 0, got -0.1"),
+    (dict(disc_weight=-1.0), ValueError, r"disc_weight must be a finite number >= 0"),
+    (dict(convention="authors"), ValueError, r"convention must be one of \"paper\", \"official\"; got 'authors'"),
+    (dict(reduction="none"), ValueError, r"reduction must be one of \"mean\", \"sum\""),
+    (dict(backend="cuda"), ValueError, r"backend must be one of"),
+])
+def test_bad_hyperparameters(kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        sol_ext.StochasticOrderLoss(N, **kwargs)
+
+
+@pytest.mark.parametrize("num_ranks, error", [(0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError)])
+def test_bad_num_ranks(num_ranks, error):
+    with pytest.raises(error, match="num_ranks must be an integer"):
+        sol_ext.StochasticOrderLoss(num_ranks)
+    with pytest.raises(error, match="num_ranks must be an integer"):
+        sol_ext.ordering_probabilities(torch.tensor([0]), torch.tensor([0]), num_ranks)
+
+
+def test_functional_forms_validate_too():
+    D = torch.randn(B, N)
+    labels = good()["labels"]
+    with pytest.raises(ValueError, match=r"labels must lie in 0 … 4"):
+        sol_ext.order_loss(D, labels + 1)
+    with pytest.raises(ValueError, match=r"tau must be an integer >= 0"):
+        sol_ext.order_loss(D, labels, tau=-2)
+    with pytest.raises(ValueError, match=r"reduction must be one of"):
+        sol_ext.disc_loss(D, labels, reduction="average")
+    with pytest.raises(ValueError, match=r"T must be an integer >= 1"):
+        sol_ext.disc_loss(D, labels, T=0)
+    with pytest.raises(ValueError, match=r"D contains 1 NaN"):
+        sol_ext.disc_loss(torch.where(torch.arange(B * N).reshape(B, N) == 3, math.nan, D), labels)
+    with pytest.raises(ValueError, match=r"r_y must lie in 0 … 11"):
+        sol_ext.ordering_probabilities(torch.tensor([8]), torch.tensor([12]), 12)
+    with pytest.raises(ValueError, match=r"r_y must have shape \[1\]"):
+        sol_ext.ordering_probabilities(torch.tensor([8]), torch.tensor([1, 2]), 12)
+
+
+@pytest.mark.parametrize("other", ["meta", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+def test_tensors_on_different_devices(other):
+    with pytest.raises(ValueError, match=rf"one device.*h on cpu.*mu on {other}"):
+        call_loss(mu=torch.randn(N, DIM, device=other))
+    with pytest.raises(ValueError, match=rf"one device.*D on cpu.*labels on {other}"):
+        sol_ext.order_loss(torch.randn(B, N), torch.zeros(B, dtype=torch.long, device=other))
+
+
+def test_kernels_guard_against_bad_indices_when_called_directly():
+    """The C++ checks are the last guard for callers that bypass the Python API."""
+    D = torch.randn(B, N)
+    with pytest.raises(RuntimeError, match=r"labels must lie in 0..4"):
+        torch.ops.sol_ext.order_loss(D, torch.tensor([0, 1, 2, 3, 9, 0]), None, 1.0, 3, 0.25, "paper")
+    with pytest.raises(RuntimeError, match=r"pair indices must lie in 0..5"):
+        torch.ops.sol_ext.order_loss(D, torch.zeros(B, dtype=torch.long), torch.tensor([[0, 7]]), 1.0, 3, 0.25, "paper")
+    with pytest.raises(RuntimeError, match=r"convention must be"):
+        torch.ops.sol_ext.order_loss(D, torch.zeros(B, dtype=torch.long), None, 1.0, 3, 0.25, "other")
