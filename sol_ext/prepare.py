@@ -25,6 +25,7 @@ class PreparedData:
             came noisy from a file).
         test_x: ``[M, ...]`` float32 test inputs.
         test_ranks: ``[M]`` int64 test ranks (clean; never shown to the learner).
+        train_rows: ``[N]`` int64 row of each training sample in the data file.
     """
 
     name: str
@@ -35,6 +36,7 @@ class PreparedData:
     train_clean: Optional[torch.Tensor]
     test_x: torch.Tensor
     test_ranks: torch.Tensor
+    train_rows: Optional[torch.Tensor] = None
 
     @property
     def num_ranks(self) -> int:
@@ -53,38 +55,34 @@ class PreparedData:
                 "given_label_sum": int(self.train_given.sum())}
 
 
-def _load(spec: str, config: TrainConfig):
-    from .data import load_dataset
-
-    options = {}
-    if config.label_column is not None:
-        options["label_column"] = config.label_column
-    return load_dataset(spec, **options)
+def _options(config: TrainConfig) -> dict[str, Any]:
+    return {} if config.label_column is None else {"label_column": config.label_column}
 
 
 def prepare_data(config: TrainConfig) -> PreparedData:
     """Load ``config.data`` (and ``config.test_data``), split, standardize vectors, add noise.
 
     Without ``test_data`` the data set is split ``1 - test_fraction : test_fraction`` with
-    ``config.seed``; its labels count as clean and noise of ``config.noise``/``kappa`` is added
-    to the training part only. With ``test_data`` the first file is the whole training set and
-    its labels are taken as given (already noisy: no clean labels) unless noise is requested.
+    ``config.seed`` (stratified by rank); its labels count as clean and noise of
+    ``config.noise``/``kappa`` is added to the training part only. With ``test_data`` the first
+    file is the whole training set, its labels taken as given (already noisy: no clean labels)
+    unless noise is requested, and the test file is put on the training file's rank grid.
     """
-    from .data import standardize, train_test_split
+    from .data import OrdinalDataset, load_dataset, load_train_test, standardize, train_test_split
     from .noise import add_label_noise
 
-    full = _load(config.data, config)
     if config.test_data is not None:
-        train, test = full, _load(config.test_data, config)
-        test = _reencode(test, train.encoder, config.test_data)
-        if tuple(test.features.shape[1:]) != tuple(train.features.shape[1:]):
-            raise ValueError(f"test samples of {config.test_data!r} have shape "
-                             f"{list(test.features.shape[1:])}, training samples "
-                             f"{list(train.features.shape[1:])}; expected the same features.")
+        train, test = load_train_test(config.data, config.test_data, **_options(config))
+        rows = torch.arange(len(train))
     else:
+        full = load_dataset(config.data, **_options(config))
         train, test = train_test_split(full, test_fraction=config.test_fraction, seed=config.seed)
-    if train.kind in ("tabular", "embeddings"):
-        train, test = standardize(train, test)
+        # the split depends on the ranks and the seed only: split row numbers the same way
+        numbers = OrdinalDataset(torch.arange(len(full), dtype=torch.float64)[:, None], full.ranks,
+                                 full.encoder, full.name, "tabular")
+        rows = train_test_split(numbers, test_fraction=config.test_fraction,
+                                seed=config.seed)[0].features[:, 0].round().long()
+    train, test = standardize(train, test)
     n = int(train.encoder.num_ranks)
     noisy = add_label_noise(train.ranks, n, noise=config.noise, kappa=config.kappa,
                             seed=config.seed, fraction=config.noise_fraction)
@@ -93,18 +91,4 @@ def prepare_data(config: TrainConfig) -> PreparedData:
         name=train.name, kind=train.kind, encoder=train.encoder,
         train_x=train.features.float(), train_given=noisy.noisy.long(),
         train_clean=noisy.clean.long() if labels_known_clean else None,
-        test_x=test.features.float(), test_ranks=test.ranks.long())
-
-
-def _reencode(test, encoder, path: str):
-    """The test set's labels on the training set's rank grid."""
-    from .data import OrdinalDataset
-
-    values = test.encoder.decode(test.ranks)
-    lo = float(encoder.min_value)
-    hi = lo + float(encoder.step) * (int(encoder.num_ranks) - 1)
-    if float(values.min()) < lo - 1e-9 or float(values.max()) > hi + 1e-9:
-        raise ValueError(f"test labels of {path!r} range over {float(values.min()):g}.."
-                         f"{float(values.max()):g}, outside the training labels' {lo:g}..{hi:g}; "
-                         f"expected test labels within the training range.")
-    return OrdinalDataset(test.features, encoder.encode(values), encoder, test.name, test.kind)
+        test_x=test.features.float(), test_ranks=test.ranks.long(), train_rows=rows)

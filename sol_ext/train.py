@@ -194,9 +194,9 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            total += float(loss) * idx.numel()
+            total += float(loss.detach()) * idx.numel()
             count += idx.numel()
-            bar.update(float(loss))
+            bar.update(float(loss.detach()))
         bar.close()
 
         # 2. centroid rule; 3. predictions, outliers, relabeling
@@ -231,6 +231,7 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
             "centroids": None if centroids is None else centroids.cpu(),
             "labels": labels.cpu(), "given_labels": data.train_given.cpu(),
             "clean_labels": None if data.train_clean is None else data.train_clean.cpu(),
+            "train_rows": None if data.train_rows is None else data.train_rows.cpu(),
             "train_pred": train_pred.cpu(), "test_pred": test_pred.cpu(),
             "history": history, "torch_rng": torch.get_rng_state(),
             "generator_rng": gen.get_state(),

@@ -1,0 +1,107 @@
+"""Audit of a trained run's training labels: which ones look wrong, and what they should be.
+
+Reads only the run's checkpoint: given, current and (when known) clean labels, and the final
+predictions of every training sample. The outlier rule and the relabel step are the training's
+own (SPEC §8), applied once more to the current labels.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint import CHECKPOINT_NAME, atomic_write_text, load_checkpoint
+from .config import TrainConfig
+from .refine import refine_labels
+
+__all__ = ["AuditReport", "audit_run", "write_audit", "AUDIT_COLUMNS"]
+
+AUDIT_COLUMNS = ("index", "given_label", "current_label", "predicted_label", "deviation",
+                 "outlier", "suggested_label")
+
+
+@dataclass
+class AuditReport:
+    """Per-sample audit rows and the counts of the printed summary."""
+
+    rows: list[dict[str, Any]]
+    num_samples: int
+    num_outliers: int
+    num_changed_in_training: int
+    beta: float
+    clean_known: bool
+    outliers_truly_wrong: int | None  # flagged samples whose current label differs from clean
+    wrong_total: int | None           # current labels that differ from clean
+
+    def summary(self) -> str:
+        n = self.num_samples
+        lines = [f"{self.num_outliers} of {n} training labels ({100.0 * self.num_outliers / n:.1f}%) "
+                 f"look wrong (outliers at beta={self.beta:g}); "
+                 f"{self.num_changed_in_training} labels were already changed during training."]
+        if self.clean_known and self.wrong_total is not None:
+            lines.append(f"Against the clean labels: {self.wrong_total} current labels are wrong; "
+                         f"{self.outliers_truly_wrong} of the {self.num_outliers} flagged ones are.")
+        return "\n".join(lines)
+
+    def to_csv(self) -> str:
+        cols = list(AUDIT_COLUMNS) + (["clean_label"] if self.clean_known else [])
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(self.rows)
+        return buf.getvalue()
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.10g}"
+
+
+def audit_run(run_dir: Path) -> AuditReport:
+    """Build the audit of the run in ``run_dir`` (a ``sol-ext train`` output folder).
+
+    Columns (label units): ``index`` (row of the sample in the data file), ``given_label`` (the label the
+    run started from), ``current_label`` (after the run's relabeling), ``predicted_label``,
+    ``deviation`` (current - predicted), ``outlier`` (0/1, SPEC §8 with the run's beta),
+    ``suggested_label`` (the relabel rule's move for outliers, the current label otherwise),
+    and ``clean_label`` when the clean labels are known.
+    """
+    state = load_checkpoint(Path(run_dir) / CHECKPOINT_NAME)
+    config = TrainConfig.from_dict(state["config"])
+    fp = state["fingerprint"]
+    n, lo, step = int(fp["num_ranks"]), float(fp["min_value"]), float(fp["step"])
+    given, current = state["given_labels"].long(), state["labels"].long()
+    pred, clean = state["train_pred"].long(), state["clean_labels"]
+    ref = refine_labels(current, pred, n, config.beta, floor_step=config.convention == "official")
+
+    def value(r: torch.Tensor) -> list[str]:
+        return [_fmt(lo + step * int(v)) for v in r]
+
+    rows_in_file = state.get("train_rows")
+    index = range(current.numel()) if rows_in_file is None else rows_in_file.tolist()
+    cols = {"index": [str(i) for i in index],
+            "given_label": value(given), "current_label": value(current),
+            "predicted_label": value(pred),
+            "deviation": [_fmt(step * int(d)) for d in ref.deviation],
+            "outlier": [str(int(f)) for f in ref.outliers],
+            "suggested_label": value(ref.labels)}
+    if clean is not None:
+        cols["clean_label"] = value(clean.long())
+    rows = [dict(zip(cols, vals)) for vals in zip(*cols.values())]
+    truly = wrong = None
+    if clean is not None:
+        wrong_mask = current != clean.long()
+        wrong, truly = int(wrong_mask.sum()), int((wrong_mask & ref.outliers).sum())
+    return AuditReport(rows=rows, num_samples=current.numel(), num_outliers=ref.num_outliers,
+                       num_changed_in_training=int((current != given).sum()), beta=config.beta,
+                       clean_known=clean is not None, outliers_truly_wrong=truly,
+                       wrong_total=wrong)
+
+
+def write_audit(report: AuditReport, path: Path) -> None:
+    """Write the audit CSV atomically."""
+    atomic_write_text(path, report.to_csv())

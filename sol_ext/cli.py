@@ -1,0 +1,251 @@
+"""The ``sol-ext`` command: ``train``, ``audit`` and ``compare``.
+
+Errors in the input (a bad data file, an unknown option value, a checkpoint of another run)
+print one line ``sol-ext: error: ...`` and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .config import METHODS, TrainConfig
+
+__all__ = ["main", "build_parser"]
+
+_DEFAULT = TrainConfig()
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A problem with the user's input; printed as one line, exit status 2."""
+
+
+def _positive_list(text: str, kind=float) -> list:
+    try:
+        return [kind(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of numbers, got {text!r}")
+
+
+def _add_data_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("data")
+    g.add_argument("--data", default=_DEFAULT.data,
+                   help="built-in name (abalone, fashion-mnist-blur, fashion-mnist-noise) or a "
+                        ".csv/.csv.gz/.npz file or image folder (default: %(default)s)")
+    g.add_argument("--test-data", default=None,
+                   help="separate test file with clean labels; --data is then the whole training "
+                        "set with labels as given (already noisy: no noise is added by default)")
+    g.add_argument("--label-column", default=None, help="label column of a CSV file (default: label)")
+    g.add_argument("--test-fraction", type=float, default=_DEFAULT.test_fraction,
+                   help="test share when --data is split (default: %(default)s)")
+
+
+def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> None:
+    g = p.add_argument_group("method and encoder")
+    if with_method:
+        g.add_argument("--method", choices=METHODS, default=_DEFAULT.method,
+                       help="sol; sol-no-noise (P = identity: plain order learning); l1 "
+                            "regression; ce classification (default: %(default)s)")
+    g.add_argument("--encoder", choices=("auto", "mlp", "cnn", "vgg16bn"), default=_DEFAULT.encoder,
+                   help="auto: mlp for vectors, cnn for images (default: %(default)s)")
+    g.add_argument("--embedding-dim", type=int, default=_DEFAULT.embedding_dim,
+                   help="embedding size d (default: %(default)s)")
+    g.add_argument("--hidden", type=lambda t: _positive_list(t, int),
+                   default=list(_DEFAULT.hidden), help="MLP hidden widths, e.g. 128,128")
+    g.add_argument("--vgg-weights", default=None,
+                   help="local .pth state dict of torchvision's vgg16_bn (with --encoder vgg16bn)")
+    g.add_argument("--no-normalize", dest="normalize", action="store_false",
+                   help="do not L2-normalize embeddings and centroids (SOL methods)")
+    s = p.add_argument_group("SOL hyperparameters (SPEC §11)")
+    s.add_argument("--sigma", type=float, default=_DEFAULT.sigma,
+                   help="noise-model std in ranks (default: %(default)s)")
+    s.add_argument("--tau", type=int, default=_DEFAULT.tau, help="similarity threshold in ranks "
+                                                                 "(default: %(default)s)")
+    s.add_argument("--margin", type=float, default=_DEFAULT.margin,
+                   help="margin gamma (default: %(default)s)")
+    s.add_argument("--T", dest="T", type=int, default=_DEFAULT.T,
+                   help="neighbour range of the discriminative loss (default: %(default)s)")
+    s.add_argument("--disc-weight", type=float, default=_DEFAULT.disc_weight,
+                   help="weight lambda of the discriminative loss (default: %(default)s)")
+    s.add_argument("--beta", type=float, default=_DEFAULT.beta,
+                   help="outlier threshold (default: %(default)s)")
+    s.add_argument("--convention", choices=("paper", "official"), default=_DEFAULT.convention,
+                   help="loss convention; 'official' also floors the relabel step")
+    s.add_argument("--pairs", choices=("all", "balanced"), default=_DEFAULT.pairs,
+                   help="all pairs of a batch, or the authors' balanced sampler")
+    s.add_argument("--pairs-per-class", type=int, default=_DEFAULT.pairs_per_class,
+                   help="pairs kept per order relation with --pairs balanced (default: %(default)s)")
+    r = s.add_mutually_exclusive_group()
+    r.add_argument("--refine", dest="refine", action="store_true", default=None,
+                   help="relabel outliers after each epoch (default for sol)")
+    r.add_argument("--no-refine", dest="refine", action="store_false",
+                   help="never relabel (default for sol-no-noise)")
+    o = p.add_argument_group("optimization")
+    o.add_argument("--lr", type=float, default=_DEFAULT.lr, help="Adam learning rate "
+                                                                 "(default: %(default)s)")
+    o.add_argument("--weight-decay", type=float, default=_DEFAULT.weight_decay,
+                   help="(default: %(default)s)")
+    o.add_argument("--epochs", type=int, default=_DEFAULT.epochs, help="(default: %(default)s)")
+    o.add_argument("--batch-size", type=int, default=_DEFAULT.batch_size,
+                   help="(default: %(default)s)")
+    o.add_argument("--device", default=_DEFAULT.device, help="cpu, cuda, cuda:1 or auto "
+                                                             "(default: %(default)s)")
+    o.add_argument("--backend", choices=("auto", "fused", "reference"), default=_DEFAULT.backend,
+                   help="kernel backend of the loss (default: %(default)s)")
+    o.add_argument("--cs-theta", type=float, default=None,
+                   help="CS threshold in label units (default: 2 rank steps)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sol-ext", description="Stochastic Order Learning: rank estimation from noisy labels.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    t = sub.add_parser("train", help="train one model and report test MAE/CS",
+                       description="Train SOL or a baseline. With no option: abalone, Gaussian "
+                                   "label noise at kappa 0.3, SOL.")
+    _add_data_options(t)
+    n = t.add_argument_group("label noise added to the training labels")
+    n.add_argument("--noise", default=None,
+                   help="gaussian, laplacian, uniform, skewed, input-dependent or none "
+                        "(default: gaussian; none with --test-data)")
+    n.add_argument("--kappa", type=float, default=_DEFAULT.kappa,
+                   help="noise ratio: std of the noise / std of the ranks (default: %(default)s)")
+    n.add_argument("--noise-fraction", type=float, default=_DEFAULT.noise_fraction,
+                   help="share of training samples that get noise (default: %(default)s)")
+    _add_model_options(t)
+    t.add_argument("--seed", type=int, default=_DEFAULT.seed, help="(default: %(default)s)")
+    t.add_argument("--output", type=Path, default=None,
+                   help="output folder (default: runs/<data>-<method>-<noise><kappa>-seed<k>)")
+    t.add_argument("--resume", action="store_true",
+                   help="continue the run in --output from its last checkpoint")
+    t.add_argument("--overwrite", action="store_true",
+                   help="start afresh even if --output holds a checkpoint")
+    t.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
+    t.add_argument("--quiet", action="store_true", help="no per-epoch lines, no progress bar")
+
+    a = sub.add_parser("audit", help="list the training labels that look wrong, as CSV",
+                       description="One row per training sample of a trained run: index, given "
+                                   "label, current label, predicted label, deviation, outlier "
+                                   "flag, suggested label.")
+    a.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="output folder of 'sol-ext train'")
+    a.add_argument("--csv", type=Path, default=None,
+                   help="where to write the CSV (default: RUN_DIR/audit.csv; '-' for stdout)")
+
+    c = sub.add_parser("compare", help="SOL against the baselines under label noise",
+                       description="Train every method at Gaussian kappa in {0, 0.2, 0.3, 0.4} "
+                                   "and Laplacian, uniform, skewed at 0.3, over 3 seeds; print "
+                                   "markdown tables of mean ± std test MAE and CS.")
+    _add_data_options(c)
+    c.add_argument("--methods", type=lambda t: [m.strip() for m in t.split(",") if m.strip()],
+                   default=list(METHODS), help=f"comma list (default: {','.join(METHODS)})")
+    c.add_argument("--kappas", type=_positive_list, default=None,
+                   help="Gaussian noise ratios (default: 0,0.2,0.3,0.4)")
+    c.add_argument("--noises", type=lambda t: [m.strip() for m in t.split(",") if m.strip()],
+                   default=None, help="other noise types at kappa 0.3 (default: "
+                                      "laplacian,uniform,skewed; '' for none)")
+    c.add_argument("--seeds", type=lambda t: _positive_list(t, int), default=[0, 1, 2],
+                   help="comma list (default: 0,1,2)")
+    _add_model_options(c, with_method=False)
+    c.add_argument("--output", type=Path, default=Path("runs/compare"),
+                   help="folder of the runs and of compare.md (default: %(default)s)")
+    return parser
+
+
+def _config(args: argparse.Namespace, **override) -> TrainConfig:
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    values.update(override)
+    return TrainConfig(**values).validate()
+
+
+def _default_output(cfg: TrainConfig) -> Path:
+    data = Path(cfg.data).name.split(".")[0] or "data"
+    return Path("runs") / f"{data}-{cfg.method}-{cfg.noise}{cfg.kappa:g}-seed{cfg.seed}"
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .checkpoint import CHECKPOINT_NAME
+    from .prepare import prepare_data
+    from .report import clear_results, format_table, write_outputs
+    from .train import train
+
+    noise = args.noise or ("none" if args.test_data else "gaussian")
+    cfg = _config(args, noise=noise)
+    out = args.output or _default_output(cfg)
+    if (out / CHECKPOINT_NAME).exists() and not (args.resume or args.overwrite):
+        raise UsageError(f"{out} already holds a run; pass --resume to continue it, --overwrite "
+                         f"to start afresh, or another --output.")
+    if args.resume and not (out / CHECKPOINT_NAME).exists():
+        raise UsageError(f"--resume: no checkpoint in {out}; train without --resume first.")
+    say = (lambda _line: None) if args.quiet else print
+    start = time.perf_counter()
+    data = prepare_data(cfg)
+    say(f"{data.name}: {data.train_x.shape[0]} training / {data.test_x.shape[0]} test samples, "
+        f"{data.num_ranks} ranks; {cfg.method}, {noise} noise kappa={cfg.kappa:g} -> {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    clear_results(out)
+    if args.overwrite and not args.resume:
+        (out / CHECKPOINT_NAME).unlink(missing_ok=True)
+    outcome = train(cfg, data, out, resume=args.resume,
+                    progress=not args.quiet and sys.stdout.isatty(), log=say)
+    path = write_outputs(outcome, data, out, plots=args.plots)
+    print(format_table([outcome.results]))
+    print(f"{time.perf_counter() - start:.1f} s; results in {path}")
+    return 0
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from .audit import audit_run, write_audit
+
+    report = audit_run(args.run_dir)
+    if args.csv is not None and str(args.csv) == "-":
+        sys.stdout.write(report.to_csv())
+        print(report.summary(), file=sys.stderr)
+        return 0
+    path = args.csv or args.run_dir / "audit.csv"
+    write_audit(report, path)
+    print(report.summary())
+    print(f"per-sample audit: {path}")
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import markdown_tables, noise_settings, run_comparison, write_comparison
+
+    base = _config(args, noise="gaussian")
+    settings = noise_settings(args.kappas, args.noises)
+    args.output.mkdir(parents=True, exist_ok=True)
+    records = run_comparison(base, args.methods, settings, args.seeds, args.output)
+    data_name = Path(base.data).name.split(".")[0]
+    table = markdown_tables(records, data_name)
+    write_comparison(records, table, args.output)
+    print(table)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``sol-ext``; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)  # argparse exits with status 2 on bad syntax
+    handler = {"train": _cmd_train, "audit": _cmd_audit, "compare": _cmd_compare}[args.command]
+    try:
+        return handler(args)
+    except (UsageError, ValueError, FileNotFoundError, ImportError, OSError) as exc:
+        # bad input: the message says what and how to fix it; no traceback
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"sol-ext: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("sol-ext: interrupted; the last finished epoch is checkpointed (use --resume).",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Outputs of a finished run: plots, ``results.json`` (written last) and the printed table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from .checkpoint import atomic_write_text
+from .prepare import PreparedData
+from .train import RunOutcome
+
+__all__ = ["RESULTS_NAME", "PLOT_NAMES", "write_outputs", "clear_results", "format_table"]
+
+RESULTS_NAME = "results.json"
+PLOT_NAMES = ("learning_curves.png", "cs_curve.png", "embeddings_pca.png")
+
+
+def clear_results(out_dir: Path) -> None:
+    """Remove an earlier run's results and plots, so a failed rerun leaves nothing that looks
+    like a result (the checkpoint stays, for ``--resume``)."""
+    for name in (RESULTS_NAME, *PLOT_NAMES):
+        (out_dir / name).unlink(missing_ok=True)
+
+
+def write_outputs(outcome: RunOutcome, data: PreparedData, out_dir: Path,
+                  plots: bool = True) -> Path:
+    """Write the plots, then ``results.json``; return the path of ``results.json``."""
+    results = outcome.results
+    if plots:
+        from .plots import plot_cs_curve, plot_embeddings, plot_learning_curves
+
+        cfg = results["config"]
+        title = f"{data.name}: {cfg['method']}, {cfg['noise']} noise kappa={cfg['kappa']:g}"
+        plot_learning_curves(results["history"], out_dir / PLOT_NAMES[0], title)
+        decode = data.encoder.decode
+        errors = decode(outcome.test_pred) - decode(data.test_ranks)
+        plot_cs_curve(errors, out_dir / PLOT_NAMES[1], f"CS curve ({cfg['method']})",
+                      float(data.encoder.step))
+        plot_embeddings(outcome.test_embeddings, decode(data.test_ranks),
+                        out_dir / PLOT_NAMES[2], f"test embeddings, PCA ({cfg['method']})")
+        results["plots"] = list(PLOT_NAMES)
+    path = out_dir / RESULTS_NAME
+    atomic_write_text(path, json.dumps(results, indent=2, allow_nan=True) + "\n")
+    return path
+
+
+def format_table(results: Sequence[dict[str, Any]]) -> str:
+    """A short fixed-width table: one row per run (method, noise, MAE, CS, relabels)."""
+    header = ("method", "data", "noise", "test MAE", "CS", "relabeled", "label MAE")
+    rows = []
+    for r in results:
+        cfg, test = r["config"], r["test"]
+        given, final = r.get("label_noise_given"), r.get("label_noise_final")
+        label_mae = "-" if given is None else f"{given['mae']:.3f}->{final['mae']:.3f}"
+        rows.append((cfg["method"], r["data"]["name"], f"{cfg['noise']} {cfg['kappa']:g}",
+                     f"{test['mae']:.3f}", f"{test['cs']:.1f}% @{r['cs_theta']:g}",
+                     str(r["relabeled_total"]), label_mae))
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*row) for row in rows]
+    return "\n".join(lines)

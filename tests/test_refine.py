@@ -1,0 +1,116 @@
+"""Outlier detection and relabeling (SPEC §8) on hand-made cases, and the pair samplers."""
+
+import pytest
+import torch
+
+from sol_ext.pairs import balanced_pairs, sample_references
+from sol_ext.refine import detect_outliers, refine_labels, relabel, relabel_step
+
+T = torch.tensor
+
+
+def test_outliers_per_label_group():
+    labels = T([2, 2, 2, 5, 5])
+    pred = T([2, 0, 1, 5, 9])           # |dev| = 0, 2, 1 | 0, 4
+    flags = detect_outliers(labels, pred, 10, beta=0.9)
+    assert flags.tolist() == [False, True, False, False, True]
+
+
+def test_beta_edge_counts_as_outlier():
+    labels = T([2, 2, 2])
+    pred = T([2, 0, 1])                 # max |dev| = 2; beta * 2 = 1 exactly
+    assert detect_outliers(labels, pred, 4, beta=0.5).tolist() == [False, True, True]
+    assert detect_outliers(labels, pred, 4, beta=0.51).tolist() == [False, True, False]
+
+
+def test_zero_deviation_is_never_an_outlier():
+    labels = T([1, 1, 3])
+    pred = T([1, 1, 3])                 # max |dev| of each group is 0: 0 >= beta*0 but dev == 0
+    assert not detect_outliers(labels, pred, 4, beta=0.9).any()
+    ref = refine_labels(labels, pred, 4, beta=0.9)
+    assert ref.num_outliers == 0 and ref.step == 0.0 and torch.equal(ref.labels, labels)
+
+
+def test_groups_are_separate():
+    # group 0 has a huge deviation; group 1's small one is still its own maximum
+    labels = T([0, 0, 1])
+    pred = T([0, 9, 2])
+    assert detect_outliers(labels, pred, 10, beta=0.9).tolist() == [False, True, True]
+
+
+def test_relabel_step_and_direction():
+    labels = T([2, 2, 2, 5, 5])
+    pred = T([2, 0, 1, 5, 9])
+    ref = refine_labels(labels, pred, 10, beta=0.9)
+    assert ref.step == pytest.approx(0.5 * (0 + 2 + 1 + 0 + 4) / 5)   # 0.7
+    # r=2, dev=+2: round(2 - 0.7) = 1; r=5, dev=-4: round(5 + 0.7) = 6
+    assert ref.labels.tolist() == [2, 1, 2, 5, 6]
+    assert ref.num_outliers == 2 and ref.num_relabeled == 2
+    assert ref.deviation.tolist() == [0, 2, 1, 0, -4]
+
+
+def test_relabel_clips_to_rank_range():
+    new = relabel(T([0, 3]), T([-5, 4]), T([True, True]), num_ranks=4, step=2.0)
+    # dev = r - pred: dev < 0 moves up (0 -> 2), dev > 0 moves down (3 -> 1)
+    assert new.tolist() == [2, 1]
+    clipped = relabel(T([0, 3]), T([5, -5]), T([True, True]), num_ranks=4, step=2.0)
+    assert clipped.tolist() == [0, 3]   # would leave 0..3: clipped, so unchanged
+
+
+def test_flagged_sample_with_tiny_step_is_not_counted_as_relabeled():
+    labels = T([4, 4, 4, 4])
+    pred = T([4, 4, 4, 3])             # mean |dev| = 0.25, step 0.125: round(3.875) = 4
+    ref = refine_labels(labels, pred, 8, beta=0.9)
+    assert ref.num_outliers == 1 and ref.num_relabeled == 0
+
+
+def test_floor_step_as_in_official_code():
+    dev = T([3, -3, 1, 0])
+    assert relabel_step(dev) == pytest.approx(0.875)
+    assert relabel_step(dev, floor=True) == 0.0
+
+
+def test_relabels_accumulate_across_rounds():
+    labels = T([0, 0, 0, 8, 8])
+    pred = T([0, 0, 0, 0, 8])           # sample 3 sits far from its label
+    first = refine_labels(labels, pred, 10, beta=0.9)
+    # step = 0.5 * 8 / 5 = 0.8 -> round(8 - 0.8) = 7
+    assert first.labels.tolist() == [0, 0, 0, 7, 8]
+    second = refine_labels(first.labels, pred, 10, beta=0.9)
+    # now in group 7 alone: dev 7, step = 0.5 * 7 / 5 = 0.7 -> round(6.3) = 6
+    assert second.labels.tolist() == [0, 0, 0, 6, 8]
+
+
+def test_bad_beta_and_shapes():
+    with pytest.raises(ValueError, match="beta"):
+        detect_outliers(T([0]), T([0]), 2, beta=0.0)
+    with pytest.raises(ValueError, match="same shape"):
+        detect_outliers(T([0, 1]), T([0]), 2, beta=0.9)
+    with pytest.raises(ValueError, match="0..1"):
+        detect_outliers(T([0, 2]), T([0, 0]), 2, beta=0.9)
+
+
+def test_balanced_pairs_cap_each_relation():
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 30, (64,), generator=g)
+    pairs = balanced_pairs(labels, tau=3, per_class=5, generator=g)
+    assert pairs.shape[1] == 2 and bool((pairs[:, 0] < pairs[:, 1]).all())
+    diff = labels[pairs[:, 0]] - labels[pairs[:, 1]]
+    counts = [int((diff > 3).sum()), int((diff < -3).sum()), int((diff.abs() <= 3).sum())]
+    assert counts == [5, 5, 5]
+    assert len({tuple(p) for p in pairs.tolist()}) == pairs.shape[0]  # no duplicates
+
+
+def test_sample_references_respects_the_chosen_relation():
+    g = torch.Generator().manual_seed(0)
+    train = torch.tensor([0, 0, 1, 5, 9, 9])
+    anchors = torch.tensor([0, 9, 5, 5, 0])
+    seen = set()
+    for _ in range(50):
+        ref = sample_references(anchors, train, tau=1, generator=g)
+        assert bool(((ref >= 0) & (ref < train.numel())).all())
+        seen |= {(int(a), int(train[r])) for a, r in zip(anchors, ref)}
+    # anchor 0 meets references below (none), similar (0, 1) and above (5, 9)
+    assert {(0, 0), (0, 1), (0, 5), (0, 9)} <= seen
+    # only one training sample of rank 5: its similar reference is itself
+    assert (5, 5) in seen
