@@ -1,0 +1,185 @@
+// Stochastic dissimilarity (SPEC §3) on CUDA, forward and backward.
+//
+// With nu = P mu, a = P 1 and c = P ||mu||^2 (smooth_centroids() in tables.cpp):
+//   D[x,q] = a_q ||h_x||^2 - 2 h_x . nu_q + c_q
+// so the forward pass is one cuBLAS product (at::mm) followed by a fused epilogue kernel (row norms
+// of h plus the rank-one terms), exactly as the CPU kernel does.
+//
+// float16/bfloat16: h, mu (and grad_D) are upcast to float32, and every product, norm and
+// accumulation runs in float32 (cuBLAS SGEMM); only the outputs are rounded to the input dtype. That
+// costs one float32 copy of h ([B,d]) but keeps D far more accurate than a half-precision GEMM would
+// (D is a difference of large terms when h is close to the centroids).
+//
+// Deterministic: cuBLAS products and the warp reductions below have a fixed summation order.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "../sol_ext.h"
+#include "cuda_common.cuh"
+
+namespace sol_ext {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+constexpr int kThreads = kWarpsPerBlock * cuda::kWarpSize;
+
+// Sum over the 32 lanes of a warp, in a fixed order; every lane gets the total.
+template <typename acc_t>
+__device__ __forceinline__ acc_t warp_sum(acc_t value) {
+  for (int offset = cuda::kWarpSize / 2; offset >= 1; offset /= 2) {
+    value += __shfl_xor_sync(cuda::kFullMask, value, offset);
+  }
+  return value;
+}
+
+// One warp per row x: D[x,q] = a_q ||h_x||^2 - 2 G[x,q] + c_q, with G = h nu^T in acc_t.
+// `out` may alias `G` (each element is read and then written by the same thread).
+template <typename scalar_t, typename acc_t>
+__global__ void __launch_bounds__(kThreads) dissimilarity_epilogue_kernel(
+    const scalar_t* __restrict__ h,
+    const acc_t* G,
+    const acc_t* __restrict__ a,
+    const acc_t* __restrict__ c,
+    int64_t B,
+    int64_t d,
+    int64_t n,
+    scalar_t* out) {
+  const int lane = threadIdx.x % cuda::kWarpSize;
+  const int64_t x = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / cuda::kWarpSize;
+  if (x >= B) return;  // whole warps leave together
+  const scalar_t* h_row = h + x * d;
+  acc_t squared_norm = acc_t(0);
+  for (int64_t k = lane; k < d; k += cuda::kWarpSize) {
+    const acc_t value = static_cast<acc_t>(h_row[k]);
+    squared_norm += value * value;
+  }
+  squared_norm = warp_sum(squared_norm);
+  for (int64_t q = lane; q < n; q += cuda::kWarpSize) {
+    out[x * n + q] = static_cast<scalar_t>(a[q] * squared_norm - acc_t(2) * G[x * n + q] + c[q]);
+  }
+}
+
+// One warp per row x: grad_h[x,k] = 2 (sum_q grad_D[x,q] a_q) h[x,k] - 2 Gh[x,k], Gh = grad_D nu.
+// `out` may alias `Gh`.
+template <typename scalar_t, typename acc_t>
+__global__ void __launch_bounds__(kThreads) dissimilarity_grad_h_epilogue_kernel(
+    const acc_t* __restrict__ grad_D,
+    const scalar_t* __restrict__ h,
+    const acc_t* Gh,
+    const acc_t* __restrict__ a,
+    int64_t B,
+    int64_t d,
+    int64_t n,
+    scalar_t* out) {
+  const int lane = threadIdx.x % cuda::kWarpSize;
+  const int64_t x = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / cuda::kWarpSize;
+  if (x >= B) return;
+  acc_t weight = acc_t(0);  // sum_q grad_D[x,q] a_q
+  for (int64_t q = lane; q < n; q += cuda::kWarpSize) weight += grad_D[x * n + q] * a[q];
+  const acc_t scale = acc_t(2) * warp_sum(weight);
+  for (int64_t k = lane; k < d; k += cuda::kWarpSize) {
+    const int64_t i = x * d + k;
+    out[i] = static_cast<scalar_t>(scale * static_cast<acc_t>(h[i]) - acc_t(2) * Gh[i]);
+  }
+}
+
+// The dtype every product runs in: float32 for float16/bfloat16 inputs, else the input dtype.
+at::ScalarType compute_dtype(at::ScalarType dtype) {
+  return (dtype == at::kHalf || dtype == at::kBFloat16) ? at::kFloat : dtype;
+}
+
+at::Tensor stochastic_dissimilarity_cuda(const at::Tensor& h_in, const at::Tensor& mu_in, double sigma) {
+  check_dissimilarity_inputs(h_in, mu_in, sigma);
+  TORCH_CHECK(h_in.is_cuda(), "h must be a CUDA tensor, got ", h_in.device());
+  c10::cuda::CUDAGuard device_guard(h_in.device());
+  const at::Tensor h = h_in.contiguous();
+  const at::ScalarType acc_dtype = compute_dtype(h.scalar_type());
+  const int64_t B = h.size(0), d = h.size(1), n = mu_in.size(0);
+  const SmoothedCentroids s = smooth_centroids(mu_in.to(acc_dtype).contiguous(), sigma);
+  if (B == 0) return at::empty({0, n}, h.options());
+  at::Tensor G = at::mm(h.to(acc_dtype), s.nu.t()).contiguous();  // h_x . nu_q, [B,n]
+  at::Tensor D = acc_dtype == h.scalar_type() ? G : at::empty({B, n}, h.options());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t blocks = cuda::ceil_div(B, kWarpsPerBlock);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, h.scalar_type(), "stochastic_dissimilarity_cuda", [&] {
+    using acc_t = cuda::acc_type<scalar_t>;
+    dissimilarity_epilogue_kernel<scalar_t, acc_t><<<blocks, kThreads, 0, stream>>>(
+        h.data_ptr<scalar_t>(), G.data_ptr<acc_t>(), s.a.data_ptr<acc_t>(), s.c.data_ptr<acc_t>(), B, d, n,
+        D.data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return D;
+}
+
+// grad_h  = 2 (grad_D a) * h - 2 grad_D nu                        (at::mm + epilogue kernel)
+// grad_mu = -2 P^T (grad_D^T h) + 2 mu * (P^T colsum(grad_D))      (at::mm, at::addmm)
+std::tuple<at::Tensor, at::Tensor> stochastic_dissimilarity_backward_cuda(
+    const at::Tensor& grad_in,
+    const at::Tensor& h_in,
+    const at::Tensor& mu_in,
+    double sigma,
+    bool need_grad_h,
+    bool need_grad_mu) {
+  check_dissimilarity_inputs(h_in, mu_in, sigma);
+  TORCH_CHECK(h_in.is_cuda(), "h must be a CUDA tensor, got ", h_in.device());
+  TORCH_CHECK(grad_in.device() == h_in.device(), "grad_D must be on h's device ", h_in.device(), ", got ",
+              grad_in.device());
+  TORCH_CHECK(grad_in.sizes() == at::IntArrayRef({h_in.size(0), mu_in.size(0)}),
+              "grad_D must have shape [B, n] = ", at::IntArrayRef({h_in.size(0), mu_in.size(0)}), ", got ",
+              grad_in.sizes());
+  TORCH_CHECK(at::isFloatingType(grad_in.scalar_type()), "grad_D must be floating point, got ",
+              grad_in.scalar_type());
+  c10::cuda::CUDAGuard device_guard(h_in.device());
+  const at::Tensor h = h_in.contiguous();
+  const at::ScalarType acc_dtype = compute_dtype(h.scalar_type());
+  const int64_t B = h.size(0), d = h.size(1), n = mu_in.size(0);
+  at::Tensor grad_h = at::empty({0}, h.options());
+  at::Tensor grad_mu = at::empty({0}, mu_in.options());
+  if (!need_grad_h && !need_grad_mu) return {grad_h, grad_mu};
+
+  const at::Tensor mu = mu_in.to(acc_dtype).contiguous();
+  const at::Tensor grad = grad_in.to(acc_dtype).contiguous();
+  const SmoothedCentroids s = smooth_centroids(mu, sigma);
+
+  if (need_grad_h) {
+    if (B == 0) {
+      grad_h = at::empty({0, d}, h.options());
+    } else {
+      at::Tensor Gh = at::mm(grad, s.nu).contiguous();  // [B,d] in acc dtype
+      grad_h = acc_dtype == h.scalar_type() ? Gh : at::empty({B, d}, h.options());
+      cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+      const int64_t blocks = cuda::ceil_div(B, kWarpsPerBlock);
+      AT_DISPATCH_FLOATING_TYPES_AND2(
+          at::kHalf, at::kBFloat16, h.scalar_type(), "stochastic_dissimilarity_backward_cuda", [&] {
+            using acc_t = cuda::acc_type<scalar_t>;
+            dissimilarity_grad_h_epilogue_kernel<scalar_t, acc_t><<<blocks, kThreads, 0, stream>>>(
+                grad.data_ptr<acc_t>(), h.data_ptr<scalar_t>(), Gh.data_ptr<acc_t>(), s.a.data_ptr<acc_t>(), B, d, n,
+                grad_h.data_ptr<scalar_t>());
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          });
+    }
+  }
+  if (need_grad_mu) {
+    // With B == 0 every product below is an empty sum: grad_mu = 0, as on the CPU.
+    const at::Tensor Pt = s.P.t();
+    const at::Tensor weight = at::mv(Pt, grad.sum(0));  // P^T colsum(grad_D), [n]
+    const at::Tensor base = mu * weight.unsqueeze(1).mul(2);
+    grad_mu = at::addmm(base, Pt, at::mm(grad.t(), h.to(acc_dtype)), /*beta=*/1, /*alpha=*/-2)
+                  .to(mu_in.scalar_type())
+                  .contiguous();
+  }
+  return {grad_h, grad_mu};
+}
+
+} // namespace
+
+TORCH_LIBRARY_IMPL(sol_ext, CUDA, m) {
+  m.impl("stochastic_dissimilarity", &stochastic_dissimilarity_cuda);
+  m.impl("_stochastic_dissimilarity_backward", &stochastic_dissimilarity_backward_cuda);
+}
+
+} // namespace sol_ext
