@@ -255,7 +255,15 @@ def order_loss(
         reduction: ``"mean"`` over pairs, ``"sum"``, or ``"none"`` for the ``[M]`` per-pair losses.
 
     Returns a scalar (or ``[M]``) in ``D``'s dtype; an empty pair set gives 0. Differentiable with
-    respect to ``D``. The fused CPU backward is deterministic (no atomics).
+    respect to ``D``.
+
+    Determinism of the fused backward: on the CPU always (each row of ``dD`` is summed by one worker,
+    no atomics). On CUDA, all pairs (``pairs=None``): always, bitwise reproducible (one warp owns each
+    row of ``dD`` and visits the other rows in a fixed order; no atomics). CUDA with explicit ``pairs``:
+    by default ``atomicAdd`` into ``dD`` (fast, last-bit differences between runs); under
+    ``torch.use_deterministic_algorithms(True)`` a per-row pair list is built on the device and each row
+    is summed in pair order (no atomics, bitwise reproducible). On CUDA, float16/bfloat16 ``D`` is
+    supported with float32 accumulation; the result comes back in ``D``'s dtype.
     """
     check.check_same_device(D=D, labels=labels, pairs=pairs)
     check.check_dissimilarities(D)
