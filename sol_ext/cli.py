@@ -97,6 +97,9 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
                                                              "(default: %(default)s)")
     o.add_argument("--backend", choices=("auto", "fused", "reference"), default=_DEFAULT.backend,
                    help="kernel backend of the loss (default: %(default)s)")
+    o.add_argument("--threads", type=int, default=0,
+                   help="CPU threads of torch; 0: 1 for the MLP encoder (its small products "
+                        "lose more to thread hand-offs than they gain), torch's default otherwise")
     o.add_argument("--cs-theta", type=float, default=None,
                    help="CS threshold in label units (default: 2 rank steps)")
 
@@ -164,6 +167,31 @@ def _config(args: argparse.Namespace, **override) -> TrainConfig:
     return TrainConfig(**values).validate()
 
 
+def _set_threads(requested: int, cfg: TrainConfig, kind: str) -> None:
+    """Set torch's CPU threads: ``requested``, or 1 for the MLP encoder when 0."""
+    import torch
+
+    from .encoders import default_encoder
+
+    if requested < 0:
+        raise UsageError(f"--threads must be >= 0, got {requested}.")
+    encoder = default_encoder(kind) if cfg.encoder == "auto" else cfg.encoder
+    if requested or encoder == "mlp":
+        torch.set_num_threads(requested or 1)
+
+
+def _kind(cfg: TrainConfig) -> str:
+    """Kind of the data set ``cfg.data`` (loads it; used before a comparison)."""
+    from .data import load_dataset
+
+    opts = {} if cfg.label_column is None else {"label_column": cfg.label_column}
+    return load_dataset(cfg.data, **opts).kind
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)  # progress lines show up at once, also when piped to a file
+
+
 def _default_output(cfg: TrainConfig) -> Path:
     data = Path(cfg.data).name.split(".")[0] or "data"
     return Path("runs") / f"{data}-{cfg.method}-{cfg.noise}{cfg.kappa:g}-seed{cfg.seed}"
@@ -183,9 +211,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
                          f"to start afresh, or another --output.")
     if args.resume and not (out / CHECKPOINT_NAME).exists():
         raise UsageError(f"--resume: no checkpoint in {out}; train without --resume first.")
-    say = (lambda _line: None) if args.quiet else print
+    say = (lambda _line: None) if args.quiet else _say
     start = time.perf_counter()
     data = prepare_data(cfg)
+    _set_threads(args.threads, cfg, data.kind)
     say(f"{data.name}: {data.train_x.shape[0]} training / {data.test_x.shape[0]} test samples, "
         f"{data.num_ranks} ranks; {cfg.method}, {noise} noise kappa={cfg.kappa:g} -> {out}")
     out.mkdir(parents=True, exist_ok=True)
@@ -219,9 +248,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from .compare import markdown_tables, noise_settings, run_comparison, write_comparison
 
     base = _config(args, noise="gaussian")
+    _set_threads(args.threads, base, "images" if args.encoder in ("cnn", "vgg16bn") else _kind(base))
     settings = noise_settings(args.kappas, args.noises)
     args.output.mkdir(parents=True, exist_ok=True)
-    records = run_comparison(base, args.methods, settings, args.seeds, args.output)
+    records = run_comparison(base, args.methods, settings, args.seeds, args.output, log=_say)
     data_name = Path(base.data).name.split(".")[0]
     table = markdown_tables(records, data_name)
     write_comparison(records, table, args.output)
