@@ -12,6 +12,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .ops import stochastic_dissimilarity
+
 __all__ = ["embed", "compute_centroids", "predict_ranks", "fill_missing_centroids"]
 
 
@@ -129,8 +131,6 @@ def predict_ranks(embeddings: torch.Tensor, centroids: torch.Tensor, sigma: floa
     Returns:
         ``[N]`` int64 predicted ranks in ``0 … n-1``.
     """
-    from . import stochastic_dissimilarity  # the public op; imported late to keep this module light
-
     out = []
     with torch.no_grad():
         for i in range(0, embeddings.shape[0], batch_size):

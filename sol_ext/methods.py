@@ -18,6 +18,7 @@ from torch import nn
 from .centroids import predict_ranks
 from .config import TrainConfig
 from .encoders import build_encoder, default_encoder
+from .loss import StochasticOrderLoss
 
 __all__ = ["RankModel", "build_model", "training_loss", "predict"]
 
@@ -56,8 +57,6 @@ def build_model(config: TrainConfig, input_shape: tuple[int, ...], kind: str,
 
 def make_sol_loss(config: TrainConfig, num_ranks: int) -> nn.Module:
     """``StochasticOrderLoss`` for ``config`` (``P`` = identity for ``sol-no-noise``)."""
-    from . import StochasticOrderLoss
-
     return StochasticOrderLoss(num_ranks, sigma=config.kernel_sigma, tau=config.tau,
                                margin=config.margin, T=config.T, disc_weight=config.disc_weight,
                                convention=config.convention, backend=config.backend)

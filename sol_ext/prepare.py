@@ -8,6 +8,8 @@ from typing import Any, Optional
 import torch
 
 from .config import TrainConfig
+from .data import OrdinalDataset, load_dataset, load_train_test, standardize, train_test_split
+from .noise import add_label_noise
 
 __all__ = ["PreparedData", "prepare_data"]
 
@@ -68,9 +70,6 @@ def prepare_data(config: TrainConfig) -> PreparedData:
     file is the whole training set, its labels taken as given (already noisy: no clean labels)
     unless noise is requested, and the test file is put on the training file's rank grid.
     """
-    from .data import OrdinalDataset, load_dataset, load_train_test, standardize, train_test_split
-    from .noise import add_label_noise
-
     if config.test_data is not None:
         train, test = load_train_test(config.data, config.test_data, **_options(config))
         rows = torch.arange(len(train))

@@ -23,7 +23,10 @@ import torch.nn.functional as F
 from .centroids import compute_centroids, embed
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .config import TrainConfig
+from .metrics import summarize
 from .methods import RankModel, build_model, make_sol_loss, predict, training_loss
+from .noise import noise_statistics
+from .ops import noise_kernel
 from .pairs import balanced_pairs, sample_references
 from .prepare import PreparedData
 from .refine import refine_labels
@@ -66,14 +69,10 @@ def cs_theta_of(config: TrainConfig, data: PreparedData) -> float:
 
 
 def _label_stats(labels: torch.Tensor, clean: Optional[torch.Tensor]) -> Optional[dict[str, float]]:
-    from .noise import noise_statistics
-
     return None if clean is None else noise_statistics(labels, clean)
 
 
 def _test_metrics(config: TrainConfig, data: PreparedData, pred: torch.Tensor) -> dict[str, float]:
-    from .metrics import summarize
-
     decode = data.encoder.decode
     return summarize(decode(pred.cpu()), decode(data.test_ranks), cs_theta_of(config, data))
 
@@ -145,7 +144,8 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
     model = build_model(config, data.input_shape, data.kind, n).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
                                  weight_decay=config.weight_decay)
-    kernel = sol_ext_kernel(n, config.kernel_sigma, device) if config.uses_centroids else None
+    kernel = (noise_kernel(n, config.kernel_sigma, dtype=torch.float64, device=device)
+              if config.uses_centroids else None)
     sol_loss = make_sol_loss(config, n) if config.uses_centroids else None
     train_x = data.train_x.to(device)
     test_x = data.test_x.to(device)
@@ -245,13 +245,6 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
     results = _results(config, data, history, labels, elapsed_before + time.perf_counter() - start)
     return RunOutcome(results=results, test_embeddings=test_h.cpu(), test_pred=test_pred.cpu(),
                       train_pred=train_pred.cpu(), labels=labels.cpu())
-
-
-def sol_ext_kernel(num_ranks: int, sigma: float, device: torch.device) -> torch.Tensor:
-    """The noise kernel ``P`` ``[n, n]`` (SPEC §2) in float64."""
-    from . import noise_kernel
-
-    return noise_kernel(num_ranks, sigma, dtype=torch.float64, device=device)
 
 
 def _epoch_line(r: dict[str, Any], epochs: int) -> str:
