@@ -1,0 +1,360 @@
+"""CUDA-only properties of the fused kernels (csrc/cuda/*_kernel.cu).
+
+The device/dtype-parametrized comparisons against the reference live in test_ops.py; this file adds
+what only the CUDA build has: float16/bfloat16 accuracy (within 2x of PyTorch's own half-precision
+reference error, both measured against float64), CPU-vs-CUDA agreement on the kernel's tiling edge
+cases (rank groups, y segments, two rows per warp), bitwise reproducibility, the deterministic mode of
+the explicit-pairs backward, gradcheck/opcheck on the GPU, bad and empty inputs on CUDA tensors.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import sol_ext
+from sol_ext import reference
+
+from common import CUDA_REASON, assert_rel_close, cuda_ready, random_labels, random_pairs
+
+pytestmark = pytest.mark.skipif(not cuda_ready(), reason=CUDA_REASON)
+
+ops = torch.ops.sol_ext
+HALF_DTYPES = [torch.float16, torch.bfloat16]
+LOSS_ARGS = dict(sigma=1.3, tau=2, margin=0.25)
+
+
+def make_D(B: int, n: int, seed: int, device="cuda", dtype=torch.float64, scale: float = 1.0) -> torch.Tensor:
+    """A realistic D: the dissimilarities of random embeddings, computed in float64."""
+    gen = torch.Generator().manual_seed(seed)
+    h = torch.randn(B, 16, generator=gen, dtype=torch.float64)
+    mu = torch.randn(n, 16, generator=gen, dtype=torch.float64) * 0.7
+    return (reference.stochastic_dissimilarity(h, mu, 1.0) * scale).to(device, dtype)
+
+
+def inputs(B: int, n: int, seed: int, explicit: bool, device="cuda", dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed + 1000)
+    D = make_D(B, n, seed, device, dtype)
+    labels = random_labels(B, n, gen, device)
+    pairs = random_pairs(B, 3 * B + 5, gen, device) if explicit and B > 0 else None
+    return D, labels, pairs
+
+
+def max_err(actual: torch.Tensor, exact: torch.Tensor) -> float:
+    return (actual.double().cpu() - exact.double().cpu()).abs().max().item() if exact.numel() else 0.0
+
+
+def assert_within_2x_of_torch(fused, torch_half, exact, dtype, what):
+    """Fused error <= 2x the error of PyTorch's own half-precision computation (+ one rounding of the result)."""
+    scale = exact.double().abs().max().item() if exact.numel() else 0.0
+    fused_err, torch_err = max_err(fused, exact), max_err(torch_half, exact)
+    allowed = 2 * torch_err + torch.finfo(dtype).eps * scale
+    assert fused_err <= allowed, f"{what} ({dtype}): fused error {fused_err:.3e} > 2 x torch's {torch_err:.3e} (+eps)"
+
+
+# -------------------------------------------------------------------------------------------------
+# float16 / bfloat16 accuracy
+# -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("B,n,d", [(37, 11, 64), (64, 60, 512), (5, 300, 33)])
+def test_half_dissimilarity_accuracy(dtype, B, n, d):
+    gen = torch.Generator().manual_seed(B * n + d)
+    h = (torch.randn(B, d, generator=gen, dtype=torch.float64) / d**0.5).to("cuda", dtype)
+    mu = (torch.randn(n, d, generator=gen, dtype=torch.float64) / d**0.5).to("cuda", dtype)
+    upstream = torch.randn(B, n, generator=gen, dtype=torch.float64).to("cuda", dtype)
+    results = {}
+    for name, x, m, fn in (
+        ("fused", h, mu, lambda a, b: sol_ext.stochastic_dissimilarity(a, b, 1.3, backend="fused")),
+        ("torch", h, mu, lambda a, b: reference.stochastic_dissimilarity(a, b, 1.3)),
+        ("exact", h.double(), mu.double(), lambda a, b: reference.stochastic_dissimilarity(a, b, 1.3)),
+    ):
+        x, m = x.clone().requires_grad_(), m.clone().requires_grad_()
+        D = fn(x, m)
+        results[name] = (D, *torch.autograd.grad(D, (x, m), upstream.to(D.dtype)))
+    assert results["fused"][0].dtype == dtype
+    for i, what in enumerate(("D", "dh", "dmu")):
+        assert results["fused"][i].dtype == dtype, what
+        assert_within_2x_of_torch(results["fused"][i], results["torch"][i], results["exact"][i], dtype, what)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("explicit", [False, True])
+@pytest.mark.parametrize("convention", ["paper", "official"])
+@pytest.mark.parametrize("B,n", [(64, 30), (130, 101)])
+def test_half_order_and_disc_loss_accuracy(dtype, explicit, convention, B, n):
+    D64, labels, pairs = inputs(B, n, seed=B + n, explicit=explicit)
+    D_half = D64.to(dtype)
+    D_exact = D_half.double()  # the half inputs, exactly
+    M = sol_ext.ops._ops.order_loss(D_half, labels, pairs, convention=convention, **LOSS_ARGS).shape[0]
+    gen = torch.Generator().manual_seed(7)
+    up_order = torch.randn(M, generator=gen, dtype=torch.float64).to("cuda", dtype)
+    up_disc = torch.randn(B, generator=gen, dtype=torch.float64).to("cuda", dtype)
+    results = {}
+    for name, D, backend in (("fused", D_half, "fused"), ("torch", D_half, "reference"), ("exact", D_exact, "reference")):
+        D = D.clone().requires_grad_()
+        order = sol_ext.order_loss(D, labels, pairs, convention=convention, reduction="none", backend=backend, **LOSS_ARGS)
+        disc = sol_ext.disc_loss(D, labels, T=2, reduction="none", backend=backend)
+        (g_order,) = torch.autograd.grad(order, D, up_order.to(D.dtype))
+        (g_disc,) = torch.autograd.grad(disc, D, up_disc.to(D.dtype))
+        results[name] = (order, g_order, disc, g_disc)
+    for i, what in enumerate(("order loss", "d order / dD", "disc loss", "d disc / dD")):
+        assert results["fused"][i].dtype == dtype, what
+        assert_within_2x_of_torch(results["fused"][i], results["torch"][i], results["exact"][i], dtype, what)
+
+
+def test_half_module_runs_fused_and_is_finite():
+    B, n, d = 48, 20, 32
+    gen = torch.Generator().manual_seed(3)
+    for dtype in HALF_DTYPES:
+        h = torch.randn(B, d, generator=gen).to("cuda", dtype).requires_grad_()
+        mu = torch.randn(n, d, generator=gen).to("cuda", dtype).requires_grad_()
+        labels = random_labels(B, n, gen, "cuda")
+        loss = sol_ext.StochasticOrderLoss(n, backend="fused")(h, labels, mu)
+        dh, dmu = torch.autograd.grad(loss, (h, mu))
+        assert loss.dtype == dh.dtype == dmu.dtype == dtype
+        assert torch.isfinite(loss) and torch.isfinite(dh).all() and torch.isfinite(dmu).all()
+
+
+# -------------------------------------------------------------------------------------------------
+# CPU vs CUDA, float64, on the CUDA kernels' tiling edge cases
+# -------------------------------------------------------------------------------------------------
+
+# (B, n): tails of the 4x4 forward micro-tile, one and several rank chunks, two rank groups (n > 256),
+# y segments (B >= 64), B < 32 (one segment), n == 1.
+SHAPES = [(2, 1), (3, 5), (17, 33), (31, 64), (64, 60), (70, 257), (150, 300), (301, 9)]
+
+
+@pytest.mark.parametrize("B,n", SHAPES)
+@pytest.mark.parametrize("explicit", [False, True])
+@pytest.mark.parametrize("convention", ["paper", "official"])
+def test_cpu_and_cuda_agree(B, n, explicit, convention):
+    D, labels, pairs = inputs(B, n, seed=B * 1000 + n, explicit=explicit)
+    gen = torch.Generator().manual_seed(B + n)
+    args = dict(convention=convention, **LOSS_ARGS)
+    out_cuda = ops.order_loss(D, labels, pairs, args["sigma"], args["tau"], args["margin"], convention)
+    out_cpu = ops.order_loss(D.cpu(), labels.cpu(), None if pairs is None else pairs.cpu(),
+                             args["sigma"], args["tau"], args["margin"], convention)
+    assert_rel_close(out_cuda.cpu(), out_cpu, 1e-12, "order loss")
+    g = torch.randn(out_cpu.shape, generator=gen, dtype=torch.float64)
+    grad_cuda = ops._order_loss_backward(g.cuda(), D, labels, pairs, args["sigma"], args["tau"], args["margin"], convention)
+    grad_cpu = ops._order_loss_backward(g, D.cpu(), labels.cpu(), None if pairs is None else pairs.cpu(),
+                                        args["sigma"], args["tau"], args["margin"], convention)
+    assert_rel_close(grad_cuda.cpu(), grad_cpu, 1e-12, "d order / dD")
+    for T in (1, 3):
+        assert_rel_close(ops.disc_loss(D, labels, T).cpu(), ops.disc_loss(D.cpu(), labels.cpu(), T), 1e-12, "disc")
+        gd = torch.randn(B, generator=gen, dtype=torch.float64)
+        assert_rel_close(ops._disc_loss_backward(gd.cuda(), labels, n, T).cpu(),
+                         ops._disc_loss_backward(gd, labels.cpu(), n, T), 1e-12, "d disc / dD")
+
+
+@pytest.mark.parametrize("B,n,d", [(1, 1, 1), (33, 7, 100), (129, 300, 40)])
+def test_cpu_and_cuda_agree_dissimilarity(B, n, d):
+    gen = torch.Generator().manual_seed(B + n + d)
+    h = torch.randn(B, d, generator=gen, dtype=torch.float64)
+    mu = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    g = torch.randn(B, n, generator=gen, dtype=torch.float64)
+    assert_rel_close(ops.stochastic_dissimilarity(h.cuda(), mu.cuda(), 0.8).cpu(),
+                     ops.stochastic_dissimilarity(h, mu, 0.8), 1e-12, "D")
+    for got, want, what in zip(ops._stochastic_dissimilarity_backward(g.cuda(), h.cuda(), mu.cuda(), 0.8, True, True),
+                               ops._stochastic_dissimilarity_backward(g, h, mu, 0.8, True, True), ("dh", "dmu")):
+        assert_rel_close(got.cpu(), want, 1e-12, what)
+
+
+def test_float32_two_rows_per_warp_matches_cpu():
+    """A batch large enough for the two-rows-per-warp backward (float32 only; needs B/2 >= 8 warps per SM)
+    against the CPU kernel in float32, which makes the same float32 hinge decisions."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    B, n = max(2400, 16 * sms + 2), 24
+    D, labels, _ = inputs(B, n, seed=11, explicit=False, dtype=torch.float32)
+    g = torch.ones(1, dtype=torch.float32, device="cuda").expand(B * (B - 1) // 2)
+    args = (None, LOSS_ARGS["sigma"], LOSS_ARGS["tau"], LOSS_ARGS["margin"], "paper")
+    got = ops._order_loss_backward(g, D, labels, *args)
+    want = ops._order_loss_backward(g.cpu(), D.cpu(), labels.cpu(), *args)
+    assert_rel_close(got.cpu(), want, 2e-5, "d order / dD (float32)")
+    assert_rel_close(ops.order_loss(D, labels, *args).cpu(), ops.order_loss(D.cpu(), labels.cpu(), *args), 2e-5, "loss")
+
+
+def test_cuda_matches_reference_float32():
+    D, labels, _ = inputs(200, 80, seed=5, explicit=False, dtype=torch.float32)
+    D = D.requires_grad_()
+    fused = sol_ext.order_loss(D, labels, reduction="sum", backend="fused", **LOSS_ARGS)
+    ref = sol_ext.order_loss(D, labels, reduction="sum", backend="reference", **LOSS_ARGS)
+    assert_rel_close(fused, ref, 1e-5, "loss")
+    assert_rel_close(torch.autograd.grad(fused, D)[0], torch.autograd.grad(ref, D)[0], 1e-5, "dD")
+
+
+# -------------------------------------------------------------------------------------------------
+# Determinism
+# -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("B,n", [(64, 60), (700, 101)])
+def test_all_pairs_backward_is_bitwise_reproducible(dtype, B, n):
+    D, labels, _ = inputs(B, n, seed=B + n, explicit=False, dtype=dtype)
+    M = B * (B - 1) // 2
+    g = torch.randn(M, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to("cuda", dtype)
+    args = (None, LOSS_ARGS["sigma"], LOSS_ARGS["tau"], LOSS_ARGS["margin"], "paper")
+    first = ops._order_loss_backward(g, D, labels, *args)
+    for _ in range(3):
+        assert torch.equal(ops._order_loss_backward(g, D, labels, *args), first)
+    assert torch.equal(ops.order_loss(D, labels, *args), ops.order_loss(D, labels, *args))
+
+
+def test_stride_zero_upstream_gradient_is_read_in_place():
+    D, labels, pairs = inputs(90, 40, seed=2, explicit=False)
+    M = 90 * 89 // 2
+    args = (None, LOSS_ARGS["sigma"], LOSS_ARGS["tau"], LOSS_ARGS["margin"], "paper")
+    expanded = torch.full((1,), 0.5, dtype=torch.float64, device="cuda").expand(M)
+    assert expanded.stride(0) == 0
+    assert torch.equal(ops._order_loss_backward(expanded, D, labels, *args),
+                       ops._order_loss_backward(expanded.contiguous(), D, labels, *args))
+    strided = torch.randn(2 * M, dtype=torch.float64, device="cuda")[::2]
+    assert torch.equal(ops._order_loss_backward(strided, D, labels, *args),
+                       ops._order_loss_backward(strided.contiguous(), D, labels, *args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_explicit_pairs_deterministic_mode_is_bitwise_reproducible(dtype):
+    B, n = 300, 70
+    D, labels, pairs = inputs(B, n, seed=9, explicit=True, dtype=dtype)
+    pairs = torch.cat([pairs, pairs[:50]])  # many pairs per row, repeats
+    g = torch.randn(pairs.shape[0], generator=torch.Generator().manual_seed(4), dtype=torch.float64).to("cuda", dtype)
+    args = (pairs, LOSS_ARGS["sigma"], LOSS_ARGS["tau"], LOSS_ARGS["margin"], "official")
+    previous = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        first = ops._order_loss_backward(g, D, labels, *args)
+        for _ in range(3):
+            assert torch.equal(ops._order_loss_backward(g, D, labels, *args), first)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    # The deterministic (row-owned) and the atomic path agree to rounding.
+    atomic = ops._order_loss_backward(g, D, labels, *args)
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    assert_rel_close(atomic, first, tol, "atomic vs deterministic")
+    if dtype in (torch.float32, torch.float64):  # the CPU kernels take these; same hinge decisions
+        cpu = ops._order_loss_backward(g.cpu(), D.cpu(), labels.cpu(), pairs.cpu(), *args[1:])
+        assert_rel_close(first.cpu(), cpu, tol, "deterministic vs CPU")
+
+
+# -------------------------------------------------------------------------------------------------
+# gradcheck and opcheck on the GPU
+# -------------------------------------------------------------------------------------------------
+
+
+def test_gradcheck_cuda_dissimilarity():
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(5, 4, generator=gen, dtype=torch.float64).cuda().requires_grad_()
+    mu = torch.randn(3, 4, generator=gen, dtype=torch.float64).cuda().requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: sol_ext.stochastic_dissimilarity(a, b, 0.9, backend="fused"), (h, mu))
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+@pytest.mark.parametrize("convention", ["paper", "official"])
+def test_gradcheck_cuda_losses(explicit, convention):
+    D, labels, pairs = inputs(9, 6, seed=3, explicit=explicit)
+    D = D.requires_grad_()
+    fn = lambda D: sol_ext.order_loss(D, labels, pairs, convention=convention, reduction="none", backend="fused", **LOSS_ARGS)
+    # The explicit-pair backward uses atomics outside deterministic mode: allow its rounding noise.
+    assert torch.autograd.gradcheck(fn, (D,), nondet_tol=1e-12 if explicit else 0.0)
+    assert torch.autograd.gradcheck(lambda D: sol_ext.disc_loss(D, labels, 2, reduction="none", backend="fused"), (D,))
+
+
+def _opcheck_cases():
+    D, labels, pairs = inputs(12, 7, seed=4, explicit=True)
+    h = torch.randn(12, 5, dtype=torch.float64, device="cuda")
+    mu = torch.randn(7, 5, dtype=torch.float64, device="cuda")
+    M_all = 12 * 11 // 2
+    g_all = torch.randn(M_all, dtype=torch.float64, device="cuda")
+    g_pairs = torch.randn(pairs.shape[0], dtype=torch.float64, device="cuda")
+    c = (1.1, 2, 0.3, "paper")
+    return {
+        "stochastic_dissimilarity": (ops.stochastic_dissimilarity, (h, mu, 1.1)),
+        "_stochastic_dissimilarity_backward": (ops._stochastic_dissimilarity_backward,
+                                               (torch.randn(12, 7, dtype=torch.float64, device="cuda"), h, mu, 1.1, True, True)),
+        "ordering_probabilities": (ops.ordering_probabilities, (labels, labels.flip(0), 7, 1.1, 2, "official", torch.float32)),
+        "order_loss_all": (ops.order_loss, (D, labels, None, *c)),
+        "order_loss_pairs": (ops.order_loss, (D, labels, pairs, *c)),
+        "_order_loss_backward_all": (ops._order_loss_backward, (g_all, D, labels, None, *c)),
+        "_order_loss_backward_pairs": (ops._order_loss_backward, (g_pairs, D, labels, pairs, *c)),
+        "disc_loss": (ops.disc_loss, (D, labels, 2)),
+        "_disc_loss_backward": (ops._disc_loss_backward, (torch.randn(12, dtype=torch.float64, device="cuda"), labels, 7, 2)),
+    }
+
+
+OPCHECK_CASES = [
+    "stochastic_dissimilarity", "_stochastic_dissimilarity_backward", "ordering_probabilities", "order_loss_all",
+    "order_loss_pairs", "_order_loss_backward_all", "_order_loss_backward_pairs", "disc_loss", "_disc_loss_backward",
+]
+
+
+@pytest.mark.parametrize("case", OPCHECK_CASES)
+def test_opcheck_cuda(case):
+    op, args = _opcheck_cases()[case]
+    opcheck(op, args)
+
+
+# -------------------------------------------------------------------------------------------------
+# Bad and empty inputs on CUDA tensors
+# -------------------------------------------------------------------------------------------------
+
+
+def test_bad_inputs_on_cuda_raise():
+    D, labels, pairs = inputs(6, 4, seed=1, explicit=True)
+    c = (1.0, 1, 0.25, "paper")
+    with pytest.raises(RuntimeError, match="device"):
+        ops.order_loss(D, labels.cpu(), None, *c)
+    with pytest.raises(RuntimeError, match="device"):
+        ops.order_loss(D, labels, pairs.cpu(), *c)
+    with pytest.raises(RuntimeError, match="int64"):
+        ops.order_loss(D, labels.int(), None, *c)
+    with pytest.raises(RuntimeError, match="shape"):
+        ops.order_loss(D, labels[:-1], None, *c)
+    with pytest.raises(RuntimeError, match="shape"):
+        ops.order_loss(D, labels, pairs[:, :1], *c)
+    with pytest.raises(RuntimeError, match="convention"):
+        ops.order_loss(D, labels, None, 1.0, 1, 0.25, "nope")
+    with pytest.raises(RuntimeError, match="sigma"):
+        ops.order_loss(D, labels, None, -1.0, 1, 0.25, "paper")
+    with pytest.raises(RuntimeError, match="grad_losses"):
+        ops._order_loss_backward(torch.ones(3, dtype=D.dtype, device="cuda"), D, labels, None, *c)
+    with pytest.raises(RuntimeError, match="floating"):
+        ops.disc_loss(D.long(), labels, 1)
+    with pytest.raises(RuntimeError):
+        ops.stochastic_dissimilarity(torch.randn(3, 4, device="cuda"), torch.randn(2, 5, device="cuda"), 1.0)
+    with pytest.raises(RuntimeError, match="device"):
+        ops.stochastic_dissimilarity(torch.randn(3, 4, device="cuda"), torch.randn(2, 4), 1.0)
+    # The public API validates label and pair ranges before any kernel runs (no device assert).
+    with pytest.raises((ValueError, IndexError)):
+        sol_ext.order_loss(D, labels + 10, backend="fused")
+    with pytest.raises((ValueError, IndexError)):
+        sol_ext.order_loss(D, labels, pairs + 100, backend="fused")
+
+
+@pytest.mark.parametrize("B", [0, 1])
+@pytest.mark.parametrize("explicit", [False, True])
+def test_empty_inputs_on_cuda(B, explicit):
+    n, d = 5, 3
+    h = torch.randn(B, d, device="cuda", dtype=torch.float32, requires_grad=True)
+    mu = torch.randn(n, d, device="cuda", dtype=torch.float32, requires_grad=True)
+    labels = torch.zeros(B, dtype=torch.long, device="cuda")
+    pairs = torch.zeros(0, 2, dtype=torch.long, device="cuda") if explicit else None
+    D = sol_ext.stochastic_dissimilarity(h, mu, backend="fused")
+    assert D.shape == (B, n)
+    order = sol_ext.order_loss(D, labels, pairs, reduction="none", backend="fused")
+    assert order.shape == (0,)
+    disc = sol_ext.disc_loss(D, labels, reduction="none", backend="fused")
+    assert disc.shape == (B,)
+    total = sol_ext.order_loss(D, labels, pairs, backend="fused") + sol_ext.disc_loss(D, labels, backend="fused")
+    assert total.item() == 0.0 or B == 1
+    dh, dmu = torch.autograd.grad(total, (h, mu))
+    assert dh.shape == (B, d) and dmu.shape == (n, d)
+    assert torch.isfinite(dh).all() and torch.isfinite(dmu).all()
+    probs = ops.ordering_probabilities(labels, labels, n, 1.0, 1, "paper", torch.float32)
+    assert probs.shape == (B, 3)
+    empty_g = torch.zeros(0, device="cuda", dtype=torch.float32)
+    grad = ops._order_loss_backward(empty_g, D.detach(), labels, pairs, 1.0, 1, 0.25, "paper")
+    assert grad.shape == (B, n) and (grad == 0).all()
