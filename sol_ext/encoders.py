@@ -71,16 +71,16 @@ class VGG16BN(nn.Module):
     def __init__(self, embedding_dim: int = 512, weights: Optional[str] = None):
         super().__init__()
         try:
-            from torchvision.models import vgg16_bn
+            from torchvision.models.vgg import cfgs, make_layers
         except ImportError as exc:
             raise ImportError(
                 "the vgg16bn encoder needs torchvision, which is not installed. Install the "
                 "version that matches your torch (pip install 'sol_ext[vision]' or "
                 "pip install torchvision), or choose --encoder cnn.") from exc
-        net = vgg16_bn(weights=None)
+        # only the convolutional part of vgg16_bn: its classifier (120M parameters) is not used
+        self.features = make_layers(cfgs["D"], batch_norm=True)
         if weights is not None:
-            load_vgg_weights(net, weights)
-        self.features = net.features
+            load_vgg_weights(self.features, weights)
         self.proj = nn.Identity() if embedding_dim == 512 else nn.Linear(512, embedding_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,10 +89,10 @@ class VGG16BN(nn.Module):
         return self.proj(self.features(x).mean(dim=(2, 3)))
 
 
-def load_vgg_weights(net: nn.Module, path: str) -> None:
-    """Load a local VGG16-BN state dict into ``net`` (a ``torchvision`` ``vgg16_bn``).
+def load_vgg_weights(features: nn.Module, path: str) -> None:
+    """Load the ``features.*`` tensors of a local ``vgg16_bn`` state dict into ``features``.
 
-    Only the convolutional part is needed; classifier weights in the file are ignored.
+    Classifier weights in the file are ignored.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"VGG16-BN weights file not found: {path!r}. Expected a local "
@@ -102,15 +102,17 @@ def load_vgg_weights(net: nn.Module, path: str) -> None:
     if isinstance(state, dict) and "state_dict" in state:
         state = state["state_dict"]
     state = {k.removeprefix("module."): v for k, v in state.items()}
-    feats = {k: v for k, v in state.items() if k.startswith("features.")}
+    feats = {k.removeprefix("features."): v for k, v in state.items()
+             if k.startswith("features.")}
     if not feats:
         raise ValueError(f"{path!r} holds no 'features.*' tensors; expected a state dict of "
                          f"torchvision.models.vgg16_bn.")
-    missing, _ = net.load_state_dict(feats, strict=False)
-    missing = [k for k in missing if k.startswith("features.")]
-    if missing:
-        raise ValueError(f"{path!r} lacks VGG16-BN tensors {missing[:3]}...; expected a state "
-                         f"dict of torchvision.models.vgg16_bn.")
+    try:
+        features.load_state_dict(feats, strict=True)
+    except RuntimeError as exc:
+        raise ValueError(f"{path!r} does not fit VGG16-BN's convolutional part "
+                         f"({str(exc).splitlines()[0]}); expected a state dict of "
+                         f"torchvision.models.vgg16_bn.") from None
 
 
 def default_encoder(kind: str) -> str:

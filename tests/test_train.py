@@ -127,10 +127,17 @@ def test_encoders_give_embeddings_of_the_asked_size():
 
 
 def test_vgg16bn_encoder_loads_local_weights(tmp_path):
-    tv = pytest.importorskip("torchvision")
+    vgg = pytest.importorskip("torchvision.models.vgg")
+    features = vgg.make_layers(vgg.cfgs["D"], batch_norm=True)  # vgg16_bn's features
+    for p in features.parameters():
+        torch.nn.init.constant_(p, 0.01)
     path = tmp_path / "vgg.pth"
-    torch.save(tv.models.vgg16_bn(weights=None).state_dict(), path)
-    enc = build_encoder("vgg16bn", (3, 32, 32), 8, weights=str(path))
-    assert enc(torch.randn(2, 3, 32, 32)).shape == (2, 8)
+    torch.save({f"features.{k}": v for k, v in features.state_dict().items()}, path)
+    enc = build_encoder("vgg16bn", (1, 32, 32), 8, weights=str(path))
+    assert enc(torch.randn(2, 1, 32, 32)).shape == (2, 8)
+    assert all(bool((p == 0.01).all()) for p in enc.features.parameters())
+    torch.save({"features.0.weight": torch.zeros(3)}, path)
+    with pytest.raises(ValueError, match="does not fit"):
+        build_encoder("vgg16bn", (3, 32, 32), 8, weights=str(path))
     with pytest.raises(FileNotFoundError, match="not found"):
         build_encoder("vgg16bn", (3, 32, 32), 8, weights=str(tmp_path / "missing.pth"))
