@@ -5,9 +5,11 @@
 // order. Every pair's rank-gradient is therefore computed twice (once per row), and the result is
 // bitwise reproducible for any number of threads. Extra memory: O(B*n + M).
 #include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -19,9 +21,33 @@ namespace {
 
 using acc_t = double;
 
+// The ranks 0..n-1 of one pair split into at most five runs on which the hinge weights
+// wA(q), wB(q) of PairTerms are constant. Looping run by run keeps the inner loops free of
+// label comparisons, so the compiler vectorizes them.
+struct Runs {
+  int count = 0;
+  int64_t begin[6];
+  acc_t above[5], below[5];  // wA and wB on each run
+
+  Runs(const PairTerms<acc_t>& t, int64_t n) {
+    int64_t cut[6] = {0, n, t.rx, t.last_lower_x + 1, t.ry, t.last_lower_y + 1};
+    for (int64_t& c : cut) c = std::min(std::max<int64_t>(c, 0), n);
+    std::sort(cut, cut + 6);
+    for (int i = 0; i < 5; ++i) {
+      if (cut[i] == cut[i + 1]) continue;
+      begin[count] = cut[i];
+      above[count] = t.weight_above(cut[i]);
+      below[count] = t.weight_below(cut[i]);
+      begin[++count] = cut[i + 1];
+    }
+  }
+};
+
 // What every pair evaluation needs: D, labels, the probability table and the loss constants.
+// The per-rank expressions are those of PairTerms::loss and PairTerms::grad (sol_math.h).
 template <typename scalar_t>
 struct PairContext {
+  using opmath_t = at::opmath_type<scalar_t>;
   const scalar_t* D;
   const int64_t* labels;
   const double* table;  // [n,n,3]
@@ -37,20 +63,82 @@ struct PairContext {
 
   acc_t loss(int64_t x, int64_t y) const {
     const PairTerms<acc_t> t = terms(x, y);
+    const Runs runs(t, n);
     const scalar_t* Dx = D + x * n;
     const scalar_t* Dy = D + y * n;
+    const scalar_t g = gamma, zero = scalar_t(0);
     acc_t total = 0;
-    for (int64_t q = 0; q < n; ++q) total += t.loss(q, scalar_t(Dx[q] - Dy[q]), gamma);
-    return total;
+    opmath_t apart_sum = 0;
+    for (int r = 0; r < runs.count; ++r) {
+      opmath_t above_sum = 0, below_sum = 0;
+#pragma omp simd reduction(+ : above_sum, below_sum, apart_sum)
+      for (int64_t q = runs.begin[r]; q < runs.begin[r + 1]; ++q) {
+        const scalar_t delta = Dx[q] - Dy[q];
+        above_sum += std::max(scalar_t(delta + g), zero);
+        below_sum += std::max(scalar_t(g - delta), zero);
+        apart_sum += std::max(scalar_t(std::abs(delta) - g), zero);
+      }
+      total += runs.above[r] * above_sum + runs.below[r] * below_sum;
+    }
+    return total + t.eq * apart_sum;
   }
 
-  // acc[q] += scale * d l(x,y) / d delta_q, where delta_q = D[x,q] - D[y,q].
-  void add_grad(int64_t x, int64_t y, acc_t scale, acc_t* acc) const {
+  // acc[q] += scale * d l(x,y) / d delta_q, where delta_q = D[x,q] - D[y,q]; acc in opmath precision.
+  void add_grad(int64_t x, int64_t y, acc_t scale, opmath_t* acc) const {
     const PairTerms<acc_t> t = terms(x, y);
+    const Runs runs(t, n);
     const scalar_t* Dx = D + x * n;
     const scalar_t* Dy = D + y * n;
-    for (int64_t q = 0; q < n; ++q) acc[q] += scale * t.grad(q, scalar_t(Dx[q] - Dy[q]), gamma);
+    const scalar_t g = gamma;
+    const opmath_t eq = opmath_t(scale * t.eq);
+    for (int r = 0; r < runs.count; ++r) {
+      const opmath_t above = opmath_t(scale * runs.above[r]), below = opmath_t(scale * runs.below[r]);
+      const int64_t first = runs.begin[r], last = runs.begin[r + 1];
+#pragma omp simd
+      for (int64_t q = first; q < last; ++q) {
+        // In IEEE arithmetic delta + g > 0 exactly when delta > -g (and so on), so these are the
+        // hinge decisions of PairTerms::grad, written as products with 0/1 so that the loop vectorizes.
+        const scalar_t delta = Dx[q] - Dy[q];
+        acc[q] += above * opmath_t(delta > -g) - below * opmath_t(delta < g) +
+                  eq * (opmath_t(delta > g) - opmath_t(delta < -g));
+      }
+    }
   }
+};
+
+// Sums a row's gradient over its pairs: blocks of kBlock pairs in opmath precision (vectorizes
+// well for float32), the blocks in float64 (keeps the error independent of the batch size).
+template <typename opmath_t>
+class RowAccumulator {
+ public:
+  static constexpr int kBlock = 32;
+  explicit RowAccumulator(int64_t n) : block_(n), total_(n) {}
+  void reset() {
+    std::fill(block_.begin(), block_.end(), opmath_t(0));
+    std::fill(total_.begin(), total_.end(), acc_t(0));
+    pending_ = 0;
+  }
+  opmath_t* block() { return block_.data(); }
+  void pair_done() {
+    if (++pending_ == kBlock) flush();
+  }
+  template <typename scalar_t>
+  void write(scalar_t* out) {
+    flush();
+    for (size_t q = 0; q < total_.size(); ++q) out[q] = scalar_t(total_[q]);
+  }
+
+ private:
+  void flush() {
+    for (size_t q = 0; q < total_.size(); ++q) {
+      total_[q] += block_[q];
+      block_[q] = opmath_t(0);
+    }
+    pending_ = 0;
+  }
+  std::vector<opmath_t> block_;
+  std::vector<acc_t> total_;
+  int pending_ = 0;
 };
 
 template <typename scalar_t>
@@ -163,24 +251,26 @@ at::Tensor order_loss_backward_cpu(
     scalar_t* out = grad_D.data_ptr<scalar_t>();
     const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, M / B * n));
     at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
-      std::vector<acc_t> acc(n);
+      RowAccumulator<at::opmath_type<scalar_t>> row(n);
       for (int64_t x = begin; x < end; ++x) {
-        std::fill(acc.begin(), acc.end(), acc_t(0));
+        row.reset();
         if (pairs_in.has_value()) {
           for (int64_t e = row_start[x]; e < row_start[x + 1]; ++e) {
             const int64_t m = entries[e] / 2;
             const acc_t sign = entries[e] % 2 == 0 ? 1 : -1;
-            ctx.add_grad(p[2 * m], p[2 * m + 1], sign * acc_t(g_ptr[m * g_stride]), acc.data());
+            ctx.add_grad(p[2 * m], p[2 * m + 1], sign * acc_t(g_ptr[m * g_stride]), row.block());
+            row.pair_done();
           }
         } else {
           for (int64_t y = 0; y < B; ++y) {
             if (y == x) continue;
             const int64_t a = std::min(x, y), b = std::max(x, y);
             const acc_t sign = x == a ? 1 : -1;
-            ctx.add_grad(a, b, sign * acc_t(g_ptr[pair_index(a, b, B) * g_stride]), acc.data());
+            ctx.add_grad(a, b, sign * acc_t(g_ptr[pair_index(a, b, B) * g_stride]), row.block());
+            row.pair_done();
           }
         }
-        for (int64_t q = 0; q < n; ++q) out[x * n + q] = scalar_t(acc[q]);
+        row.write(out + x * n);
       }
     });
   });

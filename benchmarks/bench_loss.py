@@ -1,0 +1,185 @@
+"""Fused vs reference: time and peak extra memory of StochasticOrderLoss (all pairs, float32).
+
+    python benchmarks/bench_loss.py                  # CPU, and CUDA when present
+    python benchmarks/bench_loss.py --device cuda --sizes 64,60,512 1024,101,512 4096,217,512
+
+For each (B, n, d) it first checks that the fused and reference losses and gradients agree, then times
+forward, backward and forward+backward with torch.utils.benchmark (which warms up and synchronizes),
+and measures the peak memory a forward+backward adds on top of its inputs: on CUDA from the caching
+allocator's peak, on the CPU from the peak resident size of a fresh process. It prints one markdown
+table: median times, the reference/fused ratio, and pair-rank updates per second (B(B-1)/2 * n per pass).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+
+import torch
+import torch.utils.benchmark as tbench
+
+import sol_ext
+
+DEFAULT_SIZES = {
+    "cpu": [(64, 60, 512), (256, 101, 512), (1024, 217, 512)],
+    "cuda": [(64, 60, 512), (256, 101, 512), (1024, 101, 512), (1024, 217, 512), (4096, 217, 512)],
+}
+BACKENDS = ("fused", "reference")
+# The reference materializes [B(B-1)/2, n] tensors; past this many elements it is not run.
+REFERENCE_LIMIT = {"cpu": 2e8, "cuda": 2e9}
+
+
+def make_inputs(B: int, n: int, d: int, device: str, dtype=torch.float32, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    h = torch.randn(B, d, generator=gen, dtype=dtype).to(device) / d**0.5
+    mu = torch.randn(n, d, generator=gen, dtype=dtype).to(device) / d**0.5
+    labels = torch.randint(0, n, (B,), generator=gen).to(device)
+    return h.requires_grad_(True), mu.requires_grad_(True), labels
+
+
+def make_loss(n: int, backend: str) -> sol_ext.StochasticOrderLoss:
+    return sol_ext.StochasticOrderLoss(n, backend=backend)
+
+
+def check_agreement(B: int, n: int, d: int, device: str) -> float:
+    """Largest relative difference of loss, dh and dmu between the backends (float64)."""
+    h, mu, labels = make_inputs(B, n, d, device, torch.float64)
+    results = []
+    for backend in BACKENDS:
+        loss = make_loss(n, backend)(h, labels, mu)
+        results.append((loss, *torch.autograd.grad(loss, (h, mu))))
+    worst = 0.0
+    for fused, ref in zip(*results):
+        worst = max(worst, ((fused - ref).abs().max() / ref.abs().max().clamp_min(1e-300)).item())
+    return worst
+
+
+def time_phases(B: int, n: int, d: int, device: str, backend: str, min_run_time: float) -> dict:
+    """Median seconds of forward, backward (on a retained graph) and forward+backward."""
+    h, mu, labels = make_inputs(B, n, d, device)
+    criterion = make_loss(n, backend)
+    env = dict(criterion=criterion, h=h, mu=mu, labels=labels, torch=torch)
+    loss = criterion(h, labels, mu)
+    env["loss"] = loss
+    statements = {
+        "forward": "criterion(h, labels, mu)",
+        "backward": "torch.autograd.grad(loss, (h, mu), retain_graph=True)",
+        "both": "torch.autograd.grad(criterion(h, labels, mu), (h, mu))",
+    }
+    return {
+        phase: tbench.Timer(stmt, globals=env, num_threads=torch.get_num_threads())
+        .blocked_autorange(min_run_time=min_run_time)
+        .median
+        for phase, stmt in statements.items()
+    }
+
+
+def peak_extra_memory(B: int, n: int, d: int, device: str, backend: str) -> int:
+    """Bytes a forward+backward allocates at its peak, beyond its inputs."""
+    if device == "cuda":
+        h, mu, labels = make_inputs(B, n, d, device)
+        criterion = make_loss(n, backend)
+        torch.autograd.grad(criterion(h, labels, mu), (h, mu))  # warm caches (tables, cuBLAS workspace)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        torch.autograd.grad(criterion(h, labels, mu), (h, mu))
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    # CPU: a fresh process, so that its peak resident size is this computation's alone.
+    script = (
+        "import sys, json, resource, torch; sys.path.insert(0, sys.argv[1]); import bench_loss as b;"
+        "B, n, d = map(int, sys.argv[2:5]); h, mu, labels = b.make_inputs(B, n, d, 'cpu');"
+        "crit = b.make_loss(n, sys.argv[5]); import gc; gc.collect();"
+        "base = int(open('/proc/self/statm').read().split()[1]) * resource.getpagesize();"
+        "torch.autograd.grad(crit(h, labels, mu), (h, mu));"
+        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024;"
+        "print(json.dumps(max(0, peak - base)))"
+    )
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run(
+        [sys.executable, "-c", script, here, str(B), str(n), str(d), backend],
+        check=True, capture_output=True, text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _fmt_time(seconds):
+    if seconds is None:
+        return "—"
+    return f"{seconds * 1e3:.3f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _fmt_bytes(count):
+    return "—" if count is None else f"{count / 2**20:.1f} MB"
+
+
+def run(device: str, sizes, min_run_time: float) -> list:
+    rows = []
+    for B, n, d in sizes:
+        pair_ranks = B * (B - 1) // 2 * n
+        run_reference = pair_ranks <= REFERENCE_LIMIT[device]
+        agreement = check_agreement(min(B, 256), n, d, device)
+        assert agreement < 1e-9, f"fused and reference disagree at {(B, n, d)}: {agreement:.2e}"
+        result = {"device": device, "B": B, "n": n, "d": d, "agreement": agreement}
+        for backend in BACKENDS:
+            if backend == "reference" and not run_reference:
+                result[backend] = None
+                continue
+            times = time_phases(B, n, d, device, backend, min_run_time)
+            result[backend] = dict(times, memory=peak_extra_memory(B, n, d, device, backend))
+        rows.append(result)
+        print(f"  done {device} {(B, n, d)}", file=sys.stderr, flush=True)
+    return rows
+
+
+def print_table(rows: list) -> None:
+    print(
+        "| device | B, n, d | phase | fused | reference | speed-up | fused pair-rank updates/s |"
+        " fused extra memory | reference extra memory |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        fused, ref = r["fused"], r["reference"]
+        pair_ranks = r["B"] * (r["B"] - 1) // 2 * r["n"]
+        for phase in ("forward", "backward", "both"):
+            ratio = f"{ref[phase] / fused[phase]:.1f}×" if ref else "—"
+            memory = (_fmt_bytes(fused["memory"]), _fmt_bytes(ref["memory"] if ref else None)) if phase == "both" else ("", "")
+            print(
+                f"| {r['device']} | {r['B']}, {r['n']}, {r['d']} | {phase} | {_fmt_time(fused[phase])} | "
+                f"{_fmt_time(ref[phase] if ref else None)} | {ratio} | {pair_ranks / fused[phase]:.3g} | "
+                f"{memory[0]} | {memory[1]} |"
+            )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
+    parser.add_argument("--sizes", nargs="+", help="B,n,d triples (default: per device)")
+    parser.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per measurement")
+    parser.add_argument("--json", help="also write the raw results to this file")
+    args = parser.parse_args(argv)
+
+    devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
+    if "cuda" in devices and not (torch.cuda.is_available() and sol_ext.cuda_kernels_available()):
+        if args.device == "cuda":
+            parser.error("no CUDA GPU, or this build of sol_ext has no CUDA kernels")
+        devices.remove("cuda")
+    rows = []
+    for device in devices:
+        sizes = [tuple(map(int, s.split(","))) for s in args.sizes] if args.sizes else DEFAULT_SIZES[device]
+        rows += run(device, sizes, args.min_run_time)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    print(f"\nStochasticOrderLoss, all pairs, float32; torch {torch.__version__}, {torch.get_num_threads()} CPU threads"
+          + (f", {torch.cuda.get_device_name()}" if "cuda" in devices else ""))
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
