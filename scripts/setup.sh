@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv, install torch and the other requirements, and build sol_ext against that torch.
+#
+#   TORCH_SPEC   which torch to install (default: torch==2.14.1, a CUDA 13.0 build)
+#   PYTHON       interpreter for the environment (default: python3)
+#   SOL_EXT_CPU_ONLY=1 / SOL_EXT_FORCE_CUDA=1, TORCH_CUDA_ARCH_LIST, MAX_JOBS: see setup.py
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+"${PYTHON:-python3}" -m venv .venv
+.venv/bin/python -m pip install -q "${TORCH_SPEC:-torch==2.14.1}"
+.venv/bin/python -m pip install -q -r requirements.txt
+# --no-build-isolation: compile against the torch just installed, not a throwaway copy (see README).
+MAX_JOBS="${MAX_JOBS:-2}" .venv/bin/python -m pip install -q --no-build-isolation -e .
+.venv/bin/python -c "import sol_ext; print('sol_ext ready: CUDA kernels compiled:', sol_ext.cuda_kernels_available())"
