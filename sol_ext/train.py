@@ -156,6 +156,7 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
     labels = data.train_given.clone().to(device)
     first_epoch = 1
     elapsed_before = 0.0
+    state: Optional[dict[str, Any]] = None
     if resume:
         state = load_checkpoint(ckpt_path, config, fingerprint)
         model.load_state_dict(state["model"])
@@ -174,33 +175,11 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
     train_pred = test_pred = test_h = None
     for epoch in range(first_epoch, config.epochs + 1):
         # 1. network training, centroids fixed
-        model.train()
-        batches = _batches(labels.numel(), config.batch_size, gen)
-        bar = _Progress(progress, len(batches), f"epoch {epoch}/{config.epochs}")
-        total, count = 0.0, 0
-        for idx in batches:
-            idx = idx.to(device)
-            x, y, pairs = train_x[idx], labels[idx], None
-            if config.pairs == "balanced":
-                ref = sample_references(y, labels, config.tau, gen).to(device)
-                x, y = torch.cat([x, train_x[ref]]), torch.cat([y, labels[ref]])
-                pairs = balanced_pairs(y, config.tau, config.pairs_per_class, gen)
-            h = model(x)
-            loss = training_loss(config, model, h, y, n, centroids, sol_loss, pairs)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"the training loss became {float(loss)} in epoch {epoch}; lower --lr, or "
-                    f"keep embeddings normalized (the default).")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += float(loss.detach()) * idx.numel()
-            count += idx.numel()
-            bar.update(float(loss.detach()))
-        bar.close()
+        loss = _train_epoch(config, model, optimizer, train_x, labels, n, centroids, sol_loss,
+                            gen, progress, epoch)
 
         # 2. centroid rule; 3. predictions, outliers, relabeling
-        record: dict[str, Any] = {"epoch": epoch, "train_loss": total / max(count, 1)}
+        record: dict[str, Any] = {"epoch": epoch, "train_loss": loss}
         if config.uses_centroids:
             train_h, centroids = _centroids(config, model, data, labels, kernel, centroids,
                                             device, eval_bs)
@@ -238,13 +217,43 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
             "elapsed_s": elapsed_before + time.perf_counter() - start})
 
     if test_pred is None:  # resumed a run that had already finished all its epochs
-        state = load_checkpoint(ckpt_path)
         train_pred, test_pred = state["train_pred"].to(device), state["test_pred"].to(device)
         test_h = embed(model, test_x, eval_bs, device)
 
     results = _results(config, data, history, labels, elapsed_before + time.perf_counter() - start)
     return RunOutcome(results=results, test_embeddings=test_h.cpu(), test_pred=test_pred.cpu(),
                       train_pred=train_pred.cpu(), labels=labels.cpu())
+
+
+def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.Optimizer,
+                 train_x: torch.Tensor, labels: torch.Tensor, n: int,
+                 centroids: Optional[torch.Tensor], sol_loss: Optional[torch.nn.Module],
+                 gen: torch.Generator, progress: bool, epoch: int) -> float:
+    """One pass over shuffled batches of the current ``labels`` ``[N]`` with the centroids
+    fixed; returns the mean batch loss."""
+    model.train()
+    batches = _batches(labels.numel(), config.batch_size, gen)
+    bar = _Progress(progress, len(batches), f"epoch {epoch}/{config.epochs}")
+    total = 0.0
+    for idx in batches:
+        idx = idx.to(train_x.device)
+        x, y, pairs = train_x[idx], labels[idx], None
+        if config.pairs == "balanced":
+            ref = sample_references(y, labels, config.tau, gen).to(train_x.device)
+            x, y = torch.cat([x, train_x[ref]]), torch.cat([y, labels[ref]])
+            pairs = balanced_pairs(y, config.tau, config.pairs_per_class, gen)
+        loss = training_loss(config, model, model(x), y, n, centroids, sol_loss, pairs)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"the training loss became {float(loss)} in epoch {epoch}; lower --lr, or keep "
+                f"embeddings normalized (the default).")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        total += float(loss.detach())
+        bar.update(float(loss.detach()))
+    bar.close()
+    return total / max(len(batches), 1)
 
 
 def _epoch_line(r: dict[str, Any], epochs: int) -> str:
