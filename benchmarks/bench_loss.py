@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 
@@ -89,8 +88,9 @@ def peak_extra_memory(B: int, n: int, d: int, device: str, backend: str) -> int:
         torch.autograd.grad(criterion(h, labels, mu), (h, mu))
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - before
-    # CPU: a fresh process, so that its peak resident size is this computation's alone. A small
-    # warm-up first maps the library code both paths use, which would otherwise count as extra.
+    # CPU: a fresh process, so that its peak resident size (VmHWM; getrusage's ru_maxrss would carry
+    # over the parent's) is this computation's alone. A small warm-up first maps the library code
+    # both paths use, which would otherwise count as extra.
     script = (
         "import sys, json, resource, torch; sys.path.insert(0, sys.argv[1]); import bench_loss as b;"
         "B, n, d = map(int, sys.argv[2:5]); crit = b.make_loss(n, sys.argv[5]);"
@@ -98,7 +98,7 @@ def peak_extra_memory(B: int, n: int, d: int, device: str, backend: str) -> int:
         "h, mu, labels = b.make_inputs(B, n, d, 'cpu'); import gc; gc.collect();"
         "base = int(open('/proc/self/statm').read().split()[1]) * resource.getpagesize();"
         "torch.autograd.grad(crit(h, labels, mu), (h, mu));"
-        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024;"
+        "peak = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')) * 1024;"
         "print(json.dumps(max(0, peak - base)))"
     )
     here = os.path.dirname(os.path.abspath(__file__))
