@@ -71,4 +71,23 @@ void check_disc_loss_inputs(const at::Tensor& D, const at::Tensor& labels, int64
   TORCH_CHECK(T >= 1, "T must be >= 1, got ", T);
 }
 
+void check_ordering_probability_inputs(const at::Tensor& r_x, const at::Tensor& r_y, at::ScalarType dtype) {
+  TORCH_CHECK(r_x.scalar_type() == at::kLong && r_y.scalar_type() == at::kLong,
+              "r_x and r_y must be int64, got ", r_x.scalar_type(), " and ", r_y.scalar_type());
+  TORCH_CHECK(r_x.dim() == 1 && r_x.sizes() == r_y.sizes(), "r_x and r_y must be 1-D of one length, got ",
+              r_x.sizes(), " and ", r_y.sizes());
+  TORCH_CHECK(r_x.device() == r_y.device(), "r_x and r_y must be on one device, got ", r_x.device(), " and ",
+              r_y.device());
+  TORCH_CHECK(at::isFloatingType(dtype), "dtype must be floating point, got ", dtype);
+}
+
+void check_grad_losses(const at::Tensor& grad_losses, const at::Tensor& D, int64_t num_losses) {
+  TORCH_CHECK(grad_losses.device() == D.device(), "grad_losses must be on D's device ", D.device(), ", got ",
+              grad_losses.device());
+  TORCH_CHECK(at::isFloatingType(grad_losses.scalar_type()), "grad_losses must be floating point, got ",
+              grad_losses.scalar_type());
+  TORCH_CHECK(grad_losses.dim() == 1 && grad_losses.size(0) == num_losses, "grad_losses must have shape [",
+              num_losses, "], got ", grad_losses.sizes());
+}
+
 } // namespace sol_ext

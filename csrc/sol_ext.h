@@ -71,5 +71,8 @@ void check_order_loss_inputs(
     int64_t tau,
     double margin);
 void check_disc_loss_inputs(const at::Tensor& D, const at::Tensor& labels, int64_t T);
+void check_ordering_probability_inputs(const at::Tensor& r_x, const at::Tensor& r_y, at::ScalarType dtype);
+// grad_losses: [num_losses], floating, on D's device.
+void check_grad_losses(const at::Tensor& grad_losses, const at::Tensor& D, int64_t num_losses);
 
 } // namespace sol_ext

@@ -212,8 +212,7 @@ at::Tensor order_loss_backward_cpu(
   const at::Tensor labels = labels_in.contiguous();
   const int64_t B = D.size(0), n = D.size(1);
   const int64_t M = num_pairs(B, pairs_in);
-  TORCH_CHECK(grad_losses.dim() == 1 && grad_losses.size(0) == M, "grad_losses must have shape [", M,
-              "], got ", grad_losses.sizes());
+  check_grad_losses(grad_losses, D, M);
   at::Tensor grad_D = at::zeros_like(D);
   if (M == 0) return grad_D;
   const at::Tensor table = ordering_table(n, sigma, tau, parse_convention(convention), at::kDouble, D.device());

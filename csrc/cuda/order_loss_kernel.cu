@@ -641,10 +641,6 @@ at::Tensor order_loss_backward_cuda(
     c10::string_view convention_name) {
   check_order_loss_inputs(D_in, labels_in, pairs_in, sigma, tau, margin);
   TORCH_CHECK(D_in.is_cuda(), "D must be a CUDA tensor, got ", D_in.device());
-  TORCH_CHECK(grad_losses.device() == D_in.device(), "grad_losses must be on D's device ", D_in.device(), ", got ",
-              grad_losses.device());
-  TORCH_CHECK(at::isFloatingType(grad_losses.scalar_type()), "grad_losses must be floating point, got ",
-              grad_losses.scalar_type());
   c10::cuda::CUDAGuard device_guard(D_in.device());
   const Convention convention = parse_convention(convention_name);
   const at::Tensor D = D_in.contiguous();
@@ -652,8 +648,7 @@ at::Tensor order_loss_backward_cuda(
   const int64_t B = D.size(0), n = D.size(1);
   TORCH_CHECK(n <= (1 << 20), "order_loss (CUDA): at most 2^20 ranks, got ", n);
   const int64_t M = num_pairs(B, pairs_in);
-  TORCH_CHECK(grad_losses.dim() == 1 && grad_losses.size(0) == M, "grad_losses must have shape [", M, "], got ",
-              grad_losses.sizes());
+  check_grad_losses(grad_losses, D, M);
   if (M == 0) return at::zeros_like(D, at::MemoryFormat::Contiguous);
   // A stride-0 gradient (the backward of a mean or sum) is read in place, never materialized.
   const at::Tensor g = grad_losses.scalar_type() == D.scalar_type() ? grad_losses : grad_losses.to(D.scalar_type());

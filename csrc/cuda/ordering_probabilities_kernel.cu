@@ -43,13 +43,7 @@ at::Tensor ordering_probabilities_cuda(
     int64_t tau,
     c10::string_view convention,
     at::ScalarType dtype) {
-  TORCH_CHECK(r_x_in.scalar_type() == at::kLong && r_y_in.scalar_type() == at::kLong,
-              "r_x and r_y must be int64, got ", r_x_in.scalar_type(), " and ", r_y_in.scalar_type());
-  TORCH_CHECK(r_x_in.dim() == 1 && r_x_in.sizes() == r_y_in.sizes(),
-              "r_x and r_y must be 1-D of one length, got ", r_x_in.sizes(), " and ", r_y_in.sizes());
-  TORCH_CHECK(r_x_in.device() == r_y_in.device(), "r_x and r_y must be on one device, got ", r_x_in.device(),
-              " and ", r_y_in.device());
-  TORCH_CHECK(at::isFloatingType(dtype), "dtype must be floating point, got ", dtype);
+  check_ordering_probability_inputs(r_x_in, r_y_in, dtype);
   c10::cuda::CUDAGuard device_guard(r_x_in.device());
   const at::Tensor r_x = r_x_in.contiguous();
   const at::Tensor r_y = r_y_in.contiguous();
