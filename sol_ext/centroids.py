@@ -7,6 +7,7 @@ The centroid of rank ``q`` is the P-weighted mean of all training embeddings,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -14,7 +15,8 @@ from torch import nn
 
 from .ops import stochastic_dissimilarity
 
-__all__ = ["embed", "compute_centroids", "predict_ranks", "fill_missing_centroids"]
+__all__ = ["embed", "compute_centroids", "predict_ranks", "fill_missing_centroids",
+           "dissimilarities", "RankPosterior", "fit_rank_posterior", "posterior_median_ranks"]
 
 
 @torch.no_grad()
@@ -140,3 +142,75 @@ def predict_ranks(embeddings: torch.Tensor, centroids: torch.Tensor, sigma: floa
     if not out:
         return torch.zeros(0, dtype=torch.long, device=embeddings.device)
     return torch.cat(out)
+
+
+def dissimilarities(embeddings: torch.Tensor, centroids: torch.Tensor, sigma: float,
+                    batch_size: int = 4096, backend: str = "auto") -> torch.Tensor:
+    """``D [N, n]`` (SPEC §3) of a whole set of embeddings ``[N, d]``, without gradient."""
+    with torch.no_grad():
+        chunks = [stochastic_dissimilarity(embeddings[i:i + batch_size], centroids, sigma=sigma,
+                                           backend=backend)
+                  for i in range(0, embeddings.shape[0], batch_size)]
+    if not chunks:
+        return torch.zeros(0, centroids.shape[0], dtype=centroids.dtype, device=embeddings.device)
+    return torch.cat(chunks)
+
+
+@dataclass(frozen=True)
+class RankPosterior:
+    """``p(q | x) ∝ prior_q * exp(-D[x, q] / temperature)``, fitted by :func:`fit_rank_posterior`.
+
+    Attributes:
+        log_prior: ``[n]`` log label frequencies of the training set (add-``smoothing``).
+        temperature: scale of ``D`` (> 0).
+    """
+
+    log_prior: torch.Tensor
+    temperature: float
+
+
+def fit_rank_posterior(dissimilarity: torch.Tensor, labels: torch.Tensor, num_ranks: int,
+                       smoothing: float = 0.5) -> RankPosterior:
+    """Fit the rank posterior of ``--inference posterior`` on the training set.
+
+    Not in the paper (its eq. 6 is the limit ``temperature -> 0`` with a uniform prior). The
+    prior is the frequency of the current training ranks (plus ``smoothing`` per rank); the
+    temperature maximizes the mean log-likelihood of those ranks over a grid of
+    ``mean_x D[x, r_x] * 2**k``, ``k = -12 … 6``.
+
+    Args:
+        dissimilarity: ``[N, n]`` ``D`` of the training samples.
+        labels: ``[N]`` their current integer ranks.
+        num_ranks: ``n``.
+        smoothing: pseudo-count added to every rank's count (> 0, so no rank has prior 0).
+    """
+    d = dissimilarity.detach().to(torch.float64)
+    labels = labels.to(d.device).long()
+    counts = torch.bincount(labels, minlength=num_ranks).to(torch.float64) + smoothing
+    log_prior = torch.log(counts / counts.sum())
+    rows = torch.arange(labels.numel(), device=d.device)
+    # D is defined up to a per-sample constant for the posterior: shift rows for stability
+    d = d - d.min(dim=1, keepdim=True).values
+    scale = float(d[rows, labels].mean()) if labels.numel() else 0.0
+    if not scale > 0.0:
+        scale = float(d.mean()) if d.numel() and float(d.mean()) > 0 else 1.0
+    best_ll, best_t = -float("inf"), scale
+    for k in range(-12, 7):
+        t = scale * 2.0 ** k
+        ll = float(torch.log_softmax(-d / t + log_prior, dim=1)[rows, labels].mean())
+        if ll > best_ll:
+            best_ll, best_t = ll, t
+    return RankPosterior(log_prior=log_prior.to(dissimilarity.dtype), temperature=best_t)
+
+
+def posterior_median_ranks(dissimilarity: torch.Tensor, posterior: RankPosterior) -> torch.Tensor:
+    """Posterior median rank (it minimizes the expected absolute error) of each row of ``D [N, n]``.
+
+    Returns ``[N]`` int64 ranks in ``0 … n-1``: the first ``q`` whose cumulative posterior
+    reaches 1/2.
+    """
+    d = dissimilarity.detach().to(torch.float64)
+    logits = -(d - d.min(dim=1, keepdim=True).values) / posterior.temperature
+    post = torch.softmax(logits + posterior.log_prior.to(d), dim=1)
+    below_half = post.cumsum(dim=1) < 0.5
+    return below_half.sum(dim=1).clamp(max=d.shape[1] - 1).long()

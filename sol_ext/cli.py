@@ -80,6 +80,11 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
                    help="all pairs of a batch, or the authors' balanced sampler")
     s.add_argument("--pairs-per-class", type=int, default=_DEFAULT.pairs_per_class,
                    help="pairs kept per order relation with --pairs balanced (default: %(default)s)")
+    s.add_argument("--inference", choices=("nearest", "posterior"), default=_DEFAULT.inference,
+                   help="rank read-out of the SOL methods: 'nearest' = argmin_q D[x,q] (paper "
+                        "eq. 6); 'posterior' (not in the paper) = posterior median of "
+                        "p(q|x) ~ freq(q) exp(-D[x,q]/t), prior and t fitted on the training "
+                        "labels; it also drives relabeling (default: %(default)s)")
     r = s.add_mutually_exclusive_group()
     r.add_argument("--refine", dest="refine", action="store_true", default=None,
                    help="relabel outliers after each epoch (default for sol)")

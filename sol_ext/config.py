@@ -17,10 +17,14 @@ from typing import Any, Optional
 from .encoders import ENCODERS
 from .pairs import PAIR_MODES
 
-__all__ = ["METHODS", "NO_NOISE_SIGMA", "TrainConfig", "CONFIG_FIELDS_FREE_ON_RESUME",
-           "config_mismatches"]
+__all__ = ["METHODS", "INFERENCE_MODES", "NO_NOISE_SIGMA", "TrainConfig",
+           "CONFIG_FIELDS_FREE_ON_RESUME", "config_mismatches"]
 
 METHODS = ("sol", "sol-no-noise", "l1", "ce")
+
+# Rank read-out of the SOL methods: the paper's nearest expectation (eq. 6), or the posterior
+# median with a label-frequency prior (an option outside the paper; see TrainConfig.inference).
+INFERENCE_MODES = ("nearest", "posterior")
 
 # sigma of the noise kernel for "sol-no-noise": P[q, j] = exp(-(j-q)^2 / 2e-6) / ... is the
 # identity to float64 precision (the first off-diagonal term is exp(-5e5) = 0), so the loss is
@@ -62,6 +66,9 @@ class TrainConfig:
     pairs: str = "all"                      # "all" pairs of a batch or the authors' "balanced" sampler
     pairs_per_class: int = 32
     refine: Optional[bool] = None           # outlier detection + relabeling; None: on for "sol" only
+    # "nearest": argmin_q D[x, q] (paper eq. 6). "posterior" (not in the paper): posterior median
+    # of p(q|x) ∝ freq(q) exp(-D[x, q]/t), prior and t fitted on the training labels each epoch
+    inference: str = "nearest"
     # optimization
     lr: float = 1e-3
     weight_decay: float = 5e-4
@@ -105,6 +112,8 @@ class TrainConfig:
              f"unknown encoder {self.encoder!r}; expected one of {', '.join(ENCODERS)}.")
         need(self.pairs in PAIR_MODES,
              f"unknown pair set {self.pairs!r}; expected one of {', '.join(PAIR_MODES)}.")
+        need(self.inference in INFERENCE_MODES,
+             f"unknown inference {self.inference!r}; expected one of {', '.join(INFERENCE_MODES)}.")
         need(self.convention in ("paper", "official"),
              f"unknown convention {self.convention!r}; expected 'paper' or 'official'.")
         need(math.isfinite(self.kappa) and self.kappa >= 0,

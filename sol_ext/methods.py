@@ -15,12 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .centroids import predict_ranks
+from .centroids import (RankPosterior, dissimilarities, fit_rank_posterior,
+                        posterior_median_ranks, predict_ranks)
 from .config import TrainConfig
 from .encoders import build_encoder, default_encoder
 from .loss import StochasticOrderLoss
 
-__all__ = ["RankModel", "build_model", "training_loss", "predict"]
+__all__ = ["RankModel", "build_model", "training_loss", "fit_posterior", "predict"]
 
 
 class RankModel(nn.Module):
@@ -84,12 +85,30 @@ def training_loss(config: TrainConfig, model: RankModel, embeddings: torch.Tenso
 
 
 @torch.no_grad()
+def fit_posterior(config: TrainConfig, train_embeddings: torch.Tensor, labels: torch.Tensor,
+                  num_ranks: int, centroids: Optional[torch.Tensor]) -> Optional[RankPosterior]:
+    """The rank posterior of ``config.inference == "posterior"`` (SOL methods), fitted on the
+    whole training set ``[N, d]`` with its current labels ``[N]``; ``None`` otherwise."""
+    if not config.uses_centroids or config.inference != "posterior":
+        return None
+    d = dissimilarities(train_embeddings, centroids, config.kernel_sigma, backend=config.backend)
+    return fit_rank_posterior(d, labels, num_ranks)
+
+
+@torch.no_grad()
 def predict(config: TrainConfig, model: RankModel, embeddings: torch.Tensor, num_ranks: int,
-            centroids: Optional[torch.Tensor]) -> torch.Tensor:
-    """Predicted ranks ``[N]`` int64 in ``0 … n-1`` from embeddings ``[N, d]``."""
+            centroids: Optional[torch.Tensor],
+            posterior: Optional[RankPosterior] = None) -> torch.Tensor:
+    """Predicted ranks ``[N]`` int64 in ``0 … n-1`` from embeddings ``[N, d]``.
+
+    SOL methods: nearest expectation ``argmin_q D[x, q]`` (paper eq. 6), or, given
+    ``posterior`` (from :func:`fit_posterior`), the posterior median rank."""
     if config.method == "l1":
         scaled = model.head(embeddings).squeeze(1) * max(num_ranks - 1, 1)
         return scaled.round().clamp(0, num_ranks - 1).long()
     if config.method == "ce":
         return model.head(embeddings).argmax(dim=1)
+    if posterior is not None:
+        d = dissimilarities(embeddings, centroids, config.kernel_sigma, backend=config.backend)
+        return posterior_median_ranks(d, posterior)
     return predict_ranks(embeddings, centroids, config.kernel_sigma, backend=config.backend)

@@ -24,7 +24,7 @@ from .centroids import compute_centroids, embed
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .metrics import summarize
-from .methods import RankModel, build_model, make_sol_loss, predict, training_loss
+from .methods import RankModel, build_model, fit_posterior, make_sol_loss, predict, training_loss
 from .noise import noise_statistics
 from .ops import noise_kernel
 from .pairs import balanced_pairs, sample_references
@@ -185,7 +185,8 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
                                             device, eval_bs)
         else:
             train_h = embed(model, train_x, eval_bs, device)
-        train_pred = predict(config, model, train_h, n, centroids)
+        posterior = fit_posterior(config, train_h, labels, n, centroids)
+        train_pred = predict(config, model, train_h, n, centroids, posterior)
         record["train_mae_vs_labels"] = float((train_pred - labels).abs().float().mean())
         record["labels_before"] = _label_stats(labels, data.train_clean)
         if config.refines:
@@ -199,7 +200,7 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
 
         # 4. test evaluation against clean labels
         test_h = embed(model, test_x, eval_bs, device)
-        test_pred = predict(config, model, test_h, n, centroids)
+        test_pred = predict(config, model, test_h, n, centroids, posterior)
         record["test"] = _test_metrics(config, data, test_pred)
         history.append(record)
         log(_epoch_line(record, config.epochs))

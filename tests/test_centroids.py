@@ -107,3 +107,42 @@ def test_embed_restores_training_mode_and_keeps_no_graph():
     out = embed(model, x, batch_size=4)
     assert model.training and not out.requires_grad and out.shape == (9, 2)
     torch.testing.assert_close(out, model[0](x).detach())  # eval mode: dropout off
+
+
+def test_eq6_inference_ignores_the_label_prior_and_the_posterior_option_does_not():
+    """Why nearest expectation is over-dispersed on bunched, overlapping ranks (abalone): a
+    1-D embedding that *is* the clean rank plus noise, ranks bunched around the middle.
+    argmin_q D (paper eq. 6) reads the likelihood only, so it predicts rare ranks far more
+    often than they occur; the posterior median with the label-frequency prior
+    (``--inference posterior``) does not, and has a lower MAE."""
+    from sol_ext.centroids import dissimilarities, fit_rank_posterior, posterior_median_ranks
+
+    g = torch.Generator().manual_seed(0)
+    n, N = 20, 4000
+    r = (9 + 3 * torch.randn(N, generator=g)).round().clamp(0, n - 1).long()
+    h = (r.double() + 2.0 * torch.randn(N, generator=g, dtype=torch.float64))[:, None]
+    mu = compute_centroids(h, r, sol_ext.noise_kernel(n, 1.0))
+    d = dissimilarities(h, mu, 1.0, backend="reference")
+    nearest = d.argmin(dim=1)
+    post = fit_rank_posterior(d, r, n)
+    median = posterior_median_ranks(d, post)
+    mae = lambda p: float((p - r).abs().double().mean())
+    extreme = lambda p: int(((p <= 2) | (p >= 17)).sum())
+    assert torch.equal(nearest, predict_ranks(h, mu, 1.0, backend="reference"))
+    assert extreme(nearest) > 3 * extreme(r)          # eq. 6: many predictions at rare ranks
+    assert extreme(median) < extreme(r)
+    assert mae(median) < mae(nearest) - 0.25
+    assert post.temperature > 0 and torch.isclose(post.log_prior.exp().sum(),
+                                                  torch.tensor(1.0, dtype=post.log_prior.dtype))
+
+
+def test_posterior_median_is_the_first_rank_reaching_half_of_the_mass():
+    from sol_ext.centroids import RankPosterior, posterior_median_ranks
+
+    n = 4
+    flat = RankPosterior(log_prior=torch.log(torch.tensor([0.1, 0.2, 0.3, 0.4])), temperature=1.0)
+    # equal D: the posterior is the prior, cumulative 0.1, 0.3, 0.6, 1.0 -> median rank 2
+    assert posterior_median_ranks(torch.zeros(2, n), flat).tolist() == [2, 2]
+    # one rank far closer than the others: the posterior concentrates there
+    d = torch.tensor([[0.0, 50.0, 50.0, 50.0], [50.0, 50.0, 50.0, 0.0]])
+    assert posterior_median_ranks(d, flat).tolist() == [0, 3]

@@ -207,3 +207,13 @@ def test_damaged_checkpoint(tmp_path, capsys):
 def test_vgg_weights_without_vgg_encoder(tmp_path, capsys):
     expect_error(capsys, ["train", "--vgg-weights", "w.pth", "--output", str(tmp_path / "o")],
                  "vgg16bn")
+
+
+def test_posterior_inference_option(tmp_path, capsys):
+    data = tiny_csv(tmp_path / "d.csv")
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--epochs", "1", "--batch-size", "16",
+                 "--embedding-dim", "4", "--hidden", "16", "--inference", "posterior",
+                 "--output", str(out), "--no-plots", "--quiet"]) == 0
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["config"]["inference"] == "posterior"

@@ -141,3 +141,18 @@ def test_vgg16bn_encoder_loads_local_weights(tmp_path):
         build_encoder("vgg16bn", (3, 32, 32), 8, weights=str(path))
     with pytest.raises(FileNotFoundError, match="not found"):
         build_encoder("vgg16bn", (3, 32, 32), 8, weights=str(tmp_path / "missing.pth"))
+
+
+def test_posterior_inference_is_off_by_default_and_trains(tmp_path):
+    """``inference="posterior"`` (not in the paper) is an option; the default stays eq. 6."""
+    assert TrainConfig().inference == "nearest"
+    data = tiny_data()
+    base = train(dataclasses.replace(BASE, epochs=2), data, tmp_path / "a", log=quiet)
+    cfg = dataclasses.replace(BASE, epochs=2, inference="posterior")
+    out = train(cfg, data, tmp_path / "b", log=quiet)
+    assert out.test_pred.shape == (32,) and int(out.test_pred.min()) >= 0
+    assert int(out.test_pred.max()) < 8
+    assert out.results["config"]["inference"] == "posterior"
+    assert base.results["config"]["inference"] == "nearest"
+    with pytest.raises(ValueError, match="inference"):
+        dataclasses.replace(BASE, inference="mean").validate()
