@@ -2,6 +2,8 @@
 # Create .venv, install torch and the other requirements, and build sol_ext against that torch.
 #
 #   TORCH_SPEC   which torch to install (default: torch==2.14.1, a CUDA 13.0 build)
+#   TORCHVISION_SPEC  the torchvision that matches it, for the VGG16-BN encoder (default:
+#                torchvision==0.29.1; "" to skip)
 #   PYTHON       interpreter for the environment (default: python3)
 #   SOL_EXT_CPU_ONLY=1 / SOL_EXT_FORCE_CUDA=1, TORCH_CUDA_ARCH_LIST, MAX_JOBS: see setup.py
 set -euo pipefail
@@ -9,6 +11,11 @@ cd "$(dirname "$0")/.."
 
 "${PYTHON:-python3}" -m venv .venv
 .venv/bin/python -m pip install -q "${TORCH_SPEC:-torch==2.14.1}"
+TORCHVISION_SPEC=${TORCHVISION_SPEC-torchvision==0.29.1}
+if [ -n "$TORCHVISION_SPEC" ]; then
+  # --no-deps: torchvision pins one torch; never let it replace the one chosen above.
+  .venv/bin/python -m pip install -q --no-deps "$TORCHVISION_SPEC"
+fi
 .venv/bin/python -m pip install -q -r requirements.txt
 # --no-build-isolation: compile against the torch just installed, not a throwaway copy (see README).
 MAX_JOBS="${MAX_JOBS:-2}" .venv/bin/python -m pip install -q --no-build-isolation -e .
