@@ -13,7 +13,7 @@ raises; ``"reference"`` always uses :mod:`sol_ext.reference`.
 from __future__ import annotations
 
 import warnings
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch.autograd.function import once_differentiable
