@@ -53,6 +53,7 @@ void check_order_loss_inputs(
     TORCH_CHECK(p.scalar_type() == at::kLong, "pairs must be int64, got ", p.scalar_type());
     TORCH_CHECK(p.dim() == 2 && p.size(1) == 2, "pairs must have shape [M, 2], got ", p.sizes());
     TORCH_CHECK(p.device() == D.device(), "pairs must be on D's device ", D.device(), ", got ", p.device());
+    TORCH_CHECK(p.size(0) == 0 || D.size(0) > 0, "pairs must be empty for an empty batch, got ", p.size(0), " pairs");
     if (p.is_cpu() && p.numel() > 0) {
       const auto [lowest, highest] = at::aminmax(p);
       TORCH_CHECK(lowest.item<int64_t>() >= 0 && highest.item<int64_t>() < D.size(0),

@@ -25,7 +25,8 @@ uint64_t bits_of(double value) {
   return bits;
 }
 
-// Returns the cached tensor for `key`, computing it with `make` on a miss.
+// Returns the cached tensor for `key`, computing it with `make` on a miss. Tables are cast on the CPU
+// and then copied with a blocking copy, so a cached device tensor is complete before any stream reads it.
 template <typename Make>
 at::Tensor cached(const CacheKey& key, Make make) {
   static std::mutex mutex;
@@ -79,7 +80,7 @@ at::Tensor noise_kernel(int64_t n, double sigma, at::ScalarType dtype, at::Devic
   const CacheKey key{0, n, bits_of(sigma), 0, 0, static_cast<int>(dtype),
                      static_cast<int>(device.type()), device.has_index() ? device.index() : -1};
   return cached(key, [&] {
-    return to_tensor(noise_kernel_values(n, sigma), {n, n}).to(device, dtype);
+    return to_tensor(noise_kernel_values(n, sigma), {n, n}).to(dtype).to(device);
   });
 }
 
@@ -121,7 +122,7 @@ at::Tensor ordering_table(
         }
       }
     });
-    return to_tensor(table, {n, n, 3}).to(device, dtype);
+    return to_tensor(table, {n, n, 3}).to(dtype).to(device);
   });
 }
 
