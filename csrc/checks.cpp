@@ -91,4 +91,20 @@ void check_grad_losses(const at::Tensor& grad_losses, const at::Tensor& D, int64
               num_losses, "], got ", grad_losses.sizes());
 }
 
+OrderLossProblem prepare_order_loss(
+    const at::Tensor& D,
+    const at::Tensor& labels,
+    const std::optional<at::Tensor>& pairs,
+    double sigma,
+    int64_t tau,
+    double margin,
+    std::string_view convention) {
+  check_order_loss_inputs(D, labels, pairs, sigma, tau, margin);
+  std::optional<at::Tensor> contiguous_pairs;
+  if (pairs.has_value()) contiguous_pairs = pairs->contiguous();
+  const int64_t B = D.size(0);
+  return {D.contiguous(),           labels.contiguous(),  contiguous_pairs, B, D.size(1),
+          num_pairs(B, pairs), parse_convention(convention)};
+}
+
 } // namespace sol_ext

@@ -60,6 +60,27 @@ SmoothedCentroids smooth_centroids(const at::Tensor& mu, double sigma);
 // Number of pairs the order loss sees: B(B-1)/2 for all pairs, else pairs.size(0).
 int64_t num_pairs(int64_t batch_size, const std::optional<at::Tensor>& pairs);
 
+// An order-loss call after the shared checks: contiguous inputs, sizes, and the parsed convention.
+// Each backend then fetches the probability table in the precision it accumulates in.
+struct OrderLossProblem {
+  at::Tensor D, labels;             // [B,n], [B]
+  std::optional<at::Tensor> pairs;  // [M,2] or none (all pairs)
+  int64_t B, n, M;
+  Convention convention;
+
+  at::Tensor table(double sigma, int64_t tau, at::ScalarType dtype) const {
+    return ordering_table(n, sigma, tau, convention, dtype, D.device());
+  }
+};
+OrderLossProblem prepare_order_loss(
+    const at::Tensor& D,
+    const at::Tensor& labels,
+    const std::optional<at::Tensor>& pairs,
+    double sigma,
+    int64_t tau,
+    double margin,
+    std::string_view convention);
+
 // Last-guard argument checks shared by every backend (the Python layer validates first).
 void check_labels(const at::Tensor& labels, int64_t batch_size, int64_t num_ranks);
 void check_dissimilarity_inputs(const at::Tensor& h, const at::Tensor& mu, double sigma);

@@ -142,10 +142,9 @@ class RowAccumulator {
 };
 
 template <typename scalar_t>
-PairContext<scalar_t> make_context(
-    const at::Tensor& D, const at::Tensor& labels, const at::Tensor& table, double margin, c10::string_view convention) {
-  return {D.data_ptr<scalar_t>(), labels.data_ptr<int64_t>(), table.data_ptr<double>(), D.size(1),
-          static_cast<scalar_t>(margin), parse_convention(convention) == Convention::Official};
+PairContext<scalar_t> make_context(const OrderLossProblem& problem, const at::Tensor& table, double margin) {
+  return {problem.D.data_ptr<scalar_t>(), problem.labels.data_ptr<int64_t>(), table.data_ptr<double>(), problem.n,
+          static_cast<scalar_t>(margin), problem.convention == Convention::Official};
 }
 
 // First pair (a, b) of the all-pairs order at linear index m.
@@ -166,22 +165,18 @@ at::Tensor order_loss_cpu(
     int64_t tau,
     double margin,
     c10::string_view convention) {
-  check_order_loss_inputs(D_in, labels_in, pairs_in, sigma, tau, margin);
-  const at::Tensor D = D_in.contiguous();
-  const at::Tensor labels = labels_in.contiguous();
-  const int64_t B = D.size(0), n = D.size(1);
-  const int64_t M = num_pairs(B, pairs_in);
-  at::Tensor losses = at::empty({M}, D.options());
+  const OrderLossProblem problem = prepare_order_loss(D_in, labels_in, pairs_in, sigma, tau, margin, convention);
+  const int64_t B = problem.B, n = problem.n, M = problem.M;
+  at::Tensor losses = at::empty({M}, problem.D.options());
   if (M == 0) return losses;
-  const at::Tensor table = ordering_table(n, sigma, tau, parse_convention(convention), at::kDouble, D.device());
+  const at::Tensor table = problem.table(sigma, tau, at::kDouble);
 
-  AT_DISPATCH_FLOATING_TYPES(D.scalar_type(), "order_loss_cpu", [&] {
-    const auto ctx = make_context<scalar_t>(D, labels, table, margin, convention);
+  AT_DISPATCH_FLOATING_TYPES(problem.D.scalar_type(), "order_loss_cpu", [&] {
+    const auto ctx = make_context<scalar_t>(problem, table, margin);
     scalar_t* out = losses.data_ptr<scalar_t>();
     const int64_t grain = std::max<int64_t>(1, 32768 / n);
-    if (pairs_in.has_value()) {
-      const at::Tensor pairs = pairs_in->contiguous();
-      const int64_t* p = pairs.data_ptr<int64_t>();
+    if (problem.pairs.has_value()) {
+      const int64_t* p = problem.pairs->data_ptr<int64_t>();
       at::parallel_for(0, M, grain, [&](int64_t begin, int64_t end) {
         for (int64_t m = begin; m < end; ++m) out[m] = scalar_t(ctx.loss(p[2 * m], p[2 * m + 1]));
       });
@@ -207,27 +202,22 @@ at::Tensor order_loss_backward_cpu(
     int64_t tau,
     double margin,
     c10::string_view convention) {
-  check_order_loss_inputs(D_in, labels_in, pairs_in, sigma, tau, margin);
-  const at::Tensor D = D_in.contiguous();
-  const at::Tensor labels = labels_in.contiguous();
-  const int64_t B = D.size(0), n = D.size(1);
-  const int64_t M = num_pairs(B, pairs_in);
-  check_grad_losses(grad_losses, D, M);
-  at::Tensor grad_D = at::zeros_like(D);
+  const OrderLossProblem problem = prepare_order_loss(D_in, labels_in, pairs_in, sigma, tau, margin, convention);
+  const int64_t B = problem.B, n = problem.n, M = problem.M;
+  check_grad_losses(grad_losses, problem.D, M);
+  at::Tensor grad_D = at::zeros_like(problem.D);
   if (M == 0) return grad_D;
-  const at::Tensor table = ordering_table(n, sigma, tau, parse_convention(convention), at::kDouble, D.device());
+  const at::Tensor table = problem.table(sigma, tau, at::kDouble);
   // A stride-0 gradient (the backward of a mean or sum) is read in place, never materialized.
-  const at::Tensor g = grad_losses.to(D.scalar_type());
+  const at::Tensor g = grad_losses.to(problem.D.scalar_type());
   const int64_t g_stride = g.stride(0);
 
   // For each row x, the pairs that touch it, as (pair index, +1 if x is the pair's first element
   // else -1). Rows of all pairs are implicit; explicit pairs get a CSR list in pair order.
   std::vector<int64_t> row_start, entries;
   const int64_t* p = nullptr;
-  at::Tensor pairs;
-  if (pairs_in.has_value()) {
-    pairs = pairs_in->contiguous();
-    p = pairs.data_ptr<int64_t>();
+  if (problem.pairs.has_value()) {
+    p = problem.pairs->data_ptr<int64_t>();
     row_start.assign(B + 1, 0);
     for (int64_t m = 0; m < M; ++m) {
       if (p[2 * m] == p[2 * m + 1]) continue;  // x == y: delta is 0 whatever D is, so no gradient
@@ -244,8 +234,8 @@ at::Tensor order_loss_backward_cpu(
     }
   }
 
-  AT_DISPATCH_FLOATING_TYPES(D.scalar_type(), "order_loss_backward_cpu", [&] {
-    const auto ctx = make_context<scalar_t>(D, labels, table, margin, convention);
+  AT_DISPATCH_FLOATING_TYPES(problem.D.scalar_type(), "order_loss_backward_cpu", [&] {
+    const auto ctx = make_context<scalar_t>(problem, table, margin);
     const scalar_t* g_ptr = g.data_ptr<scalar_t>();
     scalar_t* out = grad_D.data_ptr<scalar_t>();
     const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, M / B * n));
@@ -253,7 +243,7 @@ at::Tensor order_loss_backward_cpu(
       RowAccumulator<at::opmath_type<scalar_t>> row(n);
       for (int64_t x = begin; x < end; ++x) {
         row.reset();
-        if (pairs_in.has_value()) {
+        if (p != nullptr) {
           for (int64_t e = row_start[x]; e < row_start[x + 1]; ++e) {
             const int64_t m = entries[e] / 2;
             const acc_t sign = entries[e] % 2 == 0 ? 1 : -1;

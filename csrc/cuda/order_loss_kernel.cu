@@ -461,17 +461,31 @@ at::ScalarType table_dtype(at::ScalarType dtype) {
 }
 
 template <typename scalar_t>
-LossArgs<scalar_t> make_args(const at::Tensor& D, const at::Tensor& labels, const at::Tensor& table, double margin,
-                             Convention convention) {
+LossArgs<scalar_t> make_args(const OrderLossProblem& problem, const at::Tensor& table, double margin) {
   LossArgs<scalar_t> args;
-  args.D = D.data_ptr<scalar_t>();
-  args.labels = labels.data_ptr<int64_t>();
+  args.D = problem.D.data_ptr<scalar_t>();
+  args.labels = problem.labels.data_ptr<int64_t>();
   args.table = table.data_ptr<acc_type<scalar_t>>();
-  args.B = D.size(0);
-  args.n = static_cast<int>(D.size(1));
+  args.B = problem.B;
+  args.n = static_cast<int>(problem.n);
   args.gamma = static_cast<scalar_t>(margin);
-  args.official = convention == Convention::Official;
+  args.official = problem.convention == Convention::Official;
   return args;
+}
+
+// The shared checks and preparation, plus the CUDA kernels' limit on n (ranks are int there).
+// Call it under the device guard: making inputs contiguous may launch copies.
+OrderLossProblem prepare_cuda(
+    const at::Tensor& D,
+    const at::Tensor& labels,
+    const std::optional<at::Tensor>& pairs,
+    double sigma,
+    int64_t tau,
+    double margin,
+    c10::string_view convention) {
+  OrderLossProblem problem = prepare_order_loss(D, labels, pairs, sigma, tau, margin, convention);
+  TORCH_CHECK(problem.n <= (1 << 20), "order_loss (CUDA): at most 2^20 ranks, got ", problem.n);
+  return problem;
 }
 
 // Forward micro-tile: 4x4 pairs per warp (48 accumulators); 4x2 in float64 to bound registers.
@@ -602,23 +616,19 @@ at::Tensor order_loss_cuda(
     int64_t tau,
     double margin,
     c10::string_view convention_name) {
-  check_order_loss_inputs(D_in, labels_in, pairs_in, sigma, tau, margin);
   TORCH_CHECK(D_in.is_cuda(), "D must be a CUDA tensor, got ", D_in.device());
   c10::cuda::CUDAGuard device_guard(D_in.device());
-  const Convention convention = parse_convention(convention_name);
-  const at::Tensor D = D_in.contiguous();
-  const at::Tensor labels = labels_in.contiguous();
-  const int64_t B = D.size(0), n = D.size(1);
-  TORCH_CHECK(n <= (1 << 20), "order_loss (CUDA): at most 2^20 ranks, got ", n);
-  const int64_t M = num_pairs(B, pairs_in);
+  const OrderLossProblem problem = prepare_cuda(D_in, labels_in, pairs_in, sigma, tau, margin, convention_name);
+  const at::Tensor& D = problem.D;
+  const int64_t M = problem.M;
   at::Tensor losses = at::empty({M}, D.options());
   if (M == 0) return losses;
-  const at::Tensor table = ordering_table(n, sigma, tau, convention, table_dtype(D.scalar_type()), D.device());
+  const at::Tensor table = problem.table(sigma, tau, table_dtype(D.scalar_type()));
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, D.scalar_type(), "order_loss_cuda", [&] {
-    const LossArgs<scalar_t> args = make_args<scalar_t>(D, labels, table, margin, convention);
-    if (pairs_in.has_value()) {
-      const at::Tensor pairs = pairs_in->contiguous();
+    const LossArgs<scalar_t> args = make_args<scalar_t>(problem, table, margin);
+    if (problem.pairs.has_value()) {
+      const at::Tensor& pairs = *problem.pairs;
       const int64_t blocks = cuda::ceil_div(cuda::ceil_div(M, kPairsPerWarp), kWarpsPerBlock);
       order_loss_pairs_forward_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(
           args, pairs.data_ptr<int64_t>(), M, losses.data_ptr<scalar_t>());
@@ -639,38 +649,34 @@ at::Tensor order_loss_backward_cuda(
     int64_t tau,
     double margin,
     c10::string_view convention_name) {
-  check_order_loss_inputs(D_in, labels_in, pairs_in, sigma, tau, margin);
   TORCH_CHECK(D_in.is_cuda(), "D must be a CUDA tensor, got ", D_in.device());
   c10::cuda::CUDAGuard device_guard(D_in.device());
-  const Convention convention = parse_convention(convention_name);
-  const at::Tensor D = D_in.contiguous();
-  const at::Tensor labels = labels_in.contiguous();
-  const int64_t B = D.size(0), n = D.size(1);
-  TORCH_CHECK(n <= (1 << 20), "order_loss (CUDA): at most 2^20 ranks, got ", n);
-  const int64_t M = num_pairs(B, pairs_in);
+  const OrderLossProblem problem = prepare_cuda(D_in, labels_in, pairs_in, sigma, tau, margin, convention_name);
+  const at::Tensor& D = problem.D;
+  const int64_t B = problem.B, n = problem.n, M = problem.M;
   check_grad_losses(grad_losses, D, M);
   if (M == 0) return at::zeros_like(D, at::MemoryFormat::Contiguous);
   // A stride-0 gradient (the backward of a mean or sum) is read in place, never materialized.
   const at::Tensor g = grad_losses.scalar_type() == D.scalar_type() ? grad_losses : grad_losses.to(D.scalar_type());
-  const at::Tensor table = ordering_table(n, sigma, tau, convention, table_dtype(D.scalar_type()), D.device());
+  const at::Tensor table = problem.table(sigma, tau, table_dtype(D.scalar_type()));
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
-  if (!pairs_in.has_value()) {
+  if (!problem.pairs.has_value()) {
     at::Tensor grad_D = at::empty_like(D, at::MemoryFormat::Contiguous);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, D.scalar_type(), "order_loss_backward_cuda", [&] {
-      const LossArgs<scalar_t> args = make_args<scalar_t>(D, labels, table, margin, convention);
+      const LossArgs<scalar_t> args = make_args<scalar_t>(problem, table, margin);
       launch_all_pairs_backward<scalar_t>(args, g, grad_D, stream);
     });
     return grad_D;
   }
 
-  const at::Tensor pairs = pairs_in->contiguous();
+  const at::Tensor& pairs = *problem.pairs;
   if (at::globalContext().deterministicAlgorithms()) {
     const auto [row_start, entries] = pair_incidence(pairs, B);
     at::Tensor grad_D = at::empty_like(D, at::MemoryFormat::Contiguous);
     const int64_t blocks = cuda::ceil_div(B, kWarpsPerBlock);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, D.scalar_type(), "order_loss_backward_cuda", [&] {
-      const LossArgs<scalar_t> args = make_args<scalar_t>(D, labels, table, margin, convention);
+      const LossArgs<scalar_t> args = make_args<scalar_t>(problem, table, margin);
       order_loss_pairs_backward_rows_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(
           args, pairs.data_ptr<int64_t>(), row_start.data_ptr<int64_t>(), entries.data_ptr<int64_t>(),
           g.data_ptr<scalar_t>(), g.stride(0), grad_D.data_ptr<scalar_t>());
@@ -683,7 +689,7 @@ at::Tensor order_loss_backward_cuda(
   at::Tensor grad_acc = at::zeros({B, n}, D.options().dtype(table_dtype(D.scalar_type())));
   const int64_t blocks = cuda::ceil_div(cuda::ceil_div(M, kPairsPerWarp), kWarpsPerBlock);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, D.scalar_type(), "order_loss_backward_cuda", [&] {
-    const LossArgs<scalar_t> args = make_args<scalar_t>(D, labels, table, margin, convention);
+    const LossArgs<scalar_t> args = make_args<scalar_t>(problem, table, margin);
     order_loss_pairs_backward_atomic_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(
         args, pairs.data_ptr<int64_t>(), M, g.data_ptr<scalar_t>(), g.stride(0),
         grad_acc.data_ptr<acc_type<scalar_t>>());
