@@ -4,14 +4,14 @@
 #
 #   bash benchmarks/gpu_check.sh              # from the repository root (any cwd works)
 #
-# Environment: PYTHON (default python), OUT (logs and bench JSON are copied there when set),
+# Environment: PYTHON (default python3), OUT (logs and bench JSON are copied there when set),
 # TORCH_CUDA_ARCH_LIST (default: the compute capability nvidia-smi reports), MAX_JOBS (default nproc),
 # PYTEST_ARGS (default "-q tests"), BENCH_SIZES (default: the three performance targets).
 # Needs no network. Budget: build ~2-3 min, tests ~2-4 min, bench ~1-2 min.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
 LOG=${OUT:-${TMPDIR:-/tmp}/sol_ext_gpu_check}
 mkdir -p "$LOG"
 declare -A STATUS SECONDS_TAKEN
