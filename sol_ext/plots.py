@@ -62,7 +62,10 @@ def plot_learning_curves(history: Sequence[dict[str, Any]], path: Path, title: s
     axes[1].legend(fontsize=8)
     axes[2].bar(epochs, [r["relabeled"] for r in history])
     axes[2].set(title="labels relabeled", xlabel="epoch")
+    for ax in axes:
+        ax.xaxis.get_major_locator().set_params(integer=True)  # epochs are whole numbers
     fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))  # keep the subplot titles clear of the figure title
     save_figure(fig, path)
 
 
