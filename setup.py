@@ -43,7 +43,8 @@ try:
     from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 except ImportError:
     sys.exit(
-        "sol_ext builds against the installed torch, and none is importable here.\n"
+        "sol_ext builds against the installed torch, and none is importable here (pip's default\n"
+        "isolated build environment does not see the torch you installed).\n"
         "Install torch first, then build without build isolation so that the extension is compiled\n"
         "against that same torch:\n"
         "    pip install torch\n"
