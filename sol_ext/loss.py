@@ -30,7 +30,8 @@ class StochasticOrderLoss(nn.Module):
         backend: ``"auto"``, ``"fused"`` or ``"reference"`` (see :mod:`sol_ext.ops`).
 
     ``forward(h, labels, mu, pairs=None)``: ``pairs`` is ``None`` for all pairs of the batch, or integer
-    ``[M, 2]`` batch indices. Gradients flow to ``h`` and ``mu``. Returns a scalar in ``h``'s dtype.
+    ``[M, 2]`` batch indices. Gradients flow to ``h`` and ``mu``. Returns a scalar in ``h``'s dtype, or in float32 when ``h`` is
+    float16/bfloat16 (reductions accumulate in float32: a float16 sum overflows at 65,504).
     """
 
     def __init__(

@@ -254,8 +254,9 @@ def order_loss(
         convention: ``"paper"`` or ``"official"`` (the authors' code, SPEC §10).
         reduction: ``"mean"`` over pairs, ``"sum"``, or ``"none"`` for the ``[M]`` per-pair losses.
 
-    Returns a scalar (or ``[M]``) in ``D``'s dtype; an empty pair set gives 0. Differentiable with
-    respect to ``D``.
+    Returns a scalar (or ``[M]``) in ``D``'s dtype, except that a reduced float16/bfloat16 loss is summed
+    and returned in float32 (see :func:`sol_ext.reference.reduce_losses`); an empty pair set gives 0.
+    Differentiable with respect to ``D``.
 
     Determinism of the fused backward: on the CPU always (each row of ``dD`` is summed by one worker,
     no atomics). On CUDA, all pairs (``pairs=None``): always, bitwise reproducible (one warp owns each
@@ -289,7 +290,7 @@ def disc_loss(
         D: ``[B, n]`` stochastic dissimilarities. labels: ``[B]`` 0-based integer ranks.
         T: neighbour range, int >= 1. reduction: ``"mean"`` over samples, ``"sum"`` or ``"none"`` (``[B]``).
 
-    Linear in ``D`` and possibly negative; an empty batch gives 0.
+    Linear in ``D`` and possibly negative; an empty batch gives 0. Reduced in float32 for float16/bfloat16 ``D``.
     """
     check.check_same_device(D=D, labels=labels)
     check.check_dissimilarities(D)

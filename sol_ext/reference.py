@@ -140,8 +140,13 @@ def disc_loss(D: torch.Tensor, labels: torch.Tensor, T: int = 1, reduction: str 
 
 
 def reduce_losses(losses: torch.Tensor, reduction: str) -> torch.Tensor:
-    """``"none"``: as is; ``"sum"``; ``"mean"``, where an empty set gives 0 rather than NaN (SPEC §7)."""
+    """``"none"``: as is; ``"sum"``; ``"mean"``, where an empty set gives 0 rather than NaN (SPEC §7).
+
+    ``"sum"`` and ``"mean"`` accumulate in float32 or wider and return float32 for float16/bfloat16
+    losses: their sum passes float16's largest value (65,504) at ordinary batch sizes, and bfloat16
+    keeps 8 bits. Other dtypes come back as they are. The gradient reaches ``losses`` in their dtype.
+    """
     if reduction == "none":
         return losses
-    total = losses.sum()
+    total = losses.sum(dtype=torch.promote_types(losses.dtype, torch.float32))
     return total / max(losses.shape[0], 1) if reduction == "mean" else total

@@ -113,7 +113,7 @@ def test_half_module_runs_fused_and_is_finite():
         labels = random_labels(B, n, gen, "cuda")
         loss = sol_ext.StochasticOrderLoss(n, backend="fused")(h, labels, mu)
         dh, dmu = torch.autograd.grad(loss, (h, mu))
-        assert loss.dtype == dh.dtype == dmu.dtype == dtype
+        assert loss.dtype == torch.float32 and dh.dtype == dmu.dtype == dtype  # reduced in float32
         assert torch.isfinite(loss) and torch.isfinite(dh).all() and torch.isfinite(dmu).all()
 
 
@@ -358,3 +358,17 @@ def test_empty_inputs_on_cuda(B, explicit):
     empty_g = torch.zeros(0, device="cuda", dtype=torch.float32)
     grad = ops._order_loss_backward(empty_g, D.detach(), labels, pairs, 1.0, 1, 0.25, "paper")
     assert grad.shape == (B, n) and (grad == 0).all()
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_half_fused_reductions_accumulate_in_float32(dtype):
+    """The B = 48, n = 20 float16 per-pair losses sum past 65,504; the reduced loss is float32 and exact."""
+    D, labels, _ = inputs(48, 20, seed=3, explicit=False, dtype=dtype)
+    losses = sol_ext.order_loss(D, labels, reduction="none", backend="fused")
+    assert losses.dtype == dtype and torch.isfinite(losses).all()
+    for reduction, count in (("sum", 1), ("mean", losses.shape[0])):
+        total = sol_ext.order_loss(D, labels, reduction=reduction, backend="fused")
+        assert total.dtype == torch.float32
+        torch.testing.assert_close(total.double(), losses.double().sum() / count, rtol=1e-6, atol=0)
+    if dtype == torch.float16:
+        assert losses.double().sum() > torch.finfo(torch.float16).max
