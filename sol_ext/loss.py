@@ -8,7 +8,7 @@ from torch import nn
 
 from . import _validation as check
 from . import reference
-from .ops import _disc_losses, _dissimilarity, _order_losses, _use_fused
+from .ops import _check_dissimilarities_finite, _disc_losses, _dissimilarity, _order_losses, _use_fused
 
 
 class StochasticOrderLoss(nn.Module):
@@ -71,6 +71,7 @@ class StochasticOrderLoss(nn.Module):
 
         fused = _use_fused(self.backend, "StochasticOrderLoss", h.device, h.dtype)
         D = _dissimilarity(h, mu, self.sigma, fused)
+        _check_dissimilarities_finite(D, h, mu)
         order = _order_losses(D, labels, pairs, self.sigma, self.tau, self.margin, self.convention, fused)
         disc = _disc_losses(D, labels, self.T, fused)
         return reference.reduce_losses(order, self.reduction) + self.disc_weight * reference.reduce_losses(

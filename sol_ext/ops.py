@@ -12,6 +12,7 @@ raises; ``"reference"`` always uses :mod:`sol_ext.reference`.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Optional
 
@@ -139,6 +140,21 @@ def _dissimilarity(h, mu, sigma, fused: bool):
     return reference.stochastic_dissimilarity(h, mu, sigma)
 
 
+def _check_dissimilarities_finite(D: torch.Tensor, h: torch.Tensor, mu: torch.Tensor) -> None:
+    """Finite ``h`` and ``mu`` can still give an inf ``D`` (squared distances past the dtype's range), and
+    the order loss then turns ``inf - inf`` into NaN: refuse it here, as :func:`order_loss` refuses an inf ``D``."""
+    if check._tracing() or D.numel() == 0:
+        return
+    if not all(math.isfinite(v) for v in torch.stack(torch.aminmax(D.detach())).tolist()):
+        bad = int((~torch.isfinite(D)).sum())
+        largest = max(h.detach().abs().max().item(), mu.detach().abs().max().item())
+        raise ValueError(
+            f"the stochastic dissimilarities of h and mu overflow {D.dtype}: {bad} of D's {D.numel()} values "
+            f"are inf or NaN although h and mu are finite (largest |value| {largest:.3g}); scale the embeddings "
+            "down or compute in float64"
+        )
+
+
 def _order_losses(D, labels, pairs, sigma, tau, margin, convention, fused: bool):
     """Per-pair losses ``[M]``."""
     if fused:
@@ -176,7 +192,9 @@ def stochastic_dissimilarity(
     check.check_embeddings(h, mu)
     sigma = check.check_positive_float("sigma", sigma)
     fused = _use_fused(backend, "stochastic_dissimilarity", h.device, h.dtype)
-    return _dissimilarity(h, mu, sigma, fused)
+    D = _dissimilarity(h, mu, sigma, fused)
+    _check_dissimilarities_finite(D, h, mu)
+    return D
 
 
 def ordering_probabilities(
