@@ -8,7 +8,9 @@ on it, and predictions go back to label units with :meth:`RankEncoder.decode`.
 Sources (nothing is downloaded):
 
 - ``load_abalone()``: the UCI Abalone data shipped with the package (rings 1–29, 4177 samples).
-- ``load_csv(path, label_column)``: a table of numeric feature columns and a label column.
+- ``load_wine_red()``: the UCI Wine Quality red data shipped with the package (quality 3–8, 1599 wines).
+- ``load_csv(path, label_column)``: a table of numeric feature columns and a label column; comma,
+  semicolon or tab delimited (detected from the header, or ``delimiter=``).
 - ``load_npz(path)``: precomputed embeddings ``[N, d]`` (key ``embeddings`` or ``features``) and ``labels``.
 - ``load_image_folder(csv_path)``: images listed in a CSV of ``(path, label)`` rows.
 - ``load_fashion_mnist_degradation()``: Fashion-MNIST images blurred or noised to a level 0…K-1, the rank.
@@ -22,9 +24,11 @@ import csv
 import dataclasses
 import gzip
 import io
+import itertools
 import math
+import re
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +38,8 @@ import torch
 
 __all__ = [
     "RankEncoder", "OrdinalDataset", "infer_step",
-    "load_abalone", "load_csv", "load_npz", "load_image_folder", "load_fashion_mnist_degradation",
+    "load_abalone", "load_wine_red", "load_csv", "load_npz", "load_image_folder",
+    "load_fashion_mnist_degradation",
     "degradation_strengths", "load_dataset", "load_train_test", "split_indices", "train_test_split",
     "standardize",
     "DATASETS_DIR", "FASHION_MNIST_DIR", "FASHION_MNIST_INSTALL",
@@ -49,6 +54,9 @@ FASHION_MNIST_INSTALL = "apt-get install -y dataset-fashion-mnist"
 MAX_INFERRED_RANKS = 1000
 
 KINDS = ("tabular", "embeddings", "images")
+# Delimiters told apart when a CSV's delimiter is not given, in order of preference on a tie.
+SNIFFED_DELIMITERS = (",", ";", "\t")
+_DELIMITER_NAMES = {"comma": ",", "semicolon": ";", "tab": "\t", "\\t": "\t"}
 _MISSING = {"", "na", "nan", "n/a", "null", "none", "?"}
 
 
@@ -326,13 +334,68 @@ def _open_text(path: Path) -> io.TextIOBase:
     return open(path, newline="", encoding="utf-8-sig")
 
 
-def _read_csv(path: str | Path) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of a CSV (``.csv`` or ``.csv.gz``), cells stripped; rows checked for length."""
+def _check_delimiter(delimiter: str | None) -> str | None:
+    """A given CSV delimiter as one character (the names "comma", "semicolon", "tab" allowed), or None."""
+    if delimiter is None:
+        return None
+    if isinstance(delimiter, str):
+        d = _DELIMITER_NAMES.get(delimiter.lower(), delimiter)
+        if len(d) == 1 and (d == "\t" or not (d.isalnum() or d.isspace() or d in "\"'.+-")):
+            return d
+    raise ValueError(f"delimiter must be one character such as ',', ';', '\\t' or '|' (or one of the names "
+                     f"'comma', 'semicolon', 'tab'), or None to detect it from the header; got {delimiter!r}")
+
+
+def _sniff_delimiter(lines: Sequence[str]) -> str:
+    """The delimiter of a CSV, one of ``SNIFFED_DELIMITERS``, from its header and first data line.
+
+    Each candidate is counted outside double quotes, so quoted names that hold one (UCI's
+    ``"fixed acidity";"volatile acidity"``) do not count. Preferred are candidates found as often in
+    the header as in the first data line; among them (or else among all found in the header) the most
+    frequent wins, ties going to the earlier of comma, semicolon, tab. A header with none is one
+    column: comma.
+    """
+    counts = [[re.sub(r'"[^"]*"', "", line).count(d) for d in SNIFFED_DELIMITERS] for line in lines[:2]]
+    if not counts:
+        return ","
+    header = counts[0]
+    found = [k for k, c in enumerate(header) if c > 0]
+    steady = [k for k in found if len(counts) < 2 or counts[1][k] == header[k]]
+    pool = steady or found
+    if not pool:
+        return ","
+    return SNIFFED_DELIMITERS[max(pool, key=lambda k: (header[k], -k))]
+
+
+def _with_delimiter(fh: io.TextIOBase, delimiter: str | None) -> tuple[Iterator[str], str]:
+    """The lines of ``fh`` and its delimiter: ``delimiter`` if given, else sniffed from the first lines."""
+    lines: Iterator[str] = iter(fh)
+    if delimiter is not None:
+        return lines, delimiter
+    head, filled = [], []
+    for line in lines:
+        head.append(line)
+        if line.strip():
+            filled.append(line)
+            if len(filled) == 2:
+                break
+    return itertools.chain(head, lines), _sniff_delimiter(filled)
+
+
+def _read_csv(path: str | Path, delimiter: str | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of a CSV (``.csv`` or ``.csv.gz``), cells stripped; rows checked for length.
+
+    ``delimiter``: one character (or "comma", "semicolon", "tab"); None detects comma, semicolon or tab
+    from the header line (:func:`_sniff_delimiter`).
+    """
     path = Path(path)
+    delimiter = _check_delimiter(delimiter)
     if not path.is_file():
         raise FileNotFoundError(f"CSV file not found: {path}")
     with _open_text(path) as fh:
-        rows = [[c.strip() for c in row] for row in csv.reader(fh) if any(c.strip() for c in row)]
+        lines, delimiter = _with_delimiter(fh, delimiter)
+        rows = [[c.strip() for c in row] for row in csv.reader(lines, delimiter=delimiter)
+                if any(c.strip() for c in row)]
     if not rows:
         raise ValueError(f"{path} is empty: expected a header row and at least one data row")
     header, body = rows[0], rows[1:]
@@ -341,13 +404,15 @@ def _read_csv(path: str | Path) -> tuple[list[str], list[list[str]]]:
     for i, row in enumerate(body):
         if len(row) != len(header):
             raise ValueError(f"{path}, data row {i + 1}: {len(row)} cells but the header has {len(header)} "
-                             "columns")
+                             f"columns (read with delimiter {delimiter!r}; pass delimiter= if that is wrong)")
     return header, body
 
 
 def _column(header: list[str], name: str, path: Path, role: str) -> int:
     if name not in header:
-        raise ValueError(f"{path} has no {role} column {name!r}; its columns are {header}. "
+        hint = (" The header was read as one column: if its cells are separated by some other character, "
+                "pass it as delimiter=." if len(header) == 1 else "")
+        raise ValueError(f"{path} has no {role} column {name!r}; its columns are {header}.{hint} "
                          f"Pass the right name with {role}_column=")
     return header.index(name)
 
@@ -408,7 +473,7 @@ def load_csv(path: str | Path, label_column: str = "label", feature_columns: Seq
              step: float | None = None, min_value: float | None = None, max_value: float | None = None,
              *, encoder: RankEncoder | None = None,
              categorical: Sequence[str] | Mapping[str, Sequence[str]] = (),
-             name: str | None = None) -> OrdinalDataset:
+             name: str | None = None, delimiter: str | None = None) -> OrdinalDataset:
     """A tabular dataset from a CSV (``.csv`` or ``.csv.gz``) with a header row.
 
     Args:
@@ -420,13 +485,16 @@ def load_csv(path: str | Path, label_column: str = "label", feature_columns: Seq
         categorical: columns to one-hot encode, either names (categories = sorted distinct values) or
             ``{name: categories}`` (use this when train and test files must get the same columns).
         name: dataset name; default the file stem.
+        delimiter: the cell separator, one character (``","``, ``";"``, ``"\\t"``, ``"|"``, …) or
+            ``"comma"``/``"semicolon"``/``"tab"``; default None detects comma, semicolon or tab from the
+            header line (quoted names allowed, as in UCI's semicolon files).
 
     Returns:
         ``OrdinalDataset`` of kind "tabular" with raw (unscaled) float32 features ``[N, F]``; scale them
         with :func:`standardize` after splitting.
     """
     path = Path(path)
-    header, body = _read_csv(path)
+    header, body = _read_csv(path, delimiter)
     j = _column(header, label_column, path, "label")
     values = _parse_labels(body, j, label_column, path)
     if feature_columns is None:
@@ -465,6 +533,18 @@ def load_abalone() -> OrdinalDataset:
     return load_csv(DATASETS_DIR / "abalone.csv.gz", label_column="Rings",
                     encoder=RankEncoder(min_value=1.0, step=1.0, num_ranks=29),
                     categorical={"Sex": ABALONE_SEX}, name="abalone")
+
+
+def load_wine_red() -> OrdinalDataset:
+    """UCI Wine Quality, red (Cortez et al. 2009, CC BY 4.0), shipped (``sol_ext/datasets/WINE_QUALITY.md``).
+
+    1599 wines; label: ``quality`` 3–8 on a step-1 grid (6 ranks, imbalanced: 10, 53, 681, 638, 199, 18
+    wines). Features ``[N, 11]``: the raw physicochemical measurements (fixed acidity … alcohol),
+    unscaled: call :func:`standardize` after splitting. The file is UCI's semicolon-delimited CSV.
+    """
+    return load_csv(DATASETS_DIR / "winequality-red.csv.gz", label_column="quality",
+                    encoder=RankEncoder(min_value=3.0, step=1.0, num_ranks=6), name="wine-red",
+                    delimiter=";")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -551,7 +631,8 @@ def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path
                       label_column: str = "label", image_size: int | tuple[int, int] = 64,
                       step: float | None = None, min_value: float | None = None,
                       max_value: float | None = None, *, encoder: RankEncoder | None = None,
-                      channels: int | None = None, name: str | None = None) -> OrdinalDataset:
+                      channels: int | None = None, name: str | None = None,
+                      delimiter: str | None = None) -> OrdinalDataset:
     """Images listed in a CSV of ``(path, label)`` rows, decoded with Pillow (PNG, JPEG, BMP, TIFF, …).
 
     Args:
@@ -560,7 +641,7 @@ def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path
         image_size: every image is resized (bilinear, aspect ratio not kept) to ``image_size`` squared, or
             ``(H, W)``.
         channels: 1 (grayscale) or 3 (RGB); default 1 when every image is grayscale, else 3.
-        step, min_value, max_value, encoder, name: as in :func:`load_csv`.
+        step, min_value, max_value, encoder, name, delimiter: as in :func:`load_csv`.
 
     Returns:
         ``OrdinalDataset`` of kind "images", features float32 ``[N, C, H, W]`` in [0, 1]
@@ -568,7 +649,7 @@ def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path
     """
     Image = _import_pil()
     csv_path = Path(csv_path)
-    header, body = _read_csv(csv_path)
+    header, body = _read_csv(csv_path, delimiter)
     jp = _column(header, path_column, csv_path, "path")
     jl = _column(header, label_column, csv_path, "label")
     values = _parse_labels(body, jl, label_column, csv_path)
@@ -733,7 +814,7 @@ def load_fashion_mnist_degradation(levels: int = 8, samples_per_level: int = 500
 # One entry point by name or path
 
 
-_NAMED = ("abalone", "fashion-mnist", "fashion-mnist-blur", "fashion-mnist-noise")
+_NAMED = ("abalone", "wine-red", "fashion-mnist", "fashion-mnist-blur", "fashion-mnist-noise")
 
 
 def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
@@ -741,7 +822,7 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
 
     ``spec`` is one of:
 
-    - ``"abalone"`` → :func:`load_abalone`;
+    - ``"abalone"`` → :func:`load_abalone`; ``"wine-red"`` → :func:`load_wine_red`;
     - ``"fashion-mnist-blur"`` (or ``"fashion-mnist"``) / ``"fashion-mnist-noise"`` →
       :func:`load_fashion_mnist_degradation`;
     - a ``.npz`` file → :func:`load_npz`;
@@ -751,10 +832,19 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
     - a folder holding ``labels.csv`` → :func:`load_image_folder` on it.
 
     Pass ``encoder=`` to put the data on an existing grid (a test file on the training file's grid).
+    ``delimiter=`` (one character, or "comma"/"semicolon"/"tab") is the cell separator of a CSV; None
+    (the default) detects comma, semicolon or tab from the header. It applies to CSV files only.
     """
     key = str(spec).strip()
+    delimiter = _check_delimiter(options.pop("delimiter", None))
+    csv_options = options if delimiter is None else {**options, "delimiter": delimiter}
+    if delimiter is not None and (key.lower() in _NAMED or key.lower().endswith(".npz")):
+        raise ValueError(f"delimiter={delimiter!r} applies to CSV files only; {key!r} is not one: leave "
+                         "delimiter out")
     if key.lower() == "abalone":
         return load_abalone(**options)
+    if key.lower() == "wine-red":
+        return load_wine_red(**options)
     if key.lower() == "fashion-mnist":
         return load_fashion_mnist_degradation(**options)
     if key.lower() in ("fashion-mnist-blur", "fashion-mnist-noise"):
@@ -765,7 +855,7 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
         if not listing.is_file():
             raise FileNotFoundError(f"{path} is a folder without labels.csv; an image folder needs a "
                                     "labels.csv with columns path,label")
-        return load_image_folder(listing, **options)
+        return load_image_folder(listing, **csv_options)
     if not path.exists():
         raise FileNotFoundError(f"no dataset {key!r}: not a built-in name ({', '.join(_NAMED)}) nor an "
                                 "existing .csv, .npz file or image folder")
@@ -773,10 +863,10 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
     if name.endswith(".npz"):
         return load_npz(path, **options)
     if name.endswith(".csv") or name.endswith(".csv.gz"):
-        header, _ = _read_csv(path)
+        header, _ = _read_csv(path, delimiter)
         if "path_column" in options or "path" in header:
-            return load_image_folder(path, **options)
-        return load_csv(path, **options)
+            return load_image_folder(path, **csv_options)
+        return load_csv(path, **csv_options)
     raise ValueError(f"cannot tell the format of {path}: expected .csv, .csv.gz, .npz or a folder with "
                      "labels.csv")
 

@@ -439,3 +439,102 @@ def test_standardize_fits_on_train_only():
     assert te.features.tolist() == [[3.0, 1.0]]
     img = OrdinalDataset(torch.rand(2, 1, 3, 3), torch.tensor([0, 1]), enc, "i", "images")
     assert standardize(img)[0] is img
+
+
+# --------------------------------------------------------------------------------------------------
+# Wine Quality (red) and CSV delimiters
+
+
+def test_wine_red_built_in():
+    from sol_ext.data import DATASETS_DIR, load_wine_red
+
+    wine = load_dataset("wine-red")
+    assert wine.features.shape == (1599, 11) and wine.kind == "tabular" and wine.name == "wine-red"
+    assert wine.encoder == RankEncoder(3.0, 1.0, 6) and wine.num_ranks == 6
+    assert int(wine.ranks.min()) == 0 and int(wine.ranks.max()) == 5
+    assert wine.labels.min().item() == 3.0 and wine.labels.max().item() == 8.0
+    assert torch.bincount(wine.ranks).tolist() == [10, 53, 681, 638, 199, 18]
+    assert wine.feature_names[0] == "fixed acidity" and wine.feature_names[-1] == "alcohol"
+    assert "quality" not in wine.feature_names
+    assert torch.equal(load_wine_red().features, wine.features)
+    # the shipped file is UCI's semicolon CSV with a quoted header: sniffing reads it the same
+    sniffed = load_csv(DATASETS_DIR / "winequality-red.csv.gz", "quality")
+    assert torch.equal(sniffed.features, wine.features) and torch.equal(sniffed.ranks, wine.ranks)
+
+
+_COMMA_TABLE = "a,b,age\n1,2.5,20\n3,4,22\n5,6,21\n"
+
+
+def _same_table(ds, ref):
+    assert ds.feature_names == ref.feature_names and ds.encoder == ref.encoder
+    assert torch.equal(ds.features, ref.features) and torch.equal(ds.ranks, ref.ranks)
+
+
+@pytest.mark.parametrize("text", [
+    _COMMA_TABLE.replace(",", ";"),
+    _COMMA_TABLE.replace(",", "\t"),
+    '"a";"b";"age"\n1;2.5;20\n3;4;22\n5;6;21\n',  # UCI style: quoted header
+    '"a";"b";"age"\r\n1;2.5;20\r\n3;4;22\r\n5;6;21\r\n',
+    "\n" + _COMMA_TABLE.replace(",", "\t") + "\n",  # blank lines around
+])
+def test_semicolon_and_tab_csv_load_like_comma(tmp_path, text):
+    ref = load_csv(_write(tmp_path / "comma.csv", _COMMA_TABLE), "age")
+    p = _write(tmp_path / "other.csv", text)
+    _same_table(load_csv(p, "age"), ref)
+    _same_table(load_dataset(p, label_column="age"), ref)
+    gz = tmp_path / "other.csv.gz"
+    with gzip.open(gz, "wt", newline="") as fh:
+        fh.write(text)
+    _same_table(load_csv(gz, "age"), ref)
+
+
+def test_sniffing_ignores_delimiters_inside_quoted_names(tmp_path):
+    p = _write(tmp_path / "q.csv", '"w, kg";"h, cm";age\n1;2;20\n3;4;22\n')
+    ds = load_csv(p, "age")
+    assert ds.feature_names == ("w, kg", "h, cm") and ds.features.tolist() == [[1, 2], [3, 4]]
+    t = _write(tmp_path / "t.csv", "w, kg\th\tage\n1\t2\t20\n3\t4\t22\n")  # unquoted comma in a name
+    assert load_csv(t, "age").feature_names == ("w, kg", "h")
+
+
+def test_explicit_delimiter_overrides_sniffing(tmp_path):
+    piped = _write(tmp_path / "p.csv", _COMMA_TABLE.replace(",", "|"))
+    with pytest.raises(ValueError, match="read as one column.*delimiter="):
+        load_csv(piped, "age")  # not one of the sniffed delimiters
+    ref = load_csv(_write(tmp_path / "comma.csv", _COMMA_TABLE), "age")
+    _same_table(load_csv(piped, "age", delimiter="|"), ref)
+    _same_table(load_dataset(piped, label_column="age", delimiter="|"), ref)
+    tabbed = _write(tmp_path / "t.csv", _COMMA_TABLE.replace(",", "\t"))
+    for name in ("\t", "tab", "TAB", "\\t"):
+        _same_table(load_csv(tabbed, "age", delimiter=name), ref)
+    comma = tmp_path / "comma.csv"
+    with pytest.raises(ValueError, match="no label column 'age'"):
+        load_csv(comma, "age", delimiter=";")  # the given delimiter wins over the sniffed comma
+    with pytest.raises(ValueError, match="3 cells but the header has 2 columns \\(read with delimiter ';'"):
+        load_csv(_write(tmp_path / "mixed.csv", "a,b;age\n1;2;20\n"), "age", delimiter=";")
+
+
+@pytest.mark.parametrize("bad", ["ab", "", "a", "7", " ", '"', ".", 3, b";"])
+def test_bad_delimiter_is_a_clear_error(tmp_path, bad):
+    p = _write(tmp_path / "comma.csv", _COMMA_TABLE)
+    with pytest.raises(ValueError, match="delimiter must be one character"):
+        load_csv(p, "age", delimiter=bad)
+    with pytest.raises(ValueError, match="delimiter must be one character"):
+        load_dataset(p, label_column="age", delimiter=bad)
+
+
+def test_delimiter_applies_to_csv_files_only(tmp_path):
+    for spec in ("abalone", "wine-red"):
+        with pytest.raises(ValueError, match="delimiter=';' applies to CSV files only"):
+            load_dataset(spec, delimiter=";")
+    assert load_dataset("wine-red", delimiter=None).features.shape == (1599, 11)
+
+
+def test_image_folder_with_semicolon_or_tab_listing(image_folder):
+    ref = load_dataset(image_folder, image_size=8)
+    listing = image_folder / "labels.csv"
+    text = listing.read_text()
+    for sep in (";", "\t"):
+        listing.write_text(text.replace(",", sep))
+        ds = load_dataset(image_folder, image_size=8)
+        assert torch.equal(ds.features, ref.features) and torch.equal(ds.ranks, ref.ranks)
+        assert torch.equal(load_image_folder(listing, image_size=8, delimiter=sep).features, ref.features)
