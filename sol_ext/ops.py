@@ -12,12 +12,12 @@ raises; ``"reference"`` always uses :mod:`sol_ext.reference`.
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from typing import Optional
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import _validation as check
 from . import reference
@@ -74,8 +74,52 @@ def _use_fused(backend: str, op: str, device: torch.device, dtype: torch.dtype) 
 
 # ---------------------------------------------------------------------------------------------
 # Autograd wrappers. Each calls a fused forward op and its private backward op. Double backward is
-# not supported: the backward ops have no derivatives of their own, and once_differentiable says so.
+# not supported: the backward ops have no derivatives of their own, and _first_order_only says so.
 # ---------------------------------------------------------------------------------------------
+
+
+class _DoubleBackwardError(torch.autograd.Function):
+    """Passes a gradient of a fused op through; differentiating it again raises a clear error."""
+
+    @staticmethod
+    def forward(ctx, op: str, grad: torch.Tensor, *sources: torch.Tensor) -> torch.Tensor:
+        ctx.op = op
+        return grad.clone()
+
+    @staticmethod
+    def backward(ctx, *unused):
+        raise RuntimeError(
+            f"double backward (differentiating a gradient, e.g. a gradient penalty built with "
+            f"create_graph=True) through the fused sol_ext.{ctx.op} is not supported: its backward kernel "
+            "has no derivative of its own. Use backend='reference' for such a loss."
+        )
+
+
+def _first_order_only(op: str):
+    """Like ``once_differentiable``, but also when only the op's saved inputs require grad.
+
+    ``once_differentiable`` guards a backward's result only when the incoming gradients require grad. A
+    gradient penalty differentiates ``dL/dh``, which depends on ``h`` through the backward kernel; the
+    incoming gradient there is a constant, so the result came back as a constant and the penalty silently
+    added 0. Under ``create_graph=True`` the results are tied to every input that requires grad, and
+    differentiating them raises.
+    """
+
+    def decorate(backward):
+        @functools.wraps(backward)
+        def wrapper(ctx, *grads):
+            with torch.no_grad():
+                outputs = backward(ctx, *grads)
+            if not torch.is_grad_enabled():  # create_graph=False: the usual case
+                return outputs
+            sources = [t for t in (*grads, *ctx.saved_tensors) if isinstance(t, torch.Tensor) and t.requires_grad]
+            if not sources:
+                return outputs
+            return tuple(g if g is None else _DoubleBackwardError.apply(op, g, *sources) for g in outputs)
+
+        return wrapper
+
+    return decorate
 
 
 class _StochasticDissimilarity(torch.autograd.Function):
@@ -86,7 +130,7 @@ class _StochasticDissimilarity(torch.autograd.Function):
         return _ops.stochastic_dissimilarity(h, mu, sigma)
 
     @staticmethod
-    @once_differentiable
+    @_first_order_only("stochastic_dissimilarity")
     def backward(ctx, grad_D: torch.Tensor):
         h, mu = ctx.saved_tensors
         need_h, need_mu = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -104,7 +148,7 @@ class _OrderLoss(torch.autograd.Function):
         return _ops.order_loss(D, labels, pairs, sigma, tau, margin, convention)
 
     @staticmethod
-    @once_differentiable
+    @_first_order_only("order_loss")
     def backward(ctx, grad_losses: torch.Tensor):
         if not ctx.needs_input_grad[0]:
             return (None,) * 7
@@ -121,7 +165,7 @@ class _DiscLoss(torch.autograd.Function):
         return _ops.disc_loss(D, labels, T)
 
     @staticmethod
-    @once_differentiable
+    @_first_order_only("disc_loss")
     def backward(ctx, grad_losses: torch.Tensor):
         if not ctx.needs_input_grad[0]:
             return None, None, None

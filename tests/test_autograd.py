@@ -153,10 +153,38 @@ def test_auto_backend_falls_back_with_a_warning_for_half_on_cpu():
     assert D.dtype == torch.float16  # no silent cast
 
 
-def test_double_backward_is_refused():
-    h, mu, labels, _ = _inputs("cpu")
-    h.requires_grad_()
-    loss = sol_ext.StochasticOrderLoss(6, backend="fused")(h, labels, mu)
-    (grad_h,) = torch.autograd.grad(loss, h, create_graph=True)
-    with pytest.raises(RuntimeError):
-        torch.autograd.grad(grad_h.sum(), h)
+DOUBLE_BACKWARD = r"double backward .*sol_ext\.{op}.* not supported.*backend='reference'"
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_gradient_penalty_through_the_fused_module_raises_naming_double_backward(device):
+    """A gradient penalty (create_graph=True) used to add a silent 0: the fused backward records no graph."""
+    h, mu, labels, _ = _inputs(device)
+    model = torch.nn.Linear(4, 4).double().to(device)
+    criterion = sol_ext.StochasticOrderLoss(6, backend="fused")
+    loss = criterion(model(h), labels, mu)
+    grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
+    assert all(g.requires_grad for g in grads)  # not a constant that a penalty would silently ignore
+    penalty = sum((g**2).sum() for g in grads)
+    with pytest.raises(RuntimeError, match=DOUBLE_BACKWARD.format(op="stochastic_dissimilarity")):
+        (loss + penalty).backward()
+    # The reference supports it, and create_graph alone (without differentiating the gradient) is fine.
+    reference = sol_ext.StochasticOrderLoss(6, backend="reference")
+    grads = torch.autograd.grad(reference(model(h), labels, mu), list(model.parameters()), create_graph=True)
+    sum((g**2).sum() for g in grads).backward()
+    assert model.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_double_backward_through_the_fused_order_loss_is_refused(device):
+    h, mu, labels, _ = _inputs(device)
+    D = sol_ext.stochastic_dissimilarity(h, mu).requires_grad_()
+    (grad_D,) = torch.autograd.grad(sol_ext.order_loss(D, labels, backend="fused"), D, create_graph=True)
+    with pytest.raises(RuntimeError, match=DOUBLE_BACKWARD.format(op="order_loss")):
+        torch.autograd.grad(grad_D.square().sum(), D)
+    # Differentiating the gradient with respect to the upstream gradient (the double-vjp trick) is refused too.
+    losses = sol_ext.disc_loss(D, labels, reduction="none", backend="fused")
+    upstream = torch.ones_like(losses, requires_grad=True)
+    (grad_D,) = torch.autograd.grad(losses, D, upstream, create_graph=True)
+    with pytest.raises(RuntimeError, match=DOUBLE_BACKWARD.format(op="disc_loss")):
+        torch.autograd.grad(grad_D.sum(), upstream)
