@@ -2,7 +2,8 @@
 
 Shape, dtype and device checks always run. Checks that read tensor values (label ranges, NaN/inf)
 need a device synchronization and data-dependent control flow, so they are skipped while
-``torch.compile`` traces; the kernels' own ``TORCH_CHECK``s remain as the last guard there.
+``torch.compile`` traces, and on meta tensors, which have no values; the kernels' own ``TORCH_CHECK``s
+remain as the last guard there.
 """
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ REDUCTIONS = ("mean", "sum", "none")
 
 def _tracing() -> bool:
     return torch.compiler.is_compiling()
+
+
+def _values_hidden(t: torch.Tensor) -> bool:
+    """While torch.compile traces, and on meta tensors (shapes only), values cannot be read."""
+    return _tracing() or t.device.type == "meta"
 
 
 def check_choice(name: str, value, choices) -> str:
@@ -78,7 +84,7 @@ def check_floating(name: str, t: torch.Tensor, ndim: int, shape_text: str) -> No
 
 
 def check_finite(name: str, t: torch.Tensor) -> None:
-    if _tracing() or t.numel() == 0:
+    if _values_hidden(t) or t.numel() == 0:
         return
     # min and max propagate NaN and expose +-inf: one cheap reduction (and one device sync) instead
     # of an elementwise isfinite over the whole tensor on every call.
@@ -130,7 +136,7 @@ def check_ranks(name: str, ranks, num_ranks: int, length: Optional[int] = None) 
     if ranks.dim() != 1 or (length is not None and ranks.shape[0] != length):
         expected = f"[{length}]" if length is not None else "[M]"
         raise ValueError(f"{name} must have shape {expected} (one rank per sample), got {tuple(ranks.shape)}")
-    if not _tracing() and ranks.numel() > 0:
+    if not _values_hidden(ranks) and ranks.numel() > 0:
         lowest, highest = (int(v) for v in torch.aminmax(ranks))
         if lowest < 0 or highest > num_ranks - 1:
             hint = ""
@@ -152,7 +158,7 @@ def check_pairs(pairs, batch_size: int) -> Optional[torch.Tensor]:
         raise TypeError(f"pairs must be an integer tensor of batch indices, got dtype {pairs.dtype}")
     if pairs.dim() != 2 or pairs.shape[1] != 2:
         raise ValueError(f"pairs must have shape [M, 2] (rows of (x, y) batch indices), got {tuple(pairs.shape)}")
-    if not _tracing() and pairs.numel() > 0:
+    if not _values_hidden(pairs) and pairs.numel() > 0:
         lowest, highest = (int(v) for v in torch.aminmax(pairs))
         if lowest < 0 or highest > batch_size - 1:
             raise ValueError(

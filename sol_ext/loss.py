@@ -8,7 +8,14 @@ from torch import nn
 
 from . import _validation as check
 from . import reference
-from .ops import _check_dissimilarities_finite, _disc_losses, _dissimilarity, _order_losses, _use_fused
+from .ops import (
+    _check_dissimilarities_finite,
+    _disc_losses,
+    _dissimilarity,
+    _order_losses,
+    _refuse_func_transforms,
+    _use_fused,
+)
 
 
 class StochasticOrderLoss(nn.Module):
@@ -60,6 +67,7 @@ class StochasticOrderLoss(nn.Module):
     def forward(
         self, h: torch.Tensor, labels: torch.Tensor, mu: torch.Tensor, pairs: Optional[torch.Tensor] = None
     ) -> torch.Tensor:
+        _refuse_func_transforms(h=h, labels=labels, mu=mu, pairs=pairs)
         check.check_same_device(h=h, labels=labels, mu=mu, pairs=pairs)
         check.check_embeddings(h, mu)
         if mu.shape[0] != self.num_ranks:

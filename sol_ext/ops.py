@@ -54,7 +54,32 @@ def _fused_unavailable_reason(device: torch.device, dtype: torch.dtype) -> Optio
         if dtype not in _CUDA_DTYPES:
             return f"the CUDA kernels take float16, bfloat16, float32 or float64, got {dtype}"
         return None
+    if device.type == "meta":  # shapes and dtypes only: the fake kernels (_fake.py) serve every dtype
+        return None if dtype in _CUDA_DTYPES else f"sol_ext's kernels take no {dtype}"
     return f"sol_ext has no kernels for device type {device.type!r}"
+
+
+def _refuse_func_transforms(**tensors) -> None:
+    """A clear error for tensors of torch.func transforms, which the validation and the kernels cannot read.
+
+    vmap's batched tensors have no storage ("Cannot access data pointer"), and the autograd wrappers
+    have no vmap or forward-mode rules.
+    """
+    if check._tracing():
+        return
+    for name, t in tensors.items():
+        if not (isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t)):
+            continue
+        how = (
+            "batched by torch.func.vmap"
+            if torch._C._functorch.is_batchedtensor(t)
+            else "wrapped by a torch.func transform (grad, jacrev, jvp, ...)"
+        )
+        raise TypeError(
+            f"{name} is {how}; sol_ext does not support torch.func transforms. Per-example losses come "
+            "from reduction='none' of sol_ext.order_loss and sol_ext.disc_loss, per-example gradients from "
+            "a loop over examples, gradients from torch.autograd."
+        )
 
 
 def _use_fused(backend: str, op: str, device: torch.device, dtype: torch.dtype) -> bool:
@@ -187,7 +212,7 @@ def _dissimilarity(h, mu, sigma, fused: bool):
 def _check_dissimilarities_finite(D: torch.Tensor, h: torch.Tensor, mu: torch.Tensor) -> None:
     """Finite ``h`` and ``mu`` can still give an inf ``D`` (squared distances past the dtype's range), and
     the order loss then turns ``inf - inf`` into NaN: refuse it here, as :func:`order_loss` refuses an inf ``D``."""
-    if check._tracing() or D.numel() == 0:
+    if check._values_hidden(D) or D.numel() == 0:
         return
     if not all(math.isfinite(v) for v in torch.stack(torch.aminmax(D.detach())).tolist()):
         bad = int((~torch.isfinite(D)).sum())
@@ -232,6 +257,7 @@ def stochastic_dissimilarity(
         ``D [B, n]`` in ``h``'s dtype. Differentiable with respect to ``h`` and ``mu``.
         ``argmin_q D[x, q]`` is the estimated rank of ``x`` (paper eq. 6).
     """
+    _refuse_func_transforms(h=h, mu=mu)
     check.check_same_device(h=h, mu=mu)
     check.check_embeddings(h, mu)
     sigma = check.check_positive_float("sigma", sigma)
@@ -260,6 +286,7 @@ def ordering_probabilities(
     (SPEC §10.2). Computed in float64 and returned in ``dtype``; no gradient.
     """
     num_ranks = check.check_int("num_ranks", num_ranks, 1)
+    _refuse_func_transforms(r_x=r_x, r_y=r_y)
     check.check_same_device(r_x=r_x, r_y=r_y)
     r_x = check.check_ranks("r_x", r_x, num_ranks)
     r_y = check.check_ranks("r_y", r_y, num_ranks, length=r_x.shape[0])
@@ -328,6 +355,7 @@ def order_loss(
     is summed in pair order (no atomics, bitwise reproducible). On CUDA, float16/bfloat16 ``D`` is
     supported with float32 accumulation; the result comes back in ``D``'s dtype.
     """
+    _refuse_func_transforms(D=D, labels=labels, pairs=pairs)
     check.check_same_device(D=D, labels=labels, pairs=pairs)
     check.check_dissimilarities(D)
     batch_size, num_ranks = D.shape
@@ -354,6 +382,7 @@ def disc_loss(
 
     Linear in ``D`` and possibly negative; an empty batch gives 0. Reduced in float32 for float16/bfloat16 ``D``.
     """
+    _refuse_func_transforms(D=D, labels=labels)
     check.check_same_device(D=D, labels=labels)
     check.check_dissimilarities(D)
     batch_size, num_ranks = D.shape

@@ -134,3 +134,38 @@ def test_finite_inputs_whose_dissimilarities_overflow_are_refused(device, backen
     # The same embeddings in float64 are fine.
     loss = sol_ext.StochasticOrderLoss(5, backend=backend)(h.double(), labels, mu.double())
     assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("backend", ["auto", "fused", "reference"])
+def test_meta_tensors_give_shapes_and_dtypes(backend):
+    """Meta tensors (shape inference, models built on the meta device) run the ops' fake kernels."""
+    h = torch.empty(B, DIM, device="meta", requires_grad=True)
+    mu = torch.empty(N, DIM, device="meta")
+    labels = torch.empty(B, dtype=torch.long, device="meta")
+    pairs = torch.empty(7, 2, dtype=torch.long, device="meta")
+    loss = sol_ext.StochasticOrderLoss(N, backend=backend)(h, labels, mu, pairs)
+    assert loss.device.type == "meta" and loss.shape == () and loss.dtype == torch.float32
+    loss.backward()
+    assert h.grad.device.type == "meta" and h.grad.shape == (B, DIM)
+    D = sol_ext.stochastic_dissimilarity(h, mu, backend=backend)
+    assert D.device.type == "meta" and D.shape == (B, N)
+    assert sol_ext.order_loss(D, labels, reduction="none", backend=backend).shape == (B * (B - 1) // 2,)
+    assert sol_ext.order_loss(D, labels, pairs, reduction="none", backend=backend).shape == (7,)
+    assert sol_ext.disc_loss(D, labels, reduction="none", backend=backend).shape == (B,)
+    probs = sol_ext.ordering_probabilities(labels, labels, N, dtype=torch.float32, backend=backend)
+    assert probs.device.type == "meta" and probs.shape == (B, 3) and probs.dtype == torch.float32
+
+
+def test_torch_func_transforms_are_refused_with_a_clear_error():
+    args = good()
+    criterion = sol_ext.StochasticOrderLoss(N)
+    batched_h = torch.randn(2, B, DIM)
+    with pytest.raises(TypeError, match=r"h is batched by torch.func.vmap; sol_ext does not support torch.func"):
+        torch.func.vmap(lambda h: criterion(h, args["labels"], args["mu"]))(batched_h)
+    with pytest.raises(TypeError, match=r"D is batched by torch.func.vmap"):
+        torch.func.vmap(lambda D: sol_ext.order_loss(D, args["labels"]))(torch.randn(2, B, N))
+    with pytest.raises(TypeError, match=r"labels is batched by torch.func.vmap"):
+        D = torch.randn(B, N)
+        torch.func.vmap(lambda r: sol_ext.disc_loss(D, r))(torch.zeros(2, B, dtype=torch.long))
+    with pytest.raises(TypeError, match=r"h is wrapped by a torch.func transform"):
+        torch.func.grad(lambda h: criterion(h, args["labels"], args["mu"]))(args["h"])
