@@ -9,10 +9,12 @@ from torch import nn
 from . import _validation as check
 from . import reference
 from .ops import (
+    _autocast_off,
     _check_dissimilarities_finite,
     _disc_losses,
     _dissimilarity,
     _order_losses,
+    _promote,
     _refuse_func_transforms,
     _use_fused,
 )
@@ -69,6 +71,7 @@ class StochasticOrderLoss(nn.Module):
     ) -> torch.Tensor:
         _refuse_func_transforms(h=h, labels=labels, mu=mu, pairs=pairs)
         check.check_same_device(h=h, labels=labels, mu=mu, pairs=pairs)
+        h, mu = _promote(h, mu)  # mixed dtypes and autocast (see sol_ext.ops)
         check.check_embeddings(h, mu)
         if mu.shape[0] != self.num_ranks:
             raise ValueError(
@@ -78,13 +81,14 @@ class StochasticOrderLoss(nn.Module):
         pairs = check.check_pairs(pairs, h.shape[0])
 
         fused = _use_fused(self.backend, "StochasticOrderLoss", h.device, h.dtype)
-        D = _dissimilarity(h, mu, self.sigma, fused)
-        _check_dissimilarities_finite(D, h, mu)
-        order = _order_losses(D, labels, pairs, self.sigma, self.tau, self.margin, self.convention, fused)
-        disc = _disc_losses(D, labels, self.T, fused)
-        return reference.reduce_losses(order, self.reduction) + self.disc_weight * reference.reduce_losses(
-            disc, self.reduction
-        )
+        with _autocast_off(h.device):
+            D = _dissimilarity(h, mu, self.sigma, fused)
+            _check_dissimilarities_finite(D, h, mu)
+            order = _order_losses(D, labels, pairs, self.sigma, self.tau, self.margin, self.convention, fused)
+            disc = _disc_losses(D, labels, self.T, fused)
+            return reference.reduce_losses(order, self.reduction) + self.disc_weight * reference.reduce_losses(
+                disc, self.reduction
+            )
 
     def extra_repr(self) -> str:
         return (

@@ -12,6 +12,7 @@ raises; ``"reference"`` always uses :mod:`sol_ext.reference`.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
@@ -37,6 +38,20 @@ _CPU_DTYPES = (torch.float32, torch.float64)
 _CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _warned: set = set()
 
+# Under autocast the ops compute in float32, as PyTorch's own losses do (autocast's float32 list);
+# float64 stays float64. The public functions below cast and then turn autocast off themselves; this
+# registration covers direct calls of torch.ops.sol_ext.*.
+for _name in (
+    "stochastic_dissimilarity",
+    "_stochastic_dissimilarity_backward",
+    "order_loss",
+    "_order_loss_backward",
+    "disc_loss",
+    "_disc_loss_backward",
+):
+    for _device_type in ("cpu", "cuda"):
+        torch.library.register_autocast(f"sol_ext::{_name}", _device_type, torch.float32)
+
 
 def cuda_kernels_available() -> bool:
     """Whether CUDA kernels were compiled into this build (says nothing about a GPU being present)."""
@@ -57,6 +72,29 @@ def _fused_unavailable_reason(device: torch.device, dtype: torch.dtype) -> Optio
     if device.type == "meta":  # shapes and dtypes only: the fake kernels (_fake.py) serve every dtype
         return None if dtype in _CUDA_DTYPES else f"sol_ext's kernels take no {dtype}"
     return f"sol_ext has no kernels for device type {device.type!r}"
+
+
+def _autocast_enabled(device: torch.device) -> bool:
+    return device.type in ("cpu", "cuda") and torch.is_autocast_enabled(device.type)
+
+
+def _promote(*tensors):
+    """Floating inputs cast to one compute dtype: the widest of theirs, and under autocast at least float32.
+
+    The casts are differentiable, so each input's gradient comes back in its own dtype. Anything that is
+    not a floating tensor is returned as is, for the checks to name.
+    """
+    if not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in tensors):
+        return tensors
+    dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    if _autocast_enabled(tensors[0].device):
+        dtype = torch.promote_types(dtype, torch.float32)
+    return tuple(t.to(dtype) for t in tensors)
+
+
+def _autocast_off(device: torch.device):
+    """Autocast would run the reference's matmuls in half again after :func:`_promote` chose float32."""
+    return torch.autocast(device.type, enabled=False) if _autocast_enabled(device) else contextlib.nullcontext()
 
 
 def _refuse_func_transforms(**tensors) -> None:
@@ -259,10 +297,12 @@ def stochastic_dissimilarity(
     """
     _refuse_func_transforms(h=h, mu=mu)
     check.check_same_device(h=h, mu=mu)
+    h, mu = _promote(h, mu)
     check.check_embeddings(h, mu)
     sigma = check.check_positive_float("sigma", sigma)
     fused = _use_fused(backend, "stochastic_dissimilarity", h.device, h.dtype)
-    D = _dissimilarity(h, mu, sigma, fused)
+    with _autocast_off(h.device):
+        D = _dissimilarity(h, mu, sigma, fused)
     _check_dissimilarities_finite(D, h, mu)
     return D
 
@@ -357,6 +397,7 @@ def order_loss(
     """
     _refuse_func_transforms(D=D, labels=labels, pairs=pairs)
     check.check_same_device(D=D, labels=labels, pairs=pairs)
+    (D,) = _promote(D)
     check.check_dissimilarities(D)
     batch_size, num_ranks = D.shape
     labels = check.check_ranks("labels", labels, num_ranks, length=batch_size)
@@ -367,8 +408,9 @@ def order_loss(
     check.check_choice("convention", convention, check.CONVENTIONS)
     check.check_reduction(reduction)
     fused = _use_fused(backend, "order_loss", D.device, D.dtype)
-    losses = _order_losses(D, labels, pairs, sigma, tau, margin, convention, fused)
-    return reference.reduce_losses(losses, reduction)
+    with _autocast_off(D.device):
+        losses = _order_losses(D, labels, pairs, sigma, tau, margin, convention, fused)
+        return reference.reduce_losses(losses, reduction)
 
 
 def disc_loss(
@@ -384,13 +426,15 @@ def disc_loss(
     """
     _refuse_func_transforms(D=D, labels=labels)
     check.check_same_device(D=D, labels=labels)
+    (D,) = _promote(D)
     check.check_dissimilarities(D)
     batch_size, num_ranks = D.shape
     labels = check.check_ranks("labels", labels, num_ranks, length=batch_size)
     T = check.check_int("T", T, 1)
     check.check_reduction(reduction)
     fused = _use_fused(backend, "disc_loss", D.device, D.dtype)
-    return reference.reduce_losses(_disc_losses(D, labels, T, fused), reduction)
+    with _autocast_off(D.device):
+        return reference.reduce_losses(_disc_losses(D, labels, T, fused), reduction)
 
 
 def noise_kernel(

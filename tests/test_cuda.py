@@ -372,3 +372,22 @@ def test_half_fused_reductions_accumulate_in_float32(dtype):
         torch.testing.assert_close(total.double(), losses.double().sum() / count, rtol=1e-6, atol=0)
     if dtype == torch.float16:
         assert losses.double().sum() > torch.finfo(torch.float16).max
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_autocast_training_step_on_cuda(dtype):
+    """torch.autocast("cuda"): float16 with a GradScaler, bfloat16 without; float32 centroids, fused kernels."""
+    import copy
+
+    from test_mixed_precision import amp_problem, assert_amp_step_matches_float32, training_step
+
+    encoder, x, labels, mu = amp_problem("cuda")
+    criterion = sol_ext.StochasticOrderLoss(12, backend="fused")
+    full = training_step(copy.deepcopy(encoder), x, labels, mu, criterion)
+    # A scale that keeps the float16 gradient of h (|dL/dh| ~ 3) finite, so that the step is taken.
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**10) if dtype == torch.float16 else None
+    amp = training_step(copy.deepcopy(encoder), x, labels, mu, criterion, dtype, scaler=scaler)
+    assert amp[0] == dtype
+    if scaler:
+        assert scaler.get_scale() == 2.0**10  # no inf/NaN gradient: the step was not skipped
+    assert_amp_step_matches_float32(amp, full, tol=0.03)

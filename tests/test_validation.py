@@ -38,7 +38,7 @@ def call_loss(device="cpu", module_kwargs=None, **overrides):
     (dict(h=torch.randn(B)), ValueError, r"h must have shape \[B, d\]"),
     (dict(mu=torch.randn(N, DIM + 1)), ValueError, r"same embedding size d"),
     (dict(mu=torch.randn(N + 1, DIM)), ValueError, r"mu must have num_ranks=5 rows"),
-    (dict(mu=torch.randn(N, DIM, dtype=torch.float64)), TypeError, r"h and mu must have one dtype"),
+    (dict(mu=torch.randn(N, DIM, dtype=torch.complex64)), TypeError, r"mu must be a floating-point tensor"),
     (dict(h=torch.ones(B, DIM, dtype=torch.long)), TypeError, r"h must be a floating-point tensor"),
     (dict(h=torch.full((B, DIM), math.nan)), ValueError, r"h contains 18 NaN or inf"),
     (dict(mu=torch.tensor([[math.inf] * DIM] * N)), ValueError, r"mu contains 15 NaN or inf"),
