@@ -39,8 +39,10 @@ class StochasticOrderLoss(nn.Module):
         backend: ``"auto"``, ``"fused"`` or ``"reference"`` (see :mod:`sol_ext.ops`).
 
     ``forward(h, labels, mu, pairs=None)``: ``pairs`` is ``None`` for all pairs of the batch, or integer
-    ``[M, 2]`` batch indices. Gradients flow to ``h`` and ``mu``. Returns a scalar in ``h``'s dtype, or in float32 when ``h`` is
-    float16/bfloat16 (reductions accumulate in float32: a float16 sum overflows at 65,504).
+    ``[M, 2]`` batch indices. Gradients flow to ``h`` and ``mu``, each in its own dtype. ``h`` and ``mu`` of
+    different floating dtypes are computed in the wider one, and under ``torch.autocast`` in float32 at
+    least (``h`` from an autocast encoder is half, the centroids float32). Returns a scalar in that dtype,
+    or in float32 for float16/bfloat16 (reductions accumulate in float32: a float16 sum overflows at 65,504).
     """
 
     def __init__(

@@ -8,7 +8,12 @@ order-loss kernel.
 Every function takes ``backend``:
 ``"auto"`` uses the fused kernels when this build has them for the tensors' device and dtype, and
 otherwise the plain-PyTorch reference with a warning that says why; ``"fused"`` uses the kernels or
-raises; ``"reference"`` always uses :mod:`sol_ext.reference`.
+raises; ``"reference"`` always uses :mod:`sol_ext.reference`. Meta tensors run the fake kernels.
+
+Mixed precision, as PyTorch's own losses do it: floating inputs of mixed dtypes are promoted to the wider
+one, and under ``torch.autocast`` the ops compute in float32 (float64 stays float64). The casts are
+differentiable, so each gradient comes back in its input's dtype. Reduced losses of float16/bfloat16
+are float32. Double backward through the fused ops and torch.func transforms raise clear errors.
 """
 from __future__ import annotations
 
@@ -288,11 +293,11 @@ def stochastic_dissimilarity(
 
     Args:
         h: embeddings ``[B, d]``, float32 or float64 (CUDA also float16/bfloat16).
-        mu: rank centroids ``[n, d]``, same dtype and device as ``h``.
+        mu: rank centroids ``[n, d]`` on ``h``'s device; a different floating dtype is promoted.
         sigma: std of the label-noise model in rank units, > 0.
 
     Returns:
-        ``D [B, n]`` in ``h``'s dtype. Differentiable with respect to ``h`` and ``mu``.
+        ``D [B, n]`` in the wider dtype of ``h`` and ``mu`` (float32 at least under autocast). Differentiable with respect to ``h`` and ``mu``.
         ``argmin_q D[x, q]`` is the estimated rank of ``x`` (paper eq. 6).
     """
     _refuse_func_transforms(h=h, mu=mu)
