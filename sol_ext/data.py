@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .errors import data_file_errors
+
 __all__ = [
     "RankEncoder", "OrdinalDataset", "infer_step",
     "load_abalone", "load_wine_red", "load_csv", "load_npz", "load_image_folder",
@@ -392,7 +394,7 @@ def _read_csv(path: str | Path, delimiter: str | None = None) -> tuple[list[str]
     delimiter = _check_delimiter(delimiter)
     if not path.is_file():
         raise FileNotFoundError(f"CSV file not found: {path}")
-    with _open_text(path) as fh:
+    with data_file_errors(path), _open_text(path) as fh:
         lines, delimiter = _with_delimiter(fh, delimiter)
         rows = [[c.strip() for c in row] for row in csv.reader(lines, delimiter=delimiter)
                 if any(c.strip() for c in row)]
@@ -563,7 +565,7 @@ def load_npz(path: str | Path, step: float | None = None, min_value: float | Non
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f".npz file not found: {path}")
-    with np.load(path, allow_pickle=False) as npz:
+    with data_file_errors(path), np.load(path, allow_pickle=False) as npz:
         keys = list(npz.keys())
         if features_key is None:
             present = [k for k in ("embeddings", "features") if k in keys]
@@ -737,7 +739,7 @@ def degradation_strengths(levels: int, kind: str = "blur", max_strength: float |
 
 def _read_idx_images(path: Path) -> np.ndarray:
     """An IDX3 ubyte file (gzipped) as uint8 ``[N, H, W]``."""
-    with gzip.open(path, "rb") as fh:
+    with data_file_errors(path), gzip.open(path, "rb") as fh:
         data = fh.read()
     magic, n, h, w = struct.unpack(">IIII", data[:16])
     if magic != 2051 or len(data) != 16 + n * h * w:
@@ -841,6 +843,9 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
     if delimiter is not None and (key.lower() in _NAMED or key.lower().endswith(".npz")):
         raise ValueError(f"delimiter={delimiter!r} applies to CSV files only; {key!r} is not one: leave "
                          "delimiter out")
+    if options.get("label_column") is not None and (key.lower() in _NAMED or key.lower().endswith(".npz")):
+        raise ValueError(f"label_column={options['label_column']!r} applies to CSV files and image folders; "
+                         f"{key!r} is neither: leave label_column out")
     if key.lower() == "abalone":
         return load_abalone(**options)
     if key.lower() == "wine-red":

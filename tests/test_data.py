@@ -538,3 +538,54 @@ def test_image_folder_with_semicolon_or_tab_listing(image_folder):
         ds = load_dataset(image_folder, image_size=8)
         assert torch.equal(ds.features, ref.features) and torch.equal(ds.ranks, ref.ranks)
         assert torch.equal(load_image_folder(listing, image_size=8, delimiter=sep).features, ref.features)
+
+
+# --------------------------------------------------------------------------------------------------
+# Damaged files: one ValueError naming the file, not a decoder's exception
+
+
+def _csv_bytes(rows=20):
+    return ("f,label\n" + "".join(f"{i * 0.5},{i % 4}\n" for i in range(rows))).encode()
+
+
+def _damaged_files(tmp_path):
+    """(name, bytes, words of the expected message) for each kind of damage."""
+    gz = gzip.compress(_csv_bytes(200))
+    bad_checksum, bad_stream = bytearray(gz), bytearray(gz)
+    bad_checksum[len(gz) // 2:len(gz) // 2 + 16] = b"\xff" * 16
+    bad_stream[30:40] = bytes(10)  # inside the first deflate block
+    np.savez(tmp_path / "good.npz", embeddings=np.zeros((8, 2)), labels=np.arange(8) % 3)
+    npz = (tmp_path / "good.npz").read_bytes()
+    return [
+        ("truncated.csv.gz", gz[: len(gz) // 2], "truncated"),
+        ("bad_checksum.csv.gz", bytes(bad_checksum), "corrupt"),
+        ("bad_stream.csv.gz", bytes(bad_stream), "corrupt"),
+        ("not_gzip.csv.gz", _csv_bytes(), "corrupt"),
+        ("truncated.npz", npz[: len(npz) // 2], "not a readable .npz"),
+        ("random.npz", bytes(np.random.default_rng(0).integers(0, 256, 2000, dtype=np.uint8)),
+         "not an .npz archive"),
+        ("latin1.csv", "f,label\n1,1\n2,2\n".replace("label", "\u00e9tiquette").encode("latin-1"),
+         "not UTF-8"),
+    ]
+
+
+def test_damaged_data_files_are_named_in_one_clear_error(tmp_path):
+    from sol_ext.errors import DataFileError
+
+    for name, data, words in _damaged_files(tmp_path):
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(DataFileError) as info:
+            load_dataset(path, **({"label_column": "\u00e9tiquette"} if "latin" in name else {}))
+        assert isinstance(info.value, ValueError)  # callers catching ValueError keep working
+        message = str(info.value)
+        assert str(path) in message and words in message, (name, message)
+        assert len(message.splitlines()) == 1
+
+
+def test_label_column_applies_to_csv_files_and_image_folders_only(tmp_path):
+    q = tmp_path / "e.npz"
+    np.savez(q, embeddings=np.zeros((2, 4)), labels=np.array([5, 7]))
+    for spec in ("abalone", str(q)):
+        with pytest.raises(ValueError, match="label_column='age' applies to CSV files"):
+            load_dataset(spec, label_column="age")
