@@ -297,7 +297,8 @@ def stochastic_dissimilarity(
         sigma: std of the label-noise model in rank units, > 0.
 
     Returns:
-        ``D [B, n]`` in the wider dtype of ``h`` and ``mu`` (float32 at least under autocast). Differentiable with respect to ``h`` and ``mu``.
+        ``D [B, n]`` in the wider dtype of ``h`` and ``mu`` (float32 at least under autocast).
+        Differentiable with respect to ``h`` and ``mu``.
         ``argmin_q D[x, q]`` is the estimated rank of ``x`` (paper eq. 6).
     """
     _refuse_func_transforms(h=h, mu=mu)

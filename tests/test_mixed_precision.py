@@ -55,7 +55,8 @@ def test_half_reduction_accumulates_in_float32(dtype, reduction):
     disc = sol_ext.disc_loss(D, labels, T=2, reduction=reduction, backend="reference")
     assert disc.dtype == torch.float32
     disc_exact = sol_ext.disc_loss(D, labels, T=2, reduction="none", backend="reference").double().sum()
-    torch.testing.assert_close(disc.double(), disc_exact / (h.shape[0] if reduction == "mean" else 1), rtol=1e-6, atol=1e-6)
+    disc_exact = disc_exact / (h.shape[0] if reduction == "mean" else 1)
+    torch.testing.assert_close(disc.double(), disc_exact, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)

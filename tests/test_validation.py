@@ -125,7 +125,8 @@ def test_kernels_guard_against_bad_indices_when_called_directly():
 @pytest.mark.parametrize("backend", ["fused", "reference"])
 def test_finite_inputs_whose_dissimilarities_overflow_are_refused(device, backend):
     """Squared distances of 1e30 overflow float32: the module and the functional path refuse them alike."""
-    h, labels, mu = torch.full((4, 3), 1e30, device=device), torch.arange(4, device=device), torch.zeros(5, 3, device=device)
+    h, mu = torch.full((4, 3), 1e30, device=device), torch.zeros(5, 3, device=device)
+    labels = torch.arange(4, device=device)
     pattern = r"stochastic dissimilarities of h and mu overflow torch.float32: 20 of D's 20 values.*float64"
     with pytest.raises(ValueError, match=pattern):
         sol_ext.StochasticOrderLoss(5, backend=backend)(h, labels, mu)
