@@ -1,8 +1,10 @@
 """Audit of a trained run's training labels: which ones look wrong, and what they should be.
 
-Reads only the run's checkpoint: given, current and (when known) clean labels, and the final
-predictions of every training sample. The outlier rule and the relabel step are the training's
-own (SPEC §8), applied once more to the current labels.
+Reads only the run's selected model (``best.pt``, else ``checkpoint.pt``): given, current and
+(when known) clean labels, and the predictions of every training sample. The suggestions follow
+the run's own relabeling rule: the posterior rule (the default; every training row, validation
+split included, judged from its given label) or the paper's outlier rule (SPEC §8), applied once
+more to the current labels.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from .checkpoint import CHECKPOINT_NAME, atomic_write_text, load_checkpoint
 from .config import TrainConfig
 from .refine import refine_labels
+from .train import BEST_NAME
 
 __all__ = ["AuditReport", "audit_run", "write_audit", "AUDIT_COLUMNS"]
 
@@ -33,7 +36,7 @@ class AuditReport:
     num_samples: int
     num_outliers: int
     num_changed_in_training: int
-    beta: float
+    rule: str                          # how labels were judged: the run's relabeling rule
     clean_known: bool
     outliers_truly_wrong: int | None  # flagged samples whose current label differs from clean
     wrong_total: int | None           # current labels that differ from clean
@@ -41,7 +44,7 @@ class AuditReport:
     def summary(self) -> str:
         n = self.num_samples
         lines = [f"{self.num_outliers} of {n} training labels ({100.0 * self.num_outliers / n:.1f}%) "
-                 f"look wrong (outliers at beta={self.beta:g}); "
+                 f"look wrong ({self.rule}); "
                  f"{self.num_changed_in_training} labels were already changed during training."]
         if self.clean_known and self.wrong_total is not None:
             lines.append(f"Against the clean labels: {self.wrong_total} current labels are wrong; "
@@ -66,38 +69,52 @@ def audit_run(run_dir: Path) -> AuditReport:
 
     Columns (label units): ``index`` (row of the sample in the data file), ``given_label`` (the label the
     run started from), ``current_label`` (after the run's relabeling), ``predicted_label``,
-    ``deviation`` (current - predicted), ``outlier`` (0/1, SPEC §8 with the run's beta),
-    ``suggested_label`` (the relabel rule's move for outliers, the current label otherwise),
+    ``deviation`` (current - predicted), ``outlier`` (0/1: the label looks wrong by the run's rule),
+    ``suggested_label`` (the rule's label for flagged samples, the current label otherwise),
     and ``clean_label`` when the clean labels are known.
     """
-    state = load_checkpoint(Path(run_dir) / CHECKPOINT_NAME)
+    run_dir = Path(run_dir)
+    best = run_dir / BEST_NAME
+    state = load_checkpoint(best if best.is_file() else run_dir / CHECKPOINT_NAME)
     config = TrainConfig.from_dict(state["config"])
     fp = state["fingerprint"]
     n, lo, step = int(fp["num_ranks"]), float(fp["min_value"]), float(fp["step"])
-    given, current = state["given_labels"].long(), state["labels"].long()
-    pred, clean = state["train_pred"].long(), state["clean_labels"]
-    ref = refine_labels(current, pred, n, config.beta, floor_step=config.convention == "official")
+    audit = state.get("audit")
+    if audit is not None:  # posterior rule: every training row, judged from its given label
+        given = current = audit["given"].long()
+        pred, clean, rows_in_file = audit["predicted"].long(), audit["clean"], audit["rows"]
+        suggested = audit["suggested"].long()
+        flagged = suggested != given
+        rule = f"posterior mass >= {config.relabel_mass:g} on one side of the label"
+        changed = int((state["labels"].long() != state["given_labels"].long()).sum())
+    else:                  # the paper's outlier rule on the current labels of the fitted rows
+        given, current = state["given_labels"].long(), state["labels"].long()
+        pred, clean, rows_in_file = state["train_pred"].long(), state["clean_labels"], state.get("train_rows")
+        ref = refine_labels(current, pred, n, config.beta,
+                            floor_step=config.convention == "official")
+        suggested, flagged = ref.labels, ref.outliers
+        rule = f"outliers at beta={config.beta:g}"
+        changed = int((current != given).sum())
 
     def value(r: torch.Tensor) -> list[str]:
         return [_fmt(lo + step * int(v)) for v in r]
 
-    rows_in_file = state.get("train_rows")
     index = range(current.numel()) if rows_in_file is None else rows_in_file.tolist()
     cols = {"index": [str(i) for i in index],
             "given_label": value(given), "current_label": value(current),
             "predicted_label": value(pred),
-            "deviation": [_fmt(step * int(d)) for d in ref.deviation],
-            "outlier": [str(int(f)) for f in ref.outliers],
-            "suggested_label": value(ref.labels)}
+            "deviation": [_fmt(step * int(d)) for d in current - pred],
+            "outlier": [str(int(f)) for f in flagged],
+            "suggested_label": value(suggested)}
     if clean is not None:
         cols["clean_label"] = value(clean.long())
     rows = [dict(zip(cols, vals)) for vals in zip(*cols.values())]
     truly = wrong = None
     if clean is not None:
         wrong_mask = current != clean.long()
-        wrong, truly = int(wrong_mask.sum()), int((wrong_mask & ref.outliers).sum())
-    return AuditReport(rows=rows, num_samples=current.numel(), num_outliers=ref.num_outliers,
-                       num_changed_in_training=int((current != given).sum()), beta=config.beta,
+        wrong, truly = int(wrong_mask.sum()), int((wrong_mask & flagged).sum())
+    return AuditReport(rows=rows, num_samples=current.numel(), num_outliers=int(flagged.sum()),
+                       num_changed_in_training=changed, rule=rule,
                        clean_known=clean is not None, outliers_truly_wrong=truly,
                        wrong_total=wrong)
 

@@ -1,8 +1,15 @@
-"""Centroid rule and nearest-expectation inference (SPEC §3, §8; paper eqs. 6 and 17).
+"""Centroid rule and rank read-outs (SPEC §3, §8; paper eqs. 6 and 17).
 
 The centroid of rank ``q`` is the P-weighted mean of all training embeddings,
 ``mu_q = sum_x P[r_x, q] h_x / sum_x P[r_x, q]``. It is computed from per-label sums
 (``index_add_``) and the kernel ``P`` in ``O(N d + n^2 d)``, never with a loop over samples.
+
+Two read-outs turn ``D`` into ranks:
+
+* :func:`predict_ranks`, the paper's nearest expectation ``argmin_q D[x, q]`` (eq. 6);
+* :func:`posterior_median_ranks` (the driver's default, not in the paper): the median of a rank
+  posterior ``p(q | x) ∝ freq(q) exp(-D[x, q] / t)``. Eq. 6 is its limit for equal rank
+  frequencies and ``t -> 0``; unlike eq. 6 it does not hand rare end ranks wide decision regions.
 """
 
 from __future__ import annotations
@@ -15,8 +22,9 @@ from torch import nn
 
 from .ops import stochastic_dissimilarity
 
-__all__ = ["embed", "compute_centroids", "predict_ranks", "fill_missing_centroids",
-           "dissimilarities", "RankPosterior", "fit_rank_posterior", "posterior_median_ranks"]
+__all__ = ["embed", "compute_centroids", "damp_centroids", "centroid_span", "predict_ranks",
+           "fill_missing_centroids", "dissimilarities", "RankPosterior", "fit_rank_posterior",
+           "rank_posterior", "posterior_median_ranks", "median_ranks"]
 
 
 @torch.no_grad()
@@ -89,6 +97,33 @@ def compute_centroids(embeddings: torch.Tensor, labels: torch.Tensor, kernel: to
     return mu.to(embeddings.dtype)
 
 
+def damp_centroids(previous: Optional[torch.Tensor], rule: torch.Tensor, momentum: float,
+                   normalize: bool) -> torch.Tensor:
+    """Damped centroid update ``normalize(momentum * previous + (1 - momentum) * rule)``.
+
+    The paper replaces the centroids wholesale each epoch (``momentum = 0``). With a margin in
+    absolute ``D`` units that can settle into a period-2 cycle: the encoder adapts its spread to
+    the current centroids within an epoch, the next centroid rule follows that spread, and so on.
+    Averaging with the previous centroids damps the cycle.
+
+    Args:
+        previous: ``[n, d]`` centroids of the previous round, or ``None`` (then ``rule`` is used).
+        rule: ``[n, d]`` centroids from :func:`compute_centroids`.
+        momentum: weight of ``previous`` in ``[0, 1)``.
+        normalize: L2-normalize the rows of the result (as the embeddings are).
+    """
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum}.")
+    mu = rule if previous is None or momentum == 0 else (
+        momentum * previous.to(rule) + (1.0 - momentum) * rule)
+    return torch.nn.functional.normalize(mu, dim=1) if normalize else mu
+
+
+def centroid_span(centroids: torch.Tensor) -> float:
+    """``||mu_{n-1} - mu_0||``: the distance between the end-rank centroids (a scale of ``D``)."""
+    return float((centroids[-1] - centroids[0]).to(torch.float64).norm()) if len(centroids) else 0.0
+
+
 def fill_missing_centroids(mu: torch.Tensor, defined: torch.Tensor) -> torch.Tensor:
     """Fill the centroids of ranks that have no training weight and no earlier value.
 
@@ -121,7 +156,8 @@ def fill_missing_centroids(mu: torch.Tensor, defined: torch.Tensor) -> torch.Ten
 
 def predict_ranks(embeddings: torch.Tensor, centroids: torch.Tensor, sigma: float,
                   batch_size: int = 4096, backend: str = "auto") -> torch.Tensor:
-    """Nearest-expectation inference (paper eq. 6): ``argmin_q D[x, q]``, first minimum on ties.
+    """The paper's read-out (eq. 6, ``--inference nearest``): ``argmin_q D[x, q]``, first
+    minimum on ties. It ignores how common each rank is; see :func:`posterior_median_ranks`.
 
     Args:
         embeddings: ``[N, d]``.
@@ -167,50 +203,81 @@ class RankPosterior:
 
     log_prior: torch.Tensor
     temperature: float
+    log_likelihood: float = float("nan")   # mean per-sample log-likelihood of the fit
+
+
+def _log_posterior(d: torch.Tensor, log_prior: torch.Tensor, temperature: float) -> torch.Tensor:
+    # D is defined up to a per-sample constant for the posterior: shift rows for stability
+    d = d - d.min(dim=1, keepdim=True).values
+    return torch.log_softmax(-d / temperature + log_prior, dim=1)
 
 
 def fit_rank_posterior(dissimilarity: torch.Tensor, labels: torch.Tensor, num_ranks: int,
-                       smoothing: float = 0.5) -> RankPosterior:
-    """Fit the rank posterior of ``--inference posterior`` on the training set.
+                       smoothing: float = 0.5, noise_kernel: Optional[torch.Tensor] = None,
+                       prior_labels: Optional[torch.Tensor] = None) -> RankPosterior:
+    """Fit the rank posterior of ``--inference posterior`` (not in the paper).
 
-    Not in the paper (its eq. 6 is the limit ``temperature -> 0`` with a uniform prior). The
-    prior is the frequency of the current training ranks (plus ``smoothing`` per rank); the
-    temperature maximizes the mean log-likelihood of those ranks over a grid of
-    ``mean_x D[x, r_x] * 2**k``, ``k = -12 … 6``.
+    The prior is the frequency of ``prior_labels`` (default ``labels``; plus ``smoothing`` per
+    rank); the temperature maximizes the mean log-likelihood of ``labels`` over a grid of
+    ``mean_x D[x, r_x] * 2**k``, ``k = -12 … 6``. Eq. 6 is the limit ``temperature -> 0`` with a
+    uniform prior.
+
+    With ``noise_kernel`` ``P`` the labels are taken as noisy draws ``r ~ P[q, ·]`` of the rank
+    ``q`` (SPEC §2), and the likelihood is ``sum_q p(q | x) P[q, r_x]``: the posterior then
+    describes the rank, not the noisy label, and comes out sharper.
 
     Args:
-        dissimilarity: ``[N, n]`` ``D`` of the training samples.
-        labels: ``[N]`` their current integer ranks.
+        dissimilarity: ``[N, n]`` ``D`` of the samples the temperature is fitted on (held-out
+            samples give a calibrated temperature; training samples an over-confident one).
+        labels: ``[N]`` their integer ranks.
         num_ranks: ``n``.
         smoothing: pseudo-count added to every rank's count (> 0, so no rank has prior 0).
+        noise_kernel: ``[n, n]`` label-noise model, or ``None`` (labels taken as exact).
+        prior_labels: ``[N']`` ranks whose frequencies form the prior (e.g. the training set).
     """
     d = dissimilarity.detach().to(torch.float64)
     labels = labels.to(d.device).long()
-    counts = torch.bincount(labels, minlength=num_ranks).to(torch.float64) + smoothing
+    prior_from = labels if prior_labels is None else prior_labels.to(d.device).long()
+    counts = torch.bincount(prior_from, minlength=num_ranks).to(torch.float64) + smoothing
     log_prior = torch.log(counts / counts.sum())
     rows = torch.arange(labels.numel(), device=d.device)
-    # D is defined up to a per-sample constant for the posterior: shift rows for stability
-    d = d - d.min(dim=1, keepdim=True).values
-    scale = float(d[rows, labels].mean()) if labels.numel() else 0.0
+    shifted = d - d.min(dim=1, keepdim=True).values
+    scale = float(shifted[rows, labels].mean()) if labels.numel() else 0.0
     if not scale > 0.0:
-        scale = float(d.mean()) if d.numel() and float(d.mean()) > 0 else 1.0
+        scale = float(shifted.mean()) if shifted.numel() and float(shifted.mean()) > 0 else 1.0
+    log_noise = None
+    if noise_kernel is not None:  # log P[q, r_x], [N, n]
+        log_noise = noise_kernel.to(d).log()[:, labels].T
     best_ll, best_t = -float("inf"), scale
     for k in range(-12, 7):
         t = scale * 2.0 ** k
-        ll = float(torch.log_softmax(-d / t + log_prior, dim=1)[rows, labels].mean())
+        logp = _log_posterior(d, log_prior, t)
+        per_sample = (logp[rows, labels] if log_noise is None
+                      else torch.logsumexp(logp + log_noise, dim=1))
+        ll = float(per_sample.mean()) if labels.numel() else 0.0
         if ll > best_ll:
             best_ll, best_t = ll, t
-    return RankPosterior(log_prior=log_prior.to(dissimilarity.dtype), temperature=best_t)
+    return RankPosterior(log_prior=log_prior.to(dissimilarity.dtype), temperature=best_t,
+                         log_likelihood=best_ll)
+
+
+def rank_posterior(dissimilarity: torch.Tensor, posterior: RankPosterior) -> torch.Tensor:
+    """``[N, n]`` float64 probabilities ``p(q | x)`` of each row of ``D [N, n]``."""
+    d = dissimilarity.detach().to(torch.float64)
+    return _log_posterior(d, posterior.log_prior.to(d), posterior.temperature).exp()
+
+
+def median_ranks(probabilities: torch.Tensor) -> torch.Tensor:
+    """``[N]`` int64 median of each row of ``[N, n]`` rank probabilities: the first ``q`` whose
+    cumulative probability reaches 1/2 (the median minimizes the expected absolute error)."""
+    below_half = probabilities.cumsum(dim=1) < 0.5
+    return below_half.sum(dim=1).clamp(max=probabilities.shape[1] - 1).long()
 
 
 def posterior_median_ranks(dissimilarity: torch.Tensor, posterior: RankPosterior) -> torch.Tensor:
-    """Posterior median rank (it minimizes the expected absolute error) of each row of ``D [N, n]``.
+    """The driver's default read-out (``--inference posterior``; not in the paper): the median
+    rank of ``p(q | x)`` for each row of ``D [N, n]``.
 
-    Returns ``[N]`` int64 ranks in ``0 … n-1``: the first ``q`` whose cumulative posterior
-    reaches 1/2.
+    Returns ``[N]`` int64 ranks in ``0 … n-1``. The paper's read-out is :func:`predict_ranks`.
     """
-    d = dissimilarity.detach().to(torch.float64)
-    logits = -(d - d.min(dim=1, keepdim=True).values) / posterior.temperature
-    post = torch.softmax(logits + posterior.log_prior.to(d), dim=1)
-    below_half = post.cumsum(dim=1) < 0.5
-    return below_half.sum(dim=1).clamp(max=d.shape[1] - 1).long()
+    return median_ranks(rank_posterior(dissimilarity, posterior))

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .config import METHODS, TrainConfig
+from .config import (COMPARE_METHODS, INFERENCE_MODES, METHODS, PAPER_SETTINGS, RELABEL_RULES,
+                     TrainConfig)
 
 __all__ = ["main", "build_parser"]
 
@@ -32,17 +33,33 @@ def _positive_list(text: str, kind=float) -> list:
         raise argparse.ArgumentTypeError(f"expected a comma-separated list of numbers, got {text!r}")
 
 
+def _sigma(text: str) -> float | str:
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0 or 'auto', got {text!r}")
+
+
 def _add_data_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
     g.add_argument("--data", default=_DEFAULT.data,
-                   help="built-in name (abalone, fashion-mnist-blur, fashion-mnist-noise) or a "
-                        ".csv/.csv.gz/.npz file or image folder (default: %(default)s)")
+                   help="built-in name (abalone, wine-red, fashion-mnist-blur, "
+                        "fashion-mnist-noise) or a .csv/.csv.gz/.npz file or image folder "
+                        "(default: %(default)s)")
+    g.add_argument("--delimiter", default=None,
+                   help="cell separator of a CSV file: one character, or comma, semicolon, tab "
+                        "(default: sniffed from the file)")
     g.add_argument("--test-data", default=None,
                    help="separate test file with clean labels; --data is then the whole training "
                         "set with labels as given (already noisy: no noise is added by default)")
     g.add_argument("--label-column", default=None, help="label column of a CSV file (default: label)")
     g.add_argument("--test-fraction", type=float, default=_DEFAULT.test_fraction,
                    help="test share when --data is split (default: %(default)s)")
+    g.add_argument("--val-fraction", type=float, default=None,
+                   help="share of the training data (noisy labels) held out to pick the best "
+                        f"epoch; 0: the last epoch is the model (default: {_DEFAULT.val_fraction})")
 
 
 def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> None:
@@ -61,33 +78,48 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
                    help="local .pth state dict of torchvision's vgg16_bn (with --encoder vgg16bn)")
     g.add_argument("--no-normalize", dest="normalize", action="store_false",
                    help="do not L2-normalize embeddings and centroids (SOL methods)")
-    s = p.add_argument_group("SOL hyperparameters (SPEC §11)")
-    s.add_argument("--sigma", type=float, default=_DEFAULT.sigma,
-                   help="noise-model std in ranks (default: %(default)s)")
-    s.add_argument("--tau", type=int, default=_DEFAULT.tau, help="similarity threshold in ranks "
-                                                                 "(default: %(default)s)")
-    s.add_argument("--margin", type=float, default=_DEFAULT.margin,
-                   help="margin gamma (default: %(default)s)")
-    s.add_argument("--T", dest="T", type=int, default=_DEFAULT.T,
-                   help="neighbour range of the discriminative loss (default: %(default)s)")
-    s.add_argument("--disc-weight", type=float, default=_DEFAULT.disc_weight,
-                   help="weight lambda of the discriminative loss (default: %(default)s)")
-    s.add_argument("--beta", type=float, default=_DEFAULT.beta,
-                   help="outlier threshold (default: %(default)s)")
+    s = p.add_argument_group(
+        "SOL settings", "defaults: ours; --paper restores the paper's Algorithm 1 (SPEC §8, §11), "
+        "and options given beside it still apply")
+    s.add_argument("--paper", action="store_true",
+                   help="the published procedure: " + ", ".join(
+                       f"{k}={v}" for k, v in PAPER_SETTINGS.items()))
+    s.add_argument("--sigma", type=_sigma, default=None,
+                   help="noise-model std in ranks, or 'auto' (picked from 0.5, 1, 2 on the "
+                        f"validation split; 4 trainings) (default: {_DEFAULT.sigma})")
+    s.add_argument("--tau", type=int, default=None,
+                   help=f"similarity threshold in ranks (default: {_DEFAULT.tau})")
+    s.add_argument("--margin", type=float, default=None,
+                   help=f"margin gamma (default: {_DEFAULT.margin})")
+    s.add_argument("--T", dest="T", type=int, default=None,
+                   help=f"neighbour range of the discriminative loss (default: {_DEFAULT.T})")
+    s.add_argument("--disc-weight", type=float, default=None,
+                   help=f"weight lambda of the discriminative loss (default: {_DEFAULT.disc_weight})")
+    s.add_argument("--inference", choices=INFERENCE_MODES, default=None,
+                   help="rank read-out: 'posterior' = posterior median of p(q|x) ~ freq(q) "
+                        "exp(-D[x,q]/t) (not in the paper); 'nearest' = argmin_q D[x,q] (paper "
+                        f"eq. 6) (default: {_DEFAULT.inference})")
+    s.add_argument("--relabel", choices=RELABEL_RULES, default=None,
+                   help="relabeling rule: 'posterior' moves a given label to the median of "
+                        "p(rank | x, label) where that puts --relabel-mass on one side of it (not "
+                        "in the paper); 'outlier' = the paper's outlier rule, relabels accumulate "
+                        f"(default: {_DEFAULT.relabel})")
+    s.add_argument("--relabel-mass", type=float, default=None,
+                   help=f"posterior mass needed to move a label (default: {_DEFAULT.relabel_mass})")
+    s.add_argument("--beta", type=float, default=None,
+                   help=f"outlier threshold of the 'outlier' rule (default: {_DEFAULT.beta})")
+    s.add_argument("--centroid-momentum", type=float, default=None,
+                   help="centroids <- normalize(m*old + (1-m)*rule) each epoch; 0 = the paper "
+                        f"(default: {_DEFAULT.centroid_momentum})")
     s.add_argument("--convention", choices=("paper", "official"), default=_DEFAULT.convention,
                    help="loss convention; 'official' also floors the relabel step")
     s.add_argument("--pairs", choices=("all", "balanced"), default=_DEFAULT.pairs,
                    help="all pairs of a batch, or the authors' balanced sampler")
     s.add_argument("--pairs-per-class", type=int, default=_DEFAULT.pairs_per_class,
                    help="pairs kept per order relation with --pairs balanced (default: %(default)s)")
-    s.add_argument("--inference", choices=("nearest", "posterior"), default=_DEFAULT.inference,
-                   help="rank read-out of the SOL methods: 'nearest' = argmin_q D[x,q] (paper "
-                        "eq. 6); 'posterior' (not in the paper) = posterior median of "
-                        "p(q|x) ~ freq(q) exp(-D[x,q]/t), prior and t fitted on the training "
-                        "labels; it also drives relabeling (default: %(default)s)")
     r = s.add_mutually_exclusive_group()
     r.add_argument("--refine", dest="refine", action="store_true", default=None,
-                   help="relabel outliers after each epoch (default for sol)")
+                   help="relabel training labels after each epoch (default for sol)")
     r.add_argument("--no-refine", dest="refine", action="store_false",
                    help="never relabel (default for sol-no-noise)")
     o = p.add_argument_group("optimization")
@@ -96,6 +128,9 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
     o.add_argument("--weight-decay", type=float, default=_DEFAULT.weight_decay,
                    help="(default: %(default)s)")
     o.add_argument("--epochs", type=int, default=_DEFAULT.epochs, help="(default: %(default)s)")
+    o.add_argument("--patience", type=int, default=None,
+                   help="stop after this many epochs without a better validation MAE "
+                        "(default: train every epoch)")
     o.add_argument("--batch-size", type=int, default=_DEFAULT.batch_size,
                    help="(default: %(default)s)")
     o.add_argument("--device", default=_DEFAULT.device, help="cpu, cuda, cuda:1 or auto "
@@ -151,7 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "markdown tables of mean ± std test MAE and CS.")
     _add_data_options(c)
     c.add_argument("--methods", type=lambda t: [m.strip() for m in t.split(",") if m.strip()],
-                   default=list(METHODS), help=f"comma list (default: {','.join(METHODS)})")
+                   default=None, help="comma list of " + ", ".join(COMPARE_METHODS) + " (sol-paper: "
+                                      "sol with --paper; default: all but sol-paper, corn where "
+                                      "coral-pytorch is installed)")
     c.add_argument("--kappas", type=_positive_list, default=None,
                    help="Gaussian noise ratios (default: 0,0.2,0.3,0.4)")
     c.add_argument("--noises", type=lambda t: [m.strip() for m in t.split(",") if m.strip()],
@@ -166,8 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace, **override) -> TrainConfig:
+    """The run's configuration: the defaults, or the paper's settings with ``--paper``, then
+    every option given on the command line."""
     names = {f.name for f in dataclasses.fields(TrainConfig)}
-    values = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    values = dict(PAPER_SETTINGS) if getattr(args, "paper", False) else {}
+    values.update({k: v for k, v in vars(args).items() if k in names and v is not None})
     values.update(override)
     return TrainConfig(**values).validate()
 
@@ -189,7 +229,8 @@ def _kind(cfg: TrainConfig) -> str:
     """Kind of the data set ``cfg.data`` (loads it; used before a comparison)."""
     from .data import load_dataset
 
-    opts = {} if cfg.label_column is None else {"label_column": cfg.label_column}
+    opts = {k: v for k, v in (("label_column", cfg.label_column), ("delimiter", cfg.delimiter))
+            if v is not None}
     return load_dataset(cfg.data, **opts).kind
 
 
@@ -250,13 +291,15 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from .compare import markdown_tables, noise_settings, run_comparison, write_comparison
+    from .compare import (default_methods, markdown_tables, noise_settings, run_comparison,
+                          write_comparison)
 
     base = _config(args, noise="gaussian")
     _set_threads(args.threads, base, "images" if args.encoder in ("cnn", "vgg16bn") else _kind(base))
     settings = noise_settings(args.kappas, args.noises)
     args.output.mkdir(parents=True, exist_ok=True)
-    records = run_comparison(base, args.methods, settings, args.seeds, args.output, log=_say)
+    methods = default_methods() if args.methods is None else args.methods
+    records = run_comparison(base, methods, settings, args.seeds, args.output, log=_say)
     data_name = Path(base.data).name.split(".")[0]
     table = markdown_tables(records, data_name)
     write_comparison(records, table, args.output)

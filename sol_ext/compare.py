@@ -13,12 +13,28 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .checkpoint import atomic_write_text
-from .config import METHODS, TrainConfig
+from .config import COMPARE_METHODS, METHODS, PAPER_SETTINGS, TrainConfig
 from .prepare import prepare_data
 from .train import train
 
-__all__ = ["DEFAULT_SETTINGS", "noise_settings", "run_comparison", "markdown_tables",
-           "write_comparison"]
+__all__ = ["DEFAULT_SETTINGS", "COMPARE_METHODS", "default_methods", "method_config",
+           "noise_settings", "run_comparison", "markdown_tables", "write_comparison"]
+
+def default_methods() -> list[str]:
+    """Every method but ``sol-paper``; ``corn`` only where coral-pytorch is installed."""
+    try:
+        import coral_pytorch  # noqa: F401
+        has_coral = True
+    except ImportError:
+        has_coral = False
+    return [m for m in METHODS if m != "corn" or has_coral]
+
+
+def method_config(base: TrainConfig, method: str) -> TrainConfig:
+    """``base`` for one row of a comparison (``sol-paper``: sol with :data:`PAPER_SETTINGS`)."""
+    if method == "sol-paper":
+        return dataclasses.replace(base, method="sol", **PAPER_SETTINGS)
+    return dataclasses.replace(base, method=method)
 
 # Gaussian at several kappas, the other noise types at 0.3 (the paper's Table 1 layout).
 DEFAULT_KAPPAS = (0.0, 0.2, 0.3, 0.4)
@@ -49,8 +65,8 @@ def run_comparison(base: TrainConfig, methods: Sequence[str], settings: Sequence
     split and the same noisy labels.
     """
     for m in methods:
-        if m not in METHODS:
-            raise ValueError(f"unknown method {m!r}; expected some of {', '.join(METHODS)}.")
+        if m not in COMPARE_METHODS:
+            raise ValueError(f"unknown method {m!r}; expected some of {', '.join(COMPARE_METHODS)}.")
     records = []
     total = len(settings) * len(seeds) * len(methods)
     done = 0
@@ -59,7 +75,7 @@ def run_comparison(base: TrainConfig, methods: Sequence[str], settings: Sequence
             data_cfg = dataclasses.replace(base, noise=noise, kappa=kappa, seed=seed)
             data = prepare_data(data_cfg.validate())
             for method in methods:
-                cfg = dataclasses.replace(data_cfg, method=method)
+                cfg = method_config(data_cfg, method)
                 run_dir = out_dir / f"{noise}-{kappa:g}" / method / f"seed{seed}"
                 outcome = train(cfg, data, run_dir, log=lambda _line: None)
                 res = outcome.results
@@ -67,9 +83,14 @@ def run_comparison(base: TrainConfig, methods: Sequence[str], settings: Sequence
                 log(f"[{done}/{total}] {_label(noise, kappa):>14}  {method:<12} seed {seed}: "
                     f"MAE {res['test']['mae']:.3f}  CS {res['test']['cs']:.1f}%  "
                     f"relabeled {res['relabeled_total']}")
+                given, final = res["label_noise_given"], res["label_noise_final"]
                 records.append({"noise": noise, "kappa": kappa, "method": method, "seed": seed,
                                 "mae": res["test"]["mae"], "cs": res["test"]["cs"],
+                                "pearson": res["test"]["pearson"],
                                 "cs_theta": res["cs_theta"], "relabeled": res["relabeled_total"],
+                                "label_mae_given": None if given is None else given["mae"],
+                                "label_mae_final": None if final is None else final["mae"],
+                                "selected_epoch": res["selected_epoch"],
                                 "seconds": res["seconds"]})
     return records
 

@@ -1,10 +1,12 @@
-"""The four training methods behind one interface, sharing the encoder and the budget.
+"""The training methods behind one interface, sharing the encoder and the budget.
 
 * ``sol``: the stochastic order loss (order + discriminative) with the noise kernel ``P``,
-  centroid rule, nearest-expectation inference and label refinement (SPEC §3–§8).
+  centroid rule, a rank read-out and label refinement (SPEC §3–§8).
 * ``sol-no-noise``: the same loss with ``P`` = identity (plain order learning), no refinement.
 * ``l1``: a linear head regressing the rank (scaled to [0, 1]) with the L1 loss.
 * ``ce``: a linear head over the ranks, cross-entropy; prediction by argmax.
+* ``corn``: CORN ordinal regression (Shi et al. 2021), ``n - 1`` conditional binary tasks, from
+  the ``coral-pytorch`` package (``pip install sol_ext[baselines]``).
 """
 
 from __future__ import annotations
@@ -15,13 +17,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .centroids import (RankPosterior, dissimilarities, fit_rank_posterior,
-                        posterior_median_ranks, predict_ranks)
+from .centroids import RankPosterior, dissimilarities, posterior_median_ranks, predict_ranks
 from .config import TrainConfig
 from .encoders import build_encoder, default_encoder
 from .loss import StochasticOrderLoss
 
-__all__ = ["RankModel", "build_model", "training_loss", "fit_posterior", "predict"]
+__all__ = ["RankModel", "build_model", "training_loss", "predict", "require_coral"]
+
+
+def require_coral():
+    """The ``coral_pytorch`` package of ``--method corn``, or an ImportError saying how to get it."""
+    try:
+        import coral_pytorch.dataset
+        import coral_pytorch.losses
+    except ImportError as exc:
+        raise ImportError("--method corn needs the coral-pytorch package: "
+                          "pip install 'sol_ext[baselines]' (or pip install coral-pytorch).") from exc
+    return coral_pytorch
 
 
 class RankModel(nn.Module):
@@ -51,7 +63,8 @@ def build_model(config: TrainConfig, input_shape: tuple[int, ...], kind: str,
     encoder = build_encoder(name, input_shape, config.embedding_dim, config.hidden,
                             config.vgg_weights)
     d = config.embedding_dim
-    head: nn.Module = {"l1": lambda: nn.Linear(d, 1), "ce": lambda: nn.Linear(d, num_ranks)}.get(
+    head: nn.Module = {"l1": lambda: nn.Linear(d, 1), "ce": lambda: nn.Linear(d, num_ranks),
+                       "corn": lambda: nn.Linear(d, max(num_ranks - 1, 1))}.get(
         config.method, nn.Identity)()
     return RankModel(encoder, head, normalize=config.normalize and config.uses_centroids)
 
@@ -81,18 +94,9 @@ def training_loss(config: TrainConfig, model: RankModel, embeddings: torch.Tenso
         return F.l1_loss(model.head(embeddings).squeeze(1), target)
     if config.method == "ce":
         return F.cross_entropy(model.head(embeddings), labels)
+    if config.method == "corn":
+        return require_coral().losses.corn_loss(model.head(embeddings), labels, num_ranks)
     return sol_loss(embeddings, labels, centroids, pairs=pairs)
-
-
-@torch.no_grad()
-def fit_posterior(config: TrainConfig, train_embeddings: torch.Tensor, labels: torch.Tensor,
-                  num_ranks: int, centroids: Optional[torch.Tensor]) -> Optional[RankPosterior]:
-    """The rank posterior of ``config.inference == "posterior"`` (SOL methods), fitted on the
-    whole training set ``[N, d]`` with its current labels ``[N]``; ``None`` otherwise."""
-    if not config.uses_centroids or config.inference != "posterior":
-        return None
-    d = dissimilarities(train_embeddings, centroids, config.kernel_sigma, backend=config.backend)
-    return fit_rank_posterior(d, labels, num_ranks)
 
 
 @torch.no_grad()
@@ -101,13 +105,15 @@ def predict(config: TrainConfig, model: RankModel, embeddings: torch.Tensor, num
             posterior: Optional[RankPosterior] = None) -> torch.Tensor:
     """Predicted ranks ``[N]`` int64 in ``0 … n-1`` from embeddings ``[N, d]``.
 
-    SOL methods: nearest expectation ``argmin_q D[x, q]`` (paper eq. 6), or, given
-    ``posterior`` (from :func:`fit_posterior`), the posterior median rank."""
+    SOL methods: given ``posterior``, its median rank (the default read-out); without it the
+    paper's nearest expectation ``argmin_q D[x, q]`` (eq. 6)."""
     if config.method == "l1":
         scaled = model.head(embeddings).squeeze(1) * max(num_ranks - 1, 1)
         return scaled.round().clamp(0, num_ranks - 1).long()
     if config.method == "ce":
         return model.head(embeddings).argmax(dim=1)
+    if config.method == "corn":
+        return require_coral().dataset.corn_label_from_logits(model.head(embeddings)).long()
     if posterior is not None:
         d = dissimilarities(embeddings, centroids, config.kernel_sigma, backend=config.backend)
         return posterior_median_ranks(d, posterior)

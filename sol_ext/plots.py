@@ -48,13 +48,20 @@ def pca_2d(x: torch.Tensor) -> torch.Tensor:
 
 
 def plot_learning_curves(history: Sequence[dict[str, Any]], path: Path, title: str) -> None:
-    """Train loss, test MAE, label error of the current training labels and relabels per epoch."""
+    """Per epoch: training loss; test MAE, validation MAE and training-label error; relabels;
+    and, for the SOL methods, the centroid span ``||mu_last - mu_0||`` (a damped update keeps it
+    from oscillating between epochs)."""
     plt = _pyplot()
     epochs = [r["epoch"] for r in history]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    spans = [r.get("centroid_span") for r in history]
+    with_span = any(v is not None for v in spans)
+    fig, axes = plt.subplots(1, 4 if with_span else 3, figsize=(17 if with_span else 13, 3.6))
     axes[0].plot(epochs, [r["train_loss"] for r in history], marker=".")
     axes[0].set(title="training loss", xlabel="epoch")
     axes[1].plot(epochs, [r["test"]["mae"] for r in history], marker=".", label="test MAE")
+    if any(r.get("val_mae") is not None for r in history):
+        axes[1].plot(epochs, [r.get("val_mae") for r in history], marker=".",
+                     label="validation MAE vs noisy labels (ranks)")
     if history and history[0].get("labels_after") is not None:
         axes[1].plot(epochs, [r["labels_after"]["mae"] for r in history], marker=".",
                      label="training-label MAE vs clean (ranks)")
@@ -62,6 +69,9 @@ def plot_learning_curves(history: Sequence[dict[str, Any]], path: Path, title: s
     axes[1].legend(fontsize=8)
     axes[2].bar(epochs, [r["relabeled"] for r in history])
     axes[2].set(title="labels relabeled", xlabel="epoch")
+    if with_span:
+        axes[3].plot(epochs, spans, marker=".")
+        axes[3].set(title="centroid span ||mu_last - mu_0||", xlabel="epoch")
     for ax in axes:
         ax.xaxis.get_major_locator().set_params(integer=True)  # epochs are whole numbers
     fig.suptitle(title)

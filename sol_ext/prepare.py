@@ -58,7 +58,12 @@ class PreparedData:
 
 
 def _options(config: TrainConfig) -> dict[str, Any]:
-    return {} if config.label_column is None else {"label_column": config.label_column}
+    opts: dict[str, Any] = {}
+    if config.label_column is not None:
+        opts["label_column"] = config.label_column
+    if config.delimiter is not None:
+        opts["delimiter"] = config.delimiter
+    return opts
 
 
 def prepare_data(config: TrainConfig) -> PreparedData:

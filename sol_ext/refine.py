@@ -1,9 +1,17 @@
-"""Outlier detection and relabeling (SPEC §8; paper eqs. 18–20).
+"""Relabeling of training labels: the paper's outlier rule and a posterior rule.
 
-After every epoch each training sample gets a predicted rank; ``dev = r_x - rank_hat(x)``.
-Within each label group, samples whose ``|dev|`` reaches ``beta`` times the group's largest
-``|dev|`` are outliers, and each outlier moves ``step = 0.5 * mean|dev|`` ranks towards its
-prediction. The caller feeds the moved labels back in next epoch, so relabels accumulate.
+* The paper's rule (SPEC §8; eqs. 18–20; ``relabel="outlier"``): after every epoch each training
+  sample gets a predicted rank; ``dev = r_x - rank_hat(x)``. Within each label group, samples
+  whose ``|dev|`` reaches ``beta`` times the group's largest ``|dev|`` are outliers, and each
+  outlier moves ``step = 0.5 * mean|dev|`` ranks towards its prediction. The caller feeds the
+  moved labels back in next epoch, so relabels accumulate. Every label group has outliers by
+  construction, so the rule moves labels whether or not they are wrong.
+* The posterior rule (:func:`posterior_relabel`, the driver's default; not in the paper): the
+  rank of ``x`` given both its features and its given label ``r``,
+  ``p(q | x, r) ∝ p(q | x) P[q, r]``, with the noise kernel ``P`` as the model of label noise.
+  A label moves, to the median of that posterior, only where the posterior puts at least
+  ``mass`` (0.98 by default) strictly on one side of it. It is applied to the *given* labels each
+  epoch, so moves never accumulate, and a label the model stops doubting returns to its value.
 """
 
 from __future__ import annotations
@@ -12,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Refinement", "detect_outliers", "relabel_step", "relabel", "refine_labels"]
+__all__ = ["Refinement", "detect_outliers", "relabel_step", "relabel", "refine_labels",
+           "PosteriorRelabel", "posterior_relabel"]
 
 
 @dataclass(frozen=True)
@@ -125,3 +134,61 @@ def refine_labels(labels: torch.Tensor, predicted: torch.Tensor, num_ranks: int,
     new = relabel(labels, deviation, outliers, num_ranks, step)
     return Refinement(labels=new, outliers=outliers, deviation=deviation, step=step,
                       num_outliers=int(outliers.sum()), num_relabeled=int((new != labels).sum()))
+
+
+@dataclass(frozen=True)
+class PosteriorRelabel:
+    """Outcome of :func:`posterior_relabel`.
+
+    Attributes:
+        labels: ``[N]`` int64 labels after relabeling.
+        flagged: ``[N]`` bool, the labels that moved.
+        confidence: ``[N]`` float64 posterior mass strictly on the far side of the given label
+            (below it for labels that move down, above for labels that move up; the larger side
+            for the others).
+        suggested: ``[N]`` int64 median of ``p(q | x, r)`` (equal to ``labels`` where flagged).
+        num_relabeled: how many labels moved.
+    """
+
+    labels: torch.Tensor
+    flagged: torch.Tensor
+    confidence: torch.Tensor
+    suggested: torch.Tensor
+    num_relabeled: int
+
+
+def posterior_relabel(labels: torch.Tensor, rank_probabilities: torch.Tensor,
+                      noise_kernel: torch.Tensor, mass: float = 0.98) -> PosteriorRelabel:
+    """The posterior relabeling rule (not in the paper; see the module docstring).
+
+    Args:
+        labels: ``[N]`` given integer ranks ``r_x``.
+        rank_probabilities: ``[N, n]`` ``p(q | x)`` from the model (rows sum to 1;
+            :func:`sol_ext.centroids.rank_posterior`).
+        noise_kernel: ``[n, n]`` label-noise model ``P[q, r]`` (``sol_ext.noise_kernel``).
+        mass: in ``[0.5, 1)``: how much of ``p(q | x, r)`` must lie strictly on one side of
+            ``r`` for the label to move. Larger moves fewer labels.
+
+    Returns:
+        A :class:`PosteriorRelabel`; a flagged label moves to the median of ``p(q | x, r)``.
+    """
+    if not 0.5 <= mass < 1.0:
+        raise ValueError(f"mass must be in [0.5, 1), got {mass}.")
+    n = noise_kernel.shape[0]
+    if rank_probabilities.dim() != 2 or rank_probabilities.shape != (labels.numel(), n):
+        raise ValueError(f"expected rank probabilities [N, n] = [{labels.numel()}, {n}], got "
+                         f"{tuple(rank_probabilities.shape)}.")
+    _check(labels, labels, n)
+    labels = labels.long().to(rank_probabilities.device)
+    p = rank_probabilities.to(torch.float64)
+    joint = p * noise_kernel.to(p)[:, labels].T          # p(q | x) P[q, r_x], [N, n]
+    joint = joint / joint.sum(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    cum = joint.cumsum(dim=1)
+    rows = torch.arange(labels.numel(), device=p.device)
+    below = torch.where(labels > 0, cum[rows, (labels - 1).clamp(min=0)], torch.zeros_like(cum[:, 0]))
+    above = 1.0 - cum[rows, labels]
+    suggested = (cum < 0.5).sum(dim=1).clamp(max=n - 1)
+    flagged = ((below >= mass) | (above >= mass)) & (suggested != labels)
+    new = torch.where(flagged, suggested, labels)
+    return PosteriorRelabel(labels=new, flagged=flagged, confidence=torch.maximum(below, above),
+                            suggested=suggested, num_relabeled=int(flagged.sum()))

@@ -2,16 +2,22 @@
 
 Per epoch:
 1. train the encoder on shuffled batches of the current labels, with the centroids fixed;
-2. (SOL) recompute the centroids over the whole training set (eval mode, no gradient);
-3. predict every training sample; (SOL, refinement on) detect outliers and relabel them;
-4. evaluate on the test set against clean labels; save a checkpoint.
+2. (SOL) the centroid rule over the whole training set (eval mode, no gradient), damped with
+   the previous centroids (``centroid_momentum``; 0 is the paper's wholesale replacement);
+3. read out ranks (the posterior median by default, eq. 6 with ``inference="nearest"``) and
+   (SOL) relabel training labels: by the posterior rule from the given labels (default), or by
+   the paper's outlier rule, whose relabels accumulate;
+4. score the validation split (drawn, stratified, from the noisy training data) against its own
+   noisy labels; the best epoch so far is the model (``best.pt``); evaluate on the test set
+   against clean labels (reported, never used for any choice); save a checkpoint.
 
-The centroids are also computed once before the first epoch. The relabeled labels feed the
-next epoch, so relabels accumulate; they are kept in the checkpoint.
+The centroids are also computed once before the first epoch. With ``val_fraction=0`` (the
+paper) there is no split and the last epoch is the model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,18 +26,21 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .centroids import compute_centroids, embed
+from .centroids import (centroid_span, compute_centroids, damp_centroids, dissimilarities, embed,
+                        fit_rank_posterior, median_ranks, posterior_median_ranks, rank_posterior)
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .config import TrainConfig
+from .data import split_indices
+from .methods import RankModel, build_model, make_sol_loss, predict, training_loss
 from .metrics import summarize
-from .methods import RankModel, build_model, fit_posterior, make_sol_loss, predict, training_loss
 from .noise import noise_statistics
 from .ops import noise_kernel
 from .pairs import balanced_pairs, sample_references
 from .prepare import PreparedData
-from .refine import refine_labels
+from .refine import posterior_relabel, refine_labels
 
-__all__ = ["RunOutcome", "train", "resolve_device", "cs_theta_of"]
+__all__ = ["RunOutcome", "train", "resolve_device", "cs_theta_of", "validation_split",
+           "BEST_NAME"]
 
 
 @dataclass
@@ -107,31 +116,121 @@ def _batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.
     return out
 
 
-def _centroids(config: TrainConfig, model: RankModel, data: PreparedData, labels: torch.Tensor,
-               kernel: torch.Tensor, previous: Optional[torch.Tensor], device: torch.device,
-               batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Training embeddings ``[N, d]`` and the centroids ``[n, d]`` by the centroid rule."""
-    h = embed(model, data.train_x, batch_size, device)
-    mu = compute_centroids(h, labels.to(device), kernel, previous=previous)
-    if config.normalize:
-        mu = F.normalize(mu, dim=1)  # as the embeddings (SPEC §10.4)
-    return h, mu
+BEST_NAME = "best.pt"
+
+
+@dataclass
+class _Split:
+    """Row numbers of the training data the encoder fits (``fit``) and of the validation split."""
+
+    fit: torch.Tensor
+    val: Optional[torch.Tensor]
+
+
+def validation_split(given: torch.Tensor, fraction: float, seed: int) -> _Split:
+    """A split of the training rows, stratified by their (noisy) given ranks; ``fraction`` 0:
+    every row is fitted and there is no validation split."""
+    if fraction <= 0:
+        return _Split(fit=torch.arange(given.numel()), val=None)
+    fit, val = split_indices(given.cpu(), test_fraction=fraction, seed=seed + 7919)
+    return _Split(fit=fit, val=val)
+
+
+@dataclass
+class _Readout:
+    """What one epoch's model says about every sample (ranks in ``0 … n-1``)."""
+
+    fit_pred: torch.Tensor
+    val_pred: Optional[torch.Tensor]
+    test_pred: torch.Tensor
+    test_h: torch.Tensor
+    fit_probabilities: Optional[torch.Tensor]   # [N_fit, n] p(q|x) when a posterior is fitted
+    val_probabilities: Optional[torch.Tensor]
+
+
+def _sol_readout(config: TrainConfig, sigma: float, model: RankModel, n: int,
+                 fit_h: torch.Tensor, fit_labels: torch.Tensor, val_x: Optional[torch.Tensor],
+                 val_labels: Optional[torch.Tensor], test_x: torch.Tensor,
+                 centroids: torch.Tensor, kernel: torch.Tensor, device: torch.device,
+                 batch_size: int) -> _Readout:
+    """Rank read-out of the SOL methods: posterior median (default) or eq. 6."""
+    val_h = None if val_x is None else embed(model, val_x, batch_size, device)
+    test_h = embed(model, test_x, batch_size, device)
+    backend = config.backend
+    d_fit = dissimilarities(fit_h, centroids, sigma, backend=backend)
+    d_val = None if val_h is None else dissimilarities(val_h, centroids, sigma, backend=backend)
+    d_test = dissimilarities(test_h, centroids, sigma, backend=backend)
+    needs_posterior = config.inference == "posterior" or (
+        config.refines and config.relabel == "posterior")
+    p_fit = p_val = None
+    if needs_posterior:
+        # The temperature is fitted on held-out samples when there are any: on the samples the
+        # encoder was fitted to, the posterior comes out over-confident. The prior is the rank
+        # frequency of the training labels.
+        on_d, on_labels = (d_fit, fit_labels) if d_val is None else (d_val, val_labels)
+        posterior = fit_rank_posterior(on_d, on_labels, n, prior_labels=fit_labels)
+        p_fit = rank_posterior(d_fit, posterior)
+        p_val = None if d_val is None else rank_posterior(d_val, posterior)
+        if config.inference == "posterior":
+            pick = median_ranks
+            return _Readout(fit_pred=pick(p_fit), val_pred=None if p_val is None else pick(p_val),
+                            test_pred=posterior_median_ranks(d_test, posterior), test_h=test_h,
+                            fit_probabilities=p_fit, val_probabilities=p_val)
+
+    def nearest(d: torch.Tensor) -> torch.Tensor:
+        return torch.argmin(d, dim=1)  # eq. 6, first minimum on ties
+
+    return _Readout(fit_pred=nearest(d_fit), val_pred=None if d_val is None else nearest(d_val),
+                    test_pred=nearest(d_test), test_h=test_h, fit_probabilities=p_fit,
+                    val_probabilities=p_val)
+
+
+def _head_readout(config: TrainConfig, model: RankModel, n: int, fit_h: torch.Tensor,
+                  val_x: Optional[torch.Tensor], test_x: torch.Tensor, device: torch.device,
+                  batch_size: int) -> _Readout:
+    """Predictions of the baselines with an output head (l1, ce, corn)."""
+    val_h = None if val_x is None else embed(model, val_x, batch_size, device)
+    test_h = embed(model, test_x, batch_size, device)
+
+    def pred(h: torch.Tensor) -> torch.Tensor:
+        return predict(config, model, h, n, None)
+
+    return _Readout(fit_pred=pred(fit_h), val_pred=None if val_h is None else pred(val_h),
+                    test_pred=pred(test_h), test_h=test_h, fit_probabilities=None,
+                    val_probabilities=None)
+
+
+def _rank_mae(pred: torch.Tensor, labels: torch.Tensor) -> float:
+    return float((pred.long().cpu() - labels.long().cpu()).abs().double().mean())
 
 
 def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool = False,
           progress: bool = False, log: Callable[[str], None] = print) -> RunOutcome:
-    """Train ``config.method`` on ``data``; checkpoint to ``out_dir/checkpoint.pt`` every epoch.
+    """Train ``config.method`` on ``data``; checkpoint to ``out_dir/checkpoint.pt`` every epoch
+    and the best epoch so far to ``out_dir/best.pt``.
 
     Args:
-        config: the run's settings (validated here).
+        config: the run's settings (validated here). ``sigma="auto"`` is resolved first by
+            :func:`sol_ext.tuning.select_sigma` on the validation split.
         data: from :func:`sol_ext.prepare.prepare_data`.
-        out_dir: folder of the checkpoint (created).
+        out_dir: folder of the checkpoints (created).
         resume: continue from the checkpoint in ``out_dir`` (same configuration and data, else
             :class:`sol_ext.checkpoint.CheckpointMismatch`); ``config.epochs`` may be larger.
         progress: show a progress bar per epoch.
         log: receives one line per epoch.
+
+    Returns:
+        The outcome of the selected epoch (the best validation MAE against the noisy
+        validation labels, or the last epoch without a validation split).
     """
     config.validate()
+    sigma_choice: Optional[dict[str, Any]] = None
+    run_config = config
+    if config.uses_centroids and config.sigma == "auto":
+        from .tuning import select_sigma
+
+        sigma_choice = select_sigma(config, data, log=log)
+        run_config = dataclasses.replace(config, sigma=sigma_choice["sigma"])
     device = resolve_device(config.device)
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = out_dir / CHECKPOINT_NAME
@@ -139,24 +238,31 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
     eval_bs = max(256, config.batch_size)
     start = time.perf_counter()
 
+    split = validation_split(data.train_given, config.val_fraction, config.seed)
+    fit_x = data.train_x[split.fit].to(device)
+    given = data.train_given[split.fit].to(device)
+    clean = None if data.train_clean is None else data.train_clean[split.fit]
+    val_x = None if split.val is None else data.train_x[split.val].to(device)
+    val_labels = None if split.val is None else data.train_given[split.val].to(device)
+    test_x = data.test_x.to(device)
+
     torch.manual_seed(config.seed)
     gen = torch.Generator().manual_seed(config.seed + 1)  # shuffling and pair sampling
-    model = build_model(config, data.input_shape, data.kind, n).to(device)
+    model = build_model(run_config, data.input_shape, data.kind, n).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
                                  weight_decay=config.weight_decay)
-    kernel = (noise_kernel(n, config.kernel_sigma, dtype=torch.float64, device=device)
+    sigma = run_config.kernel_sigma if config.uses_centroids else None
+    kernel = (noise_kernel(n, sigma, dtype=torch.float64, device=device)
               if config.uses_centroids else None)
-    sol_loss = make_sol_loss(config, n) if config.uses_centroids else None
-    train_x = data.train_x.to(device)
-    test_x = data.test_x.to(device)
+    sol_loss = make_sol_loss(run_config, n) if config.uses_centroids else None
     fingerprint = data.fingerprint()
 
     history: list[dict[str, Any]] = []
     centroids: Optional[torch.Tensor] = None
-    labels = data.train_given.clone().to(device)
+    labels = given.clone()
     first_epoch = 1
     elapsed_before = 0.0
-    state: Optional[dict[str, Any]] = None
+    best: Optional[dict[str, Any]] = None
     if resume:
         state = load_checkpoint(ckpt_path, config, fingerprint)
         model.load_state_dict(state["model"])
@@ -166,64 +272,123 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
         history = state["history"]
         first_epoch = state["epoch"] + 1
         elapsed_before = float(state.get("elapsed_s", 0.0))
+        sigma_choice = state.get("sigma_choice", sigma_choice)
         torch.set_rng_state(state["torch_rng"])
         gen.set_state(state["generator_rng"])
+        best = load_checkpoint(out_dir / BEST_NAME)
         log(f"resuming {out_dir} after epoch {state['epoch']}")
     elif config.uses_centroids:
-        _, centroids = _centroids(config, model, data, labels, kernel, None, device, eval_bs)
+        fit_h = embed(model, fit_x, eval_bs, device)
+        centroids = _centroid_rule(config, fit_h, labels, kernel, None)
 
-    train_pred = test_pred = test_h = None
     for epoch in range(first_epoch, config.epochs + 1):
+        if best is not None and config.patience is not None \
+                and epoch - 1 - best["epoch"] >= config.patience:
+            break  # a resumed run that had already stopped early
         # 1. network training, centroids fixed
-        loss = _train_epoch(config, model, optimizer, train_x, labels, n, centroids, sol_loss,
+        loss = _train_epoch(run_config, model, optimizer, fit_x, labels, n, centroids, sol_loss,
                             gen, progress, epoch)
-
-        # 2. centroid rule; 3. predictions, outliers, relabeling
         record: dict[str, Any] = {"epoch": epoch, "train_loss": loss}
+
+        # 2. centroid rule; 3. read-out and relabeling
+        fit_h = embed(model, fit_x, eval_bs, device)
         if config.uses_centroids:
-            train_h, centroids = _centroids(config, model, data, labels, kernel, centroids,
-                                            device, eval_bs)
+            centroids = _centroid_rule(config, fit_h, labels, kernel, centroids)
+            record["centroid_span"] = centroid_span(centroids)
+            out = _sol_readout(run_config, sigma, model, n, fit_h, labels, val_x, val_labels,
+                               test_x, centroids, kernel, device, eval_bs)
         else:
-            train_h = embed(model, train_x, eval_bs, device)
-        posterior = fit_posterior(config, train_h, labels, n, centroids)
-        train_pred = predict(config, model, train_h, n, centroids, posterior)
-        record["train_mae_vs_labels"] = float((train_pred - labels).abs().float().mean())
-        record["labels_before"] = _label_stats(labels, data.train_clean)
-        if config.refines:
-            ref = refine_labels(labels, train_pred, n, config.beta,
+            out = _head_readout(run_config, model, n, fit_h, val_x, test_x, device, eval_bs)
+        record["train_mae_vs_labels"] = _rank_mae(out.fit_pred, labels)
+        record["labels_before"] = _label_stats(labels.cpu(), clean)
+        suggestion = None
+        if config.refines and config.relabel == "posterior":
+            suggestion = posterior_relabel(given, out.fit_probabilities, kernel,
+                                           config.relabel_mass)
+            labels = suggestion.labels
+            record.update(outliers=suggestion.num_relabeled, relabeled=suggestion.num_relabeled,
+                          step=0.0)
+        elif config.refines:
+            ref = refine_labels(labels, out.fit_pred, n, config.beta,
                                 floor_step=config.convention == "official")
             labels = ref.labels
             record.update(outliers=ref.num_outliers, relabeled=ref.num_relabeled, step=ref.step)
         else:
             record.update(outliers=0, relabeled=0, step=0.0)
-        record["labels_after"] = _label_stats(labels, data.train_clean)
+        record["labels_after"] = _label_stats(labels.cpu(), clean)
 
-        # 4. test evaluation against clean labels
-        test_h = embed(model, test_x, eval_bs, device)
-        test_pred = predict(config, model, test_h, n, centroids, posterior)
-        record["test"] = _test_metrics(config, data, test_pred)
+        # 4. model selection on the validation split; test metrics (reported only)
+        record["val_mae"] = None if out.val_pred is None else _rank_mae(out.val_pred, val_labels)
+        record["test"] = _test_metrics(config, data, out.test_pred)
         history.append(record)
         log(_epoch_line(record, config.epochs))
 
-        save_checkpoint(ckpt_path, {
+        improved = best is None or record["val_mae"] is None or record["val_mae"] < best["val_mae"]
+        snapshot = {
             "config": config.to_dict(), "fingerprint": fingerprint, "epoch": epoch,
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "model": model.state_dict(),
             "centroids": None if centroids is None else centroids.cpu(),
-            "labels": labels.cpu(), "given_labels": data.train_given.cpu(),
-            "clean_labels": None if data.train_clean is None else data.train_clean.cpu(),
-            "train_rows": None if data.train_rows is None else data.train_rows.cpu(),
-            "train_pred": train_pred.cpu(), "test_pred": test_pred.cpu(),
-            "history": history, "torch_rng": torch.get_rng_state(),
+            "labels": labels.cpu(), "given_labels": given.cpu(),
+            "clean_labels": clean, "train_rows": _rows(data, split.fit),
+            "val_rows": None if split.val is None else _rows(data, split.val),
+            "train_pred": out.fit_pred.cpu(), "test_pred": out.test_pred.cpu(),
+            "val_mae": record["val_mae"], "sigma_choice": sigma_choice,
+            "audit": _audit_arrays(config, data, split, out, kernel, suggestion),
+        }
+        if improved:
+            best = {**snapshot, "test_embeddings": out.test_h.cpu()}
+            save_checkpoint(out_dir / BEST_NAME, best)
+        save_checkpoint(ckpt_path, {
+            **snapshot, "optimizer": optimizer.state_dict(), "history": history,
+            "best_epoch": best["epoch"], "torch_rng": torch.get_rng_state(),
             "generator_rng": gen.get_state(),
             "elapsed_s": elapsed_before + time.perf_counter() - start})
 
-    if test_pred is None:  # resumed a run that had already finished all its epochs
-        train_pred, test_pred = state["train_pred"].to(device), state["test_pred"].to(device)
-        test_h = embed(model, test_x, eval_bs, device)
+    results = _results(config, data, history, best, sigma_choice,
+                       elapsed_before + time.perf_counter() - start)
+    return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
+                      test_pred=best["test_pred"], train_pred=best["train_pred"],
+                      labels=best["labels"])
 
-    results = _results(config, data, history, labels, elapsed_before + time.perf_counter() - start)
-    return RunOutcome(results=results, test_embeddings=test_h.cpu(), test_pred=test_pred.cpu(),
-                      train_pred=train_pred.cpu(), labels=labels.cpu())
+
+def _centroid_rule(config: TrainConfig, fit_h: torch.Tensor, labels: torch.Tensor,
+                   kernel: torch.Tensor, previous: Optional[torch.Tensor]) -> torch.Tensor:
+    """Centroids ``[n, d]`` by the centroid rule, damped with ``previous``, normalized as the
+    embeddings (SPEC §10.4)."""
+    rule = compute_centroids(fit_h, labels.to(fit_h.device), kernel, previous=previous)
+    return damp_centroids(previous, rule, config.centroid_momentum, normalize=config.normalize)
+
+
+def _rows(data: PreparedData, index: torch.Tensor) -> torch.Tensor:
+    """Row numbers in the data file of the training samples ``index``."""
+    return (index if data.train_rows is None else data.train_rows[index]).cpu()
+
+
+def _audit_arrays(config: TrainConfig, data: PreparedData, split: _Split, out: _Readout,
+                  kernel: Optional[torch.Tensor], suggestion) -> Optional[dict[str, torch.Tensor]]:
+    """Per-sample suggestions of the posterior relabeling rule over every training row (fitted
+    and validation), for ``sol-ext audit``; ``None`` when the run does not use that rule."""
+    if not (config.refines and config.relabel == "posterior"):
+        return None
+    parts = [(split.fit, out.fit_probabilities, suggestion)]
+    if split.val is not None:
+        val_given = data.train_given[split.val].to(out.val_probabilities.device)
+        parts.append((split.val, out.val_probabilities,
+                      posterior_relabel(val_given, out.val_probabilities, kernel,
+                                        config.relabel_mass)))
+    index = torch.cat([p[0] for p in parts])
+    order = torch.argsort(index)
+
+    def cat(get) -> torch.Tensor:
+        return torch.cat([get(p).cpu() for p in parts])[order]
+
+    return {"rows": _rows(data, index[order]),
+            "given": data.train_given[index[order]].cpu(),
+            "clean": None if data.train_clean is None else data.train_clean[index[order]].cpu(),
+            "predicted": cat(lambda p: median_ranks(p[1])),
+            "suggested": cat(lambda p: p[2].labels),
+            "confidence": cat(lambda p: p[2].confidence).float(),
+            "probabilities": cat(lambda p: p[1]).float()}
 
 
 def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.Optimizer,
@@ -259,30 +424,43 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
 
 def _epoch_line(r: dict[str, Any], epochs: int) -> str:
     t = r["test"]
-    line = (f"epoch {r['epoch']:>3}/{epochs}  loss {r['train_loss']:.4f}  "
-            f"test MAE {t['mae']:.3f}  CS {t['cs']:.1f}%")
+    line = f"epoch {r['epoch']:>3}/{epochs}  loss {r['train_loss']:.4f}"
+    if r.get("val_mae") is not None:
+        line += f"  val MAE {r['val_mae']:.3f}"
+    line += f"  test MAE {t['mae']:.3f}  CS {t['cs']:.1f}%"
     if r["relabeled"] or r["outliers"]:
-        line += f"  outliers {r['outliers']}  relabeled {r['relabeled']}"
+        line += f"  relabeled {r['relabeled']}"
     if r["labels_after"] is not None:
         line += f"  label MAE {r['labels_before']['mae']:.3f}->{r['labels_after']['mae']:.3f}"
     return line
 
 
 def _results(config: TrainConfig, data: PreparedData, history: list[dict[str, Any]],
-             labels: torch.Tensor, seconds: float) -> dict[str, Any]:
-    final = history[-1]
+             best: dict[str, Any], sigma_choice: Optional[dict[str, Any]],
+             seconds: float) -> dict[str, Any]:
+    chosen = history[best["epoch"] - 1]
     enc = data.encoder
+    given = best["given_labels"]
+    clean = best["clean_labels"]
     return {
         "config": config.to_dict(),
         "data": {"name": data.name, "kind": data.kind, "num_ranks": data.num_ranks,
                  "min_value": float(enc.min_value), "step": float(enc.step),
-                 "n_train": int(data.train_x.shape[0]), "n_test": int(data.test_x.shape[0])},
+                 "n_train": int(given.numel()),
+                 "n_val": 0 if best["val_rows"] is None else int(best["val_rows"].numel()),
+                 "n_test": int(data.test_x.shape[0])},
         "cs_theta": cs_theta_of(config, data),
-        "test": final["test"],
+        "selected_epoch": best["epoch"],
+        "epochs_run": len(history),
+        "selection": "best validation MAE (noisy labels)" if config.selects_model else "last epoch",
+        "val_mae": chosen["val_mae"],
+        "sigma_selected": None if sigma_choice is None else sigma_choice["sigma"],
+        "sigma_search": sigma_choice,
+        "test": chosen["test"],
         "relabeled_total": int(sum(r["relabeled"] for r in history)),
-        "labels_changed": int((labels.cpu() != data.train_given.cpu()).sum()),
-        "label_noise_given": _label_stats(data.train_given, data.train_clean),
-        "label_noise_final": _label_stats(labels.cpu(), data.train_clean),
+        "labels_changed": int((best["labels"] != given).sum()),
+        "label_noise_given": _label_stats(given, clean),
+        "label_noise_final": _label_stats(best["labels"], clean),
         "history": history,
         "seconds": seconds,
     }

@@ -1,0 +1,44 @@
+"""Hyperparameters picked from the data: ``--sigma auto``.
+
+The noise-model width ``sigma`` (in ranks) says how far a label may lie from the truth. It is
+picked from :data:`sol_ext.config.SIGMA_GRID` by the best validation MAE (against the noisy
+validation labels, as the epoch is; never the test set), one full training run per candidate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .config import SIGMA_GRID, TrainConfig
+from .prepare import PreparedData
+
+__all__ = ["select_sigma"]
+
+
+def select_sigma(config: TrainConfig, data: PreparedData, grid: Sequence[float] = SIGMA_GRID,
+                 log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train ``config`` once per ``sigma`` in ``grid``; return the one of best validation MAE.
+
+    Returns:
+        ``{"sigma": best, "val_mae": {sigma: MAE, ...}}`` (MAE in ranks, at each run's selected
+        epoch). Ties go to the earlier candidate.
+    """
+    from .train import train  # train() calls this function for sigma="auto"
+
+    if not config.selects_model:
+        raise ValueError("sigma 'auto' is picked on the validation split; it needs a validation "
+                         "fraction > 0.")
+    scores: dict[float, float] = {}
+    with tempfile.TemporaryDirectory(prefix="sol-ext-sigma-") as tmp:
+        for sigma in grid:
+            trial = dataclasses.replace(config, sigma=float(sigma), patience=config.patience)
+            outcome = train(trial, data, Path(tmp) / f"sigma{sigma:g}", log=lambda _line: None)
+            scores[float(sigma)] = float(outcome.results["val_mae"])
+            log(f"sigma {sigma:g}: validation MAE {scores[float(sigma)]:.3f} "
+                f"(epoch {outcome.results['selected_epoch']})")
+    best = min(scores, key=lambda s: scores[s])
+    log(f"sigma auto -> {best:g}")
+    return {"sigma": best, "val_mae": {f"{s:g}": v for s, v in scores.items()}}
