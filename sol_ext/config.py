@@ -53,6 +53,10 @@ NO_NOISE_SIGMA = 1e-3
 # Candidates of `--sigma auto`, in ranks: picked by validation MAE (sol_ext.tuning).
 SIGMA_GRID = (0.5, 1.0, 2.0)
 
+# Largest embedding size: far above any use (the paper's is 512), and it refuses a typo such as
+# 100000000 with a clear error instead of an allocation failure.
+MAX_EMBEDDING_DIM = 65536
+
 # Fields a resumed run may change: more epochs, patience, another device or kernel backend.
 CONFIG_FIELDS_FREE_ON_RESUME = frozenset({"epochs", "patience", "device", "backend"})
 
@@ -188,7 +192,8 @@ class TrainConfig:
         need(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}.")
         need(self.batch_size >= 2, f"batch size must be >= 2 (pairs need two samples), "
                                    f"got {self.batch_size}.")
-        need(self.embedding_dim >= 1, f"embedding dim must be >= 1, got {self.embedding_dim}.")
+        need(1 <= self.embedding_dim <= MAX_EMBEDDING_DIM,
+             f"embedding dim must be in 1 … {MAX_EMBEDDING_DIM}, got {self.embedding_dim}.")
         need(all(h >= 1 for h in self.hidden), f"hidden widths must be >= 1, got {self.hidden}.")
         need(self.pairs_per_class >= 1,
              f"pairs per class must be >= 1, got {self.pairs_per_class}.")

@@ -66,9 +66,17 @@ def resolve_device(name: str) -> torch.device:
     """``auto`` -> CUDA when available, else CPU; anything else must exist."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={name!r} is not a device; expected cpu, cuda, cuda:N or auto.")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} requested but CUDA is not available; use --device cpu.")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r} requested but there are {torch.cuda.device_count()} "
+                         f"CUDA devices (cuda:0 … cuda:{torch.cuda.device_count() - 1}).")
     return dev
 
 
@@ -408,18 +416,27 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
             ref = sample_references(y, labels, config.tau, gen).to(train_x.device)
             x, y = torch.cat([x, train_x[ref]]), torch.cat([y, labels[ref]])
             pairs = balanced_pairs(y, config.tau, config.pairs_per_class, gen)
-        loss = training_loss(config, model, model(x), y, n, centroids, sol_loss, pairs)
+        out = model(x)
+        if not bool(torch.isfinite(out).all()):  # weights blown up by the previous step
+            raise FloatingPointError(_diverged(config, epoch, "the network's outputs"))
+        loss = training_loss(config, model, out, y, n, centroids, sol_loss, pairs)
         if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"the training loss became {float(loss)} in epoch {epoch}; lower --lr, or keep "
-                f"embeddings normalized (the default).")
+            raise FloatingPointError(_diverged(config, epoch, f"the loss ({float(loss)})"))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         total += float(loss.detach())
         bar.update(float(loss.detach()))
     bar.close()
+    # the last step may have blown up the weights: say so here, not as NaN centroids or metrics
+    if not bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all()):
+        raise FloatingPointError(_diverged(config, epoch, "the weights"))
     return total / max(len(batches), 1)
+
+
+def _diverged(config: TrainConfig, epoch: int, what: str) -> str:
+    return (f"training diverged in epoch {epoch}: {what} became NaN or infinite at learning "
+            f"rate {config.lr:g}; lower --lr, or keep embeddings normalized (the default).")
 
 
 def _epoch_line(r: dict[str, Any], epochs: int) -> str:
