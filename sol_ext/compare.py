@@ -14,11 +14,13 @@ from typing import Any, Callable, Sequence
 
 from .checkpoint import atomic_write_text
 from .config import COMPARE_METHODS, METHODS, PAPER_SETTINGS, TrainConfig
+from .noise import NOISE_TYPES
 from .prepare import prepare_data
-from .train import train
+from .train import resolve_device, train
 
 __all__ = ["DEFAULT_SETTINGS", "COMPARE_METHODS", "default_methods", "method_config",
-           "noise_settings", "run_comparison", "markdown_tables", "write_comparison"]
+           "noise_settings", "check_comparison", "run_comparison", "markdown_tables",
+           "write_comparison"]
 
 def default_methods() -> list[str]:
     """Every method but ``sol-paper``; ``corn`` only where coral-pytorch is installed."""
@@ -51,6 +53,50 @@ def noise_settings(kappas: Sequence[float] | None = None,
     return [("gaussian", float(k)) for k in kappas] + [(t, 0.3) for t in noises]
 
 
+def check_comparison(base: TrainConfig, methods: Sequence[str],
+                     settings: Sequence[tuple[str, float]], seeds: Sequence[int]) -> None:
+    """Refuse, before anything trains, a comparison that would stop half-way or say nothing: an
+    empty or repeated ``--methods``/``--seeds``, no noise setting, an unknown noise type, or
+    any (setting, method, seed) whose configuration is invalid.
+
+    Raises:
+        ValueError: naming the option, what was wrong and what is expected.
+    """
+    def once(values: Sequence[Any], flag: str, example: str) -> None:
+        if not values:
+            raise ValueError(f"{flag} is empty; expected a comma-separated list such as {example}.")
+        repeated = sorted({str(v) for v in values if list(values).count(v) > 1})
+        if repeated:
+            raise ValueError(f"{flag} lists {', '.join(repeated)} more than once; give each once.")
+
+    once(list(methods), "--methods", ",".join(COMPARE_METHODS[:2]))
+    unknown = [m for m in methods if m not in COMPARE_METHODS]
+    if unknown:
+        raise ValueError(f"--methods: unknown method {unknown[0]!r}; expected some of "
+                         f"{', '.join(COMPARE_METHODS)}.")
+    once(list(seeds), "--seeds", "0,1,2")
+    if not settings:
+        raise ValueError("no noise setting to compare: --kappas and --noises are both empty; "
+                         "give at least one, e.g. --kappas 0.3.")
+    once([k for n, k in settings if n == "gaussian"], "--kappas", "0,0.2,0.3")
+    others = [n for n, _ in settings if n != "gaussian"]
+    if others:
+        once(others, "--noises", ",".join(OTHER_NOISE))
+    for noise in others:
+        key = noise.strip().lower().replace("_", "-")  # as add_label_noise reads it
+        if key not in NOISE_TYPES or key in ("gaussian", "none"):
+            known = [t for t in NOISE_TYPES if t not in ("gaussian", "none")]
+            raise ValueError(f"--noises: unknown noise type {noise!r}; expected some of "
+                             f"{', '.join(known)} (Gaussian noise and clean labels are the "
+                             f"--kappas columns).")
+    resolve_device(base.device)
+    for noise, kappa in settings:
+        for seed in seeds:
+            for method in methods:
+                method_config(dataclasses.replace(base, noise=noise, kappa=kappa, seed=seed),
+                              method).validate()
+
+
 def _label(noise: str, kappa: float) -> str:
     return "clean" if kappa == 0 else f"{noise} {kappa:g}"
 
@@ -64,9 +110,7 @@ def run_comparison(base: TrainConfig, methods: Sequence[str], settings: Sequence
     (setting, seed) are prepared once and shared by the methods, so all methods see the same
     split and the same noisy labels.
     """
-    for m in methods:
-        if m not in COMPARE_METHODS:
-            raise ValueError(f"unknown method {m!r}; expected some of {', '.join(COMPARE_METHODS)}.")
+    check_comparison(base, methods, settings, seeds)
     records = []
     total = len(settings) * len(seeds) * len(methods)
     done = 0
