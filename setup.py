@@ -136,11 +136,12 @@ setup(
     license="MIT",
     python_requires=">=3.9",
     packages=find_packages(include=["sol_ext", "sol_ext.*"]),
+    py_modules=["sol_ext_launcher"],  # the command's entry point, outside the package (see there)
     package_data={"sol_ext": ["datasets/*"]},
     install_requires=["torch>=2.4", "numpy", "matplotlib", "tqdm", "pillow"],
     extras_require={"vision": ["torchvision"], "test": ["pytest", "pytest-benchmark"]},
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension},
-    entry_points={"console_scripts": ["sol-ext = sol_ext.cli:main"]},
+    entry_points={"console_scripts": ["sol-ext = sol_ext_launcher:main"]},
     zip_safe=False,
 )

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from .errors import UsageError, command_line_flags, user_error_message
 from .config import (COMPARE_METHODS, INFERENCE_MODES, METHODS, PAPER_SETTINGS, RELABEL_RULES,
                      TrainConfig)
 
@@ -20,10 +21,6 @@ __all__ = ["main", "build_parser"]
 
 _DEFAULT = TrainConfig()
 EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """A problem with the user's input; printed as one line, exit status 2."""
 
 
 def _positive_list(text: str, kind=float) -> list:
@@ -244,35 +241,41 @@ def _default_output(cfg: TrainConfig) -> Path:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .checkpoint import CHECKPOINT_NAME
+    from .checkpoint import CHECKPOINT_NAME, check_resumable
     from .prepare import prepare_data
-    from .report import clear_results, format_table, write_outputs
-    from .train import train
+    from .report import clear_results, format_table, noise_label, write_outputs
+    from .rundir import run_folder
+    from .train import resolve_device, train
 
     noise = args.noise or ("none" if args.test_data else "gaussian")
     cfg = _config(args, noise=noise)
+    resolve_device(cfg.device)
     out = args.output or _default_output(cfg)
-    if (out / CHECKPOINT_NAME).exists() and not (args.resume or args.overwrite):
-        raise UsageError(f"{out} already holds a run; pass --resume to continue it, --overwrite "
-                         f"to start afresh, or another --output.")
-    if args.resume and not (out / CHECKPOINT_NAME).exists():
-        raise UsageError(f"--resume: no checkpoint in {out}; train without --resume first.")
-    say = (lambda _line: None) if args.quiet else _say
-    start = time.perf_counter()
-    data = prepare_data(cfg)
-    _set_threads(args.threads, cfg, data.kind)
-    say(f"{data.name}: {data.train_x.shape[0]} training / {data.test_x.shape[0]} test samples, "
-        f"{data.num_ranks} ranks; {cfg.method}, {noise} noise kappa={cfg.kappa:g} -> {out}")
-    out.mkdir(parents=True, exist_ok=True)
-    clear_results(out)
-    if args.overwrite and not args.resume:
-        (out / CHECKPOINT_NAME).unlink(missing_ok=True)
-    outcome = train(cfg, data, out, resume=args.resume,
-                    progress=not args.quiet and sys.stdout.isatty(), log=say)
-    path = write_outputs(outcome, data, out, plots=args.plots)
-    print(format_table([outcome.results]))
-    print(f"{time.perf_counter() - start:.1f} s; results in {path}")
-    return 0
+    # one run at a time in `out`; a Ctrl-C says what the folder holds
+    with run_folder(out):
+        if (out / CHECKPOINT_NAME).exists() and not (args.resume or args.overwrite):
+            raise UsageError(f"{out} already holds a run; pass --resume to continue it, "
+                             f"--overwrite to start afresh, or another --output.")
+        if args.resume and not (out / CHECKPOINT_NAME).exists():
+            raise UsageError(f"--resume: no checkpoint in {out}; train without --resume first.")
+        say = (lambda _line: None) if args.quiet else _say
+        start = time.perf_counter()
+        data = prepare_data(cfg)
+        _set_threads(args.threads, cfg, data.kind)
+        say(f"{data.name}: {data.train_x.shape[0]} training / {data.test_x.shape[0]} test "
+            f"samples, {data.num_ranks} ranks; {cfg.method}, noise "
+            f"{noise_label(noise, cfg.kappa)} -> {out}")
+        if args.resume:  # refuse before the finished run's results are cleared
+            check_resumable(out / CHECKPOINT_NAME, cfg, data.fingerprint())
+        clear_results(out)
+        if args.overwrite and not args.resume:
+            (out / CHECKPOINT_NAME).unlink(missing_ok=True)
+        outcome = train(cfg, data, out, resume=args.resume,
+                        progress=not args.quiet and sys.stdout.isatty(), log=say)
+        path = write_outputs(outcome, data, out, plots=args.plots)
+        print(format_table([outcome.results]))
+        print(f"{time.perf_counter() - start:.1f} s; results in {path}")
+        return 0
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
@@ -291,20 +294,23 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from .compare import (default_methods, markdown_tables, noise_settings, run_comparison,
-                          write_comparison)
+    from .compare import (check_comparison, default_methods, markdown_tables, noise_settings,
+                          run_comparison, write_comparison)
+    from .rundir import run_folder
 
     base = _config(args, noise="gaussian")
-    _set_threads(args.threads, base, "images" if args.encoder in ("cnn", "vgg16bn") else _kind(base))
     settings = noise_settings(args.kappas, args.noises)
-    args.output.mkdir(parents=True, exist_ok=True)
     methods = default_methods() if args.methods is None else args.methods
-    records = run_comparison(base, methods, settings, args.seeds, args.output, log=_say)
-    data_name = Path(base.data).name.split(".")[0]
-    table = markdown_tables(records, data_name)
-    write_comparison(records, table, args.output)
-    print(table)
-    return 0
+    check_comparison(base, methods, settings, args.seeds)  # every option before the first run
+    _set_threads(args.threads, base, "images" if args.encoder in ("cnn", "vgg16bn") else _kind(base))
+    out = args.output
+    with run_folder(out, note=lambda: f"interrupted; {out / 'compare.md'} was not updated."):
+        records = run_comparison(base, methods, settings, args.seeds, out, log=_say)
+        data_name = Path(base.data).name.split(".")[0]
+        table = markdown_tables(records, data_name)
+        write_comparison(records, table, out)
+        print(table)
+        return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -314,15 +320,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     handler = {"train": _cmd_train, "audit": _cmd_audit, "compare": _cmd_compare}[args.command]
     try:
         return handler(args)
-    except (UsageError, ValueError, FileNotFoundError, ImportError, OSError) as exc:
-        # bad input: the message says what and how to fix it; no traceback
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    except KeyboardInterrupt as exc:
+        # a run says what its output folder holds (rundir.RunInterrupted); elsewhere, nothing
+        # was written
+        print(f"sol-ext: {exc or 'interrupted; nothing was written.'}", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        # bad input: the message says what and how to fix it, with the command's flags; no
+        # traceback. Anything else is a bug and keeps its traceback.
+        message = user_error_message(exc, command_line_flags(parser))
+        if message is None:
+            raise
         print(f"sol-ext: error: {message}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("sol-ext: interrupted; the last finished epoch is checkpointed (use --resume).",
-              file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

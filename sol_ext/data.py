@@ -845,7 +845,7 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
                          "delimiter out")
     if options.get("label_column") is not None and (key.lower() in _NAMED or key.lower().endswith(".npz")):
         raise ValueError(f"label_column={options['label_column']!r} applies to CSV files and image folders; "
-                         f"{key!r} is neither: leave label_column out")
+                         f"{key!r} is neither, so do not pass label_column=")
     if key.lower() == "abalone":
         return load_abalone(**options)
     if key.lower() == "wine-red":

@@ -16,6 +16,11 @@ RESULTS_NAME = "results.json"
 PLOT_NAMES = ("learning_curves.png", "cs_curve.png", "embeddings_pca.png")
 
 
+def noise_label(noise: str, kappa: float) -> str:
+    """``"gaussian kappa=0.3"``; ``"none"`` when no noise is added (kappa then means nothing)."""
+    return "none" if noise == "none" else f"{noise} kappa={kappa:g}"
+
+
 def clear_results(out_dir: Path) -> None:
     """Remove an earlier run's results and plots, so a failed rerun leaves nothing that looks
     like a result (the checkpoint stays, for ``--resume``)."""
@@ -31,7 +36,7 @@ def write_outputs(outcome: RunOutcome, data: PreparedData, out_dir: Path,
         from .plots import plot_cs_curve, plot_embeddings, plot_learning_curves
 
         cfg = results["config"]
-        title = f"{data.name}: {cfg['method']}, {cfg['noise']} noise kappa={cfg['kappa']:g}"
+        title = f"{data.name}: {cfg['method']}, noise {noise_label(cfg['noise'], cfg['kappa'])}"
         plot_learning_curves(results["history"], out_dir / PLOT_NAMES[0], title)
         decode = data.encoder.decode
         errors = decode(outcome.test_pred) - decode(data.test_ranks)
@@ -53,7 +58,7 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
         cfg, test = r["config"], r["test"]
         given, final = r.get("label_noise_given"), r.get("label_noise_final")
         label_mae = "-" if given is None else f"{given['mae']:.3f}->{final['mae']:.3f}"
-        rows.append((cfg["method"], r["data"]["name"], f"{cfg['noise']} {cfg['kappa']:g}",
+        rows.append((cfg["method"], r["data"]["name"], noise_label(cfg["noise"], cfg["kappa"]),
                      f"{test['mae']:.3f}", f"{test['cs']:.1f}% @{r['cs_theta']:g}",
                      str(r["relabeled_total"]), label_mae))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]

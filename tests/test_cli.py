@@ -1,9 +1,14 @@
 """The sol-ext command end to end on tiny data, and its one-line errors on bad input."""
 
 import csv
+import gzip
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -140,13 +145,21 @@ def expect_error(capsys, argv, *needles):
     assert err.startswith("sol-ext: error:")
     for needle in needles:
         assert needle in err, err
+    return err
 
 
 def test_missing_label_column(tmp_path, capsys):
     data = tiny_csv(tmp_path / "d.csv")
-    expect_error(capsys, ["train", "--data", str(data), "--label-column", "age",
-                          "--output", str(tmp_path / "o")], "age")
-    assert not (tmp_path / "o" / "results.json").exists()
+    err = expect_error(capsys, ["train", "--data", str(data), "--label-column", "age",
+                                "--output", str(tmp_path / "o")], "age", "--label-column")
+    assert "label_column=" not in err  # the command's flag, not the library's argument name
+    assert not (tmp_path / "o").exists()
+
+
+def test_label_column_with_data_that_has_no_columns(tmp_path, capsys):
+    err = expect_error(capsys, ["train", "--label-column", "age", "--output", str(tmp_path / "o")],
+                       "--label-column", "abalone")
+    assert "label_column=" not in err
 
 
 def test_non_numeric_label(tmp_path, capsys):
@@ -217,3 +230,177 @@ def test_posterior_inference_option(tmp_path, capsys):
                  "--output", str(out), "--no-plots", "--quiet"]) == 0
     saved = json.loads((out / "results.json").read_text())
     assert saved["config"]["inference"] == "posterior"
+
+
+
+# ---------------------------------------------------------------------------------------------
+# damaged files and impossible settings: one line, exit status 2
+
+
+@pytest.mark.parametrize("name,damage,words", [
+    ("d.csv.gz", lambda raw: gzip.compress(raw)[:200], "truncated"),
+    ("d.npz", lambda raw: bytes(range(256)) * 8, "not an .npz archive"),
+    ("d.csv", lambda raw: raw.replace(b"label", b"\xe9label"), "not UTF-8"),
+])
+def test_damaged_data_file(tmp_path, capsys, name, damage, words):
+    raw = tiny_csv(tmp_path / "src.csv").read_bytes()
+    path = tmp_path / name
+    path.write_bytes(damage(raw))
+    expect_error(capsys, ["train", "--data", str(path), "--output", str(tmp_path / "o"), *FAST],
+                 str(path), words)
+
+
+def test_unknown_device(tmp_path, capsys):
+    expect_error(capsys, ["train", "--device", "tpu", "--output", str(tmp_path / "o"), *FAST],
+                 "tpu", "--device")
+
+
+def test_absurd_embedding_size(tmp_path, capsys):
+    expect_error(capsys, ["train", "--embedding-dim", "100000000", "--output",
+                          str(tmp_path / "o"), "--epochs", "1"], "embedding")
+
+
+def test_diverging_training_says_so_with_the_epoch(tmp_path, capsys):
+    data = tiny_csv(tmp_path / "d.csv")
+    args = [a if a != "0.01" else "inf" for a in FAST]  # --lr inf
+    expect_error(capsys, ["train", "--data", str(data), "--output", str(tmp_path / "o"), *args],
+                 "diverged", "epoch 1", "--lr")
+
+
+def test_no_noise_prints_no_kappa(tmp_path, capsys):
+    train = tiny_csv(tmp_path / "train.csv", seed=1)
+    test = tiny_csv(tmp_path / "test.csv", n=40, seed=2)
+    assert main(["train", "--data", str(train), "--test-data", str(test), "--output",
+                 str(tmp_path / "run"), "--no-plots", *FAST]) == 0
+    printed = capsys.readouterr().out
+    assert "noise none" in printed
+    for line in printed.splitlines():
+        line = line.split(" -> ")[0]  # not the output folder's name
+        if "none" in line:
+            assert "kappa" not in line and "none 0" not in line, line
+
+
+# ---------------------------------------------------------------------------------------------
+# the output folder: a refused --resume changes nothing, one run at a time, Ctrl-C
+
+
+def test_refused_resume_keeps_the_finished_runs_results(tmp_path, capsys):
+    code, out = run_train(tmp_path)
+    assert code == 0
+    kept = ("results.json", "learning_curves.png", "cs_curve.png", "embeddings_pca.png",
+            "checkpoint.pt")
+    before = {name: (out / name).read_bytes() for name in kept}
+    data = str(tmp_path / "d.csv")
+    other = str(tiny_csv(tmp_path / "other.csv", n=100, seed=7))
+    resume = ["train", "--output", str(out), "--quiet", "--resume", *FAST]
+    refused = [[*resume, "--data", data, "--margin", "0.123"],   # other settings
+               [*resume, "--data", other]]                        # other data
+    if not torch.cuda.is_available():
+        refused.append([*resume, "--data", data, "--device", "cuda"])  # no such device here
+    for argv in refused:
+        assert main(argv) == 2, argv
+        assert {name: (out / name).read_bytes() for name in kept} == before, argv
+    # a damaged checkpoint: refused, and the results stay
+    (out / "checkpoint.pt").write_bytes(before["checkpoint.pt"][:1000])
+    assert main([*resume, "--data", data]) == 2
+    assert "damaged" in capsys.readouterr().err
+    for name in kept[:-1]:
+        assert (out / name).read_bytes() == before[name], name
+
+
+def test_second_run_into_the_same_output_is_refused(tmp_path, capsys):
+    from sol_ext.rundir import lock_output_folder
+
+    data = tiny_csv(tmp_path / "d.csv")
+    out = tmp_path / "run"
+    with lock_output_folder(out):  # a run in progress there
+        expect_error(capsys, ["train", "--data", str(data), "--output", str(out), *FAST],
+                     "in use by another sol-ext run", "--output")
+        assert [p.name for p in out.iterdir()] == [".lock"]
+
+
+def _ctrl_c_at_optimizer_step(monkeypatch, step):
+    """Make the ``step``-th optimizer step of the run raise KeyboardInterrupt (as Ctrl-C does)."""
+    calls = []
+    zero_grad = torch.optim.Optimizer.zero_grad
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) >= step:
+            raise KeyboardInterrupt
+        return zero_grad(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Optimizer, "zero_grad", interrupted)
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_nothing_is_saved(tmp_path, capsys, monkeypatch):
+    _ctrl_c_at_optimizer_step(monkeypatch, 3)
+    code, out = run_train(tmp_path)
+    err = capsys.readouterr().err
+    assert code == 130 and len(err.strip().splitlines()) == 1, err
+    assert "nothing to resume" in err and "--resume" not in err, err
+    assert not (out / "checkpoint.pt").exists()
+
+
+def test_ctrl_c_after_an_epoch_points_to_its_checkpoint(tmp_path, capsys, monkeypatch):
+    code, out = run_train(tmp_path)  # 2 epochs, checkpointed
+    assert code == 0
+    capsys.readouterr()
+    _ctrl_c_at_optimizer_step(monkeypatch, 2)
+    more = [a if a != "2" else "4" for a in FAST]  # --epochs 4
+    code = main(["train", "--data", str(tmp_path / "d.csv"), "--output", str(out), "--quiet",
+                 "--resume", *more])
+    err = capsys.readouterr().err
+    assert code == 130 and "checkpoint of epoch 2" in err and "--resume" in err, err
+    assert not (out / ".lock").exists()
+
+
+def test_ctrl_c_while_starting_prints_no_traceback(tmp_path):
+    """The ``sol-ext`` command as installed: a Ctrl-C while torch loads ends it quietly."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from sol_ext_launcher import main; sys.exit(main())",
+         "train", "--output", str(tmp_path / "o")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    time.sleep(0.5)  # importing torch takes seconds
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.startswith("sol-ext: interrupted"), err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+# ---------------------------------------------------------------------------------------------
+# compare: every option checked before the first run
+
+
+COMPARE_FAST = ["--epochs", "1", "--batch-size", "16", "--embedding-dim", "4", "--hidden", "16"]
+
+
+@pytest.mark.parametrize("option,flag", [
+    (["--seeds", ""], "--seeds"),
+    (["--methods", ""], "--methods"),
+    (["--kappas", "", "--noises", ""], "--kappas"),
+    (["--methods", "sol,l1,sol"], "--methods"),
+    (["--seeds", "0,0"], "--seeds"),
+    (["--noises", "laplacian,none"], "--noises"),
+])
+def test_compare_refuses_empty_or_repeated_lists_and_keeps_compare_md(tmp_path, capsys, option,
+                                                                       flag):
+    data = tiny_csv(tmp_path / "d.csv")
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "compare.md").write_text("earlier tables\n")
+    expect_error(capsys, ["compare", "--data", str(data), "--output", str(out), *COMPARE_FAST,
+                          *option], flag)
+    assert (out / "compare.md").read_text() == "earlier tables\n"
+
+
+def test_compare_refuses_an_unknown_noise_before_anything_trains(tmp_path, capsys):
+    data = tiny_csv(tmp_path / "d.csv")
+    out = tmp_path / "cmp"
+    expect_error(capsys, ["compare", "--data", str(data), "--output", str(out), "--seeds", "0",
+                          "--kappas", "0.3", "--noises", "laplacian,pink", *COMPARE_FAST],
+                 "pink", "--noises")
+    assert not out.exists() or not any(out.rglob("checkpoint.pt"))
