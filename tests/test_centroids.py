@@ -146,3 +146,32 @@ def test_posterior_median_is_the_first_rank_reaching_half_of_the_mass():
     # one rank far closer than the others: the posterior concentrates there
     d = torch.tensor([[0.0, 50.0, 50.0, 50.0], [50.0, 50.0, 50.0, 0.0]])
     assert posterior_median_ranks(d, flat).tolist() == [0, 3]
+
+
+def test_damped_centroids_average_with_the_previous_ones_then_normalize():
+    from sol_ext.centroids import centroid_span, damp_centroids
+
+    old, rule = torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([[0.0, 1.0], [0.0, 1.0]])
+    mixed = damp_centroids(old, rule, 0.5, normalize=True)
+    torch.testing.assert_close(mixed[0], torch.tensor([0.5, 0.5]) / 0.5 ** 0.5)
+    assert torch.equal(damp_centroids(old, rule, 0.0, normalize=False), rule)  # the paper's rule
+    assert torch.equal(damp_centroids(None, rule, 0.5, normalize=False), rule)
+    assert centroid_span(old) == pytest.approx(2 ** 0.5)
+    with pytest.raises(ValueError, match="momentum"):
+        damp_centroids(old, rule, 1.0, normalize=True)
+
+
+def test_posterior_fitted_through_the_noise_model_is_sharper():
+    """With a noise kernel the likelihood is sum_q p(q|x) P[q, r]: the labels' spread is partly
+    the noise's, so the fitted posterior of the rank is sharper (a lower temperature)."""
+    from sol_ext import noise_kernel
+    from sol_ext.centroids import fit_rank_posterior
+
+    g = torch.Generator().manual_seed(0)
+    n = 12
+    truth = torch.randint(2, n - 2, (400,), generator=g)
+    d = (torch.arange(n)[None, :] - truth[:, None]).double() ** 2
+    noisy = (truth + torch.randint(-1, 2, (400,), generator=g)).clamp(0, n - 1)
+    plain = fit_rank_posterior(d, noisy, n)
+    through = fit_rank_posterior(d, noisy, n, noise_kernel=noise_kernel(n, 1.0, dtype=torch.float64))
+    assert through.temperature < plain.temperature

@@ -57,7 +57,8 @@ def test_train_audit_end_to_end(tmp_path, capsys):
     summary = capsys.readouterr().out
     assert "look wrong" in summary
     rows = list(csv.DictReader(open(out / "audit.csv")))
-    assert len(rows) == results["data"]["n_train"]
+    # every training row, the validation split included
+    assert len(rows) == results["data"]["n_train"] + results["data"]["n_val"]
     assert list(rows[0]) == ["index", "given_label", "current_label", "predicted_label",
                              "deviation", "outlier", "suggested_label", "clean_label"]
     flagged = sum(r["outlier"] == "1" for r in rows)
@@ -78,7 +79,7 @@ def test_rerun_needs_resume_or_overwrite_and_resume_continues(tmp_path, capsys):
     assert len(json.loads((out / "results.json").read_text())["history"]) == 3
     # resuming with another configuration is a one-line error
     code = main(["train", "--data", data, "--output", str(out), "--quiet", "--resume",
-                 *more, "--tau", "1"])
+                 *more, "--tau", "2"])
     err = capsys.readouterr().err
     assert code == 2 and "another configuration" in err and "tau" in err
     assert len(err.strip().splitlines()) == 1
@@ -100,7 +101,8 @@ def test_separate_test_file_with_noisy_training_labels(tmp_path, capsys):
     capsys.readouterr()
     results = json.loads((out / "results.json").read_text())
     assert results["config"]["noise"] == "none" and results["label_noise_given"] is None
-    assert results["data"]["n_train"] == 120 and results["data"]["n_test"] == 40
+    assert results["data"]["n_train"] + results["data"]["n_val"] == 120
+    assert results["data"]["n_test"] == 40
     assert main(["audit", str(out), "--csv", "-"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].endswith("suggested_label") and len(lines) == 121
@@ -118,7 +120,9 @@ def test_compare_small_grid(tmp_path, capsys):
     for m in ("sol", "sol-no-noise", "l1", "ce"):
         assert f"| {m} |" in table
     assert table.strip().endswith((out / "compare.md").read_text().strip())
-    assert len(json.loads((out / "compare.json").read_text())) == 4
+    from sol_ext.compare import default_methods
+
+    assert len(json.loads((out / "compare.json").read_text())) == len(default_methods())
 
 
 def test_default_dataset_one_epoch(tmp_path, capsys):
@@ -404,3 +408,15 @@ def test_compare_refuses_an_unknown_noise_before_anything_trains(tmp_path, capsy
                           "--kappas", "0.3", "--noises", "laplacian,pink", *COMPARE_FAST],
                  "pink", "--noises")
     assert not out.exists() or not any(out.rglob("checkpoint.pt"))
+
+
+def test_paper_switch_restores_algorithm_1_and_options_beside_it_still_apply(tmp_path):
+    from sol_ext.config import PAPER_SETTINGS
+
+    code, out = run_train(tmp_path, "--paper", "--sigma", "2", "--no-plots")
+    assert code == 0
+    cfg = json.loads((out / "results.json").read_text())["config"]
+    assert cfg["sigma"] == 2.0  # given beside --paper
+    assert all(cfg[k] == v for k, v in PAPER_SETTINGS.items() if k != "sigma")
+    results = json.loads((out / "results.json").read_text())
+    assert results["selection"] == "last epoch" and results["selected_epoch"] == 2

@@ -114,3 +114,47 @@ def test_sample_references_respects_the_chosen_relation():
     assert {(0, 0), (0, 1), (0, 5), (0, 9)} <= seen
     # only one training sample of rank 5: its similar reference is itself
     assert (5, 5) in seen
+
+
+# -- the posterior rule (the driver's default; not in the paper) -----------------------------------
+
+def _one_hot_probs(ranks, n, spread=0.0):
+    p = torch.full((len(ranks), n), spread / n, dtype=torch.float64)
+    p[torch.arange(len(ranks)), torch.tensor(ranks)] += 1.0 - spread
+    return p / p.sum(dim=1, keepdim=True)
+
+
+def test_posterior_rule_moves_a_label_only_when_the_evidence_is_one_sided():
+    from sol_ext import noise_kernel
+    from sol_ext.refine import posterior_relabel
+
+    n = 10
+    kernel = noise_kernel(n, 1.0, dtype=torch.float64)
+    labels = torch.tensor([0, 5, 5])
+    # sample 0: the model is sure of rank 4, four ranks above its label -> moves up;
+    # sample 1: the model agrees with the label -> stays; sample 2: the model is vague -> stays
+    probs = torch.stack([_one_hot_probs([4], n)[0], _one_hot_probs([5], n)[0],
+                         torch.full((n,), 1.0 / n, dtype=torch.float64)])
+    out = posterior_relabel(labels, probs, kernel, mass=0.98)
+    assert out.labels.tolist() == [4, 5, 5] and out.flagged.tolist() == [True, False, False]
+    assert out.num_relabeled == 1 and out.confidence[0] > 0.98
+
+
+def test_posterior_rule_never_moves_labels_under_an_exact_noise_model():
+    from sol_ext.refine import posterior_relabel
+
+    n = 6
+    probs = torch.softmax(torch.randn(50, n, dtype=torch.float64) * 5, dim=1)
+    labels = torch.randint(0, n, (50,))
+    out = posterior_relabel(labels, probs, torch.eye(n, dtype=torch.float64), mass=0.5)
+    assert out.num_relabeled == 0 and torch.equal(out.labels, labels)
+
+
+def test_posterior_rule_checks_its_arguments():
+    from sol_ext.refine import posterior_relabel
+
+    kernel = torch.eye(4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="mass"):
+        posterior_relabel(torch.zeros(2, dtype=torch.long), torch.full((2, 4), 0.25), kernel, 0.3)
+    with pytest.raises(ValueError, match="rank probabilities"):
+        posterior_relabel(torch.zeros(2, dtype=torch.long), torch.full((2, 3), 0.3), kernel)
