@@ -123,3 +123,28 @@ def test_only_needed_gradients_are_computed(device):
         torch.ones(6, 5, dtype=torch.float64, device=device), h, mu.detach(), 1.0, True, False
     )
     assert grad_h.shape == (6, 4) and grad_mu.numel() == 0
+
+
+# -------------------------------------------------------------------------------------------------
+# Numerical edge cases
+# -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("explicit", [False, True])
+def test_nan_in_D_gives_nan_like_the_reference(device, dtype, explicit):
+    """The public functions refuse a NaN in D; the op itself (torch.compile skips the value checks)
+    gives NaN for exactly the pairs that read it, as the reference does, never a silent 0."""
+    gen = torch.Generator().manual_seed(5)
+    B, n = 9, 6
+    D = torch.randn(B, n, generator=gen, dtype=torch.float64).to(device, dtype)
+    D[2, 3] = math.nan
+    labels = random_labels(B, n, gen, device)
+    pairs = torch.tensor([[0, 1], [2, 5], [4, 2], [3, 8], [2, 2], [7, 6]], device=device) if explicit else None
+    fused = torch.ops.sol_ext.order_loss(D, labels, pairs, 1.0, 1, 0.25, "paper")
+    ref = reference.order_loss(D, labels, pairs, 1.0, 1, 0.25, "paper", reduction="none")
+    assert fused.isnan().any()
+    assert torch.equal(fused.isnan(), ref.isnan())
+    finite = ~ref.isnan()
+    assert_rel_close(fused[finite], ref[finite], REL_TOL[dtype], "finite losses")

@@ -4,12 +4,13 @@
 // that a row of D is read coalesced and a pair's sum over q ends in a warp reduction. No [M,n] or
 // [B,B,n] intermediate is ever formed; D (small, [B,n]) is read through L1/L2.
 //
-// Precision: the hinge arguments delta = D[x,q] - D[y,q], delta + gamma, gamma - delta and
-// |delta| - gamma are evaluated in the input dtype (scalar_t; for float16/bfloat16 that is c10::Half /
-// c10::BFloat16 arithmetic: float math rounded back to the input dtype after each operation), so the
-// hinge decisions are exactly those of PairTerms (sol_math.h), the CPU kernel and the PyTorch reference.
-// Sums run in acc_t (float32 for float16/bfloat16/float32, float64 for float64), and the probability
-// table is read in acc_t from the device copy cached by ordering_table().
+// Precision: delta = D[x,q] - D[y,q] is rounded to the input dtype (scalar_t), and the hinge arguments
+// delta + gamma, gamma - delta and |delta| - gamma are computed in acc_t with gamma in acc_t and rounded
+// once to scalar_t (HingeArgs, sol_math.h): the expressions of the PyTorch reference, so the hinge
+// decisions are exactly those of the CPU kernel and the reference; gamma is never rounded to
+// float16/bfloat16. Sums run in acc_t (float32 for float16/bfloat16/float32, float64 for float64), and
+// the probability table is read in acc_t from the device copy cached by ordering_table(). A NaN in D
+// gives NaN losses for the pairs that read it, as on the CPU and in the reference.
 //
 // All pairs (pairs = None):
 //   forward   one warp per micro-tile of XW x-rows by YW y-rows (only pairs x < y are written): per
@@ -66,37 +67,15 @@ struct LossArgs {
   const acc_type<scalar_t>* __restrict__ table;  // [n,n,3]: (lt, eq, gt) of (r_x, r_y)
   int64_t B;
   int n;
-  scalar_t gamma;
+  acc_type<scalar_t> gamma;
   bool official;
 };
 
-// |v| as PairTerms writes it (v < 0 ? -v : v); for float/double the hardware absolute value, which
-// differs only in the sign of a zero result, and |delta| - gamma then has the same value and sign.
-template <typename T>
-__device__ __forceinline__ T magnitude(T v) {
-  return v < T(0) ? -v : v;
-}
-__device__ __forceinline__ float magnitude(float v) {
-  return fabsf(v);
-}
-__device__ __forceinline__ double magnitude(double v) {
-  return fabs(v);
-}
-
-// [v]+ in acc_t; equals (v > 0 ? v : 0) up to the sign of a zero (NaN gives 0 in both).
-__device__ __forceinline__ float positive_part(float v) {
-  return fmaxf(v, 0.0f);
-}
-__device__ __forceinline__ double positive_part(double v) {
-  return fmax(v, 0.0);
-}
-
-// The hinge arguments of PairTerms::loss/grad (sol_math.h), same expressions, in scalar_t.
+// The hinge arguments of one rank from both rows' values (HingeArgs, sol_math.h).
 template <typename scalar_t>
-struct Hinges {
-  scalar_t delta, above, below, apart;
-  __device__ __forceinline__ Hinges(scalar_t dx, scalar_t dy, scalar_t gamma)
-      : delta(dx - dy), above(delta + gamma), below(gamma - delta), apart(magnitude(delta) - gamma) {}
+struct Hinges : HingeArgs<scalar_t, acc_type<scalar_t>> {
+  __device__ __forceinline__ Hinges(scalar_t dx, scalar_t dy, acc_type<scalar_t> gamma)
+      : HingeArgs<scalar_t, acc_type<scalar_t>>(static_cast<scalar_t>(dx - dy), gamma) {}
 };
 
 template <typename scalar_t>
@@ -275,8 +254,9 @@ __global__ void __launch_bounds__(kBackwardThreads) order_loss_all_pairs_backwar
         const Hinges<scalar_t> hinge(dx[a][k], dy[k], args.gamma);
         // PairTerms::grad, with its eq term [|delta| - gamma > 0] sgn(delta) eq rewritten through the
         // signs of the other two hinges: for gamma >= 0, |delta| - gamma > 0 and delta > 0 exactly when
-        // gamma - delta < 0, and with delta < 0 exactly when delta + gamma < 0 (each rounded sum or
-        // difference has the sign of the exact one, in every dtype here). Same decisions, fewer tests.
+        // gamma - delta < 0, and with delta < 0 exactly when delta + gamma < 0 (HingeArgs rounds each
+        // argument once, and rounding is symmetric: apart == -below for delta > 0, apart == -above for
+        // delta < 0). Same decisions, fewer tests.
         if (hinge.above > scalar_t(0)) {
           g_above_lt[a][k] += c_lt;
           g_above_gt[a][k] += c_gt;
@@ -468,7 +448,7 @@ LossArgs<scalar_t> make_args(const OrderLossProblem& problem, const at::Tensor& 
   args.table = table.data_ptr<acc_type<scalar_t>>();
   args.B = problem.B;
   args.n = static_cast<int>(problem.n);
-  args.gamma = static_cast<scalar_t>(margin);
+  args.gamma = static_cast<acc_type<scalar_t>>(margin);
   args.official = problem.convention == Convention::Official;
   return args;
 }
