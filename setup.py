@@ -1,8 +1,8 @@
 """Build sol_ext: fused C++ (and, when possible, CUDA) kernels for Stochastic Order Learning.
 
-Build against the torch you will run with:  pip install --no-build-isolation .
-(An isolated build would compile against whatever torch pip fetches into a throwaway
-environment, and the extension would then fail to load beside your own torch.)
+The extension is compiled against the torch installed in the environment it goes into:
+`pip install .` finds that torch through the in-tree build backend (build_backend/), and
+`pip install --no-build-isolation .` imports it directly. No torch is downloaded for the build.
 
 Switches (environment variables):
   SOL_EXT_FORCE_CUDA=1   compile the CUDA kernels even when auto-detection says no (fails if it can't)
@@ -43,12 +43,10 @@ try:
     from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 except ImportError:
     sys.exit(
-        "sol_ext builds against the installed torch, and none is importable here (pip's default\n"
-        "isolated build environment does not see the torch you installed).\n"
-        "Install torch first, then build without build isolation so that the extension is compiled\n"
-        "against that same torch:\n"
+        "sol_ext builds against the torch installed where it will run, and none is importable.\n"
+        "Install torch first, then sol_ext:\n"
         "    pip install torch\n"
-        "    pip install --no-build-isolation ."
+        "    pip install ."
     )
 
 
@@ -138,8 +136,12 @@ setup(
     packages=find_packages(include=["sol_ext", "sol_ext.*"]),
     py_modules=["sol_ext_launcher"],  # the command's entry point, outside the package (see there)
     package_data={"sol_ext": ["datasets/*"]},
-    install_requires=["torch>=2.4", "numpy", "matplotlib", "tqdm", "pillow"],
-    extras_require={"vision": ["torchvision"], "test": ["pytest", "pytest-benchmark"]},
+    # the kernels load only beside the torch they were compiled with (sol_ext/__init__.py checks)
+    install_requires=[f"torch=={torch.__version__.split('+')[0]}", "numpy", "matplotlib", "tqdm",
+                      "pillow"],
+    extras_require={"vision": ["torchvision"], "test": ["pytest", "pytest-benchmark"],
+                    # --method corn; the label-audit comparison of benchmarks/bench_accuracy.py
+                    "baselines": ["coral-pytorch"], "bench": ["coral-pytorch", "cleanlab"]},
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension},
     entry_points={"console_scripts": ["sol-ext = sol_ext_launcher:main"]},
