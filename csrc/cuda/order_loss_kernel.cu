@@ -604,7 +604,8 @@ at::Tensor order_loss_cuda(
   at::Tensor losses = at::empty({M}, D.options());
   if (M == 0) return losses;
   const at::Tensor table = problem.table(sigma, tau, table_dtype(D.scalar_type()));
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const c10::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream();
+  cuda::record_use(table, stream);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, D.scalar_type(), "order_loss_cuda", [&] {
     const LossArgs<scalar_t> args = make_args<scalar_t>(problem, table, margin);
     if (problem.pairs.has_value()) {
@@ -639,7 +640,8 @@ at::Tensor order_loss_backward_cuda(
   // A stride-0 gradient (the backward of a mean or sum) is read in place, never materialized.
   const at::Tensor g = grad_losses.scalar_type() == D.scalar_type() ? grad_losses : grad_losses.to(D.scalar_type());
   const at::Tensor table = problem.table(sigma, tau, table_dtype(D.scalar_type()));
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const c10::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream();
+  cuda::record_use(table, stream);
 
   if (!problem.pairs.has_value()) {
     at::Tensor grad_D = at::empty_like(D, at::MemoryFormat::Contiguous);

@@ -52,7 +52,8 @@ at::Tensor ordering_probabilities_cuda(
   const at::Tensor table = ordering_table(n, sigma, tau, parse_convention(convention), at::kDouble, r_x.device());
   at::Tensor out = at::empty({M, 3}, r_x.options().dtype(dtype));
   if (M == 0) return out;
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const c10::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream();
+  cuda::record_use(table, stream);
   const int64_t blocks = std::min<int64_t>(cuda::ceil_div(3 * M, kThreads), 65535);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "ordering_probabilities_cuda", [&] {
     ordering_probabilities_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(
