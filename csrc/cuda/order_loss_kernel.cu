@@ -23,7 +23,8 @@
 //             result is bitwise reproducible. Each pair's rank gradient is therefore computed twice
 //             (once for x's row, once for y's). When the grid would be too small to fill the GPU the
 //             y range is split into S segments whose partial sums go to an [S,B,n] buffer that a
-//             second kernel adds in segment order (still deterministic).
+//             second kernel adds in segment order (still deterministic). S depends on (B, n, dtype)
+//             only, not on the GPU's SM count, so the summation order is the same on every GPU.
 // Explicit pairs ([M,2]):
 //   forward   one warp per 8 pairs, PairTerms::loss per rank, transposed warp reduction.
 //   backward  default: one warp per 8 pairs, atomicAdd of +-grad into grad_D (float32 buffer for
@@ -57,6 +58,9 @@ constexpr int kBackwardWarpsPerBlock = 4;         // all-pairs backward: more, s
 constexpr int kBackwardThreads = kBackwardWarpsPerBlock * kWarpSize;
 constexpr int kPairsPerWarp = 8;                  // explicit pairs
 constexpr int kMaxRankChunks = 8;                 // all-pairs backward: at most 8*32 ranks per warp
+// All-pairs backward: warps to aim for, 16 per SM of a GPU with 128 SMs (A100: 108, H100: 132). A fixed
+// number rather than the device's SM count, so that the launch plan is a function of the shape only.
+constexpr int64_t kBackwardTargetWarps = 2048;
 constexpr int kCsrRankChunks = 4;                 // deterministic explicit backward: ranks per pass / 32
 
 // Everything a pair evaluation reads.
@@ -536,13 +540,13 @@ void launch_all_pairs_backward(const LossArgs<scalar_t>& args, const at::Tensor&
   const int qw = static_cast<int>(cuda::ceil_div(chunks, groups));
   TORCH_CHECK(groups <= 65535, "order_loss (CUDA): too many ranks (", args.n, ")");
   // Enough warps to fill the GPU: 2 rows per warp (half the loads and pair set-up per evaluation) when
-  // that still gives 8 warps per SM, otherwise 1 row per warp and, if that gives fewer than 16 warps
-  // per SM, y split into segments (each at least 32 long).
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t target_warps = 16 * sms;
-  const bool two_rows = !std::is_same<scalar_t, double>::value && cuda::ceil_div(B, 2) * groups >= 8 * sms;
+  // that still gives kTargetWarps / 2 warps, otherwise 1 row per warp and, if that gives fewer than
+  // kTargetWarps, y split into segments (each at least 32 long). The plan depends on (B, n, dtype) only,
+  // never on the device: the summation order is the same on every GPU model.
+  const bool two_rows =
+      !std::is_same<scalar_t, double>::value && cuda::ceil_div(B, 2) * groups >= kBackwardTargetWarps / 2;
   const int64_t warps = (two_rows ? cuda::ceil_div(B, 2) : B) * groups;
-  int64_t segments = std::max<int64_t>(1, std::min<int64_t>(cuda::ceil_div(target_warps, warps), B / 32));
+  int64_t segments = std::max<int64_t>(1, std::min<int64_t>(cuda::ceil_div(kBackwardTargetWarps, warps), B / 32));
   segments = std::min<int64_t>(segments, 64);
   const int64_t segment_length = cuda::ceil_div(B, segments);
   segments = cuda::ceil_div(B, segment_length);  // no empty segment
