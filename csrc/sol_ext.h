@@ -50,6 +50,17 @@ at::Tensor ordering_table(
     at::ScalarType dtype,
     at::Device device);
 
+// D is unchanged when h and every mu_j move by one vector s, and the kernels compute it about the
+// center of the centroids, s = (min_j mu_j + max_j mu_j) / 2 per coordinate. Far from the origin
+// a_q ||h||^2 - 2 h.nu_q + c_q is a difference of huge terms that cancel (h and mu near 1000: every
+// digit of D lost in float32); about s the terms are of the size of D. h - s and mu - s are exact where
+// h and mu lie near s, and min/max are exact, so s does not depend on the number of threads. The
+// gradients come out the same: D does not depend on s, so no gradient flows through it.
+struct CenteredInputs {
+  at::Tensor h, mu;  // h - s [B,d], mu - s [n,d]
+};
+CenteredInputs center_on_centroids(const at::Tensor& h, const at::Tensor& mu);
+
 // The centroid side of the dissimilarity algebra (SPEC §3), on mu's device and dtype:
 // P [n,n], nu = P mu [n,d], a = P 1 [n] and c = P ||mu_j||^2 [n].
 struct SmoothedCentroids {

@@ -126,6 +126,12 @@ at::Tensor ordering_table(
   });
 }
 
+CenteredInputs center_on_centroids(const at::Tensor& h, const at::Tensor& mu) {
+  // Halves first: no overflow for any finite mu.
+  const at::Tensor shift = mu.amin(0, /*keepdim=*/true).mul(0.5).add_(mu.amax(0, /*keepdim=*/true).mul(0.5));
+  return {h - shift, mu - shift};
+}
+
 SmoothedCentroids smooth_centroids(const at::Tensor& mu, double sigma) {
   const at::Tensor P = noise_kernel(mu.size(0), sigma, mu.scalar_type(), mu.device());
   return {P, at::mm(P, mu), P.sum(1), at::mv(P, mu.pow(2).sum(1))};

@@ -148,3 +148,24 @@ def test_nan_in_D_gives_nan_like_the_reference(device, dtype, explicit):
     assert torch.equal(fused.isnan(), ref.isnan())
     finite = ~ref.isnan()
     assert_rel_close(fused[finite], ref[finite], REL_TOL[dtype], "finite losses")
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("dtype, offset", [(torch.float32, 100.0), (torch.float32, 1e3), (torch.float64, 1e6)])
+def test_dissimilarity_keeps_its_precision_far_from_the_origin(device, dtype, offset):
+    """h and mu close to one point far from the origin, where a ||h||^2 - 2 h.nu + c cancels: D and its
+    gradients keep the dtype's precision, element by element for D."""
+    gen = torch.Generator().manual_seed(0)
+    h = (offset + 0.05 * torch.randn(8, 16, generator=gen, dtype=torch.float64)).to(dtype)
+    mu = (offset + 0.05 * torch.randn(6, 16, generator=gen, dtype=torch.float64)).to(dtype)
+    upstream = torch.randn(8, 6, generator=gen, dtype=torch.float64)
+    h64, mu64 = h.double().requires_grad_(), mu.double().requires_grad_()  # the same values, exactly
+    exact = reference.stochastic_dissimilarity(h64, mu64, 1.0)
+    exact_grads = grads(exact, (h64, mu64), upstream)
+    h, mu = h.to(device).requires_grad_(), mu.to(device).requires_grad_()
+    D = sol_ext.stochastic_dissimilarity(h, mu, 1.0, backend="fused")
+    tol = REL_TOL[dtype]
+    relative = ((D.detach().double().cpu() - exact.detach()).abs() / exact.detach().abs()).max().item()
+    assert relative <= tol, f"max relative error of D {relative:.3e} > {tol:.0e}"
+    for name, got, want in zip(("dh", "dmu"), grads(D, (h, mu), upstream.to(device, dtype)), exact_grads):
+        assert_rel_close(got.cpu(), want.to(dtype), tol, name)

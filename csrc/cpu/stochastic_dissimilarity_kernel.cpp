@@ -1,7 +1,8 @@
 // Stochastic dissimilarity (SPEC §3) on the CPU, forward and backward.
 //
 // With nu = P mu, a = P 1 and c = P ||mu||^2:  D[x,q] = a_q ||h_x||^2 - 2 h_x . nu_q + c_q,
-// so the forward pass is one BLAS product followed by a fused epilogue.
+// so the forward pass is one BLAS product followed by a fused epilogue. Both passes work on h and mu
+// centered on the centroids (center_on_centroids, sol_ext.h), which keeps D precise far from the origin.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -13,8 +14,9 @@ namespace {
 
 at::Tensor stochastic_dissimilarity_cpu(const at::Tensor& h_in, const at::Tensor& mu_in, double sigma) {
   check_dissimilarity_inputs(h_in, mu_in, sigma);
-  const at::Tensor h = h_in.contiguous();
-  const at::Tensor mu = mu_in.contiguous();
+  const CenteredInputs centered = center_on_centroids(h_in.contiguous(), mu_in.contiguous());
+  const at::Tensor& h = centered.h;
+  const at::Tensor& mu = centered.mu;
   const int64_t B = h.size(0), d = h.size(1), n = mu.size(0);
   const SmoothedCentroids s = smooth_centroids(mu, sigma);
   at::Tensor D = at::mm(h, s.nu.t()).contiguous();  // h_x . nu_q
@@ -40,6 +42,7 @@ at::Tensor stochastic_dissimilarity_cpu(const at::Tensor& h_in, const at::Tensor
 
 // grad_h = 2 (grad_D a) * h - 2 grad_D nu
 // grad_mu = P^T (-2 grad_D^T h) + 2 mu * (P^T colsum(grad_D))
+// with h, mu (and so nu) centered: each h_x - mu_j is the same, so the gradients are too.
 std::tuple<at::Tensor, at::Tensor> stochastic_dissimilarity_backward_cpu(
     const at::Tensor& grad_in,
     const at::Tensor& h_in,
@@ -48,8 +51,9 @@ std::tuple<at::Tensor, at::Tensor> stochastic_dissimilarity_backward_cpu(
     bool need_grad_h,
     bool need_grad_mu) {
   check_dissimilarity_inputs(h_in, mu_in, sigma);
-  const at::Tensor h = h_in.contiguous();
-  const at::Tensor mu = mu_in.contiguous();
+  const CenteredInputs centered = center_on_centroids(h_in.contiguous(), mu_in.contiguous());
+  const at::Tensor& h = centered.h;
+  const at::Tensor& mu = centered.mu;
   const at::Tensor grad = grad_in.contiguous();
   TORCH_CHECK(grad.sizes() == at::IntArrayRef({h.size(0), mu.size(0)}),
               "grad_D must have shape [B, n] = ", at::IntArrayRef({h.size(0), mu.size(0)}), ", got ",

@@ -5,13 +5,21 @@
 // so the forward pass is one cuBLAS product (at::mm) followed by a fused epilogue kernel (row norms
 // of h plus the rank-one terms), exactly as the CPU kernel does.
 //
+// Both passes work on h and mu centered on the centroids (center_on_centroids, sol_ext.h): D is a
+// difference of large terms when the embeddings lie far from the origin, and centering makes those
+// terms as small as D itself. The centered h is one [B,d] copy in the compute dtype.
+//
 // float16/bfloat16: h, mu (and grad_D) are upcast to float32, and every product, norm and
 // accumulation runs in float32 (cuBLAS SGEMM); only the outputs are rounded to the input dtype. That
-// costs one float32 copy of h ([B,d]) but keeps D far more accurate than a half-precision GEMM would
-// (D is a difference of large terms when h is close to the centroids).
+// keeps D far more accurate than a half-precision GEMM would.
+//
+// TF32: every float32 product here runs in full float32 under at::NoTF32Guard, whatever
+// torch.backends.cuda.matmul.allow_tf32 or torch.set_float32_matmul_precision say: TF32 keeps 10
+// mantissa bits, and the losses compare entries of D that differ by far less than that resolves.
 //
 // Deterministic: cuBLAS products and the warp reductions below have a fixed summation order.
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -36,11 +44,11 @@ __device__ __forceinline__ acc_t warp_sum(acc_t value) {
   return value;
 }
 
-// One warp per row x: D[x,q] = a_q ||h_x||^2 - 2 G[x,q] + c_q, with G = h nu^T in acc_t.
-// `out` may alias `G` (each element is read and then written by the same thread).
+// One warp per row x: D[x,q] = a_q ||h_x||^2 - 2 G[x,q] + c_q, with h centered and G = h nu^T, both in
+// acc_t. `out` may alias `G` (each element is read and then written by the same thread).
 template <typename scalar_t, typename acc_t>
 __global__ void __launch_bounds__(kThreads) dissimilarity_epilogue_kernel(
-    const scalar_t* __restrict__ h,
+    const acc_t* __restrict__ h,
     const acc_t* G,
     const acc_t* __restrict__ a,
     const acc_t* __restrict__ c,
@@ -51,10 +59,10 @@ __global__ void __launch_bounds__(kThreads) dissimilarity_epilogue_kernel(
   const int lane = threadIdx.x % cuda::kWarpSize;
   const int64_t x = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / cuda::kWarpSize;
   if (x >= B) return;  // whole warps leave together
-  const scalar_t* h_row = h + x * d;
+  const acc_t* h_row = h + x * d;
   acc_t squared_norm = acc_t(0);
   for (int64_t k = lane; k < d; k += cuda::kWarpSize) {
-    const acc_t value = static_cast<acc_t>(h_row[k]);
+    const acc_t value = h_row[k];
     squared_norm += value * value;
   }
   squared_norm = warp_sum(squared_norm);
@@ -63,12 +71,12 @@ __global__ void __launch_bounds__(kThreads) dissimilarity_epilogue_kernel(
   }
 }
 
-// One warp per row x: grad_h[x,k] = 2 (sum_q grad_D[x,q] a_q) h[x,k] - 2 Gh[x,k], Gh = grad_D nu.
-// `out` may alias `Gh`.
+// One warp per row x: grad_h[x,k] = 2 (sum_q grad_D[x,q] a_q) h[x,k] - 2 Gh[x,k], Gh = grad_D nu, with h
+// centered, in acc_t. `out` may alias `Gh`.
 template <typename scalar_t, typename acc_t>
 __global__ void __launch_bounds__(kThreads) dissimilarity_grad_h_epilogue_kernel(
     const acc_t* __restrict__ grad_D,
-    const scalar_t* __restrict__ h,
+    const acc_t* __restrict__ h,
     const acc_t* Gh,
     const acc_t* __restrict__ a,
     int64_t B,
@@ -83,7 +91,7 @@ __global__ void __launch_bounds__(kThreads) dissimilarity_grad_h_epilogue_kernel
   const acc_t scale = acc_t(2) * warp_sum(weight);
   for (int64_t k = lane; k < d; k += cuda::kWarpSize) {
     const int64_t i = x * d + k;
-    out[i] = static_cast<scalar_t>(scale * static_cast<acc_t>(h[i]) - acc_t(2) * Gh[i]);
+    out[i] = static_cast<scalar_t>(scale * h[i] - acc_t(2) * Gh[i]);
   }
 }
 
@@ -96,19 +104,23 @@ at::Tensor stochastic_dissimilarity_cuda(const at::Tensor& h_in, const at::Tenso
   check_dissimilarity_inputs(h_in, mu_in, sigma);
   TORCH_CHECK(h_in.is_cuda(), "h must be a CUDA tensor, got ", h_in.device());
   c10::cuda::CUDAGuard device_guard(h_in.device());
-  const at::Tensor h = h_in.contiguous();
-  const at::ScalarType acc_dtype = compute_dtype(h.scalar_type());
-  const int64_t B = h.size(0), d = h.size(1), n = mu_in.size(0);
-  const SmoothedCentroids s = smooth_centroids(mu_in.to(acc_dtype).contiguous(), sigma);
-  if (B == 0) return at::empty({0, n}, h.options());
-  at::Tensor G = at::mm(h.to(acc_dtype), s.nu.t()).contiguous();  // h_x . nu_q, [B,n]
-  at::Tensor D = acc_dtype == h.scalar_type() ? G : at::empty({B, n}, h.options());
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const at::NoTF32Guard full_float32;
+  const at::ScalarType dtype = h_in.scalar_type();
+  const at::ScalarType acc_dtype = compute_dtype(dtype);
+  const int64_t B = h_in.size(0), d = h_in.size(1), n = mu_in.size(0);
+  if (B == 0) return at::empty({0, n}, h_in.options());
+  const CenteredInputs centered = center_on_centroids(h_in.to(acc_dtype), mu_in.to(acc_dtype));
+  const at::Tensor h = centered.h.contiguous();
+  const SmoothedCentroids s = smooth_centroids(centered.mu.contiguous(), sigma);
+  const c10::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream();
+  cuda::record_use(s.P, stream);
+  at::Tensor G = at::mm(h, s.nu.t()).contiguous();  // h_x . nu_q, [B,n]
+  at::Tensor D = acc_dtype == dtype ? G : at::empty({B, n}, h_in.options());
   const int64_t blocks = cuda::ceil_div(B, kWarpsPerBlock);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, h.scalar_type(), "stochastic_dissimilarity_cuda", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "stochastic_dissimilarity_cuda", [&] {
     using acc_t = cuda::acc_type<scalar_t>;
     dissimilarity_epilogue_kernel<scalar_t, acc_t><<<blocks, kThreads, 0, stream>>>(
-        h.data_ptr<scalar_t>(), G.data_ptr<acc_t>(), s.a.data_ptr<acc_t>(), s.c.data_ptr<acc_t>(), B, d, n,
+        h.data_ptr<acc_t>(), G.data_ptr<acc_t>(), s.a.data_ptr<acc_t>(), s.c.data_ptr<acc_t>(), B, d, n,
         D.data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
@@ -134,33 +146,36 @@ std::tuple<at::Tensor, at::Tensor> stochastic_dissimilarity_backward_cuda(
   TORCH_CHECK(at::isFloatingType(grad_in.scalar_type()), "grad_D must be floating point, got ",
               grad_in.scalar_type());
   c10::cuda::CUDAGuard device_guard(h_in.device());
-  const at::Tensor h = h_in.contiguous();
-  const at::ScalarType acc_dtype = compute_dtype(h.scalar_type());
-  const int64_t B = h.size(0), d = h.size(1), n = mu_in.size(0);
-  at::Tensor grad_h = at::empty({0}, h.options());
+  const at::NoTF32Guard full_float32;
+  const at::ScalarType dtype = h_in.scalar_type();
+  const at::ScalarType acc_dtype = compute_dtype(dtype);
+  const int64_t B = h_in.size(0), d = h_in.size(1), n = mu_in.size(0);
+  at::Tensor grad_h = at::empty({0}, h_in.options());
   at::Tensor grad_mu = at::empty({0}, mu_in.options());
   if (!need_grad_h && !need_grad_mu) return {grad_h, grad_mu};
 
-  const at::Tensor mu = mu_in.to(acc_dtype).contiguous();
+  const CenteredInputs centered = center_on_centroids(h_in.to(acc_dtype), mu_in.to(acc_dtype));
+  const at::Tensor h = centered.h.contiguous();
+  const at::Tensor mu = centered.mu.contiguous();
   const at::Tensor grad = grad_in.to(acc_dtype).contiguous();
   const SmoothedCentroids s = smooth_centroids(mu, sigma);
+  const c10::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream();
+  cuda::record_use(s.P, stream);
 
   if (need_grad_h) {
     if (B == 0) {
-      grad_h = at::empty({0, d}, h.options());
+      grad_h = at::empty({0, d}, h_in.options());
     } else {
       at::Tensor Gh = at::mm(grad, s.nu).contiguous();  // [B,d] in acc dtype
-      grad_h = acc_dtype == h.scalar_type() ? Gh : at::empty({B, d}, h.options());
-      cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+      grad_h = acc_dtype == dtype ? Gh : at::empty({B, d}, h_in.options());
       const int64_t blocks = cuda::ceil_div(B, kWarpsPerBlock);
-      AT_DISPATCH_FLOATING_TYPES_AND2(
-          at::kHalf, at::kBFloat16, h.scalar_type(), "stochastic_dissimilarity_backward_cuda", [&] {
-            using acc_t = cuda::acc_type<scalar_t>;
-            dissimilarity_grad_h_epilogue_kernel<scalar_t, acc_t><<<blocks, kThreads, 0, stream>>>(
-                grad.data_ptr<acc_t>(), h.data_ptr<scalar_t>(), Gh.data_ptr<acc_t>(), s.a.data_ptr<acc_t>(), B, d, n,
-                grad_h.data_ptr<scalar_t>());
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
-          });
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "stochastic_dissimilarity_backward_cuda", [&] {
+        using acc_t = cuda::acc_type<scalar_t>;
+        dissimilarity_grad_h_epilogue_kernel<scalar_t, acc_t><<<blocks, kThreads, 0, stream>>>(
+            grad.data_ptr<acc_t>(), h.data_ptr<acc_t>(), Gh.data_ptr<acc_t>(), s.a.data_ptr<acc_t>(), B, d, n,
+            grad_h.data_ptr<scalar_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
     }
   }
   if (need_grad_mu) {
@@ -168,7 +183,7 @@ std::tuple<at::Tensor, at::Tensor> stochastic_dissimilarity_backward_cuda(
     const at::Tensor Pt = s.P.t();
     const at::Tensor weight = at::mv(Pt, grad.sum(0));  // P^T colsum(grad_D), [n]
     const at::Tensor base = mu * weight.unsqueeze(1).mul(2);
-    grad_mu = at::addmm(base, Pt, at::mm(grad.t(), h.to(acc_dtype)), /*beta=*/1, /*alpha=*/-2)
+    grad_mu = at::addmm(base, Pt, at::mm(grad.t(), h), /*beta=*/1, /*alpha=*/-2)
                   .to(mu_in.scalar_type())
                   .contiguous();
   }
