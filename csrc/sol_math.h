@@ -105,6 +105,12 @@ C10_HOST_DEVICE inline void for_each_disc_term(int64_t r, int64_t n, int64_t T, 
       visit(n - 1, acc_t(-2));
     }
   }
+  if (T > looped) {
+    const acc_t count = static_cast<acc_t>(T - looped);
+    visit(r, acc_t(4) * count);
+    visit(int64_t(0), acc_t(-2) * count);
+    visit(n - 1, acc_t(-2) * count);
+  }
 }
 
 } // namespace sol_ext

@@ -85,9 +85,12 @@ at::Tensor noise_kernel(int64_t n, double sigma, at::ScalarType dtype, at::Devic
 }
 
 at::Tensor ordering_table(
-    int64_t n, double sigma, int64_t tau, Convention convention, at::ScalarType dtype, at::Device device) {
+    int64_t n, double sigma, int64_t tau_in, Convention convention, at::ScalarType dtype, at::Device device) {
   check_table_args(n, sigma);
-  TORCH_CHECK(tau >= 0, "tau must be >= 0, got ", tau);
+  TORCH_CHECK(tau_in >= 0, "tau must be >= 0, got ", tau_in);
+  // True ranks differ by at most n - 1, so every tau >= n - 1 means "always similar"; clamping keeps
+  // tau + 1 below from overflowing and lets all such tau share one cache entry.
+  const int64_t tau = std::min(tau_in, n - 1);
   const CacheKey key{1, n, bits_of(sigma), tau, static_cast<int>(convention), static_cast<int>(dtype),
                      static_cast<int>(device.type()), device.has_index() ? device.index() : -1};
   return cached(key, [&] {

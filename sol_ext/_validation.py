@@ -58,14 +58,20 @@ def check_nonnegative_float(name: str, value) -> float:
     return float(value)
 
 
+INT64_MAX = 2**63 - 1
+
+
 def check_int(name: str, value, minimum: int) -> int:
-    """An integer >= minimum; integral floats such as 3.0 are accepted, 3.5 is not."""
+    """An integer in ``minimum … 2**63 - 1`` (the kernels take int64); integral floats such as 3.0 are
+    accepted, 3.5 is not."""
     if _is_real(value) and not isinstance(value, numbers.Integral) and float(value).is_integer():
         value = int(value)
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+    if value > INT64_MAX:
+        raise ValueError(f"{name} must be an integer <= 2**63 - 1 = {INT64_MAX} (int64), got {value}")
     return int(value)
 
 

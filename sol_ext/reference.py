@@ -50,7 +50,10 @@ def ordering_probability_table(
 
     Each entry is the double sum of SPEC §5, written as ``P @ mask @ P.T`` over the true ranks
     ``(j, k)``. ``convention="official"`` uses the authors' clamped tail for ``<`` and ``>`` (SPEC §10.2).
+    True ranks differ by at most ``n - 1``, so every ``tau >= n - 1`` means the same and is clamped
+    (``j + tau + 1`` would overflow int64 for a huge ``tau``).
     """
+    tau = min(tau, num_ranks - 1)
     P = noise_kernel(num_ranks, sigma, dtype=torch.float64, device=device)
     j = torch.arange(num_ranks, device=device)[:, None]  # true rank of x
     k = torch.arange(num_ranks, device=device)[None, :]  # true rank of y
@@ -119,12 +122,17 @@ def order_loss(
 
 
 def disc_loss(D: torch.Tensor, labels: torch.Tensor, T: int = 1, reduction: str = "mean") -> torch.Tensor:
-    """Discriminative loss (SPEC §4); ``"none"`` gives the ``[B]`` per-sample losses."""
+    """Discriminative loss (SPEC §4); ``"none"`` gives the ``[B]`` per-sample losses.
+
+    Every ``t >= n`` has both neighbours out of range and adds the same term, so those terms are added
+    once, times their count: any ``T`` costs what ``T = n - 1`` costs.
+    """
     num_ranks = D.shape[1]
     rows = torch.arange(D.shape[0], device=D.device)
     D0 = D[rows, labels]
     losses = torch.zeros_like(D0)
-    for t in range(1, T + 1):
+    looped = min(T, num_ranks - 1)
+    for t in range(1, looped + 1):
         lo, hi = labels - t, labels + t
         lo_in, hi_in = lo >= 0, hi <= num_ranks - 1
         D_lo = D[rows, lo.clamp(min=0)]
@@ -136,6 +144,8 @@ def disc_loss(D: torch.Tensor, labels: torch.Tensor, T: int = 1, reduction: str 
         losses = losses + torch.where(
             lo_in & hi_in, both, torch.where(hi_in, only_hi, torch.where(lo_in, only_lo, neither))
         )
+    if T > looped:
+        losses = losses + (T - looped) * (2 * (D0 - D[:, 0]) + 2 * (D0 - D[:, -1]))
     return reduce_losses(losses, reduction)
 
 

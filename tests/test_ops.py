@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import pytest
 import torch
@@ -169,3 +170,26 @@ def test_dissimilarity_keeps_its_precision_far_from_the_origin(device, dtype, of
     assert relative <= tol, f"max relative error of D {relative:.3e} > {tol:.0e}"
     for name, got, want in zip(("dh", "dmu"), grads(D, (h, mu), upstream.to(device, dtype)), exact_grads):
         assert_rel_close(got.cpu(), want.to(dtype), tol, name)
+
+
+@pytest.mark.parametrize("backend", ["fused", "reference"])
+def test_huge_T_costs_what_T_equal_to_n_costs(backend):
+    """Every t >= n adds the same term (both neighbours out of range), so the loss is linear in T from
+    T = n - 1 on; a T of 10**8 or 2**62 is computed at once, not term by term."""
+    gen = torch.Generator().manual_seed(2)
+    B, n = 6, 5
+    D = torch.randn(B, n, generator=gen, dtype=torch.float64, requires_grad=True)
+    labels = random_labels(B, n, gen)
+    upstream = torch.randn(B, generator=gen, dtype=torch.float64)
+    at = {T: sol_ext.disc_loss(D, labels, T, reduction="none", backend=backend) for T in (n - 1, n)}
+    base, step = at[n - 1], at[n] - at[n - 1]
+    grad_base = grads(base, D, upstream)[0]
+    grad_step = grads(at[n], D, upstream)[0] - grad_base
+    for T in (10**8, 2**62):
+        start = time.perf_counter()
+        loss = sol_ext.disc_loss(D, labels, T, reduction="none", backend=backend)
+        (grad,) = grads(loss, D, upstream)
+        elapsed = time.perf_counter() - start
+        assert_rel_close(loss, base + (T - (n - 1)) * step, 1e-12, f"loss, T={T}")
+        assert_rel_close(grad, grad_base + (T - (n - 1)) * grad_step, 1e-12, f"dD, T={T}")
+        assert elapsed < 1.0, f"T={T} took {elapsed:.2f} s"

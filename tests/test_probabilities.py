@@ -85,3 +85,16 @@ def test_noise_kernel_rows_are_normalized_gaussians():
     assert P[3, 1] / P[3, 3] == pytest.approx(math.exp(-4 / (2 * 1.5**2)))
     # A tiny sigma makes P the identity: plain order learning.
     torch.testing.assert_close(sol_ext.noise_kernel(5, 1e-3), torch.eye(5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("backend", ["fused", "reference"])
+@pytest.mark.parametrize("convention", ["paper", "official"])
+def test_every_tau_from_n_minus_1_up_means_the_same(backend, convention):
+    """True ranks differ by at most n - 1, so any larger tau is the same "always similar" threshold,
+    up to the largest int64 (where tau + 1 used to overflow)."""
+    n = 6
+    expected = sol_ext.ordering_probability_table(n, 1.0, n - 1, convention, backend=backend)
+    torch.testing.assert_close(expected[:, :, 1], torch.ones(n, n, dtype=torch.float64), atol=1e-15, rtol=0)
+    for tau in (n, 1000, 2**62, 2**63 - 1):
+        table = sol_ext.ordering_probability_table(n, 1.0, tau, convention, backend=backend)
+        assert torch.equal(table, expected), f"tau={tau}"

@@ -63,6 +63,8 @@ def test_bad_tensors(device, overrides, error, pattern):
     (dict(tau=-1), ValueError, r"tau must be an integer >= 0, got -1"),
     (dict(tau=1.5), TypeError, r"tau must be an integer, got 1.5"),
     (dict(T=0), ValueError, r"T must be an integer >= 1, got 0"),
+    (dict(tau=2**63), ValueError, r"tau must be an integer <= 2\*\*63 - 1 .*got 9223372036854775808"),
+    (dict(T=2**63), ValueError, r"T must be an integer <= 2\*\*63 - 1 .*got 9223372036854775808"),
     (dict(margin=-0.1), ValueError, r"margin must be a finite number >= 0, got -0.1"),
     (dict(disc_weight=-1.0), ValueError, r"disc_weight must be a finite number >= 0"),
     (dict(convention="authors"), ValueError, r"convention must be one of \"paper\", \"official\"; got 'authors'"),
@@ -93,6 +95,13 @@ def test_functional_forms_validate_too():
         sol_ext.disc_loss(D, labels, reduction="average")
     with pytest.raises(ValueError, match=r"T must be an integer >= 1"):
         sol_ext.disc_loss(D, labels, T=0)
+    # Any tau or T up to int64's largest value works (tests/test_probabilities.py, test_ops.py); past it:
+    with pytest.raises(ValueError, match=r"tau must be an integer <= 2\*\*63 - 1"):
+        sol_ext.order_loss(D, labels, tau=2**63)
+    with pytest.raises(ValueError, match=r"tau must be an integer <= 2\*\*63 - 1"):
+        sol_ext.ordering_probabilities(labels, labels, N, tau=2**63)
+    with pytest.raises(ValueError, match=r"T must be an integer <= 2\*\*63 - 1"):
+        sol_ext.disc_loss(D, labels, T=2**63)
     with pytest.raises(ValueError, match=r"D contains 1 NaN"):
         sol_ext.disc_loss(torch.where(torch.arange(B * N).reshape(B, N) == 3, math.nan, D), labels)
     with pytest.raises(ValueError, match=r"r_y must lie in 0 … 11"):
