@@ -42,15 +42,17 @@ at::Tensor cached(const CacheKey& key, Make make) {
   return cache.emplace(key, value).first->second;
 }
 
-// P [n,n] in float64 on the CPU.
+// P [n,n] in float64 on the CPU. The exponent is written as -((j - q) / sigma)^2 / 2 so that every
+// finite sigma > 0 gives a kernel: a tiny sigma makes (j - q) / sigma infinite off the diagonal and 0 on
+// it (the identity: plain order learning), a huge sigma makes it 0 everywhere (the uniform kernel).
+// 1 / (2 sigma^2) would overflow below sigma ~ 1e-154 and give 0 * inf = NaN on the diagonal.
 std::vector<double> noise_kernel_values(int64_t n, double sigma) {
   std::vector<double> P(n * n);
-  const double inv_two_var = 1.0 / (2.0 * sigma * sigma);
   for (int64_t q = 0; q < n; ++q) {
     double row_sum = 0.0;
     for (int64_t j = 0; j < n; ++j) {
-      const double diff = static_cast<double>(j - q);
-      P[q * n + j] = std::exp(-diff * diff * inv_two_var);
+      const double z = static_cast<double>(j - q) / sigma;
+      P[q * n + j] = std::exp(-0.5 * z * z);
       row_sum += P[q * n + j];
     }
     for (int64_t j = 0; j < n; ++j) P[q * n + j] /= row_sum;  // row_sum >= 1: the diagonal is exp(0)

@@ -29,10 +29,12 @@ def noise_kernel(
 ) -> torch.Tensor:
     """``P [n, n]``: row ``q`` is the distribution of the true rank given noisy rank ``q`` (SPEC §2).
 
-    A discrete Gaussian cut to ``0 … n-1`` and renormalized; computed in float64, then cast.
+    A discrete Gaussian cut to ``0 … n-1`` and renormalized; computed in float64, then cast. Any finite
+    ``sigma > 0`` works: a tiny one gives the identity (``(j - q) / sigma`` is infinite off the diagonal),
+    a huge one the uniform kernel; ``sigma**2`` is never formed, so it cannot overflow.
     """
     ranks = torch.arange(num_ranks, dtype=torch.float64, device=device)
-    weights = torch.exp(-((ranks[None, :] - ranks[:, None]) ** 2) / (2.0 * sigma**2))
+    weights = torch.exp(-0.5 * ((ranks[None, :] - ranks[:, None]) / sigma) ** 2)
     return (weights / weights.sum(dim=1, keepdim=True)).to(dtype)
 
 

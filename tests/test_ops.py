@@ -193,3 +193,24 @@ def test_huge_T_costs_what_T_equal_to_n_costs(backend):
         assert_rel_close(loss, base + (T - (n - 1)) * step, 1e-12, f"loss, T={T}")
         assert_rel_close(grad, grad_base + (T - (n - 1)) * grad_step, 1e-12, f"dD, T={T}")
         assert elapsed < 1.0, f"T={T} took {elapsed:.2f} s"
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("sigma", [1e-300, 1e-160, 1e160, 1e300])
+def test_extreme_sigma_reaches_the_identity_and_uniform_limits(device, sigma):
+    """A tiny sigma makes P the identity (plain order learning), a huge one makes it uniform; both
+    backends compute those limits instead of NaN (0 * inf) or an OverflowError (sigma**2)."""
+    gen = torch.Generator().manual_seed(1)
+    B, n = 7, 5
+    h = torch.randn(B, 3, generator=gen, dtype=torch.float64).to(device)
+    mu = torch.randn(n, 3, generator=gen, dtype=torch.float64).to(device)
+    labels = random_labels(B, n, gen, device)
+    distances = ((h[:, None, :] - mu[None, :, :]) ** 2).sum(-1)
+    limit = distances if sigma < 1 else distances.mean(1, keepdim=True).expand(B, n)
+    for backend in ("fused", "reference"):
+        hg, mug = h.clone().requires_grad_(), mu.clone().requires_grad_()
+        D = sol_ext.stochastic_dissimilarity(hg, mug, sigma, backend=backend)
+        assert_rel_close(D.detach(), limit, 1e-12, f"D ({backend})")
+        loss = sol_ext.StochasticOrderLoss(n, sigma=sigma, backend=backend)(hg, labels, mug)
+        dh, dmu = torch.autograd.grad(loss, (hg, mug))
+        assert torch.isfinite(loss) and torch.isfinite(dh).all() and torch.isfinite(dmu).all(), backend

@@ -98,3 +98,21 @@ def test_every_tau_from_n_minus_1_up_means_the_same(backend, convention):
     for tau in (n, 1000, 2**62, 2**63 - 1):
         table = sol_ext.ordering_probability_table(n, 1.0, tau, convention, backend=backend)
         assert torch.equal(table, expected), f"tau={tau}"
+
+
+@pytest.mark.parametrize("sigma", [5e-155, 1e-160, 1e-300])
+def test_a_tiny_sigma_gives_the_identity_kernel(sigma):
+    assert torch.equal(sol_ext.noise_kernel(5, sigma), torch.eye(5, dtype=torch.float64))
+    fused = sol_ext.ordering_probability_table(5, sigma, 1, backend="fused")
+    torch.testing.assert_close(fused, sol_ext.ordering_probability_table(5, sigma, 1, backend="reference"))
+    # With P the identity the true ranks are the noisy ones: Pr(x ~ y) = [|a - b| <= 1].
+    ranks = torch.arange(5)
+    assert torch.equal(fused[:, :, 1], ((ranks[:, None] - ranks[None, :]).abs() <= 1).double())
+
+
+@pytest.mark.parametrize("sigma", [1.4e154, 1e200, 1e308])
+def test_a_huge_sigma_gives_the_uniform_kernel(sigma):
+    torch.testing.assert_close(sol_ext.noise_kernel(5, sigma), torch.full((5, 5), 0.2, dtype=torch.float64))
+    fused = sol_ext.ordering_probability_table(5, sigma, 1, backend="fused")
+    torch.testing.assert_close(fused, sol_ext.ordering_probability_table(5, sigma, 1, backend="reference"))
+    assert torch.isfinite(fused).all()
