@@ -7,20 +7,30 @@
 //
 //   stochastic_dissimilarity(h [B,d], mu [n,d], sigma) -> D [B,n]                      (SPEC §3)
 //       D[x,q] = sum_j P[q,j] ||h_x - mu_j||^2, computed as one [B,d]x[d,n] product plus
-//       a fused epilogue. dtype of h (float32/float64; CUDA also float16/bfloat16).
+//       a fused epilogue, about the center of mu (center_on_centroids below), so that embeddings far
+//       from the origin keep D's precision. dtype of h (float32/float64; CUDA also float16/bfloat16).
+//       Every finite sigma > 0 works: a tiny one gives the identity kernel, a huge one the uniform one.
+//       CUDA: float32 products run in full float32 whatever torch.backends.cuda.matmul.allow_tf32 or
+//       torch.set_float32_matmul_precision say (TF32 would cost D its precision, and D is what the
+//       losses compare).
 //   _stochastic_dissimilarity_backward(grad_D [B,n], h, mu, sigma, need_grad_h, need_grad_mu)
 //       -> (grad_h [B,d], grad_mu [n,d]); an output that is not needed comes back empty ([0]).
 //
 //   ordering_probabilities(r_x [M] int64, r_y [M] int64, n, sigma, tau, convention, dtype)
 //       -> [M,3] = (Pr(x<y), Pr(x~y), Pr(x>y)) gathered from the cached [n,n,3] table (SPEC §5, §10.2).
+//       Every tau >= n - 1 means the same (true ranks never differ by more than n - 1) and is clamped.
 //
 //   order_loss(D [B,n], labels [B] int64, pairs [M,2] int64 or None, sigma, tau, margin, convention)
 //       -> per-pair losses [M], M = B(B-1)/2 for all pairs x<y in batch order      (SPEC §6, §7)
+//       A NaN in D gives NaN for every pair that reads it, on every backend (as torch.relu does).
 //   _order_loss_backward(grad_losses [M], D, labels, pairs, sigma, tau, margin, convention) -> grad_D [B,n]
 //       Deterministic on the CPU: each row of grad_D is summed by one worker in pair order.
+//       CUDA, all pairs: no atomics, bitwise reproducible; the summation order depends on (B, n, dtype)
+//       only, not on the GPU model.
 //       Extra memory O(B*n + M): no [M,n] or [B,B,n] intermediate.
 //
 //   disc_loss(D [B,n], labels [B] int64, T) -> per-sample losses [B]                (SPEC §4)
+//       The terms of every t >= n are equal and are added as one term times their count: O(n) for any T.
 //   _disc_loss_backward(grad_losses [B], labels, n, T) -> grad_D [B,n]
 #pragma once
 

@@ -294,12 +294,18 @@ def stochastic_dissimilarity(
     Args:
         h: embeddings ``[B, d]``, float32 or float64 (CUDA also float16/bfloat16).
         mu: rank centroids ``[n, d]`` on ``h``'s device; a different floating dtype is promoted.
-        sigma: std of the label-noise model in rank units, > 0.
+        sigma: std of the label-noise model in rank units, > 0 (a tiny one gives the identity kernel,
+            a huge one the uniform kernel).
 
     Returns:
         ``D [B, n]`` in the wider dtype of ``h`` and ``mu`` (float32 at least under autocast).
         Differentiable with respect to ``h`` and ``mu``.
         ``argmin_q D[x, q]`` is the estimated rank of ``x`` (paper eq. 6).
+
+    The fused kernels compute ``D`` about the centroids' center, so embeddings far from the origin
+    keep the dtype's precision, and on CUDA their float32 products run in full float32 whatever
+    ``torch.backends.cuda.matmul.allow_tf32`` or ``torch.set_float32_matmul_precision`` say (TF32
+    would cost ``D`` the precision that the losses' comparisons need).
     """
     _refuse_func_transforms(h=h, mu=mu)
     check.check_same_device(h=h, mu=mu)
