@@ -391,3 +391,127 @@ def test_autocast_training_step_on_cuda(dtype):
     if scaler:
         assert scaler.get_scale() == 2.0**10  # no inf/NaN gradient: the step was not skipped
     assert_amp_step_matches_float32(amp, full, tol=0.03)
+
+
+# -------------------------------------------------------------------------------------------------
+# Numerical hardening: NaN, margin rounding, TF32, device-independent plans, stream safety
+# -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, *HALF_DTYPES])
+@pytest.mark.parametrize("explicit", [False, True])
+def test_nan_in_D_gives_nan_on_cuda_like_the_reference(dtype, explicit):
+    """Both forward kernels (all-pairs micro-tiles, explicit pairs) keep a NaN, as the reference does."""
+    D, labels, pairs = inputs(40, 12, seed=6, explicit=explicit, dtype=dtype)
+    D[3, 5] = float("nan")
+    c = (LOSS_ARGS["sigma"], LOSS_ARGS["tau"], LOSS_ARGS["margin"], "paper")
+    fused = ops.order_loss(D, labels, pairs, *c)
+    ref = reference.order_loss(D, labels, pairs, *c, reduction="none")
+    assert fused.isnan().any()
+    assert torch.equal(fused.isnan(), ref.isnan())
+    if dtype in (torch.float32, torch.float64):
+        cpu = ops.order_loss(D.cpu(), labels.cpu(), None if pairs is None else pairs.cpu(), *c)
+        assert torch.equal(fused.isnan().cpu(), cpu.isnan())
+
+
+@pytest.mark.parametrize("dtype, margin", [(torch.bfloat16, 0.1), (torch.float16, 0.3)])
+@pytest.mark.parametrize("explicit", [False, True])
+def test_half_margin_is_not_rounded_to_the_input_dtype(dtype, margin, explicit):
+    """At delta = -round(margin) the reference's |delta| - margin (margin in float32) is positive; a margin
+    rounded to bfloat16/float16 first would make it 0 and switch the Pr(x ~ y) term off."""
+    n = 6
+    delta = -torch.tensor(margin, dtype=dtype)
+    assert delta.abs().float() > margin  # round(margin) lies above margin
+    D = torch.zeros(2, n, dtype=dtype, device="cuda")
+    D[0] = delta
+    labels = torch.tensor([2, 2], device="cuda")
+    pairs = torch.tensor([[0, 1]], device="cuda") if explicit else None
+    # sigma -> 0: P is the identity, so equal labels with tau = 1 give Pr(x ~ y) = 1, Pr(x < y) = Pr(x > y) = 0.
+    args = dict(sigma=1e-3, tau=1, margin=margin, reduction="none")
+    results = {}
+    for backend in ("fused", "reference"):
+        D_ = D.clone().requires_grad_()
+        loss = sol_ext.order_loss(D_, labels, pairs, backend=backend, **args)
+        results[backend] = (loss, *torch.autograd.grad(loss.sum(), D_))
+    assert results["reference"][0].item() > 0
+    assert torch.equal(results["fused"][0], results["reference"][0])
+    assert torch.equal(results["fused"][1], results["reference"][1])
+
+
+def test_float32_dissimilarity_ignores_the_tf32_settings():
+    """D and its gradients are the same bits with TF32 allowed and forbidden, and float32-accurate."""
+    gen = torch.Generator().manual_seed(8)
+    h = torch.randn(64, 512, generator=gen).cuda().requires_grad_()
+    mu = torch.randn(30, 512, generator=gen).cuda().requires_grad_()
+    upstream = torch.randn(64, 30, generator=gen).cuda()
+    previous = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+    results = {}
+    try:
+        for tf32 in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.set_float32_matmul_precision("high" if tf32 else "highest")
+            D = sol_ext.stochastic_dissimilarity(h, mu, 1.0, backend="fused")
+            results[tf32] = (D, *torch.autograd.grad(D, (h, mu), upstream))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous[0]
+        torch.set_float32_matmul_precision(previous[1])
+    for name, off, on in zip(("D", "dh", "dmu"), results[False], results[True]):
+        assert torch.equal(off, on), f"{name} changes with TF32"
+    h64, mu64 = h.detach().double().requires_grad_(), mu.detach().double().requires_grad_()
+    exact = reference.stochastic_dissimilarity(h64, mu64, 1.0)
+    exact_grads = torch.autograd.grad(exact, (h64, mu64), upstream.double())
+    for name, got, want in zip(("D", "dh", "dmu"), results[True], (exact, *exact_grads)):
+        assert_rel_close(got, want.float(), 1e-5, name)
+
+
+def _planned_segments(B: int, n: int, dtype: torch.dtype) -> int:
+    """The y segments of the all-pairs backward, as order_loss_kernel.cu plans them from the shape alone."""
+    ceil = lambda a, b: -(-a // b)
+    groups = ceil(ceil(n, 32), 8)
+    two_rows = dtype != torch.float64 and ceil(B, 2) * groups >= 2048 // 2
+    warps = (ceil(B, 2) if two_rows else B) * groups
+    segments = min(max(1, min(ceil(2048, warps), B // 32)), 64)
+    return ceil(B, ceil(B, segments))
+
+
+@pytest.mark.parametrize("B,n,dtype", [(1030, 24, torch.float32), (300, 50, torch.float64), (700, 101, torch.float32),
+                                       (150, 300, torch.float16)])
+def test_all_pairs_backward_plan_depends_on_the_shape_only(tmp_path, B, n, dtype):
+    """The launch grid's y segments (which set the summation order) follow the shape, whatever the GPU's
+    SM count: read from the profiler's record of the kernel launch."""
+    import json
+
+    D, labels, _ = inputs(B, n, seed=B + n, explicit=False, dtype=dtype)
+    g = torch.ones(B * (B - 1) // 2, dtype=dtype, device="cuda")
+    args = (None, LOSS_ARGS["sigma"], LOSS_ARGS["tau"], LOSS_ARGS["margin"], "paper")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        ops._order_loss_backward(g, D, labels, *args)
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    grids = [e["args"]["grid"] for e in events
+             if e.get("cat") == "kernel" and "order_loss_all_pairs_backward_kernel" in e.get("name", "")]
+    assert len(grids) == 1, grids
+    assert grids[0][2] == _planned_segments(B, n, dtype)
+
+
+def test_a_cleared_cache_cannot_free_a_table_that_a_queued_kernel_reads():
+    """A kernel queued on a side stream behind a long sleep reads the cached probability table; meanwhile
+    the default stream evicts every cached table and fills freshly allocated memory with NaN. The table's
+    memory must not be handed out before the kernel has read it."""
+    B, n = 64, 97  # a table size no other test uses
+    D, labels, _ = inputs(B, n, seed=21, explicit=False, dtype=torch.float32)
+    c = (None, LOSS_ARGS["sigma"], LOSS_ARGS["tau"], LOSS_ARGS["margin"], "paper")
+    expected = ops.order_loss(D, labels, *c)  # caches the float32 [n,n,3] table, allocated on this stream
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1_000_000_000)  # some 0.5 s: the loss kernel below waits behind it
+        got = ops.order_loss(D, labels, *c)
+    r = labels[:1]
+    for k in range(70):  # the cache holds 64 tables; new keys (sigma) clear it and drop the table above
+        ops.ordering_probabilities(r, r, 5, 1.0 + k / 128, 1, "paper", torch.float64)
+    fillers = [torch.full((n * n * 3,), float("nan"), device="cuda") for _ in range(64)]
+    side.synchronize()
+    assert torch.equal(got, expected)
+    del fillers
