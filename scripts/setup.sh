@@ -17,6 +17,7 @@ if [ -n "$TORCHVISION_SPEC" ]; then
   .venv/bin/python -m pip install -q --no-deps "$TORCHVISION_SPEC"
 fi
 .venv/bin/python -m pip install -q -r requirements.txt
-# --no-build-isolation: compile against the torch just installed, not a throwaway copy (see README).
+# --no-build-isolation: use .venv's torch and build tools as they are. (Plain `pip install -e .` finds
+# the same torch through build_backend/, after first setting up an isolated build environment.)
 MAX_JOBS="${MAX_JOBS:-2}" .venv/bin/python -m pip install -q --no-build-isolation -e .
 .venv/bin/python -c "import sol_ext; print('sol_ext ready: CUDA kernels compiled:', sol_ext.cuda_kernels_available())"
