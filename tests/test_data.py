@@ -7,10 +7,23 @@ import numpy as np
 import pytest
 import torch
 
-from sol_ext.data import (FASHION_MNIST_DIR, OrdinalDataset, RankEncoder, degradation_strengths, infer_step,
-                          load_abalone, load_csv, load_dataset, load_fashion_mnist_degradation,
-                          load_image_folder, load_npz, load_train_test, split_indices, standardize,
-                          train_test_split)
+from sol_ext.data import (
+    FASHION_MNIST_DIR,
+    OrdinalDataset,
+    RankEncoder,
+    degradation_strengths,
+    infer_step,
+    load_abalone,
+    load_csv,
+    load_dataset,
+    load_fashion_mnist_degradation,
+    load_image_folder,
+    load_npz,
+    load_train_test,
+    split_indices,
+    standardize,
+    train_test_split,
+)
 
 # --------------------------------------------------------------------------------------------------
 # RankEncoder

@@ -6,11 +6,22 @@ import os
 import pytest
 import torch
 
-from sol_ext.checkpoint import (CheckpointMismatch, atomic_write_text, check_resumable,
-                                checkpoint_epoch, save_checkpoint)
+from sol_ext.checkpoint import (
+    CheckpointMismatch,
+    atomic_write_text,
+    check_resumable,
+    checkpoint_epoch,
+    save_checkpoint,
+)
 from sol_ext.config import TrainConfig
-from sol_ext.rundir import (LOCK_NAME, OutputFolderBusy, RunInterrupted, interruption_note,
-                            lock_output_folder, run_folder)
+from sol_ext.rundir import (
+    LOCK_NAME,
+    OutputFolderBusy,
+    RunInterrupted,
+    interruption_note,
+    lock_output_folder,
+    run_folder,
+)
 
 
 def test_second_lock_on_a_folder_is_refused_and_names_the_holder(tmp_path):
@@ -81,11 +92,16 @@ def test_atomic_writes_never_touch_another_writers_temporary_file(tmp_path):
                                                           "results.json"]
 
 
+class _Unsaveable:
+    def __reduce__(self):
+        raise RuntimeError("cannot be saved")
+
+
 def test_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path):
     target = tmp_path / "checkpoint.pt"
     save_checkpoint(target, {"epoch": 1})
-    with pytest.raises(Exception):
-        save_checkpoint(target, {"epoch": 2, "bad": lambda: None})  # lambdas cannot be pickled
+    with pytest.raises(RuntimeError, match="cannot be saved"):
+        save_checkpoint(target, {"epoch": 2, "bad": _Unsaveable()})
     assert checkpoint_epoch(target) == 1
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
 
