@@ -2,21 +2,32 @@
 
 It lives outside the ``sol_ext`` package on purpose: importing the package loads torch and the
 compiled kernels, which takes seconds, and a Ctrl-C in that time would otherwise end the program
-with a ``KeyboardInterrupt`` traceback. Here the import itself is guarded.
+with a ``KeyboardInterrupt`` traceback, or worse: some libraries swallow a KeyboardInterrupt raised
+inside their own import and go on half-initialized. So while the package loads, Ctrl-C does not
+raise at all: it ends the program at once.
 """
 
+import os
+import signal
 import sys
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program ended by Ctrl-C
 
 
+def _quit_while_starting(signum, frame) -> None:
+    # Nothing has been written yet, so there is nothing to clean up.
+    sys.stderr.write("sol-ext: interrupted while starting; nothing was written.\n")
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
+
+
 def main() -> int:
     """Import and run ``sol_ext.cli.main``; a Ctrl-C at any point exits quietly with 130."""
+    previous = signal.signal(signal.SIGINT, _quit_while_starting)
     try:
         from sol_ext.cli import main as cli_main
-    except KeyboardInterrupt:
-        print("sol-ext: interrupted while starting; nothing was written.", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         return cli_main()
     except KeyboardInterrupt:  # outside a command (argument parsing): nothing was written either
