@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .errors import UsageError, command_line_flags, user_error_message
 from .config import (COMPARE_METHODS, INFERENCE_MODES, METHODS, PAPER_SETTINGS, RELABEL_RULES,
                      TrainConfig)
+from .errors import UsageError, command_line_flags, user_error_message
 
 __all__ = ["main", "build_parser"]
 
