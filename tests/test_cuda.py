@@ -13,9 +13,8 @@ import torch
 from torch.library import opcheck
 
 import sol_ext
-from sol_ext import reference
-
 from common import CUDA_REASON, assert_rel_close, cuda_ready, random_labels, random_pairs
+from sol_ext import reference
 
 pytestmark = pytest.mark.skipif(not cuda_ready(), reason=CUDA_REASON)
 
@@ -257,7 +256,9 @@ def test_gradcheck_cuda_dissimilarity():
 def test_gradcheck_cuda_losses(explicit, convention):
     D, labels, pairs = inputs(9, 6, seed=3, explicit=explicit)
     D = D.requires_grad_()
-    fn = lambda D: sol_ext.order_loss(D, labels, pairs, convention=convention, reduction="none", backend="fused", **LOSS_ARGS)
+    def fn(D):
+        return sol_ext.order_loss(D, labels, pairs, convention=convention, reduction="none", backend="fused", **LOSS_ARGS)
+
     # The explicit-pair backward uses atomics outside deterministic mode: allow its rounding noise.
     assert torch.autograd.gradcheck(fn, (D,), nondet_tol=1e-12 if explicit else 0.0)
     assert torch.autograd.gradcheck(lambda D: sol_ext.disc_loss(D, labels, 2, reduction="none", backend="fused"), (D,))
@@ -466,7 +467,9 @@ def test_float32_dissimilarity_ignores_the_tf32_settings():
 
 def _planned_segments(B: int, n: int, dtype: torch.dtype) -> int:
     """The y segments of the all-pairs backward, as order_loss_kernel.cu plans them from the shape alone."""
-    ceil = lambda a, b: -(-a // b)
+    def ceil(a: int, b: int) -> int:
+        return -(-a // b)
+
     groups = ceil(ceil(n, 32), 8)
     two_rows = dtype != torch.float64 and ceil(B, 2) * groups >= 2048 // 2
     warps = (ceil(B, 2) if two_rows else B) * groups

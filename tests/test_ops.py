@@ -9,9 +9,8 @@ import pytest
 import torch
 
 import sol_ext
-from sol_ext import reference
-
 from common import REL_TOL, assert_rel_close, cpu_and_cuda, noncontiguous, random_labels, random_pairs
+from sol_ext import reference
 
 NUM_CONFIGS = 200
 

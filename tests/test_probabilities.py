@@ -8,9 +8,8 @@ import pytest
 import torch
 
 import sol_ext
-from sol_ext import reference
-
 from common import cpu_and_cuda
+from sol_ext import reference
 
 
 def direct_probabilities(a: int, b: int, n: int, sigma: float, tau: int, convention: str):

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import sol_ext
-
 from common import cpu_and_cuda
 
 B, N, DIM = 6, 5, 3
