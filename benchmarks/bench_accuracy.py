@@ -19,7 +19,6 @@ precision and recall of the flagged training labels of ``sol-ext audit`` against
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -160,7 +159,7 @@ def audit_against_cleanlab(records) -> str:
         probs = (probs / probs.sum(dim=1, keepdim=True)).numpy()
         theirs = torch.from_numpy(find_label_issues(given.numpy(), probs))
 
-        def pr(flags):
+        def pr(flags, wrong=wrong):
             tp = int((flags & wrong).sum())
             prec = tp / max(int(flags.sum()), 1)
             return f"{int(flags.sum())}, {100 * prec:.0f} %, {100 * tp / max(int(wrong.sum()), 1):.1f} %"

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from bench_loss import check_agreement, make_inputs, make_loss
 
 import sol_ext
-from bench_loss import check_agreement, make_inputs, make_loss
 
 SIZES = [(64, 60, 512), (256, 101, 512), (1024, 217, 512)]
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(

@@ -22,8 +22,10 @@ if _C.torch_version != torch.__version__:  # pragma: no cover
         "`pip install --no-build-isolation --force-reinstall --no-deps .`"
     )
 
-from . import _fake  # noqa: E402,F401  fake (meta) kernels for torch.compile and opcheck
-from . import reference  # noqa: E402
+from . import (
+    _fake,  # noqa: E402,F401  fake (meta) kernels for torch.compile and opcheck
+    reference,  # noqa: E402
+)
 from .loss import StochasticOrderLoss  # noqa: E402
 from .ops import (  # noqa: E402
     cuda_kernels_available,

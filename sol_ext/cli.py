@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .config import (COMPARE_METHODS, INFERENCE_MODES, METHODS, PAPER_SETTINGS, RELABEL_RULES,
-                     TrainConfig)
+from .config import COMPARE_METHODS, INFERENCE_MODES, METHODS, PAPER_SETTINGS, RELABEL_RULES, TrainConfig
 from .errors import UsageError, command_line_flags, user_error_message
 
 __all__ = ["main", "build_parser"]
@@ -27,7 +26,8 @@ def _positive_list(text: str, kind=float) -> list:
     try:
         return [kind(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of numbers, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of numbers, got {text!r}") from None
 
 
 def _sigma(text: str) -> float | str:
@@ -36,7 +36,7 @@ def _sigma(text: str) -> float | str:
     try:
         return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0 or 'auto', got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number > 0 or 'auto', got {text!r}") from None
 
 
 def _add_data_options(p: argparse.ArgumentParser) -> None:
@@ -294,8 +294,14 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from .compare import (check_comparison, default_methods, markdown_tables, noise_settings,
-                          run_comparison, write_comparison)
+    from .compare import (
+        check_comparison,
+        default_methods,
+        markdown_tables,
+        noise_settings,
+        run_comparison,
+        write_comparison,
+    )
     from .rundir import run_folder
 
     base = _config(args, noise="gaussian")

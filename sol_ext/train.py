@@ -24,10 +24,18 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
-import torch.nn.functional as F
 
-from .centroids import (centroid_span, compute_centroids, damp_centroids, dissimilarities, embed,
-                        fit_rank_posterior, median_ranks, posterior_median_ranks, rank_posterior)
+from .centroids import (
+    centroid_span,
+    compute_centroids,
+    damp_centroids,
+    dissimilarities,
+    embed,
+    fit_rank_posterior,
+    median_ranks,
+    posterior_median_ranks,
+    rank_posterior,
+)
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .data import split_indices

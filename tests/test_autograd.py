@@ -6,7 +6,6 @@ import torch
 from torch.library import opcheck
 
 import sol_ext
-
 from common import cpu_and_cuda, random_labels, random_pairs
 
 ops = torch.ops.sol_ext

@@ -126,8 +126,12 @@ def test_eq6_inference_ignores_the_label_prior_and_the_posterior_option_does_not
     nearest = d.argmin(dim=1)
     post = fit_rank_posterior(d, r, n)
     median = posterior_median_ranks(d, post)
-    mae = lambda p: float((p - r).abs().double().mean())
-    extreme = lambda p: int(((p <= 2) | (p >= 17)).sum())
+    def mae(p):
+        return float((p - r).abs().double().mean())
+
+    def extreme(p):
+        return int(((p <= 2) | (p >= 17)).sum())
+
     assert torch.equal(nearest, predict_ranks(h, mu, 1.0, backend="reference"))
     assert extreme(nearest) > 3 * extreme(r)          # eq. 6: many predictions at rare ranks
     assert extreme(median) < extreme(r)

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import sol_ext
-
 from common import random_labels
 
 HALF_DTYPES = [torch.float16, torch.bfloat16]

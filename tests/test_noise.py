@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from sol_ext.noise import (NOISE_TYPES, PEAK_FRACTION, WIDTH_FRACTION, add_label_noise, default_peak_width,
-                           noise_scale, noise_statistics)
+from sol_ext.noise import (
+    NOISE_TYPES,
+    PEAK_FRACTION,
+    WIDTH_FRACTION,
+    add_label_noise,
+    default_peak_width,
+    noise_scale,
+    noise_statistics,
+)
 
 N_RANKS = 2001
 
