@@ -56,6 +56,9 @@ loss.backward(); torch.cuda.synchronize(); print('smoke test ok, loss', loss.ite
 # --- tests: the CUDA-specific file first (fast feedback), then the whole suite ----------------------
 run_step test_cuda 180 "$PY" -m pytest -q -x -p no:cacheprovider tests/test_cuda.py
 # shellcheck disable=SC2086
+# the driver on the GPU, float32 and mixed precision (float16 + GradScaler)
+run_step driver 240 "$PY" -m sol_ext train --device cuda --epochs 3 --no-plots --output "$LOG/run-fp32" --overwrite
+run_step driver_amp 240 "$PY" -m sol_ext train --device cuda --amp --epochs 3 --no-plots --output "$LOG/run-amp" --overwrite
 run_step tests 420 "$PY" -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests}
 
 # --- benchmark -----------------------------------------------------------------------------------

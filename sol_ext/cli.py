@@ -132,6 +132,9 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
                    help="(default: %(default)s)")
     o.add_argument("--device", default=_DEFAULT.device, help="cpu, cuda, cuda:1 or auto "
                                                              "(default: %(default)s)")
+    o.add_argument("--amp", action="store_true", default=None,
+                   help="mixed precision: autocast to float16 with loss scaling on a GPU (bfloat16 "
+                        "on the CPU); the loss itself computes in float32")
     o.add_argument("--backend", choices=("auto", "fused", "reference"), default=_DEFAULT.backend,
                    help="kernel backend of the loss (default: %(default)s)")
     o.add_argument("--threads", type=int, default=0,

@@ -112,6 +112,7 @@ class TrainConfig:
     batch_size: int = 64
     seed: int = 0
     device: str = "cpu"
+    amp: bool = False                       # autocast: float16 + loss scaling on CUDA, bfloat16 on CPU
     backend: str = "auto"
     # evaluation
     cs_theta: Optional[float] = None        # CS threshold in label units; None: 2 rank steps

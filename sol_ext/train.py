@@ -272,6 +272,8 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
               if config.uses_centroids else None)
     sol_loss = make_sol_loss(run_config, n) if config.uses_centroids else None
     fingerprint = data.fingerprint()
+    # float16 autocast on CUDA needs loss scaling; bfloat16 (the CPU's autocast type) does not
+    scaler = torch.amp.GradScaler("cuda") if config.amp and device.type == "cuda" else None
 
     history: list[dict[str, Any]] = []
     centroids: Optional[torch.Tensor] = None
@@ -303,7 +305,7 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
             break  # a resumed run that had already stopped early
         # 1. network training, centroids fixed
         loss = _train_epoch(run_config, model, optimizer, fit_x, labels, n, centroids, sol_loss,
-                            gen, progress, epoch)
+                            gen, progress, epoch, scaler)
         record: dict[str, Any] = {"epoch": epoch, "train_loss": loss}
 
         # 2. centroid rule; 3. read-out and relabeling
@@ -410,10 +412,15 @@ def _audit_arrays(config: TrainConfig, data: PreparedData, split: _Split, out: _
 def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.Optimizer,
                  train_x: torch.Tensor, labels: torch.Tensor, n: int,
                  centroids: Optional[torch.Tensor], sol_loss: Optional[torch.nn.Module],
-                 gen: torch.Generator, progress: bool, epoch: int) -> float:
+                 gen: torch.Generator, progress: bool, epoch: int,
+                 scaler: Optional[torch.amp.GradScaler] = None) -> float:
     """One pass over shuffled batches of the current ``labels`` ``[N]`` with the centroids
-    fixed; returns the mean batch loss."""
+    fixed; returns the mean batch loss. With ``config.amp`` the forward passes run under
+    autocast (float16 with ``scaler`` on CUDA, bfloat16 on the CPU); the loss computes in
+    float32 either way."""
     model.train()
+    device_type = train_x.device.type
+    amp_dtype = torch.float16 if device_type == "cuda" else torch.bfloat16
     batches = _batches(labels.numel(), config.batch_size, gen)
     bar = _Progress(progress, len(batches), f"epoch {epoch}/{config.epochs}")
     total = 0.0
@@ -424,15 +431,21 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
             ref = sample_references(y, labels, config.tau, gen).to(train_x.device)
             x, y = torch.cat([x, train_x[ref]]), torch.cat([y, labels[ref]])
             pairs = balanced_pairs(y, config.tau, config.pairs_per_class, gen)
-        out = model(x)
-        if not bool(torch.isfinite(out).all()):  # weights blown up by the previous step
-            raise FloatingPointError(_diverged(config, epoch, "the network's outputs"))
-        loss = training_loss(config, model, out, y, n, centroids, sol_loss, pairs)
+        with torch.autocast(device_type, dtype=amp_dtype, enabled=config.amp):
+            out = model(x)
+            if not bool(torch.isfinite(out).all()):  # weights blown up by the previous step
+                raise FloatingPointError(_diverged(config, epoch, "the network's outputs"))
+            loss = training_loss(config, model, out, y, n, centroids, sol_loss, pairs)
         if not torch.isfinite(loss):
             raise FloatingPointError(_diverged(config, epoch, f"the loss ({float(loss)})"))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        if scaler is not None:  # float16: scale the loss so small gradients do not flush to 0
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
         total += float(loss.detach())
         bar.update(float(loss.detach()))
     bar.close()

@@ -243,3 +243,13 @@ def test_sigma_auto_picks_the_candidate_of_best_validation_mae(tmp_path):
     assert set(scores) == set(SIGMA_GRID)
     assert r["sigma_selected"] == min(scores, key=scores.get)
     assert r["config"]["sigma"] == "auto"
+
+
+@pytest.mark.parametrize("method", ["sol", "l1"])
+def test_mixed_precision_training_runs_and_stays_finite(method, tmp_path):
+    """``amp=True`` (``sol-ext train --amp``): autocast forward passes, bfloat16 on the CPU."""
+    cfg = dataclasses.replace(BASE, method=method, amp=True)
+    r = train(cfg, tiny_data(), tmp_path, log=quiet).results
+    assert r["config"]["amp"] is True
+    assert all(h["train_loss"] == h["train_loss"] for h in r["history"])  # no NaN
+    assert 0 <= r["test"]["mae"] < 8
