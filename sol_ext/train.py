@@ -245,7 +245,9 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
     if config.uses_centroids and config.sigma == "auto":
         from .tuning import select_sigma
 
-        sigma_choice = select_sigma(config, data, log=log)
+        saved = load_checkpoint(out_dir / CHECKPOINT_NAME, config) if resume else None
+        sigma_choice = (saved["sigma_choice"] if saved is not None
+                        else select_sigma(config, data, log=log))  # a resumed run keeps its pick
         run_config = dataclasses.replace(config, sigma=sigma_choice["sigma"])
     device = resolve_device(config.device)
     out_dir.mkdir(parents=True, exist_ok=True)

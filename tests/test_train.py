@@ -253,3 +253,14 @@ def test_mixed_precision_training_runs_and_stays_finite(method, tmp_path):
     assert r["config"]["amp"] is True
     assert all(h["train_loss"] == h["train_loss"] for h in r["history"])  # no NaN
     assert 0 <= r["test"]["mae"] < 8
+
+
+def test_a_resumed_sigma_auto_run_keeps_its_pick(tmp_path, monkeypatch):
+    import sol_ext.tuning
+
+    cfg = dataclasses.replace(BASE, epochs=1, sigma="auto")
+    first = train(cfg, tiny_data(), tmp_path, log=quiet).results
+    monkeypatch.setattr(sol_ext.tuning, "select_sigma", lambda *a, **k: pytest.fail("searched again"))
+    again = train(dataclasses.replace(cfg, epochs=2), tiny_data(), tmp_path, resume=True,
+                  log=quiet).results
+    assert again["sigma_selected"] == first["sigma_selected"] and again["epochs_run"] == 2
