@@ -91,6 +91,24 @@ def test_gradcheck_block(device):
     assert torch.autograd.gradcheck(fn, (D.requires_grad_(), D_all.requires_grad_()))
 
 
+def test_block_backward_is_bitwise_reproducible_across_thread_counts():
+    """Each gradient row is summed by one worker in a fixed order, whatever the number of threads."""
+    D, labels, D_all, labels_all = _block_inputs(40, 90, 30, 21, torch.float32, "cpu", seed=5)
+    grad_rows = torch.randn(40, generator=torch.Generator().manual_seed(6))
+    args = (D, labels, D_all, labels_all, 30, 1.0, 2, 0.25, "paper")
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            results.append((ops.order_loss_block(*args), *ops._order_loss_block_backward(grad_rows, *args, True, True)))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert torch.equal(a, b)
+
+
 def _block_op_cases(device):
     D, labels, D_all, labels_all = _block_inputs(4, 9, 3, 6, torch.float64, device)
     grad_rows = torch.randn(4, dtype=torch.float64, device=device)
