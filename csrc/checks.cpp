@@ -107,4 +107,28 @@ OrderLossProblem prepare_order_loss(
           num_pairs(B, pairs), parse_convention(convention)};
 }
 
+OrderLossBlockProblem prepare_order_loss_block(
+    const at::Tensor& D,
+    const at::Tensor& labels,
+    const at::Tensor& D_all,
+    const at::Tensor& labels_all,
+    int64_t offset,
+    double sigma,
+    int64_t tau,
+    double margin,
+    std::string_view convention) {
+  check_order_loss_inputs(D, labels, std::nullopt, sigma, tau, margin);
+  check_order_loss_inputs(D_all, labels_all, std::nullopt, sigma, tau, margin);
+  TORCH_CHECK(D_all.device() == D.device(), "D_all must be on D's device ", D.device(), ", got ", D_all.device());
+  TORCH_CHECK(D_all.scalar_type() == D.scalar_type(), "D and D_all must have one dtype, got ", D.scalar_type(),
+              " and ", D_all.scalar_type());
+  TORCH_CHECK(D_all.size(1) == D.size(1), "D and D_all must have the same number of ranks, got ", D.size(1),
+              " and ", D_all.size(1));
+  const int64_t B = D.size(0), N = D_all.size(0);
+  TORCH_CHECK(offset >= 0 && offset + B <= N, "offset must lie in 0..", N - B,
+              " (the local rows are rows offset..offset+B-1 of D_all), got ", offset);
+  return {D.contiguous(), labels.contiguous(), D_all.contiguous(), labels_all.contiguous(), B, N, D.size(1), offset,
+          parse_convention(convention)};
+}
+
 } // namespace sol_ext

@@ -36,6 +36,13 @@ TORCH_LIBRARY(sol_ext, m) {
   m.def(
       "_order_loss_backward(Tensor grad_losses, Tensor D, Tensor labels, Tensor? pairs, "
       "float sigma, int tau, float margin, str convention) -> Tensor");
+  m.def(
+      "order_loss_block(Tensor D, Tensor labels, Tensor D_all, Tensor labels_all, int offset, float sigma, "
+      "int tau, float margin, str convention) -> Tensor");
+  m.def(
+      "_order_loss_block_backward(Tensor grad_rows, Tensor D, Tensor labels, Tensor D_all, Tensor labels_all, "
+      "int offset, float sigma, int tau, float margin, str convention, bool need_grad_D, "
+      "bool need_grad_D_all) -> (Tensor, Tensor)");
   m.def("disc_loss(Tensor D, Tensor labels, int T) -> Tensor");
   m.def("_disc_loss_backward(Tensor grad_losses, Tensor labels, int num_ranks, int T) -> Tensor");
 }

@@ -29,6 +29,19 @@
 //       only, not on the GPU model.
 //       Extra memory O(B*n + M): no [M,n] or [B,B,n] intermediate.
 //
+//   order_loss_block(D [B,n], labels [B] int64, D_all [N,n], labels_all [N] int64, offset, sigma, tau,
+//                    margin, convention) -> per-row sums [B]                            (SPEC §6, §7)
+//       A rectangular block of pairs for data-parallel training: the local rows D are rows
+//       offset..offset+B-1 of the global batch D_all (0 <= offset <= N - B), and local row i owns the
+//       pairs (i, j) with j > offset + i, j indexing D_all, oriented x = D[i], y = D_all[j]. Every pair
+//       x < y of the global batch then belongs to exactly one process. Returns
+//       out[i] = sum_{j > offset+i} l_order(D[i], D_all[j]), summed in acc precision in j order.
+//   _order_loss_block_backward(grad_rows [B], D, labels, D_all, labels_all, offset, sigma, tau, margin,
+//                              convention, need_grad_D, need_grad_D_all) -> (grad_D [B,n], grad_D_all [N,n])
+//       An output that is not needed comes back empty ([0]). Deterministic, no atomics: each row of
+//       grad_D (of grad_D_all) is summed by one worker over its pairs in order. Extra memory O((B + N) n).
+//       CPU and CUDA; the CUDA kernels use one warp per row (no atomics, bitwise reproducible).
+//
 //   disc_loss(D [B,n], labels [B] int64, T) -> per-sample losses [B]                (SPEC §4)
 //       The terms of every t >= n are equal and are added as one term times their count: O(n) for any T.
 //   _disc_loss_backward(grad_losses [B], labels, n, T) -> grad_D [B,n]
@@ -97,6 +110,27 @@ OrderLossProblem prepare_order_loss(
     const at::Tensor& D,
     const at::Tensor& labels,
     const std::optional<at::Tensor>& pairs,
+    double sigma,
+    int64_t tau,
+    double margin,
+    std::string_view convention);
+
+// An order_loss_block call after the shared checks: contiguous inputs and sizes.
+struct OrderLossBlockProblem {
+  at::Tensor D, labels, D_all, labels_all;  // [B,n], [B], [N,n], [N]
+  int64_t B, N, n, offset;
+  Convention convention;
+
+  at::Tensor table(double sigma, int64_t tau, at::ScalarType dtype) const {
+    return ordering_table(n, sigma, tau, convention, dtype, D.device());
+  }
+};
+OrderLossBlockProblem prepare_order_loss_block(
+    const at::Tensor& D,
+    const at::Tensor& labels,
+    const at::Tensor& D_all,
+    const at::Tensor& labels_all,
+    int64_t offset,
     double sigma,
     int64_t tau,
     double margin,

@@ -36,6 +36,20 @@ def _(grad_losses, D, labels, pairs, sigma, tau, margin, convention):
     return torch.empty_like(D, memory_format=torch.contiguous_format)
 
 
+@torch.library.register_fake("sol_ext::order_loss_block")
+def _(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention):
+    return D.new_empty((D.shape[0],))
+
+
+@torch.library.register_fake("sol_ext::_order_loss_block_backward")
+def _(grad_rows, D, labels, D_all, labels_all, offset, sigma, tau, margin, convention, need_grad_D, need_grad_D_all):
+    grad_D = torch.empty_like(D, memory_format=torch.contiguous_format) if need_grad_D else D.new_empty((0,))
+    grad_D_all = (
+        torch.empty_like(D_all, memory_format=torch.contiguous_format) if need_grad_D_all else D_all.new_empty((0,))
+    )
+    return grad_D, grad_D_all
+
+
 @torch.library.register_fake("sol_ext::disc_loss")
 def _(D, labels, T):
     return D.new_empty((D.shape[0],))

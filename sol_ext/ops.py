@@ -33,6 +33,7 @@ __all__ = [
     "ordering_probabilities",
     "ordering_probability_table",
     "order_loss",
+    "order_loss_block",
     "disc_loss",
     "noise_kernel",
     "cuda_kernels_available",
@@ -51,6 +52,8 @@ for _name in (
     "_stochastic_dissimilarity_backward",
     "order_loss",
     "_order_loss_backward",
+    "order_loss_block",
+    "_order_loss_block_backward",
     "disc_loss",
     "_disc_loss_backward",
 ):
@@ -225,6 +228,26 @@ class _OrderLoss(torch.autograd.Function):
         return (grad_D,) + (None,) * 6
 
 
+class _OrderLossBlock(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, D, labels, D_all, labels_all, offset: int, sigma: float, tau: int, margin: float, convention: str):
+        ctx.save_for_backward(D, labels, D_all, labels_all)
+        ctx.constants = (offset, sigma, tau, margin, convention)
+        return _ops.order_loss_block(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention)
+
+    @staticmethod
+    @_first_order_only("order_loss_block")
+    def backward(ctx, grad_rows: torch.Tensor):
+        need_D, need_D_all = ctx.needs_input_grad[0], ctx.needs_input_grad[2]
+        if not (need_D or need_D_all):
+            return (None,) * 9
+        D, labels, D_all, labels_all = ctx.saved_tensors
+        grad_D, grad_D_all = _ops._order_loss_block_backward(
+            grad_rows, D, labels, D_all, labels_all, *ctx.constants, need_D, need_D_all
+        )
+        return (grad_D if need_D else None), None, (grad_D_all if need_D_all else None), None, *(None,) * 5
+
+
 class _DiscLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, D, labels, T: int):
@@ -272,6 +295,13 @@ def _order_losses(D, labels, pairs, sigma, tau, margin, convention, fused: bool)
     if fused:
         return _OrderLoss.apply(D, labels, pairs, sigma, tau, margin, convention)
     return reference.order_loss(D, labels, pairs, sigma, tau, margin, convention, reduction="none")
+
+
+def _order_loss_block_rows(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention, fused: bool):
+    """Per-row sums ``[B]`` of the block's pair losses."""
+    if fused:
+        return _OrderLossBlock.apply(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention)
+    return reference.order_loss_block(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention)
 
 
 def _disc_losses(D, labels, T, fused: bool):
@@ -423,6 +453,62 @@ def order_loss(
     with _autocast_off(D.device):
         losses = _order_losses(D, labels, pairs, sigma, tau, margin, convention, fused)
         return reference.reduce_losses(losses, reduction)
+
+
+def order_loss_block(
+    D: torch.Tensor,
+    labels: torch.Tensor,
+    D_all: torch.Tensor,
+    labels_all: torch.Tensor,
+    offset: int,
+    sigma: float = 1.0,
+    tau: int = 3,
+    margin: float = 0.25,
+    convention: str = "paper",
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Order loss of a rectangular block of pairs, local rows x all rows, summed per local row (SPEC §6, §7).
+
+    The building block of data-parallel training (:mod:`sol_ext.distributed`): a process holds its rows
+    ``D`` of the global batch ``D_all`` (``D`` is ``D_all[offset:offset + B]``) and owns the pairs
+    ``(D[i], D_all[j])`` with ``j > offset + i``, so that every pair ``x < y`` of the global batch belongs
+    to exactly one process and the pair losses equal those of :func:`order_loss` on ``D_all``.
+
+    Args:
+        D: local dissimilarities ``[B, n]``. labels: their ranks ``[B]``, any integer dtype.
+        D_all: dissimilarities of the whole batch ``[N, n]``, same dtype and device. labels_all: ``[N]``.
+        offset: index of ``D``'s first row in ``D_all``, ``0 <= offset <= N - B``.
+        sigma, tau, margin, convention: as in :func:`order_loss`.
+
+    Returns ``[B]``: ``out[i] = sum_{j > offset + i} l_order(D[i], D_all[j])`` in ``D``'s dtype.
+    Differentiable with respect to ``D`` and ``D_all``. Extra memory ``O((B + N) n)``: no pair list and
+    no ``[M, n]`` tensor. The fused backward is deterministic on the CPU and on CUDA (each gradient row
+    is summed by one worker in a fixed order, no atomics).
+    """
+    _refuse_func_transforms(D=D, labels=labels, D_all=D_all, labels_all=labels_all)
+    check.check_same_device(D=D, labels=labels, D_all=D_all, labels_all=labels_all)
+    D, D_all = _promote(D, D_all)
+    check.check_dissimilarities(D)
+    check.check_dissimilarities(D_all)
+    batch_size, num_ranks = D.shape
+    if D_all.shape[1] != num_ranks:
+        raise ValueError(f"D_all must have {num_ranks} rank columns like D, got shape {tuple(D_all.shape)}")
+    labels = check.check_ranks("labels", labels, num_ranks, length=batch_size)
+    labels_all = check.check_ranks("labels_all", labels_all, num_ranks, length=D_all.shape[0])
+    offset = check.check_int("offset", offset, 0)
+    if offset + batch_size > D_all.shape[0]:
+        raise ValueError(
+            f"offset must lie in 0..{D_all.shape[0] - batch_size}: D's {batch_size} rows are rows "
+            f"offset..offset+{batch_size - 1} of D_all's {D_all.shape[0]}, got offset={offset}"
+        )
+    sigma = check.check_positive_float("sigma", sigma)
+    tau = check.check_int("tau", tau, 0)
+    margin = check.check_nonnegative_float("margin", margin)
+    check.check_choice("convention", convention, check.CONVENTIONS)
+    fused = _use_fused(backend, "order_loss_block", D.device, D.dtype)
+    with _autocast_off(D.device):
+        return _order_loss_block_rows(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention, fused)
 
 
 def disc_loss(

@@ -19,6 +19,7 @@ __all__ = [
     "ordering_probabilities",
     "all_pairs",
     "order_loss",
+    "order_loss_block",
     "disc_loss",
     "reduce_losses",
 ]
@@ -149,6 +150,32 @@ def disc_loss(D: torch.Tensor, labels: torch.Tensor, T: int = 1, reduction: str 
     if T > looped:
         losses = losses + (T - looped) * (2 * (D0 - D[:, 0]) + 2 * (D0 - D[:, -1]))
     return reduce_losses(losses, reduction)
+
+
+def order_loss_block(
+    D: torch.Tensor,
+    labels: torch.Tensor,
+    D_all: torch.Tensor,
+    labels_all: torch.Tensor,
+    offset: int,
+    sigma: float = 1.0,
+    tau: int = 3,
+    margin: float = 0.25,
+    convention: str = "paper",
+) -> torch.Tensor:
+    """Per-row sums ``[B]`` of the order loss over the pairs ``(D[i], D_all[j])`` with ``j > offset + i``.
+
+    The pairs run through :func:`order_loss` with explicit pairs on ``cat([D, D_all])``: an ``[M, n]``
+    intermediate, fine for an oracle.
+    """
+    B, N = D.shape[0], D_all.shape[0]
+    i, j = torch.meshgrid(torch.arange(B, device=D.device), torch.arange(N, device=D.device), indexing="ij")
+    owned = j > offset + i
+    pairs = torch.stack([i[owned], B + j[owned]], dim=1)
+    losses = order_loss(
+        torch.cat([D, D_all]), torch.cat([labels, labels_all]), pairs, sigma, tau, margin, convention, reduction="none"
+    )
+    return torch.zeros(B, dtype=losses.dtype, device=D.device).index_add(0, pairs[:, 0], losses)
 
 
 def reduce_losses(losses: torch.Tensor, reduction: str) -> torch.Tensor:

@@ -1,0 +1,171 @@
+"""The SOL loss over the global batch of data-parallel training (``torch.distributed``, DDP).
+
+With ``DistributedDataParallel`` every process sees its own batch of ``B`` samples, but SOL's order loss
+is all-pairs: a plain :class:`~sol_ext.StochasticOrderLoss` on each process would miss every pair whose
+members live on different processes. :class:`DistributedStochasticOrderLoss` wraps the loss (the
+convention of pytorch-metric-learning's ``DistributedLossWrapper``) so that one step on ``W`` processes
+gives the loss value and, after DDP's gradient averaging, the parameter gradients of one process on
+the concatenated batch of ``W·B`` samples::
+
+    criterion = DistributedStochasticOrderLoss(sol_ext.StochasticOrderLoss(num_ranks=62))
+    loss = criterion(ddp_model(x), labels, centroids)   # every process, every step
+    loss.backward()                                     # DDP averages the parameter gradients
+
+How: the dissimilarities ``D [B, n]`` (not the embeddings: ``n`` is usually smaller than ``d``) are
+all-gathered with an autograd-aware gather, so the gradient of each gathered row flows back to the process
+that owns it. Process ``r`` computes only the pairs it owns: its rows ``i`` against the global rows
+``j > offset_r + i`` (:func:`sol_ext.order_loss_block`), so every global pair ``x < y`` is counted once, and
+no process forms a pair list or a ``[pairs, n]`` tensor: extra memory ``O(W·B·n)``. Batches may differ in
+size (a last batch, an empty one): the sizes are gathered first and the rows padded for the gather.
+
+The returned value is the global loss on every process. Its gradient is that of ``W`` times the process's
+own share (its pairs and its samples' discriminative terms), which DDP's averaging over ``W`` processes
+turns into the gradient of the global loss. ``mu``'s gradient, where ``mu`` requires one, follows the same
+rule: averaged over the processes (as DDP does when ``mu`` is a parameter of the wrapped module) it is the
+single-process gradient.
+
+Every process must call the loss at every step, also with an empty batch: the gathers are collectives.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import _validation as check
+from . import reference
+from .loss import StochasticOrderLoss
+from .ops import (
+    _autocast_off,
+    _check_dissimilarities_finite,
+    _disc_losses,
+    _dissimilarity,
+    _order_loss_block_rows,
+    _promote,
+    _refuse_func_transforms,
+    _use_fused,
+)
+
+__all__ = ["DistributedStochasticOrderLoss", "gather_rows"]
+
+
+class _GlobalValue(torch.autograd.Function):
+    """Returns ``value`` (the global loss, no graph) with the gradient of ``share`` (this process's part)."""
+
+    @staticmethod
+    def forward(ctx, share: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+def _group_size_and_rank(group) -> tuple:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "DistributedStochasticOrderLoss needs an initialized torch.distributed process group; call "
+            "torch.distributed.init_process_group(...) first (torchrun sets up its environment), or use "
+            "sol_ext.StochasticOrderLoss in a single process"
+        )
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def gather_rows(local: torch.Tensor, labels: torch.Tensor, group=None) -> tuple:
+    """All-gathers the rows of every process, of any (also zero) number per process.
+
+    Args:
+        local: this process's rows ``[B, n]`` (``B`` may differ between processes and be 0).
+        labels: their integer labels ``[B]``.
+        group: the process group (default: the world).
+
+    Returns ``(rows [N, n], labels [N], offset, sizes)``: the rows of all processes in rank order,
+    ``N = sum(sizes)``, and ``offset`` the index of this process's first row. ``rows`` is differentiable:
+    the gradient of each row flows back to the process that owns it (summed over the processes that
+    use it). Three collectives: the sizes, the padded rows, the padded labels.
+    """
+    world, rank = _group_size_and_rank(group)
+    size = torch.tensor([local.shape[0]], dtype=torch.int64, device=local.device)
+    sizes_t = [torch.empty_like(size) for _ in range(world)]
+    dist.all_gather(sizes_t, size, group=group)
+    sizes = [int(s.item()) for s in sizes_t]
+    padded = max(max(sizes), 1)  # at least one row: no collective on empty tensors
+    pad = padded - local.shape[0]
+    rows = torch.cat([local, local.new_zeros((pad, local.shape[1]))]) if pad else local
+    gathered = torch.distributed.nn.functional.all_gather(rows, group=group)
+    labels_padded = torch.cat([labels, labels.new_zeros((pad,))]) if pad else labels
+    labels_gathered = [torch.empty_like(labels_padded) for _ in range(world)]
+    dist.all_gather(labels_gathered, labels_padded.contiguous(), group=group)
+    rows_all = torch.cat([g[:s] for g, s in zip(gathered, sizes)])
+    labels_all = torch.cat([g[:s] for g, s in zip(labels_gathered, sizes)])
+    return rows_all, labels_all, sum(sizes[:rank]), sizes
+
+
+class DistributedStochasticOrderLoss(nn.Module):
+    """A :class:`~sol_ext.StochasticOrderLoss` over the global batch of all processes of a process group.
+
+    Args:
+        loss: the single-process loss whose settings (``num_ranks``, ``sigma``, ``tau``, ``margin``, ``T``,
+            ``disc_weight``, ``convention``, ``reduction`` ``"mean"`` or ``"sum"``, ``backend``) apply.
+        group: the ``torch.distributed`` process group (default: the world).
+
+    ``forward(h, labels, mu)``: ``h [B, d]`` this process's embeddings (``B`` may differ between processes
+    and be 0), ``labels [B]``, ``mu [n, d]`` the same centroids on every process. Returns the loss of the
+    concatenated batch of all processes (the same scalar on every process); after ``backward`` and DDP's
+    averaging, the parameter gradients equal those of one process on that batch. Explicit ``pairs`` are
+    not supported. Collectives per call: three gathers (sizes, ``D``, labels) and one all-reduce of the
+    loss value; in backward, the gather's reduce-scatter of ``dD``.
+    """
+
+    def __init__(self, loss: StochasticOrderLoss, group=None) -> None:
+        super().__init__()
+        if not isinstance(loss, StochasticOrderLoss):
+            raise TypeError(
+                f"loss must be a sol_ext.StochasticOrderLoss, got {type(loss).__name__}; wrap it as "
+                "DistributedStochasticOrderLoss(sol_ext.StochasticOrderLoss(num_ranks=...))"
+            )
+        self.loss = loss
+        self.group = group
+
+    def forward(
+        self, h: torch.Tensor, labels: torch.Tensor, mu: torch.Tensor, pairs: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        if pairs is not None:
+            raise ValueError(
+                "DistributedStochasticOrderLoss covers all pairs of the global batch; explicit pairs are not "
+                "supported (pass pairs=None, or use sol_ext.StochasticOrderLoss on one process)"
+            )
+        world, _ = _group_size_and_rank(self.group)
+        c = self.loss
+        _refuse_func_transforms(h=h, labels=labels, mu=mu)
+        check.check_same_device(h=h, labels=labels, mu=mu)
+        h, mu = _promote(h, mu)
+        check.check_embeddings(h, mu)
+        if mu.shape[0] != c.num_ranks:
+            raise ValueError(
+                f"mu must have num_ranks={c.num_ranks} rows (one centroid per rank), got shape {tuple(mu.shape)}"
+            )
+        labels = check.check_ranks("labels", labels, c.num_ranks, length=h.shape[0])
+        fused = _use_fused(c.backend, "DistributedStochasticOrderLoss", h.device, h.dtype)
+        with _autocast_off(h.device):
+            D = _dissimilarity(h, mu, c.sigma, fused)
+            _check_dissimilarities_finite(D, h, mu)
+            D_all, labels_all, offset, sizes = gather_rows(D, labels, self.group)
+            total = sum(sizes)
+            rows = _order_loss_block_rows(
+                D, labels, D_all, labels_all, offset, c.sigma, c.tau, c.margin, c.convention, fused
+            )
+            order = reference.reduce_losses(rows, "sum")
+            disc = reference.reduce_losses(_disc_losses(D, labels, c.T, fused), "sum")
+            if c.reduction == "mean":  # the global counts: N(N-1)/2 pairs, N samples (an empty set gives 0)
+                order = order / max(total * (total - 1) // 2, 1)
+                disc = disc / max(total, 1)
+            share = order + c.disc_weight * disc
+            value = share.detach().clone()
+            dist.all_reduce(value, group=self.group)
+            return _GlobalValue.apply(share * world, value)
+
+    def extra_repr(self) -> str:
+        return "group=default" if self.group is None else f"group={self.group!r}"

@@ -1,0 +1,269 @@
+"""Data-parallel SOL: the block op (local rows x gathered rows) and the loss over the global batch.
+
+The spawned-process tests run W = 2 and 3 processes with the gloo backend on the CPU, on the loopback
+interface with a free port, under a timeout, and compare one DDP step with one process on the
+concatenated batch.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import sol_ext
+from common import REL_TOL, assert_rel_close, cpu_and_cuda, random_labels
+from sol_ext import reference
+from sol_ext.distributed import DistributedStochasticOrderLoss
+
+ops = torch.ops.sol_ext
+
+# (B, N, offset, n, convention, margin): the local rows are rows offset..offset+B-1 of the N global rows.
+BLOCK_CASES = [
+    (4, 11, 0, 7, "paper", 0.25),
+    (5, 11, 4, 7, "official", 0.0),
+    (2, 11, 9, 7, "paper", 1.0),
+    (0, 6, 3, 5, "paper", 0.25),
+    (7, 7, 0, 1, "official", 0.25),
+    (9, 40, 17, 33, "paper", 0.3),
+    (3, 3, 0, 150, "official", 0.1),
+]
+
+
+def _block_inputs(B, N, offset, n, dtype, device, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    D_all = torch.randn(N, n, generator=gen, dtype=torch.float64).to(device, dtype)
+    labels_all = random_labels(N, n, gen, device)
+    return D_all[offset : offset + B].clone(), labels_all[offset : offset + B].clone(), D_all, labels_all
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("case", BLOCK_CASES)
+def test_block_kernel_matches_reference(case, dtype, device):
+    """Fused order_loss_block: per-row sums and both gradients (local and gathered rows) equal the reference's."""
+    B, N, offset, n, convention, margin = case
+    tol = REL_TOL[dtype]
+    D, labels, D_all, labels_all = _block_inputs(B, N, offset, n, dtype, device)
+    D.requires_grad_(True)
+    D_all.requires_grad_(True)
+    args = (offset, 0.8, 2, margin, convention)
+    fused = sol_ext.order_loss_block(D, labels, D_all, labels_all, *args, backend="fused")
+    ref = reference.order_loss_block(D, labels, D_all, labels_all, *args)
+    assert_rel_close(fused, ref, tol, "per-row losses")
+    if B == 0:
+        return
+    upstream = torch.randn(B, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(device, dtype)
+    g_fused = torch.autograd.grad(fused, (D, D_all), upstream)
+    g_ref = torch.autograd.grad(ref, (D, D_all), upstream)
+    assert_rel_close(g_fused[0], g_ref[0], tol, "dD (local rows)")
+    assert_rel_close(g_fused[1], g_ref[1], tol, "dD_all (gathered rows)")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_blocks_of_a_partition_count_every_pair_once(dtype):
+    """Summed over the processes of any split of the batch, the blocks give the all-pairs loss of the batch."""
+    N, n = 13, 9
+    _, _, D_all, labels_all = _block_inputs(0, N, 0, n, dtype, "cpu", seed=3)
+    expected = sol_ext.order_loss(D_all, labels_all, None, 0.8, 2, 0.25, reduction="sum", backend="fused")
+    for sizes in ([13], [7, 6], [5, 0, 8], [1, 4, 4, 4]):
+        offsets = [sum(sizes[:r]) for r in range(len(sizes))]
+        total = sum(
+            sol_ext.order_loss_block(
+                D_all[o : o + s], labels_all[o : o + s], D_all, labels_all, o, 0.8, 2, 0.25, backend="fused"
+            ).sum(dtype=torch.float64)
+            for o, s in zip(offsets, sizes)
+        )
+        assert_rel_close(total.to(dtype), expected, REL_TOL[dtype], f"sizes {sizes}")
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_gradcheck_block(device):
+    D, labels, D_all, labels_all = _block_inputs(4, 9, 3, 6, torch.float64, device)
+
+    def fn(D, D_all):
+        return sol_ext.order_loss_block(D, labels, D_all, labels_all, 3, 0.9, 1, 0.05, "official", backend="fused")
+
+    assert torch.autograd.gradcheck(fn, (D.requires_grad_(), D_all.requires_grad_()))
+
+
+def test_block_backward_is_bitwise_reproducible_across_thread_counts():
+    """Each gradient row is summed by one worker in a fixed order, whatever the number of threads."""
+    D, labels, D_all, labels_all = _block_inputs(40, 90, 30, 21, torch.float32, "cpu", seed=5)
+    grad_rows = torch.randn(40, generator=torch.Generator().manual_seed(6))
+    args = (D, labels, D_all, labels_all, 30, 1.0, 2, 0.25, "paper")
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            results.append((ops.order_loss_block(*args), *ops._order_loss_block_backward(grad_rows, *args, True, True)))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert torch.equal(a, b)
+
+
+def _block_op_cases(device):
+    D, labels, D_all, labels_all = _block_inputs(4, 9, 3, 6, torch.float64, device)
+    grad_rows = torch.randn(4, dtype=torch.float64, device=device)
+    tail = (3, 1.0, 2, 0.25, "paper")
+    return {
+        "order_loss_block": (ops.order_loss_block, (D, labels, D_all, labels_all, *tail)),
+        "order_loss_block_empty": (ops.order_loss_block, (D[:0], labels[:0], D_all, labels_all, *tail)),
+        "_order_loss_block_backward": (
+            ops._order_loss_block_backward, (grad_rows, D, labels, D_all, labels_all, *tail, True, True)),
+        "_order_loss_block_backward_gathered_only": (
+            ops._order_loss_block_backward, (grad_rows, D, labels, D_all, labels_all, *tail, False, True)),
+    }
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("case", list(_block_op_cases("cpu")))
+def test_opcheck_block(device, case):
+    """Schema, fake kernel and dispatch consistency of the block op and its backward."""
+    op, args = _block_op_cases(device)[case]
+    opcheck(op, args)
+
+
+def test_block_refuses_an_offset_outside_the_gathered_rows():
+    D, labels, D_all, labels_all = _block_inputs(4, 9, 3, 6, torch.float64, "cpu")
+    with pytest.raises(ValueError, match="offset must lie in 0..5"):
+        sol_ext.order_loss_block(D, labels, D_all, labels_all, 6)
+    with pytest.raises(RuntimeError, match="offset must lie in 0..5"):
+        ops.order_loss_block(D, labels, D_all, labels_all, 6, 1.0, 2, 0.25, "paper")
+
+
+def test_distributed_loss_without_a_process_group_says_how_to_start_one():
+    criterion = DistributedStochasticOrderLoss(sol_ext.StochasticOrderLoss(4))
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        criterion(torch.randn(3, 2), torch.tensor([0, 1, 3]), torch.randn(4, 2))
+
+
+# ------------------------------------------------------------------------------------------------
+# Spawned processes: one DDP step on W processes against one process on the concatenated batch.
+# ------------------------------------------------------------------------------------------------
+
+IN_DIM, DIM, NUM_RANKS = 5, 4, 9
+TIMEOUT_S = 120
+
+
+class _Model(torch.nn.Module):
+    """An encoder and trainable centroids, so that DDP averages the gradients of both."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.encoder = torch.nn.Linear(IN_DIM, DIM, dtype=dtype)
+        with torch.no_grad():
+            self.encoder.weight.copy_(torch.randn(DIM, IN_DIM, generator=gen))
+            self.encoder.bias.copy_(torch.randn(DIM, generator=gen))
+        self.mu = torch.nn.Parameter(torch.randn(NUM_RANKS, DIM, generator=gen, dtype=torch.float64).to(dtype))
+
+    def forward(self, x):
+        return self.encoder(x), self.mu
+
+
+# (sizes per process, dtype, reduction, convention): unequal last batches and empty process batches.
+SPAWN_CASES = {
+    2: [([6, 6], torch.float64, "mean", "paper"), ([7, 3], torch.float32, "mean", "official"),
+        ([5, 0], torch.float64, "sum", "paper"), ([0, 4], torch.float32, "sum", "paper")],
+    3: [([4, 4, 4], torch.float64, "mean", "paper"), ([5, 5, 2], torch.float32, "sum", "official"),
+        ([4, 0, 3], torch.float64, "mean", "official"), ([3, 3, 0], torch.float32, "mean", "paper")],
+}
+
+
+def _global_batch(sizes, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(sum(sizes), IN_DIM, generator=gen, dtype=torch.float64).to(dtype)
+    return x, random_labels(sum(sizes), NUM_RANKS, gen)
+
+
+def _criterion(reduction, convention):
+    return sol_ext.StochasticOrderLoss(
+        NUM_RANKS, sigma=0.8, tau=2, margin=0.3, T=2, disc_weight=0.7, convention=convention,
+        reduction=reduction, backend="fused",
+    )
+
+
+def _single_process_step(case, seed):
+    sizes, dtype, reduction, convention = case
+    x, labels = _global_batch(sizes, dtype, seed)
+    model = _Model(dtype)
+    h, mu = model(x)
+    loss = _criterion(reduction, convention)(h, labels, mu)
+    loss.backward()
+    return loss.detach(), {name: p.grad for name, p in model.named_parameters()}
+
+
+def _worker(rank, world_size, port, cases, out_dir):
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(seconds=TIMEOUT_S),
+    )
+    try:
+        results = []
+        for seed, case in enumerate(cases):
+            sizes, dtype, reduction, convention = case
+            x, labels = _global_batch(sizes, dtype, seed)
+            start = sum(sizes[:rank])
+            x, labels = x[start : start + sizes[rank]], labels[start : start + sizes[rank]]
+            model = torch.nn.parallel.DistributedDataParallel(_Model(dtype))
+            criterion = DistributedStochasticOrderLoss(_criterion(reduction, convention))
+            h, mu = model(x)
+            loss = criterion(h, labels, mu)
+            loss.backward()
+            grads = {name: p.grad.clone() for name, p in model.module.named_parameters()}
+            results.append((loss.detach(), grads))
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(world_size, cases, out_dir):
+    context = torch.multiprocessing.start_processes(
+        _worker, args=(world_size, _free_port(), cases, str(out_dir)), nprocs=world_size, join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while not context.join(timeout=max(1.0, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                pytest.fail(f"{world_size} spawned processes did not finish within {TIMEOUT_S} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ddp_step_equals_one_process_on_the_concatenated_batch(world_size, tmp_path):
+    """Loss value on every process and DDP-averaged parameter gradients (encoder and centroids) equal the
+    single-process ones on the concatenated batch, with unequal and empty process batches."""
+    cases = SPAWN_CASES[world_size]
+    _spawn(world_size, cases, tmp_path)
+    per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
+    for seed, case in enumerate(cases):
+        sizes, dtype = case[0], case[1]
+        expected_loss, expected_grads = _single_process_step(case, seed)
+        for rank in range(world_size):
+            loss, grads = per_rank[rank][seed]
+            what = f"sizes {sizes}, {dtype}, {case[2]}, {case[3]}, rank {rank}"
+            assert_rel_close(loss, expected_loss, REL_TOL[dtype], f"loss, {what}")
+            assert grads.keys() == expected_grads.keys()
+            for name, grad in grads.items():
+                assert_rel_close(grad, expected_grads[name], REL_TOL[dtype], f"d/d{name}, {what}")
