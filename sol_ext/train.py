@@ -353,10 +353,11 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
             "val_rows": None if split.val is None else _rows(data, split.val),
             "train_pred": out.fit_pred.cpu(), "test_pred": out.test_pred.cpu(),
             "val_mae": record["val_mae"], "sigma_choice": sigma_choice,
-            "audit": _audit_arrays(config, data, split, out, kernel, suggestion),
         }
         if improved:
-            best = {**snapshot, "test_embeddings": out.test_h.cpu()}
+            # the audit's per-sample arrays ([N, n] probabilities) only for the selected model
+            best = {**snapshot, "test_embeddings": out.test_h.cpu(),
+                    "audit": _audit_arrays(config, data, split, out, kernel, suggestion)}
             save_checkpoint(out_dir / BEST_NAME, best)
         save_checkpoint(ckpt_path, {
             **snapshot, "optimizer": optimizer.state_dict(), "history": history,
