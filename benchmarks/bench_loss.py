@@ -128,6 +128,24 @@ def _fmt_bytes(count):
     return "—" if count is None else f"{count / 2**20:.1f} MB"
 
 
+def profile_kernels(B: int, n: int, d: int, device: str, rows: int = 12) -> str:
+    """The fused forward+backward under torch.profiler: which kernels hold the time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    h, mu, labels = make_inputs(B, n, d, device)
+    criterion = make_loss(n, "fused")
+    for _ in range(3):
+        torch.autograd.grad(criterion(h, labels, mu), (h, mu))
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(5):
+            torch.autograd.grad(criterion(h, labels, mu), (h, mu))
+        if device == "cuda":
+            torch.cuda.synchronize()
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows)
+
+
 def run(device: str, sizes, min_run_time: float) -> list:
     rows = []
     for B, n, d in sizes:
@@ -172,6 +190,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", nargs="+", help="B,n,d triples (default: per device)")
     parser.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per measurement")
     parser.add_argument("--json", help="also write the raw results to this file")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print a torch.profiler table of the fused forward+backward per size (5 steps)")
     args = parser.parse_args(argv)
 
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
@@ -189,6 +209,10 @@ def main(argv=None) -> int:
     print(f"\nStochasticOrderLoss, all pairs, float32; torch {torch.__version__}, {torch.get_num_threads()} CPU threads"
           + (f", {torch.cuda.get_device_name()}" if "cuda" in devices else ""))
     print_table(rows)
+    if args.profile:
+        for r in rows:
+            print(f"\n### profile: {r['device']} B={r['B']} n={r['n']} d={r['d']}, 5 x (forward + backward)")
+            print(profile_kernels(r["B"], r["n"], r["d"], r["device"]))
     return 0
 
 

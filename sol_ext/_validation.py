@@ -108,8 +108,8 @@ def check_same_device(**tensors) -> None:
         raise ValueError(f"all tensors must be on one device, got {where}; move them with .to(device)")
 
 
-def check_embeddings(h: torch.Tensor, mu: torch.Tensor) -> None:
-    """``h [B, d]`` and ``mu [n, d]``: floating, one dtype, one device, finite."""
+def check_embeddings(h: torch.Tensor, mu: torch.Tensor, values: bool = True) -> None:
+    """``h [B, d]`` and ``mu [n, d]``: floating, one dtype, one device, and finite when ``values``."""
     check_floating("h", h, 2, "[B, d]")
     check_floating("mu", mu, 2, "[n, d]")
     if mu.shape[0] < 1:
@@ -120,8 +120,9 @@ def check_embeddings(h: torch.Tensor, mu: torch.Tensor) -> None:
         )
     if h.dtype != mu.dtype:
         raise TypeError(f"h and mu must have one dtype, got h {h.dtype} and mu {mu.dtype}")
-    check_finite("h", h)
-    check_finite("mu", mu)
+    if values:
+        check_finite("h", h)
+        check_finite("mu", mu)
 
 
 def check_dissimilarities(D: torch.Tensor) -> None:
@@ -131,8 +132,12 @@ def check_dissimilarities(D: torch.Tensor) -> None:
     check_finite("D", D)
 
 
-def check_ranks(name: str, ranks, num_ranks: int, length: Optional[int] = None) -> torch.Tensor:
-    """Integer ranks in ``0 … num_ranks-1``; returned as int64 (integer widening only)."""
+def check_ranks(
+    name: str, ranks, num_ranks: int, length: Optional[int] = None, values: bool = True
+) -> torch.Tensor:
+    """Integer ranks in ``0 … num_ranks-1``; returned as int64 (integer widening only).
+
+    With ``values=False`` the range is asserted on the device instead (see :func:`assert_in_range`)."""
     check_tensor(name, ranks)
     if ranks.is_floating_point() or ranks.is_complex() or ranks.dtype == torch.bool:
         raise TypeError(
@@ -142,7 +147,9 @@ def check_ranks(name: str, ranks, num_ranks: int, length: Optional[int] = None) 
     if ranks.dim() != 1 or (length is not None and ranks.shape[0] != length):
         expected = f"[{length}]" if length is not None else "[M]"
         raise ValueError(f"{name} must have shape {expected} (one rank per sample), got {tuple(ranks.shape)}")
-    if not _values_hidden(ranks) and ranks.numel() > 0:
+    if not values:
+        assert_in_range(name, ranks, num_ranks)
+    elif not _values_hidden(ranks) and ranks.numel() > 0:
         lowest, highest = (int(v) for v in torch.aminmax(ranks))
         if lowest < 0 or highest > num_ranks - 1:
             hint = ""
@@ -155,8 +162,10 @@ def check_ranks(name: str, ranks, num_ranks: int, length: Optional[int] = None) 
     return ranks.long()
 
 
-def check_pairs(pairs, batch_size: int) -> Optional[torch.Tensor]:
-    """``None`` (all pairs) or integer ``[M, 2]`` batch indices; returned as int64."""
+def check_pairs(pairs, batch_size: int, values: bool = True) -> Optional[torch.Tensor]:
+    """``None`` (all pairs) or integer ``[M, 2]`` batch indices; returned as int64.
+
+    With ``values=False`` the range is asserted on the device instead (see :func:`assert_in_range`)."""
     if pairs is None:
         return None
     check_tensor("pairs", pairs)
@@ -164,7 +173,9 @@ def check_pairs(pairs, batch_size: int) -> Optional[torch.Tensor]:
         raise TypeError(f"pairs must be an integer tensor of batch indices, got dtype {pairs.dtype}")
     if pairs.dim() != 2 or pairs.shape[1] != 2:
         raise ValueError(f"pairs must have shape [M, 2] (rows of (x, y) batch indices), got {tuple(pairs.shape)}")
-    if not _values_hidden(pairs) and pairs.numel() > 0:
+    if not values:
+        assert_in_range("pairs", pairs, batch_size)
+    elif not _values_hidden(pairs) and pairs.numel() > 0:
         lowest, highest = (int(v) for v in torch.aminmax(pairs))
         if lowest < 0 or highest > batch_size - 1:
             raise ValueError(
@@ -172,3 +183,17 @@ def check_pairs(pairs, batch_size: int) -> Optional[torch.Tensor]:
                 f"got values in {lowest} … {highest}"
             )
     return pairs.long()
+
+
+def assert_in_range(name: str, indices: torch.Tensor, size: int) -> None:
+    """Index range check without a host-device synchronization, for ``check_values=False``.
+
+    On a GPU the condition is evaluated and asserted by the device (``torch._assert_async``): a bad index
+    stops the program with a device-side assertion naming the argument, at the next synchronization,
+    instead of letting a kernel read out of bounds. On the CPU there is no synchronization to save, and
+    the kernels' own checks raise. The CPU and meta tensors are left to those checks.
+    """
+    if indices.device.type != "cuda" or indices.numel() == 0 or _tracing():
+        return
+    inside = ((indices >= 0) & (indices < size)).all()
+    torch._assert_async(inside, f"{name} must lie in 0 … {size - 1}")

@@ -37,6 +37,10 @@ class StochasticOrderLoss(nn.Module):
         convention: ``"paper"`` (default) or ``"official"`` (the authors' code, SPEC §10).
         reduction: ``"mean"`` (each part averaged over its pairs or samples) or ``"sum"``.
         backend: ``"auto"``, ``"fused"`` or ``"reference"`` (see :mod:`sol_ext.ops`).
+        check_values: read the inputs' values to refuse NaN/inf embeddings and out-of-range labels or
+            pairs with a ``ValueError`` (default). On a GPU that costs a host-device synchronization per
+            call; ``False`` skips the finiteness checks and asserts the index ranges on the device
+            instead, so that a CUDA training step never waits for the host (see the README).
 
     ``forward(h, labels, mu, pairs=None)``: ``pairs`` is ``None`` for all pairs of the batch, or integer
     ``[M, 2]`` batch indices. Gradients flow to ``h`` and ``mu``, each in its own dtype. ``h`` and ``mu`` of
@@ -56,6 +60,7 @@ class StochasticOrderLoss(nn.Module):
         convention: str = "paper",
         reduction: str = "mean",
         backend: str = "auto",
+        check_values: bool = True,
     ) -> None:
         super().__init__()
         self.num_ranks = check.check_int("num_ranks", num_ranks, 1)
@@ -67,6 +72,9 @@ class StochasticOrderLoss(nn.Module):
         self.convention = check.check_choice("convention", convention, check.CONVENTIONS)
         self.reduction = check.check_reduction(reduction, allow_none=False)
         self.backend = check.check_choice("backend", backend, check.BACKENDS)
+        if not isinstance(check_values, bool):
+            raise TypeError(f"check_values must be True or False, got {check_values!r}")
+        self.check_values = check_values
 
     def forward(
         self, h: torch.Tensor, labels: torch.Tensor, mu: torch.Tensor, pairs: Optional[torch.Tensor] = None
@@ -74,18 +82,19 @@ class StochasticOrderLoss(nn.Module):
         _refuse_func_transforms(h=h, labels=labels, mu=mu, pairs=pairs)
         check.check_same_device(h=h, labels=labels, mu=mu, pairs=pairs)
         h, mu = _promote(h, mu)  # mixed dtypes and autocast (see sol_ext.ops)
-        check.check_embeddings(h, mu)
+        check.check_embeddings(h, mu, values=self.check_values)
         if mu.shape[0] != self.num_ranks:
             raise ValueError(
                 f"mu must have num_ranks={self.num_ranks} rows (one centroid per rank), got shape {tuple(mu.shape)}"
             )
-        labels = check.check_ranks("labels", labels, self.num_ranks, length=h.shape[0])
-        pairs = check.check_pairs(pairs, h.shape[0])
+        labels = check.check_ranks("labels", labels, self.num_ranks, length=h.shape[0], values=self.check_values)
+        pairs = check.check_pairs(pairs, h.shape[0], values=self.check_values)
 
         fused = _use_fused(self.backend, "StochasticOrderLoss", h.device, h.dtype)
         with _autocast_off(h.device):
             D = _dissimilarity(h, mu, self.sigma, fused)
-            _check_dissimilarities_finite(D, h, mu)
+            if self.check_values:
+                _check_dissimilarities_finite(D, h, mu)
             order = _order_losses(D, labels, pairs, self.sigma, self.tau, self.margin, self.convention, fused)
             disc = _disc_losses(D, labels, self.T, fused)
             return reference.reduce_losses(order, self.reduction) + self.disc_weight * reference.reduce_losses(
@@ -96,5 +105,5 @@ class StochasticOrderLoss(nn.Module):
         return (
             f"num_ranks={self.num_ranks}, sigma={self.sigma}, tau={self.tau}, margin={self.margin}, T={self.T}, "
             f"disc_weight={self.disc_weight}, convention={self.convention!r}, reduction={self.reduction!r}, "
-            f"backend={self.backend!r}"
+            f"backend={self.backend!r}" + ("" if self.check_values else ", check_values=False")
         )

@@ -518,3 +518,73 @@ def test_a_cleared_cache_cannot_free_a_table_that_a_queued_kernel_reads():
     side.synchronize()
     assert torch.equal(got, expected)
     del fillers
+
+
+# -------------------------------------------------------------------------------------------------
+# No host-device synchronization inside a training step
+# -------------------------------------------------------------------------------------------------
+
+
+def _training_step(check_values: bool, explicit: bool):
+    """A linear encoder, StochasticOrderLoss and an SGD step on CUDA tensors; returns ``step()``."""
+    torch.manual_seed(0)
+    B, n, d = 64, 20, 32
+    encoder = torch.nn.Linear(16, d).cuda()
+    optimizer = torch.optim.SGD(encoder.parameters(), lr=0.1)
+    x = torch.randn(B, 16, device="cuda")
+    labels = torch.randint(0, n, (B,), device="cuda")
+    mu = torch.randn(n, d, device="cuda")
+    pairs = torch.randint(0, B, (3 * B, 2), device="cuda") if explicit else None
+    criterion = sol_ext.StochasticOrderLoss(n, backend="fused", check_values=check_values)
+
+    def step():
+        optimizer.zero_grad()
+        loss = criterion(encoder(x), labels, mu, pairs)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    step()  # the first call builds and caches the rank tables (one host-to-device copy)
+    torch.cuda.synchronize()
+    return step
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_training_step_without_value_checks_never_synchronizes(explicit):
+    step = _training_step(check_values=False, explicit=explicit)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss = step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(loss).item()
+
+
+def test_value_checks_are_what_synchronizes():
+    """The detector above is live: the default (value-checking) step does synchronize."""
+    step = _training_step(check_values=True, explicit=False)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_unchecked_out_of_range_labels_stop_on_a_device_assertion():
+    """check_values=False must not let a kernel read out of bounds: the device asserts (own process,
+    since a device-side assertion leaves the CUDA context unusable)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, sol_ext\n"
+        "h = torch.randn(8, 4, device='cuda'); mu = torch.randn(5, 4, device='cuda')\n"
+        "labels = torch.full((8,), 7, device='cuda')\n"
+        "loss = sol_ext.StochasticOrderLoss(5, check_values=False)(h, labels, mu)\n"
+        "torch.cuda.synchronize()\n"
+        "print('no assertion')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "no assertion" not in done.stdout, done.stdout + done.stderr
+    assert "labels must lie in 0" in done.stderr or "device-side assert" in done.stderr, done.stderr

@@ -178,3 +178,16 @@ def test_torch_func_transforms_are_refused_with_a_clear_error():
         torch.func.vmap(lambda r: sol_ext.disc_loss(D, r))(torch.zeros(2, B, dtype=torch.long))
     with pytest.raises(TypeError, match=r"h is wrapped by a torch.func transform"):
         torch.func.grad(lambda h: criterion(h, args["labels"], args["mu"]))(args["h"])
+
+
+def test_check_values_must_be_a_bool():
+    with pytest.raises(TypeError, match="check_values must be True or False"):
+        sol_ext.StochasticOrderLoss(5, check_values="no")
+
+
+def test_without_value_checks_the_cpu_kernels_still_refuse_out_of_range_labels():
+    criterion = sol_ext.StochasticOrderLoss(5, backend="fused", check_values=False)
+    h, mu = torch.randn(8, 4), torch.randn(5, 4)
+    assert torch.isfinite(criterion(h, torch.arange(8) % 5, mu))
+    with pytest.raises(RuntimeError, match="labels must lie in 0..4"):
+        criterion(h, torch.full((8,), 7), mu)
