@@ -19,6 +19,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the benchmark imports sol_ext from this folder too
 LOG=${OUT:-${TMPDIR:-/tmp}/sol_ext_gpu_check}
 BUDGET_S=${BUDGET_S:-500}
 STEPS=(deps build kernels bench test_cuda driver driver_amp tests)

@@ -78,7 +78,8 @@ struct PairTerms {
 };
 
 // The discriminative loss of one sample (SPEC §4) is linear in its row of D:
-// l_disc = sum_k coef_k D[x, k]. Calls visit(k, coef) for each term, in a fixed order.
+// l_disc = sum_k coef_k D[x, k]. Calls visit(k, coef) for each term, in a fixed order. The coefficients
+// of one sample sum to 0, so l_disc = sum_k coef_k (D[x, k] - D[x, r]) too.
 // Every t >= n has both neighbours out of range (r lies in 0..n-1) and adds the same term, so those
 // terms are visited once with their count as a factor: a huge T costs what T = n - 1 costs.
 template <typename acc_t, typename Visit>

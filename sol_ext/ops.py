@@ -61,9 +61,14 @@ for _name in (
         torch.library.register_autocast(f"sol_ext::{_name}", _device_type, torch.float32)
 
 
+# Read once at import (the extension is loaded by then): torch.compile cannot trace the dispatcher query,
+# but it can read a module constant.
+_CUDA_KERNELS_BUILT = torch._C._dispatch_has_kernel_for_dispatch_key("sol_ext::order_loss", "CUDA")
+
+
 def cuda_kernels_available() -> bool:
     """Whether CUDA kernels were compiled into this build (says nothing about a GPU being present)."""
-    return torch._C._dispatch_has_kernel_for_dispatch_key("sol_ext::order_loss", "CUDA")
+    return _CUDA_KERNELS_BUILT
 
 
 def _fused_unavailable_reason(device: torch.device, dtype: torch.dtype) -> Optional[str]:

@@ -16,7 +16,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// losses[x] = sum_k coef_k D[x, k], accumulated in float64 like the CPU kernel (a handful of terms).
+// losses[x] = sum_k coef_k (D[x, k] - D[x, r]) (the coefficients sum to 0), accumulated in float64
+// like the CPU kernel. Subtracting D[x, r] first makes the label's own terms vanish exactly, so the
+// result does not depend on whether the compiler fuses the multiply-adds (n = 1 gives exactly 0).
 template <typename scalar_t>
 __global__ void disc_loss_forward_kernel(
     const scalar_t* __restrict__ D,
@@ -30,8 +32,11 @@ __global__ void disc_loss_forward_kernel(
   const int64_t r = labels[x];
   CUDA_KERNEL_ASSERT(r >= 0 && r < n);
   const scalar_t* row = D + x * n;
+  const double own = static_cast<double>(row[r]);
   double total = 0.0;
-  for_each_disc_term<double>(r, n, T, [&](int64_t k, double coef) { total += coef * static_cast<double>(row[k]); });
+  for_each_disc_term<double>(r, n, T, [&](int64_t k, double coef) {
+    total += coef * (static_cast<double>(row[k]) - own);
+  });
   out[x] = static_cast<scalar_t>(total);
 }
 
