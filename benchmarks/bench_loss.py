@@ -48,8 +48,13 @@ def make_inputs(B: int, n: int, d: int, device: str, dtype=torch.float32, seed: 
     return h.requires_grad_(True), mu.requires_grad_(True), labels
 
 
+# --no-check-values: time the loss as a training loop that switched the value checks off runs it (on a
+# GPU those checks cost a host-device synchronization per call; see StochasticOrderLoss).
+CHECK_VALUES = True
+
+
 def make_loss(n: int, backend: str) -> sol_ext.StochasticOrderLoss:
-    return sol_ext.StochasticOrderLoss(n, backend=backend)
+    return sol_ext.StochasticOrderLoss(n, backend=backend, check_values=CHECK_VALUES)
 
 
 def check_agreement(B: int, n: int, d: int, device: str) -> float:
@@ -153,7 +158,7 @@ def run(device: str, sizes, min_run_time: float) -> list:
         run_reference = reference_fits(pair_ranks, device)
         agreement = check_agreement(min(B, 256), n, d, device)
         assert agreement < 1e-9, f"fused and reference disagree at {(B, n, d)}: {agreement:.2e}"
-        result = {"device": device, "B": B, "n": n, "d": d, "agreement": agreement}
+        result = {"device": device, "B": B, "n": n, "d": d, "agreement": agreement, "check_values": CHECK_VALUES}
         for backend in BACKENDS:
             if backend == "reference" and not run_reference:
                 result[backend] = None
@@ -190,10 +195,14 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", nargs="+", help="B,n,d triples (default: per device)")
     parser.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per measurement")
     parser.add_argument("--json", help="also write the raw results to this file")
+    parser.add_argument("--no-check-values", action="store_true",
+                        help="StochasticOrderLoss(check_values=False): no host-device synchronization per call")
     parser.add_argument("--profile", action="store_true",
                         help="also print a torch.profiler table of the fused forward+backward per size (5 steps)")
     args = parser.parse_args(argv)
 
+    global CHECK_VALUES
+    CHECK_VALUES = not args.no_check_values
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     if "cuda" in devices and not (torch.cuda.is_available() and sol_ext.cuda_kernels_available()):
         if args.device == "cuda":
@@ -206,7 +215,8 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    print(f"\nStochasticOrderLoss, all pairs, float32; torch {torch.__version__}, {torch.get_num_threads()} CPU threads"
+    print(f"\nStochasticOrderLoss(check_values={CHECK_VALUES}), all pairs, float32; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} CPU threads"
           + (f", {torch.cuda.get_device_name()}" if "cuda" in devices else ""))
     print_table(rows)
     if args.profile:

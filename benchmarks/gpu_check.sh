@@ -13,6 +13,8 @@
 #   BUDGET_S       wall-clock seconds for the whole check (default 500): later steps get what is left
 #   TORCH_CUDA_ARCH_LIST (default: the visible GPU's compute capability), MAX_JOBS (default nproc),
 #   BENCH_SIZES    B,n,d triples (default: the three performance targets)
+#   SWEEP_WARPS    values of SOL_EXT_CUDA_BACKWARD_WARPS to time the two large sizes with (default: none)
+#   SKIP           names of steps to leave out, e.g. "driver driver_amp"
 # Needs no network. A prebuilt sol_ext/_C*.so for this interpreter (e.g. $OUT/_C*.so of an earlier run,
 # copied back) skips the build.
 set -uo pipefail
@@ -22,13 +24,17 @@ PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the benchmark imports sol_ext from this folder too
 LOG=${OUT:-${TMPDIR:-/tmp}/sol_ext_gpu_check}
 BUDGET_S=${BUDGET_S:-500}
-STEPS=(deps build kernels bench test_cuda driver driver_amp tests)
+STEPS=(deps build kernels test_cuda bench bench_unchecked sweep driver driver_amp tests)
 mkdir -p "$LOG"
 declare -A STATUS SECONDS_TAKEN
 
 run_step() {  # name, timeout seconds (capped by what is left of BUDGET_S), command...
   local name=$1 limit=$2
   shift 2
+  if [[ " ${SKIP:-} " == *" $name "* ]]; then
+    STATUS[$name]="skipped (SKIP)"
+    return 0
+  fi
   local left=$((BUDGET_S - SECONDS - 15))  # keep 15 s for the summary
   if [ "$left" -lt 20 ]; then
     STATUS[$name]="skipped (budget spent)"
@@ -65,10 +71,13 @@ print(f\"{sys.argv[2]}: test MAE {t['mae']:.4f}, CS {t['cs']:.2f}, Pearson {t['p
       f\"epoch {r['selected_epoch']} of {r['epochs_run']}, {r['seconds']:.1f} s\")" \
       "$LOG/$run/results.json" "$run"
   done
-  if [ -f "$LOG/bench.json" ]; then
-    "$PY" - "$LOG/bench.json" <<'EOF'
+  [ -f "$LOG/sweep.log" ] && grep '^warps' "$LOG/sweep.log"
+  for json_file in "$LOG/bench.json" "$LOG/bench-unchecked.json"; do
+    [ -f "$json_file" ] || continue
+    "$PY" - "$json_file" <<'EOF'
 import json, sys
 rows = json.load(open(sys.argv[1]))
+print(f"\n{sys.argv[1].rsplit('/', 1)[-1]}: StochasticOrderLoss(check_values={rows[0].get('check_values', True)})")
 targets = {(64, 60): (0.15e-3, None), (1024, 101): (1e-3, None), (4096, 217): (3e-3, 100 * 2**20)}
 print("\n| B, n, d | fwd ms | bwd ms | fwd+bwd ms | target ms | extra MB | ref fwd+bwd ms | ref extra MB | speed-up |"
       " pair-rank/s | verdict |")
@@ -84,7 +93,7 @@ for r in rows:
           f"{'-' if limit is None else f'{limit*1e3:g}'} | {f['memory']/2**20:.1f} | {ref_text} | {rate:.3g} | "
           f"{'-' if limit is None else ('PASS' if ok else 'MISS')} |")
 EOF
-  fi
+  done
   echo "logs: $LOG"
 }
 trap summary EXIT
@@ -149,13 +158,33 @@ loss = sol_ext.StochasticOrderLoss(5, backend='fused')(h, torch.arange(8, device
 loss.backward(); torch.cuda.synchronize(); print('smoke test ok, loss', loss.item())
 " || exit 1
 
-# --- benchmark first: the figures the README reports -----------------------------------------------
+# --- the CUDA-specific tests, then the benchmark: the figures the README reports -----------------------
+run_step test_cuda 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py
+SIZES=${BENCH_SIZES:-64,60,512 1024,101,512 4096,217,512}
 # shellcheck disable=SC2086
 run_step bench 180 "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0.3 --json "$LOG/bench.json" --profile \
-  --sizes ${BENCH_SIZES:-64,60,512 1024,101,512 4096,217,512}
+  --sizes $SIZES
+# shellcheck disable=SC2086
+run_step bench_unchecked 120 "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0.3 --no-check-values \
+  --json "$LOG/bench-unchecked.json" --sizes $SIZES
+sweep() {  # the all-pairs backward's warp target (a constant of the kernel) on this GPU
+  for warps in $SWEEP_WARPS; do
+    SOL_EXT_CUDA_BACKWARD_WARPS=$warps "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0.3 \
+      --no-check-values --json "$LOG/sweep-$warps.json" --sizes 1024,101,512 4096,217,512 >/dev/null || return 1
+    "$PY" -c "
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    f = r['fused']
+    print(f\"warps {sys.argv[2]:>6}: B={r['B']} n={r['n']}  fwd {f['forward']*1e3:.3f} ms  bwd {f['backward']*1e3:.3f} ms  \"
+          f\"fwd+bwd {f['both']*1e3:.3f} ms\")" "$LOG/sweep-$warps.json" "$warps"
+  done
+}
+export -f sweep
+export SWEEP_WARPS=${SWEEP_WARPS:-}
+[ -n "$SWEEP_WARPS" ] || SKIP="${SKIP:-} sweep"
+run_step sweep 150 bash -c sweep
 
-# --- tests: the CUDA-specific file, the driver on the GPU, then the rest of the suite --------------
-run_step test_cuda 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py
+# --- the driver on the GPU, then the rest of the suite ----------------------------------------------
 # the default training (abalone, 20 epochs) in float32 and mixed precision (float16 + GradScaler);
 # compare with `sol-ext train --device cpu --seed 0|1|2` of the same configuration
 run_step driver 120 "$PY" -m sol_ext train --device cuda --no-plots --output "$LOG/run-fp32" --overwrite
@@ -164,5 +193,8 @@ run_step tests 400 "$PY" -m pytest -q -p no:cacheprovider tests \
   --ignore=tests/test_cuda.py ${PYTEST_ARGS:-}
 
 for name in "${STEPS[@]}"; do
-  [ "${STATUS[$name]:-}" = ok ] || exit 1
+  case "${STATUS[$name]:-}" in
+    ok | "skipped (SKIP)") ;;
+    *) exit 1 ;;
+  esac
 done

@@ -8,6 +8,8 @@ the explicit-pairs backward, gradcheck/opcheck on the GPU, bad and empty inputs 
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch.library import opcheck
@@ -471,9 +473,10 @@ def _planned_segments(B: int, n: int, dtype: torch.dtype) -> int:
         return -(-a // b)
 
     groups = ceil(ceil(n, 32), 8)
-    two_rows = dtype != torch.float64 and ceil(B, 2) * groups >= 2048 // 2
+    target = int(os.environ.get("SOL_EXT_CUDA_BACKWARD_WARPS") or 4096)  # kBackwardTargetWarps
+    two_rows = dtype != torch.float64 and ceil(B, 2) * groups >= target // 2
     warps = (ceil(B, 2) if two_rows else B) * groups
-    segments = min(max(1, min(ceil(2048, warps), B // 32)), 64)
+    segments = min(max(1, min(ceil(target, warps), B // 32)), 64)
     return ceil(B, ceil(B, segments))
 
 

@@ -18,7 +18,9 @@
 //             weighs them (lt, gt, eq), applies the weights once, and reduces all XW*YW pair sums
 //             over the warp with one transposed butterfly. Each pair is evaluated once.
 //   backward  one warp per XW rows x and a group of 32*QW ranks; it sweeps all y (optionally a
-//             segment of them, see below) and accumulates d loss / d D[x,q] in registers. Every row
+//             segment of them, see below) and accumulates d loss / d D[x,q] in registers. The warps of
+//             a block share their y sequence, so they stage it through shared memory, a tile of
+//             y rows at a time (one global read of each row per block, not per warp). Every row
 //             is owned by exactly one warp, which visits y in a fixed order: no atomics, and the
 //             result is bitwise reproducible. Each pair's rank gradient is therefore computed twice
 //             (once for x's row, once for y's). When the grid would be too small to fill the GPU the
@@ -40,6 +42,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <cstdlib>
 #include <type_traits>
 
 #include "../sol_ext.h"
@@ -58,9 +61,10 @@ constexpr int kBackwardWarpsPerBlock = 4;         // all-pairs backward: more, s
 constexpr int kBackwardThreads = kBackwardWarpsPerBlock * kWarpSize;
 constexpr int kPairsPerWarp = 8;                  // explicit pairs
 constexpr int kMaxRankChunks = 8;                 // all-pairs backward: at most 8*32 ranks per warp
-// All-pairs backward: warps to aim for, 16 per SM of a GPU with 128 SMs (A100: 108, H100: 132). A fixed
+// All-pairs backward: warps to aim for, 32 per SM of a GPU with 128 SMs (A100: 108, H100: 132). A fixed
 // number rather than the device's SM count, so that the launch plan is a function of the shape only.
-constexpr int64_t kBackwardTargetWarps = 2048;
+// SOL_EXT_CUDA_BACKWARD_WARPS overrides it (read once per process), for tuning on a new GPU.
+constexpr int64_t kBackwardTargetWarps = 4096;
 constexpr int kCsrRankChunks = 4;                 // deterministic explicit backward: ranks per pass / 32
 
 // Everything a pair evaluation reads.
@@ -195,6 +199,12 @@ __global__ void __launch_bounds__(kThreads) order_loss_all_pairs_forward_kernel(
 // rows see the same hinge decisions). The x-dependent weights [q <= last_lower_x], [q >= r_x] are
 // constant per thread and applied once at the end.
 // ------------------------------------------------------------------------------------------------
+// y rows staged in shared memory per tile: 32 KB for 32*QW = 256 ranks in float32 or float64.
+template <typename scalar_t>
+constexpr int backward_tile_rows() {
+  return sizeof(scalar_t) == 8 ? 16 : 32;
+}
+
 template <typename scalar_t, int XW, int QW>
 __global__ void __launch_bounds__(kBackwardThreads) order_loss_all_pairs_backward_kernel(
     const LossArgs<scalar_t> args,
@@ -204,11 +214,16 @@ __global__ void __launch_bounds__(kBackwardThreads) order_loss_all_pairs_backwar
     scalar_t* __restrict__ grad_D,         // written when gridDim.z == 1
     acc_type<scalar_t>* __restrict__ partial) {  // [S,B,n], written when gridDim.z > 1
   using acc_t = acc_type<scalar_t>;
+  constexpr int YT = backward_tile_rows<scalar_t>();
+  __shared__ scalar_t dy_tile[YT][kWarpSize * QW];
+  __shared__ int ry_tile[YT];
   const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
   const int64_t B = args.B;
   const int n = args.n;
-  const int64_t x0 = (static_cast<int64_t>(blockIdx.x) * kBackwardWarpsPerBlock + threadIdx.x / kWarpSize) * XW;
-  if (x0 >= B) return;
+  // A warp past the last row computes nothing but still helps stage the tiles (no early return: every
+  // thread of the block must reach each __syncthreads).
+  const int64_t x0 = (static_cast<int64_t>(blockIdx.x) * kBackwardWarpsPerBlock + warp) * XW;
   const int q0 = blockIdx.y * (kWarpSize * QW) + lane;
   const int64_t y_begin = blockIdx.z * segment_length;
   const int64_t y_end = y_begin + segment_length < B ? y_begin + segment_length : B;
@@ -235,43 +250,56 @@ __global__ void __launch_bounds__(kBackwardThreads) order_loss_all_pairs_backwar
     for (int k = 0; k < QW; ++k) g_above_lt[a][k] = g_above_gt[a][k] = g_rest[a][k] = acc_t(0);
   }
 
-  for (int64_t y = y_begin; y < y_end; ++y) {
-    const int ry = load_rank(args, y);
-    const int lower_y = args.official ? ry - 1 : ry;
-    scalar_t dy[QW];
-#pragma unroll
-    for (int k = 0; k < QW; ++k) {
-      const int q = q0 + k * kWarpSize;
-      dy[k] = q < n ? args.D[y * n + q] : scalar_t(0);
-    }
-#pragma unroll
-    for (int a = 0; a < XW; ++a) {
-      const int64_t x = x0 + a;
-      if (x >= B || x == y) continue;  // uniform over the warp
-      const int64_t m = x < y ? pair_index(x, y, B) : pair_index(y, x, B);
-      const acc_t g = static_cast<acc_t>(grad_losses[m * grad_stride]);
-      const acc_t* t = args.table + (static_cast<int64_t>(rx[a]) * n + ry) * 3;
-      const acc_t c_lt = g * t[0], c_eq = g * t[1], c_gt = g * t[2];
+  for (int64_t tile_begin = y_begin; tile_begin < y_end; tile_begin += YT) {
+    const int rows = static_cast<int>(y_end - tile_begin < YT ? y_end - tile_begin : YT);
+    __syncthreads();  // every warp is done with the previous tile
+    for (int t = warp; t < rows; t += kBackwardWarpsPerBlock) {
+      const int64_t y = tile_begin + t;
 #pragma unroll
       for (int k = 0; k < QW; ++k) {
         const int q = q0 + k * kWarpSize;
-        const Hinges<scalar_t> hinge(dx[a][k], dy[k], args.gamma);
-        // PairTerms::grad, with its eq term [|delta| - gamma > 0] sgn(delta) eq rewritten through the
-        // signs of the other two hinges: for gamma >= 0, |delta| - gamma > 0 and delta > 0 exactly when
-        // gamma - delta < 0, and with delta < 0 exactly when delta + gamma < 0 (HingeArgs rounds each
-        // argument once, and rounding is symmetric: apart == -below for delta > 0, apart == -above for
-        // delta < 0). Same decisions, fewer tests.
-        if (hinge.above > scalar_t(0)) {
-          g_above_lt[a][k] += c_lt;
-          g_above_gt[a][k] += c_gt;
-        } else if (hinge.above < scalar_t(0)) {
-          g_rest[a][k] -= c_eq;
-        }
-        if (hinge.below > scalar_t(0)) {
-          if (q >= ry) g_rest[a][k] -= c_lt;
-          if (q <= lower_y) g_rest[a][k] -= c_gt;
-        } else if (hinge.below < scalar_t(0)) {
-          g_rest[a][k] += c_eq;
+        dy_tile[t][lane + k * kWarpSize] = q < n ? args.D[y * n + q] : scalar_t(0);
+      }
+      if (lane == 0) ry_tile[t] = load_rank(args, y);
+    }
+    __syncthreads();
+    if (x0 >= B) continue;
+    for (int t = 0; t < rows; ++t) {
+      const int64_t y = tile_begin + t;
+      const int ry = ry_tile[t];
+      const int lower_y = args.official ? ry - 1 : ry;
+      scalar_t dy[QW];
+#pragma unroll
+      for (int k = 0; k < QW; ++k) dy[k] = dy_tile[t][lane + k * kWarpSize];
+#pragma unroll
+      for (int a = 0; a < XW; ++a) {
+        const int64_t x = x0 + a;
+        if (x >= B || x == y) continue;  // uniform over the warp
+        const int64_t m = x < y ? pair_index(x, y, B) : pair_index(y, x, B);
+        const acc_t g = static_cast<acc_t>(grad_losses[m * grad_stride]);
+        const acc_t* probs = args.table + (static_cast<int64_t>(rx[a]) * n + ry) * 3;
+        const acc_t c_lt = g * probs[0], c_eq = g * probs[1], c_gt = g * probs[2];
+#pragma unroll
+        for (int k = 0; k < QW; ++k) {
+          const int q = q0 + k * kWarpSize;
+          const Hinges<scalar_t> hinge(dx[a][k], dy[k], args.gamma);
+          // PairTerms::grad, with its eq term [|delta| - gamma > 0] sgn(delta) eq rewritten through the
+          // signs of the other two hinges: for gamma >= 0, |delta| - gamma > 0 and delta > 0 exactly when
+          // gamma - delta < 0, and with delta < 0 exactly when delta + gamma < 0 (HingeArgs rounds each
+          // argument once, and rounding is symmetric: apart == -below for delta > 0, apart == -above for
+          // delta < 0). Same decisions, fewer tests.
+          if (hinge.above > scalar_t(0)) {
+            g_above_lt[a][k] += c_lt;
+            g_above_gt[a][k] += c_gt;
+          } else if (hinge.above < scalar_t(0)) {
+            g_rest[a][k] -= c_eq;
+          }
+          if (hinge.below > scalar_t(0)) {
+            if (q >= ry) g_rest[a][k] -= c_lt;
+            if (q <= lower_y) g_rest[a][k] -= c_gt;
+          } else if (hinge.below < scalar_t(0)) {
+            g_rest[a][k] += c_eq;
+          }
         }
       }
     }
@@ -529,6 +557,19 @@ void launch_all_pairs_backward_xw(const LossArgs<scalar_t>& args, const scalar_t
 #undef SOL_EXT_QW_CASE
 }
 
+int64_t backward_target_warps() {
+  static const int64_t warps = [] {
+    const char* text = std::getenv("SOL_EXT_CUDA_BACKWARD_WARPS");
+    if (text == nullptr || *text == '\0') return kBackwardTargetWarps;
+    char* end = nullptr;
+    const long long value = std::strtoll(text, &end, 10);
+    TORCH_CHECK(*end == '\0' && value >= 64 && value <= (1 << 20),
+                "SOL_EXT_CUDA_BACKWARD_WARPS must be an integer in 64..1048576, got '", text, "'");
+    return static_cast<int64_t>(value);
+  }();
+  return warps;
+}
+
 // Chooses rows per warp (XW), ranks per warp (32*QW in G groups) and y segments (S), then launches.
 template <typename scalar_t>
 void launch_all_pairs_backward(const LossArgs<scalar_t>& args, const at::Tensor& g, at::Tensor& grad_D,
@@ -539,14 +580,15 @@ void launch_all_pairs_backward(const LossArgs<scalar_t>& args, const at::Tensor&
   const int64_t groups = cuda::ceil_div(chunks, kMaxRankChunks);
   const int qw = static_cast<int>(cuda::ceil_div(chunks, groups));
   TORCH_CHECK(groups <= 65535, "order_loss (CUDA): too many ranks (", args.n, ")");
+  const int64_t target_warps = backward_target_warps();
   // Enough warps to fill the GPU: 2 rows per warp (half the loads and pair set-up per evaluation) when
-  // that still gives kTargetWarps / 2 warps, otherwise 1 row per warp and, if that gives fewer than
-  // kTargetWarps, y split into segments (each at least 32 long). The plan depends on (B, n, dtype) only,
+  // that still gives target_warps / 2 warps, otherwise 1 row per warp and, if that gives fewer than
+  // target_warps, y split into segments (each at least 32 long). The plan depends on (B, n, dtype) only,
   // never on the device: the summation order is the same on every GPU model.
   const bool two_rows =
-      !std::is_same<scalar_t, double>::value && cuda::ceil_div(B, 2) * groups >= kBackwardTargetWarps / 2;
+      !std::is_same<scalar_t, double>::value && cuda::ceil_div(B, 2) * groups >= target_warps / 2;
   const int64_t warps = (two_rows ? cuda::ceil_div(B, 2) : B) * groups;
-  int64_t segments = std::max<int64_t>(1, std::min<int64_t>(cuda::ceil_div(kBackwardTargetWarps, warps), B / 32));
+  int64_t segments = std::max<int64_t>(1, std::min<int64_t>(cuda::ceil_div(target_warps, warps), B / 32));
   segments = std::min<int64_t>(segments, 64);
   const int64_t segment_length = cuda::ceil_div(B, segments);
   segments = cuda::ceil_div(B, segment_length);  // no empty segment
