@@ -15,7 +15,7 @@ Two read-outs turn ``D`` into ranks:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -56,15 +56,22 @@ def embed(model: nn.Module, features: torch.Tensor, batch_size: int = 512,
 
 
 def compute_centroids(embeddings: torch.Tensor, labels: torch.Tensor, kernel: torch.Tensor,
-                      previous: Optional[torch.Tensor] = None) -> torch.Tensor:
+                      previous: Optional[torch.Tensor] = None,
+                      all_reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+                      ) -> torch.Tensor:
     """Rank centroids by the centroid rule (SPEC §8, paper eq. 17).
 
     Args:
-        embeddings: ``[N, d]`` embeddings ``h_x`` of the whole training set.
+        embeddings: ``[N, d]`` embeddings ``h_x`` of the whole training set (with ``all_reduce``:
+            this process's share of it).
         labels: ``[N]`` integer (noisy, current) ranks ``r_x`` in ``0 … n-1``.
         kernel: ``[n, n]`` noise kernel ``P`` (``sol_ext.noise_kernel``); row ``r`` weights
             the centroids that a sample labelled ``r`` contributes to.
         previous: ``[n, d]`` centroids of the previous round, or ``None``.
+        all_reduce: in data-parallel training, sums a tensor over the processes (in place, the
+            result on every process, e.g. :meth:`sol_ext.parallel.Parallel.sum`); it is applied to
+            the per-label sums ``S_j`` and counts ``c_j``, so every process gets the centroids of the
+            whole training set.
 
     Returns:
         ``[n, d]`` centroids in the dtype of ``embeddings``. A rank whose total weight is 0
@@ -85,6 +92,8 @@ def compute_centroids(embeddings: torch.Tensor, labels: torch.Tensor, kernel: to
     sums = torch.zeros(n, h.shape[1], dtype=torch.float64, device=h.device)
     sums.index_add_(0, labels.to(h.device), h)
     counts = torch.bincount(labels.to(h.device), minlength=n).to(torch.float64)
+    if all_reduce is not None:
+        sums, counts = all_reduce(sums), all_reduce(counts)
     weight = p.T @ counts                     # [n]: sum_x P[r_x, q]
     numer = p.T @ sums                        # [n, d]: sum_x P[r_x, q] h_x
     # "Zero weight" up to float64 underflow: a subnormal weight would give a meaningless ratio.

@@ -7,6 +7,7 @@ print one line ``sol-ext: error: ...`` and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 import time
@@ -245,6 +246,7 @@ def _default_output(cfg: TrainConfig) -> Path:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from .checkpoint import CHECKPOINT_NAME, check_resumable
+    from .parallel import Parallel
     from .prepare import prepare_data
     from .report import clear_results, format_table, noise_label, write_outputs
     from .rundir import run_folder
@@ -252,33 +254,45 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     noise = args.noise or ("none" if args.test_data else "gaussian")
     cfg = _config(args, noise=noise)
-    resolve_device(cfg.device)
+    par = Parallel.from_environment()  # torchrun: one of several processes
+    device = resolve_device(cfg.device, par)
     out = args.output or _default_output(cfg)
-    # one run at a time in `out`; a Ctrl-C says what the folder holds
-    with run_folder(out):
-        if (out / CHECKPOINT_NAME).exists() and not (args.resume or args.overwrite):
-            raise UsageError(f"{out} already holds a run; pass --resume to continue it, "
-                             f"--overwrite to start afresh, or another --output.")
-        if args.resume and not (out / CHECKPOINT_NAME).exists():
-            raise UsageError(f"--resume: no checkpoint in {out}; train without --resume first.")
-        say = (lambda _line: None) if args.quiet else _say
-        start = time.perf_counter()
-        data = prepare_data(cfg)
-        _set_threads(args.threads, cfg, data.kind)
-        say(f"{data.name}: {data.train_x.shape[0]} training / {data.test_x.shape[0]} test "
-            f"samples, {data.num_ranks} ranks; {cfg.method}, noise "
-            f"{noise_label(noise, cfg.kappa)} -> {out}")
-        if args.resume:  # refuse before the finished run's results are cleared
-            check_resumable(out / CHECKPOINT_NAME, cfg, data.fingerprint())
-        clear_results(out)
-        if args.overwrite and not args.resume:
-            (out / CHECKPOINT_NAME).unlink(missing_ok=True)
-        outcome = train(cfg, data, out, resume=args.resume,
-                        progress=not args.quiet and sys.stdout.isatty(), log=say)
-        path = write_outputs(outcome, data, out, plots=args.plots)
-        print(format_table([outcome.results]))
-        print(f"{time.perf_counter() - start:.1f} s; results in {path}")
-        return 0
+    par.start(device)
+    try:
+        # one run at a time in `out` (rank 0 holds it for all); a Ctrl-C says what it holds
+        with run_folder(out) if par.is_main else contextlib.nullcontext(out):
+            if par.is_main:
+                if (out / CHECKPOINT_NAME).exists() and not (args.resume or args.overwrite):
+                    raise UsageError(f"{out} already holds a run; pass --resume to continue it, "
+                                     f"--overwrite to start afresh, or another --output.")
+                if args.resume and not (out / CHECKPOINT_NAME).exists():
+                    raise UsageError(f"--resume: no checkpoint in {out}; train without --resume "
+                                     f"first.")
+            say = (lambda _line: None) if args.quiet or not par.is_main else _say
+            start = time.perf_counter()
+            data = prepare_data(cfg)
+            _set_threads(args.threads, cfg, data.kind)
+            processes = (f", {par.world_size} processes x batch {cfg.batch_size}"
+                         if par.enabled else "")
+            say(f"{data.name}: {data.train_x.shape[0]} training / {data.test_x.shape[0]} test "
+                f"samples, {data.num_ranks} ranks; {cfg.method}, noise "
+                f"{noise_label(noise, cfg.kappa)}{processes} -> {out}")
+            if par.is_main:
+                if args.resume:  # refuse before the finished run's results are cleared
+                    check_resumable(out / CHECKPOINT_NAME, cfg, data.fingerprint())
+                clear_results(out)
+                if args.overwrite and not args.resume:
+                    (out / CHECKPOINT_NAME).unlink(missing_ok=True)
+            outcome = train(cfg, data, out, resume=args.resume,
+                            progress=not args.quiet and sys.stdout.isatty(), log=say, parallel=par)
+            if not par.is_main:
+                return 0
+            path = write_outputs(outcome, data, out, plots=args.plots)
+            print(format_table([outcome.results]))
+            print(f"{time.perf_counter() - start:.1f} s; results in {path}")
+            return 0
+    finally:
+        par.stop()
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
@@ -322,12 +336,29 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         return 0
 
 
+def _process_label() -> str:
+    """``" (rank 1 of 4)"`` under torchrun (every process reports its own failure), else ``""``."""
+    from .parallel import Parallel
+
+    try:
+        par = Parallel.from_environment()
+    except ValueError:
+        return ""
+    return f" (rank {par.rank} of {par.world_size})" if par.enabled else ""
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``sol-ext``; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)  # argparse exits with status 2 on bad syntax
     handler = {"train": _cmd_train, "audit": _cmd_audit, "compare": _cmd_compare}[args.command]
     try:
+        from .parallel import Parallel
+
+        par = Parallel.from_environment()
+        if par.enabled and args.command != "train":
+            raise UsageError(f"'sol-ext {args.command}' runs in one process; of the commands only "
+                             f"'train' runs under torchrun.")
         return handler(args)
     except KeyboardInterrupt as exc:
         # a run says what its output folder holds (rundir.RunInterrupted); elsewhere, nothing
@@ -340,7 +371,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         message = user_error_message(exc, command_line_flags(parser))
         if message is None:
             raise
-        print(f"sol-ext: error: {message}", file=sys.stderr)
+        where = _process_label()
+        print(f"sol-ext: error{where}: {message}", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -63,6 +63,26 @@ class _GlobalValue(torch.autograd.Function):
         return grad, None
 
 
+class _AllGather(torch.autograd.Function):
+    """``[W, *shape]``: the equal-shaped ``local`` of every process. In backward, each process gets the
+    sum over the processes of their gradients of its copy (an all-reduce, then its own slice: every
+    backend has one, and the gathered rows are small, ``W·B·n`` values)."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        ctx.rank = dist.get_rank(group)
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, local.contiguous(), group=group)
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        total = grad.contiguous().clone()  # all_reduce works in place; the incoming gradient is not ours
+        dist.all_reduce(total, group=ctx.group)
+        return total[ctx.rank], None
+
+
 def _group_size_and_rank(group) -> tuple:
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
@@ -94,7 +114,7 @@ def gather_rows(local: torch.Tensor, labels: torch.Tensor, group=None) -> tuple:
     padded = max(max(sizes), 1)  # at least one row: no collective on empty tensors
     pad = padded - local.shape[0]
     rows = torch.cat([local, local.new_zeros((pad, local.shape[1]))]) if pad else local
-    gathered = torch.distributed.nn.functional.all_gather(rows, group=group)
+    gathered = _AllGather.apply(rows, group)
     labels_padded = torch.cat([labels, labels.new_zeros((pad,))]) if pad else labels
     labels_gathered = [torch.empty_like(labels_padded) for _ in range(world)]
     dist.all_gather(labels_gathered, labels_padded.contiguous(), group=group)
@@ -116,7 +136,7 @@ class DistributedStochasticOrderLoss(nn.Module):
     concatenated batch of all processes (the same scalar on every process); after ``backward`` and DDP's
     averaging, the parameter gradients equal those of one process on that batch. Explicit ``pairs`` are
     not supported. Collectives per call: three gathers (sizes, ``D``, labels) and one all-reduce of the
-    loss value; in backward, the gather's reduce-scatter of ``dD``.
+    loss value; in backward, an all-reduce of the gathered rows' gradient ``dD``.
     """
 
     def __init__(self, loss: StochasticOrderLoss, group=None) -> None:

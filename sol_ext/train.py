@@ -13,6 +13,14 @@ Per epoch:
 
 The centroids are also computed once before the first epoch. With ``val_fraction=0`` (the
 paper) there is no split and the last epoch is the model.
+
+Under ``torchrun`` (:class:`sol_ext.parallel.Parallel`) each of the ``W`` processes trains on its
+share of every global batch of ``W * batch_size`` samples through ``DistributedDataParallel`` and
+:class:`sol_ext.distributed.DistributedStochasticOrderLoss`, so a step is that of one process on the
+global batch. Whole-training-set passes are split the same way: each process embeds its shard, the
+centroid rule all-reduces the per-label sums and counts, and the read-out runs on the gathered
+embeddings; rank 0's labels and model-selection decisions are broadcast, so every process holds the
+same state after every epoch. Rank 0 alone logs and writes checkpoints.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from .centroids import (
     centroid_span,
@@ -36,14 +45,16 @@ from .centroids import (
     posterior_median_ranks,
     rank_posterior,
 )
-from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from .checkpoint import CHECKPOINT_NAME, CheckpointMismatch, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .data import split_indices
+from .distributed import DistributedStochasticOrderLoss
 from .methods import RankModel, build_model, make_sol_loss, predict, training_loss
 from .metrics import summarize
 from .noise import noise_statistics
 from .ops import noise_kernel
 from .pairs import balanced_pairs, sample_references
+from .parallel import Parallel
 from .prepare import PreparedData
 from .refine import posterior_relabel, refine_labels
 
@@ -70,8 +81,21 @@ class RunOutcome:
     labels: torch.Tensor
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; anything else must exist."""
+def resolve_device(name: str, parallel: Optional[Parallel] = None) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; anything else must exist. Under torchrun a GPU
+    run uses one GPU per process: ``cuda:LOCAL_RANK``."""
+    if parallel is not None and parallel.enabled:
+        dev = resolve_device(name)
+        if dev.type != "cuda":
+            return dev
+        if name not in ("auto", "cuda"):
+            raise ValueError(f"device={name!r}: under torchrun each process trains on its own GPU, "
+                             f"cuda:LOCAL_RANK; pass --device cuda (or auto).")
+        if parallel.local_rank >= torch.cuda.device_count():
+            raise ValueError(f"process {parallel.local_rank} on this machine has no GPU of its own: "
+                             f"{torch.cuda.device_count()} GPU(s) visible; start at most that many "
+                             f"processes per machine (torchrun --nproc-per-node).")
+        return torch.device("cuda", parallel.local_rank)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -122,12 +146,13 @@ class _Progress:
             self.bar.close()
 
 
-def _batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """Shuffled index batches; a last batch of one sample is dropped (no pair, and batch norm
-    cannot train on it)."""
+def _batches(n: int, batch_size: int, generator: torch.Generator,
+             smallest: int = 2) -> list[torch.Tensor]:
+    """Shuffled index batches; a last batch of fewer than ``smallest`` samples is dropped (one
+    sample has no pair, and batch norm cannot train on it)."""
     perm = torch.randperm(n, generator=generator)
     out = list(perm.split(batch_size))
-    if len(out) > 1 and out[-1].numel() < 2:
+    if len(out) > 1 and out[-1].numel() < smallest:
         out.pop()
     return out
 
@@ -168,10 +193,10 @@ def _sol_readout(config: TrainConfig, sigma: float, model: RankModel, n: int,
                  fit_h: torch.Tensor, fit_labels: torch.Tensor, val_x: Optional[torch.Tensor],
                  val_labels: Optional[torch.Tensor], test_x: torch.Tensor,
                  centroids: torch.Tensor, kernel: torch.Tensor, device: torch.device,
-                 batch_size: int) -> _Readout:
+                 batch_size: int, par: Parallel) -> _Readout:
     """Rank read-out of the SOL methods: posterior median (default) or eq. 6."""
-    val_h = None if val_x is None else embed(model, val_x, batch_size, device)
-    test_h = embed(model, test_x, batch_size, device)
+    val_h = None if val_x is None else _embed_all(model, val_x, batch_size, device, par)
+    test_h = _embed_all(model, test_x, batch_size, device, par)
     backend = config.backend
     d_fit = dissimilarities(fit_h, centroids, sigma, backend=backend)
     d_val = None if val_h is None else dissimilarities(val_h, centroids, sigma, backend=backend)
@@ -203,10 +228,10 @@ def _sol_readout(config: TrainConfig, sigma: float, model: RankModel, n: int,
 
 def _head_readout(config: TrainConfig, model: RankModel, n: int, fit_h: torch.Tensor,
                   val_x: Optional[torch.Tensor], test_x: torch.Tensor, device: torch.device,
-                  batch_size: int) -> _Readout:
+                  batch_size: int, par: Parallel) -> _Readout:
     """Predictions of the baselines with an output head (l1, ce, corn)."""
-    val_h = None if val_x is None else embed(model, val_x, batch_size, device)
-    test_h = embed(model, test_x, batch_size, device)
+    val_h = None if val_x is None else _embed_all(model, val_x, batch_size, device, par)
+    test_h = _embed_all(model, test_x, batch_size, device, par)
 
     def pred(h: torch.Tensor) -> torch.Tensor:
         return predict(config, model, h, n, None)
@@ -220,8 +245,54 @@ def _rank_mae(pred: torch.Tensor, labels: torch.Tensor) -> float:
     return float((pred.long().cpu() - labels.long().cpu()).abs().double().mean())
 
 
+def _embed_all(model: RankModel, features: torch.Tensor, batch_size: int, device: torch.device,
+               par: Parallel) -> torch.Tensor:
+    """Embeddings of every row of ``features``: each process embeds its shard, then the shards are
+    gathered, so every process holds the same ``[N, d]``."""
+    if not par.enabled:
+        return embed(model, features, batch_size, device)
+    part = features[par.shard(features.shape[0])]
+    # an empty shard (fewer rows than processes) still needs the width d for the gather
+    local = embed(model, part if part.shape[0] else features[:1], batch_size, device)[: part.shape[0]]
+    return par.gather_shards(local, features.shape[0])
+
+
+def _state_digest(labels: torch.Tensor, centroids: Optional[torch.Tensor]) -> torch.Tensor:
+    """A few float64 numbers that change with any label or centroid value (position-weighted sums)."""
+    weights = torch.arange(1, labels.numel() + 1, dtype=torch.float64, device=labels.device)
+    digest = [labels.double().sum(), (labels.double() * weights).sum()]
+    if centroids is not None:
+        c = centroids.detach().double().flatten()
+        digest += [c.sum(), (c * torch.arange(1, c.numel() + 1, dtype=torch.float64, device=c.device)).sum()]
+    return torch.stack(digest)
+
+
+def _check_same_state(par: Parallel, epoch: int, labels: torch.Tensor,
+                      centroids: Optional[torch.Tensor]) -> None:
+    """Every process must hold rank 0's labels and centroids after an epoch (broadcast and
+    all-reduced, so equal by construction); a difference would let the processes drift apart
+    silently, so it stops the run."""
+    if not par.enabled:
+        return
+    mine = _state_digest(labels, centroids)
+    theirs = par.broadcast(mine.clone())
+    if not torch.equal(mine, theirs):
+        raise RuntimeError(f"process {par.rank} holds other labels or centroids than rank 0 after "
+                           f"epoch {epoch}; the data-parallel run is out of step.")
+
+
+def _refuse_under_torchrun(config: TrainConfig) -> None:
+    if config.sigma == "auto":
+        raise ValueError("--sigma auto is not supported under torchrun: pick sigma in one process "
+                         "(sol-ext train --sigma auto prints it), then pass --sigma <value>.")
+    if config.pairs == "balanced":
+        raise ValueError("--pairs balanced is not supported under torchrun: the distributed loss "
+                         "covers all pairs of the global batch (--pairs all).")
+
+
 def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool = False,
-          progress: bool = False, log: Callable[[str], None] = print) -> RunOutcome:
+          progress: bool = False, log: Callable[[str], None] = print,
+          parallel: Optional[Parallel] = None) -> RunOutcome:
     """Train ``config.method`` on ``data``; checkpoint to ``out_dir/checkpoint.pt`` every epoch
     and the best epoch so far to ``out_dir/best.pt``.
 
@@ -234,12 +305,19 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
             :class:`sol_ext.checkpoint.CheckpointMismatch`); ``config.epochs`` may be larger.
         progress: show a progress bar per epoch.
         log: receives one line per epoch.
+        parallel: this process's place in a torchrun run (its process group started); default one
+            process. ``config.batch_size`` is then per process, the global batch ``W`` times it.
 
     Returns:
         The outcome of the selected epoch (the best validation MAE against the noisy
         validation labels, or the last epoch without a validation split).
     """
     config.validate()
+    par = parallel or Parallel()
+    if par.enabled:
+        _refuse_under_torchrun(config)
+    if not par.is_main:  # rank 0 speaks for the run
+        log, progress = (lambda _line: None), False
     sigma_choice: Optional[dict[str, Any]] = None
     run_config = config
     if config.uses_centroids and config.sigma == "auto":
@@ -249,8 +327,9 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
         sigma_choice = (saved["sigma_choice"] if saved is not None
                         else select_sigma(config, data, log=log))  # a resumed run keeps its pick
         run_config = dataclasses.replace(config, sigma=sigma_choice["sigma"])
-    device = resolve_device(config.device)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(config.device, par)
+    if par.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = out_dir / CHECKPOINT_NAME
     n = data.num_ranks
     eval_bs = max(256, config.batch_size)
@@ -266,13 +345,22 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
 
     torch.manual_seed(config.seed)
     gen = torch.Generator().manual_seed(config.seed + 1)  # shuffling and pair sampling
-    model = build_model(run_config, data.input_shape, data.kind, n).to(device)
+    model = build_model(run_config, data.input_shape, data.kind, n)
+    if par.enabled and device.type == "cuda":  # batch statistics over the global batch
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(device)
+    # the training steps run through DDP (gradients averaged over the processes); embedding and
+    # read-out use the module itself, whose parameters DDP keeps equal on every process
+    step_model = (DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
+                                          else None) if par.enabled else model)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
                                  weight_decay=config.weight_decay)
     sigma = run_config.kernel_sigma if config.uses_centroids else None
     kernel = (noise_kernel(n, sigma, dtype=torch.float64, device=device)
               if config.uses_centroids else None)
     sol_loss = make_sol_loss(run_config, n) if config.uses_centroids else None
+    if sol_loss is not None and par.enabled:
+        sol_loss = DistributedStochasticOrderLoss(sol_loss)
     fingerprint = data.fingerprint()
     # float16 autocast on CUDA needs loss scaling; bfloat16 (the CPU's autocast type) does not
     scaler = torch.amp.GradScaler("cuda") if config.amp and device.type == "cuda" else None
@@ -284,7 +372,15 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
     elapsed_before = 0.0
     best: Optional[dict[str, Any]] = None
     if resume:
-        state = load_checkpoint(ckpt_path, config, fingerprint)
+        state = par.broadcast_object(load_checkpoint(ckpt_path, config, fingerprint)
+                                     if par.is_main else None)
+        saved_world = int(state.get("world_size", 1))
+        if saved_world != par.world_size:
+            raise CheckpointMismatch(
+                f"checkpoint {str(ckpt_path)!r} was written by a run of {saved_world} process(es) and "
+                f"this one has {par.world_size}: the global batch would change. Resume with "
+                + ("torchrun --nproc-per-node (or --nnodes) giving " if saved_world > 1 else "")
+                + f"{saved_world} process(es), or choose another --output.")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         centroids = None if state["centroids"] is None else state["centroids"].to(device)
@@ -295,11 +391,11 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
         sigma_choice = state.get("sigma_choice", sigma_choice)
         torch.set_rng_state(state["torch_rng"])
         gen.set_state(state["generator_rng"])
-        best = load_checkpoint(out_dir / BEST_NAME)
+        best = par.broadcast_object(load_checkpoint(out_dir / BEST_NAME) if par.is_main else None)
         log(f"resuming {out_dir} after epoch {state['epoch']}")
     elif config.uses_centroids:
-        fit_h = embed(model, fit_x, eval_bs, device)
-        centroids = _centroid_rule(config, fit_h, labels, kernel, None)
+        fit_h = _embed_all(model, fit_x, eval_bs, device, par)
+        centroids = _centroid_rule(config, fit_h, labels, kernel, None, par)
 
     for epoch in range(first_epoch, config.epochs + 1):
         if best is not None and config.patience is not None \
@@ -307,18 +403,18 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
             break  # a resumed run that had already stopped early
         # 1. network training, centroids fixed
         loss = _train_epoch(run_config, model, optimizer, fit_x, labels, n, centroids, sol_loss,
-                            gen, progress, epoch, scaler)
+                            gen, progress, epoch, scaler, step_model, par)
         record: dict[str, Any] = {"epoch": epoch, "train_loss": loss}
 
         # 2. centroid rule; 3. read-out and relabeling
-        fit_h = embed(model, fit_x, eval_bs, device)
+        fit_h = _embed_all(model, fit_x, eval_bs, device, par)
         if config.uses_centroids:
-            centroids = _centroid_rule(config, fit_h, labels, kernel, centroids)
+            centroids = _centroid_rule(config, fit_h, labels, kernel, centroids, par)
             record["centroid_span"] = centroid_span(centroids)
             out = _sol_readout(run_config, sigma, model, n, fit_h, labels, val_x, val_labels,
-                               test_x, centroids, kernel, device, eval_bs)
+                               test_x, centroids, kernel, device, eval_bs, par)
         else:
-            out = _head_readout(run_config, model, n, fit_h, val_x, test_x, device, eval_bs)
+            out = _head_readout(run_config, model, n, fit_h, val_x, test_x, device, eval_bs, par)
         record["train_mae_vs_labels"] = _rank_mae(out.fit_pred, labels)
         record["labels_before"] = _label_stats(labels.cpu(), clean)
         suggestion = None
@@ -335,6 +431,8 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
             record.update(outliers=ref.num_outliers, relabeled=ref.num_relabeled, step=ref.step)
         else:
             record.update(outliers=0, relabeled=0, step=0.0)
+        labels = par.broadcast(labels.contiguous())  # every process trains on rank 0's labels
+        _check_same_state(par, epoch, labels, centroids)
         record["labels_after"] = _label_stats(labels.cpu(), clean)
 
         # 4. model selection on the validation split; test metrics (reported only)
@@ -343,9 +441,11 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
         history.append(record)
         log(_epoch_line(record, config.epochs))
 
-        improved = best is None or record["val_mae"] is None or record["val_mae"] < best["val_mae"]
+        improved = par.agree(best is None or record["val_mae"] is None
+                             or record["val_mae"] < best["val_mae"], device)
         snapshot = {
             "config": config.to_dict(), "fingerprint": fingerprint, "epoch": epoch,
+            "world_size": par.world_size,
             "model": model.state_dict(),
             "centroids": None if centroids is None else centroids.cpu(),
             "labels": labels.cpu(), "given_labels": given.cpu(),
@@ -358,24 +458,33 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
             # the audit's per-sample arrays ([N, n] probabilities) only for the selected model
             best = {**snapshot, "test_embeddings": out.test_h.cpu(),
                     "audit": _audit_arrays(config, data, split, out, kernel, suggestion)}
-            save_checkpoint(out_dir / BEST_NAME, best)
-        save_checkpoint(ckpt_path, {
-            **snapshot, "optimizer": optimizer.state_dict(), "history": history,
-            "best_epoch": best["epoch"], "torch_rng": torch.get_rng_state(),
-            "generator_rng": gen.get_state(),
-            "elapsed_s": elapsed_before + time.perf_counter() - start})
+            if par.is_main:
+                save_checkpoint(out_dir / BEST_NAME, best)
+        if par.is_main:
+            save_checkpoint(ckpt_path, {
+                **snapshot, "optimizer": optimizer.state_dict(), "history": history,
+                "best_epoch": best["epoch"], "torch_rng": torch.get_rng_state(),
+                "generator_rng": gen.get_state(),
+                "elapsed_s": elapsed_before + time.perf_counter() - start})
 
     results = _results(config, data, history, best, sigma_choice,
-                       elapsed_before + time.perf_counter() - start)
+                       elapsed_before + time.perf_counter() - start, par.world_size)
     return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
                       test_pred=best["test_pred"], train_pred=best["train_pred"],
                       labels=best["labels"])
 
 
 def _centroid_rule(config: TrainConfig, fit_h: torch.Tensor, labels: torch.Tensor,
-                   kernel: torch.Tensor, previous: Optional[torch.Tensor]) -> torch.Tensor:
+                   kernel: torch.Tensor, previous: Optional[torch.Tensor],
+                   par: Optional[Parallel] = None) -> torch.Tensor:
     """Centroids ``[n, d]`` by the centroid rule, damped with ``previous``, normalized as the
-    embeddings (SPEC §10.4)."""
+    embeddings (SPEC §10.4). In a torchrun run each process adds up its shard of the training
+    set and the per-label sums and counts are all-reduced."""
+    if par is not None and par.enabled:
+        shard = par.shard(fit_h.shape[0])
+        rule = compute_centroids(fit_h[shard], labels[shard].to(fit_h.device), kernel,
+                                 previous=previous, all_reduce=par.sum)
+        return damp_centroids(previous, rule, config.centroid_momentum, normalize=config.normalize)
     rule = compute_centroids(fit_h, labels.to(fit_h.device), kernel, previous=previous)
     return damp_centroids(previous, rule, config.centroid_momentum, normalize=config.normalize)
 
@@ -416,18 +525,31 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
                  train_x: torch.Tensor, labels: torch.Tensor, n: int,
                  centroids: Optional[torch.Tensor], sol_loss: Optional[torch.nn.Module],
                  gen: torch.Generator, progress: bool, epoch: int,
-                 scaler: Optional[torch.amp.GradScaler] = None) -> float:
+                 scaler: Optional[torch.amp.GradScaler] = None,
+                 step_model: Optional[torch.nn.Module] = None,
+                 par: Optional[Parallel] = None) -> float:
     """One pass over shuffled batches of the current ``labels`` ``[N]`` with the centroids
     fixed; returns the mean batch loss. With ``config.amp`` the forward passes run under
     autocast (float16 with ``scaler`` on CUDA, bfloat16 on the CPU); the loss computes in
-    float32 either way."""
+    float32 either way.
+
+    Under torchrun (``par``), batches are global batches of ``W * batch_size`` samples drawn as
+    one process would draw them, each process taking its contiguous share through ``step_model``
+    (DDP); a last global batch of fewer than ``2 W`` samples is dropped, so no process steps on
+    fewer than two."""
+    par = par or Parallel()
+    step_model = step_model or model
     model.train()
     device_type = train_x.device.type
     amp_dtype = torch.float16 if device_type == "cuda" else torch.bfloat16
-    batches = _batches(labels.numel(), config.batch_size, gen)
+    world = par.world_size
+    batches = _batches(labels.numel(), config.batch_size * world, gen, smallest=2 * world)
     bar = _Progress(progress, len(batches), f"epoch {epoch}/{config.epochs}")
     total = 0.0
     for idx in batches:
+        global_count = idx.numel()
+        if par.enabled:
+            idx = idx[par.shard(global_count)]
         idx = idx.to(train_x.device)
         x, y, pairs = train_x[idx], labels[idx], None
         if config.pairs == "balanced":
@@ -435,12 +557,19 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
             x, y = torch.cat([x, train_x[ref]]), torch.cat([y, labels[ref]])
             pairs = balanced_pairs(y, config.tau, config.pairs_per_class, gen)
         with torch.autocast(device_type, dtype=amp_dtype, enabled=config.amp):
-            out = model(x)
+            out = step_model(x)
             if not bool(torch.isfinite(out).all()):  # weights blown up by the previous step
                 raise FloatingPointError(_diverged(config, epoch, "the network's outputs"))
             loss = training_loss(config, model, out, y, n, centroids, sol_loss, pairs)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(_diverged(config, epoch, f"the loss ({float(loss)})"))
+        value = loss.detach()
+        if par.enabled and sol_loss is None:
+            # a head's loss is the mean over this process's samples: weighted so that DDP's
+            # average over the processes is the mean over the global batch
+            share = idx.numel() / global_count
+            value = par.sum(value.float() * share)
+            loss = loss * (share * world)
+        if not torch.isfinite(value):
+            raise FloatingPointError(_diverged(config, epoch, f"the loss ({float(value)})"))
         optimizer.zero_grad(set_to_none=True)
         if scaler is not None:  # float16: scale the loss so small gradients do not flush to 0
             scaler.scale(loss).backward()
@@ -449,8 +578,8 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
         else:
             loss.backward()
             optimizer.step()
-        total += float(loss.detach())
-        bar.update(float(loss.detach()))
+        total += float(value)
+        bar.update(float(value))
     bar.close()
     # the last step may have blown up the weights: say so here, not as NaN centroids or metrics
     if not bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all()):
@@ -478,13 +607,14 @@ def _epoch_line(r: dict[str, Any], epochs: int) -> str:
 
 def _results(config: TrainConfig, data: PreparedData, history: list[dict[str, Any]],
              best: dict[str, Any], sigma_choice: Optional[dict[str, Any]],
-             seconds: float) -> dict[str, Any]:
+             seconds: float, world_size: int = 1) -> dict[str, Any]:
     chosen = history[best["epoch"] - 1]
     enc = data.encoder
     given = best["given_labels"]
     clean = best["clean_labels"]
     return {
         "config": config.to_dict(),
+        "world_size": world_size,
         "data": {"name": data.name, "kind": data.kind, "num_ranks": data.num_ranks,
                  "min_value": float(enc.min_value), "step": float(enc.step),
                  "n_train": int(given.numel()),

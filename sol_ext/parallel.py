@@ -1,0 +1,138 @@
+"""Data-parallel runs of ``sol-ext train`` under ``torchrun``: which process this is, and the few
+collectives Algorithm 1 needs beyond DDP's gradient averaging.
+
+``torchrun --nproc-per-node W -m sol_ext train ...`` starts ``W`` processes with ``WORLD_SIZE``,
+``RANK`` and ``LOCAL_RANK`` in their environment; :meth:`Parallel.from_environment` reads them, and
+:meth:`Parallel.start` joins the process group (``nccl`` for GPUs, one per process, ``gloo`` on CPUs).
+Without torchrun, :class:`Parallel` is the single process and every collective returns its input.
+
+The driver runs one process's share of each step and of each whole-training-set pass (embedding,
+centroid sums), then combines the shares here, so every process holds the same centroids, labels and
+decisions after every epoch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Parallel", "TORCHRUN_VARIABLES"]
+
+TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
+
+
+def _environment_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={text!r} is not an integer; it is set by torchrun "
+                         f"(unset it to train in one process).") from None
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """This process's place in a data-parallel run: ``rank`` of ``world_size`` (``local_rank`` on its
+    machine). The default is a single process."""
+
+    world_size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+
+    @classmethod
+    def from_environment(cls) -> "Parallel":
+        """From torchrun's ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK``; a single process without them."""
+        world = _environment_int("WORLD_SIZE", 1)
+        rank = _environment_int("RANK", 0)
+        local = _environment_int("LOCAL_RANK", rank)
+        if world < 1 or not 0 <= rank < world or local < 0:
+            raise ValueError(f"inconsistent torchrun environment: WORLD_SIZE={world}, RANK={rank}, "
+                             f"LOCAL_RANK={local}; expected 0 <= RANK < WORLD_SIZE.")
+        return cls(world_size=world, rank=rank, local_rank=local)
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes the outputs and prints the progress."""
+        return self.rank == 0
+
+    def start(self, device: torch.device, timeout_s: float = 1800.0) -> None:
+        """Join the process group: ``nccl`` when this process trains on a GPU, ``gloo`` otherwise."""
+        if not self.enabled or dist.is_initialized():
+            return
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+
+    def stop(self) -> None:
+        if self.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ---- sharding ----------------------------------------------------------------------------
+
+    def shard_sizes(self, count: int) -> list[int]:
+        """Sizes of the ``world_size`` contiguous shards of ``count`` items (differing by at most 1,
+        the first ones larger), as :func:`torch.tensor_split` makes them."""
+        base, extra = divmod(count, self.world_size)
+        return [base + (r < extra) for r in range(self.world_size)]
+
+    def shard(self, count: int) -> slice:
+        """This process's contiguous share of ``range(count)``."""
+        sizes = self.shard_sizes(count)
+        start = sum(sizes[: self.rank])
+        return slice(start, start + sizes[self.rank])
+
+    # ---- collectives (identity on one process) -----------------------------------------------
+
+    def gather_shards(self, local: torch.Tensor, count: int) -> torch.Tensor:
+        """The rows of every process's :meth:`shard` of ``count`` rows, in order: ``[count, ...]``."""
+        if not self.enabled:
+            return local
+        sizes = self.shard_sizes(count)
+        padded = max(sizes[0], 1)  # no collective on empty tensors
+        rows = local
+        if local.shape[0] < padded:
+            rows = torch.cat([local, local.new_zeros((padded - local.shape[0], *local.shape[1:]))])
+        parts = [torch.empty_like(rows) for _ in range(self.world_size)]
+        dist.all_gather(parts, rows.contiguous())
+        return torch.cat([p[:s] for p, s in zip(parts, sizes)])
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """All-reduced sum of ``t`` (in place), the same on every process."""
+        if self.enabled:
+            dist.all_reduce(t)
+        return t
+
+    def broadcast(self, t: torch.Tensor) -> torch.Tensor:
+        """Rank 0's ``t`` on every process (in place)."""
+        if self.enabled:
+            dist.broadcast(t, src=0)
+        return t
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's picklable ``obj`` on every process (tensors come back on the CPU)."""
+        if not self.enabled:
+            return obj
+        holder = [obj if self.is_main else None]
+        dist.broadcast_object_list(holder, src=0)
+        return holder[0]
+
+    def agree(self, flag: bool, device: torch.device) -> bool:
+        """Rank 0's decision on every process: branches that lead to collectives must not diverge."""
+        if not self.enabled:
+            return flag
+        return bool(self.broadcast(torch.tensor([int(flag)], device=device)).item())
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
