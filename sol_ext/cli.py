@@ -14,7 +14,15 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .config import COMPARE_METHODS, INFERENCE_MODES, METHODS, PAPER_SETTINGS, RELABEL_RULES, TrainConfig
+from .config import (
+    COMPARE_METHODS,
+    INFERENCE_MODES,
+    METHODS,
+    PAPER_SETTINGS,
+    RELABEL_RULES,
+    SIGMA_GRID,
+    TrainConfig,
+)
 from .errors import UsageError, command_line_flags, user_error_message
 
 __all__ = ["main", "build_parser"]
@@ -83,8 +91,9 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
                    help="the published procedure: " + ", ".join(
                        f"{k}={v}" for k, v in PAPER_SETTINGS.items()))
     s.add_argument("--sigma", type=_sigma, default=None,
-                   help="noise-model std in ranks, or 'auto' (picked from 0.5, 1, 2 on the "
-                        f"validation split; 4 trainings) (default: {_DEFAULT.sigma})")
+                   help="noise-model std in ranks, or 'auto': picked from "
+                        + ", ".join(f"{s:g}" for s in SIGMA_GRID) + " by validation MAE, "
+                        f"{len(SIGMA_GRID) + 1} trainings (default: {_DEFAULT.sigma})")
     s.add_argument("--tau", type=int, default=None,
                    help=f"similarity threshold in ranks (default: {_DEFAULT.tau})")
     s.add_argument("--margin", type=float, default=None,

@@ -46,7 +46,7 @@ from .centroids import (
     rank_posterior,
 )
 from .checkpoint import CHECKPOINT_NAME, CheckpointMismatch, load_checkpoint, save_checkpoint
-from .config import TrainConfig
+from .config import FALLBACK_SIGMA, TrainConfig
 from .data import split_indices
 from .distributed import DistributedStochasticOrderLoss
 from .methods import RankModel, build_model, make_sol_loss, predict, training_loss
@@ -282,9 +282,6 @@ def _check_same_state(par: Parallel, epoch: int, labels: torch.Tensor,
 
 
 def _refuse_under_torchrun(config: TrainConfig) -> None:
-    if config.sigma == "auto":
-        raise ValueError("--sigma auto is not supported under torchrun: pick sigma in one process "
-                         "(sol-ext train --sigma auto prints it), then pass --sigma <value>.")
     if config.pairs == "balanced":
         raise ValueError("--pairs balanced is not supported under torchrun: the distributed loss "
                          "covers all pairs of the global batch (--pairs all).")
@@ -320,12 +317,19 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
         log, progress = (lambda _line: None), False
     sigma_choice: Optional[dict[str, Any]] = None
     run_config = config
-    if config.uses_centroids and config.sigma == "auto":
+    if config.method == "sol" and config.sigma == "auto":  # sol-no-noise has no sigma to pick
         from .tuning import select_sigma
 
-        saved = load_checkpoint(out_dir / CHECKPOINT_NAME, config) if resume else None
-        sigma_choice = (saved["sigma_choice"] if saved is not None
-                        else select_sigma(config, data, log=log))  # a resumed run keeps its pick
+        saved = (par.broadcast_object(load_checkpoint(out_dir / CHECKPOINT_NAME, config)
+                                      if par.is_main else None) if resume else None)
+        if saved is not None:  # a resumed run keeps its pick
+            sigma_choice = saved["sigma_choice"]
+        elif not config.selects_model:
+            sigma_choice = {"sigma": FALLBACK_SIGMA, "val_mae": None}
+            log(f"sigma auto needs a validation split (--val-fraction > 0); using sigma "
+                f"{FALLBACK_SIGMA:g}, the paper's")
+        else:
+            sigma_choice = select_sigma(config, data, log=log, parallel=par)
         run_config = dataclasses.replace(config, sigma=sigma_choice["sigma"])
     device = resolve_device(config.device, par)
     if par.is_main:

@@ -1,8 +1,10 @@
 """Hyperparameters picked from the data: ``--sigma auto``.
 
-The noise-model width ``sigma`` (in ranks) says how far a label may lie from the truth. It is
-picked from :data:`sol_ext.config.SIGMA_GRID` by the best validation MAE (against the noisy
-validation labels, as the epoch is; never the test set), one full training run per candidate.
+The noise-model width ``sigma`` (in ranks) says how far a label may lie from the truth; how much
+the centroid rule may smooth across ranks depends on the data (how many ranks, how far apart their
+embeddings can be pulled), so it is picked, by default, from :data:`sol_ext.config.SIGMA_GRID` by
+the best validation MAE (against the noisy validation labels, as the epoch is; never the test set),
+one full training run per candidate.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ __all__ = ["select_sigma"]
 
 
 def select_sigma(config: TrainConfig, data: PreparedData, grid: Sequence[float] = SIGMA_GRID,
-                 log: Callable[[str], None] = print) -> dict[str, Any]:
+                 log: Callable[[str], None] = print, parallel=None) -> dict[str, Any]:
     """Train ``config`` once per ``sigma`` in ``grid``; return the one of best validation MAE.
 
     Returns:
         ``{"sigma": best, "val_mae": {sigma: MAE, ...}}`` (MAE in ranks, at each run's selected
-        epoch). Ties go to the earlier candidate.
+        epoch). Ties go to the earlier candidate. Under torchrun (``parallel``, a
+        :class:`sol_ext.parallel.Parallel`) every trial runs on all processes.
     """
     from .train import train  # train() calls this function for sigma="auto"
 
@@ -35,7 +38,8 @@ def select_sigma(config: TrainConfig, data: PreparedData, grid: Sequence[float] 
     with tempfile.TemporaryDirectory(prefix="sol-ext-sigma-") as tmp:
         for sigma in grid:
             trial = dataclasses.replace(config, sigma=float(sigma), patience=config.patience)
-            outcome = train(trial, data, Path(tmp) / f"sigma{sigma:g}", log=lambda _line: None)
+            outcome = train(trial, data, Path(tmp) / f"sigma{sigma:g}", log=lambda _line: None,
+                            parallel=parallel)
             scores[float(sigma)] = float(outcome.results["val_mae"])
             log(f"sigma {sigma:g}: validation MAE {scores[float(sigma)]:.3f} "
                 f"(epoch {outcome.results['selected_epoch']})")

@@ -196,9 +196,9 @@ def test_resume_needs_the_same_number_of_processes(tmp_path):
 
 @pytest.mark.slow
 def test_an_option_refused_under_torchrun_ends_every_process(tmp_path):
-    proc = _torchrun([*TRAIN, "--sigma", "auto", "--output", "run"], tmp_path)
+    proc = _torchrun([*TRAIN, "--pairs", "balanced", "--output", "run"], tmp_path)
     assert proc.returncode != 0
-    assert "sol-ext: error (rank 0 of 2): --sigma auto is not supported under torchrun" in proc.stderr
+    assert "sol-ext: error (rank 0 of 2): --pairs balanced is not supported under torchrun" in proc.stderr
     assert not (tmp_path / "run").exists()
 
 

@@ -216,7 +216,7 @@ def test_damped_centroids_do_not_oscillate_between_epochs(tmp_path):
     from sol_ext.prepare import prepare_data
 
     def alternations(momentum: float) -> int:
-        cfg = TrainConfig(epochs=7, centroid_momentum=momentum, refine=False, seed=0)
+        cfg = TrainConfig(epochs=7, centroid_momentum=momentum, refine=False, seed=0, sigma=1.0)
         torch.set_num_threads(1)
         hist = train(cfg, prepare_data(cfg), tmp_path / str(momentum), log=quiet).results["history"]
         span = [h["centroid_span"] for h in hist]
@@ -234,6 +234,19 @@ def test_corn_baseline_comes_from_coral_pytorch(tmp_path):
     assert out.results["config"]["method"] == "corn" and coral.__name__ == "coral_pytorch"
     # CORN's head: n - 1 = 7 conditional binary tasks on the 4-d embedding
     assert load_checkpoint(tmp_path / CHECKPOINT_NAME)["model"]["head.weight"].shape == (7, 4)
+
+
+def test_sigma_is_picked_by_default_and_falls_back_to_the_papers_without_a_split(tmp_path):
+    assert TrainConfig().sigma == "auto"
+    lines = []
+    cfg = dataclasses.replace(BASE, epochs=1, val_fraction=0.0)
+    r = train(cfg, tiny_data(), tmp_path, log=lines.append).results
+    assert r["sigma_selected"] == 1.0 and r["sigma_search"]["val_mae"] is None
+    assert any("sigma auto needs a validation split" in line for line in lines), lines
+    # sol-no-noise has no sigma to pick: no search
+    r = train(dataclasses.replace(BASE, epochs=1, method="sol-no-noise"), tiny_data(), tmp_path / "nn",
+              log=quiet).results
+    assert r["sigma_search"] is None
 
 
 def test_sigma_auto_picks_the_candidate_of_best_validation_mae(tmp_path):
