@@ -93,7 +93,7 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
     s.add_argument("--sigma", type=_sigma, default=None,
                    help="noise-model std in ranks, or 'auto': picked from "
                         + ", ".join(f"{s:g}" for s in SIGMA_GRID) + " by validation MAE, "
-                        f"{len(SIGMA_GRID) + 1} trainings (default: {_DEFAULT.sigma})")
+                        f"one training each (default: {_DEFAULT.sigma})")
     s.add_argument("--tau", type=int, default=None,
                    help=f"similarity threshold in ranks (default: {_DEFAULT.tau})")
     s.add_argument("--margin", type=float, default=None,

@@ -26,6 +26,7 @@ same state after every epoch. Rank 0 alone logs and writes checkpoints.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,6 +159,7 @@ def _batches(n: int, batch_size: int, generator: torch.Generator,
 
 
 BEST_NAME = "best.pt"
+SIGMA_SEARCH_NAME = ".sigma-search"  # the trials of sigma "auto", while they run
 
 
 @dataclass
@@ -309,6 +311,7 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
         The outcome of the selected epoch (the best validation MAE against the noisy
         validation labels, or the last epoch without a validation split).
     """
+    started = time.perf_counter()
     config.validate()
     par = parallel or Parallel()
     if par.enabled:
@@ -329,7 +332,11 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
             log(f"sigma auto needs a validation split (--val-fraction > 0); using sigma "
                 f"{FALLBACK_SIGMA:g}, the paper's")
         else:
-            sigma_choice = select_sigma(config, data, log=log, parallel=par)
+            # the winning trial is this run's training, to the last bit: it is kept, not repeated
+            search = out_dir / SIGMA_SEARCH_NAME
+            sigma_choice = select_sigma(config, data, log=log, parallel=par, work_dir=search)
+            return _adopt_trial(config, data, out_dir, search, sigma_choice, par,
+                                time.perf_counter() - started)
         run_config = dataclasses.replace(config, sigma=sigma_choice["sigma"])
     device = resolve_device(config.device, par)
     if par.is_main:
@@ -473,6 +480,30 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
 
     results = _results(config, data, history, best, sigma_choice,
                        elapsed_before + time.perf_counter() - start, par.world_size)
+    return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
+                      test_pred=best["test_pred"], train_pred=best["train_pred"],
+                      labels=best["labels"])
+
+
+def _adopt_trial(config: TrainConfig, data: PreparedData, out_dir: Path, search: Path,
+                 sigma_choice: dict[str, Any], par: Parallel, seconds: float) -> RunOutcome:
+    """The run of the picked sigma from ``search`` as this run's: its checkpoints, relabeled as the
+    run of ``config`` (``sigma="auto"``) with its ``sigma_choice``, move into ``out_dir``."""
+    from .tuning import trial_dir
+
+    states = None
+    if par.is_main:
+        winner = trial_dir(search, sigma_choice["sigma"])
+        states = {}
+        for name in (CHECKPOINT_NAME, BEST_NAME):
+            state = load_checkpoint(winner / name)
+            state.update(config=config.to_dict(), sigma_choice=sigma_choice)
+            save_checkpoint(out_dir / name, state)
+            states[name] = state
+        shutil.rmtree(search, ignore_errors=True)
+    states = par.broadcast_object(states)
+    best, history = states[BEST_NAME], states[CHECKPOINT_NAME]["history"]
+    results = _results(config, data, history, best, sigma_choice, seconds, par.world_size)
     return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
                       test_pred=best["test_pred"], train_pred=best["train_pred"],
                       labels=best["labels"])

@@ -9,20 +9,30 @@ one full training run per candidate.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .config import SIGMA_GRID, TrainConfig
 from .prepare import PreparedData
 
-__all__ = ["select_sigma"]
+__all__ = ["select_sigma", "trial_dir"]
+
+
+def trial_dir(work_dir: Path, sigma: float) -> Path:
+    """Where :func:`select_sigma` trains the candidate ``sigma`` inside ``work_dir``."""
+    return Path(work_dir) / f"sigma{sigma:g}"
 
 
 def select_sigma(config: TrainConfig, data: PreparedData, grid: Sequence[float] = SIGMA_GRID,
-                 log: Callable[[str], None] = print, parallel=None) -> dict[str, Any]:
+                 log: Callable[[str], None] = print, parallel=None,
+                 work_dir: Optional[Path] = None) -> dict[str, Any]:
     """Train ``config`` once per ``sigma`` in ``grid``; return the one of best validation MAE.
+
+    The trials are written to :func:`trial_dir` of ``work_dir`` (kept, so that the winner's run
+    can be used as it is), or to a temporary folder.
 
     Returns:
         ``{"sigma": best, "val_mae": {sigma: MAE, ...}}`` (MAE in ranks, at each run's selected
@@ -35,10 +45,12 @@ def select_sigma(config: TrainConfig, data: PreparedData, grid: Sequence[float] 
         raise ValueError("sigma 'auto' is picked on the validation split; it needs a validation "
                          "fraction > 0.")
     scores: dict[float, float] = {}
-    with tempfile.TemporaryDirectory(prefix="sol-ext-sigma-") as tmp:
+    with contextlib.ExitStack() as stack:
+        if work_dir is None:
+            work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sol-ext-sigma-")))
         for sigma in grid:
             trial = dataclasses.replace(config, sigma=float(sigma), patience=config.patience)
-            outcome = train(trial, data, Path(tmp) / f"sigma{sigma:g}", log=lambda _line: None,
+            outcome = train(trial, data, trial_dir(work_dir, sigma), log=lambda _line: None,
                             parallel=parallel)
             scores[float(sigma)] = float(outcome.results["val_mae"])
             log(f"sigma {sigma:g}: validation MAE {scores[float(sigma)]:.3f} "

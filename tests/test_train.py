@@ -10,7 +10,7 @@ from sol_ext.config import METHODS, PAPER_SETTINGS, SIGMA_GRID, TrainConfig, con
 from sol_ext.data import RankEncoder
 from sol_ext.encoders import build_encoder
 from sol_ext.prepare import PreparedData
-from sol_ext.train import BEST_NAME, train
+from sol_ext.train import BEST_NAME, SIGMA_SEARCH_NAME, train
 
 
 def tiny_data(n_train=96, n_test=32, num_ranks=8, seed=0):
@@ -247,6 +247,17 @@ def test_sigma_is_picked_by_default_and_falls_back_to_the_papers_without_a_split
     r = train(dataclasses.replace(BASE, epochs=1, method="sol-no-noise"), tiny_data(), tmp_path / "nn",
               log=quiet).results
     assert r["sigma_search"] is None
+
+
+def test_sigma_auto_keeps_the_winning_trial_instead_of_training_it_again(tmp_path):
+    cfg = dataclasses.replace(BASE, epochs=2)  # sigma "auto", the default
+    auto = train(cfg, tiny_data(), tmp_path / "auto", log=quiet).results
+    picked = auto["sigma_selected"]
+    fixed = train(dataclasses.replace(cfg, sigma=picked), tiny_data(), tmp_path / "fixed", log=quiet).results
+    assert auto["history"] == fixed["history"] and auto["test"] == fixed["test"]
+    assert auto["config"]["sigma"] == "auto" and not (tmp_path / "auto" / SIGMA_SEARCH_NAME).exists()
+    for name in (CHECKPOINT_NAME, BEST_NAME):  # the checkpoints are those of the "auto" run
+        assert load_checkpoint(tmp_path / "auto" / name, cfg)["sigma_choice"]["sigma"] == picked
 
 
 def test_sigma_auto_picks_the_candidate_of_best_validation_mae(tmp_path):
