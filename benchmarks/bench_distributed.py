@@ -30,9 +30,9 @@ Where the time goes, measured in the same processes:
   the median over the steps of a step minus the compute-only step that followed it (slowest process of
   each): what distribution costs beyond the arithmetic each process owns.
 
-It also reports the pairs each process's loss kernel evaluates (process r owns its rows against every
-later global row, so process 0 owns more than the last one) and the bytes each process exchanges per
-step (counted in the wrapped calls and checked against the formulas), and, with ``--paper`` or
+It also reports the pairs each process's loss kernel evaluates (the halves of process r's rows sit at
+chunk positions r and 2W-1-r of the loss's zigzag order, each against the rows after it: an equal share
+for every process) and the bytes each process exchanges per step (counted in the wrapped calls and checked against the formulas), and, with ``--paper`` or
 ``--out``, the same figures computed for W = 8 GPUs x B = 512.
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ from torch.distributed import distributed_c10d
 from torch.nn.parallel import DistributedDataParallel
 
 import sol_ext
-from sol_ext.distributed import DistributedStochasticOrderLoss
+from sol_ext.distributed import DistributedStochasticOrderLoss, zigzag_layout
 
 IN_FEATURES, HIDDEN, DIM = 64, 128, 64
 DEFAULT_NUM_RANKS = 101
@@ -85,8 +85,16 @@ def owned_pairs(global_batch: int, offset: int, batch: int) -> int:
     return batch * (global_batch - 1 - offset) - batch * (batch - 1) // 2
 
 
+def process_pairs(world_size: int, batch: int, rank: int) -> int:
+    """Pairs process ``rank`` evaluates: each half of its rows against the rows after it in the zigzag
+    order of ``DistributedStochasticOrderLoss``."""
+    _, split, offsets = zigzag_layout([batch] * world_size, rank)
+    global_batch = world_size * batch
+    return owned_pairs(global_batch, offsets[0], split) + owned_pairs(global_batch, offsets[1], batch - split)
+
+
 def pairs_per_process(world_size: int, batch: int) -> list:
-    pairs = [owned_pairs(world_size * batch, rank * batch, batch) for rank in range(world_size)]
+    pairs = [process_pairs(world_size, batch, rank) for rank in range(world_size)]
     assert sum(pairs) == world_size * batch * (world_size * batch - 1) // 2  # every pair once
     return pairs
 
@@ -282,14 +290,17 @@ def measure_process(rank: int, world_size: int, global_batch: int, num_ranks: in
         D_others = sol_ext.stochastic_dissimilarity(encoder(x_all), mu, settings.sigma)
     D_before, D_after = D_others[:offset], D_others[offset + batch :]
     total_pairs = max(global_batch * (global_batch - 1) // 2, 1)
+    layout, split, offsets = zigzag_layout([batch] * world_size, rank)
+    layout = torch.tensor(layout)
+    labels_zigzag = labels_all[layout]
 
     def own_share(h: torch.Tensor) -> torch.Tensor:
         D = sol_ext.stochastic_dissimilarity(h, mu, settings.sigma)
-        D_all = torch.cat([D_before, D, D_after])
-        order = sol_ext.order_loss_block(
-            D, labels, D_all, labels_all, offset, settings.sigma, settings.tau, settings.margin,
-            settings.convention,
-        ).sum() / total_pairs
+        D_all = torch.cat([D_before, D, D_after])[layout]  # the loss's zigzag order
+        args = (settings.sigma, settings.tau, settings.margin, settings.convention)
+        order = (sol_ext.order_loss_block(D[:split], labels[:split], D_all, labels_zigzag, offsets[0], *args).sum()
+                 + sol_ext.order_loss_block(D[split:], labels[split:], D_all, labels_zigzag, offsets[1], *args).sum()
+                 ) / total_pairs
         disc = sol_ext.disc_loss(D, labels, settings.T, "sum") / global_batch
         return order + settings.disc_weight * disc
 
@@ -301,7 +312,7 @@ def measure_process(rank: int, world_size: int, global_batch: int, num_ranks: in
     with clock.install():
         records = time_interleaved(setups, steps, warmup, clock)
     return {"global_batch": global_batch, "world_size": world_size, "rank": rank, "batch": batch,
-            "offset": offset, "pairs": owned_pairs(global_batch, offset, batch),
+            "offset": offset, "pairs": process_pairs(world_size, batch, rank),
             "distributed": records["distributed"], "compute_only": records["compute_only"],
             "plain": records.get("plain")}
 
@@ -552,17 +563,20 @@ done as an all-reduce of the W·B·n·4 bytes followed by taking the own slice, 
 Gathering `D [B, n]` rather than the embeddings `h [B, d]` moves n/d = {n / d:.2f} of the bytes
 (all-gathering `h` would be W·B·d·4 = {_mb(f['gathered_h_instead'])}).
 
-**Pairs per process.** Process r holds global rows o_r = r·B … o_r + B − 1 and owns each of them against
-every later global row: P_r = Σ_i (N − 1 − i) = B·(N − 1 − o_r) − B·(B − 1)/2.
+**Pairs per process.** The loss puts the global rows in a zigzag order: the first halves (B/2 rows) of
+the processes in rank order, then the second halves in reverse rank order, so process r's halves sit at
+chunk positions r and 2W − 1 − r. Each half is paired with every row after it: a half at position c
+evaluates (B/2)·(N − 1) − c·(B/2)² − (B/2)·(B/2 − 1)/2 pairs, and the two halves of a process add up to
+P_r = B·(N − 1)/2 = N·(N − 1)/(2W) for every r (B even).
 
 - per process (r = 0 … {W - 1}): {per_rank}
-- max P_0 = {most:,}, min P_{W - 1} = B·(B − 1)/2 = {least:,}; sum = N·(N − 1)/2 = {f['all_pairs']:,}, the
-  single GPU's all-pairs count of the global batch
-- a balanced split would give N·(N − 1)/(2W) = {f['balanced_pairs']:,.0f} each; the busiest process
-  evaluates {most / f['balanced_pairs']:.3f}× that ((2WB − B − 1)/(WB − 1), → 2 − 1/W for large B) and
-  {most / f['all_pairs']:.1%} of the single GPU's pairs. Where the kernel's time follows its pairs, the
-  loss part of a step is then at most {f['all_pairs'] / most:.2f}× faster than on one GPU with the global
-  batch, while the encoder's part can be {W}× faster.
+- max {most:,}, min {least:,}; sum = N·(N − 1)/2 = {f['all_pairs']:,}, the single GPU's all-pairs count of
+  the global batch
+- an even split is N·(N − 1)/(2W) = {f['balanced_pairs']:,.0f}; the busiest process evaluates
+  {most / f['balanced_pairs']:.3f}× that and {most / f['all_pairs']:.1%} of the single GPU's pairs, so the loss
+  part of a step can be up to {f['all_pairs'] / most:.2f}× faster than on one GPU with the global batch. (Pairing
+  each process's rows with the later rows in plain rank order would give process 0 (2WB − B − 1)/(WB − 1)
+  ≈ 2 − 1/W times an even share: 1.875× at W = 8.)
 
 **Extra memory of the loss per process** (beyond the encoder's activations):
 
@@ -603,8 +617,9 @@ def findings(rows: list) -> list:
         if r["world_size"] < 2:
             continue
         total = r["global_batch"] * (r["global_batch"] - 1) // 2
-        busiest = max(range(r["world_size"]), key=lambda rank: r["pairs"][rank])
-        idlest = min(range(r["world_size"]), key=lambda rank: r["pairs"][rank])
+        # by measured compute time: the pair counts are equal (or nearly) in the zigzag order
+        busiest = max(range(r["world_size"]), key=lambda rank: r["compute_only"][rank])
+        idlest = min(range(r["world_size"]), key=lambda rank: r["compute_only"][rank])
         base = plain.get(r["global_batch"])
         versus = f", {base / r['step']:.2f}× the speed of one process ({_ms(base)})" if base else ""
         lines.append(

@@ -13,10 +13,15 @@ the concatenated batch of ``W·B`` samples::
 
 How: the dissimilarities ``D [B, n]`` (not the embeddings: ``n`` is usually smaller than ``d``) are
 all-gathered with an autograd-aware gather, so the gradient of each gathered row flows back to the process
-that owns it. Process ``r`` computes only the pairs it owns: its rows ``i`` against the global rows
-``j > offset_r + i`` (:func:`sol_ext.order_loss_block`), so every global pair ``x < y`` is counted once, and
-no process forms a pair list or a ``[pairs, n]`` tensor: extra memory ``O(W·B·n)``. Batches may differ in
-size (a last batch, an empty one): the sizes are gathered first and the rows padded for the gather.
+that owns it. The global rows are put in a zigzag order: every process splits its rows in two halves, the
+first halves go in rank order, then the second halves in reverse rank order (process ``r``'s halves sit at
+chunk positions ``r`` and ``2W-1-r``). Process ``r`` computes only the pairs of each of its halves against
+the global rows after it (:func:`sol_ext.order_loss_block`, once per half), so every global pair is
+counted once, and every process evaluates about ``N·B/2`` of the ``N(N-1)/2`` pairs: the work is balanced
+(pairing each process's rows with the later ones in rank order would give the first process almost twice
+its share). No process forms a pair list or a ``[pairs, n]`` tensor: extra memory ``O(W·B·n)``. Batches
+may differ in size (a last batch, an empty one): the sizes are gathered first and the rows padded for the
+gather.
 
 The returned value is the global loss on every process. Its gradient is that of ``W`` times the process's
 own share (its pairs and its samples' discriminative terms), which DDP's averaging over ``W`` processes
@@ -48,7 +53,7 @@ from .ops import (
     _use_fused,
 )
 
-__all__ = ["DistributedStochasticOrderLoss", "gather_rows"]
+__all__ = ["DistributedStochasticOrderLoss", "gather_rows", "zigzag_layout"]
 
 
 class _GlobalValue(torch.autograd.Function):
@@ -123,6 +128,27 @@ def gather_rows(local: torch.Tensor, labels: torch.Tensor, group=None) -> tuple:
     return rows_all, labels_all, sum(sizes[:rank]), sizes
 
 
+def zigzag_layout(sizes: list, rank: int) -> tuple:
+    """The balanced global row order of :class:`DistributedStochasticOrderLoss`.
+
+    Args:
+        sizes: the batch size of every process, in rank order.
+        rank: this process.
+
+    Returns ``(order, split, offsets)``: ``order`` lists, for each position of the zigzag order, the
+    row's index in the rank-order concatenation; this process's rows ``[:split]`` and ``[split:]`` sit at
+    positions ``offsets[0]`` and ``offsets[1]`` onwards.
+    """
+    starts = [sum(sizes[:q]) for q in range(len(sizes))]
+    firsts = [(b + 1) // 2 for b in sizes]
+    order = [i for q in range(len(sizes)) for i in range(starts[q], starts[q] + firsts[q])]
+    second = {}
+    for q in reversed(range(len(sizes))):
+        second[q] = len(order)
+        order += range(starts[q] + firsts[q], starts[q] + sizes[q])
+    return order, firsts[rank], (sum(firsts[:rank]), second[rank])
+
+
 class DistributedStochasticOrderLoss(nn.Module):
     """A :class:`~sol_ext.StochasticOrderLoss` over the global batch of all processes of a process group.
 
@@ -172,11 +198,16 @@ class DistributedStochasticOrderLoss(nn.Module):
         with _autocast_off(h.device):
             D = _dissimilarity(h, mu, c.sigma, fused)
             _check_dissimilarities_finite(D, h, mu)
-            D_all, labels_all, offset, sizes = gather_rows(D, labels, self.group)
+            D_cat, labels_cat, _, sizes = gather_rows(D, labels, self.group)
             total = sum(sizes)
-            rows = _order_loss_block_rows(
-                D, labels, D_all, labels_all, offset, c.sigma, c.tau, c.margin, c.convention, fused
-            )
+            layout, split, offsets = zigzag_layout(sizes, dist.get_rank(self.group))
+            index = torch.tensor(layout, dtype=torch.long, device=D.device)
+            D_all, labels_all = D_cat.index_select(0, index), labels_cat.index_select(0, index)
+            rows = torch.cat([
+                _order_loss_block_rows(D[part], labels[part], D_all, labels_all, offset, c.sigma, c.tau,
+                                       c.margin, c.convention, fused)
+                for part, offset in ((slice(0, split), offsets[0]), (slice(split, None), offsets[1]))
+            ])
             order = reference.reduce_losses(rows, "sum")
             disc = reference.reduce_losses(_disc_losses(D, labels, c.T, fused), "sum")
             if c.reduction == "mean":  # the global counts: N(N-1)/2 pairs, N samples (an empty set gives 0)
