@@ -183,7 +183,7 @@ class DistributedStochasticOrderLoss(nn.Module):
                 "DistributedStochasticOrderLoss covers all pairs of the global batch; explicit pairs are not "
                 "supported (pass pairs=None, or use sol_ext.StochasticOrderLoss on one process)"
             )
-        world, _ = _group_size_and_rank(self.group)
+        world, rank = _group_size_and_rank(self.group)
         c = self.loss
         _refuse_func_transforms(h=h, labels=labels, mu=mu)
         check.check_same_device(h=h, labels=labels, mu=mu)
@@ -200,7 +200,7 @@ class DistributedStochasticOrderLoss(nn.Module):
             _check_dissimilarities_finite(D, h, mu)
             D_cat, labels_cat, _, sizes = gather_rows(D, labels, self.group)
             total = sum(sizes)
-            layout, split, offsets = zigzag_layout(sizes, dist.get_rank(self.group))
+            layout, split, offsets = zigzag_layout(sizes, rank)
             index = torch.tensor(layout, dtype=torch.long, device=D.device)
             D_all, labels_all = D_cat.index_select(0, index), labels_cat.index_select(0, index)
             rows = torch.cat([

@@ -267,3 +267,24 @@ def test_ddp_step_equals_one_process_on_the_concatenated_batch(world_size, tmp_p
             assert grads.keys() == expected_grads.keys()
             for name, grad in grads.items():
                 assert_rel_close(grad, expected_grads[name], REL_TOL[dtype], f"d/d{name}, {what}")
+
+
+def test_zigzag_layout_gives_every_process_the_same_number_of_pairs():
+    """Each half of a process's rows is paired with the rows after it in the zigzag order: together the
+    processes cover every pair once, and with equal even batches each evaluates N(N-1)/(2W) pairs."""
+    from sol_ext.distributed import zigzag_layout
+
+    for sizes in ([512] * 8, [6, 6], [5, 5, 2], [4, 0, 3], [1, 1], [0, 3]):
+        N = sum(sizes)
+        owned = []
+        for rank, size in enumerate(sizes):
+            order, split, (first, second) = zigzag_layout(sizes, rank)
+            assert sorted(order) == list(range(N))
+            start = sum(sizes[:rank])
+            assert order[first:first + split] == list(range(start, start + split))
+            assert order[second:second + size - split] == list(range(start + split, start + size))
+            positions = [*range(first, first + split), *range(second, second + size - split)]
+            owned.append(sum(N - 1 - p for p in positions))
+        assert sum(owned) == N * (N - 1) // 2, sizes
+        if len(set(sizes)) == 1 and sizes[0] % 2 == 0:
+            assert owned == [N * (N - 1) // (2 * len(sizes))] * len(sizes), (sizes, owned)
