@@ -161,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train one model and report test MAE/CS",
                        description="Train SOL or a baseline. With no option: abalone, Gaussian "
-                                   "label noise at kappa 0.3, SOL.")
+                                   "label noise at kappa 0.3, SOL. Data-parallel under torchrun: "
+                                   "torchrun --nproc-per-node N -m sol_ext train ... (--batch-size "
+                                   "is then per process).")
     _add_data_options(t)
     n = t.add_argument_group("label noise added to the training labels")
     n.add_argument("--noise", default=None,

@@ -334,7 +334,12 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
         else:
             # the winning trial is this run's training, to the last bit: it is kept, not repeated
             search = out_dir / SIGMA_SEARCH_NAME
-            sigma_choice = select_sigma(config, data, log=log, parallel=par, work_dir=search)
+            try:
+                sigma_choice = select_sigma(config, data, log=log, parallel=par, work_dir=search)
+            except BaseException:  # an error or Ctrl-C: no half-done trials left in the folder
+                if par.is_main:
+                    shutil.rmtree(search, ignore_errors=True)
+                raise
             return _adopt_trial(config, data, out_dir, search, sigma_choice, par,
                                 time.perf_counter() - started)
         run_config = dataclasses.replace(config, sigma=sigma_choice["sigma"])
