@@ -290,13 +290,13 @@ def measure_process(rank: int, world_size: int, global_batch: int, num_ranks: in
         D_others = sol_ext.stochastic_dissimilarity(encoder(x_all), mu, settings.sigma)
     D_before, D_after = D_others[:offset], D_others[offset + batch :]
     total_pairs = max(global_batch * (global_batch - 1) // 2, 1)
-    layout, split, offsets = zigzag_layout([batch] * world_size, rank)
-    layout = torch.tensor(layout)
-    labels_zigzag = labels_all[layout]
+    segments, split, offsets = zigzag_layout([batch] * world_size, rank)
+    labels_zigzag = torch.cat([labels_all[a:b] for a, b in segments])
 
     def own_share(h: torch.Tensor) -> torch.Tensor:
         D = sol_ext.stochastic_dissimilarity(h, mu, settings.sigma)
-        D_all = torch.cat([D_before, D, D_after])[layout]  # the loss's zigzag order
+        D_cat = torch.cat([D_before, D, D_after])
+        D_all = torch.cat([D_cat[a:b] for a, b in segments])  # the loss's zigzag order
         args = (settings.sigma, settings.tau, settings.margin, settings.convention)
         order = (sol_ext.order_loss_block(D[:split], labels[:split], D_all, labels_zigzag, offsets[0], *args).sum()
                  + sol_ext.order_loss_block(D[split:], labels[split:], D_all, labels_zigzag, offsets[1], *args).sum()

@@ -135,18 +135,17 @@ def zigzag_layout(sizes: list, rank: int) -> tuple:
         sizes: the batch size of every process, in rank order.
         rank: this process.
 
-    Returns ``(order, split, offsets)``: ``order`` lists, for each position of the zigzag order, the
-    row's index in the rank-order concatenation; this process's rows ``[:split]`` and ``[split:]`` sit at
-    positions ``offsets[0]`` and ``offsets[1]`` onwards.
+    Returns ``(segments, split, offsets)``: the zigzag order as ``(start, stop)`` row ranges of the
+    rank-order concatenation (the first halves in rank order, then the second halves in reverse rank
+    order); this process's rows ``[:split]`` and ``[split:]`` sit at positions ``offsets[0]`` and
+    ``offsets[1]`` onwards of that order.
     """
     starts = [sum(sizes[:q]) for q in range(len(sizes))]
     firsts = [(b + 1) // 2 for b in sizes]
-    order = [i for q in range(len(sizes)) for i in range(starts[q], starts[q] + firsts[q])]
-    second = {}
-    for q in reversed(range(len(sizes))):
-        second[q] = len(order)
-        order += range(starts[q] + firsts[q], starts[q] + sizes[q])
-    return order, firsts[rank], (sum(firsts[:rank]), second[rank])
+    segments = [(starts[q], starts[q] + firsts[q]) for q in range(len(sizes))]
+    segments += [(starts[q] + firsts[q], starts[q] + sizes[q]) for q in reversed(range(len(sizes)))]
+    second = sum(firsts) + sum(b - f for b, f in zip(sizes[rank + 1:], firsts[rank + 1:]))
+    return segments, firsts[rank], (sum(firsts[:rank]), second)
 
 
 class DistributedStochasticOrderLoss(nn.Module):
@@ -200,9 +199,9 @@ class DistributedStochasticOrderLoss(nn.Module):
             _check_dissimilarities_finite(D, h, mu)
             D_cat, labels_cat, _, sizes = gather_rows(D, labels, self.group)
             total = sum(sizes)
-            layout, split, offsets = zigzag_layout(sizes, rank)
-            index = torch.tensor(layout, dtype=torch.long, device=D.device)
-            D_all, labels_all = D_cat.index_select(0, index), labels_cat.index_select(0, index)
+            segments, split, offsets = zigzag_layout(sizes, rank)
+            D_all = torch.cat([D_cat[a:b] for a, b in segments])
+            labels_all = torch.cat([labels_cat[a:b] for a, b in segments])
             rows = torch.cat([
                 _order_loss_block_rows(D[part], labels[part], D_all, labels_all, offset, c.sigma, c.tau,
                                        c.margin, c.convention, fused)

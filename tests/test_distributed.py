@@ -278,7 +278,8 @@ def test_zigzag_layout_gives_every_process_the_same_number_of_pairs():
         N = sum(sizes)
         owned = []
         for rank, size in enumerate(sizes):
-            order, split, (first, second) = zigzag_layout(sizes, rank)
+            segments, split, (first, second) = zigzag_layout(sizes, rank)
+            order = [i for a, b in segments for i in range(a, b)]
             assert sorted(order) == list(range(N))
             start = sum(sizes[:rank])
             assert order[first:first + split] == list(range(start, start + split))
