@@ -520,12 +520,12 @@ def _centroid_rule(config: TrainConfig, fit_h: torch.Tensor, labels: torch.Tenso
     """Centroids ``[n, d]`` by the centroid rule, damped with ``previous``, normalized as the
     embeddings (SPEC §10.4). In a torchrun run each process adds up its shard of the training
     set and the per-label sums and counts are all-reduced."""
+    all_reduce = None
     if par is not None and par.enabled:
         shard = par.shard(fit_h.shape[0])
-        rule = compute_centroids(fit_h[shard], labels[shard].to(fit_h.device), kernel,
-                                 previous=previous, all_reduce=par.sum)
-        return damp_centroids(previous, rule, config.centroid_momentum, normalize=config.normalize)
-    rule = compute_centroids(fit_h, labels.to(fit_h.device), kernel, previous=previous)
+        fit_h, labels, all_reduce = fit_h[shard], labels[shard], par.sum
+    rule = compute_centroids(fit_h, labels.to(fit_h.device), kernel, previous=previous,
+                             all_reduce=all_reduce)
     return damp_centroids(previous, rule, config.centroid_momentum, normalize=config.normalize)
 
 
@@ -601,12 +601,13 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
             if not bool(torch.isfinite(out).all()):  # weights blown up by the previous step
                 raise FloatingPointError(_diverged(config, epoch, "the network's outputs"))
             loss = training_loss(config, model, out, y, n, centroids, sol_loss, pairs)
-        value = loss.detach()
+        value = shown = loss.detach()  # the bar shows this process's batch loss
         if par.enabled and sol_loss is None:
             # a head's loss is the mean over this process's samples: weighted so that DDP's
-            # average over the processes is the mean over the global batch
+            # average over the processes is the mean over the global batch; the logged value is
+            # this process's share of that mean, summed over the processes once per epoch
             share = idx.numel() / global_count
-            value = par.sum(value.float() * share)
+            value = value.float() * share
             loss = loss * (share * world)
         if not torch.isfinite(value):
             raise FloatingPointError(_diverged(config, epoch, f"the loss ({float(value)})"))
@@ -619,8 +620,10 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
             loss.backward()
             optimizer.step()
         total += float(value)
-        bar.update(float(value))
+        bar.update(float(shown))
     bar.close()
+    if par.enabled and sol_loss is None:
+        total = float(par.sum(torch.tensor([total], dtype=torch.float64, device=train_x.device)))
     # the last step may have blown up the weights: say so here, not as NaN centroids or metrics
     if not bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all()):
         raise FloatingPointError(_diverged(config, epoch, "the weights"))
