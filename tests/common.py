@@ -1,5 +1,8 @@
-"""Helpers shared by the op tests: devices, tolerances and random SOL inputs."""
+"""Helpers shared by the tests: devices, tolerances, random SOL inputs, spawned gloo processes."""
 from __future__ import annotations
+
+import socket
+import time
 
 import pytest
 import torch
@@ -55,3 +58,26 @@ def random_pairs(batch_size: int, count: int, generator: torch.Generator, device
         pairs[-1] = pairs[1]  # a repeat
         pairs[-2] = pairs[1].flip(0)  # the same pair, other orientation
     return pairs.to(device)
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_processes(worker, world_size: int, args: tuple, timeout_s: float) -> None:
+    """Run ``worker(rank, world_size, port, *args)`` in ``world_size`` spawned processes (a free
+    loopback port for their process group); fail the test if they do not finish in ``timeout_s``."""
+    context = torch.multiprocessing.start_processes(
+        worker, args=(world_size, free_port(), *args), nprocs=world_size, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not context.join(timeout=max(1.0, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                pytest.fail(f"{world_size} spawned processes did not finish within {timeout_s} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()

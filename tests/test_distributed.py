@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
-import time
 
 import pytest
 import torch
 from torch.library import opcheck
 
 import sol_ext
-from common import REL_TOL, assert_rel_close, cpu_and_cuda, random_labels
+from common import REL_TOL, assert_rel_close, cpu_and_cuda, random_labels, spawn_processes
 from sol_ext import reference
 from sol_ext.distributed import DistributedStochasticOrderLoss
 
@@ -227,27 +225,6 @@ def _worker(rank, world_size, port, cases, out_dir):
         torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(world_size, cases, out_dir):
-    context = torch.multiprocessing.start_processes(
-        _worker, args=(world_size, _free_port(), cases, str(out_dir)), nprocs=world_size, join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not context.join(timeout=max(1.0, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                pytest.fail(f"{world_size} spawned processes did not finish within {TIMEOUT_S} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -255,7 +232,7 @@ def test_ddp_step_equals_one_process_on_the_concatenated_batch(world_size, tmp_p
     """Loss value on every process and DDP-averaged parameter gradients (encoder and centroids) equal the
     single-process ones on the concatenated batch, with unequal and empty process batches."""
     cases = SPAWN_CASES[world_size]
-    _spawn(world_size, cases, tmp_path)
+    spawn_processes(_worker, world_size, (cases, str(tmp_path)), TIMEOUT_S)
     per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
     for seed, case in enumerate(cases):
         sizes, dtype = case[0], case[1]

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from common import spawn_processes
 from sol_ext.centroids import compute_centroids, embed
 from sol_ext.ops import noise_kernel
 from sol_ext.parallel import Parallel
@@ -107,28 +108,12 @@ def _worker(rank, world_size, port, out_dir):
         torch.distributed.destroy_process_group()
 
 
-def _spawn(world_size, out_dir):
-    from test_distributed import _free_port
-
-    context = torch.multiprocessing.start_processes(
-        _worker, args=(world_size, _free_port(), str(out_dir)), nprocs=world_size, join=False,
-        start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not context.join(timeout=max(1.0, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                pytest.fail(f"{world_size} spawned processes did not finish within {TIMEOUT_S} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_sharded_embedding_and_all_reduced_centroids_equal_one_process(world_size, tmp_path):
     """Every process ends with the same embeddings and centroids, equal to one process's on the
     whole training set (centroids to float64 rounding: the sums are added in another order)."""
-    _spawn(world_size, tmp_path)
+    spawn_processes(_worker, world_size, (str(tmp_path),), TIMEOUT_S)
     x, labels = _data()
     h_single = embed(_encoder(), x, 4, "cpu")
     kernel = noise_kernel(NUM_RANKS, 1.0, dtype=torch.float64)
