@@ -85,7 +85,9 @@ def audit_run(run_dir: Path) -> AuditReport:
         pred, clean, rows_in_file = audit["predicted"].long(), audit["clean"], audit["rows"]
         suggested = audit["suggested"].long()
         flagged = suggested != given
-        rule = f"posterior mass >= {config.relabel_mass:g} on one side of the label"
+        rule = (f"posterior mass >= {config.relabel_mass:g} on one side of the label"
+                if config.label_noise is None else
+                f"posterior median, label noise std {config.label_noise:g} ranks")
         changed = int((state["labels"].long() != state["given_labels"].long()).sum())
     else:                  # the paper's outlier rule on the current labels of the fitted rows
         given, current = state["given_labels"].long(), state["labels"].long()

@@ -113,6 +113,11 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
                         f"(default: {_DEFAULT.relabel})")
     s.add_argument("--relabel-mass", type=float, default=None,
                    help=f"posterior mass needed to move a label (default: {_DEFAULT.relabel_mass})")
+    s.add_argument("--label-noise", type=float, default=None, metavar="STD",
+                   help="std of the label error in ranks, if known (e.g. from labels annotated "
+                        "twice: std of their difference / sqrt 2); 'posterior' relabeling then "
+                        "moves every label to the median of p(rank | x, label) (default: unknown, "
+                        "move only labels that --relabel-mass rules out)")
     s.add_argument("--beta", type=float, default=None,
                    help=f"outlier threshold of the 'outlier' rule (default: {_DEFAULT.beta})")
     s.add_argument("--centroid-momentum", type=float, default=None,

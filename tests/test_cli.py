@@ -236,6 +236,14 @@ def test_posterior_inference_option(tmp_path, capsys):
     assert saved["config"]["inference"] == "posterior"
 
 
+def test_label_noise_option_reaches_the_run_and_bad_values_are_refused(tmp_path, capsys):
+    code, out = run_train(tmp_path, "--sigma", "1", "--label-noise", "1.5", "--no-plots")
+    assert code == 0
+    assert json.loads((out / "results.json").read_text())["config"]["label_noise"] == 1.5
+    expect_error(capsys, ["train", "--label-noise", "-1", "--output", str(tmp_path / "o")],
+                 "label noise must be a finite std")
+
+
 
 # ---------------------------------------------------------------------------------------------
 # damaged files and impossible settings: one line, exit status 2

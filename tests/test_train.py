@@ -122,6 +122,11 @@ def test_bad_configuration_values_name_the_field():
         TrainConfig(method="svm").validate()
     with pytest.raises(ValueError, match="beta"):
         TrainConfig(beta=1.5).validate()
+    for bad in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="label noise must be a finite std"):
+            TrainConfig(label_noise=bad).validate()
+    with pytest.raises(ValueError, match="label noise .* does not apply to relabel rule 'outlier'"):
+        TrainConfig(label_noise=1.0, relabel="outlier").validate()
 
 
 def test_encoders_give_embeddings_of_the_asked_size():
@@ -301,3 +306,26 @@ def test_a_failed_sigma_search_leaves_no_trials_behind(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         train(dataclasses.replace(BASE, epochs=1), tiny_data(), tmp_path, log=quiet)
     assert not (tmp_path / SIGMA_SEARCH_NAME).exists()
+
+
+def test_a_known_label_noise_corrects_the_labels_but_trains_on_the_given_ones(tmp_path):
+    """With the noise std given, every label moves to its posterior median: the corrected labels
+    are closer to the truth, while the encoder keeps learning from the given labels."""
+    data = tiny_data(n_train=192)  # labels off by up to 2 ranks: std sqrt(2)
+    cfg = dataclasses.replace(BASE, epochs=4, sigma=1.0, label_noise=2 ** 0.5)
+    out = train(cfg, data, tmp_path / "known", log=quiet)
+    best = load_checkpoint(tmp_path / "known" / BEST_NAME)
+    assert torch.equal(best["labels"], best["given_labels"])  # trained on
+    fitted = torch.isin(best["audit"]["rows"], best["train_rows"])
+    assert torch.equal(out.labels, best["audit"]["suggested"][fitted])
+    given, final = out.results["label_noise_given"], out.results["label_noise_final"]
+    assert out.results["labels_changed"] > 0 and final["mae"] < 0.8 * given["mae"]
+
+    # the encoder saw the same labels as in a run that is told nothing: the same model
+    unknown = train(dataclasses.replace(cfg, label_noise=None, refine=False), data,
+                    tmp_path / "unknown", log=quiet)
+    assert torch.equal(out.test_pred, unknown.test_pred)
+
+    exact = train(dataclasses.replace(cfg, label_noise=0.0), data, tmp_path / "exact", log=quiet)
+    assert exact.results["labels_changed"] == 0
+    assert torch.equal(exact.labels, load_checkpoint(tmp_path / "exact" / BEST_NAME)["given_labels"])
