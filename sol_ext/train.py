@@ -190,13 +190,17 @@ class _Readout:
     test_h: torch.Tensor
     fit_probabilities: Optional[torch.Tensor]   # [N_fit, n] p(q|x) when a posterior is fitted
     val_probabilities: Optional[torch.Tensor]
+    # p(q|x) as the prior of the true rank in relabeling: the posterior above, or, with a known
+    # label noise, one fitted to explain the noisy labels through that noise (sharper)
+    fit_rank_probabilities: Optional[torch.Tensor] = None
+    val_rank_probabilities: Optional[torch.Tensor] = None
 
 
 def _sol_readout(config: TrainConfig, sigma: float, model: RankModel, n: int,
                  fit_h: torch.Tensor, fit_labels: torch.Tensor, val_x: Optional[torch.Tensor],
                  val_labels: Optional[torch.Tensor], test_x: torch.Tensor,
-                 centroids: torch.Tensor, kernel: torch.Tensor, device: torch.device,
-                 batch_size: int, par: Parallel) -> _Readout:
+                 centroids: torch.Tensor, relabel_kernel: Optional[torch.Tensor],
+                 device: torch.device, batch_size: int, par: Parallel) -> _Readout:
     """Rank read-out of the SOL methods: posterior median (default) or eq. 6."""
     val_h = None if val_x is None else _embed_all(model, val_x, batch_size, device, par)
     test_h = _embed_all(model, test_x, batch_size, device, par)
@@ -206,7 +210,6 @@ def _sol_readout(config: TrainConfig, sigma: float, model: RankModel, n: int,
     d_test = dissimilarities(test_h, centroids, sigma, backend=backend)
     needs_posterior = config.inference == "posterior" or (
         config.refines and config.relabel == "posterior")
-    p_fit = p_val = None
     if needs_posterior:
         # The temperature is fitted on held-out samples when there are any: on the samples the
         # encoder was fitted to, the posterior comes out over-confident. The prior is the rank
@@ -215,18 +218,29 @@ def _sol_readout(config: TrainConfig, sigma: float, model: RankModel, n: int,
         posterior = fit_rank_posterior(on_d, on_labels, n, prior_labels=fit_labels)
         p_fit = rank_posterior(d_fit, posterior)
         p_val = None if d_val is None else rank_posterior(d_val, posterior)
+        q_fit, q_val = p_fit, p_val
+        if config.label_noise and config.refines:
+            # the posterior above describes the noisy label; as the prior of the true rank it
+            # would count the noise twice
+            deconvolved = fit_rank_posterior(on_d, on_labels, n, noise_kernel=relabel_kernel,
+                                             prior_labels=fit_labels)
+            q_fit = rank_posterior(d_fit, deconvolved)
+            q_val = None if d_val is None else rank_posterior(d_val, deconvolved)
+        probabilities = dict(fit_probabilities=p_fit, val_probabilities=p_val,
+                             fit_rank_probabilities=q_fit, val_rank_probabilities=q_val)
         if config.inference == "posterior":
             pick = median_ranks
             return _Readout(fit_pred=pick(p_fit), val_pred=None if p_val is None else pick(p_val),
                             test_pred=posterior_median_ranks(d_test, posterior), test_h=test_h,
-                            fit_probabilities=p_fit, val_probabilities=p_val)
+                            **probabilities)
+    else:
+        probabilities = dict(fit_probabilities=None, val_probabilities=None)
 
     def nearest(d: torch.Tensor) -> torch.Tensor:
         return torch.argmin(d, dim=1)  # eq. 6, first minimum on ties
 
     return _Readout(fit_pred=nearest(d_fit), val_pred=None if d_val is None else nearest(d_val),
-                    test_pred=nearest(d_test), test_h=test_h, fit_probabilities=p_fit,
-                    val_probabilities=p_val)
+                    test_pred=nearest(d_test), test_h=test_h, **probabilities)
 
 
 def _head_readout(config: TrainConfig, model: RankModel, n: int, fit_h: torch.Tensor,
@@ -430,14 +444,14 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
             centroids = _centroid_rule(config, fit_h, labels, kernel, centroids, par)
             record["centroid_span"] = centroid_span(centroids)
             out = _sol_readout(run_config, sigma, model, n, fit_h, labels, val_x, val_labels,
-                               test_x, centroids, kernel, device, eval_bs, par)
+                               test_x, centroids, relabel_by[0], device, eval_bs, par)
         else:
             out = _head_readout(run_config, model, n, fit_h, val_x, test_x, device, eval_bs, par)
         record["train_mae_vs_labels"] = _rank_mae(out.fit_pred, labels)
         record["labels_before"] = _label_stats(labels.cpu(), clean)
         suggestion = None
         if config.refines and config.relabel == "posterior":
-            suggestion = posterior_relabel(given, out.fit_probabilities, *relabel_by)
+            suggestion = posterior_relabel(given, out.fit_rank_probabilities, *relabel_by)
             # With a known noise std every label moves to an estimate (its posterior median), not
             # to a near-certain value: trained on, the estimates would teach the encoder its own
             # predictions (abalone, kappa 1: test MAE 1.53 -> 1.66 while the label MAE fell
@@ -566,7 +580,7 @@ def _audit_arrays(config: TrainConfig, data: PreparedData, split: _Split, out: _
     if split.val is not None:
         val_given = data.train_given[split.val].to(out.val_probabilities.device)
         parts.append((split.val, out.val_probabilities,
-                      posterior_relabel(val_given, out.val_probabilities, *relabel_by)))
+                      posterior_relabel(val_given, out.val_rank_probabilities, *relabel_by)))
     index = torch.cat([p[0] for p in parts])
     order = torch.argsort(index)
 
