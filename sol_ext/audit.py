@@ -35,7 +35,7 @@ class AuditReport:
     rows: list[dict[str, Any]]
     num_samples: int
     num_outliers: int
-    num_changed_in_training: int
+    num_changed_in_training: int | None  # None: the rule never changes the labels trained on
     rule: str                          # how labels were judged: the run's relabeling rule
     clean_known: bool
     outliers_truly_wrong: int | None  # flagged samples whose current label differs from clean
@@ -45,7 +45,9 @@ class AuditReport:
         n = self.num_samples
         lines = [f"{self.num_outliers} of {n} training labels ({100.0 * self.num_outliers / n:.1f}%) "
                  f"look wrong ({self.rule}); "
-                 f"{self.num_changed_in_training} labels were already changed during training."]
+                 + ("the model was trained on the given labels."
+                    if self.num_changed_in_training is None else
+                    f"{self.num_changed_in_training} labels were already changed during training.")]
         if self.clean_known and self.wrong_total is not None:
             lines.append(f"Against the clean labels: {self.wrong_total} current labels are wrong; "
                          f"{self.outliers_truly_wrong} of the {self.num_outliers} flagged ones are.")
@@ -85,10 +87,11 @@ def audit_run(run_dir: Path) -> AuditReport:
         pred, clean, rows_in_file = audit["predicted"].long(), audit["clean"], audit["rows"]
         suggested = audit["suggested"].long()
         flagged = suggested != given
-        rule = (f"posterior mass >= {config.relabel_mass:g} on one side of the label"
-                if config.label_noise is None else
-                f"posterior median, label noise std {config.label_noise:g} ranks")
-        changed = int((state["labels"].long() != state["given_labels"].long()).sum())
+        rule = (f"posterior mass >= {config.relabel_mass:g} on one side of the label, label "
+                f"noise std estimated: {float(state.get('label_noise_std', 0.0)):.2f} ranks"
+                if config.label_noise == "auto" else
+                f"posterior median, label noise std {float(config.label_noise):g} ranks")
+        changed = None
     else:                  # the paper's outlier rule on the current labels of the fitted rows
         given, current = state["given_labels"].long(), state["labels"].long()
         pred, clean, rows_in_file = state["train_pred"].long(), state["clean_labels"], state.get("train_rows")

@@ -20,11 +20,12 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from .ops import stochastic_dissimilarity
+from .ops import noise_kernel, stochastic_dissimilarity
 
 __all__ = ["embed", "compute_centroids", "damp_centroids", "centroid_span", "predict_ranks",
            "fill_missing_centroids", "dissimilarities", "RankPosterior", "fit_rank_posterior",
-           "rank_posterior", "posterior_median_ranks", "median_ranks"]
+           "rank_posterior", "posterior_median_ranks", "median_ranks", "LABEL_NOISE_GRID",
+           "LabelNoiseFit", "fit_label_noise"]
 
 
 @torch.no_grad()
@@ -268,6 +269,65 @@ def fit_rank_posterior(dissimilarity: torch.Tensor, labels: torch.Tensor, num_ra
             best_ll, best_t = ll, t
     return RankPosterior(log_prior=log_prior.to(dissimilarity.dtype), temperature=best_t,
                          log_likelihood=best_ll)
+
+
+# Candidate label-noise stds of fit_label_noise, as fractions of the labels' own std.
+LABEL_NOISE_GRID = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
+
+
+@dataclass(frozen=True)
+class LabelNoiseFit:
+    """Outcome of :func:`fit_label_noise`.
+
+    Attributes:
+        std: the estimated std of the label error, in ranks (0: the labels look exact).
+        posterior: ``p(q | x)`` of the true rank, fitted through that noise.
+        kernel: ``[n, n]`` float64 noise model ``P[q, r]`` of that std (the identity for 0).
+    """
+
+    std: float
+    posterior: RankPosterior
+    kernel: torch.Tensor
+
+
+def fit_label_noise(dissimilarity: torch.Tensor, labels: torch.Tensor, num_ranks: int,
+                    prior_labels: Optional[torch.Tensor] = None,
+                    grid: tuple[float, ...] = LABEL_NOISE_GRID) -> LabelNoiseFit:
+    """Estimate the std of the label noise by maximum likelihood (not in the paper).
+
+    Each label is modeled as a draw ``r ~ P_s[q, ·]`` (SOL's discrete Gaussian, std ``s``) around
+    a true rank ``q ~ p(q | x)``, with the posterior's temperature and ``s`` fitted together on
+    ``labels``; ``s`` runs over ``grid`` times the labels' std, and a larger ``s`` must fit
+    strictly better. A posterior can widen by its temperature or by ``s``: noise shows as ``s``
+    only where ``D`` is sharper than the labels' spread around it (images of a clear rank: yes;
+    tabular data whose ranks are hard to predict: mostly no). So the estimate is a lower bound
+    on the noise more often than not; fit it on held-out samples (the encoder has fitted the
+    noise of its own training samples).
+
+    Args:
+        dissimilarity: ``[N, n]`` ``D`` of the samples (held out, preferably).
+        labels: ``[N]`` their given integer ranks.
+        num_ranks: ``n``.
+        prior_labels: ranks whose frequencies form the prior (default ``labels``).
+        grid: candidate stds as fractions of the std of ``labels``.
+    """
+    labels = labels.long()
+    spread = float(labels.double().std(unbiased=False)) if labels.numel() > 1 else 0.0
+    best: Optional[LabelNoiseFit] = None
+    for fraction in grid:
+        std = fraction * spread
+        if std <= 0.0:
+            kernel = torch.eye(num_ranks, dtype=torch.float64, device=dissimilarity.device)
+            posterior = fit_rank_posterior(dissimilarity, labels, num_ranks,
+                                           prior_labels=prior_labels)
+        else:
+            kernel = noise_kernel(num_ranks, std, dtype=torch.float64,
+                                  device=dissimilarity.device)
+            posterior = fit_rank_posterior(dissimilarity, labels, num_ranks, noise_kernel=kernel,
+                                           prior_labels=prior_labels)
+        if best is None or posterior.log_likelihood > best.posterior.log_likelihood:
+            best = LabelNoiseFit(std=std, posterior=posterior, kernel=kernel)
+    return best
 
 
 def rank_posterior(dissimilarity: torch.Tensor, posterior: RankPosterior) -> torch.Tensor:

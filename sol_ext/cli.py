@@ -39,13 +39,13 @@ def _positive_list(text: str, kind=float) -> list:
             f"expected a comma-separated list of numbers, got {text!r}") from None
 
 
-def _sigma(text: str) -> float | str:
+def _number_or_auto(text: str) -> float | str:
     if text == "auto":
         return text
     try:
         return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0 or 'auto', got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
 
 
 def _add_data_options(p: argparse.ArgumentParser) -> None:
@@ -90,7 +90,7 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
     s.add_argument("--paper", action="store_true",
                    help="the published procedure: " + ", ".join(
                        f"{k}={v}" for k, v in PAPER_SETTINGS.items()))
-    s.add_argument("--sigma", type=_sigma, default=None,
+    s.add_argument("--sigma", type=_number_or_auto, default=None,
                    help="noise-model std in ranks, or 'auto': picked from "
                         + ", ".join(f"{s:g}" for s in SIGMA_GRID) + " by validation MAE, "
                         f"one training each (default: {_DEFAULT.sigma})")
@@ -113,11 +113,13 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
                         f"(default: {_DEFAULT.relabel})")
     s.add_argument("--relabel-mass", type=float, default=None,
                    help=f"posterior mass needed to move a label (default: {_DEFAULT.relabel_mass})")
-    s.add_argument("--label-noise", type=float, default=None, metavar="STD",
-                   help="std of the label error in ranks, if known (e.g. from labels annotated "
-                        "twice: std of their difference / sqrt 2); 'posterior' relabeling then "
-                        "moves every label to the median of p(rank | x, label) (default: unknown, "
-                        "move only labels that --relabel-mass rules out)")
+    s.add_argument("--label-noise", type=_number_or_auto, default=None, metavar="STD",
+                   help="std of the label error in ranks for 'posterior' relabeling: 'auto' "
+                        "estimates it on the validation split and moves a label where "
+                        "--relabel-mass of p(rank | x, label) lies on one side of it; a known std "
+                        "(e.g. from labels annotated twice: std of their difference / sqrt 2) "
+                        "moves every label to that posterior's median. The encoder trains on the "
+                        f"given labels either way (default: {_DEFAULT.label_noise})")
     s.add_argument("--beta", type=float, default=None,
                    help=f"outlier threshold of the 'outlier' rule (default: {_DEFAULT.beta})")
     s.add_argument("--centroid-momentum", type=float, default=None,

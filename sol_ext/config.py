@@ -101,12 +101,12 @@ class TrainConfig:
     # least `relabel_mass` on one side of it; "outlier": the paper's rule, every epoch (SPEC §8)
     relabel: str = "posterior"
     relabel_mass: float = 0.98
-    # std of the label error in ranks, when the user knows it (e.g. from doubly annotated samples).
-    # The posterior rule then moves each label to the median of p(q | x) N(r; q, label_noise^2),
-    # the estimate of least expected absolute error, instead of waiting for `relabel_mass`. The
-    # data alone cannot tell label noise from how hard the ranks are to predict, so by default
-    # (None) only labels the posterior all but rules out are moved.
-    label_noise: Optional[float] = None
+    # std of the label error in ranks for the posterior rule: "auto" estimates it on the
+    # validation split (centroids.fit_label_noise) and moves a label where `relabel_mass` of its
+    # posterior lies on one side; a number is a std the user knows (e.g. from doubly annotated
+    # samples), and every label moves to its posterior median. Either way the corrected labels
+    # are the run's output and the encoder trains on the given ones.
+    label_noise: float | str = "auto"
     # "posterior" (default, not in the paper): posterior median of p(q|x) ∝ freq(q) exp(-D/t),
     # prior and t fitted each epoch. "nearest": argmin_q D[x, q] (paper eq. 6)
     inference: str = "posterior"
@@ -186,11 +186,12 @@ class TrainConfig:
              f"unknown relabel rule {self.relabel!r}; expected one of {', '.join(RELABEL_RULES)}.")
         need(0.5 <= self.relabel_mass < 1.0,
              f"relabel mass must be in [0.5, 1), got {self.relabel_mass}.")
-        need(self.label_noise is None or (math.isfinite(self.label_noise)
-                                          and self.label_noise >= 0),
-             f"label noise must be a finite std in ranks >= 0 (or unset), got {self.label_noise}.")
-        need(self.label_noise is None or self.relabel == "posterior",
-             "label noise is used by the posterior relabeling rule; it does not apply to "
+        need(self.label_noise == "auto" or (
+            isinstance(self.label_noise, (int, float)) and not isinstance(self.label_noise, bool)
+            and math.isfinite(self.label_noise) and self.label_noise >= 0),
+             f"label noise must be 'auto' or a finite std in ranks >= 0, got {self.label_noise!r}.")
+        need(self.label_noise == "auto" or self.relabel == "posterior",
+             "a label noise std is used by the posterior relabeling rule; it does not apply to "
              f"relabel rule {self.relabel!r}.")
         need(0.0 <= self.centroid_momentum < 1.0,
              f"centroid momentum must be in [0, 1), got {self.centroid_momentum}.")

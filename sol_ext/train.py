@@ -36,11 +36,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from .centroids import (
+    LabelNoiseFit,
     centroid_span,
     compute_centroids,
     damp_centroids,
     dissimilarities,
     embed,
+    fit_label_noise,
     fit_rank_posterior,
     median_ranks,
     posterior_median_ranks,
@@ -190,8 +192,9 @@ class _Readout:
     test_h: torch.Tensor
     fit_probabilities: Optional[torch.Tensor]   # [N_fit, n] p(q|x) when a posterior is fitted
     val_probabilities: Optional[torch.Tensor]
-    # p(q|x) as the prior of the true rank in relabeling: the posterior above, or, with a known
-    # label noise, one fitted to explain the noisy labels through that noise (sharper)
+    # the posterior relabeling rule's noise model (estimated or given) and p(q|x) of the true
+    # rank fitted through it
+    noise: Optional[LabelNoiseFit] = None
     fit_rank_probabilities: Optional[torch.Tensor] = None
     val_rank_probabilities: Optional[torch.Tensor] = None
 
@@ -199,8 +202,8 @@ class _Readout:
 def _sol_readout(config: TrainConfig, sigma: float, model: RankModel, n: int,
                  fit_h: torch.Tensor, fit_labels: torch.Tensor, val_x: Optional[torch.Tensor],
                  val_labels: Optional[torch.Tensor], test_x: torch.Tensor,
-                 centroids: torch.Tensor, relabel_kernel: Optional[torch.Tensor],
-                 device: torch.device, batch_size: int, par: Parallel) -> _Readout:
+                 centroids: torch.Tensor, device: torch.device, batch_size: int,
+                 par: Parallel) -> _Readout:
     """Rank read-out of the SOL methods: posterior median (default) or eq. 6."""
     val_h = None if val_x is None else _embed_all(model, val_x, batch_size, device, par)
     test_h = _embed_all(model, test_x, batch_size, device, par)
@@ -218,16 +221,15 @@ def _sol_readout(config: TrainConfig, sigma: float, model: RankModel, n: int,
         posterior = fit_rank_posterior(on_d, on_labels, n, prior_labels=fit_labels)
         p_fit = rank_posterior(d_fit, posterior)
         p_val = None if d_val is None else rank_posterior(d_val, posterior)
-        q_fit, q_val = p_fit, p_val
-        if config.label_noise and config.refines:
-            # the posterior above describes the noisy label; as the prior of the true rank it
-            # would count the noise twice
-            deconvolved = fit_rank_posterior(on_d, on_labels, n, noise_kernel=relabel_kernel,
-                                             prior_labels=fit_labels)
-            q_fit = rank_posterior(d_fit, deconvolved)
-            q_val = None if d_val is None else rank_posterior(d_val, deconvolved)
-        probabilities = dict(fit_probabilities=p_fit, val_probabilities=p_val,
-                             fit_rank_probabilities=q_fit, val_rank_probabilities=q_val)
+        probabilities = dict(fit_probabilities=p_fit, val_probabilities=p_val)
+        if config.refines and config.relabel == "posterior":
+            # The posterior above describes the noisy label; as the prior of the true rank it
+            # would count the noise twice. Relabeling uses one fitted through the noise model.
+            noise = _label_noise_fit(config, on_d, on_labels, n, fit_labels)
+            probabilities.update(
+                noise=noise, fit_rank_probabilities=rank_posterior(d_fit, noise.posterior),
+                val_rank_probabilities=None if d_val is None else rank_posterior(d_val,
+                                                                                 noise.posterior))
         if config.inference == "posterior":
             pick = median_ranks
             return _Readout(fit_pred=pick(p_fit), val_pred=None if p_val is None else pick(p_val),
@@ -241,6 +243,28 @@ def _sol_readout(config: TrainConfig, sigma: float, model: RankModel, n: int,
 
     return _Readout(fit_pred=nearest(d_fit), val_pred=None if d_val is None else nearest(d_val),
                     test_pred=nearest(d_test), test_h=test_h, **probabilities)
+
+
+def _label_noise_fit(config: TrainConfig, d: torch.Tensor, labels: torch.Tensor, n: int,
+                     prior_labels: torch.Tensor) -> LabelNoiseFit:
+    """The relabeling rule's noise model: estimated (``label_noise="auto"``) or the given std."""
+    if config.label_noise == "auto":
+        return fit_label_noise(d, labels, n, prior_labels=prior_labels)
+    std = float(config.label_noise)
+    kernel = (noise_kernel(n, std, dtype=torch.float64, device=d.device) if std > 0
+              else torch.eye(n, dtype=torch.float64, device=d.device))
+    posterior = fit_rank_posterior(d, labels, n, noise_kernel=kernel if std > 0 else None,
+                                   prior_labels=prior_labels)
+    return LabelNoiseFit(std=std, posterior=posterior, kernel=kernel)
+
+
+def _relabel(config: TrainConfig, given: torch.Tensor, probabilities: torch.Tensor,
+             noise: LabelNoiseFit):
+    """The posterior rule on ``given``: a given noise std moves every label to its posterior
+    median (the estimate of least expected absolute error); an estimated one only where
+    ``relabel_mass`` of the posterior lies on one side of the label."""
+    mass = config.relabel_mass if config.label_noise == "auto" else 0.5
+    return posterior_relabel(given, probabilities, noise.kernel, mass)
 
 
 def _head_readout(config: TrainConfig, model: RankModel, n: int, fit_h: torch.Tensor,
@@ -389,7 +413,6 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
     sigma = run_config.kernel_sigma if config.uses_centroids else None
     kernel = (noise_kernel(n, sigma, dtype=torch.float64, device=device)
               if config.uses_centroids else None)
-    relabel_by = _label_noise_model(config, n, kernel, device)
     sol_loss = make_sol_loss(run_config, n) if config.uses_centroids else None
     if sol_loss is not None and par.enabled:
         sol_loss = DistributedStochasticOrderLoss(sol_loss)
@@ -444,23 +467,20 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
             centroids = _centroid_rule(config, fit_h, labels, kernel, centroids, par)
             record["centroid_span"] = centroid_span(centroids)
             out = _sol_readout(run_config, sigma, model, n, fit_h, labels, val_x, val_labels,
-                               test_x, centroids, relabel_by[0], device, eval_bs, par)
+                               test_x, centroids, device, eval_bs, par)
         else:
             out = _head_readout(run_config, model, n, fit_h, val_x, test_x, device, eval_bs, par)
         record["train_mae_vs_labels"] = _rank_mae(out.fit_pred, labels)
         record["labels_before"] = _label_stats(labels.cpu(), clean)
         suggestion = None
         if config.refines and config.relabel == "posterior":
-            suggestion = posterior_relabel(given, out.fit_rank_probabilities, *relabel_by)
-            # With a known noise std every label moves to an estimate (its posterior median), not
-            # to a near-certain value: trained on, the estimates would teach the encoder its own
-            # predictions (abalone, kappa 1: test MAE 1.53 -> 1.66 while the label MAE fell
-            # 2.51 -> 1.63). So it keeps training on the given labels, and the estimates are the
-            # run's corrected labels.
-            labels = given if config.label_noise is not None else suggestion.labels
+            suggestion = _relabel(config, given, out.fit_rank_probabilities, out.noise)
+            # The corrected labels are the run's output; the encoder keeps training on the given
+            # ones. Trained on, corrections would teach it its own predictions (abalone, kappa 1,
+            # told the noise: test MAE 1.53 -> 1.66 while the label MAE fell 2.51 -> 1.63).
             corrected = suggestion.labels
             record.update(outliers=suggestion.num_relabeled, relabeled=suggestion.num_relabeled,
-                          step=0.0)
+                          step=0.0, label_noise_std=out.noise.std)
         elif config.refines:
             ref = refine_labels(labels, out.fit_pred, n, config.beta,
                                 floor_step=config.convention == "official")
@@ -492,11 +512,12 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
             "val_rows": None if split.val is None else _rows(data, split.val),
             "train_pred": out.fit_pred.cpu(), "test_pred": out.test_pred.cpu(),
             "val_mae": record["val_mae"], "sigma_choice": sigma_choice,
+            "label_noise_std": record.get("label_noise_std"),
         }
         if improved:
             # the audit's per-sample arrays ([N, n] probabilities) only for the selected model
             best = {**snapshot, "test_embeddings": out.test_h.cpu(),
-                    "audit": _audit_arrays(config, data, split, out, relabel_by, suggestion)}
+                    "audit": _audit_arrays(config, data, split, out, suggestion)}
             if par.is_main:
                 save_checkpoint(out_dir / BEST_NAME, best)
         if par.is_main:
@@ -557,20 +578,7 @@ def _rows(data: PreparedData, index: torch.Tensor) -> torch.Tensor:
     return (index if data.train_rows is None else data.train_rows[index]).cpu()
 
 
-def _label_noise_model(config: TrainConfig, n: int, kernel: Optional[torch.Tensor],
-                       device: torch.device) -> tuple[Optional[torch.Tensor], float]:
-    """``(P, mass)`` of the posterior relabeling rule: with a known ``label_noise`` the kernel of
-    that std and mass 1/2 (every label moves to its posterior median); else the loss's own kernel
-    and ``relabel_mass``."""
-    if config.label_noise is None:
-        return kernel, config.relabel_mass
-    if config.label_noise == 0:  # exact labels: p(q | x, r) is a point mass at r, nothing moves
-        return torch.eye(n, dtype=torch.float64, device=device), 0.5
-    return noise_kernel(n, config.label_noise, dtype=torch.float64, device=device), 0.5
-
-
 def _audit_arrays(config: TrainConfig, data: PreparedData, split: _Split, out: _Readout,
-                  relabel_by: tuple[Optional[torch.Tensor], float],
                   suggestion) -> Optional[dict[str, torch.Tensor]]:
     """Per-sample suggestions of the posterior relabeling rule over every training row (fitted
     and validation), for ``sol-ext audit``; ``None`` when the run does not use that rule."""
@@ -580,7 +588,7 @@ def _audit_arrays(config: TrainConfig, data: PreparedData, split: _Split, out: _
     if split.val is not None:
         val_given = data.train_given[split.val].to(out.val_probabilities.device)
         parts.append((split.val, out.val_probabilities,
-                      posterior_relabel(val_given, out.val_rank_probabilities, *relabel_by)))
+                      _relabel(config, val_given, out.val_rank_probabilities, out.noise)))
     index = torch.cat([p[0] for p in parts])
     order = torch.argsort(index)
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import sol_ext
-from sol_ext.centroids import compute_centroids, embed, fill_missing_centroids, predict_ranks
+from sol_ext.centroids import compute_centroids, embed, fill_missing_centroids, fit_label_noise, predict_ranks
 from sol_ext.config import NO_NOISE_SIGMA
 
 
@@ -179,3 +179,24 @@ def test_posterior_fitted_through_the_noise_model_is_sharper():
     plain = fit_rank_posterior(d, noisy, n)
     through = fit_rank_posterior(d, noisy, n, noise_kernel=noise_kernel(n, 1.0, dtype=torch.float64))
     assert through.temperature < plain.temperature
+
+
+def _sharp_dissimilarities(true_ranks, num_ranks):
+    """``D`` of an encoder that knows each sample's rank, growing linearly with the rank distance
+    (a ``D`` quadratic in it would make temperature and Gaussian noise indistinguishable)."""
+    q = torch.arange(num_ranks, dtype=torch.float64)
+    return (q[None, :] - true_ranks[:, None].double()).abs() / 0.5
+
+
+@pytest.mark.parametrize("std", [1.0, 2.0])
+def test_label_noise_is_estimated_where_the_encoder_is_sharper_than_the_labels(std):
+    g = torch.Generator().manual_seed(0)
+    n = 20
+    true = torch.randint(0, n, (3000,), generator=g)
+    noisy = (true + torch.round(std * torch.randn(3000, generator=g))).clamp(0, n - 1).long()
+    fit = fit_label_noise(_sharp_dissimilarities(true, n), noisy, n)
+    assert 0.7 * std <= fit.std <= 1.4 * std
+    assert fit.kernel.shape == (n, n) and fit.posterior.temperature > 0
+    # exact labels: no noise, and the kernel is the identity
+    exact = fit_label_noise(_sharp_dissimilarities(true, n), true, n)
+    assert exact.std == 0.0 and torch.equal(exact.kernel, torch.eye(n, dtype=torch.float64))

@@ -241,7 +241,7 @@ def test_label_noise_option_reaches_the_run_and_bad_values_are_refused(tmp_path,
     assert code == 0
     assert json.loads((out / "results.json").read_text())["config"]["label_noise"] == 1.5
     expect_error(capsys, ["train", "--label-noise", "-1", "--output", str(tmp_path / "o")],
-                 "label noise must be a finite std")
+                 "label noise must be 'auto' or a finite std")
 
 
 

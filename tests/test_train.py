@@ -122,11 +122,12 @@ def test_bad_configuration_values_name_the_field():
         TrainConfig(method="svm").validate()
     with pytest.raises(ValueError, match="beta"):
         TrainConfig(beta=1.5).validate()
-    for bad in (-0.5, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="label noise must be a finite std"):
+    for bad in (-0.5, float("nan"), float("inf"), "high", True):
+        with pytest.raises(ValueError, match="label noise must be 'auto' or a finite std"):
             TrainConfig(label_noise=bad).validate()
-    with pytest.raises(ValueError, match="label noise .* does not apply to relabel rule 'outlier'"):
+    with pytest.raises(ValueError, match="label noise std .* does not apply to relabel rule 'outlier'"):
         TrainConfig(label_noise=1.0, relabel="outlier").validate()
+    TrainConfig(relabel="outlier").validate()  # the default 'auto' is the posterior rule's only
 
 
 def test_encoders_give_embeddings_of_the_asked_size():
@@ -308,9 +309,10 @@ def test_a_failed_sigma_search_leaves_no_trials_behind(tmp_path, monkeypatch):
     assert not (tmp_path / SIGMA_SEARCH_NAME).exists()
 
 
-def test_a_known_label_noise_corrects_the_labels_but_trains_on_the_given_ones(tmp_path):
-    """With the noise std given, every label moves to its posterior median: the corrected labels
-    are closer to the truth, while the encoder keeps learning from the given labels."""
+def test_relabeling_corrects_labels_but_the_encoder_trains_on_the_given_ones(tmp_path):
+    """The corrected labels are the run's output: the model is the one of a run that relabels
+    nothing. Told the noise std, every label moves to its posterior median and the corrected
+    labels are closer to the truth; told 0, nothing moves."""
     data = tiny_data(n_train=192)  # labels off by up to 2 ranks: std sqrt(2)
     cfg = dataclasses.replace(BASE, epochs=4, sigma=1.0, label_noise=2 ** 0.5)
     out = train(cfg, data, tmp_path / "known", log=quiet)
@@ -320,12 +322,25 @@ def test_a_known_label_noise_corrects_the_labels_but_trains_on_the_given_ones(tm
     assert torch.equal(out.labels, best["audit"]["suggested"][fitted])
     given, final = out.results["label_noise_given"], out.results["label_noise_final"]
     assert out.results["labels_changed"] > 0 and final["mae"] < 0.8 * given["mae"]
+    assert out.results["history"][-1]["label_noise_std"] == 2 ** 0.5
 
-    # the encoder saw the same labels as in a run that is told nothing: the same model
-    unknown = train(dataclasses.replace(cfg, label_noise=None, refine=False), data,
-                    tmp_path / "unknown", log=quiet)
-    assert torch.equal(out.test_pred, unknown.test_pred)
+    untouched = train(dataclasses.replace(cfg, refine=False), data, tmp_path / "none", log=quiet)
+    assert torch.equal(out.test_pred, untouched.test_pred)
 
     exact = train(dataclasses.replace(cfg, label_noise=0.0), data, tmp_path / "exact", log=quiet)
     assert exact.results["labels_changed"] == 0
     assert torch.equal(exact.labels, load_checkpoint(tmp_path / "exact" / BEST_NAME)["given_labels"])
+
+
+def test_the_default_estimates_the_label_noise_and_moves_only_labels_it_is_sure_of(tmp_path):
+    data = tiny_data(n_train=192)
+    cfg = dataclasses.replace(BASE, epochs=4, sigma=1.0)
+    out = train(cfg, data, tmp_path, log=quiet)
+    record = out.results["history"][out.results["selected_epoch"] - 1]
+    assert record["label_noise_std"] >= 0  # estimated each epoch (tests/test_centroids.py)
+    best = load_checkpoint(tmp_path / BEST_NAME)
+    assert torch.equal(best["labels"], best["given_labels"])
+    audit = best["audit"]
+    moved = audit["suggested"] != audit["given"]
+    assert bool((audit["confidence"][moved] >= cfg.relabel_mass).all())
+    assert out.results["label_noise_final"]["mae"] <= out.results["label_noise_given"]["mae"]
