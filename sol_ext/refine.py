@@ -10,8 +10,10 @@
   rank of ``x`` given both its features and its given label ``r``,
   ``p(q | x, r) ∝ p(q | x) P[q, r]``, with the noise kernel ``P`` as the model of label noise.
   A label moves, to the median of that posterior, only where the posterior puts at least
-  ``mass`` (0.98 by default) strictly on one side of it. It is applied to the *given* labels each
-  epoch, so moves never accumulate, and a label the model stops doubting returns to its value.
+  ``mass`` strictly on one side of it (``mass = 1/2``: every label moves to its median). The
+  driver applies it to the *given* labels each epoch, so moves never accumulate, with ``P`` of a
+  std estimated by :func:`sol_ext.centroids.fit_label_noise` and mass 0.98, or of a std the user
+  knows and mass 1/2; the corrected labels are its output, not training labels.
 """
 
 from __future__ import annotations

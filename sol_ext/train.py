@@ -5,8 +5,9 @@ Per epoch:
 2. (SOL) the centroid rule over the whole training set (eval mode, no gradient), damped with
    the previous centroids (``centroid_momentum``; 0 is the paper's wholesale replacement);
 3. read out ranks (the posterior median by default, eq. 6 with ``inference="nearest"``) and
-   (SOL) relabel training labels: by the posterior rule from the given labels (default), or by
-   the paper's outlier rule, whose relabels accumulate;
+   (SOL) relabel training labels: by the posterior rule from the given labels (default; its
+   corrected labels are the run's output, and the encoder keeps training on the given labels),
+   or by the paper's outlier rule, whose relabels are trained on and accumulate;
 4. score the validation split (drawn, stratified, from the noisy training data) against its own
    noisy labels; the best epoch so far is the model (``best.pt``); evaluate on the test set
    against clean labels (reported, never used for any choice); save a checkpoint.
