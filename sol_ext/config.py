@@ -97,8 +97,8 @@ class TrainConfig:
     pairs: str = "all"                      # "all" pairs of a batch or the authors' "balanced" sampler
     pairs_per_class: int = 32
     refine: Optional[bool] = None           # relabeling of training labels; None: on for "sol" only
-    # "posterior" (default, not in the paper): relabel where the label's own posterior puts at
-    # least `relabel_mass` on one side of it; "outlier": the paper's rule, every epoch (SPEC §8)
+    # "posterior" (default, not in the paper): correct a given label from p(rank | x, label) (see
+    # label_noise); "outlier": the paper's rule, every epoch, relabels trained on (SPEC §8)
     relabel: str = "posterior"
     relabel_mass: float = 0.98
     # std of the label error in ranks for the posterior rule: "auto" estimates it on the

@@ -75,8 +75,8 @@ class RunOutcome:
         test_embeddings: ``[M, d]`` final test embeddings (CPU).
         test_pred: ``[M]`` predicted test ranks.
         train_pred: ``[N]`` predicted training ranks (final model and centroids).
-        labels: ``[N]`` corrected training ranks: the relabeled ones, or with a known label noise
-            std (``TrainConfig.label_noise``) each label's posterior median.
+        labels: ``[N]`` the run's corrected training ranks: the posterior rule's corrections
+            (the encoder trained on the given labels), or the outlier rule's relabeled labels.
     """
 
     results: dict[str, Any]
@@ -693,8 +693,8 @@ def _epoch_line(r: dict[str, Any], epochs: int) -> str:
 
 
 def _corrected(state: dict[str, Any]) -> torch.Tensor:
-    """The run's corrected training labels: the labels trained on, except with a known label
-    noise std, where they are the posterior medians (checkpoints before that have no key)."""
+    """The run's corrected training labels: the posterior rule's corrections, or the labels
+    trained on (the outlier rule's relabels; checkpoints of earlier versions have no key)."""
     return state.get("corrected_labels", state["labels"])
 
 
