@@ -118,7 +118,7 @@ def tables(records) -> tuple[str, list[str]]:
         methods = [m for m in dict.fromkeys(r["method"] for r in sub) if m != KNOWN_NOISE]
         seeds = len({r["seed"] for r in sub})
         theta = sub[0]["cs_theta"]
-        for metric, title, fmt, better in (
+        for metric, title, fmt, better in () if not methods else (
                 ("mae", "test MAE (lower is better)", "{:.3f} ± {:.3f}", min),
                 ("cs", f"test CS@{theta:g} in % (higher is better)", "{:.1f} ± {:.1f}", max),
                 ("pearson", "test Pearson r (higher is better)", "{:.3f} ± {:.3f}", max)):
