@@ -47,7 +47,7 @@ __all__ = [
     "DATASETS_DIR", "FASHION_MNIST_DIR", "FASHION_MNIST_INSTALL",
 ]
 
-DATASETS_DIR = Path(__file__).resolve().parent / "datasets"
+DATASETS_DIR = Path(__file__).resolve().parents[1] / "datasets"  # sol_ext/datasets (package data)
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")  # where Debian's package installs it
 FASHION_MNIST_INSTALL = "apt-get install -y dataset-fashion-mnist"
 
