@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import data_file_errors
+from ..errors import data_file_errors
 
 __all__ = [
     "RankEncoder", "OrdinalDataset", "infer_step",
@@ -47,7 +47,7 @@ __all__ = [
     "DATASETS_DIR", "FASHION_MNIST_DIR", "FASHION_MNIST_INSTALL",
 ]
 
-DATASETS_DIR = Path(__file__).resolve().parents[1] / "datasets"  # sol_ext/datasets (package data)
+DATASETS_DIR = Path(__file__).resolve().parents[2] / "datasets"  # sol_ext/datasets (package data)
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")  # where Debian's package installs it
 FASHION_MNIST_INSTALL = "apt-get install -y dataset-fashion-mnist"
 
