@@ -22,10 +22,10 @@ def _quit_while_starting(signum, frame) -> None:
 
 
 def main() -> int:
-    """Import and run ``sol_ext.cli.main``; a Ctrl-C at any point exits quietly with 130."""
+    """Import and run ``sol_ext.driver.cli.main``; a Ctrl-C at any point exits quietly with 130."""
     previous = signal.signal(signal.SIGINT, _quit_while_starting)
     try:
-        from sol_ext.cli import main as cli_main
+        from sol_ext.driver.cli import main as cli_main
     finally:
         signal.signal(signal.SIGINT, previous)
     try:

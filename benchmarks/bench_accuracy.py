@@ -30,12 +30,12 @@ from pathlib import Path
 
 import torch
 
-from sol_ext.checkpoint import load_checkpoint
-from sol_ext.compare import method_config
-from sol_ext.config import TrainConfig
+from sol_ext.driver.checkpoint import load_checkpoint
+from sol_ext.driver.compare import method_config
+from sol_ext.driver.config import TrainConfig
+from sol_ext.driver.prepare import prepare_data
+from sol_ext.driver.train import BEST_NAME, train
 from sol_ext.noise import noise_scale
-from sol_ext.prepare import prepare_data
-from sol_ext.train import BEST_NAME, train
 
 # sol told the std of the injected noise (``--label-noise``): it trains as sol does and differs
 # only in its corrected labels, so it appears in the label tables, not the test tables

@@ -70,7 +70,7 @@ def compute_centroids(embeddings: torch.Tensor, labels: torch.Tensor, kernel: to
             the centroids that a sample labelled ``r`` contributes to.
         previous: ``[n, d]`` centroids of the previous round, or ``None``.
         all_reduce: in data-parallel training, sums a tensor over the processes (in place, the
-            result on every process, e.g. :meth:`sol_ext.parallel.Parallel.sum`); it is applied to
+            result on every process, e.g. :meth:`sol_ext.driver.parallel.Parallel.sum`); it is applied to
             the per-label sums ``S_j`` and counts ``c_j``, so every process gets the centroids of the
             whole training set.
 

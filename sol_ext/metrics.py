@@ -2,7 +2,7 @@
 
 Every function takes two 1-D sequences of the same length ``N`` (torch tensors, numpy arrays or lists),
 predictions first and ground truth second, in the same units (label units when the predictions were
-decoded with :meth:`sol_ext.data.RankEncoder.decode`, rank units otherwise), and returns plain Python
+decoded with :meth:`sol_ext.driver.data.RankEncoder.decode`, rank units otherwise), and returns plain Python
 floats. Computation is in float64 on the CPU, so the numbers do not depend on the device or the input
 dtype.
 """

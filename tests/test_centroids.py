@@ -5,7 +5,7 @@ import torch
 
 import sol_ext
 from sol_ext.centroids import compute_centroids, embed, fill_missing_centroids, fit_label_noise, predict_ranks
-from sol_ext.config import NO_NOISE_SIGMA
+from sol_ext.driver.config import NO_NOISE_SIGMA
 
 
 def explicit_centroids(h, labels, P):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sol_ext.cli import main
+from sol_ext.driver.cli import main
 
 
 def write_csv(path, rows, header=("a", "b", "label")):
@@ -120,7 +120,7 @@ def test_compare_small_grid(tmp_path, capsys):
     for m in ("sol", "sol-no-noise", "l1", "ce"):
         assert f"| {m} |" in table
     assert table.strip().endswith((out / "compare.md").read_text().strip())
-    from sol_ext.compare import default_methods
+    from sol_ext.driver.compare import default_methods
 
     assert len(json.loads((out / "compare.json").read_text())) == len(default_methods())
 
@@ -321,7 +321,7 @@ def test_refused_resume_keeps_the_finished_runs_results(tmp_path, capsys):
 
 
 def test_second_run_into_the_same_output_is_refused(tmp_path, capsys):
-    from sol_ext.rundir import lock_output_folder
+    from sol_ext.driver.rundir import lock_output_folder
 
     data = tiny_csv(tmp_path / "d.csv")
     out = tmp_path / "run"
@@ -419,7 +419,7 @@ def test_compare_refuses_an_unknown_noise_before_anything_trains(tmp_path, capsy
 
 
 def test_paper_switch_restores_algorithm_1_and_options_beside_it_still_apply(tmp_path):
-    from sol_ext.config import PAPER_SETTINGS
+    from sol_ext.driver.config import PAPER_SETTINGS
 
     code, out = run_train(tmp_path, "--paper", "--sigma", "2", "--no-plots")
     assert code == 0

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from sol_ext.data import (
+from sol_ext.driver.data import (
     FASHION_MNIST_DIR,
     OrdinalDataset,
     RankEncoder,
@@ -459,7 +459,7 @@ def test_standardize_fits_on_train_only():
 
 
 def test_wine_red_built_in():
-    from sol_ext.data import DATASETS_DIR, load_wine_red
+    from sol_ext.driver.data import DATASETS_DIR, load_wine_red
 
     wine = load_dataset("wine-red")
     assert wine.features.shape == (1599, 11) and wine.kind == "tabular" and wine.name == "wine-red"
@@ -583,7 +583,7 @@ def _damaged_files(tmp_path):
 
 
 def test_damaged_data_files_are_named_in_one_clear_error(tmp_path):
-    from sol_ext.errors import DataFileError
+    from sol_ext.driver.errors import DataFileError
 
     for name, data, words in _damaged_files(tmp_path):
         path = tmp_path / name

@@ -2,8 +2,8 @@
 
 import zlib
 
-from sol_ext.cli import build_parser
-from sol_ext.errors import UsageError, command_line_flags, user_error_message
+from sol_ext.driver.cli import build_parser
+from sol_ext.driver.errors import UsageError, command_line_flags, user_error_message
 
 FLAGS = command_line_flags(build_parser())
 

@@ -6,15 +6,15 @@ import os
 import pytest
 import torch
 
-from sol_ext.checkpoint import (
+from sol_ext.driver.checkpoint import (
     CheckpointMismatch,
     atomic_write_text,
     check_resumable,
     checkpoint_epoch,
     save_checkpoint,
 )
-from sol_ext.config import TrainConfig
-from sol_ext.rundir import (
+from sol_ext.driver.config import TrainConfig
+from sol_ext.driver.rundir import (
     LOCK_NAME,
     OutputFolderBusy,
     RunInterrupted,
@@ -59,7 +59,7 @@ def test_lock_taken_on_a_removed_lock_file_is_taken_again(tmp_path, monkeypatch)
     on the removed file as its own."""
     import fcntl
 
-    import sol_ext.rundir as rundir
+    import sol_ext.driver.rundir as rundir
 
     out = tmp_path / "run"
     out.mkdir()

@@ -5,12 +5,12 @@ import dataclasses
 import pytest
 import torch
 
-from sol_ext.checkpoint import CHECKPOINT_NAME, CheckpointMismatch, load_checkpoint
-from sol_ext.config import METHODS, PAPER_SETTINGS, SIGMA_GRID, TrainConfig, config_mismatches
-from sol_ext.data import RankEncoder
-from sol_ext.encoders import build_encoder
-from sol_ext.prepare import PreparedData
-from sol_ext.train import BEST_NAME, SIGMA_SEARCH_NAME, train
+from sol_ext.driver.checkpoint import CHECKPOINT_NAME, CheckpointMismatch, load_checkpoint
+from sol_ext.driver.config import METHODS, PAPER_SETTINGS, SIGMA_GRID, TrainConfig, config_mismatches
+from sol_ext.driver.data import RankEncoder
+from sol_ext.driver.encoders import build_encoder
+from sol_ext.driver.prepare import PreparedData
+from sol_ext.driver.train import BEST_NAME, SIGMA_SEARCH_NAME, train
 
 
 def tiny_data(n_train=96, n_test=32, num_ranks=8, seed=0):
@@ -219,7 +219,7 @@ def test_relabeling_starts_from_the_given_labels_every_epoch(tmp_path):
 def test_damped_centroids_do_not_oscillate_between_epochs(tmp_path):
     """The paper's wholesale centroid update settles into a period-2 cycle of the centroid span
     on abalone; the damped default does not."""
-    from sol_ext.prepare import prepare_data
+    from sol_ext.driver.prepare import prepare_data
 
     def alternations(momentum: float) -> int:
         cfg = TrainConfig(epochs=7, centroid_momentum=momentum, refine=False, seed=0, sigma=1.0)
@@ -286,24 +286,24 @@ def test_mixed_precision_training_runs_and_stays_finite(method, tmp_path):
 
 
 def test_a_resumed_sigma_auto_run_keeps_its_pick(tmp_path, monkeypatch):
-    import sol_ext.tuning
+    import sol_ext.driver.tuning
 
     cfg = dataclasses.replace(BASE, epochs=1, sigma="auto")
     first = train(cfg, tiny_data(), tmp_path, log=quiet).results
-    monkeypatch.setattr(sol_ext.tuning, "select_sigma", lambda *a, **k: pytest.fail("searched again"))
+    monkeypatch.setattr(sol_ext.driver.tuning, "select_sigma", lambda *a, **k: pytest.fail("searched again"))
     again = train(dataclasses.replace(cfg, epochs=2), tiny_data(), tmp_path, resume=True,
                   log=quiet).results
     assert again["sigma_selected"] == first["sigma_selected"] and again["epochs_run"] == 2
 
 
 def test_a_failed_sigma_search_leaves_no_trials_behind(tmp_path, monkeypatch):
-    import sol_ext.tuning
+    import sol_ext.driver.tuning
 
     def fail_in_the_search(*args, work_dir, **kwargs):
         (work_dir / "sigma0.25").mkdir(parents=True)  # a trial had started
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sol_ext.tuning, "select_sigma", fail_in_the_search)
+    monkeypatch.setattr(sol_ext.driver.tuning, "select_sigma", fail_in_the_search)
     with pytest.raises(KeyboardInterrupt):
         train(dataclasses.replace(BASE, epochs=1), tiny_data(), tmp_path, log=quiet)
     assert not (tmp_path / SIGMA_SEARCH_NAME).exists()

@@ -2,7 +2,7 @@
 
 The noise-model width ``sigma`` (in ranks) says how far a label may lie from the truth; how much
 the centroid rule may smooth across ranks depends on the data (how many ranks, how far apart their
-embeddings can be pulled), so it is picked, by default, from :data:`sol_ext.config.SIGMA_GRID` by
+embeddings can be pulled), so it is picked, by default, from :data:`sol_ext.driver.config.SIGMA_GRID` by
 the best validation MAE (against the noisy validation labels, as the epoch is; never the test set),
 one full training run per candidate.
 """
@@ -37,7 +37,7 @@ def select_sigma(config: TrainConfig, data: PreparedData, grid: Sequence[float] 
     Returns:
         ``{"sigma": best, "val_mae": {sigma: MAE, ...}}`` (MAE in ranks, at each run's selected
         epoch). Ties go to the earlier candidate. Under torchrun (``parallel``, a
-        :class:`sol_ext.parallel.Parallel`) every trial runs on all processes.
+        :class:`sol_ext.driver.parallel.Parallel`) every trial runs on all processes.
     """
     from .train import train  # train() calls this function for sigma="auto"
 

@@ -15,7 +15,7 @@ Per epoch:
 The centroids are also computed once before the first epoch. With ``val_fraction=0`` (the
 paper) there is no split and the last epoch is the model.
 
-Under ``torchrun`` (:class:`sol_ext.parallel.Parallel`) each of the ``W`` processes trains on its
+Under ``torchrun`` (:class:`sol_ext.driver.parallel.Parallel`) each of the ``W`` processes trains on its
 share of every global batch of ``W * batch_size`` samples through ``DistributedDataParallel`` and
 :class:`sol_ext.distributed.DistributedStochasticOrderLoss`, so a step is that of one process on the
 global batch. Whole-training-set passes are split the same way: each process embeds its shard, the
@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from .centroids import (
+from ..centroids import (
     LabelNoiseFit,
     centroid_span,
     compute_centroids,
@@ -49,18 +49,18 @@ from .centroids import (
     posterior_median_ranks,
     rank_posterior,
 )
+from ..distributed import DistributedStochasticOrderLoss
+from ..metrics import summarize
+from ..noise import noise_statistics
+from ..ops import noise_kernel
+from ..pairs import balanced_pairs, sample_references
+from ..refine import posterior_relabel, refine_labels
 from .checkpoint import CHECKPOINT_NAME, CheckpointMismatch, load_checkpoint, save_checkpoint
 from .config import FALLBACK_SIGMA, TrainConfig
 from .data import split_indices
-from .distributed import DistributedStochasticOrderLoss
 from .methods import RankModel, build_model, make_sol_loss, predict, training_loss
-from .metrics import summarize
-from .noise import noise_statistics
-from .ops import noise_kernel
-from .pairs import balanced_pairs, sample_references
 from .parallel import Parallel
 from .prepare import PreparedData
-from .refine import posterior_relabel, refine_labels
 
 __all__ = ["RunOutcome", "train", "resolve_device", "cs_theta_of", "validation_split",
            "BEST_NAME"]
@@ -337,11 +337,11 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
 
     Args:
         config: the run's settings (validated here). ``sigma="auto"`` is resolved first by
-            :func:`sol_ext.tuning.select_sigma` on the validation split.
-        data: from :func:`sol_ext.prepare.prepare_data`.
+            :func:`sol_ext.driver.tuning.select_sigma` on the validation split.
+        data: from :func:`sol_ext.driver.prepare.prepare_data`.
         out_dir: folder of the checkpoints (created).
         resume: continue from the checkpoint in ``out_dir`` (same configuration and data, else
-            :class:`sol_ext.checkpoint.CheckpointMismatch`); ``config.epochs`` may be larger.
+            :class:`sol_ext.driver.checkpoint.CheckpointMismatch`); ``config.epochs`` may be larger.
         progress: show a progress bar per epoch.
         log: receives one line per epoch.
         parallel: this process's place in a torchrun run (its process group started); default one

@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..pairs import PAIR_MODES
 from .encoders import ENCODERS
-from .pairs import PAIR_MODES
 
 __all__ = ["METHODS", "COMPARE_METHODS", "INFERENCE_MODES", "RELABEL_RULES", "PAPER_SETTINGS", "SIGMA_GRID", "FALLBACK_SIGMA",
            "NO_NOISE_SIGMA", "TrainConfig",
@@ -50,7 +50,7 @@ PAPER_SETTINGS: dict[str, Any] = {
 # plain order learning with 0/1 ordering probabilities.
 NO_NOISE_SIGMA = 1e-3
 
-# Candidates of `--sigma auto` (the default), in ranks: picked by validation MAE (sol_ext.tuning).
+# Candidates of `--sigma auto` (the default), in ranks: picked by validation MAE (sol_ext.driver.tuning).
 # Measured (README, "What we measured"): 1 suits abalone's 29 ranks and wine-red, 0.25 the 8 blur
 # levels of fashion-mnist-blur; 2 never won.
 SIGMA_GRID = (0.25, 0.5, 1.0)
@@ -70,7 +70,7 @@ class TrainConfig:
     """Everything that determines a run. Units: ranks unless said otherwise."""
 
     # data
-    data: str = "abalone"                   # data set name or file path (sol_ext.data.load_dataset)
+    data: str = "abalone"                   # data set name or file path (sol_ext.driver.data.load_dataset)
     test_data: Optional[str] = None         # separate test file: then `data` is used whole for training
     label_column: Optional[str] = None      # label column of a CSV file
     delimiter: Optional[str] = None         # cell separator of a CSV file; None: sniffed
@@ -141,7 +141,7 @@ class TrainConfig:
         if self.method == "sol-no-noise":
             return NO_NOISE_SIGMA
         if self.sigma == "auto":
-            raise ValueError("sigma 'auto' must be resolved (sol_ext.tuning.select_sigma) before "
+            raise ValueError("sigma 'auto' must be resolved (sol_ext.driver.tuning.select_sigma) before "
                              "the noise kernel is built.")
         return float(self.sigma)
 

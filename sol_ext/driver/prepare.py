@@ -7,9 +7,9 @@ from typing import Any, Optional
 
 import torch
 
+from ..noise import add_label_noise
 from .config import TrainConfig
 from .data import OrdinalDataset, load_dataset, load_train_test, standardize, train_test_split
-from .noise import add_label_noise
 
 __all__ = ["PreparedData", "prepare_data"]
 

@@ -82,7 +82,7 @@ def plot_learning_curves(history: Sequence[dict[str, Any]], path: Path, title: s
 def plot_cs_curve(errors: torch.Tensor, path: Path, title: str, step: float) -> None:
     """Cumulative score (percent of test samples with ``|error| <= theta``) against theta."""
     plt = _pyplot()
-    from .metrics import cs_curve
+    from ..metrics import cs_curve
 
     errors = errors.detach().to(torch.float64).abs()
     top = max(float(errors.max()) if errors.numel() else 0.0, 10 * step)

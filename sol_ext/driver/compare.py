@@ -12,9 +12,9 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..noise import NOISE_TYPES
 from .checkpoint import atomic_write_text
 from .config import COMPARE_METHODS, METHODS, PAPER_SETTINGS, TrainConfig
-from .noise import NOISE_TYPES
 from .prepare import prepare_data
 from .train import resolve_device, train
 

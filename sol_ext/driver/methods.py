@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .centroids import RankPosterior, dissimilarities, posterior_median_ranks, predict_ranks
+from ..centroids import RankPosterior, dissimilarities, posterior_median_ranks, predict_ranks
+from ..loss import StochasticOrderLoss
 from .config import TrainConfig
 from .encoders import build_encoder, default_encoder
-from .loss import StochasticOrderLoss
 
 __all__ = ["RankModel", "build_model", "training_loss", "predict", "require_coral"]
 

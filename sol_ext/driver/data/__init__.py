@@ -1,0 +1,47 @@
+"""Datasets for rank estimation and the encoder between label values and ranks.
+
+Label values (ages, scores, months) map to 0-based ranks by a fixed grid (SPEC section 1):
+``rank = round((value - min_value) / step)`` and ``n = round((max_value - min_value) / step) + 1``.
+:class:`RankEncoder` holds that grid; every loader returns an :class:`OrdinalDataset` whose ``ranks`` are
+on it, and predictions go back to label units with :meth:`RankEncoder.decode`.
+
+Sources (nothing is downloaded):
+
+- ``load_abalone()``: the UCI Abalone data shipped with the package (rings 1–29, 4177 samples).
+- ``load_wine_red()``: the UCI Wine Quality red data shipped with the package (quality 3–8, 1599 wines).
+- ``load_csv(path, label_column)``: a table of numeric feature columns and a label column; comma,
+  semicolon or tab delimited (detected from the header, or ``delimiter=``).
+- ``load_npz(path)``: precomputed embeddings ``[N, d]`` (key ``embeddings`` or ``features``) and ``labels``.
+- ``load_image_folder(csv_path)``: images listed in a CSV of ``(path, label)`` rows.
+- ``load_fashion_mnist_degradation()``: Fashion-MNIST images blurred or noised to a level 0…K-1, the rank.
+- ``load_dataset(spec)``: any of the above by name or path; ``load_train_test`` for a training file with
+  labels as given (possibly noisy) and a test file with clean labels, on one shared grid.
+
+The modules, by source: ``encoding`` (:class:`RankEncoder`, :class:`OrdinalDataset`), ``tables`` (CSV and
+``.npz``), ``images`` (image folders), ``builtin`` (Abalone, Wine Quality, Fashion-MNIST), ``dispatch``
+(``load_dataset``, ``load_train_test``) and ``split`` (splitting and scaling). Import from here.
+"""
+
+from .builtin import (
+    DATASETS_DIR,
+    FASHION_MNIST_DIR,
+    FASHION_MNIST_INSTALL,
+    degradation_strengths,
+    load_abalone,
+    load_fashion_mnist_degradation,
+    load_wine_red,
+)
+from .dispatch import load_dataset, load_train_test
+from .encoding import OrdinalDataset, RankEncoder, infer_step
+from .images import load_image_folder
+from .split import split_indices, standardize, train_test_split
+from .tables import load_csv, load_npz
+
+__all__ = [
+    "RankEncoder", "OrdinalDataset", "infer_step",
+    "load_abalone", "load_wine_red", "load_csv", "load_npz", "load_image_folder",
+    "load_fashion_mnist_degradation",
+    "degradation_strengths", "load_dataset", "load_train_test", "split_indices", "train_test_split",
+    "standardize",
+    "DATASETS_DIR", "FASHION_MNIST_DIR", "FASHION_MNIST_INSTALL",
+]

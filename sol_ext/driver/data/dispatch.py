@@ -1,0 +1,92 @@
+"""One entry point by name or path: ``load_dataset`` picks the loader; ``load_train_test`` loads a
+training and a test file onto one grid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .builtin import load_abalone, load_fashion_mnist_degradation, load_wine_red
+from .encoding import OrdinalDataset
+from .images import load_image_folder
+from .tables import _check_delimiter, _read_csv, load_csv, load_npz
+
+__all__ = ["load_dataset", "load_train_test"]
+
+
+
+_NAMED = ("abalone", "wine-red", "fashion-mnist", "fashion-mnist-blur", "fashion-mnist-noise")
+
+
+def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
+    """Load a dataset by name or path; ``options`` go to the loader.
+
+    ``spec`` is one of:
+
+    - ``"abalone"`` → :func:`load_abalone`; ``"wine-red"`` → :func:`load_wine_red`;
+    - ``"fashion-mnist-blur"`` (or ``"fashion-mnist"``) / ``"fashion-mnist-noise"`` →
+      :func:`load_fashion_mnist_degradation`;
+    - a ``.npz`` file → :func:`load_npz`;
+    - a ``.csv``/``.csv.gz`` file with a ``path`` column (or ``path_column=`` given) →
+      :func:`load_image_folder`; any other CSV → :func:`load_csv` (``label_column`` defaults to
+      ``"label"``);
+    - a folder holding ``labels.csv`` → :func:`load_image_folder` on it.
+
+    Pass ``encoder=`` to put the data on an existing grid (a test file on the training file's grid).
+    ``delimiter=`` (one character, or "comma"/"semicolon"/"tab") is the cell separator of a CSV; None
+    (the default) detects comma, semicolon or tab from the header. It applies to CSV files only.
+    """
+    key = str(spec).strip()
+    delimiter = _check_delimiter(options.pop("delimiter", None))
+    csv_options = options if delimiter is None else {**options, "delimiter": delimiter}
+    if delimiter is not None and (key.lower() in _NAMED or key.lower().endswith(".npz")):
+        raise ValueError(f"delimiter={delimiter!r} applies to CSV files only; {key!r} is not one: leave "
+                         "delimiter out")
+    if options.get("label_column") is not None and (key.lower() in _NAMED or key.lower().endswith(".npz")):
+        raise ValueError(f"label_column={options['label_column']!r} applies to CSV files and image folders; "
+                         f"{key!r} is neither, so do not pass label_column=")
+    if key.lower() == "abalone":
+        return load_abalone(**options)
+    if key.lower() == "wine-red":
+        return load_wine_red(**options)
+    if key.lower() == "fashion-mnist":
+        return load_fashion_mnist_degradation(**options)
+    if key.lower() in ("fashion-mnist-blur", "fashion-mnist-noise"):
+        return load_fashion_mnist_degradation(kind=key.lower().rsplit("-", 1)[1], **options)
+    path = Path(key)
+    if path.is_dir():
+        listing = path / "labels.csv"
+        if not listing.is_file():
+            raise FileNotFoundError(f"{path} is a folder without labels.csv; an image folder needs a "
+                                    "labels.csv with columns path,label")
+        return load_image_folder(listing, **csv_options)
+    if not path.exists():
+        raise FileNotFoundError(f"no dataset {key!r}: not a built-in name ({', '.join(_NAMED)}) nor an "
+                                "existing .csv, .npz file or image folder")
+    name = path.name.lower()
+    if name.endswith(".npz"):
+        return load_npz(path, **options)
+    if name.endswith(".csv") or name.endswith(".csv.gz"):
+        header, _ = _read_csv(path, delimiter)
+        if "path_column" in options or "path" in header:
+            return load_image_folder(path, **csv_options)
+        return load_csv(path, **csv_options)
+    raise ValueError(f"cannot tell the format of {path}: expected .csv, .csv.gz, .npz or a folder with "
+                     "labels.csv")
+
+
+def load_train_test(train_spec: str | Path, test_spec: str | Path,
+                    **options: Any) -> tuple[OrdinalDataset, OrdinalDataset]:
+    """A training set with labels as given (possibly noisy) and a test set with clean labels, on one grid.
+
+    The grid is fitted on the training labels only (with any ``step``/``min_value``/``max_value`` given)
+    and reused for the test file, so test labels never shape training. A test label off that grid is an
+    error: pass ``min_value``/``max_value`` covering both files.
+    """
+    train = load_dataset(train_spec, **options)
+    rest = {k: v for k, v in options.items() if k not in ("step", "min_value", "max_value", "encoder")}
+    test = load_dataset(test_spec, encoder=train.encoder, **rest)
+    if train.features.shape[1:] != test.features.shape[1:]:
+        raise ValueError(f"train and test features differ in shape: {tuple(train.features.shape[1:])} vs "
+                         f"{tuple(test.features.shape[1:])}")
+    return train, test

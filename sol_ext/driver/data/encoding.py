@@ -1,0 +1,289 @@
+"""The label grid and the dataset container: :class:`RankEncoder` and :class:`OrdinalDataset`.
+
+Label values (ages, scores, months) map to 0-based ranks by a fixed grid (SPEC section 1):
+``rank = round((value - min_value) / step)`` and ``n = round((max_value - min_value) / step) + 1``.
+Every loader builds its :class:`OrdinalDataset` here (``_make_dataset``), so its ``ranks`` are on that grid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["RankEncoder", "OrdinalDataset", "infer_step", "MAX_INFERRED_RANKS", "KINDS"]
+
+# Above this many ranks an inferred step is almost surely wrong (continuous labels such as mean ratings):
+# ask for an explicit step instead of building a huge grid.
+MAX_INFERRED_RANKS = 1000
+
+KINDS = ("tabular", "embeddings", "images")
+
+
+# --------------------------------------------------------------------------------------------------
+# Rank encoder
+
+
+def _float_vector(values: Any, what: str) -> np.ndarray:
+    """``values`` as a float64 numpy vector ``[N]``; ValueError on NaN/inf, naming the first bad index."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().to("cpu", torch.float64).numpy()
+    a = np.asarray(values, dtype=np.float64).reshape(-1)
+    bad = np.flatnonzero(~np.isfinite(a))
+    if bad.size:
+        raise ValueError(f"{what} must be finite numbers; got {a[bad[0]]} at index {int(bad[0])}")
+    return a
+
+
+def _float_gcd(a: float, b: float, tol: float) -> float:
+    """Greatest common divisor of two positive floats, treating remainders within ``tol`` as exact."""
+    while b > tol:
+        a, b = b, math.fmod(a, b)
+        if b > a - tol:  # remainder is a whole multiple minus rounding error
+            b = 0.0
+    return a
+
+
+def infer_step(values: Any) -> float:
+    """The grid step of label values ``[N]``: the largest step on which every value lies.
+
+    It is the (floating-point tolerant) greatest common divisor of the gaps between distinct values,
+    rounded to a short decimal when that changes it by less than one part in a million (``0.0099999`` →
+    ``0.01``). For integer ages it is 1; for scores 0.00, 0.01, … 1.00 it is 0.01.
+    """
+    v = np.unique(_float_vector(values, "labels"))
+    if v.size == 0:
+        raise ValueError("cannot infer a step from an empty set of labels")
+    scale = max(abs(float(v[0])), abs(float(v[-1])), 1e-300)
+    gaps = np.diff(v)
+    gaps = gaps[gaps > 1e-9 * scale]  # equal values up to float round-off
+    if gaps.size == 0:
+        raise ValueError(f"all labels are equal ({v[0]}): one rank is not a ranking problem; "
+                         "pass step and min_value/max_value, or use data with at least two distinct labels")
+    smallest = float(gaps.min())
+    tol = 1e-4 * smallest
+    step = smallest
+    for gap in np.unique(gaps):
+        step = _float_gcd(float(gap), step, tol)
+        if step <= tol:
+            break
+    for decimals in range(13):
+        snapped = round(step, decimals)
+        if snapped > 0 and abs(snapped - step) <= 1e-6 * step:
+            if _on_grid(v, float(v[0]), snapped):
+                step = snapped
+            break
+    return float(step)
+
+
+def _on_grid(v: np.ndarray, lo: float, step: float) -> bool:
+    x = (v - lo) / step
+    return bool(np.all(np.abs(x - np.round(x)) <= 1e-3))
+
+
+def _round_half_up(x: np.ndarray) -> np.ndarray:
+    # Halves go up (20.5 years -> 21 on a 1-year grid); the tiny slack absorbs float error in (v - lo) / step.
+    return np.floor(x + 0.5 + 1e-9)
+
+
+@dataclass(frozen=True)
+class RankEncoder:
+    """The grid between label values and 0-based ranks (SPEC section 1).
+
+    ``rank = round((value - min_value) / step)`` with halves rounded up; ``value = min_value + rank * step``.
+
+    Attributes:
+        min_value: label value of rank 0.
+        step: label units per rank, > 0.
+        num_ranks: ``n``; ranks are ``0 … n-1`` and the largest label value is ``max_value``.
+    """
+
+    min_value: float
+    step: float
+    num_ranks: int
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(float(self.min_value)):
+            raise ValueError(f"min_value must be finite, got {self.min_value}")
+        if not (math.isfinite(float(self.step)) and float(self.step) > 0):
+            raise ValueError(f"step must be a finite number > 0, got {self.step}")
+        if isinstance(self.num_ranks, bool) or int(self.num_ranks) != self.num_ranks or self.num_ranks < 1:
+            raise ValueError(f"num_ranks must be an integer >= 1, got {self.num_ranks}")
+        # Plain Python numbers, so encoders compare equal and serialize the same whatever they came from.
+        object.__setattr__(self, "min_value", float(self.min_value))
+        object.__setattr__(self, "step", float(self.step))
+        object.__setattr__(self, "num_ranks", int(self.num_ranks))
+
+    @property
+    def max_value(self) -> float:
+        """Label value of the top rank ``n - 1``."""
+        return self.min_value + (self.num_ranks - 1) * self.step
+
+    @classmethod
+    def fit(cls, values: Any, step: float | None = None, min_value: float | None = None,
+            max_value: float | None = None) -> "RankEncoder":
+        """Build the grid from label values ``[N]``; each of step, min and max is inferred when not given.
+
+        ``min_value``/``max_value`` default to the smallest/largest label; ``step`` defaults to
+        :func:`infer_step` of the labels and the given bounds. Raises ValueError for fewer than two
+        ranks, for labels outside given bounds, and for an inferred grid of more than
+        ``MAX_INFERRED_RANKS`` ranks (continuous labels: pass ``step``).
+        """
+        v = _float_vector(values, "labels")
+        if v.size == 0:
+            raise ValueError("cannot fit a RankEncoder on an empty set of labels")
+        lo = float(v.min()) if min_value is None else float(min_value)
+        hi = float(v.max()) if max_value is None else float(max_value)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise ValueError(f"min_value and max_value must be finite, got {lo} and {hi}")
+        if hi < lo:
+            raise ValueError(f"max_value ({hi}) is below min_value ({lo})")
+        inferred = step is None
+        if inferred:
+            step = infer_step(np.r_[v, lo, hi])
+        step = float(step)
+        if not (math.isfinite(step) and step > 0):
+            raise ValueError(f"step must be a finite number > 0, got {step}")
+        n = int(_round_half_up(np.float64((hi - lo) / step))) + 1
+        if n < 2:
+            raise ValueError(f"labels span one rank only (min {lo}, max {hi}, step {step}); "
+                             "rank estimation needs at least two distinct labels")
+        if inferred and n > MAX_INFERRED_RANKS:
+            raise ValueError(f"the labels look continuous: the inferred step {step:g} gives {n} ranks "
+                             f"between {lo:g} and {hi:g}; pass step= (for example step=1 for ages, "
+                             "0.01 for scores in [0, 1])")
+        enc = cls(lo, step, n)
+        enc.encode(v)  # every label must fall on the grid's range (raises naming the first that does not)
+        return enc
+
+    def encode(self, values: Any) -> torch.Tensor:
+        """Label values (any shape) -> int64 ranks of the same shape.
+
+        Raises ValueError naming the first value whose rank falls outside ``0 … n-1``.
+        """
+        shape = tuple(values.shape) if hasattr(values, "shape") else np.shape(values)
+        v = _float_vector(values, "label values")
+        r = _round_half_up((v - self.min_value) / self.step)
+        bad = np.flatnonzero((r < 0) | (r > self.num_ranks - 1))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"label value {v[i]:g} (index {i}) is outside the rank grid {self.min_value:g} … "
+                f"{self.max_value:g} (step {self.step:g}, {self.num_ranks} ranks); {bad.size} value(s) are. "
+                "Refit the encoder on all labels, or pass min_value/max_value that cover them.")
+        return torch.from_numpy(r.astype(np.int64)).reshape(shape)
+
+    def decode(self, ranks: Any) -> torch.Tensor:
+        """Ranks (int or float, e.g. expected ranks; any shape) -> label values, float64 tensor."""
+        r = ranks if isinstance(ranks, torch.Tensor) else torch.as_tensor(np.asarray(ranks, dtype=np.float64))
+        return self.min_value + r.to(torch.float64) * self.step
+
+    def values(self) -> torch.Tensor:
+        """The label value of every rank, ``[n]`` float64."""
+        return self.decode(torch.arange(self.num_ranks))
+
+
+# --------------------------------------------------------------------------------------------------
+# Dataset container
+
+
+@dataclass
+class OrdinalDataset:
+    """Inputs with 0-based ranks on a :class:`RankEncoder` grid.
+
+    Attributes:
+        features: float32 ``[N, F]`` for ``kind`` "tabular"/"embeddings", ``[N, C, H, W]`` in [0, 1] for
+            "images".
+        ranks: int64 ``[N]`` in ``0 … n-1``: the labels as given (clean truth, or noisy training labels).
+        encoder: the label grid; ``encoder.decode(ranks)`` gives label values.
+        name: a short name for reports ("abalone", a file stem).
+        kind: "tabular" | "embeddings" | "images".
+        feature_names: names of the ``F`` columns for tabular data ("Sex=F", "Length", …), else empty.
+    """
+
+    features: torch.Tensor
+    ranks: torch.Tensor
+    encoder: RankEncoder
+    name: str
+    kind: str
+    feature_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        f, r = self.features, self.ranks
+        if not isinstance(f, torch.Tensor) or not f.is_floating_point():
+            raise ValueError(f"features must be a floating-point tensor, got {type(f).__name__} "
+                             f"{getattr(f, 'dtype', '')}")
+        want = 4 if self.kind == "images" else 2
+        if f.dim() != want:
+            raise ValueError(f"{self.kind} features must be {'[N, C, H, W]' if want == 4 else '[N, F]'}, "
+                             f"got shape {tuple(f.shape)}")
+        if not isinstance(r, torch.Tensor) or r.dim() != 1 or r.dtype != torch.int64:
+            raise ValueError(f"ranks must be an int64 tensor [N], got {getattr(r, 'dtype', type(r))} "
+                             f"{tuple(getattr(r, 'shape', ()))}")
+        if f.shape[0] != r.shape[0]:
+            raise ValueError(f"features have {f.shape[0]} rows but ranks {r.shape[0]}")
+        if r.numel() == 0:
+            raise ValueError(f"dataset {self.name!r} is empty: no samples")
+        lo, hi = int(r.min()), int(r.max())
+        if lo < 0 or hi >= self.encoder.num_ranks:
+            raise ValueError(f"ranks must lie in 0 … {self.encoder.num_ranks - 1}, got {lo} … {hi}")
+        finite = torch.isfinite(f.reshape(f.shape[0], -1))
+        if not bool(finite.all()):
+            row, col = (int(i) for i in torch.nonzero(~finite)[0])
+            where = (f"column {self.feature_names[col]!r}" if col < len(self.feature_names)
+                     else f"feature {col}")
+            raise ValueError(f"dataset {self.name!r} has a NaN or infinite feature ({where}, sample {row}); "
+                             "drop or impute such samples before loading")
+        self.features = f.to(torch.float32)
+        self.feature_names = tuple(self.feature_names)
+
+    def __len__(self) -> int:
+        return int(self.ranks.shape[0])
+
+    @property
+    def num_ranks(self) -> int:
+        return self.encoder.num_ranks
+
+    @property
+    def labels(self) -> torch.Tensor:
+        """The ranks in label units, float64 ``[N]``."""
+        return self.encoder.decode(self.ranks)
+
+    def subset(self, index: Any) -> "OrdinalDataset":
+        """The samples at ``index`` (indices or a bool mask ``[N]``), same grid."""
+        index = torch.as_tensor(np.asarray(index.cpu() if isinstance(index, torch.Tensor) else index))
+        return dataclasses.replace(self, features=self.features[index], ranks=self.ranks[index])
+
+    def with_ranks(self, ranks: Any) -> "OrdinalDataset":
+        """The same inputs with other labels ``[N]`` (e.g. ``add_label_noise(...).noisy``)."""
+        return dataclasses.replace(self, ranks=torch.as_tensor(ranks, dtype=torch.int64).cpu())
+
+
+def _make_dataset(features: torch.Tensor, values: np.ndarray, *, name: str, kind: str,
+                  encoder: RankEncoder | None, step: float | None, min_value: float | None,
+                  max_value: float | None, feature_names: Sequence[str] = (),
+                  source: str = "") -> OrdinalDataset:
+    """Encode label values ``[N]`` (fitting the grid unless ``encoder`` is given) and build the dataset."""
+    if values.size == 0:
+        raise ValueError(f"{source or name} has no samples")
+    if encoder is not None:
+        if step is not None or min_value is not None or max_value is not None:
+            raise ValueError("pass either encoder= or step/min_value/max_value, not both")
+    else:
+        try:
+            encoder = RankEncoder.fit(values, step=step, min_value=min_value, max_value=max_value)
+        except ValueError as err:
+            raise ValueError(f"{source or name}: {err}") from None
+    try:
+        ranks = encoder.encode(values)
+    except ValueError as err:
+        raise ValueError(f"{source or name}: {err}") from None
+    return OrdinalDataset(features=features, ranks=ranks, encoder=encoder, name=name, kind=kind,
+                          feature_names=tuple(feature_names))

@@ -1,0 +1,68 @@
+"""Splitting and scaling: a stratified train/test split by rank and feature standardization."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+from .encoding import OrdinalDataset
+
+__all__ = ["split_indices", "train_test_split", "standardize"]
+
+
+
+def split_indices(ranks: Any, test_fraction: float = 0.2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row numbers ``(train, test)`` (int64, ascending) of a deterministic split stratified by rank.
+
+    Samples are grouped by rank ``[N]`` (random order within a rank, from ``seed``) and every
+    ``1/test_fraction``-th one goes to the test set, so each rank contributes its share (± 1) and the
+    test set has ``round(test_fraction * N)`` samples (± 1). It depends on the ranks and the seed only.
+    """
+    if not (0.0 < float(test_fraction) < 1.0):
+        raise ValueError(f"test_fraction must be between 0 and 1 (exclusive), got {test_fraction}")
+    r = np.asarray(ranks.cpu() if isinstance(ranks, torch.Tensor) else ranks).reshape(-1)
+    n = r.size
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(n)
+    order = perm[np.argsort(r[perm], kind="stable")]
+    offset = rng.random()
+    pos = np.arange(n)
+    take = (np.floor((pos + 1) * test_fraction + offset) - np.floor(pos * test_fraction + offset)) >= 1
+    test_idx, train_idx = np.sort(order[take]), np.sort(order[~take])
+    if test_idx.size == 0 or train_idx.size == 0:
+        raise ValueError(f"splitting {n} samples with test_fraction={test_fraction} leaves an empty part; "
+                         "use more data or another fraction")
+    return torch.from_numpy(train_idx), torch.from_numpy(test_idx)
+
+
+def train_test_split(ds: OrdinalDataset, test_fraction: float = 0.2,
+                     seed: int = 0) -> tuple[OrdinalDataset, OrdinalDataset]:
+    """``(train, test)`` parts of ``ds`` by :func:`split_indices`; both keep the original sample order."""
+    train_idx, test_idx = split_indices(ds.ranks, test_fraction, seed)
+    return ds.subset(train_idx), ds.subset(test_idx)
+
+
+def standardize(train: OrdinalDataset,
+                test: OrdinalDataset | None = None) -> tuple[OrdinalDataset, OrdinalDataset | None]:
+    """Scale features to zero mean and unit variance per column, fitted on ``train`` only.
+
+    Applies to "tabular" and "embeddings" data; constant columns are centred only. Images are returned
+    unchanged (they are already in [0, 1]).
+    """
+    if train.kind == "images":
+        return train, test
+    x = train.features.to(torch.float64)
+    mean = x.mean(dim=0)
+    std = x.std(dim=0, unbiased=False)
+    std = torch.where(std > 1e-12, std, torch.ones_like(std))
+
+    def scale(ds: OrdinalDataset) -> OrdinalDataset:
+        if ds.features.shape[1:] != train.features.shape[1:]:
+            raise ValueError(f"{ds.name!r} has features {tuple(ds.features.shape[1:])}, train has "
+                             f"{tuple(train.features.shape[1:])}")
+        return dataclasses.replace(ds, features=((ds.features.to(torch.float64) - mean) / std).float())
+
+    return scale(train), (scale(test) if test is not None else None)
