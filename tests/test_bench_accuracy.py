@@ -5,6 +5,7 @@ subprocess and checks the tables it writes.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -32,3 +33,15 @@ def test_quick_grid_writes_the_tables_and_keeps_the_known_noise_row_out_of_the_t
     assert told[1.0]["label_mae_final"] < told[1.0]["label_mae_given"]
     assert told[0.0]["label_mae_final"] == told[0.0]["label_mae_given"] == 0.0
     assert (tmp_path / "accuracy.png").stat().st_size > 0
+
+
+def test_a_grid_of_the_known_noise_method_alone_gets_its_label_table():
+    spec = importlib.util.spec_from_file_location("bench_accuracy", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    record = {"data": "abalone", "noise": "gaussian", "kappa": 1.0, "method": bench.KNOWN_NOISE,
+              "seed": 0, "mae": 1.5, "cs": 80.0, "pearson": 0.7, "cs_theta": 2.0,
+              "label_mae_given": 2.5, "label_mae_final": 1.6}
+    md, misses = bench.tables([record])
+    assert "test MAE" not in md and misses == []
+    assert "| sol-noise-known | 2.500 → 1.600 ± 0.000 |" in md
