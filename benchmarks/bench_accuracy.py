@@ -23,7 +23,6 @@ import argparse
 import dataclasses
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 
 from sol_ext.driver.checkpoint import load_checkpoint
-from sol_ext.driver.compare import method_config
+from sol_ext.driver.compare import mean_std, mean_std_table, method_config
 from sol_ext.driver.config import TrainConfig
 from sol_ext.driver.prepare import prepare_data
 from sol_ext.driver.train import BEST_NAME, train
@@ -96,16 +95,12 @@ def run_grid(data_names, methods, noises, seeds, epochs, out_dir: Path, log=prin
     return records
 
 
-def _ms(values):
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
 def _cells(records, data_name, metric):
     out = {}
     for r in records:
         if r["data"] == data_name:
             out.setdefault(((r["noise"], r["kappa"]), r["method"]), []).append(r[metric])
-    return {k: _ms(v) for k, v in out.items()}
+    return {k: mean_std(v) for k, v in out.items()}
 
 
 def tables(records) -> tuple[str, list[str]]:
@@ -123,20 +118,8 @@ def tables(records) -> tuple[str, list[str]]:
                 ("cs", f"test CS@{theta:g} in % (higher is better)", "{:.1f} ± {:.1f}", max),
                 ("pearson", "test Pearson r (higher is better)", "{:.3f} ± {:.3f}", max)):
             cell = _cells(records, name, metric)
-            lines += [f"**{name}: {title}, mean ± std over {seeds} seeds**", "",
-                      "| method | " + " | ".join(_label(*s) for s in settings) + " |",
-                      "| --- |" + " --- |" * len(settings)]
-            best = {s: better(cell[(s, m)][0] for m in methods if (s, m) in cell) for s in settings}
-            for m in methods:
-                parts = []
-                for s in settings:
-                    if (s, m) not in cell:
-                        parts.append("")
-                        continue
-                    text = fmt.format(*cell[(s, m)])
-                    parts.append(f"**{text}**" if cell[(s, m)][0] == best[s] else text)
-                lines.append(f"| {m} | " + " | ".join(parts) + " |")
-            lines.append("")
+            lines += mean_std_table(f"**{name}: {title}, mean ± std over {seeds} seeds**",
+                                    settings, methods, cell, fmt, better)
             if metric == "mae" and "sol" in methods:
                 for s in settings:
                     if s[1] < 0.3 or (s, "sol") not in cell:

@@ -20,6 +20,7 @@ from .train import resolve_device, train
 
 __all__ = ["DEFAULT_SETTINGS", "COMPARE_METHODS", "default_methods", "method_config",
            "noise_settings", "check_comparison", "run_comparison", "markdown_tables",
+           "mean_std", "mean_std_table",
            "write_comparison"]
 
 def default_methods() -> list[str]:
@@ -139,8 +140,30 @@ def run_comparison(base: TrainConfig, methods: Sequence[str], settings: Sequence
     return records
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def mean_std_table(title: str, settings: Sequence[tuple[str, float]], methods: Sequence[str],
+                   cell: dict[tuple, tuple[float, float]], fmt: str,
+                   best: Callable[..., float]) -> list[str]:
+    """Markdown lines of one table: a row per method, a column per noise setting, each cell
+    ``fmt.format(mean, std)`` of ``cell[(setting, method)]`` (blank where missing); the ``best``
+    mean of each column is bold."""
+    lines = [title, "", "| method | " + " | ".join(_label(*s) for s in settings) + " |",
+             "| --- | " + " | ".join("---" for _ in settings) + " |"]
+    winners = {s: best(cell[(s, m)][0] for m in methods if (s, m) in cell) for s in settings}
+    for m in methods:
+        parts = []
+        for s in settings:
+            if (s, m) not in cell:
+                parts.append("")
+                continue
+            text = fmt.format(*cell[(s, m)])
+            parts.append(f"**{text}**" if cell[(s, m)][0] == winners[s] else text)
+        lines.append(f"| {m} | " + " | ".join(parts) + " |")
+    return lines + [""]
 
 
 def markdown_tables(records: Sequence[dict[str, Any]], data_name: str) -> str:
@@ -151,30 +174,18 @@ def markdown_tables(records: Sequence[dict[str, Any]], data_name: str) -> str:
     seeds = sorted({r["seed"] for r in records})
     theta = records[0]["cs_theta"] if records else 0.0
     out = []
-    for metric, title, best in (("mae", "test MAE (lower is better)", min),
-                                ("cs", f"test CS@{theta:g} in % (higher is better)", max)):
+    for metric, title, fmt, best in (
+            ("mae", "test MAE (lower is better)", "{:.3f} ± {:.3f}", min),
+            ("cs", f"test CS@{theta:g} in % (higher is better)", "{:.1f} ± {:.1f}", max)):
         cell: dict[tuple, tuple[float, float]] = {}
         for s in settings:
             for m in methods:
                 vals = [r[metric] for r in records if (r["noise"], r["kappa"]) == s
                         and r["method"] == m]
                 if vals:
-                    cell[(s, m)] = _mean_std(vals)
-        out.append(f"**{data_name}: {title}, mean ± std over {len(seeds)} seed(s)**\n")
-        out.append("| method | " + " | ".join(_label(*s) for s in settings) + " |")
-        out.append("| --- | " + " | ".join("---" for _ in settings) + " |")
-        winners = {s: best(cell[(s, m)][0] for m in methods if (s, m) in cell) for s in settings}
-        for m in methods:
-            parts = []
-            for s in settings:
-                if (s, m) not in cell:
-                    parts.append("")
-                    continue
-                mean, std = cell[(s, m)]
-                text = f"{mean:.3f} ± {std:.3f}" if metric == "mae" else f"{mean:.1f} ± {std:.1f}"
-                parts.append(f"**{text}**" if mean == winners[s] else text)
-            out.append(f"| {m} | " + " | ".join(parts) + " |")
-        out.append("")
+                    cell[(s, m)] = mean_std(vals)
+        out += mean_std_table(f"**{data_name}: {title}, mean ± std over {len(seeds)} seed(s)**",
+                              settings, methods, cell, fmt, best)
     return "\n".join(out)
 
 
