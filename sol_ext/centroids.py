@@ -14,18 +14,19 @@ Two read-outs turn ``D`` into ranks:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 from torch import nn
 
-from .ops import noise_kernel, stochastic_dissimilarity
+from .ops import stochastic_dissimilarity
 
 __all__ = ["embed", "compute_centroids", "damp_centroids", "centroid_span", "predict_ranks",
            "fill_missing_centroids", "dissimilarities", "RankPosterior", "fit_rank_posterior",
            "rank_posterior", "posterior_median_ranks", "median_ranks", "LABEL_NOISE_GRID",
-           "LabelNoiseFit", "fit_label_noise"]
+           "LabelNoiseFit", "fit_label_noise", "label_noise_kernel"]
 
 
 @torch.no_grad()
@@ -271,6 +272,32 @@ def fit_rank_posterior(dissimilarity: torch.Tensor, labels: torch.Tensor, num_ra
                          log_likelihood=best_ll)
 
 
+def label_noise_kernel(num_ranks: int, std: float, dtype: torch.dtype = torch.float64,
+                       device=None) -> torch.Tensor:
+    """``[n, n]`` model of label noise for relabeling (not in the paper): ``P[q, r]`` is the
+    probability that a sample of rank ``q`` is labeled ``r``, when the label is ``q`` plus an error
+    ``e ~ N(0, std^2)``, rounded to the nearest rank and clipped to ``0 … n-1``.
+
+    Unlike SOL's kernel (:func:`sol_ext.noise_kernel`, whose rows are renormalized over the ranks),
+    an error past an end of the scale lands on the end rank, as on any bounded scale: a rater
+    cannot give less than the lowest grade, and noise added to ranks is clipped. A large error
+    then piles labels up on the end ranks instead of spreading them over the inner ones. ``std``
+    0 gives the identity.
+    """
+    if std <= 0.0:
+        return torch.eye(num_ranks, dtype=dtype, device=device)
+    q = torch.arange(num_ranks, dtype=torch.float64, device=device)
+    lower = (q[None, :] - 0.5 - q[:, None]) / std   # bin of label r around rank q, in stds
+    upper = lower + 1.0 / std
+    lower[:, 0], upper[:, -1] = -math.inf, math.inf
+    # P(lower <= e/std < upper) from the tail on lower's side: a difference of two tail
+    # probabilities keeps far bins small but non-zero where a difference of CDFs near 1 gives 0.
+    erfc = torch.special.erfc
+    above = 0.5 * (erfc(lower / math.sqrt(2.0)) - erfc(upper / math.sqrt(2.0)))
+    below = 0.5 * (erfc(-upper / math.sqrt(2.0)) - erfc(-lower / math.sqrt(2.0)))
+    return torch.where(lower >= 0, above, below).to(dtype)
+
+
 # Candidate label-noise stds of fit_label_noise, as fractions of the labels' own std.
 LABEL_NOISE_GRID = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
 
@@ -295,8 +322,8 @@ def fit_label_noise(dissimilarity: torch.Tensor, labels: torch.Tensor, num_ranks
                     grid: tuple[float, ...] = LABEL_NOISE_GRID) -> LabelNoiseFit:
     """Estimate the std of the label noise by maximum likelihood (not in the paper).
 
-    Each label is modeled as a draw ``r ~ P_s[q, ·]`` (SOL's discrete Gaussian, std ``s``) around
-    a true rank ``q ~ p(q | x)``, with the posterior's temperature and ``s`` fitted together on
+    Each label is modeled as a draw ``r ~ P_s[q, ·]`` (:func:`label_noise_kernel`: Gaussian error
+    of std ``s``, rounded and clipped to the scale) around a true rank ``q ~ p(q | x)``, with the posterior's temperature and ``s`` fitted together on
     ``labels``; ``s`` runs over ``grid`` times the labels' std, and a larger ``s`` must fit
     strictly better. A posterior can widen by its temperature or by ``s``: noise shows as ``s``
     only where ``D`` is sharper than the labels' spread around it (images of a clear rank: yes;
@@ -316,15 +343,10 @@ def fit_label_noise(dissimilarity: torch.Tensor, labels: torch.Tensor, num_ranks
     best: Optional[LabelNoiseFit] = None
     for fraction in grid:
         std = fraction * spread
-        if std <= 0.0:
-            kernel = torch.eye(num_ranks, dtype=torch.float64, device=dissimilarity.device)
-            posterior = fit_rank_posterior(dissimilarity, labels, num_ranks,
-                                           prior_labels=prior_labels)
-        else:
-            kernel = noise_kernel(num_ranks, std, dtype=torch.float64,
-                                  device=dissimilarity.device)
-            posterior = fit_rank_posterior(dissimilarity, labels, num_ranks, noise_kernel=kernel,
-                                           prior_labels=prior_labels)
+        kernel = label_noise_kernel(num_ranks, std, device=dissimilarity.device)
+        posterior = fit_rank_posterior(dissimilarity, labels, num_ranks,
+                                       noise_kernel=kernel if std > 0.0 else None,
+                                       prior_labels=prior_labels)
         if best is None or posterior.log_likelihood > best.posterior.log_likelihood:
             best = LabelNoiseFit(std=std, posterior=posterior, kernel=kernel)
     return best

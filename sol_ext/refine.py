@@ -8,7 +8,8 @@
   construction, so the rule moves labels whether or not they are wrong.
 * The posterior rule (:func:`posterior_relabel`, the driver's default; not in the paper): the
   rank of ``x`` given both its features and its given label ``r``,
-  ``p(q | x, r) ∝ p(q | x) P[q, r]``, with the noise kernel ``P`` as the model of label noise.
+  ``p(q | x, r) ∝ p(q | x) P[q, r]``, with ``P[q, r]`` the probability that rank ``q`` is
+  labeled ``r`` (the driver's is :func:`sol_ext.centroids.label_noise_kernel`).
   A label moves, to the median of that posterior, only where the posterior puts at least
   ``mass`` strictly on one side of it (``mass = 1/2``: every label moves to its median). The
   driver applies it to the *given* labels each epoch, so moves never accumulate, with ``P`` of a
@@ -167,7 +168,8 @@ def posterior_relabel(labels: torch.Tensor, rank_probabilities: torch.Tensor,
         labels: ``[N]`` given integer ranks ``r_x``.
         rank_probabilities: ``[N, n]`` ``p(q | x)`` from the model (rows sum to 1;
             :func:`sol_ext.centroids.rank_posterior`).
-        noise_kernel: ``[n, n]`` label-noise model ``P[q, r]`` (``sol_ext.noise_kernel``).
+        noise_kernel: ``[n, n]`` label-noise model ``P[q, r]``, the probability that rank ``q`` is
+            labeled ``r`` (:func:`sol_ext.centroids.label_noise_kernel`).
         mass: in ``[0.5, 1)``: how much of ``p(q | x, r)`` must lie strictly on one side of
             ``r`` for the label to move. Larger moves fewer labels.
 

@@ -200,3 +200,23 @@ def test_label_noise_is_estimated_where_the_encoder_is_sharper_than_the_labels(s
     # exact labels: no noise, and the kernel is the identity
     exact = fit_label_noise(_sharp_dissimilarities(true, n), true, n)
     assert exact.std == 0.0 and torch.equal(exact.kernel, torch.eye(n, dtype=torch.float64))
+
+
+def test_label_noise_kernel_is_the_law_of_rounded_and_clipped_gaussian_noise():
+    """P[q, r] of label_noise_kernel against the frequencies of sol_ext.noise's Gaussian noise (added,
+    rounded, clipped to the scale): an error past an end lands on the end rank."""
+    from sol_ext.centroids import label_noise_kernel
+    from sol_ext.noise import add_label_noise, noise_scale
+
+    n, per_rank = 6, 20000
+    clean = torch.arange(n).repeat_interleave(per_rank)
+    noisy = add_label_noise(clean, n, "gaussian", kappa=0.8, seed=0).noisy
+    kernel = label_noise_kernel(n, noise_scale(clean, 0.8))
+    counts = torch.zeros(n, n, dtype=torch.float64)
+    counts.index_put_((clean, noisy), torch.ones(clean.numel(), dtype=torch.float64), accumulate=True)
+    torch.testing.assert_close(kernel, counts / per_rank, atol=0.01, rtol=0)
+    torch.testing.assert_close(kernel.sum(dim=1), torch.ones(n, dtype=torch.float64))
+    assert kernel[0, 0] > kernel[1, 1]  # the low end collects every error below it
+    far = label_noise_kernel(12, 0.5)  # 21 stds from rank 0 to the last bin: about 1e-100
+    assert (far > 0).all() and far[0, -1] < 1e-90  # tiny, but not a difference of CDFs rounded to 0
+    assert torch.equal(label_noise_kernel(4, 0.0), torch.eye(4, dtype=torch.float64))

@@ -45,6 +45,7 @@ from ..centroids import (
     embed,
     fit_label_noise,
     fit_rank_posterior,
+    label_noise_kernel,
     median_ranks,
     posterior_median_ranks,
     rank_posterior,
@@ -252,8 +253,7 @@ def _label_noise_fit(config: TrainConfig, d: torch.Tensor, labels: torch.Tensor,
     if config.label_noise == "auto":
         return fit_label_noise(d, labels, n, prior_labels=prior_labels)
     std = float(config.label_noise)
-    kernel = (noise_kernel(n, std, dtype=torch.float64, device=d.device) if std > 0
-              else torch.eye(n, dtype=torch.float64, device=d.device))
+    kernel = label_noise_kernel(n, std, device=d.device)
     posterior = fit_rank_posterior(d, labels, n, noise_kernel=kernel if std > 0 else None,
                                    prior_labels=prior_labels)
     return LabelNoiseFit(std=std, posterior=posterior, kernel=kernel)
