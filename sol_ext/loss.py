@@ -16,6 +16,7 @@ from .ops import (
     _order_losses,
     _promote,
     _refuse_func_transforms,
+    _StochasticOrderLossFunction,
     _use_fused,
 )
 
@@ -92,11 +93,16 @@ class StochasticOrderLoss(nn.Module):
 
         fused = _use_fused(self.backend, "StochasticOrderLoss", h.device, h.dtype)
         with _autocast_off(h.device):
-            D = _dissimilarity(h, mu, self.sigma, fused)
+            if fused:  # one autograd node: at small batches a step's time is mostly per-node overhead
+                return _StochasticOrderLossFunction.apply(
+                    h, mu, labels, pairs, self.sigma, self.tau, self.margin, self.T, self.disc_weight,
+                    self.convention, self.reduction, self.check_values,
+                )
+            D = _dissimilarity(h, mu, self.sigma, fused=False)
             if self.check_values:
                 _check_dissimilarities_finite(D, h, mu)
-            order = _order_losses(D, labels, pairs, self.sigma, self.tau, self.margin, self.convention, fused)
-            disc = _disc_losses(D, labels, self.T, fused)
+            order = _order_losses(D, labels, pairs, self.sigma, self.tau, self.margin, self.convention, fused=False)
+            disc = _disc_losses(D, labels, self.T, fused=False)
             return reference.reduce_losses(order, self.reduction) + self.disc_weight * reference.reduce_losses(
                 disc, self.reduction
             )

@@ -56,6 +56,45 @@ def test_gradcheck_module(device):
     assert torch.autograd.gradcheck(lambda h, mu: criterion(h / 2, labels, mu), (h.requires_grad_(), mu.requires_grad_()))
 
 
+def _composed_loss(h, mu, labels, pairs, criterion):
+    """StochasticOrderLoss spelled out with the public fused ops, one autograd node per op."""
+    c = criterion
+    D = sol_ext.stochastic_dissimilarity(h, mu, c.sigma, backend="fused")
+    order = sol_ext.order_loss(D, labels, pairs, c.sigma, c.tau, c.margin, c.convention, c.reduction, backend="fused")
+    return order + c.disc_weight * sol_ext.disc_loss(D, labels, c.T, c.reduction, backend="fused")
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("case", ["all pairs", "explicit pairs", "empty batch", "h only", "no disc"])
+def test_fused_module_is_one_node_equal_to_the_composed_ops(device, dtype, reduction, case):
+    """The module runs as one autograd node with its own backward, and gives the loss and gradients of
+    the composition of the public fused ops: bitwise on the CPU (same kernels, same reductions)."""
+    h, mu, labels, pairs = _inputs(device)
+    if case == "empty batch":
+        h, labels = h[:0], labels[:0]
+    h, mu = h.to(dtype).requires_grad_(), mu.to(dtype).requires_grad_(case != "h only")
+    pairs = pairs if case == "explicit pairs" else None
+    criterion = sol_ext.StochasticOrderLoss(
+        6, sigma=0.9, tau=1, margin=0.3, T=2, disc_weight=0.0 if case == "no disc" else 2.5, reduction=reduction,
+        backend="fused",
+    )
+    fused = criterion(h, labels, mu, pairs)
+    assert type(fused.grad_fn).__name__ == "_StochasticOrderLossFunctionBackward"
+    expected = _composed_loss(h, mu, labels, pairs, criterion)
+    inputs = [h, mu] if mu.requires_grad else [h]
+    got_grads = torch.autograd.grad(fused * 1.5, inputs)
+    expected_grads = torch.autograd.grad(expected * 1.5, inputs)
+    exact = device == "cpu"
+    for got, want in zip((fused, *got_grads), (expected, *expected_grads)):
+        assert got.dtype == want.dtype
+        if exact:
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-6 if dtype == torch.float32 else 1e-13, atol=0)
+
+
 def _op_cases(device):
     h, mu, labels, pairs = _inputs(device)
     D = sol_ext.stochastic_dissimilarity(h, mu)
@@ -165,7 +204,7 @@ def test_gradient_penalty_through_the_fused_module_raises_naming_double_backward
     grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
     assert all(g.requires_grad for g in grads)  # not a constant that a penalty would silently ignore
     penalty = sum((g**2).sum() for g in grads)
-    with pytest.raises(RuntimeError, match=DOUBLE_BACKWARD.format(op="stochastic_dissimilarity")):
+    with pytest.raises(RuntimeError, match=DOUBLE_BACKWARD.format(op="StochasticOrderLoss")):
         (loss + penalty).backward()
     # The reference supports it, and create_graph alone (without differentiating the gradient) is fine.
     reference = sol_ext.StochasticOrderLoss(6, backend="reference")
