@@ -6,7 +6,8 @@
 For each (B, n, d) it first checks that the fused and reference losses and gradients agree, then times
 forward, backward and forward+backward with torch.utils.benchmark (which warms up and synchronizes),
 and measures the peak memory a forward+backward adds on top of its inputs: on CUDA from the caching
-allocator's peak, on the CPU from the peak resident size of a fresh process. It prints one markdown
+allocator's peak, on the CPU from the peak resident size of a fresh process. On CUDA with
+--no-check-values it also times the forward+backward replayed from a CUDA graph. It prints one markdown
 table: median times, the reference/fused ratio, and pair-rank updates per second (B(B-1)/2 * n per pass).
 """
 from __future__ import annotations
@@ -90,6 +91,31 @@ def time_phases(B: int, n: int, d: int, device: str, backend: str, min_run_time:
     }
 
 
+def time_cuda_graph(B: int, n: int, d: int, min_run_time: float):
+    """Median seconds of a fused forward+backward captured once in a CUDA graph and replayed: what a
+    training loop that captures its step (``torch.cuda.graphs``, or ``torch.compile(mode="reduce-overhead")``)
+    pays, with no Python and no per-kernel launch cost. Needs ``check_values=False`` (capture allows no
+    host-device synchronization); ``None``, with the reason on stderr, where capture fails."""
+    h, mu, labels = make_inputs(B, n, d, "cuda")
+    criterion = sol_ext.StochasticOrderLoss(n, backend="fused", check_values=False)
+    try:
+        side = torch.cuda.Stream()  # warm up (tables, cuBLAS handles) on a side stream, as capture requires
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                h.grad = mu.grad = None
+                criterion(h, labels, mu).backward()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        h.grad = mu.grad = None
+        with torch.cuda.graph(graph):
+            criterion(h, labels, mu).backward()
+    except RuntimeError as error:  # a benchmark column, not a test: report and go on
+        print(f"  CUDA graph capture failed at {(B, n, d)}: {error}", file=sys.stderr, flush=True)
+        return None
+    return tbench.Timer("graph.replay()", globals=dict(graph=graph)).blocked_autorange(min_run_time=min_run_time).median
+
+
 def peak_extra_memory(B: int, n: int, d: int, device: str, backend: str) -> int:
     """Bytes a forward+backward allocates at its peak, beyond its inputs."""
     if device == "cuda":
@@ -164,6 +190,8 @@ def run(device: str, sizes, min_run_time: float) -> list:
                 result[backend] = None
                 continue
             times = time_phases(B, n, d, device, backend, min_run_time)
+            if device == "cuda" and backend == "fused" and not CHECK_VALUES:
+                times["graph"] = time_cuda_graph(B, n, d, min_run_time)
             result[backend] = dict(times, memory=peak_extra_memory(B, n, d, device, backend))
         rows.append(result)
         print(f"  done {device} {(B, n, d)}", file=sys.stderr, flush=True)
@@ -179,7 +207,12 @@ def print_table(rows: list) -> None:
     for r in rows:
         fused, ref = r["fused"], r["reference"]
         pair_ranks = r["B"] * (r["B"] - 1) // 2 * r["n"]
-        for phase in ("forward", "backward", "both"):
+        for phase in ("forward", "backward", "both", "graph"):
+            if phase == "graph":  # forward+backward replayed from a CUDA graph (--no-check-values)
+                if fused.get("graph") is not None:
+                    print(f"| {r['device']} | {r['B']}, {r['n']}, {r['d']} | both, CUDA graph | "
+                          f"{_fmt_time(fused['graph'])} | | | {pair_ranks / fused['graph']:.3g} | | |")
+                continue
             ratio = f"{ref[phase] / fused[phase]:.1f}×" if ref else "—"
             memory = (_fmt_bytes(fused["memory"]), _fmt_bytes(ref["memory"] if ref else None)) if phase == "both" else ("", "")
             print(

@@ -574,6 +574,40 @@ def test_value_checks_are_what_synchronizes():
         torch.cuda.set_sync_debug_mode("default")
 
 
+@pytest.mark.parametrize("explicit", [False, True])
+def test_training_step_captured_in_a_cuda_graph_replays_the_eager_gradients(explicit):
+    """With check_values=False the loss's forward and backward can be captured in a CUDA graph (no host
+    synchronization, no host-side allocation that capture forbids); a replay gives the eager gradients."""
+    torch.manual_seed(0)
+    B, n, d = 48, 11, 16
+    h = torch.randn(B, d, device="cuda", requires_grad=True)
+    mu = torch.randn(n, d, device="cuda", requires_grad=True)
+    labels = torch.randint(0, n, (B,), device="cuda")
+    pairs = torch.randint(0, B, (3 * B, 2), device="cuda") if explicit else None
+    criterion = sol_ext.StochasticOrderLoss(n, backend="fused", check_values=False)
+    eager = torch.autograd.grad(criterion(h, labels, mu, pairs), (h, mu))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            h.grad = mu.grad = None
+            criterion(h, labels, mu, pairs).backward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    h.grad = mu.grad = None
+    with torch.cuda.graph(graph):
+        captured_loss = criterion(h, labels, mu, pairs)
+        captured_loss.backward()
+    with torch.no_grad():
+        h.add_(0.01)  # a new step's inputs, written in place into the captured buffers
+    graph.replay()
+    expected_loss = criterion(h, labels, mu, pairs)
+    expected = torch.autograd.grad(expected_loss, (h, mu))
+    torch.testing.assert_close(captured_loss, expected_loss, rtol=1e-6, atol=0)
+    torch.testing.assert_close(h.grad, expected[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(mu.grad, expected[1], rtol=1e-5, atol=1e-6)
+    assert not torch.equal(h.grad, eager[0])  # the replay computed the new step, not the captured one
+
 def test_unchecked_out_of_range_labels_stop_on_a_device_assertion():
     """check_values=False must not let a kernel read out of bounds: the device asserts (own process,
     since a device-side assertion leaves the CUDA context unusable)."""
