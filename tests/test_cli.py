@@ -47,7 +47,7 @@ def test_train_audit_end_to_end(tmp_path, capsys):
     code, out = run_train(tmp_path)
     assert code == 0
     printed = capsys.readouterr().out
-    assert "test MAE" in printed and "relabeled" in printed
+    assert "test MAE" in printed and "labels changed" in printed
     results = json.loads((out / "results.json").read_text())
     assert results["config"]["method"] == "sol" and len(results["history"]) == 2
     for name in ("learning_curves.png", "cs_curve.png", "embeddings_pca.png"):

@@ -127,12 +127,12 @@ def run_comparison(base: TrainConfig, methods: Sequence[str], settings: Sequence
                 done += 1
                 log(f"[{done}/{total}] {_label(noise, kappa):>14}  {method:<12} seed {seed}: "
                     f"MAE {res['test']['mae']:.3f}  CS {res['test']['cs']:.1f}%  "
-                    f"relabeled {res['relabeled_total']}")
+                    f"labels changed {res['labels_changed']}")
                 given, final = res["label_noise_given"], res["label_noise_final"]
                 records.append({"noise": noise, "kappa": kappa, "method": method, "seed": seed,
                                 "mae": res["test"]["mae"], "cs": res["test"]["cs"],
                                 "pearson": res["test"]["pearson"],
-                                "cs_theta": res["cs_theta"], "relabeled": res["relabeled_total"],
+                                "cs_theta": res["cs_theta"], "labels_changed": res["labels_changed"],
                                 "label_mae_given": None if given is None else given["mae"],
                                 "label_mae_final": None if final is None else final["mae"],
                                 "selected_epoch": res["selected_epoch"],

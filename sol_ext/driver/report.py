@@ -51,8 +51,9 @@ def write_outputs(outcome: RunOutcome, data: PreparedData, out_dir: Path,
 
 
 def format_table(results: Sequence[dict[str, Any]]) -> str:
-    """A short fixed-width table: one row per run (method, noise, MAE, CS, relabels)."""
-    header = ("method", "data", "noise", "test MAE", "CS", "relabeled", "label MAE")
+    """A short fixed-width table: one row per run (method, noise, MAE, CS, and how many training labels
+    the run's corrected labels change, with their error against the clean labels where known)."""
+    header = ("method", "data", "noise", "test MAE", "CS", "labels changed", "label MAE")
     rows = []
     for r in results:
         cfg, test = r["config"], r["test"]
@@ -60,7 +61,7 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
         label_mae = "-" if given is None else f"{given['mae']:.3f}->{final['mae']:.3f}"
         rows.append((cfg["method"], r["data"]["name"], noise_label(cfg["noise"], cfg["kappa"]),
                      f"{test['mae']:.3f}", f"{test['cs']:.1f}% @{r['cs_theta']:g}",
-                     str(r["relabeled_total"]), label_mae))
+                     str(r["labels_changed"]), label_mae))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
