@@ -287,8 +287,8 @@ def label_noise_kernel(num_ranks: int, std: float, dtype: torch.dtype = torch.fl
     if std <= 0.0:
         return torch.eye(num_ranks, dtype=dtype, device=device)
     q = torch.arange(num_ranks, dtype=torch.float64, device=device)
-    lower = (q[None, :] - 0.5 - q[:, None]) / std   # bin of label r around rank q, in stds
-    upper = lower + 1.0 / std
+    offset = q[None, :] - q[:, None]               # label r minus rank q
+    lower, upper = (offset - 0.5) / std, (offset + 0.5) / std  # the bin of label r, in stds
     lower[:, 0], upper[:, -1] = -math.inf, math.inf
     # P(lower <= e/std < upper) from the tail on lower's side: a difference of two tail
     # probabilities keeps far bins small but non-zero where a difference of CDFs near 1 gives 0.
@@ -322,10 +322,10 @@ def fit_label_noise(dissimilarity: torch.Tensor, labels: torch.Tensor, num_ranks
                     grid: tuple[float, ...] = LABEL_NOISE_GRID) -> LabelNoiseFit:
     """Estimate the std of the label noise by maximum likelihood (not in the paper).
 
-    Each label is modeled as a draw ``r ~ P_s[q, ·]`` (:func:`label_noise_kernel`: Gaussian error
-    of std ``s``, rounded and clipped to the scale) around a true rank ``q ~ p(q | x)``, with the posterior's temperature and ``s`` fitted together on
-    ``labels``; ``s`` runs over ``grid`` times the labels' std, and a larger ``s`` must fit
-    strictly better. A posterior can widen by its temperature or by ``s``: noise shows as ``s``
+    Each label is modeled as a draw ``r ~ P_s[q, ·]`` (:func:`label_noise_kernel`: a Gaussian
+    error of std ``s``, rounded and clipped to the scale) around a true rank ``q ~ p(q | x)``, with
+    the posterior's temperature and ``s`` fitted together on ``labels``; ``s`` runs over ``grid``
+    times the labels' std, and a larger ``s`` must fit strictly better. A posterior can widen by its temperature or by ``s``: noise shows as ``s``
     only where ``D`` is sharper than the labels' spread around it (images of a clear rank: yes;
     tabular data whose ranks are hard to predict: mostly no). So the estimate is a lower bound
     on the noise more often than not; fit it on held-out samples (the encoder has fitted the
