@@ -206,5 +206,7 @@ def _fixed_order_sum(losses: torch.Tensor, block: int = 4096) -> torch.Tensor:
     values = losses.to(torch.float64)
     if values.numel() == 0:
         return values.sum()
+    if values.numel() <= block:  # one block: the same additions in the same order, without the padding
+        return values.cumsum(dim=0)[-1]
     values = torch.nn.functional.pad(values, (0, -values.shape[0] % block)).view(-1, block)
     return values.cumsum(dim=1)[:, -1].cumsum(dim=0)[-1]

@@ -239,3 +239,20 @@ def test_reduced_losses_are_bitwise_identical_for_any_number_of_threads():
         torch.set_num_threads(previous)
     for one, two in zip(results[1], results[2]):
         assert torch.equal(one, two), f"{one.item()!r} (1 thread) != {two.item()!r} (2 threads)"
+
+
+@pytest.mark.parametrize("count", [1, 7, 4096, 4097, 9000])
+def test_fixed_order_sum_adds_in_blocks_in_order(count):
+    """The CPU reduction's order: in float64, each block of 4096 losses from first to last, then the block
+    sums in order (one block needs no padding)."""
+    from sol_ext.reference import _fixed_order_sum
+
+    losses = torch.randn(count, generator=torch.Generator().manual_seed(count), dtype=torch.float32) * 1e3
+    values = losses.double().tolist()
+    total = 0.0
+    for start in range(0, count, 4096):
+        block = 0.0
+        for v in values[start:start + 4096]:
+            block += v
+        total += block
+    assert _fixed_order_sum(losses).item() == total
