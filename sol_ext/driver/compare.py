@@ -147,11 +147,12 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 def mean_std_table(title: str, settings: Sequence[tuple[str, float]], methods: Sequence[str],
                    cell: dict[tuple, tuple[float, float]], fmt: str,
-                   best: Callable[..., float]) -> list[str]:
-    """Markdown lines of one table: a row per method, a column per noise setting, each cell
-    ``fmt.format(mean, std)`` of ``cell[(setting, method)]`` (blank where missing); the ``best``
-    mean of each column is bold."""
-    lines = [title, "", "| method | " + " | ".join(_label(*s) for s in settings) + " |",
+                   best: Callable[..., float],
+                   column: Callable[[tuple], str] = lambda setting: _label(*setting)) -> list[str]:
+    """Markdown lines of one table: a row per method, a column per noise setting (headed
+    ``column(setting)``), each cell ``fmt.format(mean, std)`` of ``cell[(setting, method)]`` (blank
+    where missing); the ``best`` mean of each column is bold."""
+    lines = [title, "", "| method | " + " | ".join(column(s) for s in settings) + " |",
              "| --- | " + " | ".join("---" for _ in settings) + " |"]
     winners = {s: best(cell[(s, m)][0] for m in methods if (s, m) in cell) for s in settings}
     for m in methods:
