@@ -428,3 +428,13 @@ def test_paper_switch_restores_algorithm_1_and_options_beside_it_still_apply(tmp
     assert all(cfg[k] == v for k, v in PAPER_SETTINGS.items() if k != "sigma")
     results = json.loads((out / "results.json").read_text())
     assert results["selection"] == "last epoch" and results["selected_epoch"] == 2
+
+
+def test_a_config_with_a_test_file_adds_no_noise_unless_asked():
+    """Library users get the CLI's default: labels from a training file are used as they are."""
+    from sol_ext.driver.config import TrainConfig
+
+    assert TrainConfig(data="train.csv", test_data="test.csv").noise == "none"
+    assert TrainConfig(data="train.csv", test_data="test.csv", noise="laplacian").noise == "laplacian"
+    assert TrainConfig().noise == "gaussian"
+    assert TrainConfig.from_dict(TrainConfig(test_data="t.csv").to_dict()).noise == "none"

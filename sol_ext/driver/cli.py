@@ -270,8 +270,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .rundir import run_folder
     from .train import resolve_device, train
 
-    noise = args.noise or ("none" if args.test_data else "gaussian")
-    cfg = _config(args, noise=noise)
+    cfg = _config(args)  # without --noise: none with --test-data, else gaussian (TrainConfig)
     par = Parallel.from_environment()  # torchrun: one of several processes
     device = resolve_device(cfg.device, par)
     out = args.output or _default_output(cfg)
@@ -294,7 +293,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                          if par.enabled else "")
             say(f"{data.name}: {data.train_x.shape[0]} training / {data.test_x.shape[0]} test "
                 f"samples, {data.num_ranks} ranks; {cfg.method}, noise "
-                f"{noise_label(noise, cfg.kappa)}{processes} -> {out}")
+                f"{noise_label(cfg.noise, cfg.kappa)}{processes} -> {out}")
             if par.is_main:
                 if args.resume:  # refuse before the finished run's results are cleared
                     check_resumable(out / CHECKPOINT_NAME, cfg, data.fingerprint())

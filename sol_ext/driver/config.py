@@ -75,8 +75,9 @@ class TrainConfig:
     label_column: Optional[str] = None      # label column of a CSV file
     delimiter: Optional[str] = None         # cell separator of a CSV file; None: sniffed
     test_fraction: float = 0.2
-    # label noise added to the training labels (SPEC §9); "none" when they are already noisy
-    noise: str = "gaussian"
+    # label noise added to the training labels (SPEC §9); None: "gaussian" for a data set that is
+    # split into training and test parts, "none" with `test_data` (labels given as they are)
+    noise: Optional[str] = None
     kappa: float = 0.3
     noise_fraction: float = 1.0
     # method and encoder
@@ -129,6 +130,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.hidden = tuple(int(h) for h in self.hidden)  # a list after a JSON round trip
+        if self.noise is None:
+            self.noise = "none" if self.test_data is not None else "gaussian"
 
     # -- derived settings -------------------------------------------------------------------
     @property
