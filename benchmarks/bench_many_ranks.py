@@ -80,7 +80,7 @@ def run(methods, seeds, epochs, work_dir: Path, log=print) -> list[dict]:
     for name in LABEL_SETS:
         for seed in seeds:
             base = TrainConfig(data=str(files[name]), test_data=str(test_file), label_column="age",
-                               seed=seed, epochs=epochs)
+                               noise="none", seed=seed, epochs=epochs)
             prepared = prepare_data(base.validate())
             for method in methods:
                 cfg = method_config(base, method)
