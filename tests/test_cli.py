@@ -125,6 +125,17 @@ def test_compare_small_grid(tmp_path, capsys):
     assert len(json.loads((out / "compare.json").read_text())) == len(default_methods())
 
 
+def test_compare_with_a_test_file_heads_the_column_without_added_noise_labels_as_given(tmp_path, capsys):
+    train, test = tiny_csv(tmp_path / "train.csv", seed=1), tiny_csv(tmp_path / "test.csv", seed=2)
+    out = tmp_path / "cmp"
+    code = main(["compare", "--data", str(train), "--test-data", str(test), "--seeds", "0", "--kappas", "0",
+                 "--noises", "", "--methods", "sol,l1", "--output", str(out), "--epochs", "1",
+                 "--batch-size", "16", "--embedding-dim", "4", "--hidden", "16"])
+    assert code == 0
+    assert "| method | labels as given |" in capsys.readouterr().out
+    records = json.loads((out / "compare.json").read_text())
+    assert {r["kappa"] for r in records} == {0.0}
+
 def test_default_dataset_one_epoch(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--epochs", "1", "--output", str(out), "--no-plots"]) == 0

@@ -347,7 +347,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     with run_folder(out, note=lambda: f"interrupted; {out / 'compare.md'} was not updated."):
         records = run_comparison(base, methods, settings, args.seeds, out, log=_say)
         data_name = Path(base.data).name.split(".")[0]
-        table = markdown_tables(records, data_name)
+        table = markdown_tables(records, data_name, labels_given=base.test_data is not None)
         write_comparison(records, table, out)
         print(table)
         return 0

@@ -167,13 +167,19 @@ def mean_std_table(title: str, settings: Sequence[tuple[str, float]], methods: S
     return lines + [""]
 
 
-def markdown_tables(records: Sequence[dict[str, Any]], data_name: str) -> str:
+def markdown_tables(records: Sequence[dict[str, Any]], data_name: str, labels_given: bool = False) -> str:
     """Two markdown tables (MAE, lower is better; CS, higher is better): one row per method,
-    one column per noise setting, ``mean ± std`` over seeds; the best mean is bold."""
+    one column per noise setting, ``mean ± std`` over seeds; the best mean is bold. With
+    ``labels_given`` (a training file with ``--test-data``) the column without added noise is
+    headed "labels as given", not "clean"."""
     settings = list(dict.fromkeys((r["noise"], r["kappa"]) for r in records))
     methods = list(dict.fromkeys(r["method"] for r in records))
     seeds = sorted({r["seed"] for r in records})
     theta = records[0]["cs_theta"] if records else 0.0
+
+    def column(setting: tuple[str, float]) -> str:
+        return "labels as given" if labels_given and setting[1] == 0 else _label(*setting)
+
     out = []
     for metric, title, fmt, best in (
             ("mae", "test MAE (lower is better)", "{:.3f} ± {:.3f}", min),
@@ -186,7 +192,7 @@ def markdown_tables(records: Sequence[dict[str, Any]], data_name: str) -> str:
                 if vals:
                     cell[(s, m)] = mean_std(vals)
         out += mean_std_table(f"**{data_name}: {title}, mean ± std over {len(seeds)} seed(s)**",
-                              settings, methods, cell, fmt, best)
+                              settings, methods, cell, fmt, best, column=column)
     return "\n".join(out)
 
 
