@@ -302,11 +302,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
                     (out / CHECKPOINT_NAME).unlink(missing_ok=True)
             outcome = train(cfg, data, out, resume=args.resume,
                             progress=not args.quiet and sys.stdout.isatty(), log=say, parallel=par)
-            if not par.is_main:
-                return 0
-            path = write_outputs(outcome, data, out, plots=args.plots)
-            print(format_table([outcome.results]))
-            print(f"{time.perf_counter() - start:.1f} s; results in {path}")
+            if par.is_main:
+                path = write_outputs(outcome, data, out, plots=args.plots)
+                print(format_table([outcome.results]))
+                print(f"{time.perf_counter() - start:.1f} s; results in {path}")
+            # every process leaves the group together: one that tore its gloo connections down
+            # while rank 0 still wrote the outputs sometimes aborted ("terminate called without
+            # an active exception")
+            par.barrier()
             return 0
     finally:
         par.stop()
