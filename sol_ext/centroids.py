@@ -26,7 +26,7 @@ from .ops import stochastic_dissimilarity
 __all__ = ["embed", "compute_centroids", "damp_centroids", "centroid_span", "predict_ranks",
            "fill_missing_centroids", "dissimilarities", "RankPosterior", "fit_rank_posterior",
            "rank_posterior", "posterior_median_ranks", "median_ranks", "LABEL_NOISE_GRID",
-           "LabelNoiseFit", "fit_label_noise", "label_noise_kernel"]
+           "LabelNoiseFit", "fit_label_noise", "fit_through_label_noise", "label_noise_kernel"]
 
 
 @torch.no_grad()
@@ -325,9 +325,10 @@ def fit_label_noise(dissimilarity: torch.Tensor, labels: torch.Tensor, num_ranks
     Each label is modeled as a draw ``r ~ P_s[q, ·]`` (:func:`label_noise_kernel`: a Gaussian
     error of std ``s``, rounded and clipped to the scale) around a true rank ``q ~ p(q | x)``, with
     the posterior's temperature and ``s`` fitted together on ``labels``; ``s`` runs over ``grid``
-    times the labels' std, and a larger ``s`` must fit strictly better. A posterior can widen by its temperature or by ``s``: noise shows as ``s``
-    only where ``D`` is sharper than the labels' spread around it (images of a clear rank: yes;
-    tabular data whose ranks are hard to predict: mostly no). So the estimate is a lower bound
+    times the labels' std, and a larger ``s`` must fit strictly better. A posterior can widen by
+    its temperature or by ``s``: noise shows as ``s`` only where ``D`` is sharper than the labels'
+    spread around it (images of a clear rank: yes; tabular data whose ranks are hard to predict:
+    mostly no). So the estimate is a lower bound
     on the noise more often than not; fit it on held-out samples (the encoder has fitted the
     noise of its own training samples).
 
@@ -342,14 +343,22 @@ def fit_label_noise(dissimilarity: torch.Tensor, labels: torch.Tensor, num_ranks
     spread = float(labels.double().std(unbiased=False)) if labels.numel() > 1 else 0.0
     best: Optional[LabelNoiseFit] = None
     for fraction in grid:
-        std = fraction * spread
-        kernel = label_noise_kernel(num_ranks, std, device=dissimilarity.device)
-        posterior = fit_rank_posterior(dissimilarity, labels, num_ranks,
-                                       noise_kernel=kernel if std > 0.0 else None,
-                                       prior_labels=prior_labels)
-        if best is None or posterior.log_likelihood > best.posterior.log_likelihood:
-            best = LabelNoiseFit(std=std, posterior=posterior, kernel=kernel)
+        fit = fit_through_label_noise(dissimilarity, labels, num_ranks, fraction * spread,
+                                      prior_labels)
+        if best is None or fit.posterior.log_likelihood > best.posterior.log_likelihood:
+            best = fit
     return best
+
+
+def fit_through_label_noise(dissimilarity: torch.Tensor, labels: torch.Tensor, num_ranks: int,
+                            std: float, prior_labels: Optional[torch.Tensor] = None) -> LabelNoiseFit:
+    """``p(q | x)`` of the true rank fitted (:func:`fit_rank_posterior`) through label noise of a
+    known ``std`` in ranks (:func:`label_noise_kernel`; 0: the labels are taken as exact)."""
+    kernel = label_noise_kernel(num_ranks, std, device=dissimilarity.device)
+    posterior = fit_rank_posterior(dissimilarity, labels, num_ranks,
+                                   noise_kernel=kernel if std > 0.0 else None,
+                                   prior_labels=prior_labels)
+    return LabelNoiseFit(std=std, posterior=posterior, kernel=kernel)
 
 
 def rank_posterior(dissimilarity: torch.Tensor, posterior: RankPosterior) -> torch.Tensor:

@@ -45,7 +45,7 @@ from ..centroids import (
     embed,
     fit_label_noise,
     fit_rank_posterior,
-    label_noise_kernel,
+    fit_through_label_noise,
     median_ranks,
     posterior_median_ranks,
     rank_posterior,
@@ -252,11 +252,7 @@ def _label_noise_fit(config: TrainConfig, d: torch.Tensor, labels: torch.Tensor,
     """The relabeling rule's noise model: estimated (``label_noise="auto"``) or the given std."""
     if config.label_noise == "auto":
         return fit_label_noise(d, labels, n, prior_labels=prior_labels)
-    std = float(config.label_noise)
-    kernel = label_noise_kernel(n, std, device=d.device)
-    posterior = fit_rank_posterior(d, labels, n, noise_kernel=kernel if std > 0 else None,
-                                   prior_labels=prior_labels)
-    return LabelNoiseFit(std=std, posterior=posterior, kernel=kernel)
+    return fit_through_label_noise(d, labels, n, float(config.label_noise), prior_labels)
 
 
 def _relabel(config: TrainConfig, given: torch.Tensor, probabilities: torch.Tensor,
