@@ -18,9 +18,8 @@ from typing import Any
 import torch
 
 from ..refine import refine_labels
-from .checkpoint import CHECKPOINT_NAME, atomic_write_text, load_checkpoint
+from .checkpoint import BEST_NAME, CHECKPOINT_NAME, atomic_write_text, load_checkpoint
 from .config import TrainConfig
-from .train import BEST_NAME
 
 __all__ = ["AuditReport", "audit_run", "write_audit", "AUDIT_COLUMNS"]
 

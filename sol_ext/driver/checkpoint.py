@@ -16,10 +16,11 @@ import torch
 
 from .config import TrainConfig, config_mismatches
 
-__all__ = ["CHECKPOINT_NAME", "CheckpointMismatch", "save_checkpoint", "load_checkpoint",
+__all__ = ["CHECKPOINT_NAME", "BEST_NAME", "CheckpointMismatch", "save_checkpoint", "load_checkpoint",
            "check_resumable", "checkpoint_epoch", "atomic_write_bytes", "atomic_write_text"]
 
-CHECKPOINT_NAME = "checkpoint.pt"
+CHECKPOINT_NAME = "checkpoint.pt"  # the last epoch: what --resume continues
+BEST_NAME = "best.pt"              # the selected epoch: the run's model (sol_ext.load_run)
 FORMAT_VERSION = 1
 
 

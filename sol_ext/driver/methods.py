@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..centroids import RankPosterior, dissimilarities, posterior_median_ranks, predict_ranks
-from ..loss import StochasticOrderLoss
+from ..head import SOLHead
 from .config import TrainConfig
 from .encoders import build_encoder, default_encoder
 
-__all__ = ["RankModel", "build_model", "training_loss", "predict", "require_coral"]
+__all__ = ["RankModel", "build_model", "make_sol_head", "training_loss", "head_ranks",
+           "head_probabilities", "require_coral"]
 
 
 def require_coral():
@@ -69,11 +69,13 @@ def build_model(config: TrainConfig, input_shape: tuple[int, ...], kind: str,
     return RankModel(encoder, head, normalize=config.normalize and config.uses_centroids)
 
 
-def make_sol_loss(config: TrainConfig, num_ranks: int) -> nn.Module:
-    """``StochasticOrderLoss`` for ``config`` (``P`` = identity for ``sol-no-noise``)."""
-    return StochasticOrderLoss(num_ranks, sigma=config.kernel_sigma, tau=config.tau,
-                               margin=config.margin, T=config.T, disc_weight=config.disc_weight,
-                               convention=config.convention, backend=config.backend)
+def make_sol_head(config: TrainConfig, num_ranks: int) -> SOLHead:
+    """The :class:`sol_ext.SOLHead` of ``config``: its loss (``P`` = identity for ``sol-no-noise``),
+    damped centroid rule and read-out. ``config.sigma`` must be resolved (not ``"auto"``)."""
+    return SOLHead(num_ranks, config.embedding_dim, sigma=config.kernel_sigma, tau=config.tau,
+                   margin=config.margin, T=config.T, disc_weight=config.disc_weight,
+                   convention=config.convention, momentum=config.centroid_momentum,
+                   normalize=config.normalize, readout=config.inference, backend=config.backend)
 
 
 def training_loss(config: TrainConfig, model: RankModel, embeddings: torch.Tensor,
@@ -86,7 +88,7 @@ def training_loss(config: TrainConfig, model: RankModel, embeddings: torch.Tenso
         embeddings: ``[B, d]`` from ``model(x)``.
         labels: ``[B]`` int64 current (noisy) ranks.
         centroids: ``[n, d]`` (SOL methods; fixed during the epoch).
-        sol_loss: from :func:`make_sol_loss` (SOL methods).
+        sol_loss: the loss of :func:`make_sol_head` (SOL methods).
         pairs: ``[M, 2]`` batch indices, or ``None`` for all pairs.
     """
     if config.method == "l1":
@@ -100,21 +102,45 @@ def training_loss(config: TrainConfig, model: RankModel, embeddings: torch.Tenso
 
 
 @torch.no_grad()
-def predict(config: TrainConfig, model: RankModel, embeddings: torch.Tensor, num_ranks: int,
-            centroids: Optional[torch.Tensor],
-            posterior: Optional[RankPosterior] = None) -> torch.Tensor:
-    """Predicted ranks ``[N]`` int64 in ``0 … n-1`` from embeddings ``[N, d]``.
-
-    SOL methods: given ``posterior``, its median rank (the default read-out); without it the
-    paper's nearest expectation ``argmin_q D[x, q]`` (eq. 6)."""
-    if config.method == "l1":
-        scaled = model.head(embeddings).squeeze(1) * max(num_ranks - 1, 1)
+def head_ranks(method: str, model: RankModel, embeddings: torch.Tensor, num_ranks: int) -> torch.Tensor:
+    """Predicted ranks ``[N]`` int64 in ``0 … n-1`` of a baseline (``l1``, ``ce``, ``corn``) from
+    embeddings ``[N, d]``: the rounded regression, the most probable rank, CORN's count of
+    conditional probabilities above 1/2."""
+    out = model.head(embeddings)
+    if method == "l1":
+        scaled = out.squeeze(1) * max(num_ranks - 1, 1)
         return scaled.round().clamp(0, num_ranks - 1).long()
-    if config.method == "ce":
-        return model.head(embeddings).argmax(dim=1)
-    if config.method == "corn":
-        return require_coral().dataset.corn_label_from_logits(model.head(embeddings)).long()
-    if posterior is not None:
-        d = dissimilarities(embeddings, centroids, config.kernel_sigma, backend=config.backend)
-        return posterior_median_ranks(d, posterior)
-    return predict_ranks(embeddings, centroids, config.kernel_sigma, backend=config.backend)
+    if method == "ce":
+        return out.argmax(dim=1)
+    if method == "corn":
+        # coral_pytorch.dataset.corn_label_from_logits, without the package (prediction needs no
+        # training dependency): P(y > k) = prod_{j <= k} sigmoid(logit_j)
+        return (torch.sigmoid(out).cumprod(dim=1) > 0.5).sum(dim=1).long()
+    raise ValueError(f"method {method!r} has no output head; expected l1, ce or corn.")
+
+
+@torch.no_grad()
+def head_probabilities(method: str, model: RankModel, embeddings: torch.Tensor,
+                       num_ranks: int) -> torch.Tensor:
+    """``[N, n]`` float64 rank probabilities of a baseline: softmax (``ce``); the differences of
+    CORN's ``P(y > k)`` (``corn``); for ``l1``, whose regression gives no distribution, the two ranks
+    around the clamped prediction ``v`` with weights that make the mean ``v`` (so the expected rank is
+    the regression's output and the more probable rank is the rounded prediction)."""
+    out = model.head(embeddings).to(torch.float64)
+    if method == "ce":
+        return torch.softmax(out, dim=1)
+    if method == "corn":
+        above = torch.sigmoid(out).cumprod(dim=1)                     # P(y > k), k = 0 … n-2
+        ones = torch.ones_like(above[:, :1])
+        survival = torch.cat([ones, above, torch.zeros_like(ones)], dim=1)  # P(y > k - 1), k = 0 … n
+        return (survival[:, :-1] - survival[:, 1:]).clamp_min(0.0)[:, :num_ranks]
+    if method == "l1":
+        v = (out.squeeze(1) * max(num_ranks - 1, 1)).clamp(0, num_ranks - 1)
+        low = v.floor().long().clamp(max=num_ranks - 1)
+        high = (low + 1).clamp(max=num_ranks - 1)
+        frac = v - low.to(v.dtype)
+        p = torch.zeros(v.shape[0], num_ranks, dtype=torch.float64, device=v.device)
+        p.scatter_add_(1, low[:, None], (1.0 - frac)[:, None])
+        p.scatter_add_(1, high[:, None], frac[:, None])
+        return p
+    raise ValueError(f"method {method!r} has no output head; expected l1, ce or corn.")

@@ -9,7 +9,14 @@ import torch
 
 from ..noise import add_label_noise
 from .config import TrainConfig
-from .data import OrdinalDataset, load_dataset, load_train_test, standardize, train_test_split
+from .data import (
+    OrdinalDataset,
+    feature_scaling,
+    load_dataset,
+    load_train_test,
+    standardize,
+    train_test_split,
+)
 
 __all__ = ["PreparedData", "prepare_data"]
 
@@ -28,6 +35,9 @@ class PreparedData:
         test_x: ``[M, ...]`` float32 test inputs.
         test_ranks: ``[M]`` int64 test ranks (clean; never shown to the learner).
         train_rows: ``[N]`` int64 row of each training sample in the data file.
+        preprocessing: what turns a new file into ``train_x``-like inputs (saved with the model):
+            the data's ``schema``, ``feature_names``, the feature ``scaling`` (``mean``/``std``,
+            float64, or ``None`` for images), the ``delimiter`` and the label ``grid``.
     """
 
     name: str
@@ -39,6 +49,7 @@ class PreparedData:
     test_x: torch.Tensor
     test_ranks: torch.Tensor
     train_rows: Optional[torch.Tensor] = None
+    preprocessing: Optional[dict[str, Any]] = None
 
     @property
     def num_ranks(self) -> int:
@@ -86,6 +97,15 @@ def prepare_data(config: TrainConfig) -> PreparedData:
                                  full.encoder, full.name, "tabular")
         rows = train_test_split(numbers, test_fraction=config.test_fraction,
                                 seed=config.seed)[0].features[:, 0].round().long()
+    scaling = feature_scaling(train)
+    enc = train.encoder
+    preprocessing = {
+        "kind": train.kind, "schema": dict(train.schema), "feature_names": list(train.feature_names),
+        "input_shape": list(train.features.shape[1:]), "delimiter": config.delimiter,
+        "scaling": None if scaling is None else {"mean": scaling[0], "std": scaling[1]},
+        "grid": {"min_value": float(enc.min_value), "step": float(enc.step),
+                 "num_ranks": int(enc.num_ranks)},
+    }
     train, test = standardize(train, test)
     n = int(train.encoder.num_ranks)
     noisy = add_label_noise(train.ranks, n, noise=config.noise, kappa=config.kappa,
@@ -95,4 +115,5 @@ def prepare_data(config: TrainConfig) -> PreparedData:
         name=train.name, kind=train.kind, encoder=train.encoder,
         train_x=train.features.float(), train_given=noisy.noisy.long(),
         train_clean=noisy.clean.long() if labels_known_clean else None,
-        test_x=test.features.float(), test_ranks=test.ranks.long(), train_rows=rows)
+        test_x=test.features.float(), test_ranks=test.ranks.long(), train_rows=rows,
+        preprocessing=preprocessing)

@@ -39,27 +39,22 @@ from torch.nn.parallel import DistributedDataParallel
 from ..centroids import (
     LabelNoiseFit,
     centroid_span,
-    compute_centroids,
-    damp_centroids,
-    dissimilarities,
     embed,
     fit_label_noise,
-    fit_rank_posterior,
     fit_through_label_noise,
     median_ranks,
-    posterior_median_ranks,
     rank_posterior,
 )
 from ..distributed import DistributedStochasticOrderLoss
+from ..head import SOLHead
 from ..metrics import summarize
 from ..noise import noise_statistics
-from ..ops import noise_kernel
 from ..pairs import balanced_pairs, sample_references
 from ..refine import posterior_relabel, refine_labels
-from .checkpoint import CHECKPOINT_NAME, CheckpointMismatch, load_checkpoint, save_checkpoint
+from .checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointMismatch, load_checkpoint, save_checkpoint
 from .config import FALLBACK_SIGMA, TrainConfig
 from .data import split_indices
-from .methods import RankModel, build_model, make_sol_loss, predict, training_loss
+from .methods import RankModel, build_model, head_ranks, make_sol_head, training_loss
 from .parallel import Parallel
 from .prepare import PreparedData
 
@@ -163,7 +158,6 @@ def _batches(n: int, batch_size: int, generator: torch.Generator,
     return out
 
 
-BEST_NAME = "best.pt"
 SIGMA_SEARCH_NAME = ".sigma-search"  # the trials of sigma "auto", while they run
 
 
@@ -201,50 +195,44 @@ class _Readout:
     val_rank_probabilities: Optional[torch.Tensor] = None
 
 
-def _sol_readout(config: TrainConfig, sigma: float, model: RankModel, n: int,
+def _sol_readout(config: TrainConfig, head: SOLHead, model: RankModel,
                  fit_h: torch.Tensor, fit_labels: torch.Tensor, val_x: Optional[torch.Tensor],
                  val_labels: Optional[torch.Tensor], test_x: torch.Tensor,
-                 centroids: torch.Tensor, device: torch.device, batch_size: int,
-                 par: Parallel) -> _Readout:
-    """Rank read-out of the SOL methods: posterior median (default) or eq. 6."""
+                 device: torch.device, batch_size: int, par: Parallel) -> _Readout:
+    """Rank read-out of the SOL methods (``head``, its centroids updated): posterior median
+    (default) or eq. 6."""
+    n = head.num_ranks
     val_h = None if val_x is None else _embed_all(model, val_x, batch_size, device, par)
     test_h = _embed_all(model, test_x, batch_size, device, par)
-    backend = config.backend
-    d_fit = dissimilarities(fit_h, centroids, sigma, backend=backend)
-    d_val = None if val_h is None else dissimilarities(val_h, centroids, sigma, backend=backend)
-    d_test = dissimilarities(test_h, centroids, sigma, backend=backend)
-    needs_posterior = config.inference == "posterior" or (
-        config.refines and config.relabel == "posterior")
-    if needs_posterior:
-        # The temperature is fitted on held-out samples when there are any: on the samples the
-        # encoder was fitted to, the posterior comes out over-confident. The prior is the rank
-        # frequency of the training labels.
-        on_d, on_labels = (d_fit, fit_labels) if d_val is None else (d_val, val_labels)
-        posterior = fit_rank_posterior(on_d, on_labels, n, prior_labels=fit_labels)
-        p_fit = rank_posterior(d_fit, posterior)
-        p_val = None if d_val is None else rank_posterior(d_val, posterior)
-        probabilities = dict(fit_probabilities=p_fit, val_probabilities=p_val)
-        if config.refines and config.relabel == "posterior":
-            # The posterior above describes the noisy label; as the prior of the true rank it
-            # would count the noise twice. Relabeling uses one fitted through the noise model.
-            noise = _label_noise_fit(config, on_d, on_labels, n, fit_labels)
-            probabilities.update(
-                noise=noise, fit_rank_probabilities=rank_posterior(d_fit, noise.posterior),
-                val_rank_probabilities=None if d_val is None else rank_posterior(d_val,
-                                                                                 noise.posterior))
-        if config.inference == "posterior":
-            pick = median_ranks
-            return _Readout(fit_pred=pick(p_fit), val_pred=None if p_val is None else pick(p_val),
-                            test_pred=posterior_median_ranks(d_test, posterior), test_h=test_h,
-                            **probabilities)
+    # The temperature is fitted on held-out samples when there are any: on the samples the
+    # encoder was fitted to, the posterior comes out over-confident. The prior is the rank
+    # frequency of the training labels.
+    if val_h is None:
+        head.fit_readout(fit_h, fit_labels)
     else:
-        probabilities = dict(fit_probabilities=None, val_probabilities=None)
-
-    def nearest(d: torch.Tensor) -> torch.Tensor:
-        return torch.argmin(d, dim=1)  # eq. 6, first minimum on ties
-
-    return _Readout(fit_pred=nearest(d_fit), val_pred=None if d_val is None else nearest(d_val),
-                    test_pred=nearest(d_test), test_h=test_h, **probabilities)
+        head.fit_readout(val_h, val_labels, prior_labels=fit_labels)
+    d_fit = head.dissimilarity(fit_h)
+    d_val = None if val_h is None else head.dissimilarity(val_h)
+    d_test = head.dissimilarity(test_h)
+    p_fit = head.probabilities(d_fit)
+    p_val = None if d_val is None else head.probabilities(d_val)
+    probabilities = dict(fit_probabilities=p_fit, val_probabilities=p_val)
+    if config.refines and config.relabel == "posterior":
+        # The read-out's posterior describes the noisy label; as the prior of the true rank it
+        # would count the noise twice. Relabeling uses one fitted through the noise model.
+        on_d, on_labels = (d_fit, fit_labels) if d_val is None else (d_val, val_labels)
+        noise = _label_noise_fit(config, on_d, on_labels, n, fit_labels)
+        probabilities.update(
+            noise=noise, fit_rank_probabilities=rank_posterior(d_fit, noise.posterior),
+            val_rank_probabilities=None if d_val is None else rank_posterior(d_val, noise.posterior))
+    if config.inference == "posterior":
+        def pick(d: torch.Tensor) -> torch.Tensor:
+            return median_ranks(head.probabilities(d))
+    else:
+        def pick(d: torch.Tensor) -> torch.Tensor:
+            return torch.argmin(d, dim=1)  # eq. 6, first minimum on ties
+    return _Readout(fit_pred=pick(d_fit), val_pred=None if d_val is None else pick(d_val),
+                    test_pred=pick(d_test), test_h=test_h, **probabilities)
 
 
 def _label_noise_fit(config: TrainConfig, d: torch.Tensor, labels: torch.Tensor, n: int,
@@ -272,7 +260,7 @@ def _head_readout(config: TrainConfig, model: RankModel, n: int, fit_h: torch.Te
     test_h = _embed_all(model, test_x, batch_size, device, par)
 
     def pred(h: torch.Tensor) -> torch.Tensor:
-        return predict(config, model, h, n, None)
+        return head_ranks(config.method, model, h, n)
 
     return _Readout(fit_pred=pred(fit_h), val_pred=None if val_h is None else pred(val_h),
                     test_pred=pred(test_h), test_h=test_h, fit_probabilities=None,
@@ -407,10 +395,9 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
                                           else None) if par.enabled else model)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
                                  weight_decay=config.weight_decay)
-    sigma = run_config.kernel_sigma if config.uses_centroids else None
-    kernel = (noise_kernel(n, sigma, dtype=torch.float64, device=device)
-              if config.uses_centroids else None)
-    sol_loss = make_sol_loss(run_config, n) if config.uses_centroids else None
+    # SOL's centroids, loss and read-out (sol_ext.SOLHead); the baselines' heads are in the model
+    head = make_sol_head(run_config, n).to(device) if config.uses_centroids else None
+    sol_loss = None if head is None else head.criterion
     if sol_loss is not None and par.enabled:
         sol_loss = DistributedStochasticOrderLoss(sol_loss)
     fingerprint = data.fingerprint()
@@ -418,7 +405,6 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
     scaler = torch.amp.GradScaler("cuda") if config.amp and device.type == "cuda" else None
 
     history: list[dict[str, Any]] = []
-    centroids: Optional[torch.Tensor] = None
     labels = given.clone()
     first_epoch = 1
     elapsed_before = 0.0
@@ -435,7 +421,8 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
                 + f"{saved_world} process(es), or choose another --output.")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        centroids = None if state["centroids"] is None else state["centroids"].to(device)
+        if head is not None:
+            head.load_state_dict(state["head"])
         labels = state["labels"].to(device)
         history = state["history"]
         first_epoch = state["epoch"] + 1
@@ -445,26 +432,26 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
         gen.set_state(state["generator_rng"])
         best = par.broadcast_object(load_checkpoint(out_dir / BEST_NAME) if par.is_main else None)
         log(f"resuming {out_dir} after epoch {state['epoch']}")
-    elif config.uses_centroids:
-        fit_h = _embed_all(model, fit_x, eval_bs, device, par)
-        centroids = _centroid_rule(config, fit_h, labels, kernel, None, par)
+    elif head is not None:
+        _centroid_rule(head, _embed_all(model, fit_x, eval_bs, device, par), labels, par)
 
     for epoch in range(first_epoch, config.epochs + 1):
         if best is not None and config.patience is not None \
                 and epoch - 1 - best["epoch"] >= config.patience:
             break  # a resumed run that had already stopped early
         # 1. network training, centroids fixed
+        centroids = None if head is None else head.centroids
         loss = _train_epoch(run_config, model, optimizer, fit_x, labels, n, centroids, sol_loss,
                             gen, progress, epoch, scaler, step_model, par)
         record: dict[str, Any] = {"epoch": epoch, "train_loss": loss}
 
         # 2. centroid rule; 3. read-out and relabeling
         fit_h = _embed_all(model, fit_x, eval_bs, device, par)
-        if config.uses_centroids:
-            centroids = _centroid_rule(config, fit_h, labels, kernel, centroids, par)
+        if head is not None:
+            centroids = _centroid_rule(head, fit_h, labels, par)
             record["centroid_span"] = centroid_span(centroids)
-            out = _sol_readout(run_config, sigma, model, n, fit_h, labels, val_x, val_labels,
-                               test_x, centroids, device, eval_bs, par)
+            out = _sol_readout(run_config, head, model, fit_h, labels, val_x, val_labels,
+                               test_x, device, eval_bs, par)
         else:
             out = _head_readout(run_config, model, n, fit_h, val_x, test_x, device, eval_bs, par)
         record["train_mae_vs_labels"] = _rank_mae(out.fit_pred, labels)
@@ -502,7 +489,8 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
             "config": config.to_dict(), "fingerprint": fingerprint, "epoch": epoch,
             "world_size": par.world_size,
             "model": model.state_dict(),
-            "centroids": None if centroids is None else centroids.cpu(),
+            "head": None if head is None else {k: v.cpu() for k, v in head.state_dict().items()},
+            "predictor": _predictor_record(run_config, data),
             "labels": labels.cpu(), "corrected_labels": corrected.cpu(),
             "given_labels": given.cpu(),
             "clean_labels": clean, "train_rows": _rows(data, split.fit),
@@ -555,19 +543,23 @@ def _adopt_trial(config: TrainConfig, data: PreparedData, out_dir: Path, search:
                       labels=_corrected(best))
 
 
-def _centroid_rule(config: TrainConfig, fit_h: torch.Tensor, labels: torch.Tensor,
-                   kernel: torch.Tensor, previous: Optional[torch.Tensor],
+def _centroid_rule(head: SOLHead, fit_h: torch.Tensor, labels: torch.Tensor,
                    par: Optional[Parallel] = None) -> torch.Tensor:
-    """Centroids ``[n, d]`` by the centroid rule, damped with ``previous``, normalized as the
-    embeddings (SPEC §10.4). In a torchrun run each process adds up its shard of the training
-    set and the per-label sums and counts are all-reduced."""
+    """The head's damped centroid rule (docs/math.md §8, §12) over the training set; returns the
+    new centroids ``[n, d]``. In a torchrun run each process adds up its shard of the training set
+    and the per-label sums and counts are all-reduced."""
     all_reduce = None
     if par is not None and par.enabled:
         shard = par.shard(fit_h.shape[0])
         fit_h, labels, all_reduce = fit_h[shard], labels[shard], par.sum
-    rule = compute_centroids(fit_h, labels.to(fit_h.device), kernel, previous=previous,
-                             all_reduce=all_reduce)
-    return damp_centroids(previous, rule, config.centroid_momentum, normalize=config.normalize)
+    return head.update_centroids(fit_h, labels.to(fit_h.device), all_reduce=all_reduce)
+
+
+def _predictor_record(config: TrainConfig, data: PreparedData) -> dict[str, Any]:
+    """What :func:`sol_ext.load_run` needs beside the weights to predict on new data: the method
+    and encoder settings (sigma resolved), the input shape, and the data's preprocessing."""
+    return {"config": config.to_dict(), "input_shape": list(data.input_shape), "kind": data.kind,
+            "preprocessing": data.preprocessing}
 
 
 def _rows(data: PreparedData, index: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,8 @@ Sources (nothing is downloaded):
 
 The modules, by source: ``encoding`` (:class:`RankEncoder`, :class:`OrdinalDataset`), ``tables`` (CSV and
 ``.npz``), ``images`` (image folders), ``builtin`` (Abalone, Wine Quality, Fashion-MNIST), ``dispatch``
-(``load_dataset``, ``load_train_test``) and ``split`` (splitting and scaling). Import from here.
+(``load_dataset``, ``load_train_test``), ``split`` (splitting and scaling) and ``inputs`` (new files read
+as a run's training data were, for prediction). Import from here.
 """
 
 from .builtin import (
@@ -34,7 +35,8 @@ from .builtin import (
 from .dispatch import load_dataset, load_train_test
 from .encoding import OrdinalDataset, RankEncoder, infer_step
 from .images import load_image_folder
-from .split import split_indices, standardize, train_test_split
+from .inputs import Inputs, read_inputs
+from .split import apply_scaling, feature_scaling, split_indices, standardize, train_test_split
 from .tables import load_csv, load_npz
 
 __all__ = [
@@ -42,6 +44,6 @@ __all__ = [
     "load_abalone", "load_wine_red", "load_csv", "load_npz", "load_image_folder",
     "load_fashion_mnist_degradation",
     "degradation_strengths", "load_dataset", "load_train_test", "split_indices", "train_test_split",
-    "standardize",
+    "standardize", "feature_scaling", "apply_scaling", "Inputs", "read_inputs",
     "DATASETS_DIR", "FASHION_MNIST_DIR", "FASHION_MNIST_INSTALL",
 ]

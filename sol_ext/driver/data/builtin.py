@@ -165,5 +165,8 @@ def load_fashion_mnist_degradation(levels: int = 8, samples_per_level: int = 500
             noisy = x[rows] + s * torch.randn(x[rows].shape, generator=noise_gen)
             x[rows] = noisy.clamp_(0.0, 1.0)
     encoder = RankEncoder(min_value=0.0, step=1.0, num_ranks=levels)
+    # new images for prediction: an image folder, read as 28 x 28 grayscale
+    schema = {"format": "images", "path_column": "path", "label_column": "label",
+              "image_size": [int(x.shape[2]), int(x.shape[3])], "channels": 1}
     return OrdinalDataset(features=x, ranks=torch.from_numpy(level.astype(np.int64)), encoder=encoder,
-                          name=f"fashion-mnist-{kind}", kind="images")
+                          name=f"fashion-mnist-{kind}", kind="images", schema=schema)

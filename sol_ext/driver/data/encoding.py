@@ -204,6 +204,10 @@ class OrdinalDataset:
         name: a short name for reports ("abalone", a file stem).
         kind: "tabular" | "embeddings" | "images".
         feature_names: names of the ``F`` columns for tabular data ("Sex=F", "Length", …), else empty.
+        schema: how the features were read, so that new files can be read the same way for
+            prediction (:func:`sol_ext.driver.data.read_inputs`): ``{"format": "csv", "columns": [...],
+            "categorical": {column: [categories]}, "label_column": ...}``, ``{"format": "npz", ...}`` or
+            ``{"format": "images", "image_size": [H, W], "channels": C, ...}``; empty when unknown.
     """
 
     features: torch.Tensor
@@ -212,6 +216,7 @@ class OrdinalDataset:
     name: str
     kind: str
     feature_names: tuple[str, ...] = ()
+    schema: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -269,7 +274,7 @@ class OrdinalDataset:
 def _make_dataset(features: torch.Tensor, values: np.ndarray, *, name: str, kind: str,
                   encoder: RankEncoder | None, step: float | None, min_value: float | None,
                   max_value: float | None, feature_names: Sequence[str] = (),
-                  source: str = "") -> OrdinalDataset:
+                  source: str = "", schema: dict[str, Any] | None = None) -> OrdinalDataset:
     """Encode label values ``[N]`` (fitting the grid unless ``encoder`` is given) and build the dataset."""
     if values.size == 0:
         raise ValueError(f"{source or name} has no samples")
@@ -286,4 +291,4 @@ def _make_dataset(features: torch.Tensor, values: np.ndarray, *, name: str, kind
     except ValueError as err:
         raise ValueError(f"{source or name}: {err}") from None
     return OrdinalDataset(features=features, ranks=ranks, encoder=encoder, name=name, kind=kind,
-                          feature_names=tuple(feature_names))
+                          feature_names=tuple(feature_names), schema=dict(schema or {}))

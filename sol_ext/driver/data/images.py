@@ -115,6 +115,8 @@ def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path
     for i in range(len(files)):
         with _open(i) as img:
             x[i] = _image_array(img, channels, size)
+    schema = {"format": "images", "path_column": path_column, "label_column": label_column,
+              "image_size": list(size), "channels": channels}
     return _make_dataset(torch.from_numpy(x), values, name=name or _stem(csv_path), kind="images",
                          encoder=encoder, step=step, min_value=min_value, max_value=max_value,
-                         source=str(csv_path))
+                         source=str(csv_path), schema=schema)

@@ -10,7 +10,7 @@ import torch
 
 from .encoding import OrdinalDataset
 
-__all__ = ["split_indices", "train_test_split", "standardize"]
+__all__ = ["split_indices", "train_test_split", "standardize", "feature_scaling", "apply_scaling"]
 
 
 
@@ -45,24 +45,41 @@ def train_test_split(ds: OrdinalDataset, test_fraction: float = 0.2,
     return ds.subset(train_idx), ds.subset(test_idx)
 
 
+def feature_scaling(train: OrdinalDataset) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Per-column ``(mean, std)`` (float64 ``[F]``) of the training features, as :func:`standardize`
+    uses them; constant columns get std 1 (centred only). ``None`` for images (kept in [0, 1])."""
+    if train.kind == "images":
+        return None
+    x = train.features.to(torch.float64)
+    mean = x.mean(dim=0)
+    std = x.std(dim=0, unbiased=False)
+    return mean, torch.where(std > 1e-12, std, torch.ones_like(std))
+
+
+def apply_scaling(features: torch.Tensor, scaling: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """``(features - mean) / std`` in float64, returned as float32 (``scaling`` None: unchanged)."""
+    if scaling is None:
+        return features
+    mean, std = scaling
+    return ((features.to(torch.float64) - mean) / std).float()
+
+
 def standardize(train: OrdinalDataset,
                 test: OrdinalDataset | None = None) -> tuple[OrdinalDataset, OrdinalDataset | None]:
-    """Scale features to zero mean and unit variance per column, fitted on ``train`` only.
+    """Scale features to zero mean and unit variance per column, fitted on ``train`` only
+    (:func:`feature_scaling`).
 
     Applies to "tabular" and "embeddings" data; constant columns are centred only. Images are returned
     unchanged (they are already in [0, 1]).
     """
-    if train.kind == "images":
+    scaling = feature_scaling(train)
+    if scaling is None:
         return train, test
-    x = train.features.to(torch.float64)
-    mean = x.mean(dim=0)
-    std = x.std(dim=0, unbiased=False)
-    std = torch.where(std > 1e-12, std, torch.ones_like(std))
 
     def scale(ds: OrdinalDataset) -> OrdinalDataset:
         if ds.features.shape[1:] != train.features.shape[1:]:
             raise ValueError(f"{ds.name!r} has features {tuple(ds.features.shape[1:])}, train has "
                              f"{tuple(train.features.shape[1:])}")
-        return dataclasses.replace(ds, features=((ds.features.to(torch.float64) - mean) / std).float())
+        return dataclasses.replace(ds, features=apply_scaling(ds.features, scaling))
 
     return scale(train), (scale(test) if test is not None else None)

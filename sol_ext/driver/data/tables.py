@@ -136,9 +136,11 @@ def _parse_labels(body: list[list[str]], j: int, name: str, path: Path) -> np.nd
 
 
 def _parse_features(body: list[list[str]], header: list[str], columns: Sequence[str],
-                    categorical: Mapping[str, Sequence[str]], path: Path) -> tuple[np.ndarray, list[str]]:
-    """Numeric columns as they are, categorical ones one-hot, in the order of ``columns``."""
-    blocks, names = [], []
+                    categorical: Mapping[str, Sequence[str]], path: Path
+                    ) -> tuple[np.ndarray, list[str], dict[str, list[str]]]:
+    """Numeric columns as they are, categorical ones one-hot, in the order of ``columns``; also the
+    categories used for each categorical column (so that another file gets the same columns)."""
+    blocks, names, used = [], [], {}
     for name in columns:
         j = _column(header, name, path, "feature")
         cells = [row[j] for row in body]
@@ -151,6 +153,7 @@ def _parse_features(body: list[list[str]], header: list[str], columns: Sequence[
             onehot = np.array([[c == k for k in cats] for c in cells], dtype=np.float64)
             blocks.append(onehot)
             names += [f"{name}={k}" for k in cats]
+            used[name] = cats
             continue
         col = np.empty(len(cells), dtype=np.float64)
         for i, cell in enumerate(cells):
@@ -170,7 +173,7 @@ def _parse_features(body: list[list[str]], header: list[str], columns: Sequence[
         names.append(name)
     if not blocks:
         raise ValueError(f"{path}: no feature columns left besides the label")
-    return np.concatenate(blocks, axis=1), names
+    return np.concatenate(blocks, axis=1), names, used
 
 
 def load_csv(path: str | Path, label_column: str = "label", feature_columns: Sequence[str] | None = None,
@@ -210,10 +213,12 @@ def load_csv(path: str | Path, label_column: str = "label", feature_columns: Seq
         if c not in feature_columns:
             raise ValueError(f"categorical column {c!r} is not among the feature columns "
                              f"{list(feature_columns)}")
-    x, names = _parse_features(body, header, list(feature_columns), cats, path)
+    x, names, used = _parse_features(body, header, list(feature_columns), cats, path)
+    schema = {"format": "csv", "columns": list(feature_columns), "categorical": used,
+              "label_column": label_column}
     return _make_dataset(torch.from_numpy(x).to(torch.float32), values, name=name or _stem(path),
                          kind="tabular", encoder=encoder, step=step, min_value=min_value,
-                         max_value=max_value, feature_names=names, source=str(path))
+                         max_value=max_value, feature_names=names, source=str(path), schema=schema)
 
 
 def _stem(path: Path) -> str:
@@ -266,6 +271,7 @@ def load_npz(path: str | Path, step: float | None = None, min_value: float | Non
         i = int(np.flatnonzero(~np.isfinite(values))[0])
         raise ValueError(f"{path}: label {i} is {values[i]}; labels must be finite numbers")
     kind = "embeddings" if x.ndim == 2 else "images"
+    schema = {"format": "npz", "features_key": features_key, "labels_key": labels_key}
     return _make_dataset(torch.from_numpy(x.astype(np.float32)), values, name=name or _stem(path),
                          kind=kind, encoder=encoder, step=step, min_value=min_value, max_value=max_value,
-                         source=str(path))
+                         source=str(path), schema=schema)

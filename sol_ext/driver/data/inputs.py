@@ -1,0 +1,119 @@
+"""Inputs for prediction: new files read the way a run's training data were read, labels optional.
+
+A trained run records its data's ``schema`` (:attr:`OrdinalDataset.schema`): which CSV columns in
+which order, the categories of each one-hot column, the image size and channels. :func:`read_inputs`
+reads a new file with that schema, so a prediction sees the same feature columns as training did;
+the file may lack the label column (then there is nothing to score against).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from ..errors import data_file_errors
+from .dispatch import _NAMED, load_dataset
+from .images import _image_array, _import_pil
+from .tables import _column, _parse_features, _parse_labels, _read_csv
+
+__all__ = ["Inputs", "read_inputs"]
+
+
+@dataclass
+class Inputs:
+    """Raw (unscaled) inputs of a prediction.
+
+    Attributes:
+        features: float32 ``[N, F]`` or images ``[N, C, H, W]`` in [0, 1].
+        ids: one id per row: the data row number (from 0), or the image path as written in the list.
+        values: ``[N]`` float64 label values when the data have labels, else ``None``.
+    """
+
+    features: torch.Tensor
+    ids: list[str]
+    values: Optional[np.ndarray]
+
+
+def read_inputs(spec: str | Path, schema: dict[str, Any], delimiter: Optional[str] = None) -> Inputs:
+    """Read ``spec`` (a built-in name, a ``.csv``/``.csv.gz``/``.npz`` file, or an image folder with
+    ``labels.csv``) the way data of ``schema`` were read for training."""
+    key = str(spec).strip()
+    if key.lower() in _NAMED:
+        ds = load_dataset(key)
+        return Inputs(ds.features, [str(i) for i in range(len(ds))], ds.labels.numpy())
+    path = Path(key)
+    if path.is_dir():
+        path = path / "labels.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"no data {key!r}: not a built-in name ({', '.join(_NAMED)}) nor an "
+                                "existing .csv, .npz file or image folder")
+    fmt = schema.get("format")
+    name = path.name.lower()
+    if name.endswith(".npz"):
+        if fmt != "npz":
+            raise ValueError(f"{path} is an .npz file but the run was trained on {fmt or 'other'} data; "
+                             "give a file of the same kind")
+        return _read_npz(path, schema)
+    if not (name.endswith(".csv") or name.endswith(".csv.gz")):
+        raise ValueError(f"cannot tell the format of {path}: expected .csv, .csv.gz, .npz or a folder "
+                         "with labels.csv")
+    if fmt == "images":
+        return _read_image_list(path, schema, delimiter)
+    if fmt == "csv":
+        return _read_table(path, schema, delimiter)
+    raise ValueError(f"{path} is a CSV file but the run was trained on {fmt or 'other'} data; give a "
+                     "file of the same kind")
+
+
+def _optional_labels(header: list[str], body: list[list[str]], label_column: Optional[str],
+                     path: Path) -> Optional[np.ndarray]:
+    if label_column is None or label_column not in header:
+        return None
+    return _parse_labels(body, header.index(label_column), label_column, path)
+
+
+def _read_table(path: Path, schema: dict[str, Any], delimiter: Optional[str]) -> Inputs:
+    header, body = _read_csv(path, delimiter)
+    categorical = {k: list(v) for k, v in schema.get("categorical", {}).items()}
+    x, _, _ = _parse_features(body, header, list(schema["columns"]), categorical, path)
+    return Inputs(torch.from_numpy(x).to(torch.float32), [str(i) for i in range(len(body))],
+                  _optional_labels(header, body, schema.get("label_column"), path))
+
+
+def _read_npz(path: Path, schema: dict[str, Any]) -> Inputs:
+    with data_file_errors(path), np.load(path, allow_pickle=False) as npz:
+        keys = list(npz.keys())
+        features_key = schema.get("features_key") or "embeddings"
+        if features_key not in keys:
+            raise ValueError(f"{path} has no array {features_key!r} (the run's features); it has {keys}")
+        x = npz[features_key]
+        labels_key = schema.get("labels_key", "labels")
+        y = npz[labels_key] if labels_key in keys else None
+    if not np.issubdtype(x.dtype, np.number) or np.iscomplexobj(x):
+        raise ValueError(f"{path}: {features_key!r} must be real numbers, got {x.dtype}")
+    if x.ndim == 3:
+        x = x[:, None]
+    values = None if y is None else np.asarray(y, dtype=np.float64).reshape(-1)
+    return Inputs(torch.from_numpy(x.astype(np.float32)), [str(i) for i in range(x.shape[0])], values)
+
+
+def _read_image_list(path: Path, schema: dict[str, Any], delimiter: Optional[str]) -> Inputs:
+    Image = _import_pil()
+    header, body = _read_csv(path, delimiter)
+    jp = _column(header, schema.get("path_column", "path"), path, "path")
+    size, channels = tuple(schema["image_size"]), int(schema["channels"])
+    x = np.empty((len(body), channels, *size), dtype=np.float32)
+    for i, row in enumerate(body):
+        file = Path(row[jp]) if Path(row[jp]).is_absolute() else path.parent / row[jp]
+        try:
+            with Image.open(file) as img:
+                img.load()
+                x[i] = _image_array(img, channels, size)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"cannot read image {file} (data row {i + 1} of {path}): {err}") from None
+    return Inputs(torch.from_numpy(x), [row[jp] for row in body],
+                  _optional_labels(header, body, schema.get("label_column"), path))

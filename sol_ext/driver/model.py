@@ -1,0 +1,207 @@
+"""A trained run as a model: :func:`load_run` reads a ``sol-ext train`` output folder and predicts on
+new data, in the data's own label units.
+
+The run's selected model (``best.pt``, else the last ``checkpoint.pt``) holds everything a
+prediction needs: the encoder's settings and weights, the SOL head (centroids and the fitted
+read-out) or the baseline's output head, the feature preprocessing (columns, one-hot categories,
+the training set's mean and std) and the label grid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from ..centroids import embed
+from ..head import SOLHead
+from .checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
+from .config import TrainConfig
+from .data import RankEncoder, apply_scaling, read_inputs
+from .methods import RankModel, build_model, head_probabilities, head_ranks, make_sol_head
+
+__all__ = ["TrainedModel", "Prediction", "load_run"]
+
+DataLike = Any  # a data spec (built-in name, file or folder path) or raw features [N, ...]
+
+
+@dataclass
+class Prediction:
+    """Predictions for every row of some data.
+
+    Attributes:
+        ids: one id per row (the data row number from 0, or the image path).
+        ranks: ``[N]`` int64 predicted ranks ``0 … n-1``.
+        prediction: ``[N]`` float64 predicted labels, in label units.
+        expected: ``[N]`` float64 expected label ``sum_q value_q p(q | x)``.
+        probabilities: ``[N, n]`` float64 ``p(q | x)``, columns in the order of ``label_values``.
+        label_values: ``[n]`` float64 the label value of each rank.
+        values: ``[N]`` float64 the data's own labels, when it has a label column; else ``None``.
+    """
+
+    ids: list[str]
+    ranks: np.ndarray
+    prediction: np.ndarray
+    expected: np.ndarray
+    probabilities: np.ndarray
+    label_values: np.ndarray
+    values: Optional[np.ndarray] = None
+
+
+class TrainedModel:
+    """A trained run's encoder, head and preprocessing; see :func:`load_run`.
+
+    ``data`` in the methods below is what ``sol-ext train --data`` accepts (a built-in name, a
+    ``.csv``/``.npz`` file or an image folder, read with the run's columns and categories, the label
+    column optional), or an array of raw features ``[N, F]`` in the training column order (after
+    one-hot encoding: :attr:`feature_names`), or images ``[N, C, H, W]`` in [0, 1].
+    """
+
+    def __init__(self, config: TrainConfig, model: RankModel, head: Optional[SOLHead],
+                 record: dict[str, Any], device: torch.device | str = "cpu"):
+        self.config = config
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.head = None if head is None else head.to(self.device)
+        self.preprocessing = record["preprocessing"]
+        self.kind = record["kind"]
+        self.input_shape = tuple(record["input_shape"])
+        grid = self.preprocessing["grid"]
+        self.encoder = RankEncoder(grid["min_value"], grid["step"], grid["num_ranks"])
+        scaling = self.preprocessing["scaling"]
+        self.scaling = None if scaling is None else (scaling["mean"].to(torch.float64),
+                                                     scaling["std"].to(torch.float64))
+
+    # -- what the model is -------------------------------------------------------------------
+    @property
+    def method(self) -> str:
+        return self.config.method
+
+    @property
+    def num_ranks(self) -> int:
+        return self.encoder.num_ranks
+
+    @property
+    def label_values(self) -> np.ndarray:
+        """``[n]`` the label value of each rank (the columns of :meth:`predict_proba`)."""
+        return self.encoder.values().numpy()
+
+    @property
+    def feature_names(self) -> list[str]:
+        """The columns of a raw feature array, in order (tabular data; empty otherwise)."""
+        return list(self.preprocessing.get("feature_names", []))
+
+    # -- inputs ------------------------------------------------------------------------------
+    def features(self, data: DataLike) -> tuple[torch.Tensor, list[str], Optional[np.ndarray]]:
+        """The model's inputs of ``data`` (scaled as in training), their ids and labels if any."""
+        if isinstance(data, (str, Path)):
+            inputs = read_inputs(data, self.preprocessing.get("schema", {}),
+                                 delimiter=self.preprocessing.get("delimiter"))
+            x, ids, values = inputs.features, inputs.ids, inputs.values
+        else:
+            x = torch.as_tensor(np.asarray(data.cpu() if isinstance(data, torch.Tensor) else data))
+            if x.is_complex() or not (x.is_floating_point() or x.dtype in (
+                    torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)):
+                raise ValueError(f"data: expected real numbers, got an array of {x.dtype}")
+            x = x.to(torch.float32)
+            if x.dim() == 1 and len(self.input_shape) == 1:
+                x = x[None]
+            ids, values = [str(i) for i in range(x.shape[0])], None
+        if tuple(x.shape[1:]) != self.input_shape:
+            names = self.feature_names
+            detail = f" ({', '.join(names)})" if names and len(names) <= 40 else ""
+            raise ValueError(f"data: rows of shape {list(x.shape[1:])}, but the model was trained on "
+                             f"{list(self.input_shape)}{detail}")
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("data has NaN or infinite features; drop or impute such rows first")
+        return apply_scaling(x, self.scaling), ids, values
+
+    # -- predictions -------------------------------------------------------------------------
+    @torch.no_grad()
+    def embed(self, data: DataLike) -> torch.Tensor:
+        """``[N, d]`` embeddings (L2-normalized where the run normalized them)."""
+        return self._embed(self.features(data)[0])
+
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        return embed(self.model, x, max(256, self.config.batch_size), self.device)
+
+    @torch.no_grad()
+    def predict_table(self, data: DataLike) -> Prediction:
+        """Everything :meth:`predict`, :meth:`predict_proba` and the expected value give, at once."""
+        x, ids, values = self.features(data)
+        h = self._embed(x)
+        if self.head is not None:
+            d = self.head.dissimilarity(h)
+            probabilities = self.head.probabilities(d)
+            ranks = (torch.argmin(d, dim=1) if self.head.readout == "nearest"
+                     else _median(probabilities))
+        else:
+            probabilities = head_probabilities(self.method, self.model, h, self.num_ranks)
+            ranks = head_ranks(self.method, self.model, h, self.num_ranks)
+        label_values = self.encoder.values().to(torch.float64)
+        expected = probabilities.cpu() @ label_values
+        return Prediction(ids=ids, ranks=ranks.cpu().numpy(),
+                          prediction=self.encoder.decode(ranks.cpu()).numpy(),
+                          expected=expected.numpy(), probabilities=probabilities.cpu().numpy(),
+                          label_values=label_values.numpy(), values=values)
+
+    def predict(self, data: DataLike) -> np.ndarray:
+        """``[N]`` predicted labels, in label units (the run's read-out: the posterior median for
+        SOL by default)."""
+        return self.predict_table(data).prediction
+
+    def predict_proba(self, data: DataLike) -> np.ndarray:
+        """``[N, n]`` probabilities of each label value (:attr:`label_values`)."""
+        return self.predict_table(data).probabilities
+
+    def expected(self, data: DataLike) -> np.ndarray:
+        """``[N]`` expected label under :meth:`predict_proba`, in label units."""
+        return self.predict_table(data).expected
+
+    def __repr__(self) -> str:
+        return (f"TrainedModel(method={self.method!r}, kind={self.kind!r}, ranks={self.num_ranks} "
+                f"({self.encoder.min_value:g} … {self.encoder.max_value:g} step {self.encoder.step:g}))")
+
+
+def _median(probabilities: torch.Tensor) -> torch.Tensor:
+    from ..centroids import median_ranks
+
+    return median_ranks(probabilities)
+
+
+def load_run(path: str | Path, device: torch.device | str = "cpu") -> TrainedModel:
+    """The model of a ``sol-ext train`` run folder (its selected epoch, ``best.pt``; the last
+    checkpoint where there is none), ready to predict. Runs of every method load.
+
+    Raises:
+        FileNotFoundError: ``path`` holds no run.
+        ValueError: the run was written by a version of sol_ext that did not save what prediction
+            needs (retrain it).
+    """
+    path = Path(path)
+    if path.is_dir():
+        file = path / BEST_NAME if (path / BEST_NAME).is_file() else path / CHECKPOINT_NAME
+    else:
+        file = path
+    if not file.is_file():
+        raise FileNotFoundError(f"no trained run in {str(path)!r}: expected the output folder of "
+                                f"'sol-ext train' (with {BEST_NAME}).")
+    state = load_checkpoint(file)
+    record = state.get("predictor")
+    if record is None:
+        raise ValueError(f"{file} was written by an earlier version of sol_ext that did not save the "
+                         f"preprocessing prediction needs; train the run again.")
+    # the weights come from the run: never read a pretrained-weights file again
+    config = dataclasses.replace(TrainConfig.from_dict(record["config"]), vgg_weights=None)
+    n = int(record["preprocessing"]["grid"]["num_ranks"])
+    model = build_model(config, tuple(record["input_shape"]), record["kind"], n)
+    model.load_state_dict(state["model"])
+    head = None
+    if config.uses_centroids:
+        head = make_sol_head(config, n)
+        head.load_state_dict(state["head"])
+    return TrainedModel(config, model, head, record, device)

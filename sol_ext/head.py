@@ -1,0 +1,226 @@
+"""``SOLHead``: SOL's state beside an encoder — centroids, the loss against them, and a read-out.
+
+A training loop of one's own keeps one :class:`SOLHead` next to the encoder::
+
+    head = sol_ext.SOLHead(num_ranks=62, embedding_dim=512)
+    head.update_centroids(embed_all(encoder), all_labels)      # once, before the first epoch
+    for epoch in range(epochs):
+        for x, y in loader:
+            loss = head.loss(encoder(x), y)                      # the stochastic order loss
+            ...
+        head.update(embed_all(encoder), all_labels)              # centroid rule + read-out
+    ranks = head.predict(encoder(x_new))                         # posterior median (default)
+
+It holds everything a prediction needs as buffers, so ``state_dict()``/``load_state_dict()`` save
+and restore it with the encoder. The math is in docs/math.md: the loss §3–§7, the centroid rule §8,
+the damped centroids, the rank posterior and its median read-out §12.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from . import _validation as check
+from .centroids import (
+    RankPosterior,
+    compute_centroids,
+    damp_centroids,
+    dissimilarities,
+    fit_rank_posterior,
+    median_ranks,
+    rank_posterior,
+)
+from .loss import StochasticOrderLoss
+from .ops import noise_kernel
+
+__all__ = ["SOLHead", "READOUTS"]
+
+# "posterior": the median of p(q | x) ∝ freq(q) exp(-D[x, q] / t) (the default; not in the paper);
+# "nearest": argmin_q D[x, q] (the paper's eq. 6).
+READOUTS = ("posterior", "nearest")
+
+
+class SOLHead(nn.Module):
+    """SOL's rank centroids, loss and read-out for embeddings of size ``embedding_dim``.
+
+    Args:
+        num_ranks: ``n`` (>= 1).
+        embedding_dim: ``d`` of the embeddings ``h [B, d]`` (>= 1).
+        sigma, tau, margin, T, disc_weight, convention: the loss's settings
+            (:class:`sol_ext.StochasticOrderLoss`); ``tau`` defaults to 1, the driver's default
+            (the paper's 3 lumps most pairs together on few ranks).
+        momentum: centroid damping ``m``: after each :meth:`update_centroids` the centroids are
+            ``normalize(m * old + (1 - m) * rule)``; 0 is the paper's wholesale replacement.
+        normalize: L2-normalize the centroids (do so when the encoder's embeddings are).
+        readout: ``"posterior"`` (default) or ``"nearest"`` (eq. 6), what :meth:`predict` uses.
+        backend, check_values: as for :class:`sol_ext.StochasticOrderLoss`.
+
+    Buffers (all in ``state_dict()``): ``centroids [n, d]``, ``log_prior [n]`` and ``temperature``
+    of the rank posterior, and the flags ``has_centroids``/``has_readout``.
+    """
+
+    def __init__(self, num_ranks: int, embedding_dim: int, *, sigma: float = 1.0, tau: int = 1,
+                 margin: float = 0.25, T: int = 1, disc_weight: float = 1.0,
+                 convention: str = "paper", momentum: float = 0.5, normalize: bool = True,
+                 readout: str = "posterior", backend: str = "auto", check_values: bool = True):
+        super().__init__()
+        self.criterion = StochasticOrderLoss(
+            num_ranks, sigma=sigma, tau=tau, margin=margin, T=T, disc_weight=disc_weight,
+            convention=convention, backend=backend, check_values=check_values)
+        self.num_ranks = self.criterion.num_ranks
+        self.embedding_dim = check.check_int("embedding_dim", embedding_dim, 1)
+        self.momentum = float(momentum)
+        if not (math.isfinite(self.momentum) and 0.0 <= self.momentum < 1.0):
+            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+        if not isinstance(normalize, bool):
+            raise TypeError(f"normalize must be True or False, got {normalize!r}")
+        self.normalize = normalize
+        self.readout = check.check_choice("readout", readout, READOUTS)
+        n, d = self.num_ranks, self.embedding_dim
+        self.register_buffer("centroids", torch.zeros(n, d))
+        # float64: the posterior is evaluated in float64 (see sol_ext.centroids.rank_posterior)
+        self.register_buffer("log_prior", torch.full((n,), -math.log(n), dtype=torch.float64))
+        self.register_buffer("temperature", torch.ones((), dtype=torch.float64))
+        self.register_buffer("has_centroids", torch.zeros((), dtype=torch.bool))
+        self.register_buffer("has_readout", torch.zeros((), dtype=torch.bool))
+
+    # -- settings ----------------------------------------------------------------------------
+    @property
+    def sigma(self) -> float:
+        return self.criterion.sigma
+
+    @property
+    def backend(self) -> str:
+        return self.criterion.backend
+
+    def kernel(self) -> torch.Tensor:
+        """The noise kernel ``P [n, n]`` (float64) of the centroid rule and the loss."""
+        return noise_kernel(self.num_ranks, self.sigma, dtype=torch.float64,
+                            device=self.centroids.device)
+
+    # -- training ----------------------------------------------------------------------------
+    def loss(self, h: torch.Tensor, labels: torch.Tensor,
+             pairs: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The stochastic order loss of a batch against the current centroids (fixed: no
+        gradient reaches them). ``h [B, d]``, ``labels [B]`` int ranks, ``pairs`` as for
+        :class:`sol_ext.StochasticOrderLoss`."""
+        self._require("centroids", "loss")
+        return self.criterion(h, labels, self.centroids.detach().to(h.dtype), pairs=pairs)
+
+    forward = loss
+
+    @torch.no_grad()
+    def update_centroids(self, h: torch.Tensor, labels: torch.Tensor,
+                         all_reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+                         ) -> torch.Tensor:
+        """The centroid rule over the whole training set, damped with the current centroids
+        (none before the first call: then the rule's centroids as they are).
+
+        Args:
+            h: ``[N, d]`` embeddings of every training sample (encoder in eval mode).
+            labels: ``[N]`` their integer ranks.
+            all_reduce: in data-parallel training, sums a tensor over the processes; ``h`` and
+                ``labels`` are then this process's share (see :func:`sol_ext.centroids.compute_centroids`).
+
+        Returns:
+            the new centroids ``[n, d]`` (also stored in the buffer).
+        """
+        self._check_embeddings("h", h)
+        previous = self.centroids.to(h.device) if bool(self.has_centroids) else None
+        rule = compute_centroids(h, labels, self.kernel().to(h.device), previous=previous,
+                                 all_reduce=all_reduce)
+        self.centroids = damp_centroids(previous, rule, self.momentum, normalize=self.normalize)
+        self.has_centroids.fill_(True)
+        return self.centroids
+
+    @torch.no_grad()
+    def fit_readout(self, h: torch.Tensor, labels: torch.Tensor,
+                    prior_labels: Optional[torch.Tensor] = None) -> RankPosterior:
+        """Fit the rank posterior ``p(q | x) ∝ freq(q) exp(-D[x, q] / t)`` of :meth:`predict_proba`.
+
+        Args:
+            h: ``[M, d]`` embeddings the temperature ``t`` is fitted on: held-out samples give a
+                calibrated ``t``; the samples the encoder was fitted to an over-confident one.
+            labels: ``[M]`` their integer ranks.
+            prior_labels: ranks whose frequencies form the prior ``freq(q)`` (default ``labels``;
+                pass the training labels when ``h`` is a validation split).
+        """
+        self._require("centroids", "fit_readout")
+        posterior = fit_rank_posterior(self.dissimilarity(h), labels, self.num_ranks,
+                                       prior_labels=prior_labels)
+        self.log_prior = posterior.log_prior.to(torch.float64)
+        self.temperature = torch.tensor(posterior.temperature, dtype=torch.float64,
+                                        device=self.log_prior.device)
+        self.has_readout.fill_(True)
+        return posterior
+
+    def update(self, h: torch.Tensor, labels: torch.Tensor, val_h: Optional[torch.Tensor] = None,
+               val_labels: Optional[torch.Tensor] = None) -> None:
+        """End of an epoch: :meth:`update_centroids` on the training set ``(h, labels)``, then
+        :meth:`fit_readout` on the validation split ``(val_h, val_labels)`` when given (better
+        calibrated), else on the training set; the prior is the training labels' frequency."""
+        if (val_h is None) != (val_labels is None):
+            raise ValueError("pass val_h and val_labels together, or neither.")
+        self.update_centroids(h, labels)
+        if val_h is None:
+            self.fit_readout(h, labels)
+        else:
+            self.fit_readout(val_h, val_labels, prior_labels=labels)
+
+    # -- prediction --------------------------------------------------------------------------
+    def dissimilarity(self, h: torch.Tensor) -> torch.Tensor:
+        """``D [B, n]`` of embeddings ``h [B, d]`` to the centroids (no gradient)."""
+        self._require("centroids", "dissimilarity")
+        self._check_embeddings("h", h)
+        return dissimilarities(h, self.centroids.to(h.device, h.dtype), self.sigma,
+                               backend=self.backend)
+
+    @property
+    def posterior(self) -> RankPosterior:
+        """The fitted rank posterior (after :meth:`fit_readout` or :meth:`update`)."""
+        self._require("readout", "posterior")
+        return RankPosterior(log_prior=self.log_prior, temperature=float(self.temperature))
+
+    def probabilities(self, dissimilarity: torch.Tensor) -> torch.Tensor:
+        """``p(q | x)`` ``[B, n]`` float64 from ``D [B, n]`` (see :meth:`predict_proba`)."""
+        return rank_posterior(dissimilarity, self.posterior)
+
+    def predict_proba(self, h: torch.Tensor) -> torch.Tensor:
+        """``[B, n]`` float64 rank probabilities ``p(q | x)`` of embeddings ``h [B, d]``."""
+        return self.probabilities(self.dissimilarity(h))
+
+    def predict(self, h: torch.Tensor, readout: Optional[str] = None) -> torch.Tensor:
+        """``[B]`` int64 ranks of embeddings ``h [B, d]``: the median of :meth:`predict_proba`
+        (``readout="posterior"``), or ``argmin_q D[x, q]`` (``"nearest"``, eq. 6; the first
+        minimum on ties). Default: the head's ``readout``."""
+        readout = self.readout if readout is None else check.check_choice("readout", readout, READOUTS)
+        d = self.dissimilarity(h)
+        if readout == "nearest":
+            return torch.argmin(d, dim=1)
+        return median_ranks(self.probabilities(d))
+
+    def expected_rank(self, h: torch.Tensor) -> torch.Tensor:
+        """``[B]`` float64 mean rank ``sum_q q p(q | x)``."""
+        p = self.predict_proba(h)
+        return p @ torch.arange(self.num_ranks, dtype=p.dtype, device=p.device)
+
+    # -- checks ------------------------------------------------------------------------------
+    def _require(self, what: str, caller: str) -> None:
+        ready = self.has_centroids if what == "centroids" else self.has_readout
+        if not bool(ready):
+            first = "update_centroids() or update()" if what == "centroids" else "fit_readout() or update()"
+            raise RuntimeError(f"SOLHead.{caller}: the head has no {what} yet; call {first} on the "
+                               f"training embeddings first (or load_state_dict of a trained head).")
+
+    def _check_embeddings(self, name: str, h: torch.Tensor) -> None:
+        if not isinstance(h, torch.Tensor) or h.dim() != 2 or h.shape[1] != self.embedding_dim:
+            raise ValueError(f"{name} must be embeddings [N, {self.embedding_dim}] (embedding_dim), got "
+                             f"{tuple(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__}")
+
+    def extra_repr(self) -> str:
+        return (f"num_ranks={self.num_ranks}, embedding_dim={self.embedding_dim}, "
+                f"momentum={self.momentum}, normalize={self.normalize}, readout={self.readout!r}")
