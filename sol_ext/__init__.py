@@ -1,7 +1,7 @@
 """sol_ext: Stochastic Order Learning (ICML 2026) with fused C++/CUDA kernels.
 
 Estimate ranks (ages, scores, grades) from noisily labelled data. See README.md for the method, and
-SPEC sections cited in each docstring for the exact math.
+docs/math.md (cited as "docs/math.md §k" in docstrings) for the exact math.
 """
 import torch
 
@@ -26,6 +26,8 @@ from . import (
     _fake,  # noqa: E402,F401  fake (meta) kernels for torch.compile and opcheck
     reference,  # noqa: E402
 )
+from .head import SOLHead  # noqa: E402
+from .label_issues import find_label_issues, label_issue_scores  # noqa: E402
 from .loss import StochasticOrderLoss  # noqa: E402
 from .ops import (  # noqa: E402
     cuda_kernels_available,
@@ -40,8 +42,21 @@ from .ops import (  # noqa: E402
 
 __version__ = "0.1.0"
 
+
+def load_run(path, device="cpu"):
+    """The model of a ``sol-ext train`` run folder, ready to predict on new data: see
+    :func:`sol_ext.driver.model.load_run` (``predict``, ``predict_proba``, ``embed``)."""
+    from .driver.model import load_run as _load_run  # the driver loads only when asked for
+
+    return _load_run(path, device=device)
+
+
 __all__ = [
     "StochasticOrderLoss",
+    "SOLHead",
+    "load_run",
+    "find_label_issues",
+    "label_issue_scores",
     "stochastic_dissimilarity",
     "ordering_probabilities",
     "ordering_probability_table",

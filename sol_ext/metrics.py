@@ -1,10 +1,19 @@
-"""Evaluation metrics for rank estimation: MAE, cumulative score, Pearson and Spearman.
+"""Evaluation metrics for rank estimation: MAE, cumulative score, Pearson and Spearman, and the ordinal
+metrics quadratic weighted kappa, macro-averaged MAE and per-rank MAE.
 
 Every function takes two 1-D sequences of the same length ``N`` (torch tensors, numpy arrays or lists),
 predictions first and ground truth second, in the same units (label units when the predictions were
 decoded with :meth:`sol_ext.driver.data.RankEncoder.decode`, rank units otherwise), and returns plain Python
-floats. Computation is in float64 on the CPU, so the numbers do not depend on the device or the input
-dtype.
+floats (:func:`per_rank_mae`: a dict of them). Computation is in float64 on the CPU, so the numbers do not
+depend on the device or the input dtype.
+
+* :func:`quadratic_weighted_kappa` (alias :func:`qwk`) takes integer ranks ``0 … K-1`` (or integer labels
+  >= 0), and equals ``sklearn.metrics.cohen_kappa_score(true, pred, weights="quadratic",
+  labels=range(K))``. Quadratic weighting makes it unchanged by a common shift and scale of both inputs,
+  so label values on a grid ``min + step * rank`` give the same kappa as their ranks; :func:`summarize`
+  relies on that.
+* :func:`macro_mae` averages the MAE of each true value's samples (Baccianella et al., 2009), so a rare
+  rank weighs as much as a common one; :func:`per_rank_mae` gives those per-value MAEs.
 """
 
 from __future__ import annotations
@@ -15,7 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["mae", "cumulative_score", "cs_curve", "pearson", "spearman", "summarize"]
+__all__ = ["mae", "cumulative_score", "cs_curve", "pearson", "spearman", "quadratic_weighted_kappa", "qwk",
+           "macro_mae", "per_rank_mae", "summarize"]
 
 ArrayLike = Any  # torch.Tensor | np.ndarray | Sequence[float]
 
@@ -115,11 +125,113 @@ def spearman(pred: ArrayLike, true: ArrayLike) -> float:
     return _pearson(_average_ranks(p), _average_ranks(t))
 
 
+def _quadratic_kappa(p: np.ndarray, t: np.ndarray) -> float:
+    """Quadratic weighted kappa of float64 vectors ``[N]``, with weights ``(a - b)^2`` in their own units.
+
+    Cohen's kappa is ``1 - sum_ab w_ab O_ab / sum_ab w_ab E_ab`` with ``O`` the confusion counts and
+    ``E`` their expectation under independent margins. With ``w_ab = (a - b)^2`` the numerator is
+    ``N * mean((p - t)^2)`` and the denominator ``N * (var p + var t + (mean p - mean t)^2)`` (the mean
+    of ``(p_k - t_l)^2`` over all pairs), so no ``K x K`` table is needed, ranks absent from both inputs
+    drop out, and the usual ``1 / (K - 1)^2`` normalization of the weights cancels. (On real values this
+    is Lin's concordance correlation coefficient.)
+    """
+    p_const, t_const = p.min() == p.max(), t.min() == t.max()
+    if p_const and t_const:
+        # Both constant: equal values make O and E the same single cell (0 / 0, undefined); sklearn
+        # returns nan there, and so do we, as pearson() does for a constant input. A 1.0 would let a
+        # degenerate split pass for perfect agreement. Different values: O = E, kappa 0.
+        return float("nan") if p[0] == t[0] else 0.0
+    observed = np.mean((p - t) ** 2)
+    chance = np.mean((p - p.mean()) ** 2) + np.mean((t - t.mean()) ** 2) + (p.mean() - t.mean()) ** 2
+    return float(1.0 - observed / chance)
+
+
+def _check_ranks(a: np.ndarray, name: str) -> None:
+    off = np.flatnonzero((a != np.round(a)) | (a < 0))
+    if off.size:
+        i = int(off[0])
+        raise ValueError(f"{name} must hold integer ranks >= 0 (0 … K-1), got {a[i]} at index {i}; map "
+                         f"label values to ranks first (rank = round((value - min) / step))")
+
+
+def quadratic_weighted_kappa(pred: ArrayLike, true: ArrayLike, num_ranks: int | None = None) -> float:
+    """Cohen's kappa with quadratic weights between integer ranks: 1 for perfect agreement, 0 for chance.
+
+    Args:
+        pred: ``[N]`` predicted ranks, integer-valued in ``0 … K-1`` (any dtype).
+        true: ``[N]`` true ranks, same.
+        num_ranks: ``K``; only checked against the inputs (ranks must be ``< K``). It cannot change the
+            value: the weights ``(i - j)^2 / (K - 1)^2`` are scaled together, and ranks that occur in
+            neither input add nothing. Default ``max(pred, true) + 1``.
+
+    Returns:
+        kappa in ``[-1, 1]``; equal to ``sklearn.metrics.cohen_kappa_score(true, pred,
+        weights="quadratic", labels=range(K))`` (and without ``labels`` whenever the ranks present in
+        either input are consecutive: sklearn numbers the present labels, not their values). NaN when both
+        inputs are the same constant (sklearn's nan: agreement by chance is already perfect); 0 when
+        both are constant and differ.
+    """
+    p, t = _as_pair(pred, true)
+    _check_ranks(p, "pred")
+    _check_ranks(t, "true")
+    if num_ranks is not None:
+        if not isinstance(num_ranks, (int, np.integer)) or isinstance(num_ranks, bool) or num_ranks < 1:
+            raise ValueError(f"num_ranks must be an integer >= 1, got {num_ranks!r}")
+        for name, a in (("pred", p), ("true", t)):
+            if a.max() >= num_ranks:
+                raise ValueError(f"{name} holds rank {int(a.max())}, outside 0 … num_ranks-1 = "
+                                 f"0 … {int(num_ranks) - 1}")
+    return _quadratic_kappa(p, t)
+
+
+qwk = quadratic_weighted_kappa
+
+
+def _per_value_mae(p: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of ``t`` (increasing) and the MAE of the samples that have each of them."""
+    values, group = np.unique(t, return_inverse=True)
+    sums = np.bincount(group, weights=np.abs(p - t), minlength=values.size)
+    return values, sums / np.bincount(group, minlength=values.size)
+
+
+def macro_mae(pred: ArrayLike, true: ArrayLike) -> float:
+    """Macro-averaged MAE: the mean over the distinct values of ``true`` of the MAE of their samples.
+
+    Each true rank counts once however many samples it has, so a predictor that ignores rare ranks is
+    not hidden by the common ones (Baccianella, Esuli & Sebastiani, 2009). Works in any units.
+    """
+    _, per_value = _per_value_mae(*_as_pair(pred, true))
+    return float(np.mean(per_value))
+
+
+def per_rank_mae(pred: ArrayLike, true: ArrayLike) -> dict[float, float]:
+    """``{true value: MAE of the samples with that true value}`` for every distinct value of ``true``.
+
+    Keys are in increasing order, plain Python ``int`` when every true value is integer-valued (ranks,
+    integer labels) and ``float`` otherwise; values are ``float``. Ready for ``json.dumps``.
+    """
+    p, t = _as_pair(pred, true)
+    values, per_value = _per_value_mae(p, t)
+    key = int if np.all(values == np.round(values)) else float
+    return {key(v): float(m) for v, m in zip(values, per_value)}
+
+
 def summarize(pred: ArrayLike, true: ArrayLike, theta: float) -> dict[str, float]:
-    """All four metrics at once: ``{"mae", "cs", "pearson", "spearman"}``; ``cs`` is CS@theta in percent."""
+    """All scalar metrics at once: ``{"mae", "cs", "pearson", "spearman", "macro_mae", "qwk"}``.
+
+    ``cs`` is CS@theta in percent. ``qwk`` is the quadratic weighted kappa computed on ``pred`` and
+    ``true`` in their own units: the kappa is unchanged by a common shift and scale, so label values on
+    one grid ``min + step * rank`` (decoded predicted ranks against decoded true ranks, as the driver
+    passes them) give exactly the kappa of the ranks, with no step to pass. On predictions off the grid
+    (e.g. decoded expected ranks) it is Lin's concordance correlation coefficient, the same formula.
+    Per-rank MAE is not included, so that every value is one float for tables; see :func:`per_rank_mae`.
+    """
+    p, t = _as_pair(pred, true)
     return {
-        "mae": mae(pred, true),
-        "cs": cumulative_score(pred, true, theta),
-        "pearson": pearson(pred, true),
-        "spearman": spearman(pred, true),
+        "mae": mae(p, t),
+        "cs": cumulative_score(p, t, theta),
+        "pearson": pearson(p, t),
+        "spearman": spearman(p, t),
+        "macro_mae": macro_mae(p, t),
+        "qwk": _quadratic_kappa(p, t),
     }

@@ -1,12 +1,25 @@
 """Metrics on hand-made cases, checked against formulas written out here."""
 
+import json
 import math
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
-from sol_ext.metrics import cs_curve, cumulative_score, mae, pearson, spearman, summarize
+from sol_ext.metrics import (
+    cs_curve,
+    cumulative_score,
+    macro_mae,
+    mae,
+    pearson,
+    per_rank_mae,
+    quadratic_weighted_kappa,
+    qwk,
+    spearman,
+    summarize,
+)
 
 
 def test_mae_hand_case():
@@ -71,10 +84,139 @@ def test_correlation_of_constant_is_nan():
 def test_summarize_keys_and_values():
     pred, true = [1.0, 2.0, 3.0, 9.0], [1.0, 2.0, 4.0, 5.0]
     out = summarize(pred, true, theta=1)
-    assert set(out) == {"mae", "cs", "pearson", "spearman"}
+    assert set(out) == {"mae", "cs", "pearson", "spearman", "macro_mae", "qwk"}
     assert out["mae"] == pytest.approx(mae(pred, true))
     assert out["cs"] == pytest.approx(75.0)
+    assert out["macro_mae"] == pytest.approx(macro_mae(pred, true))
+    assert out["qwk"] == pytest.approx(qwk(pred, true))
     assert all(isinstance(v, float) for v in out.values())
+
+
+def test_summarize_qwk_on_label_values_is_qwk_of_ranks():
+    # The driver passes decoded values min + step * rank; the kappa of those is the kappa of the ranks.
+    pred_ranks = np.array([0, 1, 2, 4, 4, 3, 1])
+    true_ranks = np.array([0, 2, 2, 3, 4, 4, 0])
+    out = summarize(torch.tensor(3.0 + 0.5 * pred_ranks), 3.0 + 0.5 * true_ranks, theta=0.5)
+    assert out["qwk"] == pytest.approx(qwk(pred_ranks, true_ranks), abs=1e-12)
+    assert out["mae"] == pytest.approx(0.5 * mae(pred_ranks, true_ranks))
+
+
+# -- quadratic weighted kappa ---------------------------------------------------------------------------
+
+
+def _qwk_by_table(pred, true, k):
+    """Cohen's kappa written out: observed and chance confusion tables, weights (i - j)^2 / (K - 1)^2."""
+    observed = np.zeros((k, k))
+    np.add.at(observed, (true, pred), 1.0)
+    chance = np.outer(observed.sum(1), observed.sum(0)) / observed.sum()
+    i, j = np.meshgrid(np.arange(k), np.arange(k), indexing="ij")
+    w = (i - j) ** 2 / (k - 1) ** 2
+    return 1.0 - (w * observed).sum() / (w * chance).sum()
+
+
+def test_qwk_hand_case():
+    pred, true = np.array([0, 1, 2, 2, 3]), np.array([0, 2, 2, 1, 3])
+    assert qwk(pred, true) == pytest.approx(_qwk_by_table(pred, true, 4))
+    assert qwk(pred, true, num_ranks=10) == pytest.approx(_qwk_by_table(pred, true, 10))
+    assert qwk is quadratic_weighted_kappa
+
+
+def test_qwk_matches_sklearn_on_random_cases():
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(0)
+    checked = 0
+    for case in range(400):
+        k = int(rng.integers(2, 12))
+        n = int(rng.integers(1, 80))
+        # imbalanced truth (Dirichlet class weights), predictions near the truth or anywhere, and
+        # predictions that never use some ranks
+        weights = rng.dirichlet(np.full(k, 0.5))
+        true = rng.choice(k, size=n, p=weights)
+        if case % 3 == 0:
+            pred = rng.integers(0, k, n)
+        elif case % 3 == 1:
+            pred = np.clip(true + rng.integers(-1, 2, n), 0, k - 1)
+        else:
+            pred = rng.choice(np.arange(0, k, 2), size=n)
+        with warnings.catch_warnings():
+            # sklearn warns where it returns nan (both inputs the same single rank)
+            warnings.simplefilter("ignore")
+            expected = sklearn_metrics.cohen_kappa_score(true, pred, weights="quadratic", labels=np.arange(k))
+        got = qwk(pred, true, num_ranks=k)
+        if math.isnan(expected):
+            assert math.isnan(got), (pred, true)
+            continue
+        assert got == pytest.approx(expected, abs=1e-10), (pred, true)
+        assert got == pytest.approx(_qwk_by_table(pred, true, k), abs=1e-10)
+        if np.array_equal(np.union1d(pred, true), np.arange(min(pred.min(), true.min()),
+                                                            max(pred.max(), true.max()) + 1)):
+            # sklearn's default labels number the ranks present; the same when those are consecutive
+            assert got == pytest.approx(sklearn_metrics.cohen_kappa_score(true, pred, weights="quadratic"),
+                                        abs=1e-10)
+        checked += 1
+    assert checked > 350
+
+
+def test_qwk_perfect_chance_and_degenerate_cases():
+    true = np.array([0, 1, 2, 3, 4, 4, 2])
+    assert qwk(true, true) == 1.0
+    assert qwk(torch.tensor(true), true.astype(np.float32)) == 1.0  # any dtype of integer values
+    assert qwk(4 - true, true) < 0  # reversed order disagrees more than chance
+    assert math.isnan(qwk([2, 2, 2], [2, 2, 2]))  # sklearn: nan, as 0 / 0
+    assert qwk([1, 1, 1], [2, 2, 2]) == 0.0
+    assert qwk([2], [3]) == 0.0
+
+
+def test_qwk_rejects_non_ranks():
+    with pytest.raises(ValueError, match="pred must hold integer ranks"):
+        qwk([0.5, 1.0], [0, 1])
+    with pytest.raises(ValueError, match="true must hold integer ranks"):
+        qwk([0, 1], [0, -1])
+    with pytest.raises(ValueError, match="same length"):
+        qwk([0, 1, 2], [0, 1])
+    with pytest.raises(ValueError, match="at least one"):
+        qwk([], [])
+    with pytest.raises(ValueError, match="true holds rank 5, outside 0 … num_ranks-1 = 0 … 4"):
+        qwk([0, 1], [0, 5], num_ranks=5)
+    with pytest.raises(ValueError, match="num_ranks must be an integer >= 1"):
+        qwk([0, 1], [0, 1], num_ranks=2.5)
+
+
+# -- macro-averaged and per-rank MAE ----------------------------------------------------------------------
+
+
+def test_macro_mae_weighs_every_true_rank_equally():
+    # Nine samples of rank 0, all right; one of rank 4, predicted 0.
+    true = np.array([0] * 9 + [4])
+    pred = np.zeros(10)
+    assert mae(pred, true) == pytest.approx(0.4)  # 4 / 10
+    assert macro_mae(pred, true) == pytest.approx((0.0 + 4.0) / 2)
+    assert macro_mae(true, true) == 0.0
+    # label units: the groups are the distinct true values
+    assert macro_mae([3.5, 3.0, 4.5], [3.0, 3.0, 4.0]) == pytest.approx((0.25 + 0.5) / 2)
+
+
+def test_per_rank_mae_values_order_and_types():
+    pred, true = [1, 0, 3, 2, 2], [0, 0, 3, 1, 3]
+    out = per_rank_mae(pred, true)
+    assert out == {0: pytest.approx(0.5), 1: pytest.approx(1.0), 3: pytest.approx(0.5)}
+    assert list(out) == [0, 1, 3]
+    assert all(type(k) is int and type(v) is float for k, v in out.items())
+    assert np.mean(list(out.values())) == pytest.approx(macro_mae(pred, true))
+    half = per_rank_mae(torch.tensor([3.0, 4.0]), np.array([3.5, 3.0]))
+    assert list(half) == [3.0, 3.5] and all(type(k) is float for k in half)
+    assert json.loads(json.dumps(out)) == {"0": 0.5, "1": 1.0, "3": 0.5}
+
+
+@pytest.mark.parametrize("fn", [macro_mae, per_rank_mae])
+@pytest.mark.parametrize("pred,true,match", [
+    ([1.0, 2.0], [1.0], "same length"),
+    ([], [], "at least one"),
+    ([1.0, 2.0], [1.0, float("inf")], "true contains a non-finite value"),
+])
+def test_macro_and_per_rank_mae_bad_inputs(fn, pred, true, match):
+    with pytest.raises(ValueError, match=match):
+        fn(pred, true)
 
 
 @pytest.mark.parametrize("pred,true,match", [

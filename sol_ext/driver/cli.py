@@ -1,4 +1,4 @@
-"""The ``sol-ext`` command: ``train``, ``audit`` and ``compare``.
+"""The ``sol-ext`` command: ``train``, ``predict``, ``export``, ``audit`` and ``compare``.
 
 Errors in the input (a bad data file, an unknown option value, a checkpoint of another run)
 print one line ``sol-ext: error: ...`` and exit with status 2.
@@ -175,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     n = t.add_argument_group("label noise added to the training labels")
     n.add_argument("--noise", default=None,
                    help="gaussian, laplacian, uniform, skewed, input-dependent or none "
-                        "(default: gaussian; none with --test-data)")
+                        "(default: gaussian on the built-in data sets, to show what SOL recovers; "
+                        "none on your own file or folder, whose labels are used as given)")
     n.add_argument("--kappa", type=float, default=_DEFAULT.kappa,
                    help="noise ratio: std of the noise / std of the ranks (default: %(default)s)")
     n.add_argument("--noise-fraction", type=float, default=_DEFAULT.noise_fraction,
@@ -190,6 +191,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start afresh even if --output holds a checkpoint")
     t.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     t.add_argument("--quiet", action="store_true", help="no per-epoch lines, no progress bar")
+
+    pr = sub.add_parser("predict", help="predict labels for new data with a trained run",
+                        description="One CSV row per input: id (data row from 0, or image path), "
+                                    "prediction and expected value in label units, and one "
+                                    "probability column per label value. If the data have the "
+                                    "label column, prints MAE, QWK and macro-MAE against it.")
+    pr.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="output folder of 'sol-ext train'")
+    pr.add_argument("--data", required=True,
+                    help="a .csv/.csv.gz/.npz file, an image folder, or a built-in name, with the "
+                         "training data's columns (the label column is optional)")
+    pr.add_argument("--delimiter", default=None,
+                    help="cell separator of a CSV file (default: the training file's, else sniffed)")
+    pr.add_argument("--output", type=Path, default=None,
+                    help="where to write the CSV (default: RUN_DIR/predictions.csv; '-' for stdout)")
+    pr.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto (default: %(default)s)")
+
+    ex = sub.add_parser("export", help="write a trained run as a torch.export program (.pt2)",
+                        description="A torch.export program that loads and predicts with plain "
+                                    "torch (torch.export.load(PATH).module()(x)), without sol_ext; "
+                                    "x is float32 [N, F] raw features in the training column order "
+                                    "(one-hot columns included) or images [N, C, H, W] in [0, 1]. "
+                                    "Beside it, a .json file names the columns and label values.")
+    ex.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="output folder of 'sol-ext train'")
+    ex.add_argument("--output", type=Path, default=None,
+                    help="the program's path (default: RUN_DIR/model.pt2)")
 
     a = sub.add_parser("audit", help="list the training labels that look wrong, as CSV",
                        description="One row per training sample of a trained run: index, given "
@@ -270,7 +296,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .rundir import run_folder
     from .train import resolve_device, train
 
-    cfg = _config(args)  # without --noise: none with --test-data, else gaussian (TrainConfig)
+    cfg = _config(args)  # without --noise: gaussian on a built-in set, else none (TrainConfig)
     par = Parallel.from_environment()  # torchrun: one of several processes
     device = resolve_device(cfg.device, par)
     out = args.output or _default_output(cfg)
@@ -330,6 +356,44 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from .model import load_run
+    from .predict import format_scores, prediction_csv, score_prediction
+    from .train import resolve_device
+
+    model = load_run(args.run_dir, device=resolve_device(args.device))
+    if args.delimiter is not None:
+        model.preprocessing = {**model.preprocessing, "delimiter": args.delimiter}
+    prediction = model.predict_table(args.data)
+    text = prediction_csv(prediction)
+    scores = score_prediction(model, prediction)
+    if args.output is not None and str(args.output) == "-":
+        sys.stdout.write(text)
+        if scores is not None:
+            print(format_scores(scores), file=sys.stderr)
+        return 0
+    from .checkpoint import atomic_write_text
+
+    path = args.output or args.run_dir / "predictions.csv"
+    atomic_write_text(path, text)
+    print(f"{len(prediction.ids)} predictions ({model.method}) -> {path}")
+    if scores is not None:
+        print(format_scores(scores))
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_run
+    from .model import load_run
+
+    model = load_run(args.run_dir)
+    path = args.output or args.run_dir / "model.pt2"
+    side = export_run(model, path)
+    print(f"exported {model.method} -> {path} (torch.export; needs plain torch only), "
+          f"inputs and label values -> {side}")
+    return 0
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     from .compare import (
         check_comparison,
@@ -371,7 +435,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``sol-ext``; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)  # argparse exits with status 2 on bad syntax
-    handler = {"train": _cmd_train, "audit": _cmd_audit, "compare": _cmd_compare}[args.command]
+    handler = {"train": _cmd_train, "predict": _cmd_predict, "export": _cmd_export,
+               "audit": _cmd_audit, "compare": _cmd_compare}[args.command]
     try:
         from .parallel import Parallel
 

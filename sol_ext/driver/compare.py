@@ -132,6 +132,7 @@ def run_comparison(base: TrainConfig, methods: Sequence[str], settings: Sequence
                 records.append({"noise": noise, "kappa": kappa, "method": method, "seed": seed,
                                 "mae": res["test"]["mae"], "cs": res["test"]["cs"],
                                 "pearson": res["test"]["pearson"],
+                                "macro_mae": res["test"]["macro_mae"], "qwk": res["test"]["qwk"],
                                 "cs_theta": res["cs_theta"], "labels_changed": res["labels_changed"],
                                 "label_mae_given": None if given is None else given["mae"],
                                 "label_mae_final": None if final is None else final["mae"],
@@ -168,7 +169,8 @@ def mean_std_table(title: str, settings: Sequence[tuple[str, float]], methods: S
 
 
 def markdown_tables(records: Sequence[dict[str, Any]], data_name: str, labels_given: bool = False) -> str:
-    """Two markdown tables (MAE, lower is better; CS, higher is better): one row per method,
+    """Four markdown tables (MAE and macro-MAE, lower is better; CS and QWK, higher is better):
+    one row per method,
     one column per noise setting, ``mean ± std`` over seeds; the best mean is bold. With
     ``labels_given`` (a training file with ``--test-data``) the column without added noise is
     headed "labels as given", not "clean"."""
@@ -183,12 +185,16 @@ def markdown_tables(records: Sequence[dict[str, Any]], data_name: str, labels_gi
     out = []
     for metric, title, fmt, best in (
             ("mae", "test MAE (lower is better)", "{:.3f} ± {:.3f}", min),
-            ("cs", f"test CS@{theta:g} in % (higher is better)", "{:.1f} ± {:.1f}", max)):
+            ("cs", f"test CS@{theta:g} in % (higher is better)", "{:.1f} ± {:.1f}", max),
+            ("macro_mae", "test macro-MAE: the mean of per-rank MAEs (lower is better)",
+             "{:.3f} ± {:.3f}", min),
+            ("qwk", "test quadratic weighted kappa (higher is better)", "{:.3f} ± {:.3f}", max)):
         cell: dict[tuple, tuple[float, float]] = {}
         for s in settings:
             for m in methods:
+                # records of an earlier version have no macro-MAE or QWK
                 vals = [r[metric] for r in records if (r["noise"], r["kappa"]) == s
-                        and r["method"] == m]
+                        and r["method"] == m and r.get(metric) is not None]
                 if vals:
                     cell[(s, m)] = mean_std(vals)
         out += mean_std_table(f"**{data_name}: {title}, mean ± std over {len(seeds)} seed(s)**",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..pairs import PAIR_MODES
+from .data.dispatch import is_builtin
 from .encoders import ENCODERS
 
 __all__ = ["METHODS", "COMPARE_METHODS", "INFERENCE_MODES", "RELABEL_RULES", "PAPER_SETTINGS", "SIGMA_GRID", "FALLBACK_SIGMA",
@@ -75,8 +76,9 @@ class TrainConfig:
     label_column: Optional[str] = None      # label column of a CSV file
     delimiter: Optional[str] = None         # cell separator of a CSV file; None: sniffed
     test_fraction: float = 0.2
-    # label noise added to the training labels (SPEC §9); None: "gaussian" for a data set that is
-    # split into training and test parts, "none" with `test_data` (labels given as they are)
+    # label noise added to the training labels (SPEC §9); None: "gaussian" on a built-in data set
+    # (whose labels are clean: the noise shows what SOL recovers), "none" on a user's own file or
+    # folder, whose labels are as noisy as they are
     noise: Optional[str] = None
     kappa: float = 0.3
     noise_fraction: float = 1.0
@@ -131,7 +133,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.hidden = tuple(int(h) for h in self.hidden)  # a list after a JSON round trip
         if self.noise is None:
-            self.noise = "none" if self.test_data is not None else "gaussian"
+            self.noise = "gaussian" if self.test_data is None and is_builtin(self.data) else "none"
 
     # -- derived settings -------------------------------------------------------------------
     @property

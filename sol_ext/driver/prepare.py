@@ -12,6 +12,7 @@ from .config import TrainConfig
 from .data import (
     OrdinalDataset,
     feature_scaling,
+    is_builtin,
     load_dataset,
     load_train_test,
     standardize,
@@ -82,7 +83,8 @@ def prepare_data(config: TrainConfig) -> PreparedData:
 
     Without ``test_data`` the data set is split ``1 - test_fraction : test_fraction`` with
     ``config.seed`` (stratified by rank); its labels count as clean and noise of
-    ``config.noise``/``kappa`` is added to the training part only. With ``test_data`` the first
+    ``config.noise``/``kappa`` is added to the training part only (by default on the built-in
+    data sets only: a user's own labels are taken as given, their clean values unknown). With ``test_data`` the first
     file is the whole training set, its labels taken as given (already noisy: no clean labels)
     unless noise is requested, and the test file is put on the training file's rank grid.
     """
@@ -110,7 +112,8 @@ def prepare_data(config: TrainConfig) -> PreparedData:
     n = int(train.encoder.num_ranks)
     noisy = add_label_noise(train.ranks, n, noise=config.noise, kappa=config.kappa,
                             seed=config.seed, fraction=config.noise_fraction)
-    labels_known_clean = config.test_data is None or noisy.scale > 0
+    # the labels of a built-in set are clean; a user's file may be noisy already (unknown truth)
+    labels_known_clean = (config.test_data is None and is_builtin(config.data)) or noisy.scale > 0
     return PreparedData(
         name=train.name, kind=train.kind, encoder=train.encoder,
         train_x=train.features.float(), train_given=noisy.noisy.long(),

@@ -50,17 +50,27 @@ def write_outputs(outcome: RunOutcome, data: PreparedData, out_dir: Path,
     return path
 
 
+def _optional(test: dict[str, Any], key: str, fmt: str = "{:.3f}") -> str:
+    """A metric of the results table; ``-`` where there is none (no test set, or results of an
+    earlier version)."""
+    value = test.get(key)
+    return "-" if value is None else fmt.format(value)
+
+
 def format_table(results: Sequence[dict[str, Any]]) -> str:
-    """A short fixed-width table: one row per run (method, noise, MAE, CS, and how many training labels
+    """A short fixed-width table: one row per run (method, noise, MAE, CS, QWK, macro-MAE, and how many
+    training labels
     the run's corrected labels change, with their error against the clean labels where known)."""
-    header = ("method", "data", "noise", "test MAE", "CS", "labels changed", "label MAE")
+    header = ("method", "data", "noise", "test MAE", "CS", "QWK", "macro-MAE", "labels changed",
+              "label MAE")
     rows = []
     for r in results:
-        cfg, test = r["config"], r["test"]
+        cfg, test = r["config"], r["test"] or {}
         given, final = r.get("label_noise_given"), r.get("label_noise_final")
         label_mae = "-" if given is None else f"{given['mae']:.3f}->{final['mae']:.3f}"
         rows.append((cfg["method"], r["data"]["name"], noise_label(cfg["noise"], cfg["kappa"]),
-                     f"{test['mae']:.3f}", f"{test['cs']:.1f}% @{r['cs_theta']:g}",
+                     _optional(test, "mae"), _optional(test, "cs", "{:.1f}% @" + f"{r['cs_theta']:g}"),
+                     _optional(test, "qwk"), _optional(test, "macro_mae"),
                      str(r["labels_changed"]), label_mae))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)

@@ -47,7 +47,7 @@ from ..centroids import (
 )
 from ..distributed import DistributedStochasticOrderLoss
 from ..head import SOLHead
-from ..metrics import summarize
+from ..metrics import per_rank_mae, summarize
 from ..noise import noise_statistics
 from ..pairs import balanced_pairs, sample_references
 from ..refine import posterior_relabel, refine_labels
@@ -122,7 +122,11 @@ def _label_stats(labels: torch.Tensor, clean: Optional[torch.Tensor]) -> Optiona
     return None if clean is None else noise_statistics(labels, clean)
 
 
-def _test_metrics(config: TrainConfig, data: PreparedData, pred: torch.Tensor) -> dict[str, float]:
+def _test_metrics(config: TrainConfig, data: PreparedData,
+                  pred: torch.Tensor) -> Optional[dict[str, float]]:
+    """Metrics against the clean test labels, in label units; ``None`` without a test set."""
+    if pred.numel() == 0:
+        return None
     decode = data.encoder.decode
     return summarize(decode(pred.cpu()), decode(data.test_ranks), cs_theta_of(config, data))
 
@@ -275,6 +279,8 @@ def _embed_all(model: RankModel, features: torch.Tensor, batch_size: int, device
                par: Parallel) -> torch.Tensor:
     """Embeddings of every row of ``features``: each process embeds its shard, then the shards are
     gathered, so every process holds the same ``[N, d]``."""
+    if features.shape[0] == 0:  # no test set: [0, d] (the width from one zero input)
+        return embed(model, torch.zeros(1, *features.shape[1:]), batch_size, device)[:0]
     if not par.enabled:
         return embed(model, features, batch_size, device)
     part = features[par.shard(features.shape[0])]
@@ -672,7 +678,8 @@ def _epoch_line(r: dict[str, Any], epochs: int) -> str:
     line = f"epoch {r['epoch']:>3}/{epochs}  loss {r['train_loss']:.4f}"
     if r.get("val_mae") is not None:
         line += f"  val MAE {r['val_mae']:.3f}"
-    line += f"  test MAE {t['mae']:.3f}  CS {t['cs']:.1f}%"
+    if t is not None:
+        line += f"  test MAE {t['mae']:.3f}  CS {t['cs']:.1f}%"
     if r["relabeled"] or r["outliers"]:
         line += f"  relabeled {r['relabeled']}"
     if r["labels_after"] is not None:
@@ -709,6 +716,9 @@ def _results(config: TrainConfig, data: PreparedData, history: list[dict[str, An
         "sigma_selected": None if sigma_choice is None else sigma_choice["sigma"],
         "sigma_search": sigma_choice,
         "test": chosen["test"],
+        # MAE of the test samples of each true label value (label units), at the selected epoch
+        "test_per_rank_mae": {} if chosen["test"] is None else {f"{v:g}": e for v, e in per_rank_mae(
+            data.encoder.decode(best["test_pred"]), data.encoder.decode(data.test_ranks)).items()},
         "relabeled_total": int(sum(r["relabeled"] for r in history)),
         "labels_changed": int((_corrected(best) != given).sum()),
         "label_noise_given": _label_stats(given, clean),

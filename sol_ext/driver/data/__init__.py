@@ -32,7 +32,7 @@ from .builtin import (
     load_fashion_mnist_degradation,
     load_wine_red,
 )
-from .dispatch import load_dataset, load_train_test
+from .dispatch import is_builtin, load_dataset, load_train_test
 from .encoding import OrdinalDataset, RankEncoder, infer_step
 from .images import load_image_folder
 from .inputs import Inputs, read_inputs
@@ -43,7 +43,7 @@ __all__ = [
     "RankEncoder", "OrdinalDataset", "infer_step",
     "load_abalone", "load_wine_red", "load_csv", "load_npz", "load_image_folder",
     "load_fashion_mnist_degradation",
-    "degradation_strengths", "load_dataset", "load_train_test", "split_indices", "train_test_split",
+    "degradation_strengths", "load_dataset", "is_builtin", "load_train_test", "split_indices", "train_test_split",
     "standardize", "feature_scaling", "apply_scaling", "Inputs", "read_inputs",
     "DATASETS_DIR", "FASHION_MNIST_DIR", "FASHION_MNIST_INSTALL",
 ]

@@ -11,11 +11,16 @@ from .encoding import OrdinalDataset
 from .images import load_image_folder
 from .tables import _check_delimiter, _read_csv, load_csv, load_npz
 
-__all__ = ["load_dataset", "load_train_test"]
+__all__ = ["load_dataset", "load_train_test", "is_builtin"]
 
 
 
 _NAMED = ("abalone", "wine-red", "fashion-mnist", "fashion-mnist-blur", "fashion-mnist-noise")
+
+
+def is_builtin(spec: str | Path) -> bool:
+    """Whether ``spec`` names a built-in data set (whose labels are clean) rather than a file."""
+    return str(spec).strip().lower() in _NAMED
 
 
 def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:

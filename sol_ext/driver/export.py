@@ -1,0 +1,143 @@
+"""``sol-ext export``: a trained run as a ``torch.export`` program that needs plain torch only.
+
+The program maps raw features ``[N, F]`` (the training columns after one-hot encoding, in order) or
+images ``[N, C, H, W]`` in [0, 1] to ``(prediction, expected, probabilities)``: predicted labels and
+expected labels ``[N]`` in label units and ``p(q | x)`` ``[N, n]`` (float64). The feature scaling,
+the encoder and the read-out are inside; the read-out's dissimilarities ``D`` are computed with plain
+torch operations (docs/math.md §3), not sol_ext's kernels, so loading needs no sol_ext::
+
+    program = torch.export.load("model.pt2").module()
+    prediction, expected, probabilities = program(torch.tensor(rows, dtype=torch.float32))
+
+Beside ``model.pt2`` goes ``model.json``: the columns, the one-hot categories of each categorical
+column, and the label value of each probability column.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from .checkpoint import atomic_write_text
+from .model import TrainedModel
+
+__all__ = ["ExportedPredictor", "export_run", "SIDECAR_SUFFIX"]
+
+SIDECAR_SUFFIX = ".json"
+
+
+class ExportedPredictor(nn.Module):
+    """Scaling, encoder and read-out of a :class:`TrainedModel` in plain torch operations."""
+
+    def __init__(self, trained: TrainedModel):
+        super().__init__()
+        self.method = trained.method
+        self.n = trained.num_ranks
+        self.model = trained.model.cpu().eval()
+        scaling = trained.scaling
+        self.scaled = scaling is not None
+        self.register_buffer("mean", scaling[0].clone() if self.scaled else torch.zeros(0, dtype=torch.float64))
+        self.register_buffer("std", scaling[1].clone() if self.scaled else torch.ones(0, dtype=torch.float64))
+        self.register_buffer("values", trained.encoder.values().to(torch.float64))
+        self.nearest = False
+        if trained.head is not None:
+            head = trained.head.cpu()
+            self.nearest = head.readout == "nearest"
+            self.register_buffer("centroids", head.centroids.detach().to(torch.float64).clone())
+            self.register_buffer("kernel", head.kernel().to(torch.float64))
+            self.register_buffer("log_prior", head.log_prior.to(torch.float64).clone())
+            self.temperature = float(head.temperature)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.scaled:
+            x = ((x.to(torch.float64) - self.mean) / self.std).to(torch.float32)
+        h = self.model(x)
+        if self.method in ("sol", "sol-no-noise"):
+            probabilities, ranks = self._sol_readout(h)
+        else:
+            probabilities, ranks = self._head_readout(h)
+        return self.values[ranks], probabilities @ self.values, probabilities
+
+    def _sol_readout(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # D[x, q] = sum_j P[q, j] ||h_x - mu_j||^2 in float64: the expanded square loses nothing here
+        h64 = h.to(torch.float64)
+        sq = (h64 * h64).sum(1, keepdim=True) - 2.0 * h64 @ self.centroids.T \
+            + (self.centroids * self.centroids).sum(1)[None, :]
+        d = sq.clamp_min(0.0) @ self.kernel.T
+        shifted = d - d.min(dim=1, keepdim=True).values
+        probabilities = torch.softmax(-shifted / self.temperature + self.log_prior, dim=1)
+        if self.nearest:
+            return probabilities, torch.argmin(d, dim=1)
+        below_half = probabilities.cumsum(dim=1) < 0.5
+        return probabilities, below_half.sum(dim=1).clamp(max=self.n - 1)
+
+    def _head_readout(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model.head(h).to(torch.float64)
+        n = self.n
+        if self.method == "ce":
+            return torch.softmax(out, dim=1), out.argmax(dim=1)
+        if self.method == "corn":
+            above = torch.sigmoid(out).cumprod(dim=1)
+            ones = torch.ones_like(above[:, :1])
+            survival = torch.cat([ones, above, torch.zeros_like(ones)], dim=1)
+            probabilities = (survival[:, :-1] - survival[:, 1:]).clamp_min(0.0)[:, :n]
+            return probabilities, (above > 0.5).sum(dim=1)
+        # l1: the two ranks around the clamped regression, weighted so that their mean is it
+        v = (out[:, 0] * max(n - 1, 1)).clamp(0, n - 1)
+        low = v.floor().long().clamp(max=n - 1)
+        high = (low + 1).clamp(max=n - 1)
+        frac = v - low.to(v.dtype)
+        ranks = torch.arange(n, device=v.device)[None, :]
+        probabilities = (ranks == low[:, None]).to(v.dtype) * (1.0 - frac)[:, None] \
+            + (ranks == high[:, None]).to(v.dtype) * frac[:, None]
+        # the prediction is the rounded regression, as in training (round half to even)
+        return probabilities, out[:, 0].mul(max(n - 1, 1)).round().clamp(0, n - 1).long()
+
+
+def sidecar(trained: TrainedModel) -> dict[str, Any]:
+    """What a user of the exported program needs to build its input: columns and categories."""
+    pre = trained.preprocessing
+    schema = pre.get("schema", {})
+    return {
+        "format": "sol_ext exported model",
+        "method": trained.method,
+        "inputs": {"kind": trained.kind, "shape": ["N", *trained.input_shape],
+                   "dtype": "float32",
+                   "feature_names": trained.feature_names,
+                   "source_columns": schema.get("columns"),
+                   "categorical": schema.get("categorical", {}),
+                   "one_hot": "column 'name=category' is 1.0 where the cell equals category, else 0.0",
+                   "scaling": "inside the program (the training set's mean and std)"
+                   if trained.scaling is not None else "none: images in [0, 1]"},
+        "outputs": ["prediction [N] float64, label units", "expected [N] float64, label units",
+                    "probabilities [N, n] float64, one column per label value"],
+        "label_values": [float(v) for v in trained.label_values],
+    }
+
+
+def export_run(trained: TrainedModel, output: Path, example: Optional[torch.Tensor] = None) -> Path:
+    """Write ``output`` (a ``torch.export`` program, ``.pt2``) and its sidecar ``.json``; return the
+    sidecar's path. The batch dimension is dynamic."""
+    module = ExportedPredictor(trained).eval().requires_grad_(False)  # outputs need no graph
+    if example is None:
+        example = torch.rand(2, *trained.input_shape)
+    batch = torch.export.Dim("batch", min=1, max=2**31 - 2)
+    with torch.no_grad():
+        program = torch.export.export(module, (example.to(torch.float32),),
+                                      dynamic_shapes=({0: batch},))
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.stem}.tmp{output.suffix or '.pt2'}")
+    try:
+        torch.export.save(program, tmp)
+        tmp.replace(output)
+    finally:
+        tmp.unlink(missing_ok=True)
+    side = output.with_suffix(SIDECAR_SUFFIX)
+    atomic_write_text(side, json.dumps(sidecar(trained), indent=2, allow_nan=False) + "\n")
+    return side
+

@@ -1,0 +1,213 @@
+"""find_label_issues / label_issue_scores: hand-made cases, a synthetic corruption test, and agreement
+with sol_ext.refine.posterior_relabel, which applies the same rule with a noise kernel."""
+
+import numpy as np
+import pytest
+import torch
+
+from sol_ext.centroids import label_noise_kernel
+from sol_ext.label_issues import find_label_issues, label_issue_scores
+from sol_ext.refine import posterior_relabel
+
+
+def _flag_mask(indices, n):
+    mask = np.zeros(n, dtype=bool)
+    mask[indices] = True
+    return mask
+
+
+def test_confident_far_label_ranks_above_near_one():
+    peak = [0.0, 0.0, 0.0, 0.0, 0.05, 0.9, 0.05]  # the model is sure of rank 5 (± 1)
+    probs = np.array([peak, peak, peak])
+    labels = np.array([4, 2, 5])                    # one rank off, three off, right
+    idx, scores = find_label_issues(labels, probs)
+    assert idx.tolist() == [1, 0]
+    assert scores == pytest.approx([1.0, 0.95])
+    assert idx.dtype == np.int64 and scores.dtype == np.float64
+
+
+def test_equal_scores_go_to_the_larger_distance_then_the_index():
+    sure = [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]           # every wrong label has score 1
+    probs = np.array([sure] * 5)
+    labels = np.array([4, 1, 3, 1, 5])
+    idx, scores = find_label_issues(labels, probs)
+    # distances 1, 4, 2, 4 (and 0: not flagged): 4 before 2 before 1, index order within the 4s
+    assert idx.tolist() == [1, 3, 2, 0]
+    assert scores.tolist() == [1.0] * 4
+
+
+def test_label_at_the_median_is_not_flagged_however_wide():
+    wide = np.array([0.05, 0.1, 0.2, 0.3, 0.2, 0.1, 0.05])  # p[3] is only 0.3, median 3
+    probs = np.array([wide] * 3)
+    labels = np.array([3, 2, 4])
+    scores = label_issue_scores(labels, probs)
+    assert scores == pytest.approx([0.35, 0.65, 0.65])  # 0.05+0.1+0.2 below 3; 0.3+0.2+0.1+0.05 above 2
+    idx, _ = find_label_issues(labels, probs)
+    assert idx.tolist() == [1, 2]
+    # one rank off on this wide posterior: a suspect at the median rule, not where 0.7 is asked for
+    assert find_label_issues(labels, probs, min_score=0.7, return_scores=False).size == 0
+
+
+def test_exact_half_uses_the_lower_median():
+    # Half the mass on each of ranks 0 and 1: the (lower) median is 0, as in posterior_relabel, so
+    # label 1 is a suspect at min_score 0.5 and label 0 is not, though both have score 0.5.
+    probs = np.array([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]])
+    labels = np.array([0, 1])
+    assert label_issue_scores(labels, probs).tolist() == [0.5, 0.5]
+    assert find_label_issues(labels, probs, return_scores=False).tolist() == [1]
+
+
+def test_min_score_threshold_and_bounds():
+    probs = np.array([[0.1, 0.2, 0.7], [0.0, 0.1, 0.9], [0.3, 0.4, 0.3]])
+    labels = np.array([0, 0, 1])                    # scores 0.9, 1.0, 0.3
+    assert find_label_issues(labels, probs, min_score=0.5, return_scores=False).tolist() == [1, 0]
+    assert find_label_issues(labels, probs, min_score=0.9, return_scores=False).tolist() == [1, 0]
+    assert find_label_issues(labels, probs, min_score=0.95, return_scores=False).tolist() == [1]
+    assert find_label_issues(labels, probs, min_score=0.999, return_scores=False).tolist() == [1]
+    for bad in (0.49, 1.0, 1.5, float("nan"), True, "0.6"):
+        with pytest.raises(ValueError, match=r"min_score must be a number in \[0.5, 1\)"):
+            find_label_issues(labels, probs, min_score=bad)
+
+
+def test_torch_and_numpy_inputs_agree():
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.softmax(3 * torch.randn(200, 9, generator=gen), dim=1)
+    labels = torch.randint(0, 9, (200,), generator=gen)
+    kernel = label_noise_kernel(9, 0.7)
+    for k in (None, kernel):
+        ref_idx, ref_scores = find_label_issues(labels.numpy(), probs.numpy(),
+                                                noise_kernel=None if k is None else k.numpy())
+        for lab, p in ((labels, probs), (labels.tolist(), probs.float()), (labels.double(), probs.numpy())):
+            idx, scores = find_label_issues(lab, p, noise_kernel=k)
+            assert np.array_equal(idx, ref_idx)
+            assert np.allclose(scores, ref_scores, rtol=0, atol=1e-6)  # float32 probabilities round
+        assert ref_idx.size > 0
+
+
+def test_scores_of_flagged_match_label_issue_scores():
+    rng = np.random.default_rng(1)
+    probs = rng.dirichlet(np.full(6, 0.7), size=300)
+    labels = rng.integers(0, 6, 300)
+    all_scores = label_issue_scores(labels, probs)
+    assert all_scores.shape == (300,) and all_scores.dtype == np.float64
+    assert np.all((all_scores >= 0) & (all_scores <= 1))
+    idx, scores = find_label_issues(labels, probs, min_score=0.6)
+    assert np.array_equal(scores, all_scores[idx])
+    assert np.all(np.diff(scores) <= 0)
+    assert set(idx.tolist()) <= set(np.flatnonzero(all_scores >= 0.6).tolist())
+
+
+def test_empty_input():
+    idx, scores = find_label_issues(np.zeros(0, dtype=np.int64), np.zeros((0, 4)))
+    assert idx.shape == (0,) and scores.shape == (0,)
+    assert label_issue_scores([], np.zeros((0, 4))).shape == (0,)
+
+
+@pytest.mark.parametrize("labels,probs,kwargs,match", [
+    ([0, 1], [0.5, 0.5], {}, "pred_probs must be a 2-D array"),
+    ([0, 1, 1], [[0.5, 0.5], [0.5, 0.5]], {}, r"labels must be a 1-D vector \[N\].*N = 2.*\(3,\)"),
+    ([[0, 1], [1, 0]], [[0.5, 0.5], [0.5, 0.5]], {}, "labels must be a 1-D vector"),
+    ([0, 2], [[0.5, 0.5], [0.5, 0.5]], {}, "labels must be integer ranks in 0 … n-1 = 0 … 1.*got 2 at index 1"),
+    ([-1, 0], [[0.5, 0.5], [0.5, 0.5]], {}, "labels must be integer ranks.*got -1 at index 0"),
+    ([0.5, 0], [[0.5, 0.5], [0.5, 0.5]], {}, "labels must be integer ranks.*got 0.5"),
+    ([0, 1], [[2.0, -1.0], [0.5, 0.5]], {}, "pred_probs must hold finite, non-negative.*row 0"),
+    ([0, 1], [[0.5, float("nan")], [0.5, 0.5]], {}, "pred_probs must hold finite, non-negative"),
+    ([0, 1], [[0.5, 0.5], [3.0, 1.0]], {}, "every row of pred_probs must sum to 1.*row 1 sums to 4"),
+    ([0, 1], [[0.5, 0.5], [0.5, 0.5]], {"noise_kernel": np.eye(3)}, r"noise_kernel must be \[n, n\] = \[2, 2\]"),
+    ([0, 1], [[0.5, 0.5], [0.5, 0.5]], {"noise_kernel": [[0.9, 0.9], [0.1, 0.1]]},
+     "every row of noise_kernel must sum to 1.*row 0 sums to 1.8"),
+])
+def test_bad_inputs(labels, probs, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        find_label_issues(labels, probs, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        label_issue_scores(labels, probs, **kwargs)
+
+
+def test_rows_within_tolerance_are_accepted():
+    probs = np.array([[0.3, 0.3, 0.3995], [0.2, 0.2, 0.6]], dtype=np.float32)
+    assert label_issue_scores([0, 2], probs).shape == (2,)
+    with pytest.raises(ValueError, match="every row of pred_probs must sum to 1"):
+        label_issue_scores([0, 2], np.array([[0.3, 0.3, 0.398], [0.2, 0.2, 0.6]]))
+    transposed = label_noise_kernel(3, 1.0).T   # columns of P are not distributions
+    with pytest.raises(ValueError, match="every row of noise_kernel must sum to 1"):
+        label_issue_scores([0, 2], probs, noise_kernel=transposed)
+
+
+def _corrupted(seed: int, n: int = 10, size: int = 2000, rate: float = 0.2):
+    """True ranks, labels of which ``rate`` moved by 1-3 ranks, and peaked probabilities around the truth."""
+    rng = np.random.default_rng(seed)
+    true = rng.integers(0, n, size)
+    corrupted = rng.random(size) < rate
+    offset = rng.choice([-3, -2, -1, 1, 2, 3], size)
+    moved = true + offset
+    moved = np.where((moved < 0) | (moved >= n), true - offset, moved)  # reflect off the ends
+    labels = np.where(corrupted, moved, true)
+    # A model that is roughly right: peaks at the true rank (give or take 0.1), of widths 0.5-1.2 ranks.
+    center = true + rng.normal(0.0, 0.1, size)
+    width = rng.uniform(0.5, 1.2, size)
+    q = np.arange(n)
+    probs = np.exp(-0.5 * ((q[None, :] - center[:, None]) / width[:, None]) ** 2)
+    probs /= probs.sum(axis=1, keepdims=True)
+    return labels, probs, corrupted
+
+
+def _precision_recall(indices, corrupted):
+    flagged = _flag_mask(indices, corrupted.size)
+    hits = int((flagged & corrupted).sum())
+    return hits / max(int(flagged.sum()), 1), hits / int(corrupted.sum())
+
+
+def test_finds_corrupted_labels():
+    labels, probs, corrupted = _corrupted(seed=0)
+    assert 0.18 < corrupted.mean() < 0.22
+    idx, scores = find_label_issues(labels, probs)
+    precision, recall = _precision_recall(idx, corrupted)
+    assert precision >= 0.9, precision
+    assert recall >= 0.8, recall
+    # Ranking: the most suspicious half of the flagged set is even cleaner.
+    top_precision, _ = _precision_recall(idx[: idx.size // 2], corrupted)
+    assert top_precision >= precision
+    # Asking for more certainty trades recall for precision.
+    strict = find_label_issues(labels, probs, min_score=0.8, return_scores=False)
+    strict_precision, strict_recall = _precision_recall(strict, corrupted)
+    assert strict_precision >= precision and strict_recall < recall
+    # Control: the same numbers from another sample's probabilities are at chance (the corruption rate),
+    # so the thresholds above can fail.
+    idx, _ = find_label_issues(labels, np.roll(probs, 1, axis=0))
+    precision, _ = _precision_recall(idx, corrupted)
+    assert precision < 0.3
+
+
+@pytest.mark.parametrize("mass", [0.5, 0.8, 0.98])
+@pytest.mark.parametrize("std", [0.5, 1.5])
+def test_agrees_with_posterior_relabel(mass, std):
+    gen = torch.Generator().manual_seed(int(10 * std + 100 * mass))
+    n, size = 12, 2000
+    true = torch.randint(0, n, (size,), generator=gen)
+    labels = (true + torch.randint(-3, 4, (size,), generator=gen)).clamp(0, n - 1)
+    probs = torch.softmax(-0.5 * (torch.arange(n)[None, :] - true[:, None]).double() ** 2
+                          + torch.randn(size, n, generator=gen, dtype=torch.float64), dim=1)
+    kernel = label_noise_kernel(n, std)
+    ref = posterior_relabel(labels, probs, kernel, mass=mass)
+    scores = label_issue_scores(labels, probs, noise_kernel=kernel)
+    assert np.array_equal(scores, ref.confidence.numpy())      # the same operations, bit for bit
+    idx, flagged_scores = find_label_issues(labels, probs, noise_kernel=kernel, min_score=mass)
+    assert np.array_equal(_flag_mask(idx, size), ref.flagged.numpy())
+    assert 0 < idx.size < size
+    # The kernel makes the label evidence: fewer suspects than from p(q | x) alone.
+    alone = find_label_issues(labels, probs, min_score=mass, return_scores=False)
+    assert idx.size <= alone.size
+
+
+def test_label_the_kernel_rules_out_falls_back_to_the_model():
+    # With a narrow kernel, P[q, 0] underflows to 0 for every rank q the model allows (5-7), so
+    # p(q | x, r) has no mass; the model's p(q | x) then decides, and it is sure the rank is above 0.
+    kernel = label_noise_kernel(12, 0.1)
+    assert float(kernel[5:8, 0].max()) == 0.0
+    probs = np.zeros((2, 12))
+    probs[:, 5:8] = [0.2, 0.6, 0.2]
+    labels = np.array([0, 6])
+    scores = label_issue_scores(labels, probs, noise_kernel=kernel)
+    assert scores[0] == 1.0 and scores[1] < 0.5
+    assert find_label_issues(labels, probs, noise_kernel=kernel, return_scores=False).tolist() == [0]
