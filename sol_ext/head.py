@@ -208,6 +208,14 @@ class SOLHead(nn.Module):
         p = self.predict_proba(h)
         return p @ torch.arange(self.num_ranks, dtype=p.dtype, device=p.device)
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # keep the saved centroids' dtype (float64 embeddings give float64 centroids): loading
+        # would otherwise copy them into this head's float32 buffer
+        saved = state_dict.get(prefix + "centroids")
+        if isinstance(saved, torch.Tensor) and saved.shape == self.centroids.shape:
+            self.centroids = torch.empty_like(saved, device=self.centroids.device)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     # -- checks ------------------------------------------------------------------------------
     def _require(self, what: str, caller: str) -> None:
         ready = self.has_centroids if what == "centroids" else self.has_readout

@@ -186,7 +186,11 @@ def posterior_relabel(labels: torch.Tensor, rank_probabilities: torch.Tensor,
     labels = labels.long().to(rank_probabilities.device)
     p = rank_probabilities.to(torch.float64)
     joint = p * noise_kernel.to(p)[:, labels].T          # p(q | x) P[q, r_x], [N, n]
-    joint = joint / joint.sum(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    total = joint.sum(dim=1, keepdim=True)
+    # A label the noise model rules out for every rank the model allows (P[q, r] = 0 there) tells
+    # nothing about the rank: judge it by p(q | x) alone. (An all-zero row would send it to the top
+    # rank, wherever the model puts the truth.)
+    joint = torch.where(total > 0, joint / total.clamp_min(torch.finfo(torch.float64).tiny), p)
     cum = joint.cumsum(dim=1)
     rows = torch.arange(labels.numel(), device=p.device)
     below = torch.where(labels > 0, cum[rows, (labels - 1).clamp(min=0)], torch.zeros_like(cum[:, 0]))

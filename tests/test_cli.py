@@ -44,7 +44,7 @@ def run_train(tmp_path, *extra):
 
 
 def test_train_audit_end_to_end(tmp_path, capsys):
-    code, out = run_train(tmp_path)
+    code, out = run_train(tmp_path, "--noise", "gaussian")  # added noise: the clean labels are known
     assert code == 0
     printed = capsys.readouterr().out
     assert "test MAE" in printed and "labels changed" in printed
@@ -60,7 +60,9 @@ def test_train_audit_end_to_end(tmp_path, capsys):
     # every training row, the validation split included
     assert len(rows) == results["data"]["n_train"] + results["data"]["n_val"]
     assert list(rows[0]) == ["index", "given_label", "current_label", "predicted_label",
-                             "deviation", "outlier", "suggested_label", "clean_label"]
+                             "deviation", "outlier", "score", "suggested_label", "clean_label"]
+    scores = [float(r["score"]) for r in rows]
+    assert scores == sorted(scores, reverse=True), "suspects first"
     flagged = sum(r["outlier"] == "1" for r in rows)
     assert f"{flagged} of {len(rows)}" in summary
     # indices are rows of the data file: distinct and within it

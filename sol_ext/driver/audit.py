@@ -24,7 +24,7 @@ from .config import TrainConfig
 __all__ = ["AuditReport", "audit_run", "write_audit", "AUDIT_COLUMNS"]
 
 AUDIT_COLUMNS = ("index", "given_label", "current_label", "predicted_label", "deviation",
-                 "outlier", "suggested_label")
+                 "outlier", "score", "suggested_label")
 
 
 @dataclass
@@ -71,8 +71,11 @@ def audit_run(run_dir: Path) -> AuditReport:
     Columns (label units): ``index`` (row of the sample in the data file), ``given_label`` (the label the
     run started from), ``current_label`` (after the run's relabeling), ``predicted_label``,
     ``deviation`` (current - predicted), ``outlier`` (0/1: the label looks wrong by the run's rule),
-    ``suggested_label`` (the rule's label for flagged samples, the current label otherwise),
-    and ``clean_label`` when the clean labels are known.
+    ``score`` (how wrong it looks, in [0, 1]: for the posterior rule the posterior mass on one side
+    of the label, as :func:`sol_ext.find_label_issues` scores; for the outlier rule ``|dev|`` over
+    the largest ``|dev|`` of the label's group), ``suggested_label`` (the rule's label for flagged
+    samples, the current label otherwise), and ``clean_label`` when the clean labels are known.
+    Rows are sorted by score, suspects first.
     """
     run_dir = Path(run_dir)
     best = run_dir / BEST_NAME
@@ -86,6 +89,8 @@ def audit_run(run_dir: Path) -> AuditReport:
         pred, clean, rows_in_file = audit["predicted"].long(), audit["clean"], audit["rows"]
         suggested = audit["suggested"].long()
         flagged = suggested != given
+        # the posterior mass on the far side of the label (sol_ext.find_label_issues' score)
+        score = audit["confidence"].double()
         rule = (f"posterior mass >= {config.relabel_mass:g} on one side of the label, label "
                 f"noise std estimated: {float(state.get('label_noise_std', 0.0)):.2f} ranks"
                 if config.label_noise == "auto" else
@@ -97,6 +102,7 @@ def audit_run(run_dir: Path) -> AuditReport:
         ref = refine_labels(current, pred, n, config.beta,
                             floor_step=config.convention == "official")
         suggested, flagged = ref.labels, ref.outliers
+        score = _outlier_scores(ref.deviation, current, n)
         rule = f"outliers at beta={config.beta:g}"
         changed = int((current != given).sum())
 
@@ -109,10 +115,14 @@ def audit_run(run_dir: Path) -> AuditReport:
             "predicted_label": value(pred),
             "deviation": [_fmt(step * int(d)) for d in current - pred],
             "outlier": [str(int(f)) for f in flagged],
+            "score": [f"{float(v):.6f}" for v in score],
             "suggested_label": value(suggested)}
     if clean is not None:
         cols["clean_label"] = value(clean.long())
     rows = [dict(zip(cols, vals)) for vals in zip(*cols.values())]
+    # suspects first: by score, the flagged ones before the rest on a tie, then in file order
+    order = sorted(range(len(rows)), key=lambda i: (-float(score[i]), not bool(flagged[i]), i))
+    rows = [rows[i] for i in order]
     truly = wrong = None
     if clean is not None:
         wrong_mask = current != clean.long()
@@ -121,6 +131,15 @@ def audit_run(run_dir: Path) -> AuditReport:
                        num_changed_in_training=changed, rule=rule,
                        clean_known=clean is not None, outliers_truly_wrong=truly,
                        wrong_total=wrong)
+
+
+def _outlier_scores(deviation: torch.Tensor, labels: torch.Tensor, num_ranks: int) -> torch.Tensor:
+    """The paper's outlier score: ``|dev|`` over the largest ``|dev|`` of the sample's label group
+    (0 where that is 0); the rule flags a sample where it reaches beta (docs/math.md §8)."""
+    dev = deviation.abs().double()
+    largest = torch.zeros(num_ranks, dtype=torch.float64).scatter_reduce(
+        0, labels.long(), dev, reduce="amax", include_self=True)[labels.long()]
+    return torch.where(largest > 0, dev / largest.clamp_min(1e-300), torch.zeros_like(dev))
 
 
 def write_audit(report: AuditReport, path: Path) -> None:

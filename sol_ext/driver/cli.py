@@ -218,9 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the program's path (default: RUN_DIR/model.pt2)")
 
     a = sub.add_parser("audit", help="list the training labels that look wrong, as CSV",
-                       description="One row per training sample of a trained run: index, given "
-                                   "label, current label, predicted label, deviation, outlier "
-                                   "flag, suggested label.")
+                       description="One row per training sample of a trained run, suspects "
+                                   "first: index, given label, current label, predicted label, "
+                                   "deviation, outlier flag, score (how likely the label is wrong), "
+                                   "suggested label.")
     a.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="output folder of 'sol-ext train'")
     a.add_argument("--csv", type=Path, default=None,
                    help="where to write the CSV (default: RUN_DIR/audit.csv; '-' for stdout)")

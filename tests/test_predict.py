@@ -1,0 +1,181 @@
+"""A trained run as a model: load_run, `sol-ext predict`, `sol-ext export`."""
+
+import csv
+import gzip
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import sol_ext
+from sol_ext.driver.cli import main
+from sol_ext.driver.data import load_dataset, split_indices
+from sol_ext.metrics import macro_mae, quadratic_weighted_kappa
+
+FAST = ["--epochs", "2", "--batch-size", "32", "--embedding-dim", "4", "--hidden", "16",
+        "--quiet", "--no-plots"]
+
+
+def write_ratings(path, n, seed, with_labels=True):
+    """A user's CSV: four features, an integer score 2 … 18 that depends on two of them."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 4))
+    y = np.clip(np.round(3 * x[:, 0] + x[:, 1] + 10 + rng.normal(size=n)), 2, 18)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["a", "b", "c", "d"] + (["score"] if with_labels else []))
+        for row, label in zip(x, y):
+            w.writerow([f"{v:.5f}" for v in row] + ([f"{label:g}"] if with_labels else []))
+    return path, x.astype(np.float32), y
+
+
+@pytest.fixture(scope="module")
+def user_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("user")
+    train, _, _ = write_ratings(root / "f.csv", 300, 0)
+    test, x, y = write_ratings(root / "g.csv", 120, 1)
+    return root, train, test, x, y
+
+
+def train_run(root, train, test, method, *extra):
+    out = root / f"run-{method}"
+    if not (out / "best.pt").exists():
+        code = main(["train", "--data", str(train), "--test-data", str(test), "--label-column",
+                     "score", "--method", method, "--sigma", "1", "--output", str(out), *FAST, *extra])
+        assert code == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.parametrize("method", ["sol", "sol-no-noise", "l1", "ce", "corn"])
+def test_load_run_predicts_the_runs_test_mae_for_every_method(user_files, method):
+    if method == "corn":
+        pytest.importorskip("coral_pytorch")
+    root, train, test, x, y = user_files
+    out, results = train_run(root, train, test, method)
+    model = sol_ext.load_run(out)
+    assert model.method == method
+    table = model.predict_table(test)
+    assert np.mean(np.abs(table.prediction - y)) == results["test"]["mae"]
+    # raw feature rows in the training column order give the same predictions
+    assert np.array_equal(model.predict(x), table.prediction)
+    p = model.predict_proba(x)
+    assert p.shape == (120, results["data"]["num_ranks"])
+    np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-9)
+    assert np.all(p >= 0)
+    np.testing.assert_allclose(model.expected(x), p @ model.label_values, rtol=1e-12)
+    assert model.embed(x).shape == (120, 4)
+    if method != "ce":  # the prediction is the median of p, except for ce's argmax
+        median = model.label_values[(np.cumsum(p, axis=1) < 0.5).sum(1).clip(max=p.shape[1] - 1)]
+        assert np.mean(median == table.prediction) > 0.95
+
+
+def test_predict_command_writes_the_csv_and_reproduces_the_test_mae(user_files, capsys):
+    root, train, test, _, y = user_files
+    out, results = train_run(root, train, test, "sol")
+    capsys.readouterr()
+    assert main(["predict", str(out), "--data", str(test), "--output", str(root / "pred.csv")]) == 0
+    printed = capsys.readouterr().out
+    rows = list(csv.DictReader(open(root / "pred.csv")))
+    values = [f"{v:g}" for v in range(2, 19)]
+    assert list(rows[0]) == ["id", "prediction", "expected", "label"] + [f"p_{v}" for v in values]
+    assert [r["id"] for r in rows] == [str(i) for i in range(120)]
+    pred = np.array([float(r["prediction"]) for r in rows])
+    assert np.mean(np.abs(pred - y)) == pytest.approx(results["test"]["mae"], abs=1e-12)
+    assert f"MAE {results['test']['mae']:.4f}" in printed
+    grid = y - 2
+    assert f"QWK {quadratic_weighted_kappa(pred - 2, grid, 17):.4f}" in printed
+    assert f"macro-MAE {macro_mae(pred, y):.4f}" in printed
+    probs = np.array([[float(r[f"p_{v}"]) for v in values] for r in rows])
+    np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-8)
+
+
+def test_predict_on_a_file_without_labels_and_bad_inputs(user_files, tmp_path, capsys):
+    root, train, test, _, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    unlabeled, x, _ = write_ratings(tmp_path / "new.csv", 7, 1, with_labels=False)
+    assert main(["predict", str(out), "--data", str(unlabeled), "--output", "-"]) == 0
+    captured = capsys.readouterr()
+    assert "label" not in captured.out.splitlines()[0].split(",")
+    assert len(captured.out.splitlines()) == 8 and "MAE" not in captured.err
+    with open(tmp_path / "few.csv", "w") as f:
+        f.write("a,b,score\n1,2,3\n")
+    assert main(["predict", str(out), "--data", str(tmp_path / "few.csv")]) == 2
+    assert "feature column 'c'" in capsys.readouterr().err
+    model = sol_ext.load_run(out)
+    with pytest.raises(ValueError, match=r"\[4\]"):
+        model.predict(np.zeros((3, 5)))
+    with pytest.raises(ValueError, match="NaN"):
+        model.predict(np.full((2, 4), np.nan))
+    assert main(["predict", str(tmp_path), "--data", str(test)]) == 2
+    assert "no trained run" in capsys.readouterr().err
+
+
+def test_a_builtin_run_reads_new_rows_with_its_one_hot_columns(tmp_path):
+    """Abalone's Sex column is one-hot encoded; a CSV of new rows in the original columns (no
+    label) is read with the run's categories, and the run's test rows reproduce its test MAE."""
+    out = tmp_path / "run"
+    assert main(["train", "--output", str(out), "--sigma", "1", *FAST]) == 0
+    results = json.loads((out / "results.json").read_text())
+    model = sol_ext.load_run(out)
+    full = load_dataset("abalone")
+    _, test_rows = split_indices(full.ranks, 0.2, 0)
+    pred = model.predict("abalone")
+    mae = np.mean(np.abs(pred[test_rows.numpy()] - full.labels.numpy()[test_rows.numpy()]))
+    assert mae == results["test"]["mae"]
+    with gzip.open(sol_ext.driver.data.DATASETS_DIR / "abalone.csv.gz", "rt") as f:
+        lines = f.read().splitlines()
+    header = lines[0].split(",")
+    keep = [i for i, h in enumerate(header) if h != "Rings"]
+    with open(tmp_path / "new.csv", "w") as f:
+        for line in lines[:41]:
+            cells = line.split(",")
+            f.write(",".join(cells[i] for i in keep) + "\n")
+    assert np.array_equal(model.predict(tmp_path / "new.csv"), pred[:40])
+
+
+@pytest.mark.parametrize("method", ["sol", "l1", "corn"])
+def test_exported_program_predicts_without_sol_ext(user_files, tmp_path, method):
+    if method == "corn":
+        pytest.importorskip("coral_pytorch")
+    root, train, test, x, _ = user_files
+    out, _ = train_run(root, train, test, method)
+    assert main(["export", str(out), "--output", str(tmp_path / "model.pt2")]) == 0
+    side = json.loads((tmp_path / "model.json").read_text())
+    assert side["inputs"]["feature_names"] == ["a", "b", "c", "d"]
+    assert side["label_values"] == [float(v) for v in range(2, 19)]
+    np.save(tmp_path / "x.npy", x)
+    script = f"""
+import sys
+sys.modules["sol_ext"] = None  # importing sol_ext now fails: the program must not need it
+import numpy as np, torch
+program = torch.export.load({str(tmp_path / 'model.pt2')!r}).module()
+x = torch.from_numpy(np.load({str(tmp_path / 'x.npy')!r}))
+prediction, expected, probabilities = program(x)
+one = program(x[:1])[0]
+np.savez({str(tmp_path / 'out.npz')!r}, prediction=prediction.numpy(), expected=expected.numpy(),
+         probabilities=probabilities.numpy(), one=one.numpy())
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+    got = np.load(tmp_path / "out.npz")
+    table = sol_ext.load_run(out).predict_table(x)
+    assert np.array_equal(got["prediction"], table.prediction)
+    assert got["one"][0] == table.prediction[0]
+    np.testing.assert_allclose(got["probabilities"], table.probabilities, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got["expected"], table.expected, rtol=1e-6)
+
+
+def test_own_files_get_no_added_noise_unless_asked(user_files, tmp_path):
+    from sol_ext.driver.config import TrainConfig
+
+    root, train, _, _, _ = user_files
+    assert TrainConfig(data=str(train)).noise == "none"
+    assert TrainConfig(data="abalone").noise == "gaussian"
+    assert TrainConfig(data=str(train), noise="gaussian").noise == "gaussian"
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(train), "--label-column", "score", "--sigma", "1",
+                 "--output", str(out), *FAST]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["noise"] == "none"
+    assert results["label_noise_given"] is None  # the file's labels are not known to be clean
