@@ -1,11 +1,11 @@
 // sol_ext: fused Stochastic Order Learning ops.
 //
 // Every op schema lives in sol_ext.cpp; each backend registers its kernels in
-// csrc/<backend>/<op>_kernel.{cpp,cu}. The math is ../SPEC.md (sections cited below).
+// csrc/<backend>/<op>_kernel.{cpp,cu}. The math is docs/math.md (sections cited below).
 //
 // Ops (all tensors on one device; B = batch, n = ranks, d = embedding size, M = pairs):
 //
-//   stochastic_dissimilarity(h [B,d], mu [n,d], sigma) -> D [B,n]                      (SPEC §3)
+//   stochastic_dissimilarity(h [B,d], mu [n,d], sigma) -> D [B,n]                      (docs/math.md §3)
 //       D[x,q] = sum_j P[q,j] ||h_x - mu_j||^2, computed as one [B,d]x[d,n] product plus
 //       a fused epilogue, about the center of mu (center_on_centroids below), so that embeddings far
 //       from the origin keep D's precision. dtype of h (float32/float64; CUDA also float16/bfloat16).
@@ -17,11 +17,11 @@
 //       -> (grad_h [B,d], grad_mu [n,d]); an output that is not needed comes back empty ([0]).
 //
 //   ordering_probabilities(r_x [M] int64, r_y [M] int64, n, sigma, tau, convention, dtype)
-//       -> [M,3] = (Pr(x<y), Pr(x~y), Pr(x>y)) gathered from the cached [n,n,3] table (SPEC §5, §10.2).
+//       -> [M,3] = (Pr(x<y), Pr(x~y), Pr(x>y)) gathered from the cached [n,n,3] table (docs/math.md §5, §10.2).
 //       Every tau >= n - 1 means the same (true ranks never differ by more than n - 1) and is clamped.
 //
 //   order_loss(D [B,n], labels [B] int64, pairs [M,2] int64 or None, sigma, tau, margin, convention)
-//       -> per-pair losses [M], M = B(B-1)/2 for all pairs x<y in batch order      (SPEC §6, §7)
+//       -> per-pair losses [M], M = B(B-1)/2 for all pairs x<y in batch order      (docs/math.md §6, §7)
 //       A NaN in D gives NaN for every pair that reads it, on every backend (as torch.relu does).
 //   _order_loss_backward(grad_losses [M], D, labels, pairs, sigma, tau, margin, convention) -> grad_D [B,n]
 //       Deterministic on the CPU: each row of grad_D is summed by one worker in pair order.
@@ -30,7 +30,7 @@
 //       Extra memory O(B*n + M): no [M,n] or [B,B,n] intermediate.
 //
 //   order_loss_block(D [B,n], labels [B] int64, D_all [N,n], labels_all [N] int64, offset, sigma, tau,
-//                    margin, convention) -> per-row sums [B]                            (SPEC §6, §7)
+//                    margin, convention) -> per-row sums [B]                            (docs/math.md §6, §7)
 //       A rectangular block of pairs for data-parallel training: the local rows D are rows
 //       offset..offset+B-1 of the global batch D_all (0 <= offset <= N - B), and local row i owns the
 //       pairs (i, j) with j > offset + i, j indexing D_all, oriented x = D[i], y = D_all[j]. Every pair
@@ -42,7 +42,7 @@
 //       grad_D (of grad_D_all) is summed by one worker over its pairs in order. Extra memory O((B + N) n).
 //       CPU and CUDA; the CUDA kernels use one warp per row (no atomics, bitwise reproducible).
 //
-//   disc_loss(D [B,n], labels [B] int64, T) -> per-sample losses [B]                (SPEC §4)
+//   disc_loss(D [B,n], labels [B] int64, T) -> per-sample losses [B]                (docs/math.md §4)
 //       The terms of every t >= n are equal and are added as one term times their count: O(n) for any T.
 //   _disc_loss_backward(grad_losses [B], labels, n, T) -> grad_D [B,n]
 #pragma once
@@ -53,16 +53,16 @@
 
 namespace sol_ext {
 
-// SPEC §10: "paper" follows the paper's equations, "official" reproduces the authors' code.
+// docs/math.md §10: "paper" follows the paper's equations, "official" reproduces the authors' code.
 enum class Convention { Paper, Official };
 
 Convention parse_convention(std::string_view name);
 
-// Noise kernel P [n,n] (SPEC §2), computed in float64 and cast to `dtype` on `device`.
+// Noise kernel P [n,n] (docs/math.md §2), computed in float64 and cast to `dtype` on `device`.
 // Cached per (n, sigma, dtype, device); the returned tensor must not be modified.
 at::Tensor noise_kernel(int64_t num_ranks, double sigma, at::ScalarType dtype, at::Device device);
 
-// Ordering-probability table [n,n,3] (SPEC §5, §10.2): table[a,b] = (lt, eq, gt) for
+// Ordering-probability table [n,n,3] (docs/math.md §5, §10.2): table[a,b] = (lt, eq, gt) for
 // noisy ranks (r_x, r_y) = (a, b). Computed in float64 on the CPU, cast and cached per
 // (n, sigma, tau, convention, dtype, device); the returned tensor must not be modified.
 at::Tensor ordering_table(
@@ -84,7 +84,7 @@ struct CenteredInputs {
 };
 CenteredInputs center_on_centroids(const at::Tensor& h, const at::Tensor& mu);
 
-// The centroid side of the dissimilarity algebra (SPEC §3), on mu's device and dtype:
+// The centroid side of the dissimilarity algebra (docs/math.md §3), on mu's device and dtype:
 // P [n,n], nu = P mu [n,d], a = P 1 [n] and c = P ||mu_j||^2 [n].
 struct SmoothedCentroids {
   at::Tensor P, nu, a, c;

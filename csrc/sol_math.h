@@ -20,7 +20,7 @@ C10_HOST_DEVICE inline T positive_part(T v) {
   return v < T(0) ? T(0) : v;
 }
 
-// The hinge arguments of one rank (SPEC §6) as the reference evaluates them: delta = D[x,q] - D[y,q]
+// The hinge arguments of one rank (docs/math.md §6) as the reference evaluates them: delta = D[x,q] - D[y,q]
 // in the input dtype, and delta + gamma, gamma - delta, |delta| - gamma each computed in acc_t and
 // rounded once to the input dtype. gamma stays in acc_t: PyTorch adds a Python float to a
 // float16/bfloat16 tensor in float32, so the margin itself is never rounded to the input dtype.
@@ -35,10 +35,10 @@ struct HingeArgs {
   }
 };
 
-// Weights of the three hinge families of one pair (SPEC §6), written per rank q as
+// Weights of the three hinge families of one pair (docs/math.md §6), written per rank q as
 //   l_order = sum_q  wA(q) [delta_q + gamma]+  +  wB(q) [gamma - delta_q]+  +  eq [|delta_q| - gamma]+
 // with  wA(q) = lt [q <= last_lower_x] + gt [q >= r_x]  and  wB(q) = lt [q >= r_y] + gt [q <= last_lower_y].
-// The "official" convention makes the lower sums exclusive (SPEC §10.1), i.e. last_lower = r - 1.
+// The "official" convention makes the lower sums exclusive (docs/math.md §10.1), i.e. last_lower = r - 1.
 template <typename acc_t>
 struct PairTerms {
   acc_t lt, eq, gt;
@@ -77,7 +77,7 @@ struct PairTerms {
   }
 };
 
-// The discriminative loss of one sample (SPEC §4) is linear in its row of D:
+// The discriminative loss of one sample (docs/math.md §4) is linear in its row of D:
 // l_disc = sum_k coef_k D[x, k]. Calls visit(k, coef) for each term, in a fixed order. The coefficients
 // of one sample sum to 0, so l_disc = sum_k coef_k (D[x, k] - D[x, r]) too.
 // Every t >= n has both neighbours out of range (r lies in 0..n-1) and adds the same term, so those

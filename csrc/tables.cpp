@@ -1,4 +1,4 @@
-// The noise kernel P (SPEC §2) and the ordering-probability table (SPEC §5, §10.2): small,
+// The noise kernel P (docs/math.md §2) and the ordering-probability table (docs/math.md §5, §10.2): small,
 // computed once in float64 on the CPU and cached on each device that asks for them.
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -103,7 +103,7 @@ at::Tensor ordering_table(
       for (int64_t k = n - 1; k >= 0; --k) tail[b * (n + 1) + k] = tail[b * (n + 1) + k + 1] + P[b * n + k];
     }
     const int64_t far = tau + 1;
-    // Pr(true rank of y >= j + tau + 1); the authors' code clamps that start at n-1 (SPEC §10.2).
+    // Pr(true rank of y >= j + tau + 1); the authors' code clamps that start at n-1 (docs/math.md §10.2).
     const int64_t last_start = convention == Convention::Official ? n - 1 : n;
     auto prob_beyond = [&](int64_t a, int64_t b) {  // sum_j P[a,j] Pr_b(k >= j + tau + 1)
       double total = 0.0;

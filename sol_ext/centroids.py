@@ -1,4 +1,4 @@
-"""Centroid rule and rank read-outs (SPEC §3, §8; paper eqs. 6 and 17).
+"""Centroid rule and rank read-outs (docs/math.md §3, §8; paper eqs. 6 and 17).
 
 The centroid of rank ``q`` is the P-weighted mean of all training embeddings,
 ``mu_q = sum_x P[r_x, q] h_x / sum_x P[r_x, q]``. It is computed from per-label sums
@@ -61,7 +61,7 @@ def compute_centroids(embeddings: torch.Tensor, labels: torch.Tensor, kernel: to
                       previous: Optional[torch.Tensor] = None,
                       all_reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
                       ) -> torch.Tensor:
-    """Rank centroids by the centroid rule (SPEC §8, paper eq. 17).
+    """Rank centroids by the centroid rule (docs/math.md §8, paper eq. 18).
 
     Args:
         embeddings: ``[N, d]`` embeddings ``h_x`` of the whole training set (with ``all_reduce``:
@@ -193,7 +193,7 @@ def predict_ranks(embeddings: torch.Tensor, centroids: torch.Tensor, sigma: floa
 
 def dissimilarities(embeddings: torch.Tensor, centroids: torch.Tensor, sigma: float,
                     batch_size: int = 4096, backend: str = "auto") -> torch.Tensor:
-    """``D [N, n]`` (SPEC §3) of a whole set of embeddings ``[N, d]``, without gradient."""
+    """``D [N, n]`` (docs/math.md §3) of a whole set of embeddings ``[N, d]``, without gradient."""
     with torch.no_grad():
         chunks = [stochastic_dissimilarity(embeddings[i:i + batch_size], centroids, sigma=sigma,
                                            backend=backend)
@@ -234,7 +234,7 @@ def fit_rank_posterior(dissimilarity: torch.Tensor, labels: torch.Tensor, num_ra
     uniform prior.
 
     With ``noise_kernel`` ``P`` the labels are taken as noisy draws ``r ~ P[q, ·]`` of the rank
-    ``q`` (SPEC §2), and the likelihood is ``sum_q p(q | x) P[q, r_x]``: the posterior then
+    ``q`` (docs/math.md §2), and the likelihood is ``sum_q p(q | x) P[q, r_x]``: the posterior then
     describes the rank, not the noisy label, and comes out sharper.
 
     Args:

@@ -24,7 +24,7 @@ from .ops import (
 class StochasticOrderLoss(nn.Module):
     """``L = order_loss(D) + disc_weight * disc_loss(D)`` with ``D = stochastic_dissimilarity(h, mu)``.
 
-    The loss of paper eq. 16 plus lambda times eq. 9 (SPEC §7), for one batch::
+    The loss of paper eq. 17 plus lambda times eq. 10 (docs/math.md §7), for one batch::
 
         criterion = sol_ext.StochasticOrderLoss(num_ranks=62)
         loss = criterion(h, labels, centroids)        # h [B, d], labels [B] int, centroids [n, d]
@@ -35,7 +35,7 @@ class StochasticOrderLoss(nn.Module):
         sigma: std of the label-noise model in rank units (> 0).
         tau: ``x ~ y`` threshold in ranks (int >= 0). margin: hinge margin gamma (>= 0).
         T: neighbour range of the discriminative loss (int >= 1). disc_weight: lambda (>= 0).
-        convention: ``"paper"`` (default) or ``"official"`` (the authors' code, SPEC §10).
+        convention: ``"paper"`` (default) or ``"official"`` (the authors' code, docs/math.md §10).
         reduction: ``"mean"`` (each part averaged over its pairs or samples) or ``"sum"``.
         backend: ``"auto"``, ``"fused"`` or ``"reference"`` (see :mod:`sol_ext.ops`).
         check_values: read the inputs' values to refuse NaN/inf embeddings and out-of-range labels or

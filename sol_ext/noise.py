@@ -1,4 +1,4 @@
-"""Synthetic label noise on the rank grid, as in the paper's experiments (SPEC section 9, Appendix C.2).
+"""Synthetic label noise on the rank grid, as in the paper's experiments (docs/math.md section 9, Appendix C.2).
 
 The noise scale is ``s = kappa * sigma_X`` with ``sigma_X`` the standard deviation of the clean ranks
 (population std, in rank units). A noisy label is the clean rank plus a draw ``e`` of the chosen

@@ -370,7 +370,7 @@ def _disc_losses(D, labels, T, fused: bool):
 def stochastic_dissimilarity(
     h: torch.Tensor, mu: torch.Tensor, sigma: float = 1.0, *, backend: str = "auto"
 ) -> torch.Tensor:
-    """Stochastic dissimilarities ``D[x, q] = sum_j P[q, j] ||h_x - mu_j||^2`` (SPEC §3, paper eq. 3).
+    """Stochastic dissimilarities ``D[x, q] = sum_j P[q, j] ||h_x - mu_j||^2`` (docs/math.md §3, paper eq. 3).
 
     Args:
         h: embeddings ``[B, d]``, float32 or float64 (CUDA also float16/bfloat16).
@@ -411,12 +411,12 @@ def ordering_probabilities(
     dtype: torch.dtype = torch.float64,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """``[M, 3] = (Pr(x<y), Pr(x~y), Pr(x>y))`` for noisy ranks ``r_x [M]``, ``r_y [M]`` (SPEC §5).
+    """``[M, 3] = (Pr(x<y), Pr(x~y), Pr(x>y))`` for noisy ranks ``r_x [M]``, ``r_y [M]`` (docs/math.md §5).
 
     The true ranks are drawn independently from rows ``r_x`` and ``r_y`` of the noise kernel;
     ``x ~ y`` means they differ by at most ``tau``. Under ``convention="paper"`` each row sums to 1;
     ``"official"`` reproduces the authors' code, whose ``<`` and ``>`` carry extra mass near the top rank
-    (SPEC §10.2). Computed in float64 and returned in ``dtype``; no gradient.
+    (docs/math.md §10.2). Computed in float64 and returned in ``dtype``; no gradient.
     """
     num_ranks = check.check_int("num_ranks", num_ranks, 1)
     _refuse_func_transforms(r_x=r_x, r_y=r_y)
@@ -465,7 +465,7 @@ def order_loss(
     *,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Stochastic order loss (SPEC §6, paper eqs. 14–16) over pairs of a batch.
+    """Stochastic order loss (docs/math.md §6, paper eqs. 15–17) over pairs of a batch.
 
     Args:
         D: stochastic dissimilarities ``[B, n]`` (from :func:`stochastic_dissimilarity`).
@@ -473,7 +473,7 @@ def order_loss(
         pairs: ``None`` for all ``B(B-1)/2`` pairs ``x < y`` in batch order, or integer ``[M, 2]`` rows of
             ``(x, y)`` batch indices (``x == y`` and repeats allowed).
         sigma, tau, margin: noise std (> 0), similarity threshold (int >= 0), hinge margin gamma (>= 0).
-        convention: ``"paper"`` or ``"official"`` (the authors' code, SPEC §10).
+        convention: ``"paper"`` or ``"official"`` (the authors' code, docs/math.md §10).
         reduction: ``"mean"`` over pairs, ``"sum"``, or ``"none"`` for the ``[M]`` per-pair losses.
 
     Returns a scalar (or ``[M]``) in ``D``'s dtype, except that a reduced float16/bfloat16 loss is summed
@@ -519,7 +519,7 @@ def order_loss_block(
     *,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Order loss of a rectangular block of pairs, local rows x all rows, summed per local row (SPEC §6, §7).
+    """Order loss of a rectangular block of pairs, local rows x all rows, summed per local row (docs/math.md §6, §7).
 
     The building block of data-parallel training (:mod:`sol_ext.distributed`): a process holds its rows
     ``D`` of the global batch ``D_all`` (``D`` is ``D_all[offset:offset + B]``) and owns the pairs
@@ -565,7 +565,7 @@ def order_loss_block(
 def disc_loss(
     D: torch.Tensor, labels: torch.Tensor, T: int = 1, reduction: str = "mean", *, backend: str = "auto"
 ) -> torch.Tensor:
-    """Discriminative loss (SPEC §4, paper eqs. 7–9): pulls each ``D[x, r_x]`` below its ``T`` neighbours.
+    """Discriminative loss (docs/math.md §4, paper eqs. 8–10): pulls each ``D[x, r_x]`` below its ``T`` neighbours.
 
     Args:
         D: ``[B, n]`` stochastic dissimilarities. labels: ``[B]`` 0-based integer ranks.
@@ -589,7 +589,7 @@ def disc_loss(
 def noise_kernel(
     num_ranks: int, sigma: float = 1.0, dtype: torch.dtype = torch.float64, device=None
 ) -> torch.Tensor:
-    """The noise kernel ``P [n, n]`` (SPEC §2): row ``q`` is the distribution of the true rank given noisy rank ``q``."""
+    """The noise kernel ``P [n, n]`` (docs/math.md §2): row ``q`` is the distribution of the true rank given noisy rank ``q``."""
     num_ranks = check.check_int("num_ranks", num_ranks, 1)
     sigma = check.check_positive_float("sigma", sigma)
     return reference.noise_kernel(num_ranks, sigma, dtype=dtype, device=device)

@@ -2,8 +2,8 @@
 
 Two choices (``--pairs``):
 
-* ``all``: every unordered pair of the batch (SPEC §7), the default; the loss builds them.
-* ``balanced``: the scheme of the authors' public code (SPEC §10.3). Each anchor of a batch
+* ``all``: every unordered pair of the batch (docs/math.md §7), the default; the loss builds them.
+* ``balanced``: the scheme of the authors' public code (docs/math.md §10.3). Each anchor of a batch
   gets one reference drawn from the training set so that the (noisy) order relation
   ``>``, ``<`` or ``~`` (with ``tau``) is chosen uniformly; the 2B samples are pooled and,
   of all their pairs, at most ``per_class`` per relation are kept.
@@ -22,7 +22,7 @@ PAIR_MODES = ("all", "balanced")
 
 def sample_references(anchor_labels: torch.Tensor, train_labels: torch.Tensor, tau: int,
                       generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """One reference per anchor, with a uniformly chosen order relation (SPEC §10.3).
+    """One reference per anchor, with a uniformly chosen order relation (docs/math.md §10.3).
 
     For each anchor of rank ``r`` a relation is drawn uniformly: 0 = anchor above
     (reference rank ``< r - tau``), 1 = anchor below (``> r + tau``), 2 = similar
@@ -63,7 +63,7 @@ def sample_references(anchor_labels: torch.Tensor, train_labels: torch.Tensor, t
 
 def balanced_pairs(labels: torch.Tensor, tau: int, per_class: int = 32,
                    generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """At most ``per_class`` pairs of each noisy order relation (SPEC §10.3).
+    """At most ``per_class`` pairs of each noisy order relation (docs/math.md §10.3).
 
     All unordered pairs ``x < y`` of the pooled batch are classified by their noisy ranks into
     ``r_x > r_y + tau``, ``r_x < r_y - tau`` and ``|r_x - r_y| <= tau``; from each relation

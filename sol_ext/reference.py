@@ -1,6 +1,6 @@
 """Plain-PyTorch reference of every SOL op: the oracle the fused kernels are tested against.
 
-Each function writes the formula of SPEC.md as directly as PyTorch allows, and autograd gives its
+Each function writes the formula of docs/math.md as directly as PyTorch allows, and autograd gives its
 gradients. It materializes what the fused kernels avoid: a ``[B, n, d]`` difference tensor for the
 dissimilarity and ``[M, n]`` tensors for the order loss, so use it for checking, not for training at
 scale. Inputs are not validated here; the public functions in :mod:`sol_ext` validate and then call
@@ -28,7 +28,7 @@ __all__ = [
 def noise_kernel(
     num_ranks: int, sigma: float = 1.0, dtype: torch.dtype = torch.float64, device=None
 ) -> torch.Tensor:
-    """``P [n, n]``: row ``q`` is the distribution of the true rank given noisy rank ``q`` (SPEC §2).
+    """``P [n, n]``: row ``q`` is the distribution of the true rank given noisy rank ``q`` (docs/math.md §2).
 
     A discrete Gaussian cut to ``0 … n-1`` and renormalized; computed in float64, then cast. Any finite
     ``sigma > 0`` works: a tiny one gives the identity (``(j - q) / sigma`` is infinite off the diagonal),
@@ -40,7 +40,7 @@ def noise_kernel(
 
 
 def stochastic_dissimilarity(h: torch.Tensor, mu: torch.Tensor, sigma: float = 1.0) -> torch.Tensor:
-    """``D [B, n]``, ``D[x, q] = sum_j P[q, j] ||h_x - mu_j||^2`` (SPEC §3), from the ``[B, n, d]`` differences."""
+    """``D [B, n]``, ``D[x, q] = sum_j P[q, j] ||h_x - mu_j||^2`` (docs/math.md §3), from the ``[B, n, d]`` differences."""
     P = noise_kernel(mu.shape[0], sigma, dtype=h.dtype, device=h.device)
     squared_distances = ((h[:, None, :] - mu[None, :, :]) ** 2).sum(dim=-1)  # [B, n]
     return squared_distances @ P.T
@@ -51,8 +51,8 @@ def ordering_probability_table(
 ) -> torch.Tensor:
     """``[n, n, 3]`` float64: ``table[a, b] = (Pr(x<y), Pr(x~y), Pr(x>y))`` for noisy ranks ``(a, b)``.
 
-    Each entry is the double sum of SPEC §5, written as ``P @ mask @ P.T`` over the true ranks
-    ``(j, k)``. ``convention="official"`` uses the authors' clamped tail for ``<`` and ``>`` (SPEC §10.2).
+    Each entry is the double sum of docs/math.md §5, written as ``P @ mask @ P.T`` over the true ranks
+    ``(j, k)``. ``convention="official"`` uses the authors' clamped tail for ``<`` and ``>`` (docs/math.md §10.2).
     True ranks differ by at most ``n - 1``, so every ``tau >= n - 1`` means the same and is clamped
     (``j + tau + 1`` would overflow int64 for a huge ``tau``).
     """
@@ -80,13 +80,13 @@ def ordering_probabilities(
     convention: str = "paper",
     dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
-    """``[M, 3] = (lt, eq, gt)`` for each pair of noisy ranks ``(r_x[m], r_y[m])`` (SPEC §5)."""
+    """``[M, 3] = (lt, eq, gt)`` for each pair of noisy ranks ``(r_x[m], r_y[m])`` (docs/math.md §5)."""
     table = ordering_probability_table(num_ranks, sigma, tau, convention, device=r_x.device)
     return table[r_x.long(), r_y.long()].to(dtype)
 
 
 def all_pairs(batch_size: int, device=None) -> torch.Tensor:
-    """``[B(B-1)/2, 2]`` int64: every unordered pair ``(x, y)``, ``x < y``, in row-major order (SPEC §7)."""
+    """``[B(B-1)/2, 2]`` int64: every unordered pair ``(x, y)``, ``x < y``, in row-major order (docs/math.md §7)."""
     return torch.triu_indices(batch_size, batch_size, offset=1, device=device).T.contiguous()
 
 
@@ -100,7 +100,7 @@ def order_loss(
     convention: str = "paper",
     reduction: str = "mean",
 ) -> torch.Tensor:
-    """Stochastic order loss (SPEC §6) of the pairs; ``"none"`` gives the ``[M]`` per-pair losses."""
+    """Stochastic order loss (docs/math.md §6) of the pairs; ``"none"`` gives the ``[M]`` per-pair losses."""
     num_ranks = D.shape[1]
     if pairs is None:
         pairs = all_pairs(D.shape[0], device=D.device)
@@ -113,7 +113,7 @@ def order_loss(
     q = torch.arange(num_ranks, device=D.device)[None, :]
     above = torch.relu(delta + margin)  # [delta_q + gamma]+
     below = torch.relu(margin - delta)  # [gamma - delta_q]+
-    if convention == "official":  # exclusive lower sums (SPEC §10.1)
+    if convention == "official":  # exclusive lower sums (docs/math.md §10.1)
         lower_x, lower_y = q < r_x, q < r_y
     else:
         lower_x, lower_y = q <= r_x, q <= r_y
@@ -125,7 +125,7 @@ def order_loss(
 
 
 def disc_loss(D: torch.Tensor, labels: torch.Tensor, T: int = 1, reduction: str = "mean") -> torch.Tensor:
-    """Discriminative loss (SPEC §4); ``"none"`` gives the ``[B]`` per-sample losses.
+    """Discriminative loss (docs/math.md §4); ``"none"`` gives the ``[B]`` per-sample losses.
 
     Every ``t >= n`` has both neighbours out of range and adds the same term, so those terms are added
     once, times their count: any ``T`` costs what ``T = n - 1`` costs.
@@ -179,7 +179,7 @@ def order_loss_block(
 
 
 def reduce_losses(losses: torch.Tensor, reduction: str) -> torch.Tensor:
-    """``"none"``: as is; ``"sum"``; ``"mean"``, where an empty set gives 0 rather than NaN (SPEC §7).
+    """``"none"``: as is; ``"sum"``; ``"mean"``, where an empty set gives 0 rather than NaN (docs/math.md §7).
 
     ``"sum"`` and ``"mean"`` accumulate in float32 or wider and return float32 for float16/bfloat16
     losses: their sum passes float16's largest value (65,504) at ordinary batch sizes, and bfloat16

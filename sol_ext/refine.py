@@ -1,6 +1,6 @@
 """Relabeling of training labels: the paper's outlier rule and a posterior rule.
 
-* The paper's rule (SPEC §8; eqs. 18–20; ``relabel="outlier"``): after every epoch each training
+* The paper's rule (docs/math.md §8; eqs. 19–21; ``relabel="outlier"``): after every epoch each training
   sample gets a predicted rank; ``dev = r_x - rank_hat(x)``. Within each label group, samples
   whose ``|dev|`` reaches ``beta`` times the group's largest ``|dev|`` are outliers, and each
   outlier moves ``step = 0.5 * mean|dev|`` ranks towards its prediction. The caller feeds the
@@ -61,7 +61,7 @@ def _check(labels: torch.Tensor, predicted: torch.Tensor, num_ranks: int) -> Non
 
 def detect_outliers(labels: torch.Tensor, predicted: torch.Tensor, num_ranks: int,
                     beta: float) -> torch.Tensor:
-    """Outlier flags of paper eq. 18 (SPEC §8).
+    """Outlier flags of paper eq. 19 (docs/math.md §8).
 
     ``x`` with label ``q`` is flagged when ``dev_x != 0`` and
     ``|dev_x| >= beta * max_{y: r_y = q} |dev_y|``.
@@ -87,9 +87,9 @@ def detect_outliers(labels: torch.Tensor, predicted: torch.Tensor, num_ranks: in
 
 
 def relabel_step(deviation: torch.Tensor, floor: bool = False) -> float:
-    """Relabeling distance (paper eq. 19): ``0.5 * mean_x |dev_x|`` over all training samples.
+    """Relabeling distance (paper eq. 20): ``0.5 * mean_x |dev_x|`` over all training samples.
 
-    ``floor=True`` floors it, as the authors' public code does (SPEC §10.5).
+    ``floor=True`` floors it, as the authors' public code does (docs/math.md §10.5).
     """
     if deviation.numel() == 0:
         return 0.0
@@ -99,7 +99,7 @@ def relabel_step(deviation: torch.Tensor, floor: bool = False) -> float:
 
 def relabel(labels: torch.Tensor, deviation: torch.Tensor, outliers: torch.Tensor,
             num_ranks: int, step: float) -> torch.Tensor:
-    """Move each outlier ``step`` ranks towards its prediction (paper eq. 20).
+    """Move each outlier ``step`` ranks towards its prediction (paper eq. 21).
 
     ``r_x <- clip(round(r_x - sign(dev_x) * step), 0, n-1)`` for flagged ``x``; others keep
     their label. ``round`` is half-to-even, as ``numpy.round`` and ``torch.round``.
@@ -120,14 +120,14 @@ def relabel(labels: torch.Tensor, deviation: torch.Tensor, outliers: torch.Tenso
 
 def refine_labels(labels: torch.Tensor, predicted: torch.Tensor, num_ranks: int, beta: float,
                   floor_step: bool = False) -> Refinement:
-    """One round of outlier detection and relabeling (SPEC §8).
+    """One round of outlier detection and relabeling (docs/math.md §8).
 
     Args:
         labels: ``[N]`` current integer ranks of the whole training set.
         predicted: ``[N]`` their predicted ranks (nearest expectation).
         num_ranks: ``n``.
-        beta: outlier threshold (SPEC §11: 0.85–0.9).
-        floor_step: floor the step as in the authors' code (SPEC §10.5).
+        beta: outlier threshold (docs/math.md §11: 0.85–0.9).
+        floor_step: floor the step as in the authors' code (docs/math.md §10.5).
     """
     labels = labels.long()
     predicted = predicted.long().to(labels.device)

@@ -1,4 +1,4 @@
-"""Centroid rule (SPEC §8) and nearest-expectation inference (SPEC §3)."""
+"""Centroid rule (docs/math.md §8) and nearest-expectation inference (docs/math.md §3)."""
 
 import pytest
 import torch

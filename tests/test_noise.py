@@ -1,4 +1,4 @@
-"""Label-noise generators (SPEC section 9): statistics, seeding, partial noise, clipping, bad input."""
+"""Label-noise generators (docs/math.md section 9): statistics, seeding, partial noise, clipping, bad input."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Noise kernel and ordering probabilities (SPEC §2, §5, §10.2)."""
+"""Noise kernel and ordering probabilities (docs/math.md §2, §5, §10.2)."""
 from __future__ import annotations
 
 import itertools
@@ -13,7 +13,7 @@ from sol_ext import reference
 
 
 def direct_probabilities(a: int, b: int, n: int, sigma: float, tau: int, convention: str):
-    """SPEC §5 (and §10.2) written as explicit loops over the true ranks j of x and k of y."""
+    """docs/math.md §5 (and §10.2) written as explicit loops over the true ranks j of x and k of y."""
     P = [[math.exp(-((j - q) ** 2) / (2 * sigma**2)) for j in range(n)] for q in range(n)]
     P = [[v / sum(row) for v in row] for row in P]
     lt = eq = gt = 0.0
@@ -60,7 +60,7 @@ def test_paper_probabilities_sum_to_one_and_mirror(device):
 
 
 def test_official_convention_adds_mass_near_the_top_rank():
-    """SPEC §10.2: the clamp at n-1 makes lt + eq + gt exceed 1 for ranks near the top."""
+    """docs/math.md §10.2: the clamp at n-1 makes lt + eq + gt exceed 1 for ranks near the top."""
     table = sol_ext.ordering_probability_table(12, 1.0, 3, "official", backend="fused")
     assert table.sum(-1).max() > 1.01
     paper = sol_ext.ordering_probability_table(12, 1.0, 3, "paper", backend="fused")

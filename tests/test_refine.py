@@ -1,4 +1,4 @@
-"""Outlier detection and relabeling (SPEC §8) on hand-made cases, and the pair samplers."""
+"""Outlier detection and relabeling (docs/math.md §8) on hand-made cases, and the pair samplers."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-// Discriminative loss (SPEC §4) on the CPU. The loss is linear in D, so its backward pass needs
+// Discriminative loss (docs/math.md §4) on the CPU. The loss is linear in D, so its backward pass needs
 // only the labels: grad_D[x,k] = grad[x] * coef_k.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>

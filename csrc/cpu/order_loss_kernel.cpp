@@ -1,4 +1,4 @@
-// Stochastic order loss (SPEC §6, §7) on the CPU, forward and backward.
+// Stochastic order loss (docs/math.md §6, §7) on the CPU, forward and backward.
 //
 // No [M,n] or [B,B,n] intermediate: each pair's loss is reduced over ranks on the fly, and the
 // backward pass gives each row of grad_D to one worker, which visits that row's pairs in a fixed

@@ -1,4 +1,4 @@
-// Ordering probabilities (SPEC §5, §10.2) on the CPU: a gather from the cached [n,n,3] table.
+// Ordering probabilities (docs/math.md §5, §10.2) on the CPU: a gather from the cached [n,n,3] table.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

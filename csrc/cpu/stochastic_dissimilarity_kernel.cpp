@@ -1,4 +1,4 @@
-// Stochastic dissimilarity (SPEC §3) on the CPU, forward and backward.
+// Stochastic dissimilarity (docs/math.md §3) on the CPU, forward and backward.
 //
 // With nu = P mu, a = P 1 and c = P ||mu||^2:  D[x,q] = a_q ||h_x||^2 - 2 h_x . nu_q + c_q,
 // so the forward pass is one BLAS product followed by a fused epilogue. Both passes work on h and mu

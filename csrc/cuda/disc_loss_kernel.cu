@@ -1,4 +1,4 @@
-// Discriminative loss (SPEC §4) on CUDA. The loss is linear in D (sol_math.h for_each_disc_term),
+// Discriminative loss (docs/math.md §4) on CUDA. The loss is linear in D (sol_math.h for_each_disc_term),
 // so both passes are one small kernel each: one thread per sample forward, one thread per element of
 // grad_D backward. No atomics, no shared state: deterministic.
 #include <ATen/Dispatch.h>

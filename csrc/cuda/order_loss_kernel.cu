@@ -1,4 +1,4 @@
-// Stochastic order loss (SPEC §6, §7) on CUDA, forward and backward.
+// Stochastic order loss (docs/math.md §6, §7) on CUDA, forward and backward.
 //
 // Layout used by every kernel here: the 32 lanes of a warp walk the ranks q (lane, lane+32, ...), so
 // that a row of D is read coalesced and a pair's sum over q ends in a warp reduction. No [M,n] or
@@ -98,7 +98,7 @@ __device__ __forceinline__ int load_rank(const LossArgs<scalar_t>& args, int64_t
 // micro-tile x in [by*XW, by*XW + XW), y in [(bx*8 + w)*YW, ... + YW). Warps with no pair x < y
 // leave at once (about half of the grid).
 //
-// Per pair, with A = [delta+gamma]+, Bq = [gamma-delta]+, E = [|delta|-gamma]+ (SPEC §6):
+// Per pair, with A = [delta+gamma]+, Bq = [gamma-delta]+, E = [|delta|-gamma]+ (docs/math.md §6):
 //   l = lt * sum_q ([q <= last_lower_x] A + [q >= r_y] Bq)      (l_lt)
 //     + gt * sum_q ([q >= r_x] A + [q <= last_lower_y] Bq)      (l_gt)
 //     + eq * sum_q E                                             (l_eq)
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kThreads) order_loss_all_pairs_forward_kernel(
 // ------------------------------------------------------------------------------------------------
 // All pairs, backward. Grid: (ceil(ceil(B/XW) / 4), G, S); warp w of block (bx, g, s) owns rows
 // x in [(bx*4 + w)*XW, ... + XW) and ranks q = g*32*QW + lane + 32k (k < QW), and sweeps y over segment
-// s of [0, B). For each y != x it uses the pair's symmetry l(x,y) = l(y,x) (SPEC §6) to evaluate the
+// s of [0, B). For each y != x it uses the pair's symmetry l(x,y) = l(y,x) (docs/math.md §6) to evaluate the
 // pair from x's side: delta = D[x] - D[y], probabilities table[r_x, r_y], and
 //   d l / d D[x,q] = [delta+gamma > 0] w_above(q) - [gamma-delta > 0] w_below(q) + [|delta|-gamma > 0] sgn(delta) eq
 // (PairTerms::grad; evaluating (y,x) instead flips the sign of delta exactly and swaps lt/gt, so both

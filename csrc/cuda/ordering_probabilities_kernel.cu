@@ -1,4 +1,4 @@
-// Ordering probabilities (SPEC §5, §10.2) on CUDA: a gather from the [n,n,3] float64 table, which
+// Ordering probabilities (docs/math.md §5, §10.2) on CUDA: a gather from the [n,n,3] float64 table, which
 // ordering_table() computes once on the CPU and caches on each device. The values are those of the CPU
 // kernel exactly (the same float64 entries, cast to `dtype`).
 #include <ATen/Dispatch.h>

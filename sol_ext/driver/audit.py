@@ -3,7 +3,7 @@
 Reads only the run's selected model (``best.pt``, else ``checkpoint.pt``): given, current and
 (when known) clean labels, and the predictions of every training sample. The suggestions follow
 the run's own relabeling rule: the posterior rule (the default; every training row, validation
-split included, judged from its given label) or the paper's outlier rule (SPEC §8), applied once
+split included, judged from its given label) or the paper's outlier rule (docs/math.md §8), applied once
 more to the current labels.
 """
 

@@ -85,7 +85,7 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
     g.add_argument("--no-normalize", dest="normalize", action="store_false",
                    help="do not L2-normalize embeddings and centroids (SOL methods)")
     s = p.add_argument_group(
-        "SOL settings", "defaults: ours; --paper restores the paper's Algorithm 1 (SPEC §8, §11), "
+        "SOL settings", "defaults: ours; --paper restores the paper's Algorithm 1 (docs/math.md §8, §11), "
         "and options given beside it still apply")
     s.add_argument("--paper", action="store_true",
                    help="the published procedure: " + ", ".join(

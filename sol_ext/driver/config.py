@@ -1,7 +1,7 @@
 """Configuration of one training run, its defaults and its checks.
 
 The defaults are what measured best on real data (README, "What we measured"); where they differ
-from the paper's Algorithm 1 (SPEC §8, §11), :data:`PAPER_SETTINGS` holds the paper's values and
+from the paper's Algorithm 1 (docs/math.md §8, §11), :data:`PAPER_SETTINGS` holds the paper's values and
 ``sol-ext train --paper`` applies them. Differences: the posterior-median read-out instead of
 eq. 6, the posterior relabeling rule instead of the outlier rule, damped centroids, tau 1
 instead of 3, and the epoch picked on a validation split instead of the last one. The learning
@@ -35,10 +35,10 @@ COMPARE_METHODS = (*METHODS, "sol-paper")
 INFERENCE_MODES = ("posterior", "nearest")
 
 # Relabeling rule of "sol": "posterior" (default, not in the paper) or the paper's "outlier"
-# rule (SPEC §8); see sol_ext.refine.
+# rule (docs/math.md §8); see sol_ext.refine.
 RELABEL_RULES = ("posterior", "outlier")
 
-# The settings of the paper's Algorithm 1 (SPEC §8, §11) where our defaults differ; `--paper`
+# The settings of the paper's Algorithm 1 (docs/math.md §8, §11) where our defaults differ; `--paper`
 # applies them, so the published procedure is reproduced with one switch.
 PAPER_SETTINGS: dict[str, Any] = {
     "sigma": 1.0, "tau": 3, "margin": 0.25, "T": 1, "disc_weight": 1.0, "beta": 0.9,
@@ -76,7 +76,7 @@ class TrainConfig:
     label_column: Optional[str] = None      # label column of a CSV file
     delimiter: Optional[str] = None         # cell separator of a CSV file; None: sniffed
     test_fraction: float = 0.2
-    # label noise added to the training labels (SPEC §9); None: "gaussian" on a built-in data set
+    # label noise added to the training labels (docs/math.md §9); None: "gaussian" on a built-in data set
     # (whose labels are clean: the noise shows what SOL recovers), "none" on a user's own file or
     # folder, whose labels are as noisy as they are
     noise: Optional[str] = None
@@ -88,20 +88,20 @@ class TrainConfig:
     embedding_dim: int = 16
     hidden: tuple[int, ...] = (128, 128)   # MLP widths
     vgg_weights: Optional[str] = None       # local VGG16-BN state dict
-    normalize: bool = True                  # L2-normalize embeddings and centroids (SPEC §10.4)
-    # SOL hyperparameters (SPEC §1, §8, §11)
+    normalize: bool = True                  # L2-normalize embeddings and centroids (docs/math.md §10.4)
+    # SOL hyperparameters (docs/math.md §1, §8, §11)
     sigma: float | str = "auto"            # picked from SIGMA_GRID on the validation split, or a number
     tau: int = 1                            # the paper's 3 lumps most pairs together on few ranks
     margin: float = 0.25
     T: int = 1
     disc_weight: float = 1.0
     beta: float = 0.9
-    convention: str = "paper"               # "official" also floors the relabel step (SPEC §10.5)
+    convention: str = "paper"               # "official" also floors the relabel step (docs/math.md §10.5)
     pairs: str = "all"                      # "all" pairs of a batch or the authors' "balanced" sampler
     pairs_per_class: int = 32
     refine: Optional[bool] = None           # relabeling of training labels; None: on for "sol" only
     # "posterior" (default, not in the paper): correct a given label from p(rank | x, label) (see
-    # label_noise); "outlier": the paper's rule, every epoch, relabels trained on (SPEC §8)
+    # label_noise); "outlier": the paper's rule, every epoch, relabels trained on (docs/math.md §8)
     relabel: str = "posterior"
     relabel_mass: float = 0.98
     # std of the label error in ranks for the posterior rule: "auto" estimates it on the

@@ -1,7 +1,7 @@
 """The training methods behind one interface, sharing the encoder and the budget.
 
 * ``sol``: the stochastic order loss (order + discriminative) with the noise kernel ``P``,
-  centroid rule, a rank read-out and label refinement (SPEC §3–§8).
+  centroid rule, a rank read-out and label refinement (docs/math.md §3–§8).
 * ``sol-no-noise``: the same loss with ``P`` = identity (plain order learning), no refinement.
 * ``l1``: a linear head regressing the rank (scaled to [0, 1]) with the L1 loss.
 * ``ce``: a linear head over the ranks, cross-entropy; prediction by argmax.

@@ -1,6 +1,6 @@
 """Datasets for rank estimation and the encoder between label values and ranks.
 
-Label values (ages, scores, months) map to 0-based ranks by a fixed grid (SPEC section 1):
+Label values (ages, scores, months) map to 0-based ranks by a fixed grid (docs/math.md section 1):
 ``rank = round((value - min_value) / step)`` and ``n = round((max_value - min_value) / step) + 1``.
 :class:`RankEncoder` holds that grid; every loader returns an :class:`OrdinalDataset` whose ``ranks`` are
 on it, and predictions go back to label units with :meth:`RankEncoder.decode`.

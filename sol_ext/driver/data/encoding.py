@@ -1,6 +1,6 @@
 """The label grid and the dataset container: :class:`RankEncoder` and :class:`OrdinalDataset`.
 
-Label values (ages, scores, months) map to 0-based ranks by a fixed grid (SPEC section 1):
+Label values (ages, scores, months) map to 0-based ranks by a fixed grid (docs/math.md section 1):
 ``rank = round((value - min_value) / step)`` and ``n = round((max_value - min_value) / step) + 1``.
 Every loader builds its :class:`OrdinalDataset` here (``_make_dataset``), so its ``ranks`` are on that grid.
 """
@@ -93,7 +93,7 @@ def _round_half_up(x: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class RankEncoder:
-    """The grid between label values and 0-based ranks (SPEC section 1).
+    """The grid between label values and 0-based ranks (docs/math.md section 1).
 
     ``rank = round((value - min_value) / step)`` with halves rounded up; ``value = min_value + rank * step``.
 
