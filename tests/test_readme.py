@@ -1,0 +1,61 @@
+"""The README's snippets and commands run as written."""
+
+import re
+import shlex
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sol_ext.driver.cli import main
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+MARK = "<!-- README snippet: tests/test_readme.py runs it -->"
+
+
+def snippets() -> list[str]:
+    """The python blocks right after the marker, in order."""
+    return [m.group(1) for m in re.finditer(re.escape(MARK) + r"\n```python\n(.*?)```", README, re.S)]
+
+
+def block_after(heading: str, language: str) -> str:
+    part = README[README.index(heading):]
+    return re.search(rf"```{language}\n(.*?)```", part, re.S).group(1)
+
+
+def write_scores(path: Path, n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 4))
+    y = np.clip(np.round(3 * x[:, 0] + x[:, 1] + 10 + rng.normal(size=n)), 2, 18)
+    lines = ["a,b,c,d,score"] + [",".join(f"{v:.4f}" for v in row) + f",{label:g}"
+                                 for row, label in zip(x, y)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_the_training_loop_snippet_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = snippets()[0]
+    scope: dict = {}
+    exec(compile(code, "README: SOL in your own training loop", "exec"), scope)
+    assert scope["ranks"].shape == (5,) and scope["probabilities"].shape == (5, 10)
+    assert (tmp_path / "sol_model.pt").is_file()
+
+
+@pytest.mark.slow
+def test_use_what_you_trained_runs_as_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write_scores(tmp_path / "f.csv", 300, 0)
+    write_scores(tmp_path / "g.csv", 100, 1)
+    for line in block_after("### Use what you trained", "bash").splitlines():
+        command = shlex.split(line.split("#")[0])
+        assert command[0] == "sol-ext"
+        assert main(command[1:]) == 0, line
+    printed = capsys.readouterr().out
+    assert "MAE" in printed and (tmp_path / "pred.csv").is_file() and (tmp_path / "model.pt2").is_file()
+    scope: dict = {}
+    exec(compile(snippets()[1], "README: load_run", "exec"), scope)
+    assert scope["values"].shape == (100,) and scope["p"].shape == (100, 17)
+    exported = block_after("returns the predicted labels", "python")
+    exec(compile(exported, "README: exported program", "exec"), scope)
+    assert scope["prediction"].shape == (1,)
+    assert float(scope["prediction"][0]) == float(scope["model"].predict(scope["rows"])[0])
