@@ -139,7 +139,9 @@ setup(
     # the kernels load only beside the torch they were compiled with (sol_ext/__init__.py checks)
     install_requires=[f"torch=={torch.__version__.split('+')[0]}", "numpy", "matplotlib", "tqdm",
                       "pillow"],
-    extras_require={"vision": ["torchvision"], "test": ["pytest", "pytest-benchmark"],
+    extras_require={"vision": ["torchvision"],
+                    "test": ["pytest", "pytest-benchmark", "scikit-learn"],
+                    "sklearn": ["scikit-learn>=1.6"],   # sol_ext.sklearn.SOLRanker
                     # --method corn; the label-audit comparison of benchmarks/bench_accuracy.py
                     "baselines": ["coral-pytorch"], "bench": ["coral-pytorch", "cleanlab"]},
     ext_modules=[_extension()],

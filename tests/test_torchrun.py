@@ -23,7 +23,7 @@ import torch
 from common import spawn_processes
 from sol_ext.centroids import compute_centroids, embed
 from sol_ext.driver.parallel import Parallel
-from sol_ext.driver.train import _embed_all, _state_digest
+from sol_ext.driver.run import _embed_all, _state_digest
 from sol_ext.ops import noise_kernel
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
@@ -194,13 +194,13 @@ def test_one_failing_process_ends_the_run_instead_of_hanging(tmp_path):
     script = tmp_path / "fail_on_rank_1.py"
     script.write_text(textwrap.dedent("""
         import os, sys
-        import sol_ext.driver.train
+        import sol_ext.driver.run
         from sol_ext.driver.cli import main
 
         if os.environ["RANK"] == "1":
             def broken_epoch(*args, **kwargs):
                 raise ValueError("batch 7 holds a label outside 0..28")
-            sol_ext.driver.train._train_epoch = broken_epoch
+            sol_ext.driver.run._train_epoch = broken_epoch
         sys.exit(main(sys.argv[1:]))
     """))
     start = time.monotonic()

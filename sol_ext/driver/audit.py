@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..refine import refine_labels
-from .checkpoint import BEST_NAME, CHECKPOINT_NAME, atomic_write_text, load_checkpoint
+from .checkpoint import atomic_write_text, load_run_state
 from .config import TrainConfig
 
 __all__ = ["AuditReport", "audit_run", "write_audit", "AUDIT_COLUMNS"]
@@ -78,8 +78,7 @@ def audit_run(run_dir: Path) -> AuditReport:
     Rows are sorted by score, suspects first.
     """
     run_dir = Path(run_dir)
-    best = run_dir / BEST_NAME
-    state = load_checkpoint(best if best.is_file() else run_dir / CHECKPOINT_NAME)
+    state = load_run_state(run_dir)
     config = TrainConfig.from_dict(state["config"])
     fp = state["fingerprint"]
     n, lo, step = int(fp["num_ranks"]), float(fp["min_value"]), float(fp["step"])

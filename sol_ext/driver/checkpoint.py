@@ -1,8 +1,16 @@
-"""Checkpoints of a training run: save atomically, load with a configuration check.
+"""The run folder's format: what ``checkpoint.pt`` and ``best.pt`` hold, written atomically and
+read back with a configuration check.
 
-A checkpoint holds the model, the optimizer, the centroids, the epoch, the current (relabeled)
-training labels next to the given and clean ones, the history, the random states and the
-configuration, so a stopped run resumes exactly where it stopped.
+A run folder (``sol-ext train --output``) holds
+
+* ``checkpoint.pt``, after every epoch: :func:`epoch_state` plus :func:`resumable_state` (the
+  optimizer, the history, the random states), so a stopped run resumes exactly where it stopped;
+* ``best.pt``, the selected epoch: :func:`epoch_state` plus :func:`selected_state` (test
+  embeddings, the audit's per-sample arrays). It is the run's model: the weights, the SOL head,
+  and :func:`predictor_record` (the settings and preprocessing that prediction needs), read by
+  :func:`sol_ext.driver.model.load_run`;
+* ``.sigma-search/`` while the trials of sigma ``"auto"`` run (:mod:`sol_ext.driver.tuning`);
+* ``results.json``, the plots, ``audit.csv`` and ``predictions.csv``, written by the commands.
 """
 
 from __future__ import annotations
@@ -10,18 +18,84 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Optional
 
 import torch
 
 from .config import TrainConfig, config_mismatches
+from .prepare import PreparedData
 
-__all__ = ["CHECKPOINT_NAME", "BEST_NAME", "CheckpointMismatch", "save_checkpoint", "load_checkpoint",
+__all__ = ["CHECKPOINT_NAME", "BEST_NAME", "SIGMA_SEARCH_NAME", "epoch_state", "selected_state",
+           "resumable_state", "predictor_record", "load_run_state", "CheckpointMismatch", "save_checkpoint", "load_checkpoint",
            "check_resumable", "checkpoint_epoch", "atomic_write_bytes", "atomic_write_text"]
 
 CHECKPOINT_NAME = "checkpoint.pt"  # the last epoch: what --resume continues
 BEST_NAME = "best.pt"              # the selected epoch: the run's model (sol_ext.load_run)
+SIGMA_SEARCH_NAME = ".sigma-search"  # the trials of sigma "auto", while they run
 FORMAT_VERSION = 1
+
+
+def _cpu(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.detach().cpu()
+
+
+def predictor_record(config: TrainConfig, data: PreparedData) -> dict[str, Any]:
+    """What :func:`sol_ext.load_run` needs beside the weights to predict on new data: the method
+    and encoder settings (sigma resolved), the input shape, and the data's preprocessing."""
+    return {"config": config.to_dict(), "input_shape": list(data.input_shape), "kind": data.kind,
+            "preprocessing": data.preprocessing}
+
+
+def epoch_state(*, config: TrainConfig, fingerprint: dict[str, Any], epoch: int, world_size: int,
+                model: torch.nn.Module, head: Optional[torch.nn.Module], predictor: dict[str, Any],
+                labels: torch.Tensor, corrected: torch.Tensor, given: torch.Tensor,
+                clean: Optional[torch.Tensor], train_rows: torch.Tensor,
+                val_rows: Optional[torch.Tensor], train_pred: torch.Tensor, test_pred: torch.Tensor,
+                val_mae: Optional[float], sigma_choice: Optional[dict[str, Any]],
+                label_noise_std: Optional[float]) -> dict[str, Any]:
+    """What both files hold after an epoch (tensors on the CPU).
+
+    ``config`` as given (sigma possibly ``"auto"``) and the data's ``fingerprint`` (checked on
+    resume); the encoder's ``model`` and the SOL ``head`` state dicts; ``predictor``
+    (:func:`predictor_record`); the training labels trained on (``labels``), the run's corrected
+    ones, the given and (when known) clean ones; the data-file rows of the fitted samples and of
+    the validation split; predicted training and test ranks; the epoch's validation MAE; the
+    sigma search's outcome; the relabeling rule's noise std."""
+    return {
+        "config": config.to_dict(), "fingerprint": fingerprint, "epoch": epoch,
+        "world_size": world_size, "model": model.state_dict(),
+        "head": None if head is None else {k: v.cpu() for k, v in head.state_dict().items()},
+        "predictor": predictor,
+        "labels": _cpu(labels), "corrected_labels": _cpu(corrected), "given_labels": _cpu(given),
+        "clean_labels": _cpu(clean), "train_rows": _cpu(train_rows), "val_rows": _cpu(val_rows),
+        "train_pred": _cpu(train_pred), "test_pred": _cpu(test_pred), "val_mae": val_mae,
+        "sigma_choice": sigma_choice, "label_noise_std": label_noise_std,
+    }
+
+
+def selected_state(state: dict[str, Any], *, test_embeddings: torch.Tensor,
+                   audit: Optional[dict[str, torch.Tensor]]) -> dict[str, Any]:
+    """``best.pt``: an :func:`epoch_state` plus the selected epoch's test embeddings and the
+    audit's per-sample arrays (``[N, n]`` probabilities: for the selected epoch only)."""
+    return {**state, "test_embeddings": _cpu(test_embeddings), "audit": audit}
+
+
+def resumable_state(state: dict[str, Any], *, optimizer: torch.optim.Optimizer,
+                    history: list[dict[str, Any]], best_epoch: int, generator: torch.Generator,
+                    elapsed_s: float) -> dict[str, Any]:
+    """``checkpoint.pt``: an :func:`epoch_state` plus what resuming needs (the optimizer, the
+    per-epoch history, the selected epoch so far, torch's and the shuffling generator's random
+    states, the time spent)."""
+    return {**state, "optimizer": optimizer.state_dict(), "history": history,
+            "best_epoch": best_epoch, "torch_rng": torch.get_rng_state(),
+            "generator_rng": generator.get_state(), "elapsed_s": elapsed_s}
+
+
+def load_run_state(run_dir: Path) -> dict[str, Any]:
+    """The selected model of the run in ``run_dir``: ``best.pt``, else the last checkpoint."""
+    run_dir = Path(run_dir)
+    best = run_dir / BEST_NAME
+    return load_checkpoint(best if best.is_file() else run_dir / CHECKPOINT_NAME)
 
 
 class CheckpointMismatch(ValueError):

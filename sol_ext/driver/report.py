@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from .checkpoint import atomic_write_text
 from .prepare import PreparedData
-from .train import RunOutcome
+from .run import RunOutcome
 
 __all__ = ["RESULTS_NAME", "PLOT_NAMES", "write_outputs", "clear_results", "format_table"]
 

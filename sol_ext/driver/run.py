@@ -1,0 +1,668 @@
+"""One training run of SOL (paper Algorithm 1) or of a baseline, with checkpoints.
+
+The entry point is :func:`sol_ext.driver.train.train`, which picks sigma first where it is
+``"auto"`` (:mod:`sol_ext.driver.tuning`, a run per candidate) and then calls :func:`train_run`.
+
+Per epoch:
+1. train the encoder on shuffled batches of the current labels, with the centroids fixed;
+2. (SOL) the centroid rule over the whole training set (eval mode, no gradient), damped with
+   the previous centroids (``centroid_momentum``; 0 is the paper's wholesale replacement);
+3. read out ranks (the posterior median by default, eq. 6 with ``inference="nearest"``) and
+   (SOL) relabel training labels: by the posterior rule from the given labels (default; its
+   corrected labels are the run's output, and the encoder keeps training on the given labels),
+   or by the paper's outlier rule, whose relabels are trained on and accumulate;
+4. score the validation split (drawn, stratified, from the noisy training data) against its own
+   noisy labels; the best epoch so far is the model (``best.pt``); evaluate on the test set
+   against clean labels (reported, never used for any choice); save a checkpoint.
+
+The centroids are also computed once before the first epoch. With ``val_fraction=0`` (the
+paper) there is no split and the last epoch is the model.
+
+Under ``torchrun`` (:class:`sol_ext.driver.parallel.Parallel`) each of the ``W`` processes trains on its
+share of every global batch of ``W * batch_size`` samples through ``DistributedDataParallel`` and
+:class:`sol_ext.distributed.DistributedStochasticOrderLoss`, so a step is that of one process on the
+global batch. Whole-training-set passes are split the same way: each process embeds its shard, the
+centroid rule all-reduces the per-label sums and counts, and the read-out runs on the gathered
+embeddings; rank 0's labels and model-selection decisions are broadcast, so every process holds the
+same state after every epoch. Rank 0 alone logs and writes checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from ..centroids import (
+    LabelNoiseFit,
+    centroid_span,
+    embed,
+    fit_label_noise,
+    fit_through_label_noise,
+    median_ranks,
+    rank_posterior,
+)
+from ..distributed import DistributedStochasticOrderLoss
+from ..head import SOLHead
+from ..metrics import per_rank_mae, summarize
+from ..noise import noise_statistics
+from ..pairs import balanced_pairs, sample_references
+from ..refine import posterior_relabel, refine_labels
+from .checkpoint import (
+    BEST_NAME,
+    CHECKPOINT_NAME,
+    CheckpointMismatch,
+    epoch_state,
+    load_checkpoint,
+    predictor_record,
+    resumable_state,
+    save_checkpoint,
+    selected_state,
+)
+from .config import TrainConfig
+from .data import split_indices
+from .methods import RankModel, build_model, head_ranks, make_sol_head, training_loss
+from .parallel import Parallel
+from .prepare import PreparedData
+
+__all__ = ["RunOutcome", "train_run", "resolve_device", "cs_theta_of", "validation_split",
+           "run_results"]
+
+
+@dataclass
+class RunOutcome:
+    """What a finished run hands to reporting.
+
+    Attributes:
+        results: JSON-ready summary (configuration, final metrics, per-epoch history).
+        test_embeddings: ``[M, d]`` final test embeddings (CPU).
+        test_pred: ``[M]`` predicted test ranks.
+        train_pred: ``[N]`` predicted training ranks (final model and centroids).
+        labels: ``[N]`` the run's corrected training ranks: the posterior rule's corrections
+            (the encoder trained on the given labels), or the outlier rule's relabeled labels.
+    """
+
+    results: dict[str, Any]
+    test_embeddings: torch.Tensor
+    test_pred: torch.Tensor
+    train_pred: torch.Tensor
+    labels: torch.Tensor
+
+
+def resolve_device(name: str, parallel: Optional[Parallel] = None) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; anything else must exist. Under torchrun a GPU
+    run uses one GPU per process: ``cuda:LOCAL_RANK``."""
+    if parallel is not None and parallel.enabled:
+        dev = resolve_device(name)
+        if dev.type != "cuda":
+            return dev
+        if name not in ("auto", "cuda"):
+            raise ValueError(f"device={name!r}: under torchrun each process trains on its own GPU, "
+                             f"cuda:LOCAL_RANK; pass --device cuda (or auto).")
+        if parallel.local_rank >= torch.cuda.device_count():
+            raise ValueError(f"process {parallel.local_rank} on this machine has no GPU of its own: "
+                             f"{torch.cuda.device_count()} GPU(s) visible; start at most that many "
+                             f"processes per machine (torchrun --nproc-per-node).")
+        return torch.device("cuda", parallel.local_rank)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={name!r} is not a device; expected cpu, cuda, cuda:N or auto.")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available; use --device cpu.")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r} requested but there are {torch.cuda.device_count()} "
+                         f"CUDA devices (cuda:0 … cuda:{torch.cuda.device_count() - 1}).")
+    return dev
+
+
+def cs_theta_of(config: TrainConfig, data: PreparedData) -> float:
+    """CS threshold in label units: ``config.cs_theta`` or 2 rank steps."""
+    return float(config.cs_theta) if config.cs_theta is not None else 2.0 * float(data.encoder.step)
+
+
+def _label_stats(labels: torch.Tensor, clean: Optional[torch.Tensor]) -> Optional[dict[str, float]]:
+    return None if clean is None else noise_statistics(labels, clean)
+
+
+def _test_metrics(config: TrainConfig, data: PreparedData,
+                  pred: torch.Tensor) -> Optional[dict[str, float]]:
+    """Metrics against the clean test labels, in label units; ``None`` without a test set."""
+    if pred.numel() == 0:
+        return None
+    decode = data.encoder.decode
+    return summarize(decode(pred.cpu()), decode(data.test_ranks), cs_theta_of(config, data))
+
+
+class _Progress:
+    """A tqdm bar over the batches of an epoch, or nothing when ``enabled`` is False."""
+
+    def __init__(self, enabled: bool, total: int, desc: str):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
+
+    def update(self, loss: float) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{loss:.4f}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _batches(n: int, batch_size: int, generator: torch.Generator,
+             smallest: int = 2) -> list[torch.Tensor]:
+    """Shuffled index batches; a last batch of fewer than ``smallest`` samples is dropped (one
+    sample has no pair, and batch norm cannot train on it)."""
+    perm = torch.randperm(n, generator=generator)
+    out = list(perm.split(batch_size))
+    if len(out) > 1 and out[-1].numel() < smallest:
+        out.pop()
+    return out
+
+
+
+
+@dataclass
+class _Split:
+    """Row numbers of the training data the encoder fits (``fit``) and of the validation split."""
+
+    fit: torch.Tensor
+    val: Optional[torch.Tensor]
+
+
+def validation_split(given: torch.Tensor, fraction: float, seed: int) -> _Split:
+    """A split of the training rows, stratified by their (noisy) given ranks; ``fraction`` 0:
+    every row is fitted and there is no validation split."""
+    if fraction <= 0:
+        return _Split(fit=torch.arange(given.numel()), val=None)
+    fit, val = split_indices(given.cpu(), test_fraction=fraction, seed=seed + 7919)
+    return _Split(fit=fit, val=val)
+
+
+@dataclass
+class _Readout:
+    """What one epoch's model says about every sample (ranks in ``0 … n-1``)."""
+
+    fit_pred: torch.Tensor
+    val_pred: Optional[torch.Tensor]
+    test_pred: torch.Tensor
+    test_h: torch.Tensor
+    fit_probabilities: Optional[torch.Tensor]   # [N_fit, n] p(q|x) when a posterior is fitted
+    val_probabilities: Optional[torch.Tensor]
+    # the posterior relabeling rule's noise model (estimated or given) and p(q|x) of the true
+    # rank fitted through it
+    noise: Optional[LabelNoiseFit] = None
+    fit_rank_probabilities: Optional[torch.Tensor] = None
+    val_rank_probabilities: Optional[torch.Tensor] = None
+
+
+def _sol_readout(config: TrainConfig, head: SOLHead, model: RankModel,
+                 fit_h: torch.Tensor, fit_labels: torch.Tensor, val_x: Optional[torch.Tensor],
+                 val_labels: Optional[torch.Tensor], test_x: torch.Tensor,
+                 device: torch.device, batch_size: int, par: Parallel) -> _Readout:
+    """Rank read-out of the SOL methods (``head``, its centroids updated): posterior median
+    (default) or eq. 6."""
+    n = head.num_ranks
+    val_h = None if val_x is None else _embed_all(model, val_x, batch_size, device, par)
+    test_h = _embed_all(model, test_x, batch_size, device, par)
+    # The temperature is fitted on held-out samples when there are any: on the samples the
+    # encoder was fitted to, the posterior comes out over-confident. The prior is the rank
+    # frequency of the training labels.
+    if val_h is None:
+        head.fit_readout(fit_h, fit_labels)
+    else:
+        head.fit_readout(val_h, val_labels, prior_labels=fit_labels)
+    d_fit = head.dissimilarity(fit_h)
+    d_val = None if val_h is None else head.dissimilarity(val_h)
+    d_test = head.dissimilarity(test_h)
+    p_fit = head.probabilities(d_fit)
+    p_val = None if d_val is None else head.probabilities(d_val)
+    probabilities = dict(fit_probabilities=p_fit, val_probabilities=p_val)
+    if config.refines and config.relabel == "posterior":
+        # The read-out's posterior describes the noisy label; as the prior of the true rank it
+        # would count the noise twice. Relabeling uses one fitted through the noise model.
+        on_d, on_labels = (d_fit, fit_labels) if d_val is None else (d_val, val_labels)
+        noise = _label_noise_fit(config, on_d, on_labels, n, fit_labels)
+        probabilities.update(
+            noise=noise, fit_rank_probabilities=rank_posterior(d_fit, noise.posterior),
+            val_rank_probabilities=None if d_val is None else rank_posterior(d_val, noise.posterior))
+    if config.inference == "posterior":
+        def pick(d: torch.Tensor) -> torch.Tensor:
+            return median_ranks(head.probabilities(d))
+    else:
+        def pick(d: torch.Tensor) -> torch.Tensor:
+            return torch.argmin(d, dim=1)  # eq. 6, first minimum on ties
+    return _Readout(fit_pred=pick(d_fit), val_pred=None if d_val is None else pick(d_val),
+                    test_pred=pick(d_test), test_h=test_h, **probabilities)
+
+
+def _label_noise_fit(config: TrainConfig, d: torch.Tensor, labels: torch.Tensor, n: int,
+                     prior_labels: torch.Tensor) -> LabelNoiseFit:
+    """The relabeling rule's noise model: estimated (``label_noise="auto"``) or the given std."""
+    if config.label_noise == "auto":
+        return fit_label_noise(d, labels, n, prior_labels=prior_labels)
+    return fit_through_label_noise(d, labels, n, float(config.label_noise), prior_labels)
+
+
+def _relabel(config: TrainConfig, given: torch.Tensor, probabilities: torch.Tensor,
+             noise: LabelNoiseFit):
+    """The posterior rule on ``given``: a given noise std moves every label to its posterior
+    median (the estimate of least expected absolute error); an estimated one only where
+    ``relabel_mass`` of the posterior lies on one side of the label."""
+    mass = config.relabel_mass if config.label_noise == "auto" else 0.5
+    return posterior_relabel(given, probabilities, noise.kernel, mass)
+
+
+def _head_readout(config: TrainConfig, model: RankModel, n: int, fit_h: torch.Tensor,
+                  val_x: Optional[torch.Tensor], test_x: torch.Tensor, device: torch.device,
+                  batch_size: int, par: Parallel) -> _Readout:
+    """Predictions of the baselines with an output head (l1, ce, corn)."""
+    val_h = None if val_x is None else _embed_all(model, val_x, batch_size, device, par)
+    test_h = _embed_all(model, test_x, batch_size, device, par)
+
+    def pred(h: torch.Tensor) -> torch.Tensor:
+        return head_ranks(config.method, model, h, n)
+
+    return _Readout(fit_pred=pred(fit_h), val_pred=None if val_h is None else pred(val_h),
+                    test_pred=pred(test_h), test_h=test_h, fit_probabilities=None,
+                    val_probabilities=None)
+
+
+def _rank_mae(pred: torch.Tensor, labels: torch.Tensor) -> float:
+    return float((pred.long().cpu() - labels.long().cpu()).abs().double().mean())
+
+
+def _embed_all(model: RankModel, features: torch.Tensor, batch_size: int, device: torch.device,
+               par: Parallel) -> torch.Tensor:
+    """Embeddings of every row of ``features``: each process embeds its shard, then the shards are
+    gathered, so every process holds the same ``[N, d]``."""
+    if features.shape[0] == 0:  # no test set: [0, d] (the width from one zero input)
+        return embed(model, torch.zeros(1, *features.shape[1:]), batch_size, device)[:0]
+    if not par.enabled:
+        return embed(model, features, batch_size, device)
+    part = features[par.shard(features.shape[0])]
+    # an empty shard (fewer rows than processes) still needs the width d for the gather
+    local = embed(model, part if part.shape[0] else features[:1], batch_size, device)[: part.shape[0]]
+    return par.gather_shards(local, features.shape[0])
+
+
+def _state_digest(labels: torch.Tensor, centroids: Optional[torch.Tensor]) -> torch.Tensor:
+    """A few float64 numbers that change with any label or centroid value (position-weighted sums)."""
+    weights = torch.arange(1, labels.numel() + 1, dtype=torch.float64, device=labels.device)
+    digest = [labels.double().sum(), (labels.double() * weights).sum()]
+    if centroids is not None:
+        c = centroids.detach().double().flatten()
+        digest += [c.sum(), (c * torch.arange(1, c.numel() + 1, dtype=torch.float64, device=c.device)).sum()]
+    return torch.stack(digest)
+
+
+def _check_same_state(par: Parallel, epoch: int, labels: torch.Tensor,
+                      centroids: Optional[torch.Tensor]) -> None:
+    """Every process must hold rank 0's labels and centroids after an epoch (broadcast and
+    all-reduced, so equal by construction); a difference would let the processes drift apart
+    silently, so it stops the run."""
+    if not par.enabled:
+        return
+    mine = _state_digest(labels, centroids)
+    theirs = par.broadcast(mine.clone())
+    if not torch.equal(mine, theirs):
+        raise RuntimeError(f"process {par.rank} holds other labels or centroids than rank 0 after "
+                           f"epoch {epoch}; the data-parallel run is out of step.")
+
+
+def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool = False,
+              progress: bool = False, log: Callable[[str], None] = print,
+              parallel: Optional[Parallel] = None,
+              sigma_choice: Optional[dict[str, Any]] = None) -> RunOutcome:
+    """One training run of ``config.method`` on ``data`` (Algorithm 1 for SOL); checkpoint to
+    ``out_dir/checkpoint.pt`` every epoch and the best epoch so far to ``out_dir/best.pt``.
+
+    :func:`sol_ext.driver.train.train` is the entry point: it validates ``config``, picks sigma
+    ``"auto"`` (:mod:`sol_ext.driver.tuning`) and calls this function. Here ``config`` is the run's
+    configuration as given (saved in the checkpoints); with ``sigma="auto"``, ``sigma_choice``
+    (``{"sigma": value, "val_mae": ...}``) says which sigma the run trains with.
+
+    Args:
+        config: the run's settings, validated.
+        data: from :func:`sol_ext.driver.prepare.prepare_data`.
+        out_dir: folder of the checkpoints (created).
+        resume: continue from the checkpoint in ``out_dir`` (same configuration and data, else
+            :class:`sol_ext.driver.checkpoint.CheckpointMismatch`); ``config.epochs`` may be larger.
+        progress: show a progress bar per epoch.
+        log: receives one line per epoch.
+        parallel: this process's place in a torchrun run (its process group started); default one
+            process. ``config.batch_size`` is then per process, the global batch ``W`` times it.
+        sigma_choice: the resolved sigma of a ``sigma="auto"`` configuration.
+
+    Returns:
+        The outcome of the selected epoch (the best validation MAE against the noisy
+        validation labels, or the last epoch without a validation split).
+    """
+    par = parallel or Parallel()
+    run_config = config if sigma_choice is None else dataclasses.replace(config, sigma=sigma_choice["sigma"])
+    device = resolve_device(config.device, par)
+    if par.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_path = out_dir / CHECKPOINT_NAME
+    n = data.num_ranks
+    eval_bs = max(256, config.batch_size)
+    start = time.perf_counter()
+
+    split = validation_split(data.train_given, config.val_fraction, config.seed)
+    fit_x = data.train_x[split.fit].to(device)
+    given = data.train_given[split.fit].to(device)
+    clean = None if data.train_clean is None else data.train_clean[split.fit]
+    val_x = None if split.val is None else data.train_x[split.val].to(device)
+    val_labels = None if split.val is None else data.train_given[split.val].to(device)
+    test_x = data.test_x.to(device)
+
+    torch.manual_seed(config.seed)
+    gen = torch.Generator().manual_seed(config.seed + 1)  # shuffling and pair sampling
+    model = build_model(run_config, data.input_shape, data.kind, n)
+    if par.enabled and device.type == "cuda":  # batch statistics over the global batch
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(device)
+    # the training steps run through DDP (gradients averaged over the processes); embedding and
+    # read-out use the module itself, whose parameters DDP keeps equal on every process
+    step_model = (DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
+                                          else None) if par.enabled else model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
+                                 weight_decay=config.weight_decay)
+    # SOL's centroids, loss and read-out (sol_ext.SOLHead); the baselines' heads are in the model
+    head = make_sol_head(run_config, n).to(device) if config.uses_centroids else None
+    sol_loss = None if head is None else head.criterion
+    if sol_loss is not None and par.enabled:
+        sol_loss = DistributedStochasticOrderLoss(sol_loss)
+    fingerprint = data.fingerprint()
+    # float16 autocast on CUDA needs loss scaling; bfloat16 (the CPU's autocast type) does not
+    scaler = torch.amp.GradScaler("cuda") if config.amp and device.type == "cuda" else None
+
+    history: list[dict[str, Any]] = []
+    labels = given.clone()
+    first_epoch = 1
+    elapsed_before = 0.0
+    best: Optional[dict[str, Any]] = None
+    if resume:
+        state = par.broadcast_object(load_checkpoint(ckpt_path, config, fingerprint)
+                                     if par.is_main else None)
+        saved_world = int(state.get("world_size", 1))
+        if saved_world != par.world_size:
+            raise CheckpointMismatch(
+                f"checkpoint {str(ckpt_path)!r} was written by a run of {saved_world} process(es) and "
+                f"this one has {par.world_size}: the global batch would change. Resume with "
+                + ("torchrun --nproc-per-node (or --nnodes) giving " if saved_world > 1 else "")
+                + f"{saved_world} process(es), or choose another --output.")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if head is not None:
+            head.load_state_dict(state["head"])
+        labels = state["labels"].to(device)
+        history = state["history"]
+        first_epoch = state["epoch"] + 1
+        elapsed_before = float(state.get("elapsed_s", 0.0))
+        sigma_choice = state.get("sigma_choice", sigma_choice)
+        torch.set_rng_state(state["torch_rng"])
+        gen.set_state(state["generator_rng"])
+        best = par.broadcast_object(load_checkpoint(out_dir / BEST_NAME) if par.is_main else None)
+        log(f"resuming {out_dir} after epoch {state['epoch']}")
+    elif head is not None:
+        _centroid_rule(head, _embed_all(model, fit_x, eval_bs, device, par), labels, par)
+
+    for epoch in range(first_epoch, config.epochs + 1):
+        if best is not None and config.patience is not None \
+                and epoch - 1 - best["epoch"] >= config.patience:
+            break  # a resumed run that had already stopped early
+        # 1. network training, centroids fixed
+        centroids = None if head is None else head.centroids
+        loss = _train_epoch(run_config, model, optimizer, fit_x, labels, n, centroids, sol_loss,
+                            gen, progress, epoch, scaler, step_model, par)
+        record: dict[str, Any] = {"epoch": epoch, "train_loss": loss}
+
+        # 2. centroid rule; 3. read-out and relabeling
+        fit_h = _embed_all(model, fit_x, eval_bs, device, par)
+        if head is not None:
+            centroids = _centroid_rule(head, fit_h, labels, par)
+            record["centroid_span"] = centroid_span(centroids)
+            out = _sol_readout(run_config, head, model, fit_h, labels, val_x, val_labels,
+                               test_x, device, eval_bs, par)
+        else:
+            out = _head_readout(run_config, model, n, fit_h, val_x, test_x, device, eval_bs, par)
+        record["train_mae_vs_labels"] = _rank_mae(out.fit_pred, labels)
+        record["labels_before"] = _label_stats(labels.cpu(), clean)
+        suggestion = None
+        if config.refines and config.relabel == "posterior":
+            suggestion = _relabel(config, given, out.fit_rank_probabilities, out.noise)
+            # The corrected labels are the run's output; the encoder keeps training on the given
+            # ones. Trained on, corrections would teach it its own predictions (abalone, kappa 1,
+            # told the noise: test MAE 1.53 -> 1.66 while the label MAE fell 2.51 -> 1.63).
+            corrected = suggestion.labels
+            record.update(outliers=suggestion.num_relabeled, relabeled=suggestion.num_relabeled,
+                          step=0.0, label_noise_std=out.noise.std)
+        elif config.refines:
+            ref = refine_labels(labels, out.fit_pred, n, config.beta,
+                                floor_step=config.convention == "official")
+            labels = ref.labels
+            record.update(outliers=ref.num_outliers, relabeled=ref.num_relabeled, step=ref.step)
+        else:
+            record.update(outliers=0, relabeled=0, step=0.0)
+        labels = par.broadcast(labels.contiguous())  # every process trains on rank 0's labels
+        corrected = labels if suggestion is None else par.broadcast(corrected.contiguous())
+        _check_same_state(par, epoch, corrected, centroids)
+        record["labels_after"] = _label_stats(corrected.cpu(), clean)
+
+        # 4. model selection on the validation split; test metrics (reported only)
+        record["val_mae"] = None if out.val_pred is None else _rank_mae(out.val_pred, val_labels)
+        record["test"] = _test_metrics(config, data, out.test_pred)
+        history.append(record)
+        log(_epoch_line(record, config.epochs))
+
+        improved = par.agree(best is None or record["val_mae"] is None
+                             or record["val_mae"] < best["val_mae"], device)
+        snapshot = epoch_state(
+            config=config, fingerprint=fingerprint, epoch=epoch, world_size=par.world_size,
+            model=model, head=head, predictor=predictor_record(run_config, data), labels=labels,
+            corrected=corrected, given=given, clean=clean, train_rows=_rows(data, split.fit),
+            val_rows=None if split.val is None else _rows(data, split.val),
+            train_pred=out.fit_pred, test_pred=out.test_pred, val_mae=record["val_mae"],
+            sigma_choice=sigma_choice, label_noise_std=record.get("label_noise_std"))
+        if improved:
+            best = selected_state(snapshot, test_embeddings=out.test_h,
+                                  audit=_audit_arrays(config, data, split, out, suggestion))
+            if par.is_main:
+                save_checkpoint(out_dir / BEST_NAME, best)
+        if par.is_main:
+            save_checkpoint(ckpt_path, resumable_state(
+                snapshot, optimizer=optimizer, history=history, best_epoch=best["epoch"],
+                generator=gen, elapsed_s=elapsed_before + time.perf_counter() - start))
+
+    results = run_results(config, data, history, best, sigma_choice,
+                       elapsed_before + time.perf_counter() - start, par.world_size)
+    return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
+                      test_pred=best["test_pred"], train_pred=best["train_pred"],
+                      labels=corrected_labels(best))
+
+
+def _centroid_rule(head: SOLHead, fit_h: torch.Tensor, labels: torch.Tensor,
+                   par: Optional[Parallel] = None) -> torch.Tensor:
+    """The head's damped centroid rule (docs/math.md §8, §12) over the training set; returns the
+    new centroids ``[n, d]``. In a torchrun run each process adds up its shard of the training set
+    and the per-label sums and counts are all-reduced."""
+    all_reduce = None
+    if par is not None and par.enabled:
+        shard = par.shard(fit_h.shape[0])
+        fit_h, labels, all_reduce = fit_h[shard], labels[shard], par.sum
+    return head.update_centroids(fit_h, labels.to(fit_h.device), all_reduce=all_reduce)
+
+
+def _rows(data: PreparedData, index: torch.Tensor) -> torch.Tensor:
+    """Row numbers in the data file of the training samples ``index``."""
+    return (index if data.train_rows is None else data.train_rows[index]).cpu()
+
+
+def _audit_arrays(config: TrainConfig, data: PreparedData, split: _Split, out: _Readout,
+                  suggestion) -> Optional[dict[str, torch.Tensor]]:
+    """Per-sample suggestions of the posterior relabeling rule over every training row (fitted
+    and validation), for ``sol-ext audit``; ``None`` when the run does not use that rule."""
+    if not (config.refines and config.relabel == "posterior"):
+        return None
+    parts = [(split.fit, out.fit_probabilities, suggestion)]
+    if split.val is not None:
+        val_given = data.train_given[split.val].to(out.val_probabilities.device)
+        parts.append((split.val, out.val_probabilities,
+                      _relabel(config, val_given, out.val_rank_probabilities, out.noise)))
+    index = torch.cat([p[0] for p in parts])
+    order = torch.argsort(index)
+
+    def cat(get) -> torch.Tensor:
+        return torch.cat([get(p).cpu() for p in parts])[order]
+
+    return {"rows": _rows(data, index[order]),
+            "given": data.train_given[index[order]].cpu(),
+            "clean": None if data.train_clean is None else data.train_clean[index[order]].cpu(),
+            "predicted": cat(lambda p: median_ranks(p[1])),
+            "suggested": cat(lambda p: p[2].labels),
+            "confidence": cat(lambda p: p[2].confidence).float(),
+            "probabilities": cat(lambda p: p[1]).float()}
+
+
+def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.Optimizer,
+                 train_x: torch.Tensor, labels: torch.Tensor, n: int,
+                 centroids: Optional[torch.Tensor], sol_loss: Optional[torch.nn.Module],
+                 gen: torch.Generator, progress: bool, epoch: int,
+                 scaler: Optional[torch.amp.GradScaler] = None,
+                 step_model: Optional[torch.nn.Module] = None,
+                 par: Optional[Parallel] = None) -> float:
+    """One pass over shuffled batches of the current ``labels`` ``[N]`` with the centroids
+    fixed; returns the mean batch loss. With ``config.amp`` the forward passes run under
+    autocast (float16 with ``scaler`` on CUDA, bfloat16 on the CPU); the loss computes in
+    float32 either way.
+
+    Under torchrun (``par``), batches are global batches of ``W * batch_size`` samples drawn as
+    one process would draw them, each process taking its contiguous share through ``step_model``
+    (DDP); a last global batch of fewer than ``2 W`` samples is dropped, so no process steps on
+    fewer than two."""
+    par = par or Parallel()
+    step_model = step_model or model
+    model.train()
+    device_type = train_x.device.type
+    amp_dtype = torch.float16 if device_type == "cuda" else torch.bfloat16
+    world = par.world_size
+    batches = _batches(labels.numel(), config.batch_size * world, gen, smallest=2 * world)
+    bar = _Progress(progress, len(batches), f"epoch {epoch}/{config.epochs}")
+    total = 0.0
+    for idx in batches:
+        global_count = idx.numel()
+        if par.enabled:
+            idx = idx[par.shard(global_count)]
+        idx = idx.to(train_x.device)
+        x, y, pairs = train_x[idx], labels[idx], None
+        if config.pairs == "balanced":
+            ref = sample_references(y, labels, config.tau, gen).to(train_x.device)
+            x, y = torch.cat([x, train_x[ref]]), torch.cat([y, labels[ref]])
+            pairs = balanced_pairs(y, config.tau, config.pairs_per_class, gen)
+        with torch.autocast(device_type, dtype=amp_dtype, enabled=config.amp):
+            out = step_model(x)
+            if not bool(torch.isfinite(out).all()):  # weights blown up by the previous step
+                raise FloatingPointError(_diverged(config, epoch, "the network's outputs"))
+            loss = training_loss(config, model, out, y, n, centroids, sol_loss, pairs)
+        value = shown = loss.detach()  # the bar shows this process's batch loss
+        if par.enabled and sol_loss is None:
+            # a head's loss is the mean over this process's samples: weighted so that DDP's
+            # average over the processes is the mean over the global batch; the logged value is
+            # this process's share of that mean, summed over the processes once per epoch
+            share = idx.numel() / global_count
+            value = value.float() * share
+            loss = loss * (share * world)
+        if not torch.isfinite(value):
+            raise FloatingPointError(_diverged(config, epoch, f"the loss ({float(value)})"))
+        optimizer.zero_grad(set_to_none=True)
+        if scaler is not None:  # float16: scale the loss so small gradients do not flush to 0
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        total += float(value)
+        bar.update(float(shown))
+    bar.close()
+    if par.enabled and sol_loss is None:
+        total = float(par.sum(torch.tensor([total], dtype=torch.float64, device=train_x.device)))
+    # the last step may have blown up the weights: say so here, not as NaN centroids or metrics
+    if not bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all()):
+        raise FloatingPointError(_diverged(config, epoch, "the weights"))
+    return total / max(len(batches), 1)
+
+
+def _diverged(config: TrainConfig, epoch: int, what: str) -> str:
+    return (f"training diverged in epoch {epoch}: {what} became NaN or infinite at learning "
+            f"rate {config.lr:g}; lower --lr, or keep embeddings normalized (the default).")
+
+
+def _epoch_line(r: dict[str, Any], epochs: int) -> str:
+    t = r["test"]
+    line = f"epoch {r['epoch']:>3}/{epochs}  loss {r['train_loss']:.4f}"
+    if r.get("val_mae") is not None:
+        line += f"  val MAE {r['val_mae']:.3f}"
+    if t is not None:
+        line += f"  test MAE {t['mae']:.3f}  CS {t['cs']:.1f}%"
+    if r["relabeled"] or r["outliers"]:
+        line += f"  relabeled {r['relabeled']}"
+    if r["labels_after"] is not None:
+        line += f"  label MAE {r['labels_before']['mae']:.3f}->{r['labels_after']['mae']:.3f}"
+    return line
+
+
+def corrected_labels(state: dict[str, Any]) -> torch.Tensor:
+    """The run's corrected training labels: the posterior rule's corrections, or the labels
+    trained on (the outlier rule's relabels; checkpoints of earlier versions have no key)."""
+    return state.get("corrected_labels", state["labels"])
+
+
+def run_results(config: TrainConfig, data: PreparedData, history: list[dict[str, Any]],
+             best: dict[str, Any], sigma_choice: Optional[dict[str, Any]],
+             seconds: float, world_size: int = 1) -> dict[str, Any]:
+    chosen = history[best["epoch"] - 1]
+    enc = data.encoder
+    given = best["given_labels"]
+    clean = best["clean_labels"]
+    return {
+        "config": config.to_dict(),
+        "world_size": world_size,
+        "data": {"name": data.name, "kind": data.kind, "num_ranks": data.num_ranks,
+                 "min_value": float(enc.min_value), "step": float(enc.step),
+                 "n_train": int(given.numel()),
+                 "n_val": 0 if best["val_rows"] is None else int(best["val_rows"].numel()),
+                 "n_test": int(data.test_x.shape[0])},
+        "cs_theta": cs_theta_of(config, data),
+        "selected_epoch": best["epoch"],
+        "epochs_run": len(history),
+        "selection": "best validation MAE (noisy labels)" if config.selects_model else "last epoch",
+        "val_mae": chosen["val_mae"],
+        "sigma_selected": None if sigma_choice is None else sigma_choice["sigma"],
+        "sigma_search": sigma_choice,
+        "test": chosen["test"],
+        # MAE of the test samples of each true label value (label units), at the selected epoch
+        "test_per_rank_mae": {} if chosen["test"] is None else {f"{v:g}": e for v, e in per_rank_mae(
+            data.encoder.decode(best["test_pred"]), data.encoder.decode(data.test_ranks)).items()},
+        "relabeled_total": int(sum(r["relabeled"] for r in history)),
+        "labels_changed": int((corrected_labels(best) != given).sum()),
+        "label_noise_given": _label_stats(given, clean),
+        "label_noise_final": _label_stats(corrected_labels(best), clean),
+        "history": history,
+        "seconds": seconds,
+    }

@@ -1,0 +1,409 @@
+"""A scikit-learn estimator around the training driver: :class:`SOLRanker`.
+
+``SOLRanker().fit(X, y)`` trains SOL (or a baseline, ``method=``) on a feature array ``X [N, F]``
+and labels ``y [N]`` on an ordered numeric scale, exactly as ``sol-ext train`` trains on a table
+(same defaults, same standardization, same validation split and model selection), and predicts
+in the labels' own units::
+
+    from sol_ext.sklearn import SOLRanker
+
+    ranker = SOLRanker().fit(X_train, ages)          # ages 16 … 77, possibly noisy
+    ranker.predict(X_test)                           # ages, posterior median
+    ranker.predict_proba(X_test)                     # [M, 62] p(age | x), columns ranker.classes_
+    ranker.score(X_test, true_ages)                  # -MAE (higher is better)
+
+The labels are taken as given (no noise is added: they may be noisy already; SOL is built for
+that). The run's summary (selected epoch, sigma search, relabeling counts, per-epoch history) is
+``history_``.
+
+This module needs scikit-learn (``pip install 'sol_ext[sklearn]'``); the rest of the package does not.
+"""
+
+from __future__ import annotations
+
+try:
+    from sklearn.base import BaseEstimator, ClassifierMixin
+    from sklearn.utils.validation import check_is_fitted, validate_data
+except ImportError as exc:  # validate_data is scikit-learn >= 1.6
+    raise ImportError("sol_ext.sklearn needs scikit-learn >= 1.6: pip install 'sol_ext[sklearn]' "
+                      "(or pip install scikit-learn).") from exc
+
+import contextlib
+import numbers
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import torch
+
+from .driver.config import PAPER_SETTINGS, TrainConfig
+from .driver.data import OrdinalDataset, RankEncoder, apply_scaling, feature_scaling
+from .driver.model import TrainedModel, load_run
+from .driver.prepare import PreparedData
+from .driver.train import train, validation_split
+
+__all__ = ["SOLRanker", "EXPECTED_FAILED_CHECKS", "CONFIG_PARAMS"]
+
+# The estimator's parameters that are TrainConfig fields, with TrainConfig's defaults. Left out:
+# the data options (data, test_data, label_column, delimiter, test_fraction: the estimator gets
+# arrays and has no test set), the label noise added to training labels (noise, kappa,
+# noise_fraction: labels are taken as given), the encoder (arrays are vectors: always the MLP;
+# vgg_weights) and cs_theta (a test-set metric).
+CONFIG_PARAMS = (
+    "method", "epochs", "batch_size", "lr", "weight_decay", "embedding_dim", "hidden", "sigma",
+    "tau", "margin", "val_fraction", "seed", "device", "T", "disc_weight", "beta", "convention",
+    "pairs", "pairs_per_class", "refine", "relabel", "relabel_mass", "label_noise", "inference",
+    "centroid_momentum", "patience", "normalize", "amp", "backend",
+)
+
+# sklearn.utils.estimator_checks checks that SOLRanker cannot pass, with the reason; the tests
+# pass this as ``expected_failed_checks`` (check_estimator / parametrize_with_checks).
+EXPECTED_FAILED_CHECKS = {
+    "check_classifiers_classes":
+        "string class labels ('one', 'two', …) are refused: an ordinal ranker needs labels that are "
+        "numbers on an ordered scale",
+    "check_classifiers_train":
+        "asserts predict == argmax(predict_proba): SOL predicts the median of predict_proba (least "
+        "expected absolute error), which differs on make_blobs' three unordered classes (2 epochs "
+        "also stay below its 0.83 training accuracy)",
+    "check_methods_subset_invariance":
+        "the encoder runs in float32: a matrix product over a batch of another size rounds "
+        "differently (~1e-7), above the check's tolerance of 1e-7 on predict_proba (predictions agree)",
+}
+
+_NOT_NUMBERS = ("SOLRanker: labels must be numbers on an ordered scale (ranks, ages, scores, "
+                "grades as numbers); got {what}. An ordinal ranker needs the order of the labels: "
+                "map named levels to numbers first, e.g. {{'low': 0, 'mid': 1, 'high': 2}}.")
+
+
+class SOLRanker(ClassifierMixin, BaseEstimator):
+    """Stochastic Order Learning (rank estimation from noisy labels) as a scikit-learn estimator.
+
+    ``fit`` runs the training driver (:func:`sol_ext.driver.train.train`, what ``sol-ext train``
+    runs) on the arrays: ``X`` is standardized with the training set's mean and std (kept in the
+    model and applied to new data), ``y`` is put on its label grid (``RankEncoder.fit``: ranks
+    ``min(y), min(y) + step, …, max(y)`` with the step inferred from the labels), a stratified
+    ``val_fraction`` of the samples picks the epoch (and ``sigma="auto"``), and the selected model
+    is kept as ``model_``.
+
+    It is a classifier over ordered classes (as ``mord.LogisticAT`` is): ``classes_`` are the
+    label values of the grid's ranks, ``predict_proba`` gives ``p(label | x)`` over them and
+    ``predict`` one of them. Unlike a plain classifier it uses the order: the default SOL read-out
+    predicts the *median* of ``p(label | x)``, the label of least expected absolute error, not its
+    most probable label, and ``score`` is the negative mean absolute error.
+
+    Parameters are the options of ``sol-ext train`` (:class:`sol_ext.driver.config.TrainConfig`)
+    that apply to arrays, with the same defaults and meaning; see the README's "Training driver".
+    They are checked in ``fit`` (``TrainConfig.validate``: a ``ValueError`` naming the option).
+
+    Args:
+        method: ``"sol"``, ``"sol-no-noise"`` (plain order learning), or a baseline with the same
+            encoder and budget: ``"l1"``, ``"ce"``, ``"corn"`` (needs ``coral-pytorch``).
+        epochs, batch_size, lr, weight_decay: Adam's training budget.
+        embedding_dim, hidden: the MLP encoder's embedding size and hidden widths.
+        sigma: std in ranks of SOL's noise model, or ``"auto"``: picked from 0.25, 0.5 and 1 on the
+            validation split, one training per candidate (3 trainings).
+        tau, margin, T, disc_weight, beta, convention, pairs, pairs_per_class: SOL's loss and
+            relabeling settings (SPEC §1, §8, §11).
+        val_fraction: share of the samples held out (stratified) to pick the epoch of best MAE on
+            their given labels; 0: the last epoch is the model (then ``sigma="auto"`` is 1).
+        seed: seeds the split, the initialization and the shuffling: same seed, same data, same
+            model (on the same machine and torch version).
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``; the model is kept there.
+        paper: the paper's Algorithm 1 (``sol-ext train --paper``): each setting of
+            ``sol_ext.driver.config.PAPER_SETTINGS`` takes the paper's value unless its parameter
+            was changed from the default (as options given beside ``--paper`` still apply; a
+            parameter set to its default value counts as unchanged).
+        refine, relabel, relabel_mass, label_noise: the relabeling of training labels (``sol``).
+            The default posterior rule leaves the model as it is (the encoder trains on the given
+            labels; ``history_`` counts the labels it would correct); the paper's ``"outlier"``
+            rule trains on its relabels.
+        inference: ``"posterior"`` (median of ``p(q|x)``) or ``"nearest"`` (paper eq. 6).
+        centroid_momentum, patience, normalize, amp, backend: as ``sol-ext train``.
+        threads: torch CPU threads during ``fit`` and prediction (restored after): 0 is 1 thread,
+            as ``sol-ext train --threads 0`` uses for the MLP (its small products lose more to
+            thread hand-offs than they gain).
+
+    Attributes:
+        model_: the trained :class:`sol_ext.driver.model.TrainedModel` (it predicts from raw
+            feature arrays; ``model_.embed(X)`` gives the embeddings).
+        classes_: ``[n]`` the label value of every rank of the grid, ascending: the columns of
+            :meth:`predict_proba`, and every prediction is one of them. They are the grid's values,
+            not ``np.unique(y)``: labels 1, 2, 4 give classes 1, 2, 3, 4, since an ordinal model
+            may predict a rank between seen labels. In ``y``'s dtype when that holds them exactly
+            (integer labels), else float64.
+        n_features_in_, feature_names_in_: as every scikit-learn estimator.
+        history_: the run's results (``results.json`` of ``sol-ext train``: configuration, the
+            selected epoch, validation MAE, sigma search, relabeling counts, per-epoch history);
+            its ``"test"`` is ``None`` (no test set).
+    """
+
+    def __init__(self, method: str = "sol", epochs: int = 20, batch_size: int = 64, lr: float = 1e-3,
+                 weight_decay: float = 5e-4, embedding_dim: int = 16,
+                 hidden: tuple[int, ...] = (128, 128), sigma: float | str = "auto", tau: int = 1,
+                 margin: float = 0.25, val_fraction: float = 0.1, seed: int = 0,
+                 device: str = "cpu", paper: bool = False, T: int = 1, disc_weight: float = 1.0,
+                 beta: float = 0.9, convention: str = "paper", pairs: str = "all",
+                 pairs_per_class: int = 32, refine: Optional[bool] = None,
+                 relabel: str = "posterior", relabel_mass: float = 0.98,
+                 label_noise: float | str = "auto", inference: str = "posterior",
+                 centroid_momentum: float = 0.5, patience: Optional[int] = None,
+                 normalize: bool = True, amp: bool = False, backend: str = "auto", threads: int = 0):
+        self.method = method
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.embedding_dim = embedding_dim
+        self.hidden = hidden
+        self.sigma = sigma
+        self.tau = tau
+        self.margin = margin
+        self.val_fraction = val_fraction
+        self.seed = seed
+        self.device = device
+        self.paper = paper
+        self.T = T
+        self.disc_weight = disc_weight
+        self.beta = beta
+        self.convention = convention
+        self.pairs = pairs
+        self.pairs_per_class = pairs_per_class
+        self.refine = refine
+        self.relabel = relabel
+        self.relabel_mass = relabel_mass
+        self.label_noise = label_noise
+        self.inference = inference
+        self.centroid_momentum = centroid_momentum
+        self.patience = patience
+        self.normalize = normalize
+        self.amp = amp
+        self.backend = backend
+        self.threads = threads
+
+    # -- configuration ---------------------------------------------------------------------
+    def train_config(self) -> TrainConfig:
+        """The driver configuration of these parameters, checked (``ValueError`` naming a bad one)."""
+        values = {name: getattr(self, name) for name in CONFIG_PARAMS}
+        if self.paper:
+            defaults = TrainConfig()
+            for name, value in PAPER_SETTINGS.items():
+                if _same(values[name], getattr(defaults, name)):
+                    values[name] = value
+        try:
+            hidden = values["hidden"]
+            values["hidden"] = ((hidden,) if isinstance(hidden, numbers.Integral) else tuple(hidden))
+            if not all(isinstance(h, numbers.Integral) and not isinstance(h, bool)
+                       for h in values["hidden"]):
+                raise ValueError(f"hidden widths must be integers >= 1, got {hidden!r}.")
+            config = TrainConfig(data="array", noise="none", encoder="auto", **values)
+            return config.validate()
+        except TypeError as err:  # a value of the wrong type, e.g. epochs="ten"
+            raise ValueError(f"SOLRanker: a parameter has a value of the wrong type: {err}") from None
+
+    def _threads(self) -> int:
+        t = self.threads
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+            raise ValueError(f"threads must be an integer >= 0, got {t!r}.")
+        return int(t) or 1
+
+    # -- fitting -----------------------------------------------------------------------------
+    def fit(self, X: Any, y: Any) -> "SOLRanker":
+        """Train on features ``X [N, F]`` and labels ``y [N]`` (numbers on an ordered scale, on a
+        grid: integers, or e.g. 0, 0.5, 1.0, …). Returns ``self``."""
+        config = self.train_config()
+        threads = self._threads()
+        X, y = validate_data(self, X, y, dtype=[np.float64, np.float32])
+        values, label_dtype = _numeric_labels(y)
+        if np.unique(values).size < 2:
+            raise ValueError(f"SOLRanker needs at least two distinct labels (classes) to rank; got "
+                             f"one class, {values[0]:g}.")
+        try:
+            encoder = RankEncoder.fit(values)
+        except ValueError as err:  # e.g. continuous labels: no grid
+            raise ValueError(f"SOLRanker: {err}") from None
+        ranks = encoder.encode(values)
+        if config.val_fraction > 0:
+            try:
+                validation_split(ranks, config.val_fraction, config.seed)
+            except ValueError:
+                raise ValueError(f"val_fraction={config.val_fraction:g} of {len(values)} samples leaves "
+                                 f"an empty validation split or nothing to train on; give more "
+                                 f"samples or val_fraction=0 (then the last epoch is the model).") from None
+        names = (list(map(str, self.feature_names_in_)) if hasattr(self, "feature_names_in_")
+                 else [f"x{i}" for i in range(X.shape[1])])
+        # float32 (a copy: X may be read-only), as the driver holds a table's features
+        dataset = OrdinalDataset(torch.tensor(X, dtype=torch.float32), ranks, encoder, "array",
+                                 "tabular", feature_names=tuple(names), schema={"format": "array"})
+        data = _prepared(dataset)
+        with _torch_threads(threads), tempfile.TemporaryDirectory(prefix="sol-ext-sklearn-") as tmp:
+            outcome = train(config, data, Path(tmp), log=lambda _line: None)
+            model = load_run(tmp, device=_model_device(config.device))
+        self.model_ = model
+        self.classes_ = _classes(encoder, label_dtype)
+        self.history_ = outcome.results
+        return self
+
+    # -- prediction --------------------------------------------------------------------------
+    def _table(self, X: Any):
+        check_is_fitted(self, "model_")
+        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
+        with _torch_threads(self._threads()):
+            return self.model_.predict_table(X)
+
+    def predict(self, X: Any) -> np.ndarray:
+        """``[N]`` predicted labels, each one of ``classes_``: the run's read-out (for SOL by
+        default the median of :meth:`predict_proba`, the label of least expected absolute error;
+        ``inference="nearest"``: paper eq. 6; baselines: their head's prediction)."""
+        ranks = self._table(X).ranks  # checks that the estimator is fitted
+        return self.classes_[ranks]
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """``[N, len(classes_)]`` probability of each label value ``classes_``; rows sum to 1."""
+        p = self._table(X).probabilities
+        return p / p.sum(axis=1, keepdims=True)
+
+    def expected(self, X: Any) -> np.ndarray:
+        """``[N]`` float64 expected label ``sum_k classes_[k] * p_k(x)`` (label units)."""
+        return self._table(X).expected
+
+    def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
+        """Negative mean absolute error of :meth:`predict` against ``y``, in label units.
+
+        Higher is better, as scikit-learn's model selection (``GridSearchCV``, ``cross_val_score``)
+        expects of ``score``. The MAE is what rank estimation is judged by and what the default
+        read-out minimizes (the posterior median is the label of least expected absolute error);
+        a classifier's accuracy would count a prediction one rank off the same as one ten ranks off.
+        """
+        y_true, _ = _numeric_labels(np.asarray(y).reshape(-1))
+        err = np.abs(self.predict(X).astype(np.float64) - y_true)
+        return -float(np.average(err, weights=sample_weight))
+
+    # -- scikit-learn metadata -----------------------------------------------------------------
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = False
+        tags.input_tags.sparse = False
+        tags.target_tags.required = True
+        tags.classifier_tags.multi_class = True
+        tags.classifier_tags.multi_label = False
+        return tags
+
+    # -- pickling ------------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """The fitted model travels as its state dicts (portable across devices), not as modules."""
+        state = dict(super().__getstate__())  # a copy: object.__getstate__ gives __dict__ itself
+        model = state.pop("model_", None)
+        if model is not None:
+            state["_model_state"] = _model_state(model)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        saved = state.pop("_model_state", None)
+        super().__setstate__(state)
+        if saved is not None:
+            self.model_ = _model_from_state(saved, _model_device(saved["predictor"]["config"]["device"]))
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether parameter value ``a`` is the default ``b`` (``paper=True`` overrides only those)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return tuple(a) == tuple(b)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    return bool(a == b)
+
+
+def _numeric_labels(y: np.ndarray) -> tuple[np.ndarray, np.dtype]:
+    """``y`` as float64 ``[N]`` and the dtype predictions should come back in; ValueError for
+    labels that are not numbers (strings, categories)."""
+    y = np.asarray(y)
+    if y.dtype.kind in "USV" or (y.dtype.kind == "O" and any(
+            isinstance(v, (str, bytes)) or not isinstance(v, numbers.Real) for v in y.reshape(-1))):
+        bad = next((v for v in y.reshape(-1) if not isinstance(v, numbers.Real)
+                    or isinstance(v, (str, bytes))), None)
+        what = f"{type(bad).__name__} labels such as {bad!r}" if bad is not None else f"{y.dtype} labels"
+        raise ValueError(_NOT_NUMBERS.format(what=what))
+    if y.dtype.kind == "c":
+        raise ValueError(_NOT_NUMBERS.format(what="complex numbers"))
+    values = y.astype(np.float64).reshape(-1)
+    dtype = y.dtype if y.dtype.kind in "iub" else np.dtype(np.float64)
+    return values, dtype
+
+
+def _classes(encoder: RankEncoder, dtype: np.dtype) -> np.ndarray:
+    values = encoder.values().numpy()
+    if dtype.kind in "iub":
+        cast = values.round().astype(dtype)
+        if np.array_equal(cast.astype(np.float64), values):
+            return cast
+    return values.astype(np.float64)
+
+
+def _prepared(ds: OrdinalDataset) -> PreparedData:
+    """The run's data as :func:`sol_ext.driver.prepare.prepare_data` would give them for a table
+    with these features and labels as given (no noise), and no test set."""
+    scaling = feature_scaling(ds)
+    enc = ds.encoder
+    preprocessing = {
+        "kind": ds.kind, "schema": dict(ds.schema), "feature_names": list(ds.feature_names),
+        "input_shape": list(ds.features.shape[1:]), "delimiter": None,
+        "scaling": None if scaling is None else {"mean": scaling[0], "std": scaling[1]},
+        "grid": {"min_value": float(enc.min_value), "step": float(enc.step),
+                 "num_ranks": int(enc.num_ranks)},
+    }
+    n_features = ds.features.shape[1]
+    return PreparedData(
+        name=ds.name, kind=ds.kind, encoder=enc,
+        train_x=apply_scaling(ds.features, scaling).float(), train_given=ds.ranks.long(),
+        train_clean=None,
+        test_x=torch.zeros((0, n_features), dtype=torch.float32),
+        test_ranks=torch.zeros(0, dtype=torch.int64),
+        train_rows=torch.arange(len(ds)), preprocessing=preprocessing)
+
+
+def _model_device(name: str) -> str:
+    """Where the fitted model is kept: the training device (``auto`` resolved)."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    if n != before:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if n != before:
+            torch.set_num_threads(before)
+
+
+def _model_state(model: TrainedModel) -> dict[str, Any]:
+    """What :func:`load_run` reads from ``best.pt`` to rebuild ``model``, on the CPU."""
+    return {
+        "predictor": {"config": model.config.to_dict(), "input_shape": list(model.input_shape),
+                      "kind": model.kind, "preprocessing": model.preprocessing},
+        "model": {k: v.detach().cpu() for k, v in model.model.state_dict().items()},
+        "head": None if model.head is None else {k: v.detach().cpu()
+                                                 for k, v in model.head.state_dict().items()},
+    }
+
+
+def _model_from_state(state: dict[str, Any], device: str) -> TrainedModel:
+    """Rebuild a :class:`TrainedModel` with :func:`load_run`, through a temporary ``best.pt``."""
+    from .driver.checkpoint import BEST_NAME, save_checkpoint
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        device = "cpu"  # a model fitted on a GPU, unpickled where there is none
+    with tempfile.TemporaryDirectory(prefix="sol-ext-sklearn-") as tmp:
+        save_checkpoint(Path(tmp) / BEST_NAME, state)
+        return load_run(tmp, device=device)
+
