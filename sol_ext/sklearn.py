@@ -40,7 +40,7 @@ import torch
 from .driver.config import PAPER_SETTINGS, TrainConfig
 from .driver.data import OrdinalDataset, RankEncoder, apply_scaling, feature_scaling
 from .driver.model import TrainedModel, load_run
-from .driver.prepare import PreparedData
+from .driver.prepare import PreparedData, preprocessing_record
 from .driver.train import train, validation_split
 
 __all__ = ["SOLRanker", "EXPECTED_FAILED_CHECKS", "CONFIG_PARAMS"]
@@ -350,13 +350,7 @@ def _prepared(ds: OrdinalDataset) -> PreparedData:
     with these features and labels as given (no noise), and no test set."""
     scaling = feature_scaling(ds)
     enc = ds.encoder
-    preprocessing = {
-        "kind": ds.kind, "schema": dict(ds.schema), "feature_names": list(ds.feature_names),
-        "input_shape": list(ds.features.shape[1:]), "delimiter": None,
-        "scaling": None if scaling is None else {"mean": scaling[0], "std": scaling[1]},
-        "grid": {"min_value": float(enc.min_value), "step": float(enc.step),
-                 "num_ranks": int(enc.num_ranks)},
-    }
+    preprocessing = preprocessing_record(ds)
     n_features = ds.features.shape[1]
     return PreparedData(
         name=ds.name, kind=ds.kind, encoder=enc,

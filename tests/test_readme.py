@@ -59,3 +59,11 @@ def test_use_what_you_trained_runs_as_written(tmp_path, monkeypatch, capsys):
     exec(compile(exported, "README: exported program", "exec"), scope)
     assert scope["prediction"].shape == (1,)
     assert float(scope["prediction"][0]) == float(scope["model"].predict(scope["rows"])[0])
+
+
+def test_the_estimator_snippet_runs():
+    pytest.importorskip("sklearn")
+    scope: dict = {}
+    exec(compile(snippets()[2], "README: scikit-learn estimator", "exec"), scope)
+    assert scope["ranker"].predict(scope["X"][:3]).shape == (3,)
+    assert set(scope["search"].best_params_) == {"solranker__margin"}

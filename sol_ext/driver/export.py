@@ -15,6 +15,7 @@ column, and the label value of each probability column.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -37,7 +38,7 @@ class ExportedPredictor(nn.Module):
         super().__init__()
         self.method = trained.method
         self.n = trained.num_ranks
-        self.model = trained.model.cpu().eval()
+        self.model = copy.deepcopy(trained.model).cpu().eval()  # the trained model stays put
         scaling = trained.scaling
         self.scaled = scaling is not None
         self.register_buffer("mean", scaling[0].clone() if self.scaled else torch.zeros(0, dtype=torch.float64))
@@ -45,7 +46,7 @@ class ExportedPredictor(nn.Module):
         self.register_buffer("values", trained.encoder.values().to(torch.float64))
         self.nearest = False
         if trained.head is not None:
-            head = trained.head.cpu()
+            head = copy.deepcopy(trained.head).cpu()
             self.nearest = head.readout == "nearest"
             self.register_buffer("centroids", head.centroids.detach().to(torch.float64).clone())
             self.register_buffer("kernel", head.kernel().to(torch.float64))

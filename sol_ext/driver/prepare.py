@@ -19,7 +19,7 @@ from .data import (
     train_test_split,
 )
 
-__all__ = ["PreparedData", "prepare_data"]
+__all__ = ["PreparedData", "prepare_data", "preprocessing_record"]
 
 
 @dataclass
@@ -69,6 +69,22 @@ class PreparedData:
                 "given_label_sum": int(self.train_given.sum())}
 
 
+def preprocessing_record(train: OrdinalDataset, delimiter: Optional[str] = None) -> dict[str, Any]:
+    """How inputs like ``train``'s (before scaling) become the model's: its ``schema`` (how the
+    file was read), feature names, input shape, the CSV ``delimiter``, the training set's feature
+    ``scaling`` (mean and std, float64; ``None`` for images) and the label ``grid``. Saved with the
+    model (:attr:`PreparedData.preprocessing`)."""
+    scaling = feature_scaling(train)
+    enc = train.encoder
+    return {
+        "kind": train.kind, "schema": dict(train.schema), "feature_names": list(train.feature_names),
+        "input_shape": list(train.features.shape[1:]), "delimiter": delimiter,
+        "scaling": None if scaling is None else {"mean": scaling[0], "std": scaling[1]},
+        "grid": {"min_value": float(enc.min_value), "step": float(enc.step),
+                 "num_ranks": int(enc.num_ranks)},
+    }
+
+
 def _options(config: TrainConfig) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     if config.label_column is not None:
@@ -99,15 +115,7 @@ def prepare_data(config: TrainConfig) -> PreparedData:
                                  full.encoder, full.name, "tabular")
         rows = train_test_split(numbers, test_fraction=config.test_fraction,
                                 seed=config.seed)[0].features[:, 0].round().long()
-    scaling = feature_scaling(train)
-    enc = train.encoder
-    preprocessing = {
-        "kind": train.kind, "schema": dict(train.schema), "feature_names": list(train.feature_names),
-        "input_shape": list(train.features.shape[1:]), "delimiter": config.delimiter,
-        "scaling": None if scaling is None else {"mean": scaling[0], "std": scaling[1]},
-        "grid": {"min_value": float(enc.min_value), "step": float(enc.step),
-                 "num_ranks": int(enc.num_ranks)},
-    }
+    preprocessing = preprocessing_record(train, config.delimiter)
     train, test = standardize(train, test)
     n = int(train.encoder.num_ranks)
     noisy = add_label_noise(train.ranks, n, noise=config.noise, kappa=config.kappa,

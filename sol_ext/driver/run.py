@@ -372,24 +372,8 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
 
     torch.manual_seed(config.seed)
     gen = torch.Generator().manual_seed(config.seed + 1)  # shuffling and pair sampling
-    model = build_model(run_config, data.input_shape, data.kind, n)
-    if par.enabled and device.type == "cuda":  # batch statistics over the global batch
-        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model = model.to(device)
-    # the training steps run through DDP (gradients averaged over the processes); embedding and
-    # read-out use the module itself, whose parameters DDP keeps equal on every process
-    step_model = (DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-                                          else None) if par.enabled else model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
-                                 weight_decay=config.weight_decay)
-    # SOL's centroids, loss and read-out (sol_ext.SOLHead); the baselines' heads are in the model
-    head = make_sol_head(run_config, n).to(device) if config.uses_centroids else None
-    sol_loss = None if head is None else head.criterion
-    if sol_loss is not None and par.enabled:
-        sol_loss = DistributedStochasticOrderLoss(sol_loss)
+    model, step_model, optimizer, head, sol_loss, scaler = _learner(run_config, data, device, par)
     fingerprint = data.fingerprint()
-    # float16 autocast on CUDA needs loss scaling; bfloat16 (the CPU's autocast type) does not
-    scaler = torch.amp.GradScaler("cuda") if config.amp and device.type == "cuda" else None
 
     history: list[dict[str, Any]] = []
     labels = given.clone()
@@ -399,13 +383,7 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
     if resume:
         state = par.broadcast_object(load_checkpoint(ckpt_path, config, fingerprint)
                                      if par.is_main else None)
-        saved_world = int(state.get("world_size", 1))
-        if saved_world != par.world_size:
-            raise CheckpointMismatch(
-                f"checkpoint {str(ckpt_path)!r} was written by a run of {saved_world} process(es) and "
-                f"this one has {par.world_size}: the global batch would change. Resume with "
-                + ("torchrun --nproc-per-node (or --nnodes) giving " if saved_world > 1 else "")
-                + f"{saved_world} process(es), or choose another --output.")
+        _check_same_world(state, par, ckpt_path)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         if head is not None:
@@ -494,6 +472,42 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
     return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
                       test_pred=best["test_pred"], train_pred=best["train_pred"],
                       labels=corrected_labels(best))
+
+
+def _learner(config: TrainConfig, data: PreparedData, device: torch.device, par: Parallel):
+    """The model (encoder and the baselines' output head), the module its training steps run
+    through (DDP under torchrun), the optimizer, the SOL head with its loss (``None`` for the
+    baselines), and the float16 loss scaler of ``--amp`` on CUDA (else ``None``)."""
+    model = build_model(config, data.input_shape, data.kind, data.num_ranks)
+    if par.enabled and device.type == "cuda":  # batch statistics over the global batch
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(device)
+    # the training steps run through DDP (gradients averaged over the processes); embedding and
+    # read-out use the module itself, whose parameters DDP keeps equal on every process
+    step_model = (DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
+                                          else None) if par.enabled else model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
+                                 weight_decay=config.weight_decay)
+    # SOL's centroids, loss and read-out (sol_ext.SOLHead); the baselines' heads are in the model
+    head = make_sol_head(config, data.num_ranks).to(device) if config.uses_centroids else None
+    sol_loss = None if head is None else head.criterion
+    if sol_loss is not None and par.enabled:
+        sol_loss = DistributedStochasticOrderLoss(sol_loss)
+    # float16 autocast on CUDA needs loss scaling; bfloat16 (the CPU's autocast type) does not
+    scaler = torch.amp.GradScaler("cuda") if config.amp and device.type == "cuda" else None
+    return model, step_model, optimizer, head, sol_loss, scaler
+
+
+def _check_same_world(state: dict[str, Any], par: Parallel, ckpt_path: Path) -> None:
+    """A run resumes with the number of processes it was written with: another would change the
+    global batch."""
+    saved_world = int(state.get("world_size", 1))
+    if saved_world != par.world_size:
+        raise CheckpointMismatch(
+            f"checkpoint {str(ckpt_path)!r} was written by a run of {saved_world} process(es) and "
+            f"this one has {par.world_size}: the global batch would change. Resume with "
+            + ("torchrun --nproc-per-node (or --nnodes) giving " if saved_world > 1 else "")
+            + f"{saved_world} process(es), or choose another --output.")
 
 
 def _centroid_rule(head: SOLHead, fit_h: torch.Tensor, labels: torch.Tensor,
