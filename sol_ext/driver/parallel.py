@@ -13,6 +13,7 @@ decisions after every epoch.
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -76,6 +77,10 @@ class Parallel:
 
     def stop(self) -> None:
         if self.enabled and dist.is_initialized():
+            # DistributedDataParallel keeps the process group alive from inside reference cycles;
+            # collected at interpreter exit instead, the group's gloo threads were torn down there
+            # and a process sometimes aborted ("terminate called without an active exception")
+            gc.collect()
             dist.destroy_process_group()
 
     # ---- sharding ----------------------------------------------------------------------------
