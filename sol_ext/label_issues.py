@@ -117,7 +117,7 @@ def _posterior(labels: torch.Tensor, probs: torch.Tensor, kernel: Optional[torch
     post = joint / total.clamp_min(tiny)
     # A label that the kernel rules out for every rank the model allows (P[q, r] underflows to 0 far
     # from r) leaves no posterior; the model's own p(q | x) then says on which side the truth is.
-    # (posterior_relabel instead gets an all-zero row there, see the tests.)
+    # (sol_ext.refine.posterior_relabel falls back to p(q | x) there too.)
     return torch.where(total > 0, post, probs / probs.sum(dim=1, keepdim=True).clamp_min(tiny))
 
 

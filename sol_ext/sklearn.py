@@ -105,7 +105,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         sigma: std in ranks of SOL's noise model, or ``"auto"``: picked from 0.25, 0.5 and 1 on the
             validation split, one training per candidate (3 trainings).
         tau, margin, T, disc_weight, beta, convention, pairs, pairs_per_class: SOL's loss and
-            relabeling settings (SPEC §1, §8, §11).
+            relabeling settings (docs/math.md §1, §8, §11, §12).
         val_fraction: share of the samples held out (stratified) to pick the epoch of best MAE on
             their given labels; 0: the last epoch is the model (then ``sigma="auto"`` is 1).
         seed: seeds the split, the initialization and the shuffling: same seed, same data, same

@@ -179,3 +179,49 @@ def test_own_files_get_no_added_noise_unless_asked(user_files, tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert results["config"]["noise"] == "none"
     assert results["label_noise_given"] is None  # the file's labels are not known to be clean
+
+
+def test_a_test_file_with_the_columns_in_another_order_is_read_by_name(user_files, tmp_path):
+    root, train, test, _, y = user_files
+    lines = test.read_text().splitlines()
+    order = [4, 2, 0, 3, 1]  # score, c, a, d, b
+    shuffled = tmp_path / "g-shuffled.csv"
+    shuffled.write_text("\n".join(",".join(line.split(",")[i] for i in order) for line in lines) + "\n")
+    out, results = train_run(root, train, test, "sol")
+    again = tmp_path / "run"
+    assert main(["train", "--data", str(train), "--test-data", str(shuffled), "--label-column", "score",
+                 "--method", "sol", "--sigma", "1", "--output", str(again), *FAST]) == 0
+    assert json.loads((again / "results.json").read_text())["test"] == results["test"]
+    assert np.array_equal(sol_ext.load_run(out).predict(shuffled), sol_ext.load_run(out).predict(test))
+
+
+def test_checkpoints_of_an_earlier_format_are_refused_and_overwrite_replaces_them(user_files, tmp_path, capsys):
+    import torch
+
+    root, train, test, _, _ = user_files
+    out, _ = train_run(root, train, test, "l1")
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for name in ("best.pt", "checkpoint.pt"):
+        (copy / name).write_bytes((out / name).read_bytes())
+    state = torch.load(copy / "best.pt", weights_only=True)
+    torch.save({**state, "format_version": 1}, copy / "best.pt")
+    assert main(["predict", str(copy), "--data", str(test)]) == 2
+    assert "earlier version of sol_ext" in capsys.readouterr().err
+    # --overwrite trains afresh over it; the new model is the one predict reads
+    assert main(["train", "--data", str(train), "--test-data", str(test), "--label-column", "score",
+                 "--method", "l1", "--output", str(copy), "--overwrite", *FAST]) == 0
+    assert torch.load(copy / "best.pt", weights_only=True)["format_version"] == 2
+    assert main(["predict", str(copy), "--data", str(test)]) == 0
+
+
+def test_npz_labels_of_another_length_are_refused(tmp_path):
+    x = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)
+    y = np.arange(40) % 5
+    np.savez(tmp_path / "d.npz", embeddings=x, labels=y)
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(tmp_path / "d.npz"), "--sigma", "1", "--output", str(out), *FAST]) == 0
+    np.savez(tmp_path / "bad.npz", embeddings=x, labels=y[:10])
+    with pytest.raises(ValueError, match="one label per row"):
+        sol_ext.load_run(out).predict(tmp_path / "bad.npz")
+    assert sol_ext.load_run(out).predict(tmp_path / "d.npz").shape == (40,)

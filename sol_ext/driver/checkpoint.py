@@ -32,7 +32,7 @@ __all__ = ["CHECKPOINT_NAME", "BEST_NAME", "SIGMA_SEARCH_NAME", "epoch_state", "
 CHECKPOINT_NAME = "checkpoint.pt"  # the last epoch: what --resume continues
 BEST_NAME = "best.pt"              # the selected epoch: the run's model (sol_ext.load_run)
 SIGMA_SEARCH_NAME = ".sigma-search"  # the trials of sigma "auto", while they run
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the SOL head and the predictor record (load_run) replace "centroids"
 
 
 def _cpu(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -158,6 +158,10 @@ def load_checkpoint(path: Path, config: TrainConfig | None = None,
     except Exception as exc:  # a truncated or foreign file: say which file, not the pickle detail
         raise CheckpointMismatch(f"cannot read checkpoint {str(path)!r} ({type(exc).__name__}); "
                                  f"it is damaged or not a sol_ext checkpoint.") from exc
+    if isinstance(state, dict) and state.get("format_version") == 1:
+        raise CheckpointMismatch(f"{str(path)!r} was written by an earlier version of sol_ext (checkpoint "
+                                 f"format 1), which this one cannot resume or predict with; train the "
+                                 f"run again, or with another --output.")
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointMismatch(f"{str(path)!r} is not a sol_ext checkpoint of format "
                                  f"{FORMAT_VERSION}.")

@@ -290,7 +290,7 @@ def _default_output(cfg: TrainConfig) -> Path:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .checkpoint import CHECKPOINT_NAME, check_resumable
+    from .checkpoint import BEST_NAME, CHECKPOINT_NAME, check_resumable
     from .parallel import Parallel
     from .prepare import prepare_data
     from .report import clear_results, format_table, noise_label, write_outputs
@@ -326,7 +326,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
                     check_resumable(out / CHECKPOINT_NAME, cfg, data.fingerprint())
                 clear_results(out)
                 if args.overwrite and not args.resume:
-                    (out / CHECKPOINT_NAME).unlink(missing_ok=True)
+                    # the old run's model goes with it: predict/export/audit must not find it
+                    for name in (CHECKPOINT_NAME, BEST_NAME):
+                        (out / name).unlink(missing_ok=True)
             outcome = train(cfg, data, out, resume=args.resume,
                             progress=not args.quiet and sys.stdout.isatty(), log=say, parallel=par)
             if par.is_main:
@@ -415,7 +417,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     with run_folder(out, note=lambda: f"interrupted; {out / 'compare.md'} was not updated."):
         records = run_comparison(base, methods, settings, args.seeds, out, log=_say)
         data_name = Path(base.data).name.split(".")[0]
-        table = markdown_tables(records, data_name, labels_given=base.test_data is not None)
+        from .data import is_builtin
+
+        # a user's own labels are as given (their truth unknown), with or without a test file
+        labels_given = base.test_data is not None or not is_builtin(base.data)
+        table = markdown_tables(records, data_name, labels_given=labels_given)
         write_comparison(records, table, out)
         print(table)
         return 0

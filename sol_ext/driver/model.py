@@ -192,7 +192,7 @@ def load_run(path: str | Path, device: torch.device | str = "cpu") -> TrainedMod
                                 f"'sol-ext train' (with {BEST_NAME}).")
     state = load_checkpoint(file)
     record = state.get("predictor")
-    if record is None:
+    if record is None or record.get("preprocessing") is None:
         raise ValueError(f"{file} was written by an earlier version of sol_ext that did not save the "
                          f"preprocessing prediction needs; train the run again.")
     # the weights come from the run: never read a pretrained-weights file again
@@ -204,4 +204,6 @@ def load_run(path: str | Path, device: torch.device | str = "cpu") -> TrainedMod
     if config.uses_centroids:
         head = make_sol_head(config, n)
         head.load_state_dict(state["head"])
-    return TrainedModel(config, model, head, record, device)
+    from .run import resolve_device
+
+    return TrainedModel(config, model, head, record, resolve_device(str(device)))

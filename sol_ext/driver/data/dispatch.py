@@ -90,6 +90,11 @@ def load_train_test(train_spec: str | Path, test_spec: str | Path,
     """
     train = load_dataset(train_spec, **options)
     rest = {k: v for k, v in options.items() if k not in ("step", "min_value", "max_value", "encoder")}
+    if train.schema.get("format") == "csv" and not is_builtin(test_spec):
+        # the training file's columns, in its order and with its categories: a test file with the
+        # same columns in another order must not be scored on swapped features
+        rest.update(feature_columns=list(train.schema["columns"]),
+                    categorical={k: list(v) for k, v in train.schema["categorical"].items()})
     test = load_dataset(test_spec, encoder=train.encoder, **rest)
     if train.features.shape[1:] != test.features.shape[1:]:
         raise ValueError(f"train and test features differ in shape: {tuple(train.features.shape[1:])} vs "

@@ -97,7 +97,12 @@ def _read_npz(path: Path, schema: dict[str, Any]) -> Inputs:
         raise ValueError(f"{path}: {features_key!r} must be real numbers, got {x.dtype}")
     if x.ndim == 3:
         x = x[:, None]
-    values = None if y is None else np.asarray(y, dtype=np.float64).reshape(-1)
+    values = None
+    if y is not None:
+        if not np.issubdtype(y.dtype, np.number) or y.ndim != 1 or y.shape[0] != x.shape[0]:
+            raise ValueError(f"{path}: {labels_key!r} must be a numeric vector of one label per row "
+                             f"({x.shape[0]}), got {y.dtype} {y.shape}")
+        values = y.astype(np.float64)
     return Inputs(torch.from_numpy(x.astype(np.float32)), [str(i) for i in range(x.shape[0])], values)
 
 
@@ -113,7 +118,7 @@ def _read_image_list(path: Path, schema: dict[str, Any], delimiter: Optional[str
             with Image.open(file) as img:
                 img.load()
                 x[i] = _image_array(img, channels, size)
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError, Image.DecompressionBombError) as err:
             raise ValueError(f"cannot read image {file} (data row {i + 1} of {path}): {err}") from None
     return Inputs(torch.from_numpy(x), [row[jp] for row in body],
                   _optional_labels(header, body, schema.get("label_column"), path))
