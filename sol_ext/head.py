@@ -197,11 +197,18 @@ class SOLHead(nn.Module):
         """``[B]`` int64 ranks of embeddings ``h [B, d]``: the median of :meth:`predict_proba`
         (``readout="posterior"``), or ``argmin_q D[x, q]`` (``"nearest"``, eq. 6; the first
         minimum on ties). Default: the head's ``readout``."""
+        return self.ranks(self.dissimilarity(h), readout=readout)
+
+    def ranks(self, dissimilarity: torch.Tensor, probabilities: Optional[torch.Tensor] = None,
+              readout: Optional[str] = None) -> torch.Tensor:
+        """:meth:`predict` from ``D [B, n]``; ``probabilities``, :meth:`probabilities` of that
+        ``D``, are reused when given (the posterior read-out needs them)."""
         readout = self.readout if readout is None else check.check_choice("readout", readout, READOUTS)
-        d = self.dissimilarity(h)
         if readout == "nearest":
-            return torch.argmin(d, dim=1)
-        return median_ranks(self.probabilities(d))
+            return torch.argmin(dissimilarity, dim=1)  # the first minimum on ties
+        if probabilities is None:
+            probabilities = self.probabilities(dissimilarity)
+        return median_ranks(probabilities)
 
     def expected_rank(self, h: torch.Tensor) -> torch.Tensor:
         """``[B]`` float64 mean rank ``sum_q q p(q | x)``."""

@@ -39,7 +39,7 @@ import torch
 
 from .driver.config import PAPER_SETTINGS, TrainConfig
 from .driver.data import OrdinalDataset, RankEncoder, apply_scaling, feature_scaling
-from .driver.model import TrainedModel, load_run
+from .driver.model import load_run, model_from_state
 from .driver.prepare import PreparedData, preprocessing_record
 from .driver.train import train, validation_split
 
@@ -239,7 +239,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         data = _prepared(dataset)
         with _torch_threads(threads), tempfile.TemporaryDirectory(prefix="sol-ext-sklearn-") as tmp:
             outcome = train(config, data, Path(tmp), log=lambda _line: None)
-            model = load_run(tmp, device=_model_device(config.device))
+            model = load_run(tmp, device=config.device)
         self.model_ = model
         self.classes_ = _classes(encoder, label_dtype)
         self.history_ = outcome.results
@@ -296,14 +296,17 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         state = dict(super().__getstate__())  # a copy: object.__getstate__ gives __dict__ itself
         model = state.pop("model_", None)
         if model is not None:
-            state["_model_state"] = _model_state(model)
+            state["_model_state"] = model.to_state()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         saved = state.pop("_model_state", None)
         super().__setstate__(state)
         if saved is not None:
-            self.model_ = _model_from_state(saved, _model_device(saved["predictor"]["config"]["device"]))
+            device = saved["predictor"]["config"]["device"]
+            if device.startswith("cuda") and not torch.cuda.is_available():
+                device = "cpu"  # a model fitted on a GPU, unpickled where there is none
+            self.model_ = model_from_state(saved, device)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -361,13 +364,6 @@ def _prepared(ds: OrdinalDataset) -> PreparedData:
         train_rows=torch.arange(len(ds)), preprocessing=preprocessing)
 
 
-def _model_device(name: str) -> str:
-    """Where the fitted model is kept: the training device (``auto`` resolved)."""
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
 @contextlib.contextmanager
 def _torch_threads(n: int) -> Iterator[None]:
     before = torch.get_num_threads()
@@ -378,26 +374,3 @@ def _torch_threads(n: int) -> Iterator[None]:
     finally:
         if n != before:
             torch.set_num_threads(before)
-
-
-def _model_state(model: TrainedModel) -> dict[str, Any]:
-    """What :func:`load_run` reads from ``best.pt`` to rebuild ``model``, on the CPU."""
-    return {
-        "predictor": {"config": model.config.to_dict(), "input_shape": list(model.input_shape),
-                      "kind": model.kind, "preprocessing": model.preprocessing},
-        "model": {k: v.detach().cpu() for k, v in model.model.state_dict().items()},
-        "head": None if model.head is None else {k: v.detach().cpu()
-                                                 for k, v in model.head.state_dict().items()},
-    }
-
-
-def _model_from_state(state: dict[str, Any], device: str) -> TrainedModel:
-    """Rebuild a :class:`TrainedModel` with :func:`load_run`, through a temporary ``best.pt``."""
-    from .driver.checkpoint import BEST_NAME, save_checkpoint
-
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        device = "cpu"  # a model fitted on a GPU, unpickled where there is none
-    with tempfile.TemporaryDirectory(prefix="sol-ext-sklearn-") as tmp:
-        save_checkpoint(Path(tmp) / BEST_NAME, state)
-        return load_run(tmp, device=device)
-

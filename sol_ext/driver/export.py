@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .checkpoint import atomic_write_text
+from .methods import head_probabilities, head_ranks
 from .model import TrainedModel
 
 __all__ = ["ExportedPredictor", "export_run", "SIDECAR_SUFFIX"]
@@ -77,26 +78,9 @@ class ExportedPredictor(nn.Module):
         return probabilities, below_half.sum(dim=1).clamp(max=self.n - 1)
 
     def _head_readout(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.model.head(h).to(torch.float64)
-        n = self.n
-        if self.method == "ce":
-            return torch.softmax(out, dim=1), out.argmax(dim=1)
-        if self.method == "corn":
-            above = torch.sigmoid(out).cumprod(dim=1)
-            ones = torch.ones_like(above[:, :1])
-            survival = torch.cat([ones, above, torch.zeros_like(ones)], dim=1)
-            probabilities = (survival[:, :-1] - survival[:, 1:]).clamp_min(0.0)[:, :n]
-            return probabilities, (above > 0.5).sum(dim=1)
-        # l1: the two ranks around the clamped regression, weighted so that their mean is it
-        v = (out[:, 0] * max(n - 1, 1)).clamp(0, n - 1)
-        low = v.floor().long().clamp(max=n - 1)
-        high = (low + 1).clamp(max=n - 1)
-        frac = v - low.to(v.dtype)
-        ranks = torch.arange(n, device=v.device)[None, :]
-        probabilities = (ranks == low[:, None]).to(v.dtype) * (1.0 - frac)[:, None] \
-            + (ranks == high[:, None]).to(v.dtype) * frac[:, None]
-        # the prediction is the rounded regression, as in training (round half to even)
-        return probabilities, out[:, 0].mul(max(n - 1, 1)).round().clamp(0, n - 1).long()
+        # the baselines' heads are plain torch already: the same functions as load_run
+        return (head_probabilities(self.method, self.model, h, self.n),
+                head_ranks(self.method, self.model, h, self.n))
 
 
 def sidecar(trained: TrainedModel) -> dict[str, Any]:

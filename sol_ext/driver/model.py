@@ -23,8 +23,9 @@ from .checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from .config import TrainConfig
 from .data import RankEncoder, apply_scaling, read_inputs
 from .methods import RankModel, build_model, head_probabilities, head_ranks, make_sol_head
+from .run import resolve_device
 
-__all__ = ["TrainedModel", "Prediction", "load_run"]
+__all__ = ["TrainedModel", "Prediction", "load_run", "model_from_state"]
 
 DataLike = Any  # a data spec (built-in name, file or folder path) or raw features [N, ...]
 
@@ -137,8 +138,7 @@ class TrainedModel:
         if self.head is not None:
             d = self.head.dissimilarity(h)
             probabilities = self.head.probabilities(d)
-            ranks = (torch.argmin(d, dim=1) if self.head.readout == "nearest"
-                     else _median(probabilities))
+            ranks = self.head.ranks(d, probabilities)
         else:
             probabilities = head_probabilities(self.method, self.model, h, self.num_ranks)
             ranks = head_ranks(self.method, self.model, h, self.num_ranks)
@@ -162,15 +162,19 @@ class TrainedModel:
         """``[N]`` expected label under :meth:`predict_proba`, in label units."""
         return self.predict_table(data).expected
 
+    def to_state(self) -> dict[str, Any]:
+        """The entries of ``best.pt`` that :func:`model_from_state` rebuilds this model from (CPU)."""
+        return {
+            "predictor": {"config": self.config.to_dict(), "input_shape": list(self.input_shape),
+                          "kind": self.kind, "preprocessing": self.preprocessing},
+            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            "head": None if self.head is None else {k: v.detach().cpu()
+                                                    for k, v in self.head.state_dict().items()},
+        }
+
     def __repr__(self) -> str:
         return (f"TrainedModel(method={self.method!r}, kind={self.kind!r}, ranks={self.num_ranks} "
                 f"({self.encoder.min_value:g} … {self.encoder.max_value:g} step {self.encoder.step:g}))")
-
-
-def _median(probabilities: torch.Tensor) -> torch.Tensor:
-    from ..centroids import median_ranks
-
-    return median_ranks(probabilities)
 
 
 def load_run(path: str | Path, device: torch.device | str = "cpu") -> TrainedModel:
@@ -190,10 +194,16 @@ def load_run(path: str | Path, device: torch.device | str = "cpu") -> TrainedMod
     if not file.is_file():
         raise FileNotFoundError(f"no trained run in {str(path)!r}: expected the output folder of "
                                 f"'sol-ext train' (with {BEST_NAME}).")
-    state = load_checkpoint(file)
+    return model_from_state(load_checkpoint(file), device, source=str(file))
+
+
+def model_from_state(state: dict[str, Any], device: torch.device | str = "cpu",
+                     source: str = "the state") -> TrainedModel:
+    """A :class:`TrainedModel` from the ``predictor``, ``model`` and ``head`` entries of a run's
+    ``best.pt`` (or of :meth:`TrainedModel.to_state`)."""
     record = state.get("predictor")
     if record is None or record.get("preprocessing") is None:
-        raise ValueError(f"{file} was written by an earlier version of sol_ext that did not save the "
+        raise ValueError(f"{source} was written by an earlier version of sol_ext that did not save the "
                          f"preprocessing prediction needs; train the run again.")
     # the weights come from the run: never read a pretrained-weights file again
     config = dataclasses.replace(TrainConfig.from_dict(record["config"]), vgg_weights=None)
@@ -204,6 +214,4 @@ def load_run(path: str | Path, device: torch.device | str = "cpu") -> TrainedMod
     if config.uses_centroids:
         head = make_sol_head(config, n)
         head.load_state_dict(state["head"])
-    from .run import resolve_device
-
     return TrainedModel(config, model, head, record, resolve_device(str(device)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -11,11 +12,11 @@ from ..noise import add_label_noise
 from .config import TrainConfig
 from .data import (
     OrdinalDataset,
+    apply_scaling,
     feature_scaling,
     is_builtin,
     load_dataset,
     load_train_test,
-    standardize,
     train_test_split,
 )
 
@@ -116,7 +117,11 @@ def prepare_data(config: TrainConfig) -> PreparedData:
         rows = train_test_split(numbers, test_fraction=config.test_fraction,
                                 seed=config.seed)[0].features[:, 0].round().long()
     preprocessing = preprocessing_record(train, config.delimiter)
-    train, test = standardize(train, test)
+    scaling = preprocessing["scaling"]  # the training set's, once: also what prediction applies
+    if scaling is not None:
+        mean_std = (scaling["mean"], scaling["std"])
+        train = dataclasses.replace(train, features=apply_scaling(train.features, mean_std))
+        test = dataclasses.replace(test, features=apply_scaling(test.features, mean_std))
     n = int(train.encoder.num_ranks)
     noisy = add_label_noise(train.ranks, n, noise=config.noise, kappa=config.kappa,
                             seed=config.seed, fraction=config.noise_fraction)

@@ -240,14 +240,10 @@ def _sol_readout(config: TrainConfig, head: SOLHead, model: RankModel,
         probabilities.update(
             noise=noise, fit_rank_probabilities=rank_posterior(d_fit, noise.posterior),
             val_rank_probabilities=None if d_val is None else rank_posterior(d_val, noise.posterior))
-    if config.inference == "posterior":
-        def pick(d: torch.Tensor) -> torch.Tensor:
-            return median_ranks(head.probabilities(d))
-    else:
-        def pick(d: torch.Tensor) -> torch.Tensor:
-            return torch.argmin(d, dim=1)  # eq. 6, first minimum on ties
-    return _Readout(fit_pred=pick(d_fit), val_pred=None if d_val is None else pick(d_val),
-                    test_pred=pick(d_test), test_h=test_h, **probabilities)
+    # the head's read-out (config.inference): posterior median, or eq. 6
+    return _Readout(fit_pred=head.ranks(d_fit, p_fit),
+                    val_pred=None if d_val is None else head.ranks(d_val, p_val),
+                    test_pred=head.ranks(d_test), test_h=test_h, **probabilities)
 
 
 def _label_noise_fit(config: TrainConfig, d: torch.Tensor, labels: torch.Tensor, n: int,
@@ -336,21 +332,7 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
     configuration as given (saved in the checkpoints); with ``sigma="auto"``, ``sigma_choice``
     (``{"sigma": value, "val_mae": ...}``) says which sigma the run trains with.
 
-    Args:
-        config: the run's settings, validated.
-        data: from :func:`sol_ext.driver.prepare.prepare_data`.
-        out_dir: folder of the checkpoints (created).
-        resume: continue from the checkpoint in ``out_dir`` (same configuration and data, else
-            :class:`sol_ext.driver.checkpoint.CheckpointMismatch`); ``config.epochs`` may be larger.
-        progress: show a progress bar per epoch.
-        log: receives one line per epoch.
-        parallel: this process's place in a torchrun run (its process group started); default one
-            process. ``config.batch_size`` is then per process, the global batch ``W`` times it.
-        sigma_choice: the resolved sigma of a ``sigma="auto"`` configuration.
-
-    Returns:
-        The outcome of the selected epoch (the best validation MAE against the noisy
-        validation labels, or the last epoch without a validation split).
+    The other arguments and the outcome are those of :func:`sol_ext.driver.train.train`.
     """
     par = parallel or Parallel()
     run_config = config if sigma_choice is None else dataclasses.replace(config, sigma=sigma_choice["sigma"])
