@@ -48,8 +48,8 @@ __all__ = ["SOLRanker", "EXPECTED_FAILED_CHECKS", "CONFIG_PARAMS"]
 # The estimator's parameters that are TrainConfig fields, with TrainConfig's defaults. Left out:
 # the data options (data, test_data, label_column, delimiter, test_fraction: the estimator gets
 # arrays and has no test set), the label noise added to training labels (noise, kappa,
-# noise_fraction: labels are taken as given), the encoder (arrays are vectors: always the MLP;
-# vgg_weights) and cs_theta (a test-set metric).
+# noise_fraction: labels are taken as given), the encoder and the image options (arrays are
+# vectors: always the MLP; weights, image_size, augment, workers) and cs_theta (a test-set metric).
 CONFIG_PARAMS = (
     "method", "epochs", "batch_size", "lr", "weight_decay", "embedding_dim", "hidden", "sigma",
     "tau", "margin", "val_fraction", "seed", "device", "T", "disc_weight", "beta", "convention",

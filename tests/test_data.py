@@ -9,6 +9,7 @@ import torch
 
 from sol_ext.driver.data import (
     FASHION_MNIST_DIR,
+    ImageFiles,
     OrdinalDataset,
     RankEncoder,
     degradation_strengths,
@@ -283,7 +284,13 @@ def test_load_image_folder_grayscale(image_folder):
     ds = load_image_folder(image_folder / "labels.csv", image_size=8)
     assert ds.kind == "images" and ds.features.shape == (4, 1, 8, 8)
     assert ds.encoder == RankEncoder(0.0, 12.0, 3) and ds.ranks.tolist() == [0, 1, 2, 1]
-    assert ds.features[2].mean().item() == pytest.approx(80 / 255, abs=1e-5)
+    assert isinstance(ds.features, ImageFiles)  # decoded on access, not at load
+    assert ds.features.read(2).mean().item() == pytest.approx(80 / 255, abs=1e-5)
+    assert torch.equal(ds.features.load(), load_image_folder(image_folder / "labels.csv", image_size=8,
+                                                              in_memory=True).features)
+    part = ds.subset(torch.tensor([3, 1]))
+    assert part.features.shape == (2, 1, 8, 8) and part.features.rows.tolist() == [4, 2]
+    assert torch.equal(part.features.read(0), ds.features.read(3))
     rgb = load_image_folder(image_folder / "labels.csv", image_size=(4, 6), channels=3)
     assert rgb.features.shape == (4, 3, 4, 6)
     # a folder holding labels.csv, and the CSV itself, through load_dataset
@@ -298,10 +305,11 @@ def test_load_image_folder_rgb_and_16_bit(tmp_path):
     _write(tmp_path / "list.csv", "file,score\nred.png,1\nwhite16.png,2\n")
     ds = load_image_folder(tmp_path / "list.csv", path_column="file", label_column="score", image_size=5)
     assert ds.features.shape == (2, 3, 5, 5)
-    assert ds.features[0, 0].mean().item() == pytest.approx(1.0) and ds.features[0, 1].max().item() == 0.0
+    red = ds.features.read(0)
+    assert red[0].mean().item() == pytest.approx(1.0) and red[1].max().item() == 0.0
     gray = load_image_folder(tmp_path / "list.csv", path_column="file", label_column="score", image_size=5,
                              channels=1)
-    assert gray.features[1].mean().item() == pytest.approx(1.0, abs=1e-3)
+    assert gray.features.read(1).mean().item() == pytest.approx(1.0, abs=1e-3)
 
 
 def test_unreadable_and_missing_images(image_folder):
@@ -549,8 +557,9 @@ def test_image_folder_with_semicolon_or_tab_listing(image_folder):
     for sep in (";", "\t"):
         listing.write_text(text.replace(",", sep))
         ds = load_dataset(image_folder, image_size=8)
-        assert torch.equal(ds.features, ref.features) and torch.equal(ds.ranks, ref.ranks)
-        assert torch.equal(load_image_folder(listing, image_size=8, delimiter=sep).features, ref.features)
+        assert torch.equal(ds.features.load(), ref.features.load()) and torch.equal(ds.ranks, ref.ranks)
+        assert torch.equal(load_image_folder(listing, image_size=8, delimiter=sep).features.load(),
+                           ref.features.load())
 
 
 # --------------------------------------------------------------------------------------------------

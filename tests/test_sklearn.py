@@ -54,7 +54,8 @@ def test_defaults_are_the_drivers():
     # every TrainConfig field is a parameter, or left out on purpose (data, noise, encoder, test metric)
     left_out = {f.name for f in dataclasses.fields(TrainConfig)} - set(CONFIG_PARAMS)
     assert left_out == {"data", "test_data", "label_column", "delimiter", "test_fraction", "noise",
-                        "kappa", "noise_fraction", "encoder", "vgg_weights", "cs_theta"}
+                        "kappa", "noise_fraction", "encoder", "weights", "image_size", "augment",
+                        "workers", "cs_theta"}
 
 
 def test_fit_predict_beats_the_median(problem):

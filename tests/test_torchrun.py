@@ -22,6 +22,7 @@ import torch
 
 from common import spawn_processes
 from sol_ext.centroids import compute_centroids, embed
+from sol_ext.driver.loader import RunInputs
 from sol_ext.driver.parallel import Parallel
 from sol_ext.driver.run import _embed_all, _state_digest
 from sol_ext.ops import noise_kernel
@@ -99,7 +100,8 @@ def _worker(rank, world_size, port, out_dir):
         par = Parallel(world_size=world_size, rank=rank, local_rank=rank)
         x, labels = _data()
         model = _encoder()
-        h = _embed_all(model, x, 4, torch.device("cpu"), par)  # batches of 4 rows: several per shard
+        # batches of 4 rows: several per shard
+        h = _embed_all(model, RunInputs(x, torch.device("cpu")), 4, torch.device("cpu"), par)
         shard = par.shard(N)
         kernel = noise_kernel(NUM_RANKS, 1.0, dtype=torch.float64)
         centroids = compute_centroids(h[shard], labels[shard], kernel, all_reduce=par.sum)

@@ -23,7 +23,9 @@ from .config import (
     SIGMA_GRID,
     TrainConfig,
 )
+from .encoders import TORCHVISION_ENCODERS
 from .errors import UsageError, command_line_flags, user_error_message
+from .loader import AUGMENTATIONS
 
 __all__ = ["main", "build_parser"]
 
@@ -66,6 +68,19 @@ def _add_data_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--val-fraction", type=float, default=None,
                    help="share of the training data (noisy labels) held out to pick the best "
                         f"epoch; 0: the last epoch is the model (default: {_DEFAULT.val_fraction})")
+    i = p.add_argument_group("images")
+    i.add_argument("--image-size", type=int, default=None, metavar="PIXELS",
+                   help="side every image is resized to (default: 64 for an image list, 28 for "
+                        "fashion-mnist-*)")
+    i.add_argument("--augment", choices=AUGMENTATIONS, default=None,
+                   help="training augmentation: 'crop' pads by 1/8 of the side, crops back at a "
+                        "random offset and flips at random (keeps the content's scale, so blur, "
+                        "grain or wrinkles look as at test time); 'resized-crop' is torchvision's "
+                        "RandomResizedCrop (scale 0.5-1) and a flip; 'none' (default: crop)")
+    i.add_argument("--workers", type=int, default=None,
+                   help="DataLoader processes decoding and augmenting images; 0: in the training "
+                        "process (default: the free CPU cores, at most 8). The results do not "
+                        "depend on it")
 
 
 def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> None:
@@ -74,14 +89,19 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
         g.add_argument("--method", choices=METHODS, default=_DEFAULT.method,
                        help="sol; sol-no-noise (P = identity: plain order learning); l1 "
                             "regression; ce classification (default: %(default)s)")
-    g.add_argument("--encoder", choices=("auto", "mlp", "cnn", "vgg16bn"), default=_DEFAULT.encoder,
-                   help="auto: mlp for vectors, cnn for images (default: %(default)s)")
+    g.add_argument("--encoder", default=_DEFAULT.encoder, metavar="NAME",
+                   help="auto (mlp for vectors, cnn for images), mlp, cnn, vgg16bn (the paper's: "
+                        "VGG16-BN's convolutional part), or a torchvision classification model: "
+                        + ", ".join(TORCHVISION_ENCODERS) + ", ... (its last layer becomes the "
+                        "embedding layer) (default: %(default)s)")
     g.add_argument("--embedding-dim", type=int, default=_DEFAULT.embedding_dim,
                    help="embedding size d (default: %(default)s)")
     g.add_argument("--hidden", type=lambda t: _positive_list(t, int),
                    default=list(_DEFAULT.hidden), help="MLP hidden widths, e.g. 128,128")
-    g.add_argument("--vgg-weights", default=None,
-                   help="local .pth state dict of torchvision's vgg16_bn (with --encoder vgg16bn)")
+    g.add_argument("--weights", "--vgg-weights", dest="weights", default=None, metavar="FILE",
+                   help="local .pth state dict of the torchvision model (e.g. torchvision's "
+                        "resnet18-f37072fd.pth; vgg16_bn's for vgg16bn); nothing is downloaded. "
+                        "Images are then normalized with ImageNet's mean and std, inside the model")
     g.add_argument("--no-normalize", dest="normalize", action="store_false",
                    help="do not L2-normalize embeddings and centroids (SOL methods)")
     s = p.add_argument_group(
@@ -206,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--output", type=Path, default=None,
                     help="where to write the CSV (default: RUN_DIR/predictions.csv; '-' for stdout)")
     pr.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto (default: %(default)s)")
+    pr.add_argument("--workers", type=int, default=None,
+                    help="DataLoader processes decoding image files; 0: this process (default: the "
+                         "free CPU cores, at most 8)")
 
     ex = sub.add_parser("export", help="write a trained run as a torch.export program (.pt2)",
                         description="A torch.export program that loads and predicts with plain "
@@ -360,11 +383,15 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
+    from .loader import auto_workers
     from .model import load_run
     from .predict import format_scores, prediction_csv, score_prediction
     from .train import resolve_device
 
-    model = load_run(args.run_dir, device=resolve_device(args.device))
+    if args.workers is not None and args.workers < 0:
+        raise UsageError(f"--workers must be >= 0, got {args.workers}.")
+    model = load_run(args.run_dir, device=resolve_device(args.device),
+                     workers=auto_workers() if args.workers is None else args.workers)
     if args.delimiter is not None:
         model.preprocessing = {**model.preprocessing, "delimiter": args.delimiter}
     prediction = model.predict_table(args.data)
@@ -412,7 +439,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     settings = noise_settings(args.kappas, args.noises)
     methods = default_methods() if args.methods is None else args.methods
     check_comparison(base, methods, settings, args.seeds)  # every option before the first run
-    _set_threads(args.threads, base, "images" if args.encoder in ("cnn", "vgg16bn") else _kind(base))
+    _set_threads(args.threads, base, "images" if args.encoder not in ("auto", "mlp") else _kind(base))
     out = args.output
     with run_folder(out, note=lambda: f"interrupted; {out / 'compare.md'} was not updated."):
         records = run_comparison(base, methods, settings, args.seeds, out, log=_say)

@@ -19,10 +19,11 @@ from typing import Any, Optional
 
 from ..pairs import PAIR_MODES
 from .data.dispatch import is_builtin
-from .encoders import ENCODERS
+from .encoders import check_encoder_name, is_pretrainable
+from .loader import AUGMENTATIONS
 
 __all__ = ["METHODS", "COMPARE_METHODS", "INFERENCE_MODES", "RELABEL_RULES", "PAPER_SETTINGS", "SIGMA_GRID", "FALLBACK_SIGMA",
-           "NO_NOISE_SIGMA", "TrainConfig",
+           "NO_NOISE_SIGMA", "MAX_IMAGE_SIZE", "TrainConfig",
            "CONFIG_FIELDS_FREE_ON_RESUME", "config_mismatches"]
 
 METHODS = ("sol", "sol-no-noise", "l1", "ce", "corn")
@@ -62,8 +63,12 @@ FALLBACK_SIGMA = 1.0
 # 100000000 with a clear error instead of an allocation failure.
 MAX_EMBEDDING_DIM = 65536
 
-# Fields a resumed run may change: more epochs, patience, another device or kernel backend.
-CONFIG_FIELDS_FREE_ON_RESUME = frozenset({"epochs", "patience", "device", "backend"})
+# Largest image side: far above any backbone's input, and it refuses a typo with a clear error.
+MAX_IMAGE_SIZE = 4096
+
+# Fields a resumed run may change: more epochs, patience, another device, kernel backend or number
+# of loader processes (augmentation is seeded per sample: the workers do not change the numbers).
+CONFIG_FIELDS_FREE_ON_RESUME = frozenset({"epochs", "patience", "device", "backend", "workers"})
 
 
 @dataclass
@@ -84,10 +89,17 @@ class TrainConfig:
     noise_fraction: float = 1.0
     # method and encoder
     method: str = "sol"
-    encoder: str = "auto"                   # auto: mlp for vectors, cnn for images
+    # auto: mlp for vectors, cnn for images; or vgg16bn, or a torchvision classification model by
+    # name (resnet18, resnet50, vgg16_bn, efficientnet_b0, convnext_tiny, vit_b_16, ...)
+    encoder: str = "auto"
     embedding_dim: int = 16
     hidden: tuple[int, ...] = (128, 128)   # MLP widths
-    vgg_weights: Optional[str] = None       # local VGG16-BN state dict
+    weights: Optional[str] = None           # local state dict of a pretrained encoder (ImageNet)
+    # images: side in pixels every image is resized to; None: 64 for image lists, 28 for Fashion-MNIST
+    image_size: Optional[int] = None
+    # training augmentation of images (sol_ext.driver.loader.AUGMENTATIONS); None: "crop" for images
+    augment: Optional[str] = None
+    workers: Optional[int] = None           # DataLoader processes for images; None: the free cores
     normalize: bool = True                  # L2-normalize embeddings and centroids (docs/math.md §10.4)
     # SOL hyperparameters (docs/math.md §1, §8, §11)
     sigma: float | str = "auto"            # picked from SIGMA_GRID on the validation split, or a number
@@ -136,6 +148,16 @@ class TrainConfig:
             self.noise = "gaussian" if self.test_data is None and is_builtin(self.data) else "none"
 
     # -- derived settings -------------------------------------------------------------------
+    def augmentation(self, kind: str) -> str:
+        """The training augmentation for data of ``kind``: ``augment``, by default "crop" for images
+        and "none" otherwise; asking for one on vectors is an error."""
+        if kind != "images":
+            if self.augment not in (None, "none"):
+                raise ValueError(f"augment={self.augment} applies to images; the data are {kind}: "
+                                 "leave it out.")
+            return "none"
+        return "crop" if self.augment is None else self.augment
+
     @property
     def uses_centroids(self) -> bool:
         return self.method in ("sol", "sol-no-noise")
@@ -170,8 +192,7 @@ class TrainConfig:
 
         need(self.method in METHODS,
              f"unknown method {self.method!r}; expected one of {', '.join(METHODS)}.")
-        need(self.encoder in ENCODERS,
-             f"unknown encoder {self.encoder!r}; expected one of {', '.join(ENCODERS)}.")
+        check_encoder_name(self.encoder)
         need(self.pairs in PAIR_MODES,
              f"unknown pair set {self.pairs!r}; expected one of {', '.join(PAIR_MODES)}.")
         need(self.inference in INFERENCE_MODES,
@@ -223,8 +244,16 @@ class TrainConfig:
         need(self.seed >= 0, f"seed must be >= 0, got {self.seed}.")
         need(self.cs_theta is None or self.cs_theta >= 0,
              f"CS threshold must be >= 0, got {self.cs_theta}.")
-        need(self.vgg_weights is None or self.encoder == "vgg16bn",
-             "--vgg-weights applies only to --encoder vgg16bn.")
+        need(self.weights is None or is_pretrainable(self.encoder),
+             f"--weights applies to a pretrained encoder (vgg16bn or a torchvision model such as "
+             f"resnet18), not to --encoder {self.encoder}.")
+        need(self.image_size is None or (isinstance(self.image_size, int) and not isinstance(
+            self.image_size, bool) and 1 <= self.image_size <= MAX_IMAGE_SIZE),
+             f"image size must be a side of 1 … {MAX_IMAGE_SIZE} pixels, got {self.image_size!r}.")
+        need(self.augment is None or self.augment in AUGMENTATIONS,
+             f"unknown augmentation {self.augment!r}; expected one of {', '.join(AUGMENTATIONS)}.")
+        need(self.workers is None or (isinstance(self.workers, int) and self.workers >= 0),
+             f"workers must be an integer >= 0 (0: load in the training process), got {self.workers!r}.")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -234,6 +263,11 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        d = dict(d)
+        if "vgg_weights" in d:  # the name before torchvision backbones took weights too
+            d["weights"] = d.pop("vgg_weights")
+        if "augment" not in d:  # a run from before augmentation existed trained without it
+            d["augment"] = "none"
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:

@@ -61,7 +61,7 @@ def build_model(config: TrainConfig, input_shape: tuple[int, ...], kind: str,
     ``config.method``. Embeddings are normalized for the SOL methods only, when asked."""
     name = default_encoder(kind) if config.encoder == "auto" else config.encoder
     encoder = build_encoder(name, input_shape, config.embedding_dim, config.hidden,
-                            config.vgg_weights)
+                            config.weights)
     d = config.embedding_dim
     head: nn.Module = {"l1": lambda: nn.Linear(d, 1), "ce": lambda: nn.Linear(d, num_ranks),
                        "corn": lambda: nn.Linear(d, max(num_ranks - 1, 1))}.get(

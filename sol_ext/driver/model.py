@@ -17,11 +17,11 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ..centroids import embed
 from ..head import SOLHead
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from .config import TrainConfig
-from .data import RankEncoder, apply_scaling, read_inputs
+from .data import ImageFiles, RankEncoder, apply_scaling, read_inputs
+from .loader import RunInputs
 from .methods import RankModel, build_model, head_probabilities, head_ranks, make_sol_head
 from .run import resolve_device
 
@@ -63,9 +63,11 @@ class TrainedModel:
     """
 
     def __init__(self, config: TrainConfig, model: RankModel, head: Optional[SOLHead],
-                 record: dict[str, Any], device: torch.device | str = "cpu"):
+                 record: dict[str, Any], device: torch.device | str = "cpu", workers: int = 0):
         self.config = config
         self.device = torch.device(device)
+        # DataLoader processes decoding image files for a prediction (0: this process)
+        self.workers = int(workers)
         self.model = model.to(self.device).eval()
         self.head = None if head is None else head.to(self.device)
         self.preprocessing = record["preprocessing"]
@@ -97,8 +99,9 @@ class TrainedModel:
         return list(self.preprocessing.get("feature_names", []))
 
     # -- inputs ------------------------------------------------------------------------------
-    def features(self, data: DataLike) -> tuple[torch.Tensor, list[str], Optional[np.ndarray]]:
-        """The model's inputs of ``data`` (scaled as in training), their ids and labels if any."""
+    def features(self, data: DataLike) -> tuple[torch.Tensor | ImageFiles, list[str], Optional[np.ndarray]]:
+        """The model's inputs of ``data`` (scaled as in training; image files stay files, decoded
+        batch by batch), their ids and labels if any."""
         if isinstance(data, (str, Path)):
             inputs = read_inputs(data, self.preprocessing.get("schema", {}),
                                  delimiter=self.preprocessing.get("delimiter"))
@@ -117,6 +120,8 @@ class TrainedModel:
             detail = f" ({', '.join(names)})" if names and len(names) <= 40 else ""
             raise ValueError(f"data: rows of shape {list(x.shape[1:])}, but the model was trained on "
                              f"{list(self.input_shape)}{detail}")
+        if isinstance(x, ImageFiles):
+            return x, ids, values
         if not bool(torch.isfinite(x).all()):
             raise ValueError("data has NaN or infinite features; drop or impute such rows first")
         return apply_scaling(x, self.scaling), ids, values
@@ -127,8 +132,9 @@ class TrainedModel:
         """``[N, d]`` embeddings (L2-normalized where the run normalized them)."""
         return self._embed(self.features(data)[0])
 
-    def _embed(self, x: torch.Tensor) -> torch.Tensor:
-        return embed(self.model, x, max(256, self.config.batch_size), self.device)
+    def _embed(self, x: torch.Tensor | ImageFiles) -> torch.Tensor:
+        return RunInputs(x, self.device, workers=self.workers).embed(self.model,
+                                                                    max(256, self.config.batch_size))
 
     @torch.no_grad()
     def predict_table(self, data: DataLike) -> Prediction:
@@ -177,7 +183,7 @@ class TrainedModel:
                 f"({self.encoder.min_value:g} … {self.encoder.max_value:g} step {self.encoder.step:g}))")
 
 
-def load_run(path: str | Path, device: torch.device | str = "cpu") -> TrainedModel:
+def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int = 0) -> TrainedModel:
     """The model of a ``sol-ext train`` run folder (its selected epoch, ``best.pt``; the last
     checkpoint where there is none), ready to predict. Runs of every method load.
 
@@ -194,11 +200,11 @@ def load_run(path: str | Path, device: torch.device | str = "cpu") -> TrainedMod
     if not file.is_file():
         raise FileNotFoundError(f"no trained run in {str(path)!r}: expected the output folder of "
                                 f"'sol-ext train' (with {BEST_NAME}).")
-    return model_from_state(load_checkpoint(file), device, source=str(file))
+    return model_from_state(load_checkpoint(file), device, source=str(file), workers=workers)
 
 
 def model_from_state(state: dict[str, Any], device: torch.device | str = "cpu",
-                     source: str = "the state") -> TrainedModel:
+                     source: str = "the state", workers: int = 0) -> TrainedModel:
     """A :class:`TrainedModel` from the ``predictor``, ``model`` and ``head`` entries of a run's
     ``best.pt`` (or of :meth:`TrainedModel.to_state`)."""
     record = state.get("predictor")
@@ -206,7 +212,7 @@ def model_from_state(state: dict[str, Any], device: torch.device | str = "cpu",
         raise ValueError(f"{source} was written by an earlier version of sol_ext that did not save the "
                          f"preprocessing prediction needs; train the run again.")
     # the weights come from the run: never read a pretrained-weights file again
-    config = dataclasses.replace(TrainConfig.from_dict(record["config"]), vgg_weights=None)
+    config = dataclasses.replace(TrainConfig.from_dict(record["config"]), weights=None)
     n = int(record["preprocessing"]["grid"]["num_ranks"])
     model = build_model(config, tuple(record["input_shape"]), record["kind"], n)
     model.load_state_dict(state["model"])
@@ -214,4 +220,4 @@ def model_from_state(state: dict[str, Any], device: torch.device | str = "cpu",
     if config.uses_centroids:
         head = make_sol_head(config, n)
         head.load_state_dict(state["head"])
-    return TrainedModel(config, model, head, record, resolve_device(str(device)))
+    return TrainedModel(config, model, head, record, resolve_device(str(device)), workers)

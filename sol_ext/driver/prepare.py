@@ -11,6 +11,7 @@ import torch
 from ..noise import add_label_noise
 from .config import TrainConfig
 from .data import (
+    ImageFiles,
     OrdinalDataset,
     apply_scaling,
     feature_scaling,
@@ -30,11 +31,12 @@ class PreparedData:
     Attributes:
         name, kind: data set name and kind (``tabular``, ``embeddings`` or ``images``).
         encoder: the ``RankEncoder`` mapping label values to ranks (shared by both sets).
-        train_x: ``[N, ...]`` float32 training inputs.
+        train_x: ``[N, ...]`` float32 training inputs (images: a tensor, or
+            :class:`~sol_ext.driver.data.ImageFiles` decoded when a batch needs them).
         train_given: ``[N]`` int64 training ranks as given to the learner (noisy).
         train_clean: ``[N]`` int64 clean training ranks, or ``None`` when unknown (labels that
             came noisy from a file).
-        test_x: ``[M, ...]`` float32 test inputs.
+        test_x: ``[M, ...]`` float32 test inputs, as ``train_x``.
         test_ranks: ``[M]`` int64 test ranks (clean; never shown to the learner).
         train_rows: ``[N]`` int64 row of each training sample in the data file.
         preprocessing: what turns a new file into ``train_x``-like inputs (saved with the model):
@@ -45,10 +47,10 @@ class PreparedData:
     name: str
     kind: str
     encoder: Any
-    train_x: torch.Tensor
+    train_x: torch.Tensor | ImageFiles
     train_given: torch.Tensor
     train_clean: Optional[torch.Tensor]
-    test_x: torch.Tensor
+    test_x: torch.Tensor | ImageFiles
     test_ranks: torch.Tensor
     train_rows: Optional[torch.Tensor] = None
     preprocessing: Optional[dict[str, Any]] = None
@@ -86,12 +88,18 @@ def preprocessing_record(train: OrdinalDataset, delimiter: Optional[str] = None)
     }
 
 
+def _float(features: torch.Tensor | ImageFiles) -> torch.Tensor | ImageFiles:
+    return features if isinstance(features, ImageFiles) else features.float()
+
+
 def _options(config: TrainConfig) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     if config.label_column is not None:
         opts["label_column"] = config.label_column
     if config.delimiter is not None:
         opts["delimiter"] = config.delimiter
+    if config.image_size is not None:
+        opts["image_size"] = config.image_size
     return opts
 
 
@@ -122,6 +130,7 @@ def prepare_data(config: TrainConfig) -> PreparedData:
         mean_std = (scaling["mean"], scaling["std"])
         train = dataclasses.replace(train, features=apply_scaling(train.features, mean_std))
         test = dataclasses.replace(test, features=apply_scaling(test.features, mean_std))
+    config.augmentation(train.kind)  # refuses augmentation of vectors before anything trains
     n = int(train.encoder.num_ranks)
     noisy = add_label_noise(train.ranks, n, noise=config.noise, kappa=config.kappa,
                             seed=config.seed, fraction=config.noise_fraction)
@@ -129,7 +138,7 @@ def prepare_data(config: TrainConfig) -> PreparedData:
     labels_known_clean = (config.test_data is None and is_builtin(config.data)) or noisy.scale > 0
     return PreparedData(
         name=train.name, kind=train.kind, encoder=train.encoder,
-        train_x=train.features.float(), train_given=noisy.noisy.long(),
+        train_x=_float(train.features), train_given=noisy.noisy.long(),
         train_clean=noisy.clean.long() if labels_known_clean else None,
-        test_x=test.features.float(), test_ranks=test.ranks.long(), train_rows=rows,
+        test_x=_float(test.features), test_ranks=test.ranks.long(), train_rows=rows,
         preprocessing=preprocessing)

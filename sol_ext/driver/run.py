@@ -30,6 +30,7 @@ same state after every epoch. Rank 0 alone logs and writes checkpoints.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,7 @@ from .checkpoint import (
 )
 from .config import TrainConfig
 from .data import split_indices
+from .loader import RunInputs, auto_workers, training_transform
 from .methods import RankModel, build_model, head_ranks, make_sol_head, training_loss
 from .parallel import Parallel
 from .prepare import PreparedData
@@ -211,8 +213,8 @@ class _Readout:
 
 
 def _sol_readout(config: TrainConfig, head: SOLHead, model: RankModel,
-                 fit_h: torch.Tensor, fit_labels: torch.Tensor, val_x: Optional[torch.Tensor],
-                 val_labels: Optional[torch.Tensor], test_x: torch.Tensor,
+                 fit_h: torch.Tensor, fit_labels: torch.Tensor, val_x: Optional[RunInputs],
+                 val_labels: Optional[torch.Tensor], test_x: RunInputs,
                  device: torch.device, batch_size: int, par: Parallel) -> _Readout:
     """Rank read-out of the SOL methods (``head``, its centroids updated): posterior median
     (default) or eq. 6."""
@@ -264,7 +266,7 @@ def _relabel(config: TrainConfig, given: torch.Tensor, probabilities: torch.Tens
 
 
 def _head_readout(config: TrainConfig, model: RankModel, n: int, fit_h: torch.Tensor,
-                  val_x: Optional[torch.Tensor], test_x: torch.Tensor, device: torch.device,
+                  val_x: Optional[RunInputs], test_x: RunInputs, device: torch.device,
                   batch_size: int, par: Parallel) -> _Readout:
     """Predictions of the baselines with an output head (l1, ce, corn)."""
     val_h = None if val_x is None else _embed_all(model, val_x, batch_size, device, par)
@@ -282,18 +284,36 @@ def _rank_mae(pred: torch.Tensor, labels: torch.Tensor) -> float:
     return float((pred.long().cpu() - labels.long().cpu()).abs().double().mean())
 
 
-def _embed_all(model: RankModel, features: torch.Tensor, batch_size: int, device: torch.device,
+def _embed_all(model: RankModel, inputs: RunInputs, batch_size: int, device: torch.device,
                par: Parallel) -> torch.Tensor:
-    """Embeddings of every row of ``features``: each process embeds its shard, then the shards are
+    """Embeddings of every row of ``inputs``: each process embeds its shard, then the shards are
     gathered, so every process holds the same ``[N, d]``."""
-    if features.shape[0] == 0:  # no test set: [0, d] (the width from one zero input)
-        return embed(model, torch.zeros(1, *features.shape[1:]), batch_size, device)[:0]
+    count = len(inputs)
+    if count == 0:  # no test set: [0, d] (the width from one zero input)
+        return embed(model, torch.zeros(1, *inputs.sample_shape), batch_size, device)[:0]
     if not par.enabled:
-        return embed(model, features, batch_size, device)
-    part = features[par.shard(features.shape[0])]
+        return inputs.embed(model, batch_size)
+    shard = par.shard(count)
+    size = shard.stop - shard.start
     # an empty shard (fewer rows than processes) still needs the width d for the gather
-    local = embed(model, part if part.shape[0] else features[:1], batch_size, device)[: part.shape[0]]
-    return par.gather_shards(local, features.shape[0])
+    local = inputs.embed(model, batch_size, shard if size else slice(0, 1))[:size]
+    return par.gather_shards(local, count)
+
+
+def _run_inputs(config: TrainConfig, data: PreparedData, split: _Split, device: torch.device,
+                par: Parallel) -> tuple[RunInputs, Optional[RunInputs], RunInputs]:
+    """The fitted rows (augmented, for images), the validation split and the test set."""
+    transform = None
+    if data.kind == "images":
+        transform = training_transform(config.augmentation(data.kind), data.input_shape[1:])
+    per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", par.world_size)) if par.enabled else 1
+    workers = auto_workers(per_machine) if config.workers is None else config.workers
+
+    def part(features, augment=None) -> RunInputs:
+        return RunInputs(features, device, augment, workers)
+
+    return (part(data.train_x[split.fit], transform),
+            None if split.val is None else part(data.train_x[split.val]), part(data.test_x))
 
 
 def _state_digest(labels: torch.Tensor, centroids: Optional[torch.Tensor]) -> torch.Tensor:
@@ -345,12 +365,10 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
     start = time.perf_counter()
 
     split = validation_split(data.train_given, config.val_fraction, config.seed)
-    fit_x = data.train_x[split.fit].to(device)
+    fit_x, val_x, test_x = _run_inputs(config, data, split, device, par)
     given = data.train_given[split.fit].to(device)
     clean = None if data.train_clean is None else data.train_clean[split.fit]
-    val_x = None if split.val is None else data.train_x[split.val].to(device)
     val_labels = None if split.val is None else data.train_given[split.val].to(device)
-    test_x = data.test_x.to(device)
 
     torch.manual_seed(config.seed)
     gen = torch.Generator().manual_seed(config.seed + 1)  # shuffling and pair sampling
@@ -387,10 +405,12 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
                 and epoch - 1 - best["epoch"] >= config.patience:
             break  # a resumed run that had already stopped early
         # 1. network training, centroids fixed
+        epoch_start = time.perf_counter()
         centroids = None if head is None else head.centroids
         loss = _train_epoch(run_config, model, optimizer, fit_x, labels, n, centroids, sol_loss,
                             gen, progress, epoch, scaler, step_model, par)
         record: dict[str, Any] = {"epoch": epoch, "train_loss": loss}
+        steps_done = time.perf_counter()
 
         # 2. centroid rule; 3. read-out and relabeling
         fit_h = _embed_all(model, fit_x, eval_bs, device, par)
@@ -427,6 +447,10 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
         # 4. model selection on the validation split; test metrics (reported only)
         record["val_mae"] = None if out.val_pred is None else _rank_mae(out.val_pred, val_labels)
         record["test"] = _test_metrics(config, data, out.test_pred)
+        # the training steps, and the passes over every sample that follow them (embedding,
+        # centroid rule, read-out, relabeling, validation and test)
+        record["seconds"] = {"steps": steps_done - epoch_start,
+                             "end_of_epoch": time.perf_counter() - steps_done}
         history.append(record)
         log(_epoch_line(record, config.epochs))
 
@@ -536,7 +560,7 @@ def _audit_arrays(config: TrainConfig, data: PreparedData, split: _Split, out: _
 
 
 def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.Optimizer,
-                 train_x: torch.Tensor, labels: torch.Tensor, n: int,
+                 train_x: RunInputs, labels: torch.Tensor, n: int,
                  centroids: Optional[torch.Tensor], sol_loss: Optional[torch.nn.Module],
                  gen: torch.Generator, progress: bool, epoch: int,
                  scaler: Optional[torch.amp.GradScaler] = None,
@@ -547,6 +571,9 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
     autocast (float16 with ``scaler`` on CUDA, bfloat16 on the CPU); the loss computes in
     float32 either way.
 
+    The batches (and, with ``--pairs balanced``, their reference samples) are drawn from ``gen``
+    first, then loaded (:meth:`RunInputs.training_batches`, which draws the augmentation seeds).
+
     Under torchrun (``par``), batches are global batches of ``W * batch_size`` samples drawn as
     one process would draw them, each process taking its contiguous share through ``step_model``
     (DDP); a last global batch of fewer than ``2 W`` samples is dropped, so no process steps on
@@ -554,23 +581,27 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
     par = par or Parallel()
     step_model = step_model or model
     model.train()
-    device_type = train_x.device.type
-    amp_dtype = torch.float16 if device_type == "cuda" else torch.bfloat16
+    device = labels.device
+    amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
     world = par.world_size
-    batches = _batches(labels.numel(), config.batch_size * world, gen, smallest=2 * world)
-    bar = _Progress(progress, len(batches), f"epoch {epoch}/{config.epochs}")
-    total = 0.0
-    for idx in batches:
+    plan = []  # (rows of this process's share, rows with the references, size of the global batch)
+    for idx in _batches(labels.numel(), config.batch_size * world, gen, smallest=2 * world):
         global_count = idx.numel()
         if par.enabled:
             idx = idx[par.shard(global_count)]
-        idx = idx.to(train_x.device)
-        x, y, pairs = train_x[idx], labels[idx], None
+        rows = idx
         if config.pairs == "balanced":
-            ref = sample_references(y, labels, config.tau, gen).to(train_x.device)
-            x, y = torch.cat([x, train_x[ref]]), torch.cat([y, labels[ref]])
+            ref = sample_references(labels[idx.to(device)], labels, config.tau, gen).cpu()
+            rows = torch.cat([idx, ref])
+        plan.append((idx, rows, global_count))
+    inputs = train_x.training_batches([rows for _, rows, _ in plan], gen)
+    bar = _Progress(progress, len(plan), f"epoch {epoch}/{config.epochs}")
+    total = 0.0
+    for (idx, rows, global_count), x in zip(plan, inputs):
+        y, pairs = labels[rows.to(device)], None
+        if config.pairs == "balanced":
             pairs = balanced_pairs(y, config.tau, config.pairs_per_class, gen)
-        with torch.autocast(device_type, dtype=amp_dtype, enabled=config.amp):
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=config.amp):
             out = step_model(x)
             if not bool(torch.isfinite(out).all()):  # weights blown up by the previous step
                 raise FloatingPointError(_diverged(config, epoch, "the network's outputs"))
@@ -597,11 +628,11 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
         bar.update(float(shown))
     bar.close()
     if par.enabled and sol_loss is None:
-        total = float(par.sum(torch.tensor([total], dtype=torch.float64, device=train_x.device)))
+        total = float(par.sum(torch.tensor([total], dtype=torch.float64, device=device)))
     # the last step may have blown up the weights: say so here, not as NaN centroids or metrics
     if not bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all()):
         raise FloatingPointError(_diverged(config, epoch, "the weights"))
-    return total / max(len(batches), 1)
+    return total / max(len(plan), 1)
 
 
 def _diverged(config: TrainConfig, epoch: int, what: str) -> str:

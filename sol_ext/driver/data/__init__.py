@@ -12,13 +12,14 @@ Sources (nothing is downloaded):
 - ``load_csv(path, label_column)``: a table of numeric feature columns and a label column; comma,
   semicolon or tab delimited (detected from the header, or ``delimiter=``).
 - ``load_npz(path)``: precomputed embeddings ``[N, d]`` (key ``embeddings`` or ``features``) and ``labels``.
-- ``load_image_folder(csv_path)``: images listed in a CSV of ``(path, label)`` rows.
+- ``load_image_folder(csv_path)``: images listed in a CSV of ``(path, label)`` rows, kept as files
+  (:class:`ImageFiles`) and decoded when a batch needs them.
 - ``load_fashion_mnist_degradation()``: Fashion-MNIST images blurred or noised to a level 0…K-1, the rank.
 - ``load_dataset(spec)``: any of the above by name or path; ``load_train_test`` for a training file with
   labels as given (possibly noisy) and a test file with clean labels, on one shared grid.
 
 The modules, by source: ``encoding`` (:class:`RankEncoder`, :class:`OrdinalDataset`), ``tables`` (CSV and
-``.npz``), ``images`` (image folders), ``builtin`` (Abalone, Wine Quality, Fashion-MNIST), ``dispatch``
+``.npz``), ``image_files`` (:class:`ImageFiles`, decoding), ``images`` (image folders), ``builtin`` (Abalone, Wine Quality, Fashion-MNIST), ``dispatch``
 (``load_dataset``, ``load_train_test``), ``split`` (splitting and scaling) and ``inputs`` (new files read
 as a run's training data were, for prediction). Import from here.
 """
@@ -34,13 +35,14 @@ from .builtin import (
 )
 from .dispatch import is_builtin, load_dataset, load_train_test
 from .encoding import OrdinalDataset, RankEncoder, infer_step
+from .image_files import ImageFiles, read_image
 from .images import load_image_folder
 from .inputs import Inputs, read_inputs
 from .split import apply_scaling, feature_scaling, split_indices, standardize, train_test_split
 from .tables import load_csv, load_npz
 
 __all__ = [
-    "RankEncoder", "OrdinalDataset", "infer_step",
+    "RankEncoder", "OrdinalDataset", "infer_step", "ImageFiles", "read_image",
     "load_abalone", "load_wine_red", "load_csv", "load_npz", "load_image_folder",
     "load_fashion_mnist_degradation",
     "degradation_strengths", "load_dataset", "is_builtin", "load_train_test", "split_indices", "train_test_split",

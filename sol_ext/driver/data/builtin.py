@@ -14,6 +14,7 @@ import torch
 
 from ..errors import data_file_errors
 from .encoding import OrdinalDataset, RankEncoder
+from .image_files import image_size_pair
 from .tables import load_csv
 
 __all__ = [
@@ -119,7 +120,8 @@ def _gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
 
 def load_fashion_mnist_degradation(levels: int = 8, samples_per_level: int = 500, kind: str = "blur",
                                    seed: int = 0, root: str | Path | None = None, split: str = "train",
-                                   max_strength: float | None = None) -> OrdinalDataset:
+                                   max_strength: float | None = None,
+                                   image_size: int | tuple[int, int] | None = None) -> OrdinalDataset:
     """Real Fashion-MNIST images whose rank is a degradation level ``0 … levels-1`` applied to them.
 
     ``levels * samples_per_level`` distinct images (default 4000) are drawn at random from the split,
@@ -127,7 +129,8 @@ def load_fashion_mnist_degradation(levels: int = 8, samples_per_level: int = 500
     its level (:func:`degradation_strengths`): a Gaussian blur of sigma 0.5 … 2.5 pixels, geometric in the
     level, for ``kind="blur"``; additive Gaussian pixel noise of std ``k / (levels-1) * 0.5``, clipped to
     [0, 1], for ``kind="noise"``. Level 0 is the original image. ``max_strength`` changes the top level's
-    strength. Features: float32 ``[N, 1, 28, 28]`` in [0, 1].
+    strength. Features: float32 ``[N, 1, 28, 28]`` in [0, 1], or resized (bilinear, after the
+    degradation) to ``image_size`` squared or ``(H, W)``.
 
     The data come from Debian's ``dataset-fashion-mnist`` package (``/usr/share/datasets/fashion-mnist``;
     ``root=`` points elsewhere, to a folder with the ``*-images-idx3-ubyte.gz`` files). ``split="test"``
@@ -164,6 +167,9 @@ def load_fashion_mnist_degradation(levels: int = 8, samples_per_level: int = 500
         else:
             noisy = x[rows] + s * torch.randn(x[rows].shape, generator=noise_gen)
             x[rows] = noisy.clamp_(0.0, 1.0)
+    if image_size is not None and image_size_pair(image_size) != tuple(x.shape[2:]):
+        x = torch.nn.functional.interpolate(x, size=image_size_pair(image_size), mode="bilinear",
+                                            antialias=True, align_corners=False).clamp_(0.0, 1.0)
     encoder = RankEncoder(min_value=0.0, step=1.0, num_ranks=levels)
     # new images for prediction: an image folder, read as 28 x 28 grayscale
     schema = {"format": "images", "path_column": "path", "label_column": "label",

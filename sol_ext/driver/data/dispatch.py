@@ -37,11 +37,15 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
       ``"label"``);
     - a folder holding ``labels.csv`` → :func:`load_image_folder` on it.
 
+    ``image_size=`` (a side, or ``(H, W)``) resizes images (image lists: 64 by default; Fashion-MNIST:
+    28); it is an error for tables.
     Pass ``encoder=`` to put the data on an existing grid (a test file on the training file's grid).
     ``delimiter=`` (one character, or "comma"/"semicolon"/"tab") is the cell separator of a CSV; None
     (the default) detects comma, semicolon or tab from the header. It applies to CSV files only.
     """
     key = str(spec).strip()
+    if options.get("image_size", 0) is None:
+        del options["image_size"]  # the loader's default size
     delimiter = _check_delimiter(options.pop("delimiter", None))
     csv_options = options if delimiter is None else {**options, "delimiter": delimiter}
     if delimiter is not None and (key.lower() in _NAMED or key.lower().endswith(".npz")):
@@ -50,6 +54,8 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
     if options.get("label_column") is not None and (key.lower() in _NAMED or key.lower().endswith(".npz")):
         raise ValueError(f"label_column={options['label_column']!r} applies to CSV files and image folders; "
                          f"{key!r} is neither, so do not pass label_column=")
+    if "image_size" in options and key.lower() in ("abalone", "wine-red"):
+        raise ValueError(f"image_size={options['image_size']} applies to images; {key!r} is a table")
     if key.lower() == "abalone":
         return load_abalone(**options)
     if key.lower() == "wine-red":
@@ -69,12 +75,18 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
         raise FileNotFoundError(f"no dataset {key!r}: not a built-in name ({', '.join(_NAMED)}) nor an "
                                 "existing .csv, .npz file or image folder")
     name = path.name.lower()
+    if "image_size" in options and not name.endswith((".csv", ".csv.gz")):
+        raise ValueError(f"image_size={options['image_size']} applies to images; {path} is not an "
+                         "image list")
     if name.endswith(".npz"):
         return load_npz(path, **options)
     if name.endswith(".csv") or name.endswith(".csv.gz"):
         header, _ = _read_csv(path, delimiter)
         if "path_column" in options or "path" in header:
             return load_image_folder(path, **csv_options)
+        if "image_size" in options:
+            raise ValueError(f"image_size={options['image_size']} applies to images; {path} has no "
+                             "'path' column, so it is read as a table")
         return load_csv(path, **csv_options)
     raise ValueError(f"cannot tell the format of {path}: expected .csv, .csv.gz, .npz or a folder with "
                      "labels.csv")
@@ -95,6 +107,8 @@ def load_train_test(train_spec: str | Path, test_spec: str | Path,
         # same columns in another order must not be scored on swapped features
         rest.update(feature_columns=list(train.schema["columns"]),
                     categorical={k: list(v) for k, v in train.schema["categorical"].items()})
+    if train.schema.get("format") == "images" and not is_builtin(test_spec):
+        rest["channels"] = train.schema["channels"]  # gray or colour as the training images
     test = load_dataset(test_spec, encoder=train.encoder, **rest)
     if train.features.shape[1:] != test.features.shape[1:]:
         raise ValueError(f"train and test features differ in shape: {tuple(train.features.shape[1:])} vs "

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .image_files import ImageFiles
+
 __all__ = ["RankEncoder", "OrdinalDataset", "infer_step", "MAX_INFERRED_RANKS", "KINDS"]
 
 # Above this many ranks an inferred step is almost surely wrong (continuous labels such as mean ratings):
@@ -198,7 +200,7 @@ class OrdinalDataset:
 
     Attributes:
         features: float32 ``[N, F]`` for ``kind`` "tabular"/"embeddings", ``[N, C, H, W]`` in [0, 1] for
-            "images".
+            "images": a tensor, or :class:`~sol_ext.driver.data.ImageFiles` decoded on access.
         ranks: int64 ``[N]`` in ``0 … n-1``: the labels as given (clean truth, or noisy training labels).
         encoder: the label grid; ``encoder.decode(ranks)`` gives label values.
         name: a short name for reports ("abalone", a file stem).
@@ -222,11 +224,14 @@ class OrdinalDataset:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         f, r = self.features, self.ranks
-        if not isinstance(f, torch.Tensor) or not f.is_floating_point():
+        lazy = isinstance(f, ImageFiles)  # decoded on access
+        if lazy and self.kind != "images":
+            raise ValueError(f"image files are features of kind 'images', not {self.kind!r}")
+        if not lazy and (not isinstance(f, torch.Tensor) or not f.is_floating_point()):
             raise ValueError(f"features must be a floating-point tensor, got {type(f).__name__} "
                              f"{getattr(f, 'dtype', '')}")
         want = 4 if self.kind == "images" else 2
-        if f.dim() != want:
+        if len(f.shape) != want:
             raise ValueError(f"{self.kind} features must be {'[N, C, H, W]' if want == 4 else '[N, F]'}, "
                              f"got shape {tuple(f.shape)}")
         if not isinstance(r, torch.Tensor) or r.dim() != 1 or r.dtype != torch.int64:
@@ -239,6 +244,9 @@ class OrdinalDataset:
         lo, hi = int(r.min()), int(r.max())
         if lo < 0 or hi >= self.encoder.num_ranks:
             raise ValueError(f"ranks must lie in 0 … {self.encoder.num_ranks - 1}, got {lo} … {hi}")
+        self.feature_names = tuple(self.feature_names)
+        if lazy:
+            return
         finite = torch.isfinite(f.reshape(f.shape[0], -1))
         if not bool(finite.all()):
             row, col = (int(i) for i in torch.nonzero(~finite)[0])
@@ -247,7 +255,6 @@ class OrdinalDataset:
             raise ValueError(f"dataset {self.name!r} has a NaN or infinite feature ({where}, sample {row}); "
                              "drop or impute such samples before loading")
         self.features = f.to(torch.float32)
-        self.feature_names = tuple(self.feature_names)
 
     def __len__(self) -> int:
         return int(self.ranks.shape[0])

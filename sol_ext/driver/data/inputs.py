@@ -17,7 +17,7 @@ import torch
 
 from ..errors import data_file_errors
 from .dispatch import _NAMED, load_dataset
-from .images import _image_array, _import_pil
+from .image_files import ImageFiles
 from .tables import _column, _parse_features, _parse_labels, _read_csv
 
 __all__ = ["Inputs", "read_inputs"]
@@ -28,12 +28,13 @@ class Inputs:
     """Raw (unscaled) inputs of a prediction.
 
     Attributes:
-        features: float32 ``[N, F]`` or images ``[N, C, H, W]`` in [0, 1].
+        features: float32 ``[N, F]``, or images ``[N, C, H, W]`` in [0, 1] (image files stay
+            :class:`ImageFiles`, decoded when a batch needs them).
         ids: one id per row: the data row number (from 0), or the image path as written in the list.
         values: ``[N]`` float64 label values when the data have labels, else ``None``.
     """
 
-    features: torch.Tensor
+    features: torch.Tensor | ImageFiles
     ids: list[str]
     values: Optional[np.ndarray]
 
@@ -43,7 +44,8 @@ def read_inputs(spec: str | Path, schema: dict[str, Any], delimiter: Optional[st
     ``labels.csv``) the way data of ``schema`` were read for training."""
     key = str(spec).strip()
     if key.lower() in _NAMED:
-        ds = load_dataset(key)
+        image_size = schema.get("image_size") if schema.get("format") == "images" else None
+        ds = load_dataset(key, **({} if image_size is None else {"image_size": tuple(image_size)}))
         return Inputs(ds.features, [str(i) for i in range(len(ds))], ds.labels.numpy())
     path = Path(key)
     if path.is_dir():
@@ -107,18 +109,15 @@ def _read_npz(path: Path, schema: dict[str, Any]) -> Inputs:
 
 
 def _read_image_list(path: Path, schema: dict[str, Any], delimiter: Optional[str]) -> Inputs:
-    Image = _import_pil()
     header, body = _read_csv(path, delimiter)
     jp = _column(header, schema.get("path_column", "path"), path, "path")
-    size, channels = tuple(schema["image_size"]), int(schema["channels"])
-    x = np.empty((len(body), channels, *size), dtype=np.float32)
+    files = []
     for i, row in enumerate(body):
         file = Path(row[jp]) if Path(row[jp]).is_absolute() else path.parent / row[jp]
-        try:
-            with Image.open(file) as img:
-                img.load()
-                x[i] = _image_array(img, channels, size)
-        except (OSError, ValueError, Image.DecompressionBombError) as err:
-            raise ValueError(f"cannot read image {file} (data row {i + 1} of {path}): {err}") from None
-    return Inputs(torch.from_numpy(x), [row[jp] for row in body],
+        if not file.is_file():
+            raise FileNotFoundError(f"image {file} (data row {i + 1} of {path}) not found; paths are "
+                                    f"read relative to the list's folder")
+        files.append(file)
+    images = ImageFiles(files, int(schema["channels"]), tuple(schema["image_size"]), source=str(path))
+    return Inputs(images, [row[jp] for row in body],
                   _optional_labels(header, body, schema.get("label_column"), path))

@@ -1,0 +1,171 @@
+"""How a run's inputs reach the model: sliced from a tensor, or decoded, augmented and batched by a
+``torch.utils.data.DataLoader``.
+
+Vectors, and images held in memory without augmentation, stay one tensor on the device and a batch
+is an index into it. Image files (:class:`~sol_ext.driver.data.ImageFiles`), and images that are
+augmented, go through a DataLoader: ``workers`` processes decode and transform the samples of each
+batch, pinned in memory for the copy to a GPU. Memory then does not grow with the number of images.
+
+Augmentation is random, yet a run is reproducible with any number of workers: every sample of a
+training batch gets a seed drawn from the run's generator in the main process, and its transform
+runs under that seed (:class:`SampleSet`), wherever it runs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterator, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..centroids import embed
+from .data import ImageFiles
+
+__all__ = ["AUGMENTATIONS", "training_transform", "SampleSet", "RunInputs", "auto_workers"]
+
+# Training augmentation of images (docs/math.md does not cover it; README, "Images"):
+# "crop": pad by 1/8 of the side (reflected) and crop back at a random offset, then a random
+#         horizontal flip: the image content keeps its scale, so blur, grain or wrinkles (what many
+#         rank scales measure) look as they do at test time;
+# "resized-crop": torchvision's RandomResizedCrop (scale 0.5 … 1, aspect 3/4 … 4/3) and a flip,
+#         the ImageNet recipe, which also zooms by up to 1.4x;
+# "none": the images as they are.
+AUGMENTATIONS = ("crop", "resized-crop", "none")
+
+
+def training_transform(augment: str, size: Sequence[int]) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
+    """The random transform of a training image ``[C, H, W]`` (torchvision ``transforms.v2``), or
+    ``None`` for ``augment="none"``. Evaluation and prediction use no transform."""
+    if augment == "none":
+        return None
+    if augment not in AUGMENTATIONS:
+        raise ValueError(f"augment={augment!r} is not an augmentation; expected one of "
+                         f"{', '.join(AUGMENTATIONS)}.")
+    try:
+        from torchvision.transforms import v2
+    except ImportError as exc:
+        raise ImportError("image augmentation needs torchvision: pip install 'sol_ext[vision]' (or "
+                          "torchvision matching your torch), or pass --augment none.") from exc
+    size = (int(size[0]), int(size[1]))
+    if augment == "crop":
+        pad = max(1, min(size) // 8)
+        crop = v2.RandomCrop(size, padding=pad, padding_mode="reflect" if pad < min(size) else "edge")
+    else:
+        crop = v2.RandomResizedCrop(size, scale=(0.5, 1.0), antialias=True)
+    return v2.Compose([crop, v2.RandomHorizontalFlip()])
+
+
+class SampleSet(torch.utils.data.Dataset):
+    """Samples of ``images`` (a tensor ``[N, ...]`` or :class:`ImageFiles`), transformed.
+
+    An item is ``(row, seed)``: the transform of that row runs with torch's random generator seeded
+    by ``seed`` (and restored afterwards), so a sample's augmentation does not depend on which
+    process, or how many, load it.
+    """
+
+    def __init__(self, images: torch.Tensor | ImageFiles,
+                 transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+        self.images = images
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, item: tuple[int, int]) -> torch.Tensor:
+        row, seed = item
+        x = self.images.read(row) if isinstance(self.images, ImageFiles) else self.images[row]
+        if self.transform is None:
+            return x
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.transform(x)
+
+
+def auto_workers(processes_per_machine: int = 1) -> int:
+    """Loader processes when ``--workers`` is not given: the CPU cores beside the training process
+    (its share of them under torchrun), at most 8."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, min(8, cores // max(1, processes_per_machine) - 1))
+
+
+def _worker_error(exc: Exception) -> Exception:
+    """A DataLoader worker's exception carries the worker's traceback in its message; the last line
+    of that traceback is the original message (an unreadable image, named)."""
+    text = str(exc)
+    if not text.startswith("Caught "):
+        return exc
+    last = text.strip().splitlines()[-1]
+    original = last.split(": ", 1)[1] if ": " in last else last
+    return type(exc)(original) if isinstance(exc, (ValueError, OSError)) else exc
+
+
+class RunInputs:
+    """One part of a run's inputs (the fitted rows, the validation split or the test set).
+
+    Args:
+        features: ``[N, ...]`` float32 tensor, or :class:`ImageFiles`.
+        device: where the model runs.
+        transform: the training transform (:func:`training_transform`), or ``None``.
+        workers: DataLoader processes (0: load in this process).
+    """
+
+    def __init__(self, features: torch.Tensor | ImageFiles, device: torch.device,
+                 transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, workers: int = 0):
+        self.device = device
+        self.transform = transform
+        self.workers = int(workers)
+        self.loaded = isinstance(features, ImageFiles) or transform is not None
+        # sliced tensors live on the device; loaded ones on the host, where the workers read them
+        self.features = features if self.loaded else features.to(device)
+
+    def __len__(self) -> int:
+        return int(self.features.shape[0])
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return tuple(self.features.shape[1:])
+
+    def _load(self, batches: list[list[tuple[int, int]]], transform) -> Iterator[torch.Tensor]:
+        pin = self.device.type == "cuda"
+        loader = torch.utils.data.DataLoader(
+            SampleSet(self.features, transform), batch_sampler=batches, num_workers=self.workers,
+            collate_fn=torch.stack, pin_memory=pin)
+        it = iter(loader)
+        while True:
+            try:
+                x = next(it)
+            except StopIteration:
+                return
+            except (ValueError, OSError) as exc:
+                raise _worker_error(exc) from None
+            yield x.to(self.device, non_blocking=pin)
+
+    def training_batches(self, batches: list[torch.Tensor], generator: torch.Generator) -> Iterator[torch.Tensor]:
+        """The inputs ``[b, ...]`` of each batch of rows, on the device, augmented. The seeds of the
+        augmentation are drawn from ``generator`` here, before the first batch is loaded."""
+        if not self.loaded:
+            return (self.features[rows.to(self.device)] for rows in batches)
+        if self.transform is None:
+            plan = [[(int(r), 0) for r in rows] for rows in batches]
+        else:
+            seeds = [torch.randint(0, 2**62, (rows.numel(),), generator=generator) for rows in batches]
+            plan = [list(zip(rows.tolist(), s.tolist())) for rows, s in zip(batches, seeds)]
+        return self._load(plan, self.transform)
+
+    @torch.no_grad()
+    def embed(self, model: nn.Module, batch_size: int, rows: Optional[slice] = None) -> torch.Tensor:
+        """Embeddings ``[k, d]`` of ``rows`` (default: all) in eval mode, without augmentation."""
+        index = range(len(self))[rows if rows is not None else slice(None)]
+        if not self.loaded:
+            return embed(model, self.features[rows if rows is not None else slice(None)], batch_size,
+                         self.device)
+        plan = [[(i, 0) for i in index[s:s + batch_size]] for s in range(0, len(index), batch_size)]
+        if not plan:
+            raise ValueError("embed: got an empty data set (0 rows); expected at least one sample.")
+        was_training = model.training
+        model.eval()
+        try:
+            return torch.cat([model(x) for x in self._load(plan, None)])
+        finally:
+            model.train(was_training)

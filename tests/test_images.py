@@ -1,0 +1,216 @@
+"""Image data at scale: files decoded on access, the training transforms, the DataLoader path of a run
+(workers, seeds, resume) and prediction from image files."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from sol_ext.driver.cli import main
+from sol_ext.driver.config import TrainConfig
+from sol_ext.driver.data import ImageFiles, load_image_folder
+from sol_ext.driver.loader import AUGMENTATIONS, RunInputs, SampleSet, training_transform
+
+Image = pytest.importorskip("PIL.Image")
+pytest.importorskip("torchvision")
+
+
+def _image_list(folder, count=48, size=(20, 24), levels=4, seed=0, fmt="png"):
+    """``count`` RGB images whose rank is how bright they are (with noise), listed in labels.csv."""
+    rng = np.random.default_rng(seed)
+    (folder / "img").mkdir(parents=True, exist_ok=True)
+    rows = ["path,label"]
+    for i in range(count):
+        level = i % levels
+        arr = np.clip(rng.normal(40 + 50 * level, 20, (*size, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(arr, mode="RGB").save(folder / "img" / f"{i}.{fmt}")
+        rows.append(f"img/{i}.{fmt},{level}")
+    (folder / "labels.csv").write_text("\n".join(rows) + "\n")
+    return folder / "labels.csv"
+
+
+# --------------------------------------------------------------------------------------------------
+# Files decoded on access
+
+
+def test_image_files_decode_on_access(tmp_path):
+    listing = _image_list(tmp_path, count=6)
+    ds = load_image_folder(listing, image_size=16)
+    files = ds.features
+    assert isinstance(files, ImageFiles) and files.shape == (6, 3, 16, 16) and len(files) == 6
+    x = files.read(4)
+    assert x.dtype == torch.float32 and x.shape == (3, 16, 16) and 0 <= x.min() and x.max() <= 1
+    assert torch.equal(files[[4, 0]].read(0), x)
+    assert torch.equal(files[torch.tensor([False, False, False, False, True, False])].read(0), x)
+    assert files[1:3].rows.tolist() == [2, 3]
+
+
+def test_a_file_damaged_after_loading_is_named_when_read(tmp_path):
+    listing = _image_list(tmp_path, count=4, fmt="jpg")
+    ds = load_image_folder(listing, image_size=8)
+    data = (tmp_path / "img" / "2.jpg").read_bytes()
+    (tmp_path / "img" / "2.jpg").write_bytes(data[:len(data) // 3])  # truncated after its header
+    with pytest.raises(ValueError, match=r"cannot read image .*2\.jpg \(data row 3 of .*labels.csv\)"):
+        ds.features.read(2)
+
+
+def test_large_jpeg_is_decoded_at_reduced_scale_to_the_same_size(tmp_path):
+    arr = (np.random.default_rng(0).random((400, 300, 3)) * 255).astype(np.uint8)
+    Image.fromarray(arr).save(tmp_path / "big.jpg", quality=90)
+    (tmp_path / "labels.csv").write_text("path,label\nbig.jpg,1\nbig.jpg,2\n")
+    x = load_image_folder(tmp_path / "labels.csv", image_size=(32, 24)).features.read(0)
+    assert x.shape == (3, 32, 24)
+    # the mean colour survives the reduced-scale decode
+    assert x.mean().item() == pytest.approx(arr.mean() / 255, abs=0.02)
+
+
+# --------------------------------------------------------------------------------------------------
+# Transforms
+
+
+def test_training_transforms_keep_the_shape_and_evaluation_has_none():
+    assert training_transform("none", (16, 16)) is None
+    x = torch.rand(3, 16, 20)
+    for augment in ("crop", "resized-crop"):
+        transform = training_transform(augment, (16, 20))
+        outs = [transform(x) for _ in range(8)]
+        assert all(o.shape == x.shape and o.dtype == x.dtype for o in outs)
+        assert any(not torch.equal(o, x) for o in outs), augment
+    with pytest.raises(ValueError, match="augment='blur'.*crop, resized-crop, none"):
+        training_transform("blur", (16, 16))
+
+
+def test_crop_keeps_the_content_scale():
+    # a pad-and-crop moves the image and may mirror it, but never rescales it: every output row is
+    # a shifted, possibly reversed, copy of input pixels (no interpolated values)
+    x = torch.arange(16 * 16, dtype=torch.float32).reshape(1, 16, 16)
+    transform = training_transform("crop", (16, 16))
+    for seed in range(5):
+        torch.manual_seed(seed)
+        assert set(transform(x).unique().tolist()) <= set(x.unique().tolist())
+
+
+def test_a_sample_transform_depends_on_its_seed_only():
+    images = torch.rand(5, 1, 12, 12)
+    samples = SampleSet(images, training_transform("crop", (12, 12)))
+    torch.manual_seed(123)
+    a = samples[(2, 7)]
+    state = torch.get_rng_state()
+    torch.manual_seed(999)
+    assert torch.equal(samples[(2, 7)], a)  # the global generator does not matter...
+    assert torch.equal(torch.get_rng_state(), torch.get_rng_state())
+    torch.set_rng_state(state)
+    outs = {tuple(samples[(2, s)].flatten().tolist()) for s in range(10)}
+    assert len(outs) > 1  # ...the seed does
+    # and the global generator is left as it was
+    torch.manual_seed(5)
+    before = torch.rand(3)
+    torch.manual_seed(5)
+    samples[(1, 3)]
+    assert torch.equal(torch.rand(3), before)
+    assert torch.equal(SampleSet(images)[(3, 0)], images[3])  # no transform: the sample as it is
+
+
+@pytest.mark.parametrize("augment", ["none", "crop"])
+def test_batches_are_the_same_with_and_without_workers(tmp_path, augment):
+    files = load_image_folder(_image_list(tmp_path, count=20), image_size=12).features
+    rows = [torch.tensor([3, 1, 4]), torch.tensor([15, 9, 2, 6]), torch.tensor([5, 3])]
+
+    def batches(workers):
+        inputs = RunInputs(files, torch.device("cpu"), training_transform(augment, (12, 12)), workers)
+        return list(inputs.training_batches(rows, torch.Generator().manual_seed(0)))
+
+    serial, parallel = batches(0), batches(2)
+    assert [b.shape[0] for b in serial] == [3, 4, 2]
+    assert all(torch.equal(a, b) for a, b in zip(serial, parallel))
+    if augment == "none":
+        assert torch.equal(serial[0][1], files.read(1))
+
+
+def test_embeddings_of_files_match_those_of_the_decoded_tensor(tmp_path):
+    files = load_image_folder(_image_list(tmp_path, count=10), image_size=8).features
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 4))
+    lazy = RunInputs(files, torch.device("cpu"), workers=0).embed(model, batch_size=3)
+    eager = RunInputs(files.load(), torch.device("cpu")).embed(model, batch_size=3)
+    torch.testing.assert_close(lazy, eager)
+    part = RunInputs(files, torch.device("cpu")).embed(model, batch_size=3, rows=slice(4, 9))
+    torch.testing.assert_close(part, eager[4:9])
+
+
+def test_augmentation_defaults_and_refusal_for_vectors():
+    assert TrainConfig().augmentation("images") == "crop"
+    assert TrainConfig().augmentation("tabular") == "none"
+    assert TrainConfig(augment="none").augmentation("images") == "none"
+    with pytest.raises(ValueError, match="augment=crop applies to images"):
+        TrainConfig(augment="crop").augmentation("tabular")
+    assert set(AUGMENTATIONS) == {"crop", "resized-crop", "none"}
+
+
+# --------------------------------------------------------------------------------------------------
+# Training from files
+
+
+def _train(tmp_path, listing, name, *extra):
+    out = tmp_path / name
+    code = main(["train", "--data", str(listing), "--image-size", "16", "--epochs", "2",
+                 "--batch-size", "8", "--sigma", "1", "--embedding-dim", "4", "--output", str(out),
+                 "--quiet", "--no-plots", "--seed", "3", *extra])
+    assert code == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+def _losses(results):
+    return [r["train_loss"] for r in results["history"]]
+
+
+def test_a_run_on_image_files_is_the_same_with_any_number_of_workers(tmp_path):
+    listing = _image_list(tmp_path / "data")
+    _, serial = _train(tmp_path, listing, "w0", "--workers", "0")
+    out, parallel = _train(tmp_path, listing, "w2", "--workers", "2")
+    assert _losses(serial) == _losses(parallel)
+    assert [r["val_mae"] for r in serial["history"]] == [r["val_mae"] for r in parallel["history"]]
+    assert serial["config"]["augment"] is None and serial["data"]["kind"] == "images"
+    # every epoch says where its time went
+    assert set(serial["history"][0]["seconds"]) == {"steps", "end_of_epoch"}
+
+
+def test_augmentation_changes_the_run_and_none_turns_it_off(tmp_path):
+    listing = _image_list(tmp_path / "data")
+    _, crop = _train(tmp_path, listing, "crop", "--workers", "0")
+    _, plain = _train(tmp_path, listing, "plain", "--workers", "0", "--augment", "none")
+    assert _losses(crop) != _losses(plain)
+
+
+def test_resume_with_workers_continues_the_same_run(tmp_path):
+    listing = _image_list(tmp_path / "data")
+    _, whole = _train(tmp_path, listing, "whole", "--workers", "2")
+    out = tmp_path / "parts"
+    assert main(["train", "--data", str(listing), "--image-size", "16", "--epochs", "1",
+                 "--batch-size", "8", "--sigma", "1", "--embedding-dim", "4", "--output", str(out),
+                 "--quiet", "--no-plots", "--seed", "3", "--workers", "0"]) == 0
+    _, resumed = _train(tmp_path, listing, "parts", "--workers", "2", "--resume")
+    assert _losses(resumed) == _losses(whole)
+
+
+def test_predict_reads_image_files_batch_by_batch(tmp_path, capsys):
+    listing = _image_list(tmp_path / "data")
+    out, _ = _train(tmp_path, listing, "run", "--workers", "0", "--method", "l1")
+    new = _image_list(tmp_path / "new", count=6, seed=1)
+    assert main(["predict", str(out), "--data", str(new), "--workers", "1"]) == 0
+    table = (out / "predictions.csv").read_text().splitlines()
+    assert table[0].startswith("id,prediction") and len(table) == 7
+    assert table[1].split(",")[0] == "img/0.png"
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--data", "abalone", "--augment", "crop"], "--augment crop applies to images"),
+    (["--data", "abalone", "--image-size", "32"], "--image-size 32 applies to images"),
+    (["--data", "abalone", "--workers", "-1"], "workers must be an integer >= 0"),
+    (["--data", "abalone", "--image-size", "0"], "image size must be a side of 1"),
+])
+def test_image_options_refused_where_they_do_not_apply(tmp_path, capsys, argv, match):
+    assert main(["train", *argv, "--output", str(tmp_path / "o"), "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sol-ext: error:") and match in err and len(err.strip().splitlines()) == 1
