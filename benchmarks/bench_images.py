@@ -95,8 +95,9 @@ def machine(device: str) -> str:
 
 
 def throughput_table(rows: list[dict], args: argparse.Namespace) -> str:
+    workers = "default" if args.workers is None else args.workers
     head = (f"{args.encoder}, {args.image_size} px, batch {args.batch_size}"
-            f"{', AMP' if args.amp else ''}, {args.workers} loader workers, {machine(args.device)}; "
+            f"{', AMP' if args.amp else ''}, {workers} loader workers, {machine(args.device)}; "
             f"last of {args.epochs} epochs")
     lines = [head, "",
              "| method | training images/s | steps s | end of epoch s | epoch s | end-of-epoch share | "
@@ -122,8 +123,9 @@ def peak_memory(counts: list[int], args: argparse.Namespace, work: Path) -> list
         listing = make_images(work / f"images-{count}", count)
         cmd = [sys.executable, "-m", "sol_ext", "train", "--data", str(listing), "--image-size", "224",
                "--encoder", "resnet18", "--weights", str(weights), "--sigma", "1", "--epochs", "1",
-               "--output", str(work / f"run-{count}"), "--quiet", "--no-plots", "--device", args.device,
-               "--workers", str(args.workers)]
+               "--output", str(work / f"run-{count}"), "--quiet", "--no-plots", "--device", args.device]
+        if args.workers is not None:
+            cmd += ["--workers", str(args.workers)]
         start = time.perf_counter()
         # a fresh child per size: RUSAGE_CHILDREN's peak is the largest over the waited-for processes
         child = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cmd)], capture_output=True, text=True)
@@ -151,7 +153,7 @@ def main() -> int:
     p.add_argument("--images", type=int, default=1000)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--embedding-dim", type=int, default=16)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=int, default=None, help="loader processes (default: the driver's)")
     p.add_argument("--amp", action="store_true")
     p.add_argument("--memory", default=None, help="comma list of image counts: peak memory instead")
     p.add_argument("--json", type=Path, default=None, help="write the rows here")
@@ -160,8 +162,9 @@ def main() -> int:
         work = Path(tmp)
         if args.memory:
             rows = peak_memory([int(c) for c in args.memory.split(",")], args, work)
+            workers = "" if args.workers is None else f" --workers {args.workers}"
             print(f"sol-ext train --image-size 224 --encoder resnet18 --weights resnet18.pth --sigma 1 "
-                  f"--epochs 1 --workers {args.workers} ({machine(args.device)})\n")
+                  f"--epochs 1{workers} ({machine(args.device)})\n")
             print("| images | peak resident memory MiB | seconds |\n| --- | --- | --- |")
             for r in rows:
                 print(f"| {r['images']} | {r['peak_rss_mb']:.0f} | {r['seconds']:.0f} |")
@@ -169,6 +172,7 @@ def main() -> int:
             rows = throughput(args, work)
             print(throughput_table(rows, args))
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
 

@@ -10,11 +10,13 @@
 #   PYTHON         interpreter (default python3)
 #   OUT            folder for logs, bench JSON and the built extension (default $TMPDIR/sol_ext_gpu_check)
 #   WHEELS         folder of wheels for missing test dependencies (default .gpu_wheels; pip download
-#                  --python-version 3.12 --only-binary=:all: numpy matplotlib tqdm pillow coral-pytorch ...)
+#                  --python-version 3.12 --only-binary=:all: numpy matplotlib tqdm pillow coral-pytorch ...,
+#                  and torchvision matching the machine's torch with --no-deps)
 #   BUDGET_S       wall-clock seconds for the whole check (default 500): later steps get what is left
 #   TORCH_CUDA_ARCH_LIST (default: the visible GPU's compute capability), MAX_JOBS (default nproc),
 #   BENCH_SIZES    B,n,d triples (default: the three performance targets)
 #   SWEEP_WARPS    values of SOL_EXT_CUDA_BACKWARD_WARPS to time the two large sizes with (default: none)
+#   IMAGE_WORKERS  DataLoader processes of the image throughput benchmark (default 8)
 #   SKIP           names of steps to leave out, e.g. "driver driver_amp"
 # Needs no network. A prebuilt sol_ext/_C*.so for this interpreter (e.g. $OUT/_C*.so of an earlier run,
 # copied back) skips the build.
@@ -25,7 +27,7 @@ PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the benchmark imports sol_ext from this folder too
 LOG=${OUT:-${TMPDIR:-/tmp}/sol_ext_gpu_check}
 BUDGET_S=${BUDGET_S:-500}
-STEPS=(deps build kernels test_cuda bench bench_unchecked sweep driver driver_amp tests)
+STEPS=(deps build kernels test_cuda bench bench_unchecked sweep driver driver_amp bench_images tests)
 mkdir -p "$LOG"
 declare -A STATUS SECONDS_TAKEN
 
@@ -73,6 +75,7 @@ print(f\"{sys.argv[2]}: test MAE {t['mae']:.4f}, CS {t['cs']:.2f}, Pearson {t['p
       "$LOG/$run/results.json" "$run"
   done
   [ -f "$LOG/sweep.log" ] && grep '^warps' "$LOG/sweep.log"
+  [ -f "$LOG/bench_images.log" ] && grep -E '^(resnet|\||target)' "$LOG/bench_images.log"
   for json_file in "$LOG/bench.json" "$LOG/bench-unchecked.json"; do
     [ -f "$json_file" ] || continue
     "$PY" - "$json_file" <<'EOF'
@@ -115,7 +118,7 @@ missing_modules() {
   "$PY" - <<'EOF'
 import importlib.util
 need = {"numpy": "numpy", "matplotlib": "matplotlib", "tqdm": "tqdm", "PIL": "pillow", "coral_pytorch": "coral-pytorch",
-        "pytest": "pytest", "setuptools": "setuptools", "ninja": "ninja"}
+        "pytest": "pytest", "setuptools": "setuptools", "ninja": "ninja", "torchvision": "torchvision"}
 print(" ".join(pkg for module, pkg in need.items() if importlib.util.find_spec(module) is None))
 EOF
 }
@@ -124,8 +127,12 @@ deps() {
   missing=$(missing_modules)
   echo "missing before: ${missing:-nothing}"
   if [ -n "$missing" ] && [ -d "$WHEELS" ]; then
+    # torchvision pins one torch: --no-deps keeps the machine's (its wheel must match it, e.g.
+    # torchvision 0.26 for torch 2.11)
+    [[ " $missing " == *" torchvision "* ]] && "$PY" -m pip install -q --no-index --no-deps --find-links "$WHEELS" torchvision
+    missing=${missing//torchvision/}
     # shellcheck disable=SC2086
-    "$PY" -m pip install -q --no-index --find-links "$WHEELS" $missing
+    [ -n "${missing// /}" ] && "$PY" -m pip install -q --no-index --find-links "$WHEELS" $missing
   fi
   missing=$(missing_modules)
   echo "missing after: ${missing:-nothing}"
@@ -192,6 +199,9 @@ run_step sweep 150 bash -c sweep
 # compare with `sol-ext train --device cpu --seed 0|1|2` of the same configuration
 run_step driver 120 "$PY" -m sol_ext train --device cuda --no-plots --output "$LOG/run-fp32" --overwrite
 run_step driver_amp 120 "$PY" -m sol_ext train --device cuda --amp --no-plots --output "$LOG/run-amp" --overwrite
+# image training throughput: SOL's epoch against l1's, resnet18 at 224 px, batch 64, AMP (README, "Images")
+run_step bench_images 180 "$PY" benchmarks/bench_images.py --device cuda --image-size 224 --batch-size 64 --amp \
+  --images 4000 --workers "${IMAGE_WORKERS:-8}" --json "$LOG/bench-images.json"
 run_step tests 400 "$PY" -m pytest -q -p no:cacheprovider tests \
   --ignore=tests/test_cuda.py ${PYTEST_ARGS:-}
 

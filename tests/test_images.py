@@ -111,6 +111,7 @@ def test_a_sample_transform_depends_on_its_seed_only():
     samples[(1, 3)]
     assert torch.equal(torch.rand(3), before)
     assert torch.equal(SampleSet(images)[(3, 0)], images[3])  # no transform: the sample as it is
+    assert torch.equal(samples[(3, None)], images[3])  # no seed: evaluation, untransformed
 
 
 @pytest.mark.parametrize("augment", ["none", "crop"])

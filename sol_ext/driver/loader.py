@@ -61,7 +61,7 @@ class SampleSet(torch.utils.data.Dataset):
 
     An item is ``(row, seed)``: the transform of that row runs with torch's random generator seeded
     by ``seed`` (and restored afterwards), so a sample's augmentation does not depend on which
-    process, or how many, load it.
+    process, or how many, load it; seed ``None``: the row untransformed (evaluation).
     """
 
     def __init__(self, images: torch.Tensor | ImageFiles,
@@ -72,10 +72,10 @@ class SampleSet(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.images)
 
-    def __getitem__(self, item: tuple[int, int]) -> torch.Tensor:
+    def __getitem__(self, item: tuple[int, Optional[int]]) -> torch.Tensor:
         row, seed = item
         x = self.images.read(row) if isinstance(self.images, ImageFiles) else self.images[row]
-        if self.transform is None:
+        if self.transform is None or seed is None:
             return x
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -87,6 +87,21 @@ def auto_workers(processes_per_machine: int = 1) -> int:
     (its share of them under torchrun), at most 8."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(0, min(8, cores // max(1, processes_per_machine) - 1))
+
+
+class _BatchPlan:
+    """The batches of rows of the next pass: the batch sampler of a DataLoader whose worker
+    processes persist, refilled before each pass (training or embedding), so the workers start
+    once per run instead of once per pass."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[tuple[int, Optional[int]]]] = []
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
 
 
 def _worker_error(exc: Exception) -> Exception:
@@ -118,6 +133,8 @@ class RunInputs:
         self.loaded = isinstance(features, ImageFiles) or transform is not None
         # sliced tensors live on the device; loaded ones on the host, where the workers read them
         self.features = features if self.loaded else features.to(device)
+        self._plan = _BatchPlan()
+        self._loader: Optional[torch.utils.data.DataLoader] = None
 
     def __len__(self) -> int:
         return int(self.features.shape[0])
@@ -126,12 +143,17 @@ class RunInputs:
     def sample_shape(self) -> tuple[int, ...]:
         return tuple(self.features.shape[1:])
 
-    def _load(self, batches: list[list[tuple[int, int]]], transform) -> Iterator[torch.Tensor]:
+    def _load(self, batches: list[list[tuple[int, Optional[int]]]]) -> Iterator[torch.Tensor]:
         pin = self.device.type == "cuda"
-        loader = torch.utils.data.DataLoader(
-            SampleSet(self.features, transform), batch_sampler=batches, num_workers=self.workers,
-            collate_fn=torch.stack, pin_memory=pin)
-        it = iter(loader)
+        if self._loader is None:
+            # persistent workers: started once, and never shut down between passes, where a Ctrl-C
+            # arriving during the shutdown would be swallowed by the iterator's __del__
+            self._loader = torch.utils.data.DataLoader(
+                SampleSet(self.features, self.transform), batch_sampler=self._plan,
+                num_workers=self.workers, collate_fn=torch.stack, pin_memory=pin,
+                persistent_workers=self.workers > 0)
+        self._plan.batches = batches
+        it = iter(self._loader)
         while True:
             try:
                 x = next(it)
@@ -147,11 +169,11 @@ class RunInputs:
         if not self.loaded:
             return (self.features[rows.to(self.device)] for rows in batches)
         if self.transform is None:
-            plan = [[(int(r), 0) for r in rows] for rows in batches]
+            plan = [[(int(r), None) for r in rows] for rows in batches]
         else:
             seeds = [torch.randint(0, 2**62, (rows.numel(),), generator=generator) for rows in batches]
             plan = [list(zip(rows.tolist(), s.tolist())) for rows, s in zip(batches, seeds)]
-        return self._load(plan, self.transform)
+        return self._load(plan)
 
     @torch.no_grad()
     def embed(self, model: nn.Module, batch_size: int, rows: Optional[slice] = None) -> torch.Tensor:
@@ -160,12 +182,12 @@ class RunInputs:
         if not self.loaded:
             return embed(model, self.features[rows if rows is not None else slice(None)], batch_size,
                          self.device)
-        plan = [[(i, 0) for i in index[s:s + batch_size]] for s in range(0, len(index), batch_size)]
+        plan = [[(i, None) for i in index[s:s + batch_size]] for s in range(0, len(index), batch_size)]
         if not plan:
             raise ValueError("embed: got an empty data set (0 rows); expected at least one sample.")
         was_training = model.training
         model.eval()
         try:
-            return torch.cat([model(x) for x in self._load(plan, None)])
+            return torch.cat([model(x) for x in self._load(plan)])
         finally:
             model.train(was_training)
