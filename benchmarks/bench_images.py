@@ -18,8 +18,9 @@ those of the last epoch, from the run's own timings (``history[-1]["seconds"]``)
 - epoch: both. The target is SOL's epoch at most 1.3x that of ``l1``.
 
 ``--memory N,M`` instead times ``sol-ext train --data list.csv --image-size 224 --encoder resnet18
---weights resnet18.pth --sigma 1 --epochs 1`` on lists of N and M images, in a child process, and
-reports its peak resident memory (the largest of the training process and its loader workers).
+--weights resnet18.pth --sigma 1 --epochs 1 --batch-size B`` on lists of N and M images, in a child
+process, and reports its peak resident memory (the largest of the training process and its loader
+workers).
 """
 from __future__ import annotations
 
@@ -123,6 +124,7 @@ def peak_memory(counts: list[int], args: argparse.Namespace, work: Path) -> list
         listing = make_images(work / f"images-{count}", count)
         cmd = [sys.executable, "-m", "sol_ext", "train", "--data", str(listing), "--image-size", "224",
                "--encoder", "resnet18", "--weights", str(weights), "--sigma", "1", "--epochs", "1",
+               "--batch-size", str(args.batch_size),
                "--output", str(work / f"run-{count}"), "--quiet", "--no-plots", "--device", args.device]
         if args.workers is not None:
             cmd += ["--workers", str(args.workers)]
@@ -164,7 +166,7 @@ def main() -> int:
             rows = peak_memory([int(c) for c in args.memory.split(",")], args, work)
             workers = "" if args.workers is None else f" --workers {args.workers}"
             print(f"sol-ext train --image-size 224 --encoder resnet18 --weights resnet18.pth --sigma 1 "
-                  f"--epochs 1{workers} ({machine(args.device)})\n")
+                  f"--epochs 1 --batch-size {args.batch_size}{workers} ({machine(args.device)})\n")
             print("| images | peak resident memory MiB | seconds |\n| --- | --- | --- |")
             for r in rows:
                 print(f"| {r['images']} | {r['peak_rss_mb']:.0f} | {r['seconds']:.0f} |")

@@ -73,12 +73,12 @@ def test_large_jpeg_is_decoded_at_reduced_scale_to_the_same_size(tmp_path):
 def test_training_transforms_keep_the_shape_and_evaluation_has_none():
     assert training_transform("none", (16, 16)) is None
     x = torch.rand(3, 16, 20)
-    for augment in ("crop", "resized-crop"):
+    for augment in ("crop", "resized-crop", "flip"):
         transform = training_transform(augment, (16, 20))
         outs = [transform(x) for _ in range(8)]
         assert all(o.shape == x.shape and o.dtype == x.dtype for o in outs)
         assert any(not torch.equal(o, x) for o in outs), augment
-    with pytest.raises(ValueError, match="augment='blur'.*crop, resized-crop, none"):
+    with pytest.raises(ValueError, match="augment='blur'.*crop, resized-crop, flip, none"):
         training_transform("blur", (16, 16))
 
 
@@ -146,7 +146,7 @@ def test_augmentation_defaults_and_refusal_for_vectors():
     assert TrainConfig(augment="none").augmentation("images") == "none"
     with pytest.raises(ValueError, match="augment=crop applies to images"):
         TrainConfig(augment="crop").augmentation("tabular")
-    assert set(AUGMENTATIONS) == {"crop", "resized-crop", "none"}
+    assert set(AUGMENTATIONS) == {"crop", "resized-crop", "flip", "none"}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ from torch import nn
 from ..centroids import embed
 from .data import ImageFiles
 
-__all__ = ["AUGMENTATIONS", "training_transform", "SampleSet", "RunInputs", "auto_workers"]
+__all__ = ["AUGMENTATIONS", "training_transform", "SampleSet", "RunInputs", "auto_workers",
+           "embedding_batch_size"]
 
 # Training augmentation of images (docs/math.md does not cover it; README, "Images"):
 # "crop": pad by 1/8 of the side (reflected) and crop back at a random offset, then a random
@@ -30,8 +31,9 @@ __all__ = ["AUGMENTATIONS", "training_transform", "SampleSet", "RunInputs", "aut
 #         rank scales measure) look as they do at test time;
 # "resized-crop": torchvision's RandomResizedCrop (scale 0.5 … 1, aspect 3/4 … 4/3) and a flip,
 #         the ImageNet recipe, which also zooms by up to 1.4x;
+# "flip": the random horizontal flip alone;
 # "none": the images as they are.
-AUGMENTATIONS = ("crop", "resized-crop", "none")
+AUGMENTATIONS = ("crop", "resized-crop", "flip", "none")
 
 
 def training_transform(augment: str, size: Sequence[int]) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
@@ -48,6 +50,8 @@ def training_transform(augment: str, size: Sequence[int]) -> Optional[Callable[[
         raise ImportError("image augmentation needs torchvision: pip install 'sol_ext[vision]' (or "
                           "torchvision matching your torch), or pass --augment none.") from exc
     size = (int(size[0]), int(size[1]))
+    if augment == "flip":
+        return v2.RandomHorizontalFlip()
     if augment == "crop":
         pad = max(1, min(size) // 8)
         crop = v2.RandomCrop(size, padding=pad, padding_mode="reflect" if pad < min(size) else "edge")
@@ -80,6 +84,13 @@ class SampleSet(torch.utils.data.Dataset):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return self.transform(x)
+
+
+def embedding_batch_size(kind: str, batch_size: int) -> int:
+    """Rows per forward pass of the passes without gradient: at least 256 for vectors (fewer
+    launches), the training batch for images, whose activations set the run's peak memory
+    (resnet18 at 224 px on the CPU: 1.2 GB at 64 images, 2.6 GB at 256)."""
+    return batch_size if kind == "images" else max(256, batch_size)
 
 
 def auto_workers(processes_per_machine: int = 1) -> int:

@@ -21,7 +21,7 @@ from ..head import SOLHead
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from .config import TrainConfig
 from .data import ImageFiles, RankEncoder, apply_scaling, read_inputs
-from .loader import RunInputs
+from .loader import RunInputs, embedding_batch_size
 from .methods import RankModel, build_model, head_probabilities, head_ranks, make_sol_head
 from .run import resolve_device
 
@@ -133,8 +133,8 @@ class TrainedModel:
         return self._embed(self.features(data)[0])
 
     def _embed(self, x: torch.Tensor | ImageFiles) -> torch.Tensor:
-        return RunInputs(x, self.device, workers=self.workers).embed(self.model,
-                                                                    max(256, self.config.batch_size))
+        batch_size = embedding_batch_size(self.kind, self.config.batch_size)
+        return RunInputs(x, self.device, workers=self.workers).embed(self.model, batch_size)
 
     @torch.no_grad()
     def predict_table(self, data: DataLike) -> Prediction:

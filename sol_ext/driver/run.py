@@ -67,7 +67,7 @@ from .checkpoint import (
 )
 from .config import TrainConfig
 from .data import split_indices
-from .loader import RunInputs, auto_workers, training_transform
+from .loader import RunInputs, auto_workers, embedding_batch_size, training_transform
 from .methods import RankModel, build_model, head_ranks, make_sol_head, training_loss
 from .parallel import Parallel
 from .prepare import PreparedData
@@ -361,7 +361,7 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
         out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = out_dir / CHECKPOINT_NAME
     n = data.num_ranks
-    eval_bs = max(256, config.batch_size)
+    eval_bs = embedding_batch_size(data.kind, config.batch_size)
     start = time.perf_counter()
 
     split = validation_split(data.train_given, config.val_fraction, config.seed)
