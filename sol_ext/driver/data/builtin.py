@@ -147,8 +147,9 @@ def load_fashion_mnist_degradation(levels: int = 8, samples_per_level: int = 500
     path = folder / ("train-images-idx3-ubyte.gz" if split == "train" else "t10k-images-idx3-ubyte.gz")
     if not path.is_file():
         raise FileNotFoundError(f"Fashion-MNIST not found: {path} is missing. Install it with "
-                                f"`{FASHION_MNIST_INSTALL}` (Debian/Ubuntu, as root), or pass root= a folder "
-                                "holding train-images-idx3-ubyte.gz and t10k-images-idx3-ubyte.gz")
+                                f"`{FASHION_MNIST_INSTALL}` (Debian/Ubuntu, as root), or put "
+                                f"train-images-idx3-ubyte.gz and t10k-images-idx3-ubyte.gz in {folder} (in "
+                                "Python: or pass root= another folder)")
     images = _read_idx_images(path)
     total = levels * samples_per_level
     if total > images.shape[0]:

@@ -65,8 +65,9 @@ def infer_step(values: Any) -> float:
     gaps = np.diff(v)
     gaps = gaps[gaps > 1e-9 * scale]  # equal values up to float round-off
     if gaps.size == 0:
-        raise ValueError(f"all labels are equal ({v[0]}): one rank is not a ranking problem; "
-                         "pass step and min_value/max_value, or use data with at least two distinct labels")
+        raise ValueError(f"all labels are equal ({v[0]:g}): one rank is not a ranking problem; use data "
+                         "with at least two distinct labels (in Python: or give the grid with step=, "
+                         "min_value=, max_value=)")
     smallest = float(gaps.min())
     tol = 1e-4 * smallest
     step = smallest
@@ -91,6 +92,31 @@ def _on_grid(v: np.ndarray, lo: float, step: float) -> bool:
 def _round_half_up(x: np.ndarray) -> np.ndarray:
     # Halves go up (20.5 years -> 21 on a 1-year grid); the tiny slack absorbs float error in (v - lo) / step.
     return np.floor(x + 0.5 + 1e-9)
+
+
+def _refuse_merged_labels(v: np.ndarray, enc: "RankEncoder") -> None:
+    """ValueError when the inferred grid ``enc`` puts distinct label values ``v`` on one rank.
+
+    :func:`infer_step` takes gaps under 1e-9 of the largest label for round-off: one outlier label
+    (1e15 among ages 1 … 10) makes the real gaps look like round-off and the step absurd. Values
+    equal up to round-off (``0.1 + 0.2`` and ``0.3``) still share a rank: a gap counts as real when
+    it exceeds 1e-9 of the values' own size, or near zero of the labels' median size.
+    """
+    u = np.unique(v)
+    r = _round_half_up((u - enc.min_value) / enc.step)
+    same = np.flatnonzero(np.diff(r) == 0)  # u is sorted: neighbours on one rank
+    if same.size == 0:
+        return
+    size = np.maximum(np.maximum(np.abs(u[same]), np.abs(u[same + 1])), float(np.median(np.abs(u))))
+    real = same[u[same + 1] - u[same] > 1e-9 * size]
+    if real.size == 0:
+        return
+    members = u[r == r[real[0]]]
+    top = float(u[np.argmax(np.abs(u))])
+    raise ValueError(
+        f"the inferred step {enc.step:g} puts distinct labels {members[0]:g} … {members[-1]:g} on one "
+        f"rank ({enc.num_ranks} ranks in all): gaps under 1e-9 of the largest label, {top:g}, count as "
+        f"round-off. Fix or drop the outlier label {top:g} (in Python: or give the grid with step=)")
 
 
 @dataclass(frozen=True)
@@ -157,10 +183,12 @@ class RankEncoder:
                              "rank estimation needs at least two distinct labels")
         if inferred and n > MAX_INFERRED_RANKS:
             raise ValueError(f"the labels look continuous: the inferred step {step:g} gives {n} ranks "
-                             f"between {lo:g} and {hi:g}; pass step= (for example step=1 for ages, "
-                             "0.01 for scores in [0, 1])")
+                             f"between {lo:g} and {hi:g}; round the labels to the precision that matters, "
+                             "e.g. whole years or scores to 0.01 (in Python: or pass step=, e.g. step=1)")
         enc = cls(lo, step, n)
         enc.encode(v)  # every label must fall on the grid's range (raises naming the first that does not)
+        if inferred:
+            _refuse_merged_labels(v, enc)
         return enc
 
     def encode(self, values: Any) -> torch.Tensor:
@@ -177,7 +205,8 @@ class RankEncoder:
             raise ValueError(
                 f"label value {v[i]:g} (index {i}) is outside the rank grid {self.min_value:g} … "
                 f"{self.max_value:g} (step {self.step:g}, {self.num_ranks} ranks); {bad.size} value(s) are. "
-                "Refit the encoder on all labels, or pass min_value/max_value that cover them.")
+                "Fix or drop such labels, or train on data whose labels cover them (in Python: or fit "
+                "the encoder on all labels, or pass min_value=/max_value= that cover them).")
         return torch.from_numpy(r.astype(np.int64)).reshape(shape)
 
     def decode(self, ranks: Any) -> torch.Tensor:
@@ -292,10 +321,20 @@ def _make_dataset(features: torch.Tensor, values: np.ndarray, *, name: str, kind
         try:
             encoder = RankEncoder.fit(values, step=step, min_value=min_value, max_value=max_value)
         except ValueError as err:
-            raise ValueError(f"{source or name}: {err}") from None
+            raise ValueError(f"{_labels_of(source or name, schema)}: {err}") from None
     try:
         ranks = encoder.encode(values)
     except ValueError as err:
-        raise ValueError(f"{source or name}: {err}") from None
+        raise ValueError(f"{_labels_of(source or name, schema)}: {err}") from None
     return OrdinalDataset(features=features, ranks=ranks, encoder=encoder, name=name, kind=kind,
                           feature_names=tuple(feature_names), schema=dict(schema or {}))
+
+
+def _labels_of(where: str, schema: dict[str, Any] | None) -> str:
+    """``"ages.csv, label column 'age'"``: where the labels of an error came from."""
+    schema = schema or {}
+    if schema.get("label_column") is not None:
+        return f"{where}, label column {schema['label_column']!r}"
+    if schema.get("labels_key") is not None:
+        return f"{where}, array {schema['labels_key']!r}"
+    return where

@@ -54,7 +54,7 @@ def read_image(path: str | Path, channels: int, size: tuple[int, int], where: st
                 img.draft("RGB" if channels == 3 else "L", (size[1], size[0]))
             img.load()
             return torch.from_numpy(_image_array(img, channels, size))
-    except (OSError, ValueError, Image.DecompressionBombError) as err:
+    except (OSError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
         raise ValueError(f"cannot read image {path}{f' ({where})' if where else ''}: {err}. "
                          "Replace the file or remove its row") from None
 

@@ -15,10 +15,17 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ..errors import data_file_errors
 from .dispatch import _NAMED, load_dataset
 from .image_files import ImageFiles
-from .tables import _column, _parse_features, _parse_labels, _read_csv
+from .tables import (
+    _column,
+    _open_npz,
+    _parse_features,
+    _parse_labels,
+    _read_csv,
+    _refuse_complex,
+    _require_file,
+)
 
 __all__ = ["Inputs", "read_inputs"]
 
@@ -50,9 +57,8 @@ def read_inputs(spec: str | Path, schema: dict[str, Any], delimiter: Optional[st
     path = Path(key)
     if path.is_dir():
         path = path / "labels.csv"
-    if not path.is_file():
-        raise FileNotFoundError(f"no data {key!r}: not a built-in name ({', '.join(_NAMED)}) nor an "
-                                "existing .csv, .npz file or image folder")
+    _require_file(path, f"no data {key!r}: not a built-in name ({', '.join(_NAMED)}) nor an existing "
+                  ".csv, .npz file or image folder")
     fmt = schema.get("format")
     name = path.name.lower()
     if name.endswith(".npz"):
@@ -87,7 +93,7 @@ def _read_table(path: Path, schema: dict[str, Any], delimiter: Optional[str]) ->
 
 
 def _read_npz(path: Path, schema: dict[str, Any]) -> Inputs:
-    with data_file_errors(path), np.load(path, allow_pickle=False) as npz:
+    with _open_npz(path) as npz:
         keys = list(npz.keys())
         features_key = schema.get("features_key") or "embeddings"
         if features_key not in keys:
@@ -95,7 +101,10 @@ def _read_npz(path: Path, schema: dict[str, Any]) -> Inputs:
         x = npz[features_key]
         labels_key = schema.get("labels_key", "labels")
         y = npz[labels_key] if labels_key in keys else None
-    if not np.issubdtype(x.dtype, np.number) or np.iscomplexobj(x):
+    _refuse_complex(path, features_key, x)
+    if y is not None:
+        _refuse_complex(path, labels_key, y)
+    if not np.issubdtype(x.dtype, np.number):
         raise ValueError(f"{path}: {features_key!r} must be real numbers, got {x.dtype}")
     if x.ndim == 3:
         x = x[:, None]

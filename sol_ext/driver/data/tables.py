@@ -5,6 +5,7 @@ Also the CSV reading (delimiter detection, header and cell parsing) that image l
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import io
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import data_file_errors
+from ..errors import DataFileError, data_file_errors
 from .encoding import OrdinalDataset, RankEncoder, _make_dataset
 
 __all__ = ["load_csv", "load_npz", "SNIFFED_DELIMITERS"]
@@ -30,6 +31,19 @@ _MISSING = {"", "na", "nan", "n/a", "null", "none", "?"}
 
 # --------------------------------------------------------------------------------------------------
 # Tables (CSV)
+
+
+def _require_file(path: Path, missing: str) -> None:
+    """FileNotFoundError(``missing``) when ``path`` does not exist; ValueError when it is a folder or
+    no regular file (a named pipe would block the reader)."""
+    if path.is_file():
+        return
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder, not a file")
+    if path.exists():
+        raise ValueError(f"{path} is not a regular file (a named pipe, socket or device); give a file "
+                         "saved on disk")
+    raise FileNotFoundError(missing)
 
 
 def _open_text(path: Path) -> io.TextIOBase:
@@ -94,8 +108,7 @@ def _read_csv(path: str | Path, delimiter: str | None = None) -> tuple[list[str]
     """
     path = Path(path)
     delimiter = _check_delimiter(delimiter)
-    if not path.is_file():
-        raise FileNotFoundError(f"CSV file not found: {path}")
+    _require_file(path, f"CSV file not found: {path}")
     with data_file_errors(path), _open_text(path) as fh:
         lines, delimiter = _with_delimiter(fh, delimiter)
         rows = [[c.strip() for c in row] for row in csv.reader(lines, delimiter=delimiter)
@@ -103,6 +116,13 @@ def _read_csv(path: str | Path, delimiter: str | None = None) -> tuple[list[str]
     if not rows:
         raise ValueError(f"{path} is empty: expected a header row and at least one data row")
     header, body = rows[0], rows[1:]
+    first: dict[str, int] = {}
+    for k, name in enumerate(header):
+        if name in first:
+            what = f"the column name {name!r}" if name else "an empty column name"
+            raise ValueError(f"{path}: {what} appears more than once in the header (columns {first[name] + 1} "
+                             f"and {k + 1}); give each column its own name")
+        first[name] = k
     if not body:
         raise ValueError(f"{path} has a header but no data rows: the dataset would be empty")
     for i, row in enumerate(body):
@@ -116,8 +136,11 @@ def _column(header: list[str], name: str, path: Path, role: str) -> int:
     if name not in header:
         hint = (" The header was read as one column: if its cells are separated by some other character, "
                 "pass it as delimiter=." if len(header) == 1 else "")
-        raise ValueError(f"{path} has no {role} column {name!r}; its columns are {header}.{hint} "
-                         f"Pass the right name with {role}_column=")
+        fix = {"label": "Pass the right name with label_column=",
+               "feature": "Give the file that column (in Python: or choose others with feature_columns=)",
+               "path": f"Name the column of image paths {name!r} (in Python: or pass path_column=)",
+               }.get(role, f"Pass the right name with {role}_column=")
+        raise ValueError(f"{path} has no {role} column {name!r}; its columns are {header}.{hint} {fix}")
     return header.index(name)
 
 
@@ -164,8 +187,9 @@ def _parse_features(body: list[list[str]], header: list[str], columns: Sequence[
                 col[i] = float(cell)
             except ValueError:
                 raise ValueError(f"{path}: feature column {name!r} has a non-numeric value {cell!r} in data "
-                                 f"row {i + 1}; list it in categorical=[{name!r}] to one-hot encode it, or "
-                                 "leave it out with feature_columns=[...]") from None
+                                 f"row {i + 1}; encode it as numbers or drop the column from the file (in "
+                                 f"Python: categorical=[{name!r}] one-hot encodes it, feature_columns=[...] "
+                                 "leaves it out)") from None
             if not math.isfinite(col[i]):
                 raise ValueError(f"{path}: feature column {name!r} has a NaN or infinite value in data row "
                                  f"{i + 1}; drop or impute such rows before loading")
@@ -233,6 +257,25 @@ def _stem(path: Path) -> str:
 # Precomputed embeddings (.npz)
 
 
+@contextlib.contextmanager
+def _open_npz(path: Path) -> Iterator[np.lib.npyio.NpzFile]:
+    """``np.load`` of an ``.npz`` archive, its read errors as :class:`DataFileError`; a ``.npy``
+    array under that name is refused."""
+    with data_file_errors(path):
+        npz = np.load(path, allow_pickle=False)
+        if isinstance(npz, np.ndarray):
+            raise DataFileError(f"{path} is a .npy array, not an .npz archive; save with "
+                                "numpy.savez(..., embeddings=..., labels=...)")
+        with npz:
+            yield npz
+
+
+def _refuse_complex(path: Path, key: str, a: np.ndarray) -> None:
+    if np.iscomplexobj(a):
+        raise ValueError(f"{path}: {key!r} holds complex numbers ({a.dtype}); features and labels must be "
+                         "real: save numpy.real(...) or numpy.abs(...) of it if that is what you mean")
+
+
 def load_npz(path: str | Path, step: float | None = None, min_value: float | None = None,
              max_value: float | None = None, *, encoder: RankEncoder | None = None,
              features_key: str | None = None, labels_key: str = "labels",
@@ -243,20 +286,22 @@ def load_npz(path: str | Path, step: float | None = None, min_value: float | Non
     ``[N, H, W]`` or ``[N, C, H, W]`` arrays are read as images. Grid arguments as in :func:`load_csv`.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f".npz file not found: {path}")
-    with data_file_errors(path), np.load(path, allow_pickle=False) as npz:
+    _require_file(path, f".npz file not found: {path}")
+    with _open_npz(path) as npz:
         keys = list(npz.keys())
         if features_key is None:
             present = [k for k in ("embeddings", "features") if k in keys]
             if len(present) != 1:
+                fix = ("keep only one of them" if present else "name the features array 'embeddings'")
                 raise ValueError(f"{path} must hold exactly one of the arrays 'embeddings' or 'features' "
-                                 f"(it has {keys}); pass features_key= to choose")
+                                 f"(it has {keys}); {fix} (in Python: or choose with features_key=)")
             features_key = present[0]
         for key in (features_key, labels_key):
             if key not in keys:
                 raise ValueError(f"{path} has no array {key!r}; it has {keys}")
         x, y = npz[features_key], npz[labels_key]
+    _refuse_complex(path, features_key, x)
+    _refuse_complex(path, labels_key, y)
     if not np.issubdtype(y.dtype, np.number) or y.ndim != 1:
         raise ValueError(f"{path}: {labels_key!r} must be a numeric vector [N], got {y.dtype} {y.shape}")
     if not np.issubdtype(x.dtype, np.number):
