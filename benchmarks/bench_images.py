@@ -73,7 +73,7 @@ def time_method(listing: Path, method: str, args: argparse.Namespace, out: Path)
     data = prepare_data(config)
     outcome = train(config, data, out / method, log=lambda line: None)
     last = outcome.results["history"][-1]["seconds"]
-    n_fit = outcome.results["data"]["n_train"] - outcome.results["data"]["n_val"]
+    n_fit = outcome.results["data"]["n_train"]  # the fitted rows (the validation split apart)
     epoch = last["steps"] + last["end_of_epoch"]
     return {"method": method, "images": n_fit, "steps_s": last["steps"], "end_of_epoch_s": last["end_of_epoch"],
             "epoch_s": epoch, "images_per_s": n_fit / last["steps"],

@@ -43,12 +43,13 @@ from .ops import (  # noqa: E402
 __version__ = "0.1.0"
 
 
-def load_run(path, device="cpu"):
+def load_run(path, device="cpu", workers=0):
     """The model of a ``sol-ext train`` run folder, ready to predict on new data: see
-    :func:`sol_ext.driver.model.load_run` (``predict``, ``predict_proba``, ``embed``)."""
+    :func:`sol_ext.driver.model.load_run` (``predict``, ``predict_proba``, ``embed``; ``workers``
+    DataLoader processes decode image files)."""
     from .driver.model import load_run as _load_run  # the driver loads only when asked for
 
-    return _load_run(path, device=device)
+    return _load_run(path, device=device, workers=workers)
 
 
 __all__ = [

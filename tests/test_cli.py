@@ -287,7 +287,7 @@ def test_absurd_embedding_size(tmp_path, capsys):
 
 def test_diverging_training_says_so_with_the_epoch(tmp_path, capsys):
     data = tiny_csv(tmp_path / "d.csv")
-    args = [a if a != "0.01" else "inf" for a in FAST]  # --lr inf
+    args = [a if a != "0.01" else "1e20" for a in FAST]  # --lr 1e20 (inf is refused as such)
     expect_error(capsys, ["train", "--data", str(data), "--output", str(tmp_path / "o"), *args],
                  "diverged", "epoch 1", "--lr")
 

@@ -141,7 +141,7 @@ def test_embeddings_of_files_match_those_of_the_decoded_tensor(tmp_path):
 
 
 def test_augmentation_defaults_and_refusal_for_vectors():
-    assert TrainConfig().augmentation("images") == "crop"
+    assert TrainConfig().augmentation("images") == "flip"
     assert TrainConfig().augmentation("tabular") == "none"
     assert TrainConfig(augment="none").augmentation("images") == "none"
     with pytest.raises(ValueError, match="augment=crop applies to images"):

@@ -67,3 +67,58 @@ def test_the_estimator_snippet_runs():
     exec(compile(snippets()[2], "README: scikit-learn estimator", "exec"), scope)
     assert scope["ranker"].predict(scope["X"][:3]).shape == (3,)
     assert set(scope["search"].best_params_) == {"solranker__margin"}
+
+
+def _image_list(folder: Path, count: int = 24) -> Path:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True)
+    rows = ["path,label"]
+    for i in range(count):
+        level = i % 4
+        arr = np.clip(rng.normal(50 + 40 * level, 20, (40, 40, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(arr).save(folder / f"{i}.jpg")
+        rows.append(f"{i}.jpg,{level}")
+    (folder / "list.csv").write_text("\n".join(rows) + "\n")
+    return folder / "list.csv"
+
+
+@pytest.mark.slow
+def test_the_driver_examples_run_as_written(tmp_path, monkeypatch, capsys):
+    """Every line of the driver's example block, in order, in a fresh folder, with the files it names
+    made there: each command as written plus options that keep it short (one epoch, one seed)."""
+    monkeypatch.chdir(tmp_path)
+    write_scores(tmp_path / "scores.csv", 200, 0)
+    text = (tmp_path / "scores.csv").read_text().replace("score", "age").replace(",", ";")
+    (tmp_path / "my.csv").write_text(text)
+    write_scores(tmp_path / "noisy_train.csv", 200, 1)
+    write_scores(tmp_path / "clean_test.csv", 80, 2)
+    for name in ("noisy_train.csv", "clean_test.csv"):  # the label column is "label" by default
+        (tmp_path / name).write_text((tmp_path / name).read_text().replace("score", "label"))
+    # test labels on the training file's grid
+    train_labels = {row.rsplit(",", 1)[1] for row in (tmp_path / "noisy_train.csv").read_text().split()[1:]}
+    rows = (tmp_path / "clean_test.csv").read_text().split()
+    (tmp_path / "clean_test.csv").write_text(
+        "\n".join(rows[:1] + [r for r in rows[1:] if r.rsplit(",", 1)[1] in train_labels]) + "\n")
+    lines = block_after("## Training driver", "bash").splitlines()
+    if any("--encoder resnet18" in line for line in lines):
+        torchvision = pytest.importorskip("torchvision")
+        _image_list(tmp_path / "faces")
+        import torch
+
+        torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "resnet18.pth")
+    from sol_ext.driver.data import FASHION_MNIST_DIR
+
+    for line in lines:
+        command = shlex.split(line.split("#")[0])
+        assert command[0] == "sol-ext", line
+        if "fashion-mnist-blur" in command and not (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+            continue  # the data are an apt package, not installed here
+        short = {"train": ["--epochs", "1", "--quiet", "--no-plots"],
+                 "compare": ["--epochs", "1", "--seeds", "0", "--kappas", "0.3", "--noises", "",
+                             "--methods", "sol,l1"]}.get(command[1], [])
+        if "--resume" in command:
+            short = ["--epochs", "2", "--quiet", "--no-plots"]  # one epoch more than the first run
+        assert main(command[1:] + short) == 0, (line, capsys.readouterr().err)
+    assert (tmp_path / "pred.csv").is_file() and (tmp_path / "model.pt2").is_file()

@@ -9,12 +9,16 @@ A run folder (``sol-ext train --output``) holds
   embeddings, the audit's per-sample arrays). It is the run's model: the weights, the SOL head,
   and :func:`predictor_record` (the settings and preprocessing that prediction needs), read by
   :func:`sol_ext.driver.model.load_run`;
-* ``.sigma-search/`` while the trials of sigma ``"auto"`` run (:mod:`sol_ext.driver.tuning`);
+* ``sigma-search/`` while the trials of sigma ``"auto"`` run (:mod:`sol_ext.driver.tuning`): a
+  run folder per candidate (``sigma0.25/``, ...) and ``search.json``, the record of the trials that
+  finished; kept when the search is interrupted, so that ``--resume`` continues it
+  (:func:`sigma_search_progress`), and removed when the winner's run becomes the run;
 * ``results.json``, the plots, ``audit.csv`` and ``predictions.csv``, written by the commands.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from pathlib import Path
@@ -25,13 +29,15 @@ import torch
 from .config import TrainConfig, config_mismatches
 from .prepare import PreparedData
 
-__all__ = ["CHECKPOINT_NAME", "BEST_NAME", "SIGMA_SEARCH_NAME", "epoch_state", "selected_state",
+__all__ = ["CHECKPOINT_NAME", "BEST_NAME", "SIGMA_SEARCH_NAME", "SIGMA_SEARCH_RECORD",
+           "sigma_search_progress", "read_search_record", "epoch_state", "selected_state",
            "resumable_state", "predictor_record", "load_run_state", "CheckpointMismatch", "save_checkpoint", "load_checkpoint",
            "check_resumable", "checkpoint_epoch", "atomic_write_bytes", "atomic_write_text"]
 
 CHECKPOINT_NAME = "checkpoint.pt"  # the last epoch: what --resume continues
 BEST_NAME = "best.pt"              # the selected epoch: the run's model (sol_ext.load_run)
-SIGMA_SEARCH_NAME = ".sigma-search"  # the trials of sigma "auto", while they run
+SIGMA_SEARCH_NAME = "sigma-search"  # the trials of sigma "auto", until the search is done
+SIGMA_SEARCH_RECORD = "search.json"  # in SIGMA_SEARCH_NAME: the trials that finished
 FORMAT_VERSION = 2  # 2: the SOL head and the predictor record (load_run) replace "centroids"
 
 
@@ -108,17 +114,38 @@ def _temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
+def _write_error(path: Path, exc: OSError) -> OSError:
+    """``exc`` (of opening the temporary or renaming it) as an error about ``path`` itself: the
+    temporary's name means nothing to the user."""
+    if Path(path).is_dir():
+        reason = "is a folder, expected a file path"
+    elif not Path(path).parent.is_dir():
+        reason = f"the folder {str(Path(path).parent)!r} does not exist"
+    else:
+        reason = (exc.strerror or type(exc).__name__).lower()
+    new = type(exc)(f"cannot write {str(path)!r}: {reason}.")
+    new.errno = exc.errno
+    return new
+
+
 def _replace_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write`` on a fresh temporary file, flush it to disk and rename it to ``path``; a
     reader sees the old file or the new one, never a part. The temporary goes on failure."""
     tmp = _temporary_name(path)
     try:
         # O_EXCL: never write through a file someone else made; the umask sets the mode
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as exc:
+            raise _write_error(path, exc) from None
+        with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise _write_error(path, exc) from None
     except BaseException:  # also Ctrl-C: leave no temporary behind
         tmp.unlink(missing_ok=True)
         raise
@@ -196,3 +223,33 @@ def checkpoint_epoch(path: Path) -> int | None:
         return int(load_checkpoint(path, mmap=True)["epoch"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def read_search_record(search_dir: Path) -> dict[str, Any]:
+    """The record of a sigma search in ``search_dir`` (``{"finished": {"0.25": {"val_mae": ...,
+    "selected_epoch": ...}, ...}}``); an empty one where there is none or it is unreadable."""
+    try:
+        record = json.loads((Path(search_dir) / SIGMA_SEARCH_RECORD).read_text())
+    except (OSError, ValueError):
+        return {"finished": {}}
+    if not isinstance(record, dict) or not isinstance(record.get("finished"), dict):
+        return {"finished": {}}
+    return record
+
+
+def sigma_search_progress(out_dir: Path) -> Optional[dict[str, Any]]:
+    """The interrupted sigma search in ``out_dir``: ``{"finished": [sigma, ...], "epochs":
+    {sigma: last checkpointed epoch, ...}}`` (sigmas as ``"0.25"``), or None when there is none
+    to resume (no trial has a checkpoint)."""
+    search = Path(out_dir) / SIGMA_SEARCH_NAME
+    if not search.is_dir():
+        return None
+    epochs = {}
+    for trial in sorted(search.glob("sigma*")):
+        epoch = checkpoint_epoch(trial / CHECKPOINT_NAME) if trial.is_dir() else None
+        if epoch is not None:
+            epochs[trial.name[len("sigma"):]] = epoch
+    if not epochs:
+        return None
+    finished = [s for s in read_search_record(search)["finished"] if s in epochs]
+    return {"finished": finished, "epochs": epochs}

@@ -9,6 +9,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import filecmp
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -31,6 +34,7 @@ __all__ = ["main", "build_parser"]
 
 _DEFAULT = TrainConfig()
 EXIT_USAGE = 2
+THREADS_PER_CORE = 4  # --threads beyond this many per CPU core is a typo (torch fails on 100000)
 
 
 def _positive_list(text: str, kind=float) -> list:
@@ -63,8 +67,9 @@ def _add_data_options(p: argparse.ArgumentParser) -> None:
                    help="separate test file with clean labels; --data is then the whole training "
                         "set with labels as given (already noisy: no noise is added by default)")
     g.add_argument("--label-column", default=None, help="label column of a CSV file (default: label)")
-    g.add_argument("--test-fraction", type=float, default=_DEFAULT.test_fraction,
-                   help="test share when --data is split (default: %(default)s)")
+    g.add_argument("--test-fraction", type=float, default=None,
+                   help="test share when --data is split; not with --test-data (default: "
+                        f"{_DEFAULT.test_fraction})")
     g.add_argument("--val-fraction", type=float, default=None,
                    help="share of the training data (noisy labels) held out to pick the best "
                         f"epoch; 0: the last epoch is the model (default: {_DEFAULT.val_fraction})")
@@ -73,10 +78,10 @@ def _add_data_options(p: argparse.ArgumentParser) -> None:
                    help="side every image is resized to (default: 64 for an image list, 28 for "
                         "fashion-mnist-*)")
     i.add_argument("--augment", choices=AUGMENTATIONS, default=None,
-                   help="training augmentation: 'crop' pads by 1/8 of the side, crops back at a "
-                        "random offset and flips at random (keeps the content's scale, so blur, "
-                        "grain or wrinkles look as at test time); 'resized-crop' is torchvision's "
-                        "RandomResizedCrop (scale 0.5-1) and a flip; 'none' (default: crop)")
+                   help="training augmentation: 'flip' flips at random, left to right; 'crop' also "
+                        "pads by 1/8 of the side and crops back at a random offset (the content keeps "
+                        "its scale); 'resized-crop' is torchvision's RandomResizedCrop (scale 0.5-1) "
+                        "and a flip, which rescales blur and grain; 'none' (default: flip)")
     i.add_argument("--workers", type=int, default=None,
                    help="DataLoader processes decoding and augmenting images; 0: in the training "
                         "process (default: the free CPU cores, at most 8). The results do not "
@@ -203,12 +208,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share of training samples that get noise (default: %(default)s)")
     _add_model_options(t)
     t.add_argument("--seed", type=int, default=_DEFAULT.seed, help="(default: %(default)s)")
-    t.add_argument("--output", type=Path, default=None,
-                   help="output folder (default: runs/<data>-<method>-<noise><kappa>-seed<k>)")
+    t.add_argument("--output", default=None,
+                   help="output folder: new, empty, or a run's (default: "
+                        "runs/<data>-<method>[-paper]-<noise><kappa>-seed<k>, <noise> 'none' "
+                        "without added noise)")
     t.add_argument("--resume", action="store_true",
                    help="continue the run in --output from its last checkpoint")
     t.add_argument("--overwrite", action="store_true",
-                   help="start afresh even if --output holds a checkpoint")
+                   help="start afresh even if --output holds a run (its checkpoints, results and "
+                        "plots are deleted)")
     t.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     t.add_argument("--quiet", action="store_true", help="no per-epoch lines, no progress bar")
 
@@ -223,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "training data's columns (the label column is optional)")
     pr.add_argument("--delimiter", default=None,
                     help="cell separator of a CSV file (default: the training file's, else sniffed)")
-    pr.add_argument("--output", type=Path, default=None,
+    pr.add_argument("--output", default=None,
                     help="where to write the CSV (default: RUN_DIR/predictions.csv; '-' for stdout)")
     pr.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto (default: %(default)s)")
     pr.add_argument("--workers", type=int, default=None,
@@ -237,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(one-hot columns included) or images [N, C, H, W] in [0, 1]. "
                                     "Beside it, a .json file names the columns and label values.")
     ex.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="output folder of 'sol-ext train'")
-    ex.add_argument("--output", type=Path, default=None,
+    ex.add_argument("--output", default=None,
                     help="the program's path (default: RUN_DIR/model.pt2)")
 
     a = sub.add_parser("audit", help="list the training labels that look wrong, as CSV",
@@ -246,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "deviation, outlier flag, score (how likely the label is wrong), "
                                    "suggested label.")
     a.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="output folder of 'sol-ext train'")
-    a.add_argument("--csv", type=Path, default=None,
+    a.add_argument("--csv", default=None,
                    help="where to write the CSV (default: RUN_DIR/audit.csv; '-' for stdout)")
 
     c = sub.add_parser("compare", help="SOL against the baselines under label noise",
@@ -266,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seeds", type=lambda t: _positive_list(t, int), default=[0, 1, 2],
                    help="comma list (default: 0,1,2)")
     _add_model_options(c, with_method=False)
-    c.add_argument("--output", type=Path, default=Path("runs/compare"),
+    c.add_argument("--output", default="runs/compare",
                    help="folder of the runs and of compare.md (default: %(default)s)")
     return parser
 
@@ -281,14 +289,25 @@ def _config(args: argparse.Namespace, **override) -> TrainConfig:
     return TrainConfig(**values).validate()
 
 
+def _check_threads(requested: int) -> None:
+    """Refuse a negative ``--threads`` or more than :data:`THREADS_PER_CORE` per CPU core (checked
+    before anything loads: torch fails on an absurd count with a MemoryError, then a crash)."""
+    if requested < 0:
+        raise UsageError(f"--threads must be >= 0, got {requested}.")
+    cores = os.cpu_count() or 1
+    if requested > THREADS_PER_CORE * cores:
+        raise UsageError(f"--threads {requested}: at most {THREADS_PER_CORE * cores} "
+                         f"({THREADS_PER_CORE} per core; this machine has {cores} CPU cores); "
+                         f"0 picks a good number.")
+
+
 def _set_threads(requested: int, cfg: TrainConfig, kind: str) -> None:
     """Set torch's CPU threads: ``requested``, or 1 for the MLP encoder when 0."""
     import torch
 
     from .encoders import default_encoder
 
-    if requested < 0:
-        raise UsageError(f"--threads must be >= 0, got {requested}.")
+    _check_threads(requested)
     encoder = default_encoder(kind) if cfg.encoder == "auto" else cfg.encoder
     if requested or encoder == "mlp":
         torch.set_num_threads(requested or 1)
@@ -307,37 +326,132 @@ def _say(line: str) -> None:
     print(line, flush=True)  # progress lines show up at once, also when piped to a file
 
 
-def _default_output(cfg: TrainConfig) -> Path:
+def _default_output(cfg: TrainConfig, paper: bool = False) -> Path:
+    """``runs/<data>-<method>[-paper]-<noise><kappa>-seed<k>``: ``sol-paper`` as ``sol-ext
+    compare`` names sol with ``--paper``; ``none`` without a kappa where no noise is added."""
     data = Path(cfg.data).name.split(".")[0] or "data"
-    return Path("runs") / f"{data}-{cfg.method}-{cfg.noise}{cfg.kappa:g}-seed{cfg.seed}"
+    method = f"{cfg.method}-paper" if paper else cfg.method
+    noise = "none" if cfg.noise == "none" else f"{cfg.noise}{cfg.kappa:g}"
+    return Path("runs") / f"{data}-{method}-{noise}-seed{cfg.seed}"
+
+
+def _output_folder(text: str, flag: str = "--output") -> Path:
+    """The folder ``text`` of ``flag``; an empty path is refused (it would mean ``.``)."""
+    if not text:
+        raise UsageError(f"{flag} '': an empty path; expected a folder (e.g. runs/mine).")
+    return Path(text)
+
+
+def _output_file(text: str, flag: str) -> Path:
+    """The file path ``text`` of ``flag``, checked before anything is computed: not empty, not a
+    folder, in an existing folder."""
+    if not text:
+        raise UsageError(f"{flag} '': an empty path; expected a file path, or '-' for stdout.")
+    path = Path(text)
+    if path.is_dir():
+        raise UsageError(f"{flag} {text}: is a folder, expected a file path.")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"{flag} {text}: {parent} is a file, expected a folder.")
+            break
+    if not path.parent.is_dir():
+        raise UsageError(f"{flag} {text}: the folder {path.parent} does not exist; create it first.")
+    return path
+
+
+def _same_data(a: str, b: str) -> bool:
+    """Whether the data sets ``a`` and ``b`` are one: the same name or path, the same file or
+    folder, or two files with the same bytes."""
+    if a == b:
+        return True
+    pa, pb = Path(a), Path(b)
+    if not (pa.exists() and pb.exists()):
+        return False
+    try:
+        if os.path.samefile(pa, pb):
+            return True
+        return pa.is_file() and pb.is_file() and filecmp.cmp(pa, pb, shallow=False)
+    except OSError:
+        return False
+
+
+def _check_test_data(args: argparse.Namespace, cfg: TrainConfig) -> None:
+    """With ``--test-data``: no ``--test-fraction`` (nothing is split), and a test set that is not
+    the training set (its score would say nothing)."""
+    if cfg.test_data is None:
+        return
+    if args.test_fraction is not None:
+        raise UsageError("--test-fraction applies when --data is split into training and test "
+                         "sets; with --test-data the test set is that file: leave --test-fraction "
+                         "out, or --test-data.")
+    if _same_data(cfg.data, cfg.test_data):
+        raise UsageError(f"--test-data {cfg.test_data} holds the same data as the training set "
+                         f"(--data {cfg.data}); a test set must be other samples than the "
+                         f"training ones.")
+
+
+def _warn(line: str) -> None:
+    print(f"sol-ext: warning: {line}", file=sys.stderr, flush=True)
+
+
+def _warn_if_few_fitted(cfg: TrainConfig, n_train: int, n_fit: int, world_size: int) -> None:
+    """One warning line when the encoder fits fewer than two (global) batches of samples."""
+    batch = cfg.batch_size * world_size
+    if n_fit >= 2 * batch:
+        return
+    held = (f" (--val-fraction {cfg.val_fraction:g} holds out {n_train - n_fit} of {n_train})"
+            if n_fit < n_train else "")
+    samples = "sample" if n_fit == 1 else "samples"
+    _warn(f"the encoder fits only {n_fit} training {samples}{held}, fewer than two batches of "
+          f"{batch}: its results mean little; lower --val-fraction or --batch-size, or use more "
+          f"data.")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .checkpoint import BEST_NAME, CHECKPOINT_NAME, check_resumable
+    from .checkpoint import BEST_NAME, CHECKPOINT_NAME, SIGMA_SEARCH_NAME, sigma_search_progress
     from .parallel import Parallel
     from .prepare import prepare_data
     from .report import clear_results, format_table, noise_label, write_outputs
-    from .rundir import run_folder
-    from .train import resolve_device, train
+    from .rundir import check_output_folder, run_folder
+    from .train import check_resume, fitted_samples, resolve_device, searches_sigma, train
 
+    if args.resume and args.overwrite:
+        raise UsageError("--resume and --overwrite exclude each other: --resume continues the run "
+                         "in --output, --overwrite discards it; pass one of them.")
+    _check_threads(args.threads)
     cfg = _config(args)  # without --noise: gaussian on a built-in set, else none (TrainConfig)
+    _check_test_data(args, cfg)
     par = Parallel.from_environment()  # torchrun: one of several processes
     device = resolve_device(cfg.device, par)
-    out = args.output or _default_output(cfg)
+    out = (_output_folder(args.output) if args.output is not None
+           else _default_output(cfg, paper=args.paper))
     par.start(device)
     try:
+        if par.is_main:  # before the lock file: a folder that is not a run's stays untouched
+            check_output_folder(out)
         # one run at a time in `out` (rank 0 holds it for all); a Ctrl-C says what it holds
         with run_folder(out) if par.is_main else contextlib.nullcontext(out):
             if par.is_main:
-                if (out / CHECKPOINT_NAME).exists() and not (args.resume or args.overwrite):
-                    raise UsageError(f"{out} already holds a run; pass --resume to continue it, "
+                has_run = (out / CHECKPOINT_NAME).exists()
+                search = None if has_run else sigma_search_progress(out)
+                if (has_run or search) and not (args.resume or args.overwrite):
+                    what = "a run" if has_run else "an unfinished sigma search (--sigma auto)"
+                    raise UsageError(f"{out} already holds {what}; pass --resume to continue it, "
                                      f"--overwrite to start afresh, or another --output.")
-                if args.resume and not (out / CHECKPOINT_NAME).exists():
+                if args.resume and search and not searches_sigma(cfg):
+                    raise UsageError(f"--resume: {out} holds an unfinished sigma search, which "
+                                     f"continues with the options it started with (--sigma auto); "
+                                     f"or pass --overwrite to start afresh.")
+                if args.resume and not (has_run or search):
                     raise UsageError(f"--resume: no checkpoint in {out}; train without --resume "
                                      f"first.")
             say = (lambda _line: None) if args.quiet or not par.is_main else _say
             start = time.perf_counter()
             data = prepare_data(cfg)
+            n_fit = fitted_samples(cfg, data)  # a too small validation split names --val-fraction
+            if par.is_main:
+                _warn_if_few_fitted(cfg, int(data.train_given.numel()), n_fit, par.world_size)
             _set_threads(args.threads, cfg, data.kind)
             processes = (f", {par.world_size} processes x batch {cfg.batch_size}"
                          if par.enabled else "")
@@ -345,13 +459,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
                 f"samples, {data.num_ranks} ranks; {cfg.method}, noise "
                 f"{noise_label(cfg.noise, cfg.kappa)}{processes} -> {out}")
             if par.is_main:
-                if args.resume:  # refuse before the finished run's results are cleared
-                    check_resumable(out / CHECKPOINT_NAME, cfg, data.fingerprint())
-                clear_results(out)
-                if args.overwrite and not args.resume:
-                    # the old run's model goes with it: predict/export/audit must not find it
+                if args.resume:
+                    # refuse other settings or data, or fewer epochs, before anything changes;
+                    # the last results stay until the resumed run writes its own
+                    check_resume(out, cfg, data.fingerprint())
+                elif args.overwrite:
+                    # the old run goes: predict/export/audit must not find its model or results
+                    clear_results(out)
                     for name in (CHECKPOINT_NAME, BEST_NAME):
                         (out / name).unlink(missing_ok=True)
+                    shutil.rmtree(out / SIGMA_SEARCH_NAME, ignore_errors=True)
             outcome = train(cfg, data, out, resume=args.resume,
                             progress=not args.quiet and sys.stdout.isatty(), log=say, parallel=par)
             if par.is_main:
@@ -370,12 +487,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_audit(args: argparse.Namespace) -> int:
     from .audit import audit_run, write_audit
 
+    to_stdout = args.csv == "-"
+    path = None if to_stdout else (args.run_dir / "audit.csv" if args.csv is None
+                                   else _output_file(args.csv, "--csv"))
     report = audit_run(args.run_dir)
-    if args.csv is not None and str(args.csv) == "-":
+    if to_stdout:
         sys.stdout.write(report.to_csv())
         print(report.summary(), file=sys.stderr)
         return 0
-    path = args.csv or args.run_dir / "audit.csv"
     write_audit(report, path)
     print(report.summary())
     print(f"per-sample audit: {path}")
@@ -390,6 +509,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.workers < 0:
         raise UsageError(f"--workers must be >= 0, got {args.workers}.")
+    to_stdout = args.output == "-"
+    path = None if to_stdout else (args.run_dir / "predictions.csv" if args.output is None
+                                   else _output_file(args.output, "--output"))
     model = load_run(args.run_dir, device=resolve_device(args.device),
                      workers=auto_workers() if args.workers is None else args.workers)
     if args.delimiter is not None:
@@ -397,14 +519,13 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     prediction = model.predict_table(args.data)
     text = prediction_csv(prediction)
     scores = score_prediction(model, prediction)
-    if args.output is not None and str(args.output) == "-":
+    if to_stdout:
         sys.stdout.write(text)
         if scores is not None:
             print(format_scores(scores), file=sys.stderr)
         return 0
     from .checkpoint import atomic_write_text
 
-    path = args.output or args.run_dir / "predictions.csv"
     atomic_write_text(path, text)
     print(f"{len(prediction.ids)} predictions ({model.method}) -> {path}")
     if scores is not None:
@@ -416,8 +537,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from .export import export_run
     from .model import load_run
 
+    path = args.run_dir / "model.pt2" if args.output is None else _output_file(args.output, "--output")
     model = load_run(args.run_dir)
-    path = args.output or args.run_dir / "model.pt2"
     side = export_run(model, path)
     print(f"exported {model.method} -> {path} (torch.export; needs plain torch only), "
           f"inputs and label values -> {side}")
@@ -435,12 +556,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     )
     from .rundir import run_folder
 
+    _check_threads(args.threads)
     base = _config(args, noise="gaussian")
+    _check_test_data(args, base)
+    out = _output_folder(args.output)
     settings = noise_settings(args.kappas, args.noises)
     methods = default_methods() if args.methods is None else args.methods
     check_comparison(base, methods, settings, args.seeds)  # every option before the first run
     _set_threads(args.threads, base, "images" if args.encoder not in ("auto", "mlp") else _kind(base))
-    out = args.output
     with run_folder(out, note=lambda: f"interrupted; {out / 'compare.md'} was not updated."):
         records = run_comparison(base, methods, settings, args.seeds, out, log=_say)
         data_name = Path(base.data).name.split(".")[0]

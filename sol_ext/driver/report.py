@@ -1,4 +1,8 @@
-"""Outputs of a finished run: plots, ``results.json`` (written last) and the printed table."""
+"""Outputs of a finished run: plots, ``results.json`` (written last) and the printed table.
+
+Every file is replaced atomically when the run has finished: until then the folder keeps the
+last complete results (a resumed run that is interrupted leaves those of the run it continued).
+"""
 
 from __future__ import annotations
 
@@ -22,15 +26,16 @@ def noise_label(noise: str, kappa: float) -> str:
 
 
 def clear_results(out_dir: Path) -> None:
-    """Remove an earlier run's results and plots, so a failed rerun leaves nothing that looks
-    like a result (the checkpoint stays, for ``--resume``)."""
+    """Remove a run's results and plots (``train --overwrite`` discards the run in a run
+    folder; a resumed run keeps them until it writes its own)."""
     for name in (RESULTS_NAME, *PLOT_NAMES):
         (out_dir / name).unlink(missing_ok=True)
 
 
 def write_outputs(outcome: RunOutcome, data: PreparedData, out_dir: Path,
                   plots: bool = True) -> Path:
-    """Write the plots, then ``results.json``; return the path of ``results.json``."""
+    """Write the plots, then ``results.json``; return the path of ``results.json``. Without
+    ``plots``, the plots of an earlier state of the run go once the new results are written."""
     results = outcome.results
     if plots:
         from .plots import plot_cs_curve, plot_embeddings, plot_learning_curves
@@ -47,6 +52,9 @@ def write_outputs(outcome: RunOutcome, data: PreparedData, out_dir: Path,
         results["plots"] = list(PLOT_NAMES)
     path = out_dir / RESULTS_NAME
     atomic_write_text(path, json.dumps(results, indent=2, allow_nan=True) + "\n")
+    if not plots:  # they would show another epoch count than results.json
+        for name in PLOT_NAMES:
+            (out_dir / name).unlink(missing_ok=True)
     return path
 
 
@@ -58,22 +66,26 @@ def _optional(test: dict[str, Any], key: str, fmt: str = "{:.3f}") -> str:
 
 
 def format_table(results: Sequence[dict[str, Any]]) -> str:
-    """A short fixed-width table: one row per run (method, noise, MAE, CS, QWK, macro-MAE, and how many
-    training labels
-    the run's corrected labels change, with their error against the clean labels where known)."""
+    """A short fixed-width table: one row per run (method, noise, MAE, CS, QWK, macro-MAE, and how
+    many training labels the run's corrected labels change, with their error against the clean
+    labels where known). Every MAE is in label units, as its header says: the training-label MAE
+    of ``results.json`` (in ranks) is multiplied by the label step."""
     header = ("method", "data", "noise", "test MAE", "CS", "QWK", "macro-MAE", "labels changed",
               "label MAE")
     rows = []
     for r in results:
         cfg, test = r["config"], r["test"] or {}
         given, final = r.get("label_noise_given"), r.get("label_noise_final")
-        label_mae = "-" if given is None else f"{given['mae']:.3f}->{final['mae']:.3f}"
+        step = float(r.get("data", {}).get("step", 1.0))
+        label_mae = ("-" if given is None
+                     else f"{given['mae'] * step:.3f}->{final['mae'] * step:.3f}")
         rows.append((cfg["method"], r["data"]["name"], noise_label(cfg["noise"], cfg["kappa"]),
                      _optional(test, "mae"), _optional(test, "cs", "{:.1f}% @" + f"{r['cs_theta']:g}"),
                      _optional(test, "qwk"), _optional(test, "macro_mae"),
                      str(r["labels_changed"]), label_mae))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines = ["MAE columns in label units (test MAE, macro-MAE, label MAE: the training labels' "
+             "error, given -> corrected)", fmt.format(*header), fmt.format(*("-" * w for w in widths))]
     lines += [fmt.format(*row) for row in rows]
     return "\n".join(lines)

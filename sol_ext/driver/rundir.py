@@ -1,14 +1,22 @@
-"""The output folder of a run: one run at a time, and what an interrupted run leaves in it.
+"""The output folder of a run: one run at a time, what an interrupted run leaves in it, and
+never a folder that is not a run's.
 
 Two runs writing into one folder would overwrite each other's checkpoint and results, so a run
 holds an exclusive lock on ``<folder>/.lock`` (``flock``, released by the kernel even when the
 process dies) and a second run is refused at once with :class:`OutputFolderBusy`.
+
+A run writes into a new folder, an empty one, or a run folder: one that holds ``checkpoint.pt``
+or the ``sigma-search/`` folder of a sigma search (:func:`check_output_folder`). Any other folder
+(``--output .`` in a project, a folder of one's own files) is refused before anything in it
+changes, so a run never deletes or overwrites a file it did not write.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -17,13 +25,17 @@ try:
 except ImportError:  # pragma: no cover - not on Linux or macOS: no locking
     fcntl = None
 
-from .checkpoint import CHECKPOINT_NAME, checkpoint_epoch
+from .checkpoint import CHECKPOINT_NAME, SIGMA_SEARCH_NAME, checkpoint_epoch, sigma_search_progress
 from .errors import UsageError
 
 __all__ = ["LOCK_NAME", "OutputFolderBusy", "RunInterrupted", "lock_output_folder",
-           "interruption_note", "run_folder"]
+           "interruption_note", "run_folder", "make_output_folder", "check_output_folder",
+           "is_run_folder"]
 
 LOCK_NAME = ".lock"
+
+# the temporaries of checkpoint._replace_atomically (".results.json.<pid>.<hex>.tmp"): a run's own
+_TEMPORARY = re.compile(r"^\..+\.\d+\.[0-9a-f]{8}\.tmp$")
 
 
 class OutputFolderBusy(UsageError):
@@ -43,25 +55,99 @@ def _holder(fd: int) -> str:
     return f" (process {pid})" if pid.isdigit() else ""
 
 
+def _reason(exc: OSError, folder: Path) -> str:
+    """Why the folder ``folder`` could not be made or written, in words."""
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    if exc.errno == errno.EROFS:
+        return "read-only file system"
+    if exc.errno == errno.ENOSPC:
+        return "no space left on the device"
+    parent = next((p for p in folder.parents if p.exists()), None)
+    if exc.errno == errno.ENOENT and parent is not None and parent.is_dir():
+        return f"{parent} takes no new folders"  # /proc, /sys
+    return (exc.strerror or type(exc).__name__).lower()
+
+
+def make_output_folder(out_dir: Path, flag: str = "--output") -> None:
+    """Create the folder ``out_dir`` (and its parents) if needed.
+
+    Raises:
+        UsageError: naming ``flag``: ``out_dir`` or a folder above it is a file, or the folder
+            cannot be made (permission denied, read-only, ...).
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"{flag} {out_dir}: is a file, expected a folder.")
+    for parent in out_dir.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"{flag} {out_dir}: {parent} is a file, expected a folder.")
+            break
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{flag} {out_dir}: cannot create the folder "
+                         f"({_reason(exc, out_dir)}).") from None
+
+
+def is_run_folder(out_dir: Path) -> bool:
+    """Whether ``out_dir`` holds a run: ``checkpoint.pt``, or the trials of a sigma search."""
+    out_dir = Path(out_dir)
+    return (out_dir / CHECKPOINT_NAME).is_file() or (out_dir / SIGMA_SEARCH_NAME).is_dir()
+
+
+def check_output_folder(out_dir: Path, flag: str = "--output") -> None:
+    """Refuse an existing ``out_dir`` that is neither empty nor a run folder (:func:`is_run_folder`),
+    before anything in it changes. The lock file and a run's temporaries do not count.
+
+    Raises:
+        UsageError: naming ``flag`` and a few of the files found.
+    """
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir() or is_run_folder(out_dir):
+        return  # made by the run (make_output_folder says what is wrong with a file there)
+    try:
+        others = sorted(p.name for p in out_dir.iterdir()
+                        if p.name != LOCK_NAME and not _TEMPORARY.match(p.name))
+    except OSError as exc:
+        raise UsageError(f"{flag} {out_dir}: cannot read the folder ({_reason(exc, out_dir)}).") from None
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise UsageError(
+            f"{flag} {out_dir}: the folder holds other files ({shown}) and is not a sol-ext run "
+            f"folder (no {CHECKPOINT_NAME}); a run writes into a new or empty folder or continues "
+            f"its own: choose another {flag}.")
+
+
 @contextlib.contextmanager
-def lock_output_folder(out_dir: Path) -> Iterator[Path]:
-    """Create ``out_dir`` if needed and hold its lock for the ``with`` block; yield ``out_dir``.
+def lock_output_folder(out_dir: Path, flag: str = "--output") -> Iterator[Path]:
+    """Create ``out_dir`` if needed (:func:`make_output_folder`, whose errors name ``flag``) and
+    hold its lock for the ``with`` block; yield ``out_dir``.
 
     On leaving, the lock file is removed, and so is ``out_dir`` when this call created it and
     nothing else was written there (a run refused for bad input leaves no empty folder).
 
     Raises:
         OutputFolderBusy: another process holds the lock.
+        UsageError: the folder cannot be made or written.
     """
     out_dir = Path(out_dir)
     created = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_output_folder(out_dir, flag)
     if fcntl is None:  # pragma: no cover
         yield out_dir
         return
     path = out_dir / LOCK_NAME
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            if created:
+                with contextlib.suppress(OSError):
+                    out_dir.rmdir()
+            raise UsageError(f"{flag} {out_dir}: cannot write in the folder "
+                             f"({_reason(exc, out_dir)}).") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -94,6 +180,12 @@ def lock_output_folder(out_dir: Path) -> Iterator[Path]:
 def interruption_note(out_dir: Path) -> str:
     """One line saying what an interrupted training run leaves in ``out_dir``."""
     epoch = checkpoint_epoch(Path(out_dir) / CHECKPOINT_NAME)
+    search = None if epoch is not None else sigma_search_progress(out_dir)
+    if search is not None:
+        trials = ", ".join(f"sigma {s} finished" if s in search["finished"] else
+                           f"sigma {s} at epoch {e}" for s, e in search["epochs"].items())
+        return (f"interrupted during the sigma search (--sigma auto); {out_dir} holds its trials, "
+                f"{trials} (continue with --resume).")
     if epoch is None:
         return f"interrupted before the first epoch was checkpointed; nothing to resume in {out_dir}."
     return (f"interrupted; {out_dir} holds the checkpoint of epoch {epoch} "
@@ -101,10 +193,11 @@ def interruption_note(out_dir: Path) -> str:
 
 
 @contextlib.contextmanager
-def run_folder(out_dir: Path, note: Optional[Callable[[], str]] = None) -> Iterator[Path]:
+def run_folder(out_dir: Path, note: Optional[Callable[[], str]] = None,
+               flag: str = "--output") -> Iterator[Path]:
     """:func:`lock_output_folder`, and a Ctrl-C inside the block becomes :class:`RunInterrupted`
     with ``note()`` (default: :func:`interruption_note`) as its message."""
-    with lock_output_folder(out_dir) as folder:
+    with lock_output_folder(out_dir, flag) as folder:
         try:
             yield folder
         except RunInterrupted:

@@ -12,18 +12,29 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from .checkpoint import BEST_NAME, CHECKPOINT_NAME, SIGMA_SEARCH_NAME, load_checkpoint, save_checkpoint
+from .checkpoint import (
+    BEST_NAME,
+    CHECKPOINT_NAME,
+    SIGMA_SEARCH_NAME,
+    SIGMA_SEARCH_RECORD,
+    atomic_write_text,
+    load_checkpoint,
+    read_search_record,
+    save_checkpoint,
+    sigma_search_progress,
+)
 from .config import SIGMA_GRID, TrainConfig
 from .parallel import Parallel
 from .prepare import PreparedData
 from .run import RunOutcome, corrected_labels, run_results, train_run
 
-__all__ = ["select_sigma", "search_sigma", "trial_dir"]
+__all__ = ["select_sigma", "search_sigma", "trial_dir", "trial_config"]
 
 
 def trial_dir(work_dir: Path, sigma: float) -> Path:
@@ -31,13 +42,22 @@ def trial_dir(work_dir: Path, sigma: float) -> Path:
     return Path(work_dir) / f"sigma{sigma:g}"
 
 
+def trial_config(config: TrainConfig, sigma: float) -> TrainConfig:
+    """The configuration of the trial of ``sigma`` in a search for ``config``."""
+    return dataclasses.replace(config, sigma=float(sigma))
+
+
 def select_sigma(config: TrainConfig, data: PreparedData, grid: Sequence[float] = SIGMA_GRID,
                  log: Callable[[str], None] = print, parallel=None,
-                 work_dir: Optional[Path] = None) -> dict[str, Any]:
+                 work_dir: Optional[Path] = None, resume: bool = False) -> dict[str, Any]:
     """Train ``config`` once per ``sigma`` in ``grid``; return the one of best validation MAE.
 
     The trials are written to :func:`trial_dir` of ``work_dir`` (kept, so that the winner's run
-    can be used as it is), or to a temporary folder.
+    can be used as it is, and an interrupted search resumed), or to a temporary folder; each
+    finished trial is added to the record ``work_dir/search.json``. With ``resume``, a trial with
+    a checkpoint in ``work_dir`` continues from it (a finished one only reports its outcome, or
+    trains on to more epochs) and the others train afresh: the outcome is that of an
+    uninterrupted search.
 
     Returns:
         ``{"sigma": best, "val_mae": {sigma: MAE, ...}}`` (MAE in ranks, at each run's selected
@@ -47,16 +67,29 @@ def select_sigma(config: TrainConfig, data: PreparedData, grid: Sequence[float] 
     if not config.selects_model:
         raise ValueError("sigma 'auto' is picked on the validation split; it needs a validation "
                          "fraction > 0.")
+    par = parallel or Parallel()
     scores: dict[float, float] = {}
     with contextlib.ExitStack() as stack:
         if work_dir is None:
             work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sol-ext-sigma-")))
+            resume = False
+        record = read_search_record(work_dir) if resume and par.is_main else {"finished": {}}
+        record.update(config=config.to_dict(), grid=[float(s) for s in grid])
         for sigma in grid:
-            trial = dataclasses.replace(config, sigma=float(sigma), patience=config.patience)
+            trial = trial_config(config, sigma)
             trial.validate()
-            outcome = train_run(trial, data, trial_dir(work_dir, sigma), log=lambda _line: None,
+            where = trial_dir(work_dir, sigma)
+            # rank 0 alone reads the folder: every process must take the same branch
+            again = resume and par.broadcast_object(
+                (where / CHECKPOINT_NAME).is_file() if par.is_main else None)
+            outcome = train_run(trial, data, where, resume=again, log=lambda _line: None,
                                 parallel=parallel)
             scores[float(sigma)] = float(outcome.results["val_mae"])
+            if par.is_main:
+                record["finished"][f"{sigma:g}"] = {
+                    "val_mae": scores[float(sigma)], "selected_epoch": outcome.results["selected_epoch"],
+                    "epochs_run": outcome.results["epochs_run"]}
+                atomic_write_text(Path(work_dir) / SIGMA_SEARCH_RECORD, json.dumps(record, indent=2) + "\n")
             log(f"sigma {sigma:g}: validation MAE {scores[float(sigma)]:.3f} "
                 f"(epoch {outcome.results['selected_epoch']})")
     best = min(scores, key=lambda s: scores[s])
@@ -65,19 +98,29 @@ def select_sigma(config: TrainConfig, data: PreparedData, grid: Sequence[float] 
 
 
 def search_sigma(config: TrainConfig, data: PreparedData, out_dir: Path, par: Parallel,
-                 log: Callable[[str], None], seconds_before: float = 0.0) -> RunOutcome:
+                 log: Callable[[str], None], seconds_before: float = 0.0,
+                 resume: bool = False) -> RunOutcome:
     """The run of ``config`` (``sigma="auto"``) in ``out_dir``: :func:`select_sigma` trains every
-    candidate in ``out_dir/.sigma-search``, and the winner's training, to the last bit, becomes
-    the run (it is kept, not repeated)."""
+    candidate in ``out_dir/sigma-search``, and the winner's training, to the last bit, becomes
+    the run (it is kept, not repeated). With ``resume``, the trials of an interrupted search
+    there continue.
+
+    On an error or Ctrl-C the trials with a checkpoint stay, for ``--resume``; a search with none
+    leaves nothing behind."""
     import time
 
     started = time.perf_counter()
     search = out_dir / SIGMA_SEARCH_NAME
+    if par.is_main and not resume:  # a fresh search: no trial of an earlier one is reused
+        shutil.rmtree(search, ignore_errors=True)
+    if resume:
+        log(f"resuming the sigma search in {search}")
     try:
-        sigma_choice = select_sigma(config, data, log=log, parallel=par, work_dir=search)
-    except BaseException:  # an error or Ctrl-C: no half-done trials left in the folder
-        if par.is_main:
-            shutil.rmtree(search, ignore_errors=True)
+        sigma_choice = select_sigma(config, data, log=log, parallel=par, work_dir=search,
+                                    resume=resume)
+    except BaseException:
+        if par.is_main and sigma_search_progress(out_dir) is None:
+            shutil.rmtree(search, ignore_errors=True)  # nothing to resume: no half-done trials
         raise
     return _adopt_trial(config, data, out_dir, search, sigma_choice, par,
                         seconds_before + time.perf_counter() - started)
@@ -91,7 +134,9 @@ def _adopt_trial(config: TrainConfig, data: PreparedData, out_dir: Path, search:
     if par.is_main:
         winner = trial_dir(search, sigma_choice["sigma"])
         states = {}
-        for name in (CHECKPOINT_NAME, BEST_NAME):
+        # best.pt first: checkpoint.pt marks the search as done (a Ctrl-C between the two leaves
+        # the search, which --resume adopts again)
+        for name in (BEST_NAME, CHECKPOINT_NAME):
             state = load_checkpoint(winner / name)
             state.update(config=config.to_dict(), sigma_choice=sigma_choice)
             save_checkpoint(out_dir / name, state)
