@@ -375,3 +375,15 @@ def test_results_table_shows_label_mae_in_label_units(tmp_path):
     table = format_table([results])
     assert "0.380->0.300" in table and "37.98" not in table
     assert "label units" in table.splitlines()[0]
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--tau", "1000000"], "tau=1000000 makes every pair"),
+    (["--sigma", "1e300"], "sigma=1e+300 ranks is wider than the data's"),
+])
+def test_settings_that_leave_no_order_to_learn_are_refused(tmp_path, capsys, flags, needle):
+    data = tiny_csv(tmp_path / "d.csv")
+    code = main(["train", "--data", str(data), "--epochs", "1", "--output", str(tmp_path / "o"),
+                 "--batch-size", "16", "--quiet", "--no-plots", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("sol-ext: error:") and needle.replace("=", " ") in err.replace("=", " ")

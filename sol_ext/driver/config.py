@@ -156,6 +156,20 @@ class TrainConfig:
             self.noise = "gaussian" if self.test_data is None and is_builtin(self.data) else "none"
 
     # -- derived settings -------------------------------------------------------------------
+    def check_ranks(self, num_ranks: int) -> None:
+        """Refuse settings wider than the rank scale of data of ``num_ranks`` ranks: a tau that
+        makes every pair "similar" beyond the scale's own width, or a sigma that spreads every
+        label evenly over all ranks. (tau = n - 1, e.g. the default 1 on two ranks, orders no pair
+        either, but the discriminative loss still learns; it is allowed.)"""
+        if self.uses_centroids and self.tau >= max(num_ranks, 2):
+            raise ValueError(f"tau={self.tau} makes every pair of the data's {num_ranks} ranks "
+                             f"'similar' (|r_x - r_y| <= tau), so no pair is ordered; expected tau in "
+                             f"0 … {max(num_ranks - 2, 0)}.")
+        if self.method == "sol" and self.sigma != "auto" and float(self.sigma) > num_ranks:
+            raise ValueError(f"sigma={self.sigma:g} ranks is wider than the data's {num_ranks} ranks: the "
+                             f"noise model then makes every rank about equally likely for any label, "
+                             f"and the loss carries no order; expected 0 < sigma <= {num_ranks}.")
+
     def augmentation(self, kind: str) -> str:
         """The training augmentation for data of ``kind``: ``augment``, by default "flip" for images
         and "none" otherwise; asking for one on vectors is an error."""

@@ -113,6 +113,7 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
                          "covers all pairs of the global batch (--pairs all).")
     if not par.is_main:  # rank 0 speaks for the run
         log, progress = (lambda _line: None), False
+    config.check_ranks(data.num_ranks)  # tau and sigma against the data's ranks
     fitted_samples(config, data)  # a validation split too small for the data says so here
     if resume and par.is_main:
         check_resume(out_dir, config, data.fingerprint())
