@@ -84,7 +84,7 @@ def test_wrong_weights_files_are_refused(tmp_path):
         build_encoder("resnet18", (3, 32, 32), 8, weights=str(listed))
     corrupt = tmp_path / "corrupt.pth"
     corrupt.write_bytes(b"not a torch file")
-    with pytest.raises(ValueError, match="corrupt.pth.*could not be read"):
+    with pytest.raises(ValueError, match="corrupt.pth.*not a torch file"):
         build_encoder("resnet18", (3, 32, 32), 8, weights=str(corrupt))
     shapes = tmp_path / "r34.pth"
     torch.save(torchvision.models.resnet18(num_classes=10).state_dict() | {"conv1.weight": torch.zeros(1)},

@@ -387,3 +387,22 @@ def test_settings_that_leave_no_order_to_learn_are_refused(tmp_path, capsys, fla
                  "--batch-size", "16", "--quiet", "--no-plots", *flags])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("sol-ext: error:") and needle.replace("=", " ") in err.replace("=", " ")
+
+
+def test_a_weights_file_of_other_pickled_objects_is_refused_without_unsafe_advice(tmp_path):
+    pytest.importorskip("torchvision")
+    import collections
+    import pickle
+
+    from sol_ext.driver.encoders import build_encoder
+
+    path = tmp_path / "w.pth"
+    with open(path, "wb") as f:
+        pickle.dump(collections.OrderedDict(a=1), f)
+    with pytest.raises(ValueError, match="pickled objects other than tensors") as info:
+        build_encoder("resnet18", (3, 32, 32), 8, weights=str(path))
+    assert "weights_only" not in str(info.value)
+    path.write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match="not a torch file") as info:
+        build_encoder("resnet18", (3, 32, 32), 8, weights=str(path))
+    assert "weights_only" not in str(info.value)

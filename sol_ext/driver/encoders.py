@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import pickle
 import re
 from collections.abc import Mapping
 from typing import Any, Optional, Sequence
@@ -142,9 +143,14 @@ def _read_state_dict(path: str, expected: str) -> dict[str, torch.Tensor]:
     ``expected`` names the expected content in error messages."""
     try:
         state: Any = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # corrupt file, not a torch file, pickled objects other than tensors
+    except pickle.UnpicklingError:
+        # torch's message advises weights_only=False: unsafe for a file from elsewhere
+        raise ValueError(f"{path!r} is not a state dict of tensors: not a torch file, or one holding "
+                         f"pickled objects other than tensors, which are not loaded (that could run code "
+                         f"from the file); expected {expected}.") from None
+    except Exception as exc:  # corrupt file, not a torch file
         reason = (str(exc).strip().splitlines() or [""])[0]
-        raise ValueError(f"{path!r} could not be read as a state dict ({type(exc).__name__}: "
+        raise ValueError(f"{path!r} is not a torch state dict file ({type(exc).__name__}: "
                          f"{reason[:200]}); expected {expected}.") from None
     return _as_state_dict(state, repr(path), expected)
 
