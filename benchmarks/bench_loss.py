@@ -9,6 +9,16 @@ and measures the peak memory a forward+backward adds on top of its inputs: on CU
 allocator's peak, on the CPU from the peak resident size of a fresh process. On CUDA with
 --no-check-values it also times the forward+backward replayed from a CUDA graph. It prints one markdown
 table: median times, the reference/fused ratio, and pair-rank updates per second (B(B-1)/2 * n per pass).
+
+    python benchmarks/bench_loss.py --algorithms     # grouped vs pairwise vs reference (docs/math.md §13)
+    python benchmarks/bench_loss.py --algorithms --threads 1 --sizes 8192,7,64 1000000,5,64
+
+--algorithms times, in one run, the forward+backward of StochasticOrderLoss (float32, d = 64 by default)
+with algorithm="grouped" (sorting, O(n^2 B + n B log B)), algorithm="pairwise" with the fused kernels
+(O(B^2 n)) and the plain-PyTorch reference, at sizes up to B = 1,000,000. Where pairwise or the reference
+would not fit in memory or would take more than --budget seconds (extrapolated from a small calibration
+run of the same run), the table says "skipped". It also says which algorithm "auto" picks
+(sol_ext.grouped.grouped_is_faster) and whether that was the faster one.
 """
 from __future__ import annotations
 
@@ -17,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import torch
 import torch.utils.benchmark as tbench
@@ -54,8 +65,8 @@ def make_inputs(B: int, n: int, d: int, device: str, dtype=torch.float32, seed: 
 CHECK_VALUES = True
 
 
-def make_loss(n: int, backend: str) -> sol_ext.StochasticOrderLoss:
-    return sol_ext.StochasticOrderLoss(n, backend=backend, check_values=CHECK_VALUES)
+def make_loss(n: int, backend: str, algorithm: str = "pairwise") -> sol_ext.StochasticOrderLoss:
+    return sol_ext.StochasticOrderLoss(n, backend=backend, check_values=CHECK_VALUES, algorithm=algorithm)
 
 
 def check_agreement(B: int, n: int, d: int, device: str) -> float:
@@ -116,11 +127,11 @@ def time_cuda_graph(B: int, n: int, d: int, min_run_time: float):
     return tbench.Timer("graph.replay()", globals=dict(graph=graph)).blocked_autorange(min_run_time=min_run_time).median
 
 
-def peak_extra_memory(B: int, n: int, d: int, device: str, backend: str) -> int:
+def peak_extra_memory(B: int, n: int, d: int, device: str, backend: str, algorithm: str = "auto") -> int:
     """Bytes a forward+backward allocates at its peak, beyond its inputs."""
     if device == "cuda":
         h, mu, labels = make_inputs(B, n, d, device)
-        criterion = make_loss(n, backend)
+        criterion = make_loss(n, backend, algorithm)
         torch.autograd.grad(criterion(h, labels, mu), (h, mu))  # warm caches (tables, cuBLAS workspace)
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
@@ -133,7 +144,7 @@ def peak_extra_memory(B: int, n: int, d: int, device: str, backend: str) -> int:
     # both paths use, which would otherwise count as extra.
     script = (
         "import sys, json, resource, torch; sys.path.insert(0, sys.argv[1]); import bench_loss as b;"
-        "B, n, d = map(int, sys.argv[2:5]); crit = b.make_loss(n, sys.argv[5]);"
+        "B, n, d = map(int, sys.argv[2:5]); crit = b.make_loss(n, sys.argv[5], sys.argv[6]);"
         "h, mu, labels = b.make_inputs(8, n, d, 'cpu'); torch.autograd.grad(crit(h, labels, mu), (h, mu));"
         "h, mu, labels = b.make_inputs(B, n, d, 'cpu'); import gc; gc.collect();"
         "base = int(open('/proc/self/statm').read().split()[1]) * resource.getpagesize();"
@@ -143,7 +154,7 @@ def peak_extra_memory(B: int, n: int, d: int, device: str, backend: str) -> int:
     )
     here = os.path.dirname(os.path.abspath(__file__))
     out = subprocess.run(
-        [sys.executable, "-c", script, here, str(B), str(n), str(d), backend],
+        [sys.executable, "-c", script, here, str(B), str(n), str(d), backend, algorithm],
         check=True, capture_output=True, text=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -222,6 +233,99 @@ def print_table(rows: list) -> None:
             )
 
 
+ALGORITHM_SIZES = {
+    "cpu": [(64, 60, 64), (1024, 101, 64), (4096, 217, 64), (8192, 7, 64), (65536, 7, 64), (1000000, 5, 64)],
+    "cuda": [(64, 60, 64), (1024, 101, 64), (4096, 217, 64), (8192, 7, 64), (65536, 7, 64), (1000000, 5, 64)],
+}
+ALGORITHM_RUNS = {  # name -> StochasticOrderLoss arguments
+    "grouped": dict(backend="auto", algorithm="grouped"),
+    "pairwise": dict(backend="fused", algorithm="pairwise"),
+    "reference": dict(backend="reference", algorithm="pairwise"),
+}
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_forward_backward(B: int, n: int, d: int, device: str, how: str, min_run_time: float, repeats: int = 5):
+    """Median seconds of one forward+backward (gradients of h and mu) of StochasticOrderLoss, after one
+    warm-up call: repeated while the total stays under ``min_run_time`` (at least once, at most ``repeats``)."""
+    h, mu, labels = make_inputs(B, n, d, device)
+    criterion = sol_ext.StochasticOrderLoss(n, check_values=CHECK_VALUES, **ALGORITHM_RUNS[how])
+    torch.autograd.grad(criterion(h, labels, mu), (h, mu))
+    _sync(device)
+    times = []
+    while len(times) < repeats and (not times or sum(times) < min_run_time):
+        start = time.perf_counter()
+        torch.autograd.grad(criterion(h, labels, mu), (h, mu))
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def _pairwise_rate(n: int, d: int, device: str, how: str, min_run_time: float) -> float:
+    """Pair-ranks per second of a pairwise forward+backward, from a small run (B = 256)."""
+    B = 256
+    return B * (B - 1) // 2 * n / time_forward_backward(B, n, d, device, how, min_run_time)
+
+
+def check_algorithms_agree(B: int, n: int, d: int, device: str) -> float:
+    """Largest relative difference of loss, dh and dmu between grouped and pairwise (float64)."""
+    h, mu, labels = make_inputs(B, n, d, device, torch.float64)
+    results = []
+    for how in ("grouped", "pairwise"):
+        loss = sol_ext.StochasticOrderLoss(n, **ALGORITHM_RUNS[how])(h, labels, mu)
+        results.append((loss, *torch.autograd.grad(loss, (h, mu))))
+    return max(
+        ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item() for a, b in zip(*results)
+    )
+
+
+def run_algorithms(device: str, sizes, min_run_time: float, budget: float, memory: bool = True) -> list:
+    rows = []
+    for B, n, d in sizes:
+        agreement = check_algorithms_agree(min(B, 300), n, d, device)
+        assert agreement < 1e-10, f"grouped and pairwise disagree at {(B, n, d)}: {agreement:.2e}"
+        pair_ranks = B * (B - 1) // 2 * n
+        result = {"device": device, "B": B, "n": n, "d": d, "agreement": agreement, "threads": torch.get_num_threads(),
+                  "auto": sol_ext.grouped.choose_algorithm("auto", B, n, torch.device(device), fused=True)}
+        for how in ALGORITHM_RUNS:
+            if how != "grouped":
+                if how == "reference" and not reference_fits(pair_ranks, device):
+                    result[how], result[how + "_why"] = None, "would not fit"
+                    continue
+                estimate = pair_ranks / _pairwise_rate(n, d, device, how, 0.2)
+                if estimate > budget:
+                    result[how], result[how + "_why"] = None, f"about {estimate:.0f} s"
+                    continue
+            result[how] = time_forward_backward(B, n, d, device, how, min_run_time)
+        if memory:
+            result["grouped_memory"] = peak_extra_memory(B, n, d, device, "auto", "grouped")
+        rows.append(result)
+        print(f"  done {device} {(B, n, d)}", file=sys.stderr, flush=True)
+    return rows
+
+
+def print_algorithm_table(rows: list) -> None:
+    print("| device | B, n, d | grouped | pairwise (fused) | reference | pairwise / grouped | reference / grouped |"
+          " auto picks | auto's pick is the faster | grouped extra memory |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        cells = []
+        for how in ALGORITHM_RUNS:
+            cells.append(_fmt_time(r[how]) if r[how] is not None else f"skipped ({r[how + '_why']})")
+        ratios = [f"{r[how] / r['grouped']:.1f}×" if r[how] is not None else "—" for how in ("pairwise", "reference")]
+        if r["pairwise"] is None:
+            faster = "grouped"
+        else:
+            faster = "grouped" if r["grouped"] <= r["pairwise"] else "pairwise"
+        ok = "yes" if r["auto"] == faster else f"no ({faster} is)"
+        print(f"| {r['device']} | {r['B']}, {r['n']}, {r['d']} | {' | '.join(cells)} | {' | '.join(ratios)} | "
+              f"{r['auto']} | {ok} | {_fmt_bytes(r.get('grouped_memory'))} |")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
@@ -232,7 +336,14 @@ def main(argv=None) -> int:
                         help="StochasticOrderLoss(check_values=False): no host-device synchronization per call")
     parser.add_argument("--profile", action="store_true",
                         help="also print a torch.profiler table of the fused forward+backward per size (5 steps)")
+    parser.add_argument("--algorithms", action="store_true",
+                        help="time algorithm='grouped' vs 'pairwise' (fused) vs the reference instead (d = 64)")
+    parser.add_argument("--budget", type=float, default=30.0,
+                        help="--algorithms: skip pairwise/reference where one call would take longer (seconds)")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     global CHECK_VALUES
     CHECK_VALUES = not args.no_check_values
@@ -242,6 +353,18 @@ def main(argv=None) -> int:
             parser.error("no CUDA GPU, or this build of sol_ext has no CUDA kernels")
         devices.remove("cuda")
     rows = []
+    if args.algorithms:
+        for device in devices:
+            sizes = [tuple(map(int, s.split(","))) for s in args.sizes] if args.sizes else ALGORITHM_SIZES[device]
+            rows += run_algorithms(device, sizes, args.min_run_time, args.budget)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        print(f"\nStochasticOrderLoss(check_values={CHECK_VALUES}) forward+backward, all pairs, float32; "
+              f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {os.cpu_count()} CPUs"
+              + (f", {torch.cuda.get_device_name()}" if "cuda" in devices else ""))
+        print_algorithm_table(rows)
+        return 0
     for device in devices:
         sizes = [tuple(map(int, s.split(","))) for s in args.sizes] if args.sizes else DEFAULT_SIZES[device]
         rows += run(device, sizes, args.min_run_time)

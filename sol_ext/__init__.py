@@ -24,6 +24,7 @@ if _C.torch_version != torch.__version__:  # pragma: no cover
 
 from . import (
     _fake,  # noqa: E402,F401  fake (meta) kernels for torch.compile and opcheck
+    grouped,  # noqa: E402
     reference,  # noqa: E402
 )
 from .head import SOLHead  # noqa: E402
@@ -67,4 +68,5 @@ __all__ = [
     "noise_kernel",
     "cuda_kernels_available",
     "reference",
+    "grouped",
 ]

@@ -29,6 +29,12 @@ turns into the gradient of the global loss. ``mu``'s gradient, where ``mu`` requ
 rule: averaged over the processes (as DDP does when ``mu`` is a parameter of the wrapped module) it is the
 single-process gradient.
 
+With ``algorithm="grouped"`` (or ``"auto"`` where it picks grouped for the global batch size ``N = W·B``)
+the order loss is computed by sorting (:mod:`sol_ext.grouped`, docs/math.md §13) on the gathered
+``D [N, n]`` instead: it is a sum over the ranks ``q``, and process ``r`` takes the ranks
+``r·n/W … (r+1)·n/W - 1`` of every pair of the global batch, so the work is split as well
+(``O(n^2 N / W + n N log N / W)`` per process). The gradients follow the same rule as above.
+
 Every process must call the loss at every step, also with an empty batch: the gathers are collectives.
 """
 from __future__ import annotations
@@ -41,6 +47,7 @@ from torch import nn
 
 from . import _validation as check
 from . import reference
+from .grouped import choose_algorithm, grouped_order_loss
 from .loss import StochasticOrderLoss
 from .ops import (
     _autocast_off,
@@ -153,7 +160,8 @@ class DistributedStochasticOrderLoss(nn.Module):
 
     Args:
         loss: the single-process loss whose settings (``num_ranks``, ``sigma``, ``tau``, ``margin``, ``T``,
-            ``disc_weight``, ``convention``, ``reduction`` ``"mean"`` or ``"sum"``, ``backend``) apply.
+            ``disc_weight``, ``convention``, ``reduction`` ``"mean"`` or ``"sum"``, ``backend``, ``algorithm``)
+            apply; ``algorithm="auto"`` decides by the global batch size (the same on every process).
         group: the ``torch.distributed`` process group (default: the world).
 
     ``forward(h, labels, mu)``: ``h [B, d]`` this process's embeddings (``B`` may differ between processes
@@ -199,15 +207,25 @@ class DistributedStochasticOrderLoss(nn.Module):
             _check_dissimilarities_finite(D, h, mu)
             D_cat, labels_cat, _, sizes = gather_rows(D, labels, self.group)
             total = sum(sizes)
-            segments, split, offsets = zigzag_layout(sizes, rank)
-            D_all = torch.cat([D_cat[a:b] for a, b in segments])
-            labels_all = torch.cat([labels_cat[a:b] for a, b in segments])
-            rows = torch.cat([
-                _order_loss_block_rows(D[part], labels[part], D_all, labels_all, offset, c.sigma, c.tau,
-                                       c.margin, c.convention, fused)
-                for part, offset in ((slice(0, split), offsets[0]), (slice(split, None), offsets[1]))
-            ])
-            order = reference.reduce_losses(rows, "sum")
+            how = choose_algorithm(
+                c.algorithm, total, c.num_ranks, h.device, fused=fused, backend=c.backend, reduction=c.reduction,
+                where="DistributedStochasticOrderLoss",
+            )
+            if how == "grouped":  # this process's share of the ranks, over all pairs of the global batch
+                ranks = (rank * c.num_ranks // world, (rank + 1) * c.num_ranks // world)
+                order = grouped_order_loss(
+                    D_cat, labels_cat, c.sigma, c.tau, c.margin, c.convention, "sum", ranks=ranks
+                )
+            else:
+                segments, split, offsets = zigzag_layout(sizes, rank)
+                D_all = torch.cat([D_cat[a:b] for a, b in segments])
+                labels_all = torch.cat([labels_cat[a:b] for a, b in segments])
+                rows = torch.cat([
+                    _order_loss_block_rows(D[part], labels[part], D_all, labels_all, offset, c.sigma, c.tau,
+                                           c.margin, c.convention, fused)
+                    for part, offset in ((slice(0, split), offsets[0]), (slice(split, None), offsets[1]))
+                ])
+                order = reference.reduce_losses(rows, "sum")
             disc = reference.reduce_losses(_disc_losses(D, labels, c.T, fused), "sum")
             if c.reduction == "mean":  # the global counts: N(N-1)/2 pairs, N samples (an empty set gives 0)
                 order = order / max(total * (total - 1) // 2, 1)

@@ -8,6 +8,7 @@ from torch import nn
 
 from . import _validation as check
 from . import reference
+from .grouped import ALGORITHMS, choose_algorithm, grouped_order_loss
 from .ops import (
     _autocast_off,
     _check_dissimilarities_finite,
@@ -38,6 +39,13 @@ class StochasticOrderLoss(nn.Module):
         convention: ``"paper"`` (default) or ``"official"`` (the authors' code, docs/math.md §10).
         reduction: ``"mean"`` (each part averaged over its pairs or samples) or ``"sum"``.
         backend: ``"auto"``, ``"fused"`` or ``"reference"`` (see :mod:`sol_ext.ops`).
+        algorithm: how the order loss over all pairs is evaluated: ``"pairwise"`` pair by pair
+            (``O(B^2 n)``, the fused kernel or the reference), ``"grouped"`` by sorting each rank's column of
+            ``D`` (``O(n^2 B + n B log B)``, docs/math.md §13; not with explicit ``pairs``), or ``"auto"``
+            (default): the faster for the batch size, the number of ranks and the device
+            (:func:`sol_ext.grouped.grouped_is_faster`); pairwise for explicit pairs and with
+            ``backend="reference"``. The same value and gradients up to rounding. On a GPU, grouped reads
+            one flag per chunk of ranks back to the host (its tie checks), also with ``check_values=False``.
         check_values: read the inputs' values to refuse NaN/inf embeddings and out-of-range labels or
             pairs with a ``ValueError`` (default). On a GPU that costs a host-device synchronization per
             call; ``False`` skips the finiteness checks and asserts the index ranges on the device
@@ -62,6 +70,7 @@ class StochasticOrderLoss(nn.Module):
         reduction: str = "mean",
         backend: str = "auto",
         check_values: bool = True,
+        algorithm: str = "auto",
     ) -> None:
         super().__init__()
         self.num_ranks = check.check_int("num_ranks", num_ranks, 1)
@@ -73,6 +82,7 @@ class StochasticOrderLoss(nn.Module):
         self.convention = check.check_choice("convention", convention, check.CONVENTIONS)
         self.reduction = check.check_reduction(reduction, allow_none=False)
         self.backend = check.check_choice("backend", backend, check.BACKENDS)
+        self.algorithm = check.check_choice("algorithm", algorithm, ALGORITHMS)
         if not isinstance(check_values, bool):
             raise TypeError(f"check_values must be True or False, got {check_values!r}")
         self.check_values = check_values
@@ -92,7 +102,20 @@ class StochasticOrderLoss(nn.Module):
         pairs = check.check_pairs(pairs, h.shape[0], values=self.check_values)
 
         fused = _use_fused(self.backend, "StochasticOrderLoss", h.device, h.dtype)
+        how = choose_algorithm(
+            self.algorithm, h.shape[0], self.num_ranks, h.device, fused=fused, backend=self.backend, pairs=pairs,
+            reduction=self.reduction, where="StochasticOrderLoss",
+        )
         with _autocast_off(h.device):
+            if how == "grouped":  # D by the kernels (or the reference), the all-pairs sum by sorting
+                D = _dissimilarity(h, mu, self.sigma, fused)
+                if self.check_values:
+                    _check_dissimilarities_finite(D, h, mu)
+                order = grouped_order_loss(
+                    D, labels, self.sigma, self.tau, self.margin, self.convention, self.reduction
+                )
+                disc = reference.reduce_losses(_disc_losses(D, labels, self.T, fused), self.reduction)
+                return order + self.disc_weight * disc
             if fused:  # one autograd node: at small batches a step's time is mostly per-node overhead
                 return _StochasticOrderLossFunction.apply(
                     h, mu, labels, pairs, self.sigma, self.tau, self.margin, self.T, self.disc_weight,
@@ -112,4 +135,5 @@ class StochasticOrderLoss(nn.Module):
             f"num_ranks={self.num_ranks}, sigma={self.sigma}, tau={self.tau}, margin={self.margin}, T={self.T}, "
             f"disc_weight={self.disc_weight}, convention={self.convention!r}, reduction={self.reduction!r}, "
             f"backend={self.backend!r}" + ("" if self.check_values else ", check_values=False")
+            + ("" if self.algorithm == "auto" else f", algorithm={self.algorithm!r}")
         )

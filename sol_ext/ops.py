@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from . import _validation as check
-from . import reference
+from . import grouped, reference
 
 __all__ = [
     "stochastic_dissimilarity",
@@ -464,6 +464,7 @@ def order_loss(
     reduction: str = "mean",
     *,
     backend: str = "auto",
+    algorithm: str = "auto",
 ) -> torch.Tensor:
     """Stochastic order loss (docs/math.md §6, paper eqs. 15–17) over pairs of a batch.
 
@@ -475,6 +476,13 @@ def order_loss(
         sigma, tau, margin: noise std (> 0), similarity threshold (int >= 0), hinge margin gamma (>= 0).
         convention: ``"paper"`` or ``"official"`` (the authors' code, docs/math.md §10).
         reduction: ``"mean"`` over pairs, ``"sum"``, or ``"none"`` for the ``[M]`` per-pair losses.
+        algorithm: how all pairs (``pairs=None``) are evaluated: ``"pairwise"`` pair by pair (the fused
+            kernel or the reference, as ``backend`` says, ``O(B^2 n)``), ``"grouped"`` by sorting each rank's
+            column of ``D`` (:mod:`sol_ext.grouped`, docs/math.md §13, ``O(n^2 B + n B log B)``, plain torch
+            operations on any device; ``"mean"`` and ``"sum"`` only, no explicit pairs), or ``"auto"``: the
+            faster of the two for ``(B, n, device)`` (:func:`sol_ext.grouped.grouped_is_faster`), pairwise for
+            explicit pairs, ``reduction="none"`` and ``backend="reference"``. Both give the same value and
+            gradient up to rounding, with the same hinge decisions (ties included).
 
     Returns a scalar (or ``[M]``) in ``D``'s dtype, except that a reduced float16/bfloat16 loss is summed
     and returned in float32 (see :func:`sol_ext.reference.reduce_losses`); an empty pair set gives 0.
@@ -500,6 +508,14 @@ def order_loss(
     margin = check.check_nonnegative_float("margin", margin)
     check.check_choice("convention", convention, check.CONVENTIONS)
     check.check_reduction(reduction)
+    check.check_choice("backend", backend, check.BACKENDS)
+    fusable = backend != "reference" and _fused_unavailable_reason(D.device, D.dtype) is None
+    how = grouped.choose_algorithm(
+        algorithm, batch_size, num_ranks, D.device, fused=fusable, backend=backend, pairs=pairs, reduction=reduction
+    )
+    if how == "grouped":
+        with _autocast_off(D.device):
+            return grouped.grouped_order_loss(D, labels, sigma, tau, margin, convention, reduction)
     fused = _use_fused(backend, "order_loss", D.device, D.dtype)
     with _autocast_off(D.device):
         losses = _order_losses(D, labels, pairs, sigma, tau, margin, convention, fused)

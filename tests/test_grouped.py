@@ -1,0 +1,405 @@
+"""The grouped (sorting) algorithm of the all-pairs order loss (sol_ext/grouped.py, docs/math.md §13).
+
+Against the float64 reference and the fused pairwise kernels: values and gradients to 1e-12, ties of every
+kind, edge sizes, both code paths (matrix products for few ranks, row gathers for many), chunks and
+blocks, rank ranges, thread counts, the `algorithm` argument and the data-parallel loss.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+
+import pytest
+import torch
+
+import sol_ext
+from common import cpu_and_cuda, spawn_processes
+from sol_ext import grouped, reference
+from sol_ext.distributed import DistributedStochasticOrderLoss
+
+REL = 1e-12
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str, floor: float = 0.0) -> None:
+    """max |actual - expected| <= 1e-12 * max(max |expected|, floor). ``floor`` keeps a gradient that is 0
+    up to the reference's rounding (a pair whose hinges all have weight 0) from asking for 1e-28."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    if expected.numel() == 0:
+        return
+    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
+    error = (actual - expected).abs().max().item()
+    scale = max(expected.abs().max().item(), floor)
+    assert error <= REL * scale, f"{what}: max abs error {error:.3e} > {REL:.0e} x {scale:.3e}"
+
+
+def make_labels(B: int, n: int, mode: str, gen: torch.Generator) -> torch.Tensor:
+    if mode == "single":  # one label only
+        return torch.full((B,), n // 2, dtype=torch.long)
+    if mode == "all":  # every label present (B >= n)
+        return torch.cat([torch.arange(n), torch.randint(0, n, (B - n,), generator=gen)])[torch.randperm(B, generator=gen)]
+    return torch.randint(0, n, (B,), generator=gen)
+
+
+def make_D(B: int, n: int, mode: str, gen: torch.Generator, dtype=torch.float64) -> torch.Tensor:
+    """``[B, n]`` dissimilarities. ``"ties"``: small integers and halves, so that many values are equal and
+    many differences equal the margins exactly (0, 0.5, 1); ``"near"``: random values, some rows copied and
+    some shifted by a margin in the dtype (their differences are the margin up to rounding)."""
+    if mode == "ties":
+        return (torch.randint(0, 7, (B, n), generator=gen) * 0.5).to(dtype)
+    D = torch.randn(B, n, generator=gen, dtype=torch.float64).to(dtype) + 2
+    if mode == "near" and B >= 6:
+        D[1] = D[0]
+        D[2] = D[0] + 0.5
+        D[3] = D[0] - 0.3
+        D[4] = D[3] + 0.3
+        D[5, : n // 2] = D[2, : n // 2]
+    return D
+
+
+# Code paths: "matmul" and "gather" force how the weights meet the counts; "small" forces one rank per
+# chunk (the K = 1 fix-ups) and blocks of a few positions.
+PATHS = {
+    "default": {},
+    "matmul": dict(_MATMUL_MAX_RANKS=10**6),
+    "gather": dict(_MATMUL_MAX_RANKS=0),
+    "small": dict(_CHUNK_VALUES=1, _BLOCK_VALUES=40),
+    "gather-small": dict(_MATMUL_MAX_RANKS=0, _CHUNK_VALUES=1, _BLOCK_VALUES=40),
+}
+
+
+@pytest.fixture(params=list(PATHS))
+def path(request, monkeypatch):
+    for name, value in PATHS[request.param].items():
+        monkeypatch.setattr(grouped, name, value)
+    return request.param
+
+
+# (B, n, tau, margin, convention, labels, D)
+CASES = [
+    (0, 5, 2, 0.25, "paper", "random", "random"),
+    (1, 5, 2, 0.25, "official", "random", "random"),
+    (2, 5, 2, 0.25, "paper", "random", "random"),
+    (2, 1, 0, 0.0, "official", "random", "random"),
+    (3, 4, 1, 0.5, "official", "random", "ties"),
+    (17, 1, 3, 0.25, "paper", "random", "random"),
+    (17, 1, 3, 1.0, "official", "random", "ties"),
+    (40, 6, 0, 0.0, "paper", "all", "ties"),
+    (40, 6, 0, 0.5, "official", "all", "ties"),
+    (40, 6, 1000, 1.0, "paper", "random", "ties"),
+    (40, 9, 2, 0.3, "paper", "single", "near"),
+    (40, 9, 2, 0.5, "official", "single", "ties"),
+    (64, 13, 3, 0.25, "paper", "random", "near"),
+    (64, 13, 0, 0.3, "official", "all", "near"),
+    (64, 13, 1000, 0.0, "official", "random", "near"),
+    (50, 60, 3, 0.25, "paper", "random", "random"),
+    (70, 60, 5, 0.5, "official", "all", "ties"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_order_loss_matches_reference_and_pairwise(case, path):
+    """sol_ext.order_loss(algorithm="grouped"): value and dD equal the float64 reference's and the fused
+    pairwise kernel's to 1e-12, for both reductions."""
+    B, n, tau, margin, convention, label_mode, D_mode = case
+    gen = torch.Generator().manual_seed(B * 1000 + n)
+    D = make_D(B, n, D_mode, gen).requires_grad_()
+    labels = make_labels(B, n, label_mode, gen)
+    args = dict(sigma=0.8, tau=tau, margin=margin, convention=convention)
+    for reduction in ("mean", "sum"):
+        ours = sol_ext.order_loss(D, labels, reduction=reduction, algorithm="grouped", **args)
+        ref = reference.order_loss(D, labels, None, reduction=reduction, **args)
+        fused = sol_ext.order_loss(D, labels, reduction=reduction, backend="fused", algorithm="pairwise", **args)
+        what = f"{case} {reduction} ({path})"
+        assert_close(ours, ref, f"loss vs reference, {what}", floor=1e-3)
+        assert_close(ours, fused, f"loss vs fused, {what}", floor=1e-3)
+        if B < 2:
+            assert ours.item() == 0.0
+            continue
+        g_ours, g_ref, g_fused = (torch.autograd.grad(x, D)[0] for x in (ours, ref, fused))
+        unit = 1.0 if reduction == "sum" else 2.0 / (B * (B - 1))
+        assert_close(g_ours, g_ref, f"dD vs reference, {what}", floor=1e-3 * unit)
+        assert_close(g_ours, g_fused, f"dD vs fused, {what}", floor=1e-3 * unit)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("convention", ["paper", "official"])
+@pytest.mark.parametrize("B, n", [(0, 4), (1, 4), (2, 4), (37, 1), (64, 11), (90, 60)])
+@pytest.mark.parametrize("ties", ["repeated", "integer"])
+def test_module_matches_pairwise_and_reference(ties, B, n, convention, reduction, device):
+    """StochasticOrderLoss(algorithm="grouped"): loss, dh and dmu equal the fused pairwise module's and the
+    reference's to 1e-12 in float64, with repeated embeddings or integer coordinates (tied values of D)."""
+    gen = torch.Generator().manual_seed(B + n)
+    if ties == "integer":  # coordinates in -1..1, centroids in -1..1: few distinct rows of D
+        h = torch.randint(-1, 2, (B, 5), generator=gen).double()
+        mu = torch.randint(-1, 2, (n, 5), generator=gen).double()
+    else:
+        h = torch.randn(B, 5, generator=gen, dtype=torch.float64)
+        if B >= 8:
+            h[1], h[5], h[7] = h[0], h[0], h[3]  # equal rows of D
+        mu = torch.randn(n, 5, generator=gen, dtype=torch.float64) * 0.7
+    labels = torch.randint(0, n, (B,), generator=gen)
+    h, mu, labels = h.to(device).requires_grad_(), mu.to(device).requires_grad_(), labels.to(device)
+    kwargs = dict(sigma=0.9, tau=2, margin=0.2, T=2, disc_weight=0.6, convention=convention, reduction=reduction)
+    results = {}
+    for name, extra in {"grouped": dict(algorithm="grouped"), "pairwise": dict(backend="fused", algorithm="pairwise"),
+                        "reference": dict(backend="reference")}.items():
+        loss = sol_ext.StochasticOrderLoss(n, **kwargs, **extra)(h, labels, mu)
+        results[name] = (loss, *torch.autograd.grad(loss, (h, mu)))
+    for other in ("pairwise", "reference"):
+        for name, ours, theirs in zip(("loss", "dh", "dmu"), results["grouped"], results[other]):
+            assert_close(ours, theirs, f"{name} vs {other}", floor=1e-6)
+    if B < 2:
+        assert results["grouped"][0].item() == results["pairwise"][0].item()
+
+
+def test_hinge_decisions_follow_the_kernels_in_float32():
+    """float32 D with differences equal to the margin up to float32 rounding (and exactly equal): each hinge
+    is active exactly where the fused kernel (and the reference) find delta + gamma > 0 in float32. One
+    decision more or less would move a gradient entry by a probability weight, about 1e-2 here."""
+    gen = torch.Generator().manual_seed(5)
+    B, n = 300, 5
+    base = torch.rand(B, n, generator=gen) * 3
+    base[100:200] = base[:100] + 0.3  # rounded in float32: the differences are 0.3 up to an ulp
+    base[200:250] = base[:50] - 0.3
+    base[250:] = (torch.randint(0, 12, (50, n), generator=gen) * 0.25)  # exact quarter ties
+    labels = torch.randint(0, n, (B,), generator=gen)
+    for margin in (0.3, 0.25, 0.0):
+        D = base.clone().requires_grad_()
+        args = dict(sigma=1.0, tau=1, margin=margin, reduction="sum")
+        ours = sol_ext.order_loss(D, labels, algorithm="grouped", **args)
+        fused = sol_ext.order_loss(D, labels, backend="fused", algorithm="pairwise", **args)
+        ref = reference.order_loss(D, labels, **args)
+        g = [torch.autograd.grad(x, D)[0].double() for x in (ours, fused, ref)]
+        assert ours.dtype == torch.float32
+        # The fused kernel sums in float64; the reference's autograd in float32 (relative 1e-6 here).
+        for other, name, tol in ((g[1], "fused", 1e-4), (g[2], "reference", 2e-3)):
+            assert (g[0] - other).abs().max() < tol, f"margin {margin}: dD differs from the {name}'s"
+
+
+@pytest.mark.parametrize("convention", ["paper", "official"])
+def test_gradcheck(convention):
+    gen = torch.Generator().manual_seed(0)
+    D = (torch.randn(9, 6, generator=gen, dtype=torch.float64) * 3).requires_grad_()
+    labels = torch.randint(0, 6, (9,), generator=gen)
+
+    def fn(D):
+        return grouped.GroupedOrderLoss.apply(D, labels, 1.1, 1, 0.05, convention, "sum")
+
+    assert torch.autograd.gradcheck(fn, (D,))
+    assert torch.autograd.gradgradcheck(fn, (D,))  # piecewise linear: the second derivative is 0
+
+
+def test_gradient_penalty_through_the_grouped_loss_equals_the_reference():
+    """backward is differentiable (the loss is piecewise linear in D): a gradient penalty built with
+    create_graph=True through the reference dissimilarity matches the all-reference one."""
+    gen = torch.Generator().manual_seed(1)
+    h = torch.randn(20, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    mu = torch.randn(5, 4, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 5, (20,), generator=gen)
+    penalties = []
+    for algorithm in ("grouped", "pairwise"):
+        D = reference.stochastic_dissimilarity(h, mu)
+        loss = sol_ext.order_loss(D, labels, algorithm=algorithm, backend="reference" if algorithm == "pairwise" else "auto")
+        (dh,) = torch.autograd.grad(loss, h, create_graph=True)
+        penalties.append(torch.autograd.grad((dh**2).sum(), h)[0])
+    assert_close(penalties[0], penalties[1], "d/dh |dL/dh|^2")
+
+
+def test_rank_ranges_add_up_to_the_whole():
+    gen = torch.Generator().manual_seed(2)
+    D = make_D(50, 11, "near", gen).requires_grad_()
+    labels = torch.randint(0, 11, (50,), generator=gen)
+    whole = grouped.grouped_order_loss(D, labels, 1.0, 2, 0.25, "paper", "sum")
+    parts = [grouped.grouped_order_loss(D, labels, 1.0, 2, 0.25, "paper", "sum", ranks=r)
+             for r in ((0, 4), (4, 4), (4, 10), (10, 11))]
+    assert_close(sum(parts), whole, "sum over rank ranges")
+    assert_close(torch.autograd.grad(sum(parts), D)[0], torch.autograd.grad(whole, D)[0], "dD over rank ranges")
+
+
+@pytest.mark.parametrize("n", [7, 60])
+def test_bitwise_the_same_for_any_number_of_threads(n):
+    gen = torch.Generator().manual_seed(3)
+    D = torch.randn(3000 if n == 7 else 400, n, generator=gen).requires_grad_()
+    labels = torch.randint(0, n, (D.shape[0],), generator=gen)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            loss = sol_ext.order_loss(D, labels, algorithm="grouped")
+            results.append((loss, torch.autograd.grad(loss, D)[0]))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def test_nan_gives_nan_like_the_reference():
+    """sol_ext.order_loss refuses a NaN D; the unchecked op (as the module with check_values=False runs it)
+    gives NaN, as the reference does, and ends."""
+    D = torch.randn(10, 4, dtype=torch.float64)
+    D[3, 2] = float("nan")
+    labels = torch.arange(10) % 4
+    for reduction in ("mean", "sum"):
+        assert torch.isnan(grouped.grouped_order_loss(D, labels, 1.0, 1, 0.25, "paper", reduction))
+        assert torch.isnan(reference.order_loss(D, labels, reduction=reduction))
+    with pytest.raises(ValueError, match="NaN"):
+        sol_ext.order_loss(D, labels, algorithm="grouped")
+
+
+def test_half_precision_runs_close_to_the_reference():
+    gen = torch.Generator().manual_seed(4)
+    D = (torch.rand(60, 5, generator=gen) * 4).half().requires_grad_()
+    labels = torch.randint(0, 5, (60,), generator=gen)
+    with pytest.warns(UserWarning, match="reference"):  # pairwise has no half CPU kernel
+        ref = sol_ext.order_loss(D, labels, algorithm="pairwise")
+    ours = sol_ext.order_loss(D, labels, algorithm="grouped")
+    assert ours.dtype == ref.dtype == torch.float32
+    assert abs(ours.item() - ref.item()) <= 1e-2 * abs(ref.item())
+    grad = torch.autograd.grad(ours, D)[0]
+    assert grad.dtype == torch.float16 and torch.isfinite(grad).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# The algorithm argument and the auto rule.
+# ------------------------------------------------------------------------------------------------
+
+CHOICES = r'algorithm must be one of "auto", "pairwise", "grouped"; got \'fast\''
+
+
+def test_a_bad_algorithm_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match=CHOICES):
+        sol_ext.StochasticOrderLoss(4, algorithm="fast")
+    with pytest.raises(ValueError, match=CHOICES):
+        sol_ext.order_loss(torch.randn(3, 4), torch.tensor([0, 1, 2]), algorithm="fast")
+
+
+def test_grouped_refuses_explicit_pairs_and_per_pair_losses():
+    D, labels = torch.randn(5, 4), torch.tensor([0, 1, 2, 3, 0])
+    pairs = torch.tensor([[0, 1], [2, 3]])
+    with pytest.raises(ValueError, match="algorithm='grouped'.*explicit pairs"):
+        sol_ext.order_loss(D, labels, pairs, algorithm="grouped")
+    with pytest.raises(ValueError, match="algorithm='grouped'.*reduction='none'"):
+        sol_ext.order_loss(D, labels, reduction="none", algorithm="grouped")
+    criterion = sol_ext.StochasticOrderLoss(4, algorithm="grouped")
+    with pytest.raises(ValueError, match="StochasticOrderLoss: algorithm='grouped'.*explicit pairs"):
+        criterion(torch.randn(5, 3), labels, torch.randn(4, 3), pairs)
+    # auto takes pairwise for them
+    assert sol_ext.order_loss(D, labels, reduction="none").shape == (10,)
+    assert "algorithm='grouped'" in repr(criterion)
+
+
+def test_auto_rule():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    choose = grouped.choose_algorithm
+    assert choose("auto", 64, 60, cpu, fused=True) == "pairwise"
+    assert choose("auto", 8192, 7, cpu, fused=True) == "grouped"
+    assert choose("auto", 1_000_000, 5, cpu, fused=True) == "grouped"
+    assert choose("auto", 4096, 217, cpu, fused=True) == "grouped"
+    assert choose("auto", 1024, 217, cpu, fused=True) == "pairwise"
+    assert choose("auto", 200, 60, cpu, fused=False) == "grouped"  # against the plain reference
+    assert choose("auto", 4096, 217, cuda, fused=True) == "pairwise"  # CUDA: only for B >> n
+    assert choose("auto", 65536, 7, cuda, fused=True) == "grouped"
+    assert choose("auto", 8192, 7, cpu, fused=True, pairs=torch.zeros(1, 2)) == "pairwise"
+    assert choose("auto", 8192, 7, cpu, fused=True, reduction="none") == "pairwise"
+    assert choose("auto", 8192, 7, cpu, fused=True, backend="reference") == "pairwise"
+    assert choose("auto", 8192, 7, torch.device("meta"), fused=True) == "pairwise"
+    assert choose("pairwise", 8192, 7, cpu, fused=True) == "pairwise"
+    assert choose("grouped", 3, 7, cpu, fused=True) == "grouped"
+
+
+def test_auto_module_uses_grouped_for_a_large_batch(monkeypatch):
+    calls = []
+    original = grouped.GroupedOrderLoss.apply
+    monkeypatch.setattr(grouped.GroupedOrderLoss, "apply", lambda *a: calls.append(1) or original(*a))
+    h, mu = torch.randn(600, 8), torch.randn(5, 8)
+    labels = torch.randint(0, 5, (600,))
+    sol_ext.StochasticOrderLoss(5)(h, labels, mu)
+    assert calls == [1]
+    sol_ext.StochasticOrderLoss(5)(h[:50], labels[:50], mu)
+    assert calls == [1]
+
+
+# ------------------------------------------------------------------------------------------------
+# Data-parallel loss: one process in this process, two spawned ones.
+# ------------------------------------------------------------------------------------------------
+
+
+def _criterion(algorithm, n=9, reduction="mean", convention="paper"):
+    return sol_ext.StochasticOrderLoss(n, sigma=0.8, tau=2, margin=0.3, T=2, disc_weight=0.7, convention=convention,
+                                       reduction=reduction, algorithm=algorithm)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
+def test_distributed_loss_in_one_process_equals_the_single_process_loss(tmp_path):
+    """A process group of one: the gathered D is the batch, and grouped over it equals pairwise."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        gen = torch.Generator().manual_seed(6)
+        h = torch.randn(40, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+        mu = torch.randn(9, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+        labels = torch.randint(0, 9, (40,), generator=gen)
+        for reduction in ("mean", "sum"):
+            results = []
+            for loss in (DistributedStochasticOrderLoss(_criterion("grouped", reduction=reduction)),
+                         DistributedStochasticOrderLoss(_criterion("pairwise", reduction=reduction)),
+                         _criterion("pairwise", reduction=reduction)):
+                value = loss(h, labels, mu)
+                results.append((value, *torch.autograd.grad(value, (h, mu))))
+            for other in results[1:]:
+                for name, a, b in zip(("loss", "dh", "dmu"), results[0], other):
+                    assert_close(a, b, f"{name}, {reduction}")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _worker(rank, world_size, port, cases, out_dir):
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        results = []
+        for seed, (sizes, n, reduction) in enumerate(cases):
+            h, mu, labels = _global_batch(sizes, n, seed)
+            start = sum(sizes[:rank])
+            h = h[start : start + sizes[rank]].clone().requires_grad_()
+            mu = mu.clone().requires_grad_()
+            loss = DistributedStochasticOrderLoss(_criterion("grouped", n, reduction))(h, labels[start : start + sizes[rank]], mu)
+            dh, dmu = torch.autograd.grad(loss, (h, mu))
+            results.append((loss.detach(), dh, dmu))
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _global_batch(sizes, n, seed):
+    gen = torch.Generator().manual_seed(seed)
+    h = torch.randn(sum(sizes), 4, generator=gen, dtype=torch.float64)
+    mu = torch.randn(n, 4, generator=gen, dtype=torch.float64)
+    return h, mu, torch.randint(0, n, (sum(sizes),), generator=gen)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
+def test_distributed_grouped_splits_the_ranks_over_two_processes(tmp_path):
+    """Two processes, each taking half of the ranks (n = 1: one of them none): the loss on every process and
+    the gradients summed over the processes (what DDP's averaging of W times the share gives) equal one
+    process's pairwise loss on the concatenated batch."""
+    cases = [([6, 5], 9, "mean"), ([7, 0], 4, "sum"), ([3, 4], 1, "mean")]
+    spawn_processes(_worker, 2, (cases, str(tmp_path)), 120)
+    per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for seed, (sizes, n, reduction) in enumerate(cases):
+        h, mu, labels = _global_batch(sizes, n, seed)
+        h.requires_grad_()
+        mu.requires_grad_()
+        expected = _criterion("pairwise", n, reduction)(h, labels, mu)
+        dh, dmu = torch.autograd.grad(expected, (h, mu))
+        for rank in range(2):
+            assert_close(per_rank[rank][seed][0], expected.detach(), f"loss, case {seed}, rank {rank}")
+        got_dh = torch.cat([per_rank[r][seed][1] for r in range(2)]) / 2  # DDP averages W x share
+        got_dmu = sum(per_rank[r][seed][2] for r in range(2)) / 2
+        assert_close(got_dh, dh, f"dh, case {seed}", floor=1e-6)
+        assert_close(got_dmu, dmu, f"dmu, case {seed}", floor=1e-6)
