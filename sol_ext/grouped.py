@@ -19,7 +19,9 @@ import torch
 from . import _validation as check
 from . import reference
 
-__all__ = ["ALGORITHMS", "grouped_order_loss", "grouped_is_faster", "choose_algorithm", "GroupedOrderLoss"]
+__all__ = [
+    "ALGORITHMS", "grouped_order_loss", "grouped_order_sum", "grouped_is_faster", "choose_algorithm", "GroupedOrderLoss",
+]
 
 ALGORITHMS = ("auto", "pairwise", "grouped")
 
@@ -41,9 +43,9 @@ def grouped_is_faster(batch_size: int, num_ranks: int, device: torch.device, fus
 
     - fused CPU kernel, ``n <= 48`` (counts times weights as one matrix product): ``B`` of 100-130 for
       ``n`` of 2-20, about 140 for ``n = 40``. Rule: ``B >= max(128, 4 n)``.
-    - fused CPU kernel, ``n > 48`` (row gathers): ``B`` of about 520 for ``n = 60``, 1000 for ``n = 101``
-      (equal times at ``B = 1024``), 2500 for ``n = 217`` (at ``B = 4096, n = 217`` grouped is 2.5x
-      faster). Rule, a little on pairwise's side of those: ``B >= 9 n + n^2 / 60``.
+    - fused CPU kernel, ``n > 48`` (row gathers): ``B`` of about 520 for ``n = 60``, 980 for ``n = 101``
+      (at ``B = 1024`` grouped is 0.8x to 1.4x as fast, varying with the load), 2500 for ``n = 217`` (at
+      ``B = 4096`` grouped is 1.7x to 2.9x faster). Rule, fitted to them: ``B >= 8 n + n^2 / 60``.
     - plain-PyTorch reference (no fused kernels for this device or dtype; it forms ``[B(B-1)/2, n]``
       tensors): ``B`` of 32-64 for ``n <= 40``, about 150 for ``n = 101``. Rule: ``B >= max(48, 1.5 n)``.
     - CUDA: not measured yet (to be measured on a GPU). The fused CUDA kernel evaluates pairs at a far
@@ -56,7 +58,7 @@ def grouped_is_faster(batch_size: int, num_ranks: int, device: torch.device, fus
     if not fused:
         return B >= max(48, 1.5 * n)
     if device.type == "cpu":
-        return B >= max(128, 4 * n) if n <= _MATMUL_MAX_RANKS else B >= 9 * n + n * n / 60
+        return B >= max(128, 4 * n) if n <= _MATMUL_MAX_RANKS else B >= 8 * n + n * n / 60
     return B >= 64 * n and B >= 8192
 
 
@@ -205,18 +207,20 @@ def _count_active(
         def run_stop(i):
             return end.index_select(0, i)
 
-    while todo.numel():
+    while todo.numel():  # each pass moves every x still wrong over one run, down or up
         row = todo // B * B
         x = flat.index_select(0, todo)
         p = pos_flat.index_select(0, todo)
         below = (row + p - 1).clamp_(min=0)
-        down = (p > 0) & ~_hinge_active(x, flat.index_select(0, below), c)
-        p = torch.where(down, run_start(below), p)
+        down = ((p > 0) & ~_hinge_active(x, flat.index_select(0, below), c)).nonzero().squeeze(1)
+        if down.numel():
+            p.index_copy_(0, down, run_start(below.index_select(0, down)))
         above = (row + p).clamp_(max=K * B - 1)
-        up = (p < B) & _hinge_active(x, flat.index_select(0, above), c)
-        p = torch.where(up, run_stop(above), p)
+        up = ((p < B) & _hinge_active(x, flat.index_select(0, above), c)).nonzero().squeeze(1)
+        if up.numel():
+            p.index_copy_(0, up, run_stop(above.index_select(0, up)))
         pos_flat.index_copy_(0, todo, p)
-        todo = todo[down | up]
+        todo = todo.index_select(0, torch.cat([down, up]).unique())
     return pos
 
 
@@ -250,9 +254,22 @@ def _first_above(pos: torch.Tensor) -> torch.Tensor:
 _MATMUL_MAX_RANKS = 48
 # On the CPU the passes over the sorted positions run in blocks, so that their temporaries stay in the
 # cache (about 3 times faster than whole rows of a million values): blocks of at most this many positions
-# times ranks in a chunk, which is also torch's grain size, below which a sum runs on one thread. So every
-# sum adds in an order fixed by the sizes alone: the result is bitwise the same for any number of threads.
-_BLOCK_VALUES = 2**15
+# times ranks in a chunk (divided by n / 8 for the row gathers, whose temporaries have n columns).
+_BLOCK_VALUES = 2**17
+# torch's grain size: a sum of fewer values runs on one thread; _sum adds rows of this many values, each
+# on one thread, so every sum adds in an order fixed by the sizes alone (bitwise the same for any number
+# of threads).
+_GRAIN = 32768
+
+
+def _sum(t: torch.Tensor) -> torch.Tensor:
+    """``t.sum()`` in an order that does not depend on the number of threads."""
+    t = t.reshape(-1)
+    full = t.numel() - t.numel() % _GRAIN
+    if full == 0:
+        return t.sum()
+    total = t[:full].view(-1, _GRAIN).sum(1).sum()
+    return total + t[full:].sum() if full < t.numel() else total
 
 
 def _sort_rows(values: torch.Tensor):
@@ -333,7 +350,7 @@ def grouped_order_sum(
         q1 = min(q0 + chunk, q_end)
         K = q1 - q0
         if device.type == "cpu":  # [K, block] for the matrix products, [K, block, n] for the row gathers
-            block = max(1, _BLOCK_VALUES // K // (1 if by_matmul else max(1, n // 8)))
+            block = max(1, _BLOCK_VALUES // K // (1 if by_matmul else max(4, n // 2)))
         else:  # one pass over whole rows: no per-block launches
             block = B
         q = torch.arange(q0, q1, device=device)[:, None]  # [K, 1]
@@ -448,16 +465,16 @@ def grouped_order_sum(
                 # Every pair's hinge is W (D_x - D_y + c): homogeneous of degree 1 in (D, c), so its sum
                 # is <gradient, D> + c * dF/dc, where dF/dc = sum of the x sides (docs/math.md §13.3).
                 if c != 0:
-                    parts.append(c * x_side.sum())
+                    parts.append(c * _sum(x_side))
                 term = x_side.sub_(y_side)
                 grad_block = term if grad_block is None else grad_block.add_(term)
-            parts.append((grad_block * centred[:, i0:i1]).sum())
+            parts.append(_sum(grad_block * centred[:, i0:i1]))
             if need_grad:
                 grad_sorted[:, i0:i1] = grad_block
         if need_grad:
             grad_t[q0:q1].scatter_(1, order, grad_sorted)
     # Swap symmetry: the unordered pairs carry half of the ordered pairs x != y (docs/math.md §13.2).
-    total = torch.stack(parts).sum() * 0.5
+    total = _sum(torch.stack(parts)) * 0.5
     if not need_grad:
         return total, None
     return total, grad_t.mul_(0.5).T

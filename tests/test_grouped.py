@@ -218,10 +218,10 @@ def test_rank_ranges_add_up_to_the_whole():
     assert_close(torch.autograd.grad(sum(parts), D)[0], torch.autograd.grad(whole, D)[0], "dD over rank ranges")
 
 
-@pytest.mark.parametrize("n", [7, 60])
-def test_bitwise_the_same_for_any_number_of_threads(n):
+@pytest.mark.parametrize("B, n", [(100_000, 3), (3000, 7), (400, 60)])
+def test_bitwise_the_same_for_any_number_of_threads(B, n):
     gen = torch.Generator().manual_seed(3)
-    D = torch.randn(3000 if n == 7 else 400, n, generator=gen).requires_grad_()
+    D = torch.randn(B, n, generator=gen).requires_grad_()
     labels = torch.randint(0, n, (D.shape[0],), generator=gen)
     threads = torch.get_num_threads()
     results = []
