@@ -1,6 +1,7 @@
 """Helpers shared by the tests: devices, tolerances, random SOL inputs, spawned gloo processes."""
 from __future__ import annotations
 
+import csv
 import socket
 import time
 
@@ -81,3 +82,23 @@ def spawn_processes(worker, world_size: int, args: tuple, timeout_s: float) -> N
         for process in context.processes:
             if process.is_alive():
                 process.kill()
+
+
+def write_csv(path, rows, header=("a", "b", "label")):
+    """A CSV file of ``rows`` under ``header``; returns ``path``."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+def tiny_csv(path, n=120, num_ranks=10, seed=0, step=None):
+    """A small data file for the command line: two features and a label 20 + rank (times ``step``
+    when given, else whole numbers)."""
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randint(0, num_ranks, (n,), generator=g)
+    rows = [(float(v) + 0.3 * float(e), float(e), 20 + int(v) if step is None else round(20 + step * int(v), 6))
+            for v, e in zip(r, torch.randn(n, generator=g))]
+    return write_csv(path, rows)
+

@@ -13,24 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from common import tiny_csv, write_csv
 from sol_ext.driver.cli import main
-
-
-def write_csv(path, rows, header=("a", "b", "label")):
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
-    return path
-
-
-def tiny_csv(path, n=120, num_ranks=10, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    r = torch.randint(0, num_ranks, (n,), generator=g)
-    rows = [(float(v) + 0.3 * float(e), float(e), 20 + int(v))
-            for v, e in zip(r, torch.randn(n, generator=g))]
-    return write_csv(path, rows)
-
 
 FAST = ["--epochs", "2", "--batch-size", "16", "--embedding-dim", "4", "--hidden", "16",
         "--lr", "0.01"]

@@ -2,7 +2,6 @@
 naming the flag or file, exit status 2, no traceback, and nothing that was in the output folder
 lost; Ctrl-C and ``--resume`` keep the last complete results, also during the sigma search."""
 
-import csv
 import json
 import os
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from common import tiny_csv, write_csv
 from sol_ext.driver.cli import main
 
 FAST = ["--epochs", "2", "--batch-size", "16", "--embedding-dim", "4", "--hidden", "16",
@@ -17,20 +17,6 @@ FAST = ["--epochs", "2", "--batch-size", "16", "--embedding-dim", "4", "--hidden
 SIGMA1 = ["--sigma", "1"]
 
 
-def write_csv(path, rows, header=("a", "b", "label")):
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
-    return path
-
-
-def tiny_csv(path, n=120, num_ranks=10, seed=0, step=1.0):
-    g = torch.Generator().manual_seed(seed)
-    r = torch.randint(0, num_ranks, (n,), generator=g)
-    rows = [(float(v) + 0.3 * float(e), float(e), round(20 + step * int(v), 6))
-            for v, e in zip(r, torch.randn(n, generator=g))]
-    return write_csv(path, rows)
 
 
 def expect_error(capsys, argv, *needles, absent=()):

@@ -345,16 +345,14 @@ def _output_folder(text: str, flag: str = "--output") -> Path:
 def _output_file(text: str, flag: str) -> Path:
     """The file path ``text`` of ``flag``, checked before anything is computed: not empty, not a
     folder, in an existing folder."""
+    from .rundir import check_no_file_above
+
     if not text:
         raise UsageError(f"{flag} '': an empty path; expected a file path, or '-' for stdout.")
     path = Path(text)
     if path.is_dir():
         raise UsageError(f"{flag} {text}: is a folder, expected a file path.")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise UsageError(f"{flag} {text}: {parent} is a file, expected a folder.")
-            break
+    check_no_file_above(path, flag)
     if not path.parent.is_dir():
         raise UsageError(f"{flag} {text}: the folder {path.parent} does not exist; create it first.")
     return path

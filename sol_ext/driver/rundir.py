@@ -69,6 +69,15 @@ def _reason(exc: OSError, folder: Path) -> str:
     return (exc.strerror or type(exc).__name__).lower()
 
 
+def check_no_file_above(path: Path, flag: str) -> None:
+    """Refuse ``path`` when the nearest existing folder above it is a file (``x.csv/sub``)."""
+    for parent in Path(path).parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"{flag} {path}: {parent} is a file, expected a folder.")
+            return
+
+
 def make_output_folder(out_dir: Path, flag: str = "--output") -> None:
     """Create the folder ``out_dir`` (and its parents) if needed.
 
@@ -79,11 +88,7 @@ def make_output_folder(out_dir: Path, flag: str = "--output") -> None:
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{flag} {out_dir}: is a file, expected a folder.")
-    for parent in out_dir.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise UsageError(f"{flag} {out_dir}: {parent} is a file, expected a folder.")
-            break
+    check_no_file_above(out_dir, flag)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
