@@ -290,7 +290,7 @@ def run_algorithms(device: str, sizes, min_run_time: float, budget: float, memor
         assert agreement < 1e-10, f"grouped and pairwise disagree at {(B, n, d)}: {agreement:.2e}"
         pair_ranks = B * (B - 1) // 2 * n
         result = {"device": device, "B": B, "n": n, "d": d, "agreement": agreement, "threads": torch.get_num_threads(),
-                  "auto": sol_ext.grouped.choose_algorithm("auto", B, n, torch.device(device), fused=True)}
+                  "auto": "grouped" if sol_ext.grouped.grouped_is_faster(B, n, torch.device(device)) else "pairwise"}
         for how in ALGORITHM_RUNS:
             if how != "grouped":
                 if how == "reference" and not reference_fits(pair_ranks, device):

@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 BACKENDS = ("auto", "fused", "reference")
+ALGORITHMS = ("auto", "pairwise", "grouped")
 CONVENTIONS = ("paper", "official")
 REDUCTIONS = ("mean", "sum", "none")
 

@@ -45,20 +45,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import _validation as check
-from . import reference
-from .grouped import choose_algorithm, grouped_order_loss
+from ._dispatch import computing, route
+from ._reduction import reduce_losses
+from .grouped import grouped_order_loss
 from .loss import StochasticOrderLoss
-from .ops import (
-    _autocast_off,
-    _check_dissimilarities_finite,
-    _disc_losses,
-    _dissimilarity,
-    _order_loss_block_rows,
-    _promote,
-    _refuse_func_transforms,
-    _use_fused,
-)
+from .ops import _order_loss_block_rows
 
 __all__ = ["DistributedStochasticOrderLoss", "gather_rows", "zigzag_layout"]
 
@@ -191,26 +182,18 @@ class DistributedStochasticOrderLoss(nn.Module):
                 "supported (pass pairs=None, or use sol_ext.StochasticOrderLoss on one process)"
             )
         world, rank = _group_size_and_rank(self.group)
-        c = self.loss
-        _refuse_func_transforms(h=h, labels=labels, mu=mu)
-        check.check_same_device(h=h, labels=labels, mu=mu)
-        h, mu = _promote(h, mu)
-        check.check_embeddings(h, mu)
-        if mu.shape[0] != c.num_ranks:
-            raise ValueError(
-                f"mu must have num_ranks={c.num_ranks} rows (one centroid per rank), got shape {tuple(mu.shape)}"
-            )
-        labels = check.check_ranks("labels", labels, c.num_ranks, length=h.shape[0])
-        fused = _use_fused(c.backend, "DistributedStochasticOrderLoss", h.device, h.dtype)
-        with _autocast_off(h.device):
-            D = _dissimilarity(h, mu, c.sigma, fused)
-            _check_dissimilarities_finite(D, h, mu)
+        c = self.loss  # its checks (check_values too), D and discriminative term; the order term over all processes
+        h, labels, mu, _ = c._prepare(h, labels, mu, None)
+        where = "DistributedStochasticOrderLoss"
+        fused = route(where, c.backend, h.device, h.dtype).fused
+        with computing(h.device):
+            D = c._dissimilarities(h, mu, fused)
             D_cat, labels_cat, _, sizes = gather_rows(D, labels, self.group)
             total = sum(sizes)
-            how = choose_algorithm(
-                c.algorithm, total, c.num_ranks, h.device, fused=fused, backend=c.backend, reduction=c.reduction,
-                where="DistributedStochasticOrderLoss",
-            )
+            how = route(  # by the global batch size, the same on every process
+                where, c.backend, h.device, h.dtype, algorithm=c.algorithm, batch_size=total,
+                num_ranks=c.num_ranks, reduction=c.reduction,
+            ).algorithm
             if how == "grouped":  # this process's share of the ranks, over all pairs of the global batch
                 ranks = (rank * c.num_ranks // world, (rank + 1) * c.num_ranks // world)
                 order = grouped_order_loss(
@@ -225,8 +208,8 @@ class DistributedStochasticOrderLoss(nn.Module):
                                            c.margin, c.convention, fused)
                     for part, offset in ((slice(0, split), offsets[0]), (slice(split, None), offsets[1]))
                 ])
-                order = reference.reduce_losses(rows, "sum")
-            disc = reference.reduce_losses(_disc_losses(D, labels, c.T, fused), "sum")
+                order = reduce_losses(rows, "sum")
+            disc = c._disc_term(D, labels, fused, "sum")
             if c.reduction == "mean":  # the global counts: N(N-1)/2 pairs, N samples (an empty set gives 0)
                 order = order / max(total * (total - 1) // 2, 1)
                 disc = disc / max(total, 1)

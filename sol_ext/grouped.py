@@ -7,7 +7,8 @@ every device torch runs on. The result and the gradient equal the pairwise ones 
 hinges' decisions (which pairs contribute, ties included) are the same (docs/math.md §13.4).
 
 ``algorithm`` of :class:`sol_ext.StochasticOrderLoss` and :func:`sol_ext.order_loss` picks between the
-two; :func:`choose_algorithm` holds the rule of ``"auto"``.
+two; :func:`grouped_is_faster` holds the measured rule of ``"auto"`` (applied by
+:func:`sol_ext._dispatch.choose_algorithm`).
 """
 from __future__ import annotations
 
@@ -17,13 +18,11 @@ from typing import Optional
 import torch
 
 from . import _validation as check
-from . import reference
+from ._reduction import reduced_dtype
 
-__all__ = [
-    "ALGORITHMS", "grouped_order_loss", "grouped_order_sum", "grouped_is_faster", "choose_algorithm", "GroupedOrderLoss",
-]
+__all__ = ["ALGORITHMS", "grouped_order_loss", "grouped_order_sum", "grouped_is_faster", "GroupedOrderLoss"]
 
-ALGORITHMS = ("auto", "pairwise", "grouped")
+ALGORITHMS = check.ALGORITHMS
 
 # Memory: ranks are processed in chunks of K, with K * B * n at most this many values (or K = 1). A chunk
 # holds a few float64 tensors of K * B * n values (label counts, and for n <= 48 and K > 1 the weighted
@@ -62,56 +61,18 @@ def grouped_is_faster(batch_size: int, num_ranks: int, device: torch.device, fus
     return B >= 64 * n and B >= 8192
 
 
-def choose_algorithm(
-    algorithm: str,
-    batch_size: int,
-    num_ranks: int,
-    device: torch.device,
-    *,
-    fused: bool,
-    backend: str = "auto",
-    pairs: Optional[torch.Tensor] = None,
-    reduction: str = "mean",
-    where: str = "order_loss",
-) -> str:
-    """``"pairwise"`` or ``"grouped"`` for ``algorithm`` in :data:`ALGORITHMS`; a ``ValueError`` for a bad
-    value or a combination the grouped algorithm does not cover.
-
-    ``"auto"`` keeps pairwise for explicit ``pairs``, for ``reduction="none"`` (per-pair losses), for
-    ``backend="reference"`` (the oracle stays the plain formulas, which also support double backward
-    through ``D``'s kernels), while ``torch.compile`` traces and on meta tensors (the fused ops have fake
-    kernels); otherwise it applies :func:`grouped_is_faster`.
-    """
-    check.check_choice("algorithm", algorithm, ALGORITHMS)
-    if algorithm == "grouped":
-        if pairs is not None:
-            raise ValueError(
-                f"sol_ext.{where}: algorithm='grouped' computes the loss of all pairs of the batch; explicit "
-                "pairs are evaluated pair by pair: pass pairs=None, or algorithm='pairwise' (or 'auto')"
-            )
-        if reduction == "none":
-            raise ValueError(
-                f"sol_ext.{where}: algorithm='grouped' gives the reduced loss ('mean' or 'sum') without forming "
-                "the B(B-1)/2 per-pair losses; reduction='none' needs algorithm='pairwise' (or 'auto')"
-            )
-        return "grouped"
-    if algorithm == "pairwise":
-        return "pairwise"
-    if pairs is not None or reduction == "none" or backend == "reference":
-        return "pairwise"
-    if check._tracing() or device.type == "meta":
-        return "pairwise"
-    return "grouped" if grouped_is_faster(batch_size, num_ranks, device, fused) else "pairwise"
-
-
 @functools.lru_cache(maxsize=16)
 def _pair_weights(num_ranks: int, sigma: float, tau: int, convention: str, device: torch.device):
-    """``(L, U, E2)``, float64 ``[n, n]``: the weights of the ordered-pair hinges (docs/math.md §13.1).
+    """``(L, U, E2)``, ``[n, n]`` (float64 but on MPS): the weights of the ordered-pair hinges (docs/math.md §13.1).
 
     With ``(lt, eq, gt)`` the ordering probabilities of labels ``(a, b)``: ``L = lt + gt^T`` (on the ranks of
     ``x``'s lower sums), ``U = gt + lt^T`` (on ``q >= a``), ``E2 = eq + eq^T`` (the ``[|delta| - gamma]+`` term).
     """
-    table = reference.ordering_probability_table(num_ranks, sigma, tau, convention, device=device)
+    ranks = torch.arange(num_ranks)
+    r_x, r_y = (r.reshape(-1) for r in torch.meshgrid(ranks, ranks, indexing="ij"))
+    probs = torch.ops.sol_ext.ordering_probabilities(r_x, r_y, num_ranks, sigma, tau, convention, torch.float64)
+    # the CPU kernel, built in every install; the weights are used in the grouped sums' compute dtype
+    table = probs.reshape(num_ranks, num_ranks, 3).to(device, _compute_dtype(device))
     lt, eq, gt = table.unbind(-1)
     return (lt + gt.T).contiguous(), (gt + lt.T).contiguous(), (eq + eq.T).contiguous()
 
@@ -484,18 +445,13 @@ def _num_pairs(batch_size: int) -> int:
     return batch_size * (batch_size - 1) // 2
 
 
-def _output_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of :func:`sol_ext.reference.reduce_losses`'s result for losses of ``dtype``."""
-    return torch.promote_types(dtype, torch.float32)
-
-
 class GroupedOrderLoss(torch.autograd.Function):
     """The reduced all-pairs order loss of ``D`` by :func:`grouped_order_sum`, with a hand-written backward.
 
     ``apply(D, labels, sigma, tau, margin, convention, reduction, ranks, normalizer)``: ``reduction`` is
     ``"mean"`` (divided by ``normalizer``, default ``max(B(B-1)/2, 1)``) or ``"sum"``; ``ranks`` a
     ``(begin, end)`` range of ranks or ``None`` for all. Returns a scalar in the dtype that
-    :func:`sol_ext.reference.reduce_losses` gives (float32 for half ``D``). The gradient with respect to ``D``
+    the library's reductions give (float32 for half ``D``). The gradient with respect to ``D``
     is computed in the forward pass (it costs what the value costs and shares its sorts) when ``D`` needs
     one, and scaled by the incoming gradient in ``backward``. The loss is piecewise linear in ``D``, so
     its second derivative is 0 (almost everywhere): ``backward`` is differentiable in the incoming
@@ -515,7 +471,7 @@ class GroupedOrderLoss(torch.autograd.Function):
         ctx.D_dtype = D.dtype
         if need_grad:
             ctx.save_for_backward(grad)
-        return total.to(_output_dtype(D.dtype))
+        return total.to(reduced_dtype(D.dtype))
 
     @staticmethod
     def backward(ctx, grad_output):

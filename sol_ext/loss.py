@@ -7,18 +7,15 @@ import torch
 from torch import nn
 
 from . import _validation as check
-from . import reference
-from .grouped import ALGORITHMS, choose_algorithm, grouped_order_loss
+from ._dispatch import computing, prepare, route
+from ._reduction import reduce_losses
+from .grouped import grouped_order_loss
 from .ops import (
-    _autocast_off,
     _check_dissimilarities_finite,
     _disc_losses,
     _dissimilarity,
     _order_losses,
-    _promote,
-    _refuse_func_transforms,
     _StochasticOrderLossFunction,
-    _use_fused,
 )
 
 
@@ -82,7 +79,7 @@ class StochasticOrderLoss(nn.Module):
         self.convention = check.check_choice("convention", convention, check.CONVENTIONS)
         self.reduction = check.check_reduction(reduction, allow_none=False)
         self.backend = check.check_choice("backend", backend, check.BACKENDS)
-        self.algorithm = check.check_choice("algorithm", algorithm, ALGORITHMS)
+        self.algorithm = check.check_choice("algorithm", algorithm, check.ALGORITHMS)
         if not isinstance(check_values, bool):
             raise TypeError(f"check_values must be True or False, got {check_values!r}")
         self.check_values = check_values
@@ -90,9 +87,32 @@ class StochasticOrderLoss(nn.Module):
     def forward(
         self, h: torch.Tensor, labels: torch.Tensor, mu: torch.Tensor, pairs: Optional[torch.Tensor] = None
     ) -> torch.Tensor:
-        _refuse_func_transforms(h=h, labels=labels, mu=mu, pairs=pairs)
-        check.check_same_device(h=h, labels=labels, mu=mu, pairs=pairs)
-        h, mu = _promote(h, mu)  # mixed dtypes and autocast (see sol_ext.ops)
+        h, labels, mu, pairs = self._prepare(h, labels, mu, pairs)
+        how = route(
+            "StochasticOrderLoss", self.backend, h.device, h.dtype, algorithm=self.algorithm, batch_size=h.shape[0],
+            num_ranks=self.num_ranks, pairs=pairs, reduction=self.reduction,
+        )
+        with computing(h.device):
+            if how.fused and how.algorithm == "pairwise":  # one autograd node: at small batches a step's time
+                return _StochasticOrderLossFunction.apply(  # is mostly per-node overhead
+                    h, mu, labels, pairs, self.sigma, self.tau, self.margin, self.T, self.disc_weight,
+                    self.convention, self.reduction, self.check_values,
+                )
+            D = self._dissimilarities(h, mu, how.fused)
+            if how.algorithm == "grouped":  # D by the kernels (or the reference), the all-pairs sum by sorting
+                order = grouped_order_loss(D, labels, self.sigma, self.tau, self.margin, self.convention, self.reduction)
+            else:
+                order = reduce_losses(
+                    _order_losses(D, labels, pairs, self.sigma, self.tau, self.margin, self.convention, how.fused),
+                    self.reduction,
+                )
+            return order + self.disc_weight * self._disc_term(D, labels, how.fused, self.reduction)
+
+    # The steps of forward, also run by DistributedStochasticOrderLoss on this loss's settings.
+
+    def _prepare(self, h, labels, mu, pairs):
+        """The arguments checked (values only with ``check_values``) and promoted (:mod:`sol_ext._dispatch`)."""
+        h, mu = prepare({"h": h, "mu": mu}, labels=labels, pairs=pairs)
         check.check_embeddings(h, mu, values=self.check_values)
         if mu.shape[0] != self.num_ranks:
             raise ValueError(
@@ -100,35 +120,16 @@ class StochasticOrderLoss(nn.Module):
             )
         labels = check.check_ranks("labels", labels, self.num_ranks, length=h.shape[0], values=self.check_values)
         pairs = check.check_pairs(pairs, h.shape[0], values=self.check_values)
+        return h, labels, mu, pairs
 
-        fused = _use_fused(self.backend, "StochasticOrderLoss", h.device, h.dtype)
-        how = choose_algorithm(
-            self.algorithm, h.shape[0], self.num_ranks, h.device, fused=fused, backend=self.backend, pairs=pairs,
-            reduction=self.reduction, where="StochasticOrderLoss",
-        )
-        with _autocast_off(h.device):
-            if how == "grouped":  # D by the kernels (or the reference), the all-pairs sum by sorting
-                D = _dissimilarity(h, mu, self.sigma, fused)
-                if self.check_values:
-                    _check_dissimilarities_finite(D, h, mu)
-                order = grouped_order_loss(
-                    D, labels, self.sigma, self.tau, self.margin, self.convention, self.reduction
-                )
-                disc = reference.reduce_losses(_disc_losses(D, labels, self.T, fused), self.reduction)
-                return order + self.disc_weight * disc
-            if fused:  # one autograd node: at small batches a step's time is mostly per-node overhead
-                return _StochasticOrderLossFunction.apply(
-                    h, mu, labels, pairs, self.sigma, self.tau, self.margin, self.T, self.disc_weight,
-                    self.convention, self.reduction, self.check_values,
-                )
-            D = _dissimilarity(h, mu, self.sigma, fused=False)
-            if self.check_values:
-                _check_dissimilarities_finite(D, h, mu)
-            order = _order_losses(D, labels, pairs, self.sigma, self.tau, self.margin, self.convention, fused=False)
-            disc = _disc_losses(D, labels, self.T, fused=False)
-            return reference.reduce_losses(order, self.reduction) + self.disc_weight * reference.reduce_losses(
-                disc, self.reduction
-            )
+    def _dissimilarities(self, h: torch.Tensor, mu: torch.Tensor, fused: bool) -> torch.Tensor:
+        D = _dissimilarity(h, mu, self.sigma, fused)
+        if self.check_values:
+            _check_dissimilarities_finite(D, h, mu)
+        return D
+
+    def _disc_term(self, D: torch.Tensor, labels: torch.Tensor, fused: bool, reduction: str) -> torch.Tensor:
+        return reduce_losses(_disc_losses(D, labels, self.T, fused), reduction)
 
     def extra_repr(self) -> str:
         return (

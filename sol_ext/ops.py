@@ -5,28 +5,23 @@ Data flow of one SOL step (see README):
 ``D`` is the only tensor passed between ops; everything quadratic in the batch stays inside the
 order-loss kernel.
 
-Every function takes ``backend``:
-``"auto"`` uses the fused kernels when this build has them for the tensors' device and dtype, and
-otherwise the plain-PyTorch reference with a warning that says why; ``"fused"`` uses the kernels or
-raises; ``"reference"`` always uses :mod:`sol_ext.reference`. Meta tensors run the fake kernels.
-
-Mixed precision, as PyTorch's own losses do it: floating inputs of mixed dtypes are promoted to the wider
-one, and under ``torch.autocast`` the ops compute in float32 (float64 stays float64). The casts are
-differentiable, so each gradient comes back in its input's dtype. Reduced losses of float16/bfloat16
-are float32. Double backward through the fused ops and torch.func transforms raise clear errors.
+Every function takes ``backend`` (``"auto"``, ``"fused"``, ``"reference"``) and runs through
+:mod:`sol_ext._dispatch`, which prepares the arguments (promotion, autocast) and picks the backend and, for
+the all-pairs order loss, the algorithm. Reduced losses of float16/bfloat16 are float32. Double backward
+through the fused ops and torch.func transforms raise clear errors.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import warnings
 from typing import Optional
 
 import torch
 
 from . import _validation as check
 from . import grouped, reference
+from ._dispatch import computing, cuda_kernels_available, prepare, route
+from ._reduction import grad_of_reduction, reduce_losses
 
 __all__ = [
     "stochastic_dissimilarity",
@@ -40,9 +35,6 @@ __all__ = [
 ]
 
 _ops = torch.ops.sol_ext
-_CPU_DTYPES = (torch.float32, torch.float64)
-_CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_warned: set = set()
 
 # Under autocast the ops compute in float32, as PyTorch's own losses do (autocast's float32 list);
 # float64 stays float64. The public functions below cast and then turn autocast off themselves; this
@@ -59,93 +51,6 @@ for _name in (
 ):
     for _device_type in ("cpu", "cuda"):
         torch.library.register_autocast(f"sol_ext::{_name}", _device_type, torch.float32)
-
-
-# Read once at import (the extension is loaded by then): torch.compile cannot trace the dispatcher query,
-# but it can read a module constant.
-_CUDA_KERNELS_BUILT = torch._C._dispatch_has_kernel_for_dispatch_key("sol_ext::order_loss", "CUDA")
-
-
-def cuda_kernels_available() -> bool:
-    """Whether CUDA kernels were compiled into this build (says nothing about a GPU being present)."""
-    return _CUDA_KERNELS_BUILT
-
-
-def _fused_unavailable_reason(device: torch.device, dtype: torch.dtype) -> Optional[str]:
-    if device.type == "cpu":
-        if dtype not in _CPU_DTYPES:
-            return f"the CPU kernels take float32 or float64, got {dtype} (convert with .float() or .double())"
-        return None
-    if device.type == "cuda":
-        if not cuda_kernels_available():
-            return "this build of sol_ext has no CUDA kernels (rebuild with a CUDA toolkit; see README)"
-        if dtype not in _CUDA_DTYPES:
-            return f"the CUDA kernels take float16, bfloat16, float32 or float64, got {dtype}"
-        return None
-    if device.type == "meta":  # shapes and dtypes only: the fake kernels (_fake.py) serve every dtype
-        return None if dtype in _CUDA_DTYPES else f"sol_ext's kernels take no {dtype}"
-    return f"sol_ext has no kernels for device type {device.type!r}"
-
-
-def _autocast_enabled(device: torch.device) -> bool:
-    return device.type in ("cpu", "cuda") and torch.is_autocast_enabled(device.type)
-
-
-def _promote(*tensors):
-    """Floating inputs cast to one compute dtype: the widest of theirs, and under autocast at least float32.
-
-    The casts are differentiable, so each input's gradient comes back in its own dtype. Anything that is
-    not a floating tensor is returned as is, for the checks to name.
-    """
-    if not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in tensors):
-        return tensors
-    dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
-    if _autocast_enabled(tensors[0].device):
-        dtype = torch.promote_types(dtype, torch.float32)
-    return tuple(t.to(dtype) for t in tensors)
-
-
-def _autocast_off(device: torch.device):
-    """Autocast would run the reference's matmuls in half again after :func:`_promote` chose float32."""
-    return torch.autocast(device.type, enabled=False) if _autocast_enabled(device) else contextlib.nullcontext()
-
-
-def _refuse_func_transforms(**tensors) -> None:
-    """A clear error for tensors of torch.func transforms, which the validation and the kernels cannot read.
-
-    vmap's batched tensors have no storage ("Cannot access data pointer"), and the autograd wrappers
-    have no vmap or forward-mode rules.
-    """
-    if check._tracing():
-        return
-    for name, t in tensors.items():
-        if not (isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t)):
-            continue
-        how = (
-            "batched by torch.func.vmap"
-            if torch._C._functorch.is_batchedtensor(t)
-            else "wrapped by a torch.func transform (grad, jacrev, jvp, ...)"
-        )
-        raise TypeError(
-            f"{name} is {how}; sol_ext does not support torch.func transforms. Per-example losses come "
-            "from reduction='none' of sol_ext.order_loss and sol_ext.disc_loss, per-example gradients from "
-            "a loop over examples, gradients from torch.autograd."
-        )
-
-
-def _use_fused(backend: str, op: str, device: torch.device, dtype: torch.dtype) -> bool:
-    check.check_choice("backend", backend, check.BACKENDS)
-    if backend == "reference":
-        return False
-    why = _fused_unavailable_reason(device, dtype)
-    if why is None:
-        return True
-    if backend == "fused":
-        raise RuntimeError(f"sol_ext.{op}(backend='fused'): {why}")
-    if (op, why) not in _warned:  # warn once per cause, not every step
-        _warned.add((op, why))
-        warnings.warn(f"sol_ext.{op}: using the plain PyTorch reference because {why}", stacklevel=3)
-    return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,15 +174,6 @@ class _DiscLoss(torch.autograd.Function):
         return _ops._disc_loss_backward(grad_losses, labels, ctx.num_ranks, ctx.T), None, None
 
 
-def _grad_of_reduction(grad: torch.Tensor, count: int, reduction: str, dtype: torch.dtype) -> torch.Tensor:
-    """The gradient that ``reference.reduce_losses(losses, reduction)`` passes to each of ``count``
-    losses, as ``[count]`` (one value, expanded: no copy), in the rounding autograd gives it: the CPU
-    divides in float64 (the CPU reduction sums in float64), other devices in ``grad``'s dtype."""
-    if reduction == "mean":
-        grad = (grad.double() if grad.device.type == "cpu" else grad) / max(count, 1)
-    return grad.to(dtype).expand(count)
-
-
 class _StochasticOrderLossFunction(torch.autograd.Function):
     """``StochasticOrderLoss`` as one autograd node: the three fused forward ops and the two reductions
     in ``forward``, the three backward ops in ``backward``.
@@ -297,7 +193,7 @@ class _StochasticOrderLossFunction(torch.autograd.Function):
         disc = _ops.disc_loss(D, labels, T)
         ctx.save_for_backward(h, mu, D, labels, pairs)
         ctx.constants = (sigma, tau, margin, T, disc_weight, convention, reduction, order.shape[0])
-        return reference.reduce_losses(order, reduction) + disc_weight * reference.reduce_losses(disc, reduction)
+        return reduce_losses(order, reduction) + disc_weight * reduce_losses(disc, reduction)
 
     @staticmethod
     @_first_order_only("StochasticOrderLoss")
@@ -307,8 +203,8 @@ class _StochasticOrderLossFunction(torch.autograd.Function):
             return (None,) * 12
         h, mu, D, labels, pairs = ctx.saved_tensors
         sigma, tau, margin, T, disc_weight, convention, reduction, num_pairs = ctx.constants
-        grad_order = _grad_of_reduction(grad_loss, num_pairs, reduction, D.dtype)
-        grad_disc = _grad_of_reduction(grad_loss * disc_weight, D.shape[0], reduction, D.dtype)
+        grad_order = grad_of_reduction(grad_loss, num_pairs, reduction, D.dtype)
+        grad_disc = grad_of_reduction(grad_loss * disc_weight, D.shape[0], reduction, D.dtype)
         grad_D = _ops._order_loss_backward(grad_order, D, labels, pairs, sigma, tau, margin, convention)
         grad_D = grad_D + _ops._disc_loss_backward(grad_disc, labels, D.shape[1], T)
         grad_h, grad_mu = _ops._stochastic_dissimilarity_backward(grad_D, h, mu, sigma, need_h, need_mu)
@@ -388,14 +284,12 @@ def stochastic_dissimilarity(
     ``torch.backends.cuda.matmul.allow_tf32`` or ``torch.set_float32_matmul_precision`` say (TF32
     would cost ``D`` the precision that the losses' comparisons need).
     """
-    _refuse_func_transforms(h=h, mu=mu)
-    check.check_same_device(h=h, mu=mu)
-    h, mu = _promote(h, mu)
+    h, mu = prepare({"h": h, "mu": mu})
     check.check_embeddings(h, mu)
     sigma = check.check_positive_float("sigma", sigma)
-    fused = _use_fused(backend, "stochastic_dissimilarity", h.device, h.dtype)
-    with _autocast_off(h.device):
-        D = _dissimilarity(h, mu, sigma, fused)
+    how = route("stochastic_dissimilarity", backend, h.device, h.dtype)
+    with computing(h.device):
+        D = _dissimilarity(h, mu, sigma, how.fused)
     _check_dissimilarities_finite(D, h, mu)
     return D
 
@@ -419,8 +313,7 @@ def ordering_probabilities(
     (docs/math.md §10.2). Computed in float64 and returned in ``dtype``; no gradient.
     """
     num_ranks = check.check_int("num_ranks", num_ranks, 1)
-    _refuse_func_transforms(r_x=r_x, r_y=r_y)
-    check.check_same_device(r_x=r_x, r_y=r_y)
+    prepare({}, r_x=r_x, r_y=r_y)
     r_x = check.check_ranks("r_x", r_x, num_ranks)
     r_y = check.check_ranks("r_y", r_y, num_ranks, length=r_x.shape[0])
     sigma = check.check_positive_float("sigma", sigma)
@@ -428,7 +321,7 @@ def ordering_probabilities(
     check.check_choice("convention", convention, check.CONVENTIONS)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
-    if _use_fused(backend, "ordering_probabilities", r_x.device, torch.float64):
+    if route("ordering_probabilities", backend, r_x.device, torch.float64).fused:
         return _ops.ordering_probabilities(r_x, r_y, num_ranks, sigma, tau, convention, dtype)
     return reference.ordering_probabilities(r_x, r_y, num_ranks, sigma, tau, convention, dtype)
 
@@ -485,7 +378,7 @@ def order_loss(
             gradient up to rounding, with the same hinge decisions (ties included).
 
     Returns a scalar (or ``[M]``) in ``D``'s dtype, except that a reduced float16/bfloat16 loss is summed
-    and returned in float32 (see :func:`sol_ext.reference.reduce_losses`); an empty pair set gives 0.
+    and returned in float32 (see :func:`sol_ext._reduction.reduce_losses`); an empty pair set gives 0.
     Differentiable with respect to ``D``.
 
     Determinism of the fused backward: on the CPU always (each row of ``dD`` is summed by one worker,
@@ -496,9 +389,7 @@ def order_loss(
     is summed in pair order (no atomics, bitwise reproducible). On CUDA, float16/bfloat16 ``D`` is
     supported with float32 accumulation; the result comes back in ``D``'s dtype.
     """
-    _refuse_func_transforms(D=D, labels=labels, pairs=pairs)
-    check.check_same_device(D=D, labels=labels, pairs=pairs)
-    (D,) = _promote(D)
+    (D,) = prepare({"D": D}, labels=labels, pairs=pairs)
     check.check_dissimilarities(D)
     batch_size, num_ranks = D.shape
     labels = check.check_ranks("labels", labels, num_ranks, length=batch_size)
@@ -508,18 +399,14 @@ def order_loss(
     margin = check.check_nonnegative_float("margin", margin)
     check.check_choice("convention", convention, check.CONVENTIONS)
     check.check_reduction(reduction)
-    check.check_choice("backend", backend, check.BACKENDS)
-    fusable = backend != "reference" and _fused_unavailable_reason(D.device, D.dtype) is None
-    how = grouped.choose_algorithm(
-        algorithm, batch_size, num_ranks, D.device, fused=fusable, backend=backend, pairs=pairs, reduction=reduction
+    how = route(
+        "order_loss", backend, D.device, D.dtype, algorithm=algorithm, batch_size=batch_size, num_ranks=num_ranks,
+        pairs=pairs, reduction=reduction, grouped_needs_kernels=False,
     )
-    if how == "grouped":
-        with _autocast_off(D.device):
+    with computing(D.device):
+        if how.algorithm == "grouped":
             return grouped.grouped_order_loss(D, labels, sigma, tau, margin, convention, reduction)
-    fused = _use_fused(backend, "order_loss", D.device, D.dtype)
-    with _autocast_off(D.device):
-        losses = _order_losses(D, labels, pairs, sigma, tau, margin, convention, fused)
-        return reference.reduce_losses(losses, reduction)
+        return reduce_losses(_order_losses(D, labels, pairs, sigma, tau, margin, convention, how.fused), reduction)
 
 
 def order_loss_block(
@@ -553,9 +440,7 @@ def order_loss_block(
     no ``[M, n]`` tensor. The fused backward is deterministic on the CPU and on CUDA (each gradient row
     is summed by one worker in a fixed order, no atomics).
     """
-    _refuse_func_transforms(D=D, labels=labels, D_all=D_all, labels_all=labels_all)
-    check.check_same_device(D=D, labels=labels, D_all=D_all, labels_all=labels_all)
-    D, D_all = _promote(D, D_all)
+    D, D_all = prepare({"D": D, "D_all": D_all}, labels=labels, labels_all=labels_all)
     check.check_dissimilarities(D)
     check.check_dissimilarities(D_all)
     batch_size, num_ranks = D.shape
@@ -573,9 +458,9 @@ def order_loss_block(
     tau = check.check_int("tau", tau, 0)
     margin = check.check_nonnegative_float("margin", margin)
     check.check_choice("convention", convention, check.CONVENTIONS)
-    fused = _use_fused(backend, "order_loss_block", D.device, D.dtype)
-    with _autocast_off(D.device):
-        return _order_loss_block_rows(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention, fused)
+    how = route("order_loss_block", backend, D.device, D.dtype)
+    with computing(D.device):
+        return _order_loss_block_rows(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention, how.fused)
 
 
 def disc_loss(
@@ -589,17 +474,15 @@ def disc_loss(
 
     Linear in ``D`` and possibly negative; an empty batch gives 0. Reduced in float32 for float16/bfloat16 ``D``.
     """
-    _refuse_func_transforms(D=D, labels=labels)
-    check.check_same_device(D=D, labels=labels)
-    (D,) = _promote(D)
+    (D,) = prepare({"D": D}, labels=labels)
     check.check_dissimilarities(D)
     batch_size, num_ranks = D.shape
     labels = check.check_ranks("labels", labels, num_ranks, length=batch_size)
     T = check.check_int("T", T, 1)
     check.check_reduction(reduction)
-    fused = _use_fused(backend, "disc_loss", D.device, D.dtype)
-    with _autocast_off(D.device):
-        return reference.reduce_losses(_disc_losses(D, labels, T, fused), reduction)
+    how = route("disc_loss", backend, D.device, D.dtype)
+    with computing(D.device):
+        return reduce_losses(_disc_losses(D, labels, T, how.fused), reduction)
 
 
 def noise_kernel(

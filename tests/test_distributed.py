@@ -143,6 +143,42 @@ def test_distributed_loss_without_a_process_group_says_how_to_start_one():
         criterion(torch.randn(3, 2), torch.tensor([0, 1, 3]), torch.randn(4, 2))
 
 
+@pytest.fixture
+def one_process_group():
+    """A process group of this process alone (gloo, in-memory store), destroyed after the test."""
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    yield
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("algorithm", ["pairwise", "grouped"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_distributed_loss_of_one_process_is_the_wrapped_loss(one_process_group, algorithm, reduction):
+    gen = torch.Generator().manual_seed(3)
+    h = torch.randn(9, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    mu = torch.randn(5, 3, generator=gen, dtype=torch.float64)
+    labels = random_labels(9, 5, gen)
+    loss = sol_ext.StochasticOrderLoss(5, tau=1, disc_weight=0.6, reduction=reduction, algorithm=algorithm)
+    single = loss(h, labels, mu)
+    (grad_single,) = torch.autograd.grad(single, h)
+    wrapped = DistributedStochasticOrderLoss(loss)(h, labels, mu)
+    (grad_wrapped,) = torch.autograd.grad(wrapped, h)
+    assert_rel_close(wrapped.detach(), single.detach(), 1e-12, "loss")
+    assert_rel_close(grad_wrapped, grad_single, 1e-12, "dL/dh")
+
+
+def test_distributed_loss_reads_values_only_when_the_wrapped_loss_does(one_process_group):
+    h, mu, labels = torch.randn(6, 3), torch.randn(4, 3), torch.tensor([0, 1, 2, 3, 0, 1])
+    h[2, 1] = float("nan")
+    strict = DistributedStochasticOrderLoss(sol_ext.StochasticOrderLoss(4))
+    with pytest.raises(ValueError, match="h contains 1 NaN or inf"):
+        strict(h, labels, mu)
+    # check_values=False: no host read of the values, as in the wrapped loss (a NaN goes through)
+    lenient = sol_ext.StochasticOrderLoss(4, check_values=False)
+    assert torch.isnan(lenient(h, labels, mu))
+    assert torch.isnan(DistributedStochasticOrderLoss(lenient)(h, labels, mu))
+
+
 # ------------------------------------------------------------------------------------------------
 # Spawned processes: one DDP step on W processes against one process on the concatenated batch.
 # ------------------------------------------------------------------------------------------------

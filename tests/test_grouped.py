@@ -14,7 +14,7 @@ import torch
 
 import sol_ext
 from common import cpu_and_cuda, spawn_processes
-from sol_ext import grouped, reference
+from sol_ext import _dispatch, grouped, reference
 from sol_ext.distributed import DistributedStochasticOrderLoss
 
 REL = 1e-12
@@ -292,7 +292,7 @@ def test_grouped_refuses_explicit_pairs_and_per_pair_losses():
 
 def test_auto_rule():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    choose = grouped.choose_algorithm
+    choose = _dispatch.choose_algorithm
     assert choose("auto", 64, 60, cpu, fused=True) == "pairwise"
     assert choose("auto", 8192, 7, cpu, fused=True) == "grouped"
     assert choose("auto", 1_000_000, 5, cpu, fused=True) == "grouped"

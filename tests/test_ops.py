@@ -245,7 +245,7 @@ def test_reduced_losses_are_bitwise_identical_for_any_number_of_threads():
 def test_fixed_order_sum_adds_in_blocks_in_order(count):
     """The CPU reduction's order: in float64, each block of 4096 losses from first to last, then the block
     sums in order (one block needs no padding)."""
-    from sol_ext.reference import _fixed_order_sum
+    from sol_ext._reduction import _fixed_order_sum
 
     losses = torch.randn(count, generator=torch.Generator().manual_seed(count), dtype=torch.float32) * 1e3
     values = losses.double().tolist()
@@ -256,3 +256,24 @@ def test_fixed_order_sum_adds_in_blocks_in_order(count):
             block += v
         total += block
     assert _fixed_order_sum(losses).item() == total
+
+
+def test_the_library_does_not_reduce_through_the_reference(monkeypatch):
+    """The reference is only the test oracle: editing its reduction must not change the numbers users get."""
+    def oracle_only(losses, reduction):
+        if reduction != "none":
+            raise AssertionError("a production path reduced through sol_ext.reference.reduce_losses")
+        return losses
+
+    monkeypatch.setattr(reference, "reduce_losses", oracle_only)
+    gen = torch.Generator().manual_seed(0)
+    h, mu = torch.randn(40, 3, generator=gen, dtype=torch.float64), torch.randn(5, 3, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 5, (40,), generator=gen)
+    D = sol_ext.stochastic_dissimilarity(h, mu)
+    for backend in ("fused", "reference"):
+        for reduction in ("mean", "sum"):
+            sol_ext.order_loss(D, labels, reduction=reduction, backend=backend, algorithm="pairwise")
+            sol_ext.disc_loss(D, labels, reduction=reduction, backend=backend)
+            for algorithm in ("pairwise", "grouped"):
+                sol_ext.StochasticOrderLoss(5, reduction=reduction, backend=backend, algorithm=algorithm)(h, labels, mu)
+    sol_ext.order_loss(D, labels, algorithm="grouped")

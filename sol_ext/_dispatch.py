@@ -1,0 +1,224 @@
+"""One way into the kernels: argument preparation, the choice of backend and algorithm, and the compute context.
+
+Every entry point (the functional ops of :mod:`sol_ext.ops`, :class:`~sol_ext.StochasticOrderLoss`,
+:class:`~sol_ext.distributed.DistributedStochasticOrderLoss`) runs the same three steps::
+
+    h, mu = prepare({"h": h, "mu": mu}, labels=labels)      # func transforms, one device, promotion
+    ...                                                      # the op's own argument checks
+    how = route("order_loss", backend, D.device, D.dtype, algorithm=..., ...)
+    with computing(D.device):                                # autocast off: the dtype is chosen
+        ...                                                  # fused kernels, reference or grouped
+
+Backends: ``"auto"`` uses the fused kernels when this build has them for the tensors' device and dtype,
+and otherwise the plain-PyTorch reference with a warning that says why (once per cause); ``"fused"``
+uses the kernels or raises; ``"reference"`` always uses :mod:`sol_ext.reference`. Meta tensors run the
+fake kernels. Algorithms of the all-pairs order loss: :func:`choose_algorithm`.
+
+Mixed precision, as PyTorch's own losses do it: floating inputs of mixed dtypes are promoted to the wider
+one, and under ``torch.autocast`` the ops compute in float32 (float64 stays float64). The casts are
+differentiable, so each gradient comes back in its input's dtype.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import _validation as check
+from .grouped import grouped_is_faster
+
+__all__ = ["prepare", "route", "Route", "computing", "choose_algorithm", "cuda_kernels_available"]
+
+_CPU_DTYPES = (torch.float32, torch.float64)
+_CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_warned: set = set()
+
+# Read once at import (the extension is loaded by then): torch.compile cannot trace the dispatcher query,
+# but it can read a module constant.
+_CUDA_KERNELS_BUILT = torch._C._dispatch_has_kernel_for_dispatch_key("sol_ext::order_loss", "CUDA")
+
+
+def cuda_kernels_available() -> bool:
+    """Whether CUDA kernels were compiled into this build (says nothing about a GPU being present)."""
+    return _CUDA_KERNELS_BUILT
+
+
+# ---------------------------------------------------------------------------------------------
+# Preparation
+# ---------------------------------------------------------------------------------------------
+
+
+def prepare(floating: dict, **others) -> tuple:
+    """The first step of every entry point. Refuses tensors of torch.func transforms, requires every tensor
+    (``floating`` and ``others``; ``None`` is skipped) on one device, and returns the ``floating`` tensors
+    cast to one compute dtype (:func:`_promote`), in their order."""
+    _refuse_func_transforms(**floating, **others)
+    check.check_same_device(**floating, **others)
+    return _promote(*floating.values()) if floating else ()
+
+
+def _autocast_enabled(device: torch.device) -> bool:
+    return device.type in ("cpu", "cuda") and torch.is_autocast_enabled(device.type)
+
+
+def _promote(*tensors):
+    """Floating inputs cast to one compute dtype: the widest of theirs, and under autocast at least float32.
+
+    The casts are differentiable, so each input's gradient comes back in its own dtype. Anything that is
+    not a floating tensor is returned as is, for the checks to name.
+    """
+    if not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in tensors):
+        return tensors
+    dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    if _autocast_enabled(tensors[0].device):
+        dtype = torch.promote_types(dtype, torch.float32)
+    return tuple(t.to(dtype) for t in tensors)
+
+
+def computing(device: torch.device):
+    """The context the ops compute in: autocast off, since :func:`prepare` chose the dtype (autocast would
+    run the reference's matmuls in half again after promotion to float32)."""
+    return torch.autocast(device.type, enabled=False) if _autocast_enabled(device) else contextlib.nullcontext()
+
+
+def _refuse_func_transforms(**tensors) -> None:
+    """A clear error for tensors of torch.func transforms, which the validation and the kernels cannot read.
+
+    vmap's batched tensors have no storage ("Cannot access data pointer"), and the autograd wrappers
+    have no vmap or forward-mode rules.
+    """
+    if check._tracing():
+        return
+    for name, t in tensors.items():
+        if not (isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t)):
+            continue
+        how = (
+            "batched by torch.func.vmap"
+            if torch._C._functorch.is_batchedtensor(t)
+            else "wrapped by a torch.func transform (grad, jacrev, jvp, ...)"
+        )
+        raise TypeError(
+            f"{name} is {how}; sol_ext does not support torch.func transforms. Per-example losses come "
+            "from reduction='none' of sol_ext.order_loss and sol_ext.disc_loss, per-example gradients from "
+            "a loop over examples, gradients from torch.autograd."
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Backend and algorithm
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Route:
+    """How one call runs. ``fused``: the fused kernels (else the plain-PyTorch reference) for the pairwise
+    ops and ``D``; ``algorithm``: ``"pairwise"`` or ``"grouped"`` for the all-pairs order loss."""
+
+    fused: bool
+    algorithm: str = "pairwise"
+
+
+def route(
+    where: str,
+    backend: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    algorithm: str = "pairwise",
+    batch_size: int = 0,
+    num_ranks: int = 0,
+    pairs: Optional[torch.Tensor] = None,
+    reduction: str = "mean",
+    grouped_needs_kernels: bool = True,
+) -> Route:
+    """The backend and algorithm of one call of ``sol_ext.<where>``; warns or raises as the module says.
+
+    ``grouped_needs_kernels``: whether the call still runs kernels when the grouped algorithm is chosen
+    (the loss computes ``D`` and the discriminative loss with them; :func:`sol_ext.order_loss` does not, so
+    choosing grouped there neither warns nor raises about missing kernels).
+    """
+    check.check_choice("backend", backend, check.BACKENDS)
+    fusable = backend != "reference" and _fused_unavailable_reason(device, dtype) is None
+    how = choose_algorithm(
+        algorithm, batch_size, num_ranks, device, fused=fusable, backend=backend, pairs=pairs,
+        reduction=reduction, where=where,
+    )
+    if how == "grouped" and not grouped_needs_kernels:
+        return Route(fused=False, algorithm=how)
+    return Route(fused=_use_fused(backend, where, device, dtype), algorithm=how)
+
+
+def _fused_unavailable_reason(device: torch.device, dtype: torch.dtype) -> Optional[str]:
+    if device.type == "cpu":
+        if dtype not in _CPU_DTYPES:
+            return f"the CPU kernels take float32 or float64, got {dtype} (convert with .float() or .double())"
+        return None
+    if device.type == "cuda":
+        if not cuda_kernels_available():
+            return "this build of sol_ext has no CUDA kernels (rebuild with a CUDA toolkit; see README)"
+        if dtype not in _CUDA_DTYPES:
+            return f"the CUDA kernels take float16, bfloat16, float32 or float64, got {dtype}"
+        return None
+    if device.type == "meta":  # shapes and dtypes only: the fake kernels (_fake.py) serve every dtype
+        return None if dtype in _CUDA_DTYPES else f"sol_ext's kernels take no {dtype}"
+    return f"sol_ext has no kernels for device type {device.type!r}"
+
+
+def _use_fused(backend: str, where: str, device: torch.device, dtype: torch.dtype) -> bool:
+    if backend == "reference":
+        return False
+    why = _fused_unavailable_reason(device, dtype)
+    if why is None:
+        return True
+    if backend == "fused":
+        raise RuntimeError(f"sol_ext.{where}(backend='fused'): {why}")
+    if (where, why) not in _warned:  # warn once per cause, not every step
+        _warned.add((where, why))
+        warnings.warn(f"sol_ext.{where}: using the plain PyTorch reference because {why}", stacklevel=4)
+    return False
+
+
+def choose_algorithm(
+    algorithm: str,
+    batch_size: int,
+    num_ranks: int,
+    device: torch.device,
+    *,
+    fused: bool,
+    backend: str = "auto",
+    pairs: Optional[torch.Tensor] = None,
+    reduction: str = "mean",
+    where: str = "order_loss",
+) -> str:
+    """``"pairwise"`` or ``"grouped"`` for ``algorithm`` in ``("auto", "pairwise", "grouped")``; a
+    ``ValueError`` for a bad value or a combination the grouped algorithm does not cover.
+
+    ``"auto"`` keeps pairwise for explicit ``pairs``, for ``reduction="none"`` (per-pair losses), for
+    ``backend="reference"`` (the oracle stays the plain formulas, which also support double backward
+    through ``D``'s kernels), while ``torch.compile`` traces and on meta tensors (the fused ops have fake
+    kernels); otherwise it applies :func:`sol_ext.grouped.grouped_is_faster` (the measured rule, README).
+    """
+    check.check_choice("algorithm", algorithm, check.ALGORITHMS)
+    if algorithm == "grouped":
+        if pairs is not None:
+            raise ValueError(
+                f"sol_ext.{where}: algorithm='grouped' computes the loss of all pairs of the batch; explicit "
+                "pairs are evaluated pair by pair: pass pairs=None, or algorithm='pairwise' (or 'auto')"
+            )
+        if reduction == "none":
+            raise ValueError(
+                f"sol_ext.{where}: algorithm='grouped' gives the reduced loss ('mean' or 'sum') without forming "
+                "the B(B-1)/2 per-pair losses; reduction='none' needs algorithm='pairwise' (or 'auto')"
+            )
+        return "grouped"
+    if algorithm == "pairwise":
+        return "pairwise"
+    if pairs is not None or reduction == "none" or backend == "reference":
+        return "pairwise"
+    if check._tracing() or device.type == "meta":
+        return "pairwise"
+    return "grouped" if grouped_is_faster(batch_size, num_ranks, device, fused) else "pairwise"
