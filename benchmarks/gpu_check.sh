@@ -27,7 +27,7 @@ PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the benchmark imports sol_ext from this folder too
 LOG=${OUT:-${TMPDIR:-/tmp}/sol_ext_gpu_check}
 BUDGET_S=${BUDGET_S:-500}
-STEPS=(deps build kernels test_cuda bench bench_unchecked sweep driver driver_amp bench_images tests)
+STEPS=(deps build kernels test_cuda bench bench_unchecked bench_algorithms sweep driver driver_amp bench_images tests)
 mkdir -p "$LOG"
 declare -A STATUS SECONDS_TAKEN
 
@@ -75,6 +75,7 @@ print(f\"{sys.argv[2]}: test MAE {t['mae']:.4f}, CS {t['cs']:.2f}, Pearson {t['p
       "$LOG/$run/results.json" "$run"
   done
   [ -f "$LOG/sweep.log" ] && grep '^warps' "$LOG/sweep.log"
+  [ -f "$LOG/bench_algorithms.log" ] && grep -E "^\\| cuda" "$LOG/bench_algorithms.log"
   [ -f "$LOG/bench_images.log" ] && grep -E '^(resnet|\||target)' "$LOG/bench_images.log"
   for json_file in "$LOG/bench.json" "$LOG/bench-unchecked.json"; do
     [ -f "$json_file" ] || continue
@@ -177,6 +178,10 @@ run_step bench 180 "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0
 # shellcheck disable=SC2086
 run_step bench_unchecked 120 "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0.3 --no-check-values \
   --json "$LOG/bench-unchecked.json" --sizes $SIZES
+# grouped (sorting) vs pairwise vs reference: the crossovers of algorithm="auto" on this GPU (README,
+# "All pairs by sorting"); sizes where a pairwise call would take over --budget seconds are skipped
+run_step bench_algorithms 150 "$PY" benchmarks/bench_loss.py --algorithms --device cuda --budget 10 \
+  --json "$LOG/bench-algorithms.json"
 sweep() {  # the all-pairs backward's warp target (a constant of the kernel) on this GPU
   for warps in $SWEEP_WARPS; do
     SOL_EXT_CUDA_BACKWARD_WARPS=$warps "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0.3 \
