@@ -63,7 +63,7 @@ def grouped_is_faster(batch_size: int, num_ranks: int, device: torch.device, fus
 
 @functools.lru_cache(maxsize=16)
 def _pair_weights(num_ranks: int, sigma: float, tau: int, convention: str, device: torch.device):
-    """``(L, U, E2)``, ``[n, n]`` (float64 but on MPS): the weights of the ordered-pair hinges (docs/math.md §13.1).
+    """``(L, U, E2)``, ``[n, n]`` (float64; float32 on MPS): the weights of the ordered-pair hinges (docs/math.md §13.1).
 
     With ``(lt, eq, gt)`` the ordering probabilities of labels ``(a, b)``: ``L = lt + gt^T`` (on the ranks of
     ``x``'s lower sums), ``U = gt + lt^T`` (on ``q >= a``), ``E2 = eq + eq^T`` (the ``[|delta| - gamma]+`` term).

@@ -93,8 +93,9 @@ class StochasticOrderLoss(nn.Module):
             num_ranks=self.num_ranks, pairs=pairs, reduction=self.reduction,
         )
         with computing(h.device):
-            if how.fused and how.algorithm == "pairwise":  # one autograd node: at small batches a step's time
-                return _StochasticOrderLossFunction.apply(  # is mostly per-node overhead
+            if how.fused and how.algorithm == "pairwise":
+                # one autograd node: at small batches a step's time is mostly per-node overhead
+                return _StochasticOrderLossFunction.apply(
                     h, mu, labels, pairs, self.sigma, self.tau, self.margin, self.T, self.disc_weight,
                     self.convention, self.reduction, self.check_values,
                 )
