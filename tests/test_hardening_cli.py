@@ -392,3 +392,14 @@ def test_a_weights_file_of_other_pickled_objects_is_refused_without_unsafe_advic
     with pytest.raises(ValueError, match="not a torch file") as info:
         build_encoder("resnet18", (3, 32, 32), 8, weights=str(path))
     assert "weights_only" not in str(info.value)
+
+
+def test_a_negative_disc_weight_is_refused_before_the_data_is_read(tmp_path, capsys):
+    """It used to pass the configuration's checks and fail only when the loss was built, after the
+    data had been loaded (and, with --sigma auto, inside the search)."""
+    from sol_ext.driver.config import TrainConfig
+
+    with pytest.raises(ValueError, match="disc weight must be >= 0"):
+        TrainConfig(disc_weight=-1.0).validate()
+    expect_error(capsys, train_argv(tmp_path / "nope.csv", tmp_path / "o", "--disc-weight", "-1"),
+                 "disc weight must be >= 0", absent=("nope.csv",))

@@ -262,6 +262,7 @@ class TrainConfig:
              "patience needs a validation split (validation fraction > 0).")
         need(self.tau >= 0, f"tau must be an integer >= 0, got {self.tau}.")
         need(self.margin >= 0, f"margin must be >= 0, got {self.margin}.")
+        need(self.disc_weight >= 0, f"disc weight must be >= 0, got {self.disc_weight}.")
         need(self.T >= 1, f"T must be an integer >= 1, got {self.T}.")
         need(0.0 < self.beta <= 1.0, f"beta must be in (0, 1], got {self.beta}.")
         need(self.lr > 0, f"learning rate must be > 0, got {self.lr}.")
