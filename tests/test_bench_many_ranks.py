@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_many_ranks.py")
@@ -54,6 +55,15 @@ def test_band_mae_covers_every_age_once():
     bands = bench.band_mae(true + 1.0, true)
     assert list(bands) == ["16-30", "31-45", "46-60", "61-77"] and all(v == 1.0 for v in bands.values())
     assert sum(hi - lo + 1 for lo, hi in bench.AGE_BANDS) == true.size
+
+
+def test_sol_options_are_config_fields():
+    bench = _bench()
+    assert bench.parse_options(["weight_ema=0.99", "sigma=auto", "refine=false"]) == {
+        "weight_ema": 0.99, "sigma": "auto", "refine": False}
+    for bad in (["nonsense=1"], ["weight_ema"]):
+        with pytest.raises(ValueError, match="--sol-option"):
+            bench.parse_options(bad)
 
 
 def test_quick_run_writes_a_table_of_both_label_sets(tmp_path):
