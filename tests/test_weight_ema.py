@@ -14,21 +14,28 @@ from sol_ext.driver.train import train
 from test_train import BASE, quiet, tiny_data
 
 
-def test_the_average_follows_each_step_by_its_decay():
+def test_the_average_is_the_bias_corrected_moving_average_of_the_steps():
+    torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
     avg = WeightAverage(model, 0.75)
-    start = [p.detach().clone() for p in avg.model.parameters()]
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(1.0)
-    model.train()(torch.randn(8, 3))  # batch norm's running statistics and step count move
-    avg.update(model)
-    for a, s, p in zip(avg.model.parameters(), start, model.parameters()):
-        torch.testing.assert_close(a, 0.75 * s + 0.25 * p.detach())
+    seen = []
+    for _ in range(4):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        model.train()(torch.randn(8, 3))  # batch norm's running statistics and step count move
+        avg.update(model)
+        seen.append([p.detach().clone() for p in model.parameters()])
+        if len(seen) == 1:  # the first average is the trained weights, not pulled to the start
+            for a, p in zip(avg.model.parameters(), model.parameters()):
+                torch.testing.assert_close(a, p.detach())
+    t, d = len(seen), 0.75
+    for i, a in enumerate(avg.model.parameters()):
+        expected = sum((1 - d) * d ** (t - 1 - s) * seen[s][i] for s in range(t)) / (1 - d ** t)
+        torch.testing.assert_close(a, expected)
         assert not a.requires_grad
-    bn, bn_avg = model[1], avg.model[1]
-    torch.testing.assert_close(bn_avg.running_mean, 0.25 * bn.running_mean)  # from 0
-    assert int(bn_avg.num_batches_tracked) == int(bn.num_batches_tracked) == 1  # copied
+    assert avg.steps == 4
+    assert int(avg.model[1].num_batches_tracked) == int(model[1].num_batches_tracked) == 4  # copied
     with pytest.raises(ValueError, match="weight_ema"):
         WeightAverage(model, 1.0)
 
@@ -39,6 +46,7 @@ def test_the_checkpoints_hold_the_average_and_resuming_continues_both(tmp_path):
     full = train(cfg, data, tmp_path / "full", log=quiet)
     state = load_checkpoint(tmp_path / "full" / CHECKPOINT_NAME)
     assert set(state["trained_model"]) == set(state["model"])
+    assert state["weight_ema_steps"] == 2 * 6  # 2 epochs of 6 steps (86 fitted samples, batch 16)
     assert any(not torch.equal(state["model"][k], state["trained_model"][k]) for k in state["model"])
     assert "trained_model" not in load_checkpoint(tmp_path / "full" / BEST_NAME)
     # without an average, no second copy of the weights
