@@ -2,6 +2,7 @@
 
     python benchmarks/bench_many_ranks.py            # 6 methods x 2 label sets x 3 seeds (about 15 min on 2 cores)
     python benchmarks/bench_many_ranks.py --quick    # a smoke run: 2 methods, one seed, 2 epochs
+    python benchmarks/bench_many_ranks.py --methods sol,corn --sol-option weight_ema=0.99  # a variant of sol
 
 The built-in data sets have 6–29 ranks and noise that does not depend on the rank. Human labels
 of ages often have more ranks and an error that grows with the age. This benchmark makes such a
@@ -16,11 +17,19 @@ set, deterministically (numpy seed 0):
 Every method trains twice, with the true ages and with the annotator's labels as training labels,
 through ordinary ``sol-ext train`` runs (``--data train.csv --test-data test.csv``; 10 % of the
 training file is the validation split, with the same labels as the rest). Writes
-``many_ranks.md`` (mean ± std of test MAE and CS) and ``many_ranks.json`` (every run).
+``many_ranks.md`` (mean ± std of test MAE and CS, the test MAE by true-age band, and how closely
+each method fits the annotator's errors) and ``many_ranks.json`` (every run).
+
+How much a method memorizes the annotator's errors shows on its own training samples (the rows
+it fitted, not the validation split): ``train_mae_true`` is the MAE of its predictions there
+against the true ages, and ``error_corr`` the correlation of its prediction error
+(prediction - true age) with the annotator's error (label - true age). A method that learns the
+ages, not the labels, has ``error_corr`` near 0 and ``train_mae_true`` near its test MAE.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -32,12 +41,14 @@ import numpy as np
 from sol_ext.driver.compare import mean_std, mean_std_table, method_config
 from sol_ext.driver.config import TrainConfig
 from sol_ext.driver.prepare import prepare_data
-from sol_ext.driver.train import train
+from sol_ext.driver.train import train, validation_split
 
 METHODS = ("sol", "sol-paper", "sol-no-noise", "l1", "ce", "corn")
 LABEL_SETS = ("true ages", "annotator")
 FEATURES, TRAIN_SIZE, TEST_SIZE = 12, 4000, 1500
 AGE_RANGE = (16, 77)
+# true-age bands of the per-band test MAE (years; the last one open to 77)
+AGE_BANDS = ((16, 30), (31, 45), (46, 60), (61, 77))
 
 
 def make_data(seed: int = 0) -> dict[str, np.ndarray]:
@@ -64,8 +75,43 @@ def write_csv(path: Path, x: np.ndarray, ages: np.ndarray) -> None:
     np.savetxt(path, rows, delimiter=",", header=header, comments="", fmt=["%.5f"] * x.shape[1] + ["%d"])
 
 
-def run(methods, seeds, epochs, work_dir: Path, log=print) -> list[dict]:
-    """Writes the CSV files and the run folders into ``work_dir``; returns one record per run."""
+def band_mae(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
+    """Test MAE of the samples of each true-age band of :data:`AGE_BANDS` ("lo-hi": MAE)."""
+    out = {}
+    for lo, hi in AGE_BANDS:
+        inside = (true >= lo) & (true <= hi)
+        out[f"{lo}-{hi}"] = float(np.abs(pred[inside] - true[inside]).mean()) if inside.any() else None
+    return out
+
+
+def fit_to_noise(pred: np.ndarray, true: np.ndarray, annotator: np.ndarray) -> dict[str, float]:
+    """How a run's predictions on its fitted training rows relate to the true ages and to the
+    annotator's errors (see the module docstring)."""
+    error = pred - true
+    noise = annotator - true
+    corr = float(np.corrcoef(error, noise)[0, 1]) if error.std() > 0 and noise.std() > 0 else 0.0
+    return {"train_mae_true": float(np.abs(error).mean()), "error_corr": corr}
+
+
+def parse_options(items) -> dict:
+    """``KEY=VALUE`` strings as TrainConfig fields (values read as JSON where they parse: numbers,
+    true/false, null; else as text)."""
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    out = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or key not in fields:
+            raise ValueError(f"--sol-option {item!r}: expected KEY=VALUE with KEY a TrainConfig field.")
+        try:
+            out[key] = json.loads(text)
+        except json.JSONDecodeError:
+            out[key] = text
+    return out
+
+
+def run(methods, seeds, epochs, work_dir: Path, log=print, sol_options=None) -> list[dict]:
+    """Writes the CSV files and the run folders into ``work_dir``; returns one record per run.
+    ``sol_options``: TrainConfig fields set on the ``sol`` rows only (a variant of the default)."""
     data = make_data()
     files = {}
     for name in LABEL_SETS:
@@ -82,14 +128,25 @@ def run(methods, seeds, epochs, work_dir: Path, log=print) -> list[dict]:
             base = TrainConfig(data=str(files[name]), test_data=str(test_file), label_column="age",
                                noise="none", seed=seed, epochs=epochs)
             prepared = prepare_data(base.validate())
+            # the file rows the encoder fits (the validation split's complement)
+            fit = validation_split(prepared.train_given, base.val_fraction, seed).fit
+            rows = (fit if prepared.train_rows is None else prepared.train_rows[fit]).numpy()
             for method in methods:
                 cfg = method_config(base, method)
+                if method == "sol" and sol_options:
+                    cfg = dataclasses.replace(cfg, **sol_options).validate()
                 start = time.perf_counter()
-                res = train(cfg, prepared, work_dir / "runs" / name.replace(" ", "-") / method / f"seed{seed}",
-                            log=lambda _line: None).results
+                outcome = train(cfg, prepared, work_dir / "runs" / name.replace(" ", "-") / method / f"seed{seed}",
+                                log=lambda _line: None)
+                res = outcome.results
+                decode = prepared.encoder.decode
+                test_pred = decode(outcome.test_pred.cpu()).numpy()
+                train_pred = decode(outcome.train_pred.cpu()).numpy()
                 records.append({"labels": name, "method": method, "seed": seed, "mae": res["test"]["mae"],
                                 "cs": res["test"]["cs"], "cs_theta": res["cs_theta"],
                                 "selected_epoch": res["selected_epoch"],
+                                "band_mae": band_mae(test_pred, data["test"]),
+                                **fit_to_noise(train_pred, data["true ages"][rows], data["annotator"][rows]),
                                 "seconds": time.perf_counter() - start})
                 r = records[-1]
                 log(f"[{len(records)}/{total}] {name} {method} seed {seed}: MAE {r['mae']:.3f}  "
@@ -111,6 +168,27 @@ def tables(records) -> str:
         cell = {key: mean_std(v) for key, v in values.items()}
         lines += mean_std_table(f"**many ranks: {title}, by training labels, mean ± std over {seeds} seeds**",
                                 settings, methods, cell, fmt, better, column=lambda s: s[0])
+    for name, _ in settings:
+        runs = [r for r in records if r["labels"] == name and "band_mae" in r]
+        if not runs:
+            continue
+        bands = [f"{lo}-{hi}" for lo, hi in AGE_BANDS]
+        cell = {}
+        for method in methods:
+            mine = [r for r in runs if r["method"] == method]
+            for band in bands:
+                values = [r["band_mae"][band] for r in mine if r["band_mae"][band] is not None]
+                if values:
+                    cell[((band, 0), method)] = mean_std(values)
+            for key, column in (("train_mae_true", "train MAE vs true ages"),
+                                ("error_corr", "corr(error, annotator's error)")):
+                if mine:
+                    cell[((column, 0), method)] = mean_std([r[key] for r in mine])
+        columns = [(b, 0) for b in bands] + [("train MAE vs true ages", 0), ("corr(error, annotator's error)", 0)]
+        lines += mean_std_table(
+            f"**many ranks, {name} as training labels: test MAE by true-age band (years), and the fit "
+            f"on the training rows, mean ± std over {seeds} seeds**",
+            columns, methods, cell, "{:.3f} ± {:.3f}", min, column=lambda s: s[0])
     return "\n".join(lines)
 
 
@@ -124,7 +202,10 @@ def main(argv=None) -> int:
     p.add_argument("--work", type=Path, default=None,
                    help="folder for the CSV files and the runs (default: a temporary folder, removed after)")
     p.add_argument("--quick", action="store_true", help="sol and l1, one seed, 2 epochs (a smoke run)")
+    p.add_argument("--sol-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a TrainConfig field for the sol rows only, e.g. weight_ema=0.99 (repeatable)")
     args = p.parse_args(argv)
+    sol_options = parse_options(args.sol_option)
     methods, seeds, epochs = args.methods.split(","), [int(s) for s in args.seeds.split(",")], args.epochs
     if args.quick:
         methods, seeds, epochs = ["sol", "l1"], [0], 2
@@ -133,8 +214,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
-        records = run(methods, seeds, epochs, work)
+        records = run(methods, seeds, epochs, work, sol_options=sol_options)
     md = tables(records) + f"\n{len(records)} runs, {(time.perf_counter() - start) / 60:.1f} min wall time.\n"
+    if sol_options:
+        md += f"sol rows with {', '.join(f'{k}={v}' for k, v in sol_options.items())}.\n"
     (args.output / "many_ranks.json").write_text(json.dumps(records, indent=1) + "\n")
     (args.output / "many_ranks.md").write_text(md)
     print(md)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_many_ranks.py")
@@ -34,6 +35,37 @@ def test_the_data_is_fixed_and_its_annotator_errs_more_on_older_ages():
     assert 2 * np.abs(error[young]).mean() < np.abs(error[old]).mean()
 
 
+def test_fit_to_noise_tells_a_memorizing_prediction_from_the_true_ages():
+    bench = _bench()
+    data = bench.make_data()
+    true, annotator = data["true ages"], data["annotator"]
+    exact = bench.fit_to_noise(true.astype(float), true, annotator)
+    assert exact == {"train_mae_true": 0.0, "error_corr": 0.0}  # no error at all
+    copied = bench.fit_to_noise(annotator.astype(float), true, annotator)  # the labels learnt by heart
+    assert copied["error_corr"] == 1.0 or abs(copied["error_corr"] - 1.0) < 1e-12
+    assert abs(copied["train_mae_true"] - np.abs(annotator - true).mean()) < 1e-12
+    rng = np.random.default_rng(0)
+    blind = bench.fit_to_noise(true + rng.normal(0, 2, true.size), true, annotator)  # errors of its own
+    assert abs(blind["error_corr"]) < 0.1
+
+
+def test_band_mae_covers_every_age_once():
+    bench = _bench()
+    true = np.arange(16, 78)
+    bands = bench.band_mae(true + 1.0, true)
+    assert list(bands) == ["16-30", "31-45", "46-60", "61-77"] and all(v == 1.0 for v in bands.values())
+    assert sum(hi - lo + 1 for lo, hi in bench.AGE_BANDS) == true.size
+
+
+def test_sol_options_are_config_fields():
+    bench = _bench()
+    assert bench.parse_options(["weight_ema=0.99", "sigma=auto", "refine=false"]) == {
+        "weight_ema": 0.99, "sigma": "auto", "refine": False}
+    for bad in (["nonsense=1"], ["weight_ema"]):
+        with pytest.raises(ValueError, match="--sol-option"):
+            bench.parse_options(bad)
+
+
 def test_quick_run_writes_a_table_of_both_label_sets(tmp_path):
     out = tmp_path / "out"
     result = subprocess.run([sys.executable, SCRIPT, "--quick", "--output", str(out)],
@@ -42,6 +74,11 @@ def test_quick_run_writes_a_table_of_both_label_sets(tmp_path):
     records = json.loads((out / "many_ranks.json").read_text())
     assert sorted((r["labels"], r["method"]) for r in records) == [
         ("annotator", "l1"), ("annotator", "sol"), ("true ages", "l1"), ("true ages", "sol")]
+    for r in records:
+        assert set(r["band_mae"]) == {"16-30", "31-45", "46-60", "61-77"}
+        assert r["train_mae_true"] >= 0 and -1 <= r["error_corr"] <= 1
     md = (out / "many_ranks.md").read_text()
     assert "| method | true ages | annotator |" in md and "| sol |" in md and "| l1 |" in md
+    assert "annotator as training labels: test MAE by true-age band" in md
+    assert "| corr(error, annotator's error) |" in md
     assert sorted(p.name for p in out.iterdir()) == ["many_ranks.json", "many_ranks.md"]  # runs elsewhere

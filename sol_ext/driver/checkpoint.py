@@ -88,13 +88,18 @@ def selected_state(state: dict[str, Any], *, test_embeddings: torch.Tensor,
 
 def resumable_state(state: dict[str, Any], *, optimizer: torch.optim.Optimizer,
                     history: list[dict[str, Any]], best_epoch: int, generator: torch.Generator,
-                    elapsed_s: float) -> dict[str, Any]:
+                    elapsed_s: float, trained_model: Optional[torch.nn.Module] = None,
+                    averaged_steps: Optional[int] = None) -> dict[str, Any]:
     """``checkpoint.pt``: an :func:`epoch_state` plus what resuming needs (the optimizer, the
     per-epoch history, the selected epoch so far, torch's and the shuffling generator's random
-    states, the time spent)."""
+    states, the time spent; with ``weight_ema``, whose averaged weights are the state's "model",
+    the ``trained_model``'s own weights as "trained_model" and the average's step count as
+    "weight_ema_steps")."""
+    extra = {} if trained_model is None else {"trained_model": trained_model.state_dict(),
+                                              "weight_ema_steps": averaged_steps}
     return {**state, "optimizer": optimizer.state_dict(), "history": history,
             "best_epoch": best_epoch, "torch_rng": torch.get_rng_state(),
-            "generator_rng": generator.get_state(), "elapsed_s": elapsed_s}
+            "generator_rng": generator.get_state(), "elapsed_s": elapsed_s, **extra}
 
 
 def load_run_state(run_dir: Path) -> dict[str, Any]:

@@ -166,6 +166,10 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
                                                                  "(default: %(default)s)")
     o.add_argument("--weight-decay", type=float, default=_DEFAULT.weight_decay,
                    help="(default: %(default)s)")
+    o.add_argument("--weight-ema", type=float, default=None, metavar="DECAY",
+                   help="evaluate, select and save an exponential moving average of the weights "
+                        "(this decay per training step; 0: the trained weights) "
+                        f"(default: {_DEFAULT.weight_ema})")
     o.add_argument("--epochs", type=int, default=_DEFAULT.epochs, help="(default: %(default)s)")
     o.add_argument("--patience", type=int, default=None,
                    help="stop after this many epochs without a better validation MAE "

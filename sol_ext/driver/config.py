@@ -141,6 +141,10 @@ class TrainConfig:
     # optimization
     lr: float = 1e-3
     weight_decay: float = 5e-4
+    # exponential moving average of the weights over the training steps, this decay per step: the
+    # averaged weights are the model every pass over the data uses (centroids, read-out, model
+    # selection, checkpoints); training steps update the trained weights. 0: no average
+    weight_ema: float = 0.0
     epochs: int = 20
     batch_size: int = 64
     seed: int = 0
@@ -269,6 +273,8 @@ class TrainConfig:
         need(self.lr <= MAX_LR, f"lr={self.lr:g} is too large: Adam's first step would overflow "
                                 f"float32; expected at most lr={MAX_LR:g}.")
         need(self.weight_decay >= 0, f"weight decay must be >= 0, got {self.weight_decay}.")
+        need(0.0 <= self.weight_ema < 1.0,
+             f"weight EMA decay must be in [0, 1) (0: no average), got {self.weight_ema}.")
         need(1 <= self.epochs <= MAX_EPOCHS,
              f"epochs={self.epochs} is out of range; expected 1 … {MAX_EPOCHS} epochs.")
         need(self.batch_size >= 2, f"batch size must be >= 2 (pairs need two samples), "

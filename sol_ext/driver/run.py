@@ -29,6 +29,7 @@ same state after every epoch. Rank 0 alone logs and writes checkpoints.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import time
@@ -73,7 +74,7 @@ from .parallel import Parallel
 from .prepare import PreparedData
 
 __all__ = ["RunOutcome", "train_run", "resolve_device", "cs_theta_of", "validation_split",
-           "run_results"]
+           "run_results", "WeightAverage"]
 
 
 @dataclass
@@ -163,6 +164,42 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+class WeightAverage:
+    """An exponential moving average of a model's weights over the training steps (``weight_ema``).
+
+    ``model`` is a copy of the trained model. After ``t`` calls of :meth:`update` its parameters and
+    floating-point buffers are ``sum_{s <= t} (1 - d) d^(t-s) w_s / (1 - d^t)`` for the trained
+    weights ``w_s`` after step ``s`` and ``d = decay``: the average with Adam's bias correction, so
+    the first epochs are averages of what has been trained, not pulled towards the initial weights
+    (on small data sets an epoch has few steps: 18 on wine-red, where ``0.99^18 = 0.83`` of an
+    uncorrected average would still be the initialization after the first epoch). Other buffers,
+    such as batch norm's step count, are copied. Every process of a torchrun run holds the same
+    trained weights after each step (DDP), hence the same average.
+    """
+
+    def __init__(self, model: torch.nn.Module, decay: float, steps: int = 0):
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"weight_ema must be in (0, 1) for an average, got {decay}.")
+        self.decay = float(decay)
+        self.steps = int(steps)  # updates so far (saved in checkpoint.pt for a resumed run)
+        self.model = copy.deepcopy(model)
+        self.model.requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        self.steps += 1
+        d, t = self.decay, self.steps
+        # the corrected average's weight on the previous average: d (1 - d^(t-1)) / (1 - d^t)
+        keep = d * (1.0 - d ** (t - 1)) / (1.0 - d ** t)
+        for mine, theirs in zip(self.model.parameters(), model.parameters()):
+            mine.lerp_(theirs.detach(), 1.0 - keep)
+        for mine, theirs in zip(self.model.buffers(), model.buffers()):
+            if mine.is_floating_point():
+                mine.lerp_(theirs.detach(), 1.0 - keep)
+            else:
+                mine.copy_(theirs)
 
 
 def _batches(n: int, batch_size: int, generator: torch.Generator,
@@ -373,6 +410,10 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
     torch.manual_seed(config.seed)
     gen = torch.Generator().manual_seed(config.seed + 1)  # shuffling and pair sampling
     model, step_model, optimizer, head, sol_loss, scaler = _learner(run_config, data, device, par)
+    # the weights every pass over the data uses (embedding, centroids, read-out, checkpoints'
+    # "model"): the trained ones, or their moving average (weight_ema)
+    averaged = WeightAverage(model, config.weight_ema) if config.weight_ema > 0 else None
+    eval_model = model if averaged is None else averaged.model
     fingerprint = data.fingerprint()
 
     history: list[dict[str, Any]] = []
@@ -384,7 +425,11 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
         state = par.broadcast_object(load_checkpoint(ckpt_path, config, fingerprint)
                                      if par.is_main else None)
         _check_same_world(state, par, ckpt_path)
-        model.load_state_dict(state["model"])
+        # with weight_ema, "model" holds the averaged weights and "trained_model" the trained ones
+        model.load_state_dict(state.get("trained_model", state["model"]))
+        if averaged is not None:
+            averaged.model.load_state_dict(state["model"])
+            averaged.steps = int(state["weight_ema_steps"])
         optimizer.load_state_dict(state["optimizer"])
         if head is not None:
             head.load_state_dict(state["head"])
@@ -398,7 +443,7 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
         best = par.broadcast_object(load_checkpoint(out_dir / BEST_NAME) if par.is_main else None)
         log(f"resuming {out_dir} after epoch {state['epoch']}")
     elif head is not None:
-        _centroid_rule(head, _embed_all(model, fit_x, eval_bs, device, par), labels, par)
+        _centroid_rule(head, _embed_all(eval_model, fit_x, eval_bs, device, par), labels, par)
 
     for epoch in range(first_epoch, config.epochs + 1):
         if best is not None and config.patience is not None \
@@ -408,19 +453,19 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
         epoch_start = time.perf_counter()
         centroids = None if head is None else head.centroids
         loss = _train_epoch(run_config, model, optimizer, fit_x, labels, n, centroids, sol_loss,
-                            gen, progress, epoch, scaler, step_model, par)
+                            gen, progress, epoch, scaler, step_model, par, averaged)
         record: dict[str, Any] = {"epoch": epoch, "train_loss": loss}
         steps_done = time.perf_counter()
 
         # 2. centroid rule; 3. read-out and relabeling
-        fit_h = _embed_all(model, fit_x, eval_bs, device, par)
+        fit_h = _embed_all(eval_model, fit_x, eval_bs, device, par)
         if head is not None:
             centroids = _centroid_rule(head, fit_h, labels, par)
             record["centroid_span"] = centroid_span(centroids)
-            out = _sol_readout(run_config, head, model, fit_h, labels, val_x, val_labels,
+            out = _sol_readout(run_config, head, eval_model, fit_h, labels, val_x, val_labels,
                                test_x, device, eval_bs, par)
         else:
-            out = _head_readout(run_config, model, n, fit_h, val_x, test_x, device, eval_bs, par)
+            out = _head_readout(run_config, eval_model, n, fit_h, val_x, test_x, device, eval_bs, par)
         record["train_mae_vs_labels"] = _rank_mae(out.fit_pred, labels)
         record["labels_before"] = _label_stats(labels.cpu(), clean)
         suggestion = None
@@ -458,7 +503,7 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
                              or record["val_mae"] < best["val_mae"], device)
         snapshot = epoch_state(
             config=config, fingerprint=fingerprint, epoch=epoch, world_size=par.world_size,
-            model=model, head=head, predictor=predictor_record(run_config, data), labels=labels,
+            model=eval_model, head=head, predictor=predictor_record(run_config, data), labels=labels,
             corrected=corrected, given=given, clean=clean, train_rows=_rows(data, split.fit),
             val_rows=None if split.val is None else _rows(data, split.val),
             train_pred=out.fit_pred, test_pred=out.test_pred, val_mae=record["val_mae"],
@@ -471,7 +516,9 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
         if par.is_main:
             save_checkpoint(ckpt_path, resumable_state(
                 snapshot, optimizer=optimizer, history=history, best_epoch=best["epoch"],
-                generator=gen, elapsed_s=elapsed_before + time.perf_counter() - start))
+                generator=gen, elapsed_s=elapsed_before + time.perf_counter() - start,
+                trained_model=None if averaged is None else model,
+                averaged_steps=None if averaged is None else averaged.steps))
 
     results = run_results(config, data, history, best, sigma_choice,
                        elapsed_before + time.perf_counter() - start, par.world_size)
@@ -565,7 +612,8 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
                  gen: torch.Generator, progress: bool, epoch: int,
                  scaler: Optional[torch.amp.GradScaler] = None,
                  step_model: Optional[torch.nn.Module] = None,
-                 par: Optional[Parallel] = None) -> float:
+                 par: Optional[Parallel] = None,
+                 averaged: Optional["WeightAverage"] = None) -> float:
     """One pass over shuffled batches of the current ``labels`` ``[N]`` with the centroids
     fixed; returns the mean batch loss. With ``config.amp`` the forward passes run under
     autocast (float16 with ``scaler`` on CUDA, bfloat16 on the CPU); the loss computes in
@@ -577,7 +625,7 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
     Under torchrun (``par``), batches are global batches of ``W * batch_size`` samples drawn as
     one process would draw them, each process taking its contiguous share through ``step_model``
     (DDP); a last global batch of fewer than ``2 W`` samples is dropped, so no process steps on
-    fewer than two."""
+    fewer than two. With ``averaged`` (``weight_ema``), the moving average follows every step."""
     par = par or Parallel()
     step_model = step_model or model
     model.train()
@@ -624,6 +672,8 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
         else:
             loss.backward()
             optimizer.step()
+        if averaged is not None:
+            averaged.update(model)
         total += float(value)
         bar.update(float(shown))
     bar.close()
