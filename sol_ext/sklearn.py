@@ -54,7 +54,7 @@ CONFIG_PARAMS = (
     "method", "epochs", "batch_size", "lr", "weight_decay", "embedding_dim", "hidden", "sigma",
     "tau", "margin", "val_fraction", "seed", "device", "T", "disc_weight", "beta", "convention",
     "pairs", "pairs_per_class", "refine", "relabel", "relabel_mass", "label_noise", "inference",
-    "centroid_momentum", "patience", "normalize", "amp", "backend",
+    "centroid_momentum", "patience", "normalize", "amp", "backend", "weight_ema",
 )
 
 # sklearn.utils.estimator_checks checks that SOLRanker cannot pass, with the reason; the tests
@@ -101,6 +101,8 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         method: ``"sol"``, ``"sol-no-noise"`` (plain order learning), or a baseline with the same
             encoder and budget: ``"l1"``, ``"ce"``, ``"corn"`` (needs ``coral-pytorch``).
         epochs, batch_size, lr, weight_decay: Adam's training budget.
+        weight_ema: decay per step of a moving average of the weights that becomes the model
+            (0: off, the default; see ``sol-ext train --weight-ema``).
         embedding_dim, hidden: the MLP encoder's embedding size and hidden widths.
         sigma: std in ranks of SOL's noise model, or ``"auto"``: picked from 0.25, 0.5 and 1 on the
             validation split, one training per candidate (3 trainings).
@@ -149,12 +151,14 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
                  relabel: str = "posterior", relabel_mass: float = 0.98,
                  label_noise: float | str = "auto", inference: str = "posterior",
                  centroid_momentum: float = 0.5, patience: Optional[int] = None,
-                 normalize: bool = True, amp: bool = False, backend: str = "auto", threads: int = 0):
+                 normalize: bool = True, amp: bool = False, backend: str = "auto", threads: int = 0,
+                 weight_ema: float = 0.0):
         self.method = method
         self.epochs = epochs
         self.batch_size = batch_size
         self.lr = lr
         self.weight_decay = weight_decay
+        self.weight_ema = weight_ema
         self.embedding_dim = embedding_dim
         self.hidden = hidden
         self.sigma = sigma
