@@ -205,7 +205,12 @@ def main(argv=None) -> int:
     p.add_argument("--sol-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a TrainConfig field for the sol rows only, e.g. weight_ema=0.99 (repeatable)")
     args = p.parse_args(argv)
-    sol_options = parse_options(args.sol_option)
+    try:
+        sol_options = parse_options(args.sol_option)
+        if sol_options:  # refused before any run, not by the first sol run
+            dataclasses.replace(TrainConfig(), **sol_options).validate()
+    except (TypeError, ValueError) as e:
+        p.error(str(e))
     methods, seeds, epochs = args.methods.split(","), [int(s) for s in args.seeds.split(",")], args.epochs
     if args.quick:
         methods, seeds, epochs = ["sol", "l1"], [0], 2

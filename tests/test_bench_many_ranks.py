@@ -82,3 +82,11 @@ def test_quick_run_writes_a_table_of_both_label_sets(tmp_path):
     assert "annotator as training labels: test MAE by true-age band" in md
     assert "| corr(error, annotator's error) |" in md
     assert sorted(p.name for p in out.iterdir()) == ["many_ranks.json", "many_ranks.md"]  # runs elsewhere
+
+
+def test_a_sol_option_that_is_no_training_field_or_invalid_is_refused_before_any_run(tmp_path):
+    for bad, needle in (("foo=1", "--sol-option 'foo=1'"), ("weight_ema=2", "weight EMA decay must be in [0, 1)")):
+        result = subprocess.run([sys.executable, SCRIPT, "--sol-option", bad, "--output", str(tmp_path / "o")],
+                                capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert result.returncode == 2 and needle in result.stderr, result.stderr[-2000:]
+        assert "Traceback" not in result.stderr and not (tmp_path / "o").exists()
