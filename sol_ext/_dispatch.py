@@ -142,14 +142,14 @@ def route(
     choosing grouped there neither warns nor raises about missing kernels).
     """
     check.check_choice("backend", backend, check.BACKENDS)
-    fusable = backend != "reference" and _fused_unavailable_reason(device, dtype) is None
+    why = None if backend == "reference" else _fused_unavailable_reason(device, dtype)
     how = choose_algorithm(
-        algorithm, batch_size, num_ranks, device, fused=fusable, backend=backend, pairs=pairs,
-        reduction=reduction, where=where,
+        algorithm, batch_size, num_ranks, device, fused=backend != "reference" and why is None, backend=backend,
+        pairs=pairs, reduction=reduction, where=where,
     )
     if how == "grouped" and not grouped_needs_kernels:
         return Route(fused=False, algorithm=how)
-    return Route(fused=_use_fused(backend, where, device, dtype), algorithm=how)
+    return Route(fused=_use_fused(backend, where, why), algorithm=how)
 
 
 def _fused_unavailable_reason(device: torch.device, dtype: torch.dtype) -> Optional[str]:
@@ -168,10 +168,10 @@ def _fused_unavailable_reason(device: torch.device, dtype: torch.dtype) -> Optio
     return f"sol_ext has no kernels for device type {device.type!r}"
 
 
-def _use_fused(backend: str, where: str, device: torch.device, dtype: torch.dtype) -> bool:
+def _use_fused(backend: str, where: str, why: Optional[str]) -> bool:
+    """Whether to run the fused kernels, given ``why`` they are unavailable (``None``: they are)."""
     if backend == "reference":
         return False
-    why = _fused_unavailable_reason(device, dtype)
     if why is None:
         return True
     if backend == "fused":
