@@ -23,6 +23,7 @@ run of the same run), the table says "skipped". It also says which algorithm "au
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -354,28 +355,25 @@ def main(argv=None) -> int:
         if args.device == "cuda":
             parser.error("no CUDA GPU, or this build of sol_ext has no CUDA kernels")
         devices.remove("cuda")
-    rows = []
     if args.algorithms:
-        for device in devices:
-            sizes = [tuple(map(int, s.split(","))) for s in args.sizes] if args.sizes else ALGORITHM_SIZES[device]
-            rows += run_algorithms(device, sizes, args.min_run_time, args.budget)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
-        print(f"\nStochasticOrderLoss(check_values={CHECK_VALUES}) forward+backward, all pairs, float32; "
-              f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {os.cpu_count()} CPUs"
-              + (f", {torch.cuda.get_device_name()}" if "cuda" in devices else ""))
-        print_algorithm_table(rows)
-        return 0
+        measure, default_sizes = functools.partial(run_algorithms, budget=args.budget), ALGORITHM_SIZES
+    else:
+        measure, default_sizes = run, DEFAULT_SIZES
+    rows = []
     for device in devices:
-        sizes = [tuple(map(int, s.split(","))) for s in args.sizes] if args.sizes else DEFAULT_SIZES[device]
-        rows += run(device, sizes, args.min_run_time)
+        sizes = [tuple(map(int, s.split(","))) for s in args.sizes] if args.sizes else default_sizes[device]
+        rows += measure(device, sizes, args.min_run_time)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    print(f"\nStochasticOrderLoss(check_values={CHECK_VALUES}), all pairs, float32; torch {torch.__version__}, "
+    what = " forward+backward" if args.algorithms else ""
+    print(f"\nStochasticOrderLoss(check_values={CHECK_VALUES}){what}, all pairs, float32; torch {torch.__version__}, "
           f"{torch.get_num_threads()} CPU threads"
+          + (f", {os.cpu_count()} CPUs" if args.algorithms else "")
           + (f", {torch.cuda.get_device_name()}" if "cuda" in devices else ""))
+    if args.algorithms:
+        print_algorithm_table(rows)
+        return 0
     print_table(rows)
     if args.profile:
         for r in rows:
