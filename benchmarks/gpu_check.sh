@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU check of sol_ext: build the CUDA kernels for the visible GPU, run the CUDA tests, benchmark
+# GPU check of sol_ext: build the CUDA kernels for the visible GPU, run the CUDA tests and a differential
+# fuzz of the CUDA ops (benchmarks/fuzz_kernels.py), benchmark
 # StochasticOrderLoss against the vectorized reference (with a torch.profiler breakdown, and with
 # check_values=False), train with the driver on the GPU (float32 and --amp), run the rest of the test
 # suite, and print a short summary table last. About 4 minutes on an H100 machine with 16 cores.
@@ -17,6 +18,7 @@
 #   BENCH_SIZES    B,n,d triples (default: the three performance targets)
 #   SWEEP_WARPS    values of SOL_EXT_CUDA_BACKWARD_WARPS to time the two large sizes with (default: none)
 #   IMAGE_WORKERS  DataLoader processes of the image throughput benchmark (default 8)
+#   FUZZ_CONFIGS   random configurations of the differential fuzz (default 10000)
 #   SKIP           names of steps to leave out, e.g. "driver driver_amp"
 # Needs no network. A prebuilt sol_ext/_C*.so for this interpreter (e.g. $OUT/_C*.so of an earlier run,
 # copied back) skips the build.
@@ -27,7 +29,7 @@ PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the benchmark imports sol_ext from this folder too
 LOG=${OUT:-${TMPDIR:-/tmp}/sol_ext_gpu_check}
 BUDGET_S=${BUDGET_S:-500}
-STEPS=(deps build kernels test_cuda bench bench_unchecked bench_algorithms sweep driver driver_amp bench_images tests)
+STEPS=(deps build kernels test_cuda fuzz bench bench_unchecked bench_algorithms sweep driver driver_amp bench_images tests)
 mkdir -p "$LOG"
 declare -A STATUS SECONDS_TAKEN
 
@@ -74,6 +76,7 @@ print(f\"{sys.argv[2]}: test MAE {t['mae']:.4f}, CS {t['cs']:.2f}, Pearson {t['p
       f\"epoch {r['selected_epoch']} of {r['epochs_run']}, {r['seconds']:.1f} s\")" \
       "$LOG/$run/results.json" "$run"
   done
+  [ -f "$LOG/fuzz.log" ] && grep -E '^(fuzz:|\||mismatches)' "$LOG/fuzz.log"
   [ -f "$LOG/sweep.log" ] && grep '^warps' "$LOG/sweep.log"
   [ -f "$LOG/bench_algorithms.log" ] && grep -E "^\\| cuda" "$LOG/bench_algorithms.log"
   [ -f "$LOG/bench_images.log" ] && grep -E '^(resnet|\||target)' "$LOG/bench_images.log"
@@ -171,6 +174,9 @@ loss.backward(); torch.cuda.synchronize(); print('smoke test ok, loss', loss.ite
 
 # --- the CUDA-specific tests, then the benchmark: the figures the README reports -----------------------
 run_step test_cuda 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py
+# the fused CUDA ops against the CPU kernels and a float64 oracle on random configurations (README, "On a GPU")
+run_step fuzz 150 "$PY" benchmarks/fuzz_kernels.py --device cuda --configs "${FUZZ_CONFIGS:-10000}" \
+  --json "$LOG/fuzz.json"
 SIZES=${BENCH_SIZES:-64,60,512 1024,101,512 4096,217,512}
 # shellcheck disable=SC2086
 run_step bench 180 "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0.3 --json "$LOG/bench.json" --profile \

@@ -1,0 +1,73 @@
+"""Smoke test of benchmarks/fuzz_kernels.py, the differential fuzz of the fused kernels: a few hundred
+configurations on the CPU kernels (the GPU check runs 10,000 on CUDA), and proof that it catches a
+kernel that is off."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import types
+
+import pytest
+import torch
+
+from common import CUDA_REASON, cuda_ready
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _fuzz():
+    spec = importlib.util.spec_from_file_location("fuzz_kernels", os.path.join(ROOT, "benchmarks", "fuzz_kernels.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+fuzz = _fuzz()
+CHECKS = {
+    "order_loss forward vs oracle", "order_loss backward vs oracle", "stochastic_dissimilarity vs oracle",
+    "StochasticOrderLoss loss vs oracle", "StochasticOrderLoss dL/dh vs oracle", "StochasticOrderLoss dL/dmu vs oracle",
+}
+
+
+def test_cpu_kernels_agree_with_the_oracle():
+    result = fuzz.run("cpu", configs=200, seed=7)
+    assert set(result["checks"]) == CHECKS
+    assert all(entry["compared"] == 200 for entry in result["checks"].values())
+    assert result["mismatches"] == 0, result["checks"]
+    coverage = result["coverage"]
+    assert coverage["B == 0"] > 0 and coverage["explicit pairs"] > 0 and coverage["ties"] > 0
+    assert set(coverage["dtypes"]) == {"float32", "float64"}  # the CPU kernels' dtypes only
+
+
+@pytest.mark.parametrize("which", ["forward", "backward"])
+def test_the_fuzz_catches_a_kernel_with_a_shifted_margin(monkeypatch, which):
+    """A margin off by 1e-3 changes few hinge decisions and values by a little: each must show."""
+    real = torch.ops.sol_ext
+
+    def shifted(op):
+        return lambda *args: op(*args[:-2], args[-2] + 1e-3, args[-1])
+
+    wrong = types.SimpleNamespace(
+        order_loss=shifted(real.order_loss) if which == "forward" else real.order_loss,
+        _order_loss_backward=shifted(real._order_loss_backward) if which == "backward" else real._order_loss_backward,
+        stochastic_dissimilarity=real.stochastic_dissimilarity,
+    )
+    monkeypatch.setattr(fuzz, "ops", wrong)
+    result = fuzz.run("cpu", configs=40, seed=3)
+    assert result["checks"][f"order_loss {which} vs oracle"]["mismatches"] > 0
+
+
+def test_command_line_writes_the_counts(tmp_path, capsys):
+    out = tmp_path / "fuzz.json"
+    assert fuzz.main(["--device", "cpu", "--configs", "20", "--json", str(out)]) == 0
+    assert "mismatches: 0" in capsys.readouterr().out
+    assert out.exists()
+    with pytest.raises(SystemExit):
+        fuzz.main(["--device", "cpu", "--configs", "0"])
+
+
+@pytest.mark.skipif(not cuda_ready(), reason=CUDA_REASON)
+def test_cuda_kernels_agree_with_the_cpu_kernels_and_the_oracle():
+    result = fuzz.run("cuda", configs=300, seed=11)
+    assert result["mismatches"] == 0, result["checks"]
+    assert set(result["checks"]) == CHECKS | {"order_loss forward vs CPU kernel", "order_loss backward vs CPU kernel"}
