@@ -7,7 +7,8 @@ For each (B, n, d) it first checks that the fused and reference losses and gradi
 forward, backward and forward+backward with torch.utils.benchmark (which warms up and synchronizes),
 and measures the peak memory a forward+backward adds on top of its inputs: on CUDA from the caching
 allocator's peak, on the CPU from the peak resident size of a fresh process. On CUDA with
---no-check-values it also times the forward+backward replayed from a CUDA graph. It prints one markdown
+--no-check-values it also times the forward+backward replayed from a CUDA graph captured by hand, and
+through torch.compile(mode="reduce-overhead") (PyTorch's CUDA graphs). It prints one markdown
 table: median times, the reference/fused ratio, and pair-rank updates per second (B(B-1)/2 * n per pass).
 
     python benchmarks/bench_loss.py --algorithms     # grouped vs pairwise vs reference (docs/math.md §13)
@@ -128,6 +129,29 @@ def time_cuda_graph(B: int, n: int, d: int, min_run_time: float):
     return tbench.Timer("graph.replay()", globals=dict(graph=graph)).blocked_autorange(min_run_time=min_run_time).median
 
 
+def time_compiled(B: int, n: int, d: int, min_run_time: float):
+    """Median seconds of a fused forward+backward through ``torch.compile(mode="reduce-overhead")``: what
+    a user who compiles the loss gets, the forward and the compiled backward replayed from CUDA graphs
+    by PyTorch. Needs ``check_values=False``; ``None``, with the reason on stderr, where it fails."""
+    h, mu, labels = make_inputs(B, n, d, "cuda")
+    criterion = sol_ext.StochasticOrderLoss(n, backend="fused", check_values=False)
+    torch._dynamo.reset()
+    compiled = torch.compile(criterion, mode="reduce-overhead", fullgraph=True)
+
+    def step():
+        h.grad = mu.grad = None
+        compiled(h, labels, mu).backward()
+
+    try:
+        for _ in range(4):  # compile, warm up, record the graphs
+            step()
+        torch.cuda.synchronize()
+    except Exception as error:  # a benchmark column, not a test: report and go on
+        print(f"  torch.compile(mode='reduce-overhead') failed at {(B, n, d)}: {error}", file=sys.stderr, flush=True)
+        return None
+    return tbench.Timer("step()", globals=dict(step=step)).blocked_autorange(min_run_time=min_run_time).median
+
+
 def peak_extra_memory(B: int, n: int, d: int, device: str, backend: str, algorithm: str = "auto") -> int:
     """Bytes a forward+backward allocates at its peak, beyond its inputs."""
     if device == "cuda":
@@ -204,6 +228,7 @@ def run(device: str, sizes, min_run_time: float) -> list:
             times = time_phases(B, n, d, device, backend, min_run_time)
             if device == "cuda" and backend == "fused" and not CHECK_VALUES:
                 times["graph"] = time_cuda_graph(B, n, d, min_run_time)
+                times["compiled"] = time_compiled(B, n, d, min_run_time)
             result[backend] = dict(times, memory=peak_extra_memory(B, n, d, device, backend))
         rows.append(result)
         print(f"  done {device} {(B, n, d)}", file=sys.stderr, flush=True)
@@ -219,11 +244,12 @@ def print_table(rows: list) -> None:
     for r in rows:
         fused, ref = r["fused"], r["reference"]
         pair_ranks = r["B"] * (r["B"] - 1) // 2 * r["n"]
-        for phase in ("forward", "backward", "both", "graph"):
-            if phase == "graph":  # forward+backward replayed from a CUDA graph (--no-check-values)
-                if fused.get("graph") is not None:
-                    print(f"| {r['device']} | {r['B']}, {r['n']}, {r['d']} | both, CUDA graph | "
-                          f"{_fmt_time(fused['graph'])} | | | {pair_ranks / fused['graph']:.3g} | | |")
+        for phase in ("forward", "backward", "both", "graph", "compiled"):
+            if phase in ("graph", "compiled"):  # CUDA graphs (--no-check-values): captured by hand, torch.compile
+                if fused.get(phase) is not None:
+                    how = "CUDA graph" if phase == "graph" else "torch.compile reduce-overhead"
+                    print(f"| {r['device']} | {r['B']}, {r['n']}, {r['d']} | both, {how} | "
+                          f"{_fmt_time(fused[phase])} | | | {pair_ranks / fused[phase]:.3g} | | |")
                 continue
             ratio = f"{ref[phase] / fused[phase]:.1f}×" if ref else "—"
             memory = (_fmt_bytes(fused["memory"]), _fmt_bytes(ref["memory"] if ref else None)) if phase == "both" else ("", "")

@@ -608,6 +608,44 @@ def test_training_step_captured_in_a_cuda_graph_replays_the_eager_gradients(expl
     torch.testing.assert_close(mu.grad, expected[1], rtol=1e-5, atol=1e-6)
     assert not torch.equal(h.grad, eager[0])  # the replay computed the new step, not the captured one
 
+@pytest.mark.slow
+def test_training_step_compiled_with_reduce_overhead_runs_in_cuda_graphs_and_matches_eager():
+    """torch.compile(mode="reduce-overhead") of encoder + loss (check_values=False): PyTorch records the
+    forward and the compiled backward as CUDA graphs (no cudagraph skip) and three SGD steps through the
+    replays end where three eager steps end."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    B, n, d = 64, 9, 16
+    x = torch.randn(B, d, device="cuda", dtype=torch.float64)
+    labels = torch.randint(0, n, (B,), device="cuda")
+    criterion = sol_ext.StochasticOrderLoss(n, backend="fused", check_values=False)
+    runs = []
+    for compile_it in (True, False):
+        torch.manual_seed(1)
+        encoder = torch.nn.Linear(d, d).double().cuda()
+        mu = torch.nn.Parameter(torch.randn(n, d, device="cuda", dtype=torch.float64))
+        optimizer = torch.optim.SGD([*encoder.parameters(), mu], lr=0.05)
+
+        def loss_of(x, labels, encoder=encoder, mu=mu):
+            return criterion(encoder(x), labels, mu)
+
+        if compile_it:
+            torch._dynamo.reset()
+            counters.clear()
+            loss_of = torch.compile(loss_of, mode="reduce-overhead", fullgraph=True)
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_of(x, labels)
+            loss.backward()
+            optimizer.step()
+        if compile_it:
+            assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+        runs.append((loss.detach().clone(), encoder.weight.detach().clone(), mu.detach().clone()))
+    for compiled, eager in zip(*runs):
+        torch.testing.assert_close(compiled, eager, rtol=1e-9, atol=1e-12)
+
+
 def test_unchecked_out_of_range_labels_stop_on_a_device_assertion():
     """check_values=False must not let a kernel read out of bounds: the device asserts (own process,
     since a device-side assertion leaves the CUDA context unusable)."""
