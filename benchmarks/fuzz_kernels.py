@@ -18,8 +18,8 @@ The oracle follows docs/math.md §3-§7 directly and independently of the kernel
 table of :func:`sol_ext.reference.ordering_probability_table` (float64), the hinge arguments rounded
 to ``D``'s dtype once as PyTorch rounds the reference's expressions (the rounding every backend
 shares, csrc/sol_math.h ``HingeArgs``), and every sum in float64. Each element's error is divided by a bound: (number of summed terms + 8) units of the
-accumulation type's epsilon times the sum of the terms' magnitudes, plus one rounding of the result
-to its dtype. A ratio above 1 is a mismatch. The script prints the count, the mismatches and the worst
+accumulation type's epsilon and two of the input dtype's (intermediates kept in it) times the sum of
+the terms' magnitudes, plus one rounding of the result to its dtype. A ratio above 1 is a mismatch. The script prints the count, the mismatches and the worst
 ratio per check, and exits with status 1 on any mismatch.
 """
 from __future__ import annotations
@@ -209,7 +209,9 @@ class Tally:
             return
         actual = actual.detach().double().to(exact.device)
         acc = acc_dtype(cfg["dtype"])
-        bound = ((terms + 8) * torch.finfo(acc).eps * magnitude.double()
+        # sums in the accumulation type; two roundings of intermediates to the input dtype (per-pair
+        # losses, dL/dD: float16/bfloat16 keep them in that dtype); one of the result
+        bound = (((terms + 8) * torch.finfo(acc).eps + 2 * torch.finfo(cfg["dtype"]).eps) * magnitude.double()
                  + torch.finfo(out_dtype).eps * exact.abs() + torch.finfo(out_dtype).tiny)
         error = (actual - exact).abs()
         error = torch.where(torch.isnan(error), math.inf, error)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GPU check of sol_ext: build the CUDA kernels for the visible GPU, run the CUDA tests and a differential
-# fuzz of the CUDA ops (benchmarks/fuzz_kernels.py), benchmark
-# StochasticOrderLoss against the vectorized reference (with a torch.profiler breakdown, and with
-# check_values=False), train with the driver on the GPU (float32 and --amp), run the rest of the test
-# suite, and print a short summary table last. About 4 minutes on an H100 machine with 16 cores.
+# fuzz of the CUDA ops (benchmarks/fuzz_kernels.py), benchmark StochasticOrderLoss against the vectorized
+# reference (with a torch.profiler breakdown; with check_values=False also replayed from a CUDA graph and
+# through torch.compile(mode="reduce-overhead")), time the grouped and pairwise algorithms on a grid of
+# sizes, run the suite's CUDA cases, the image throughput benchmark and the driver on the GPU (float32 and
+# --amp), and print a short summary table last. About 8 minutes on a machine with one H100/H200 and 16 cores.
 #
 #   bash benchmarks/gpu_check.sh              # from the repository root (any cwd works)
 #
@@ -16,9 +17,11 @@
 #   BUDGET_S       wall-clock seconds for the whole check (default 500): later steps get what is left
 #   TORCH_CUDA_ARCH_LIST (default: the visible GPU's compute capability), MAX_JOBS (default nproc),
 #   BENCH_SIZES    B,n,d triples (default: the three performance targets)
+#   ALGORITHM_SIZES  B,n,d triples of the grouped-vs-pairwise step (default: B 256-16384 x n 5-217, d 64)
+#   FUZZ_CONFIGS   random configurations of the differential fuzz (default 10000)
+#   PYTEST_ARGS    arguments of the suite step (default "-k cuda": its CUDA cases; "" for all of it)
 #   SWEEP_WARPS    values of SOL_EXT_CUDA_BACKWARD_WARPS to time the two large sizes with (default: none)
 #   IMAGE_WORKERS  DataLoader processes of the image throughput benchmark (default 8)
-#   FUZZ_CONFIGS   random configurations of the differential fuzz (default 10000)
 #   SKIP           names of steps to leave out, e.g. "driver driver_amp"
 # Needs no network. A prebuilt sol_ext/_C*.so for this interpreter (e.g. $OUT/_C*.so of an earlier run,
 # copied back) skips the build.
@@ -29,7 +32,7 @@ PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the benchmark imports sol_ext from this folder too
 LOG=${OUT:-${TMPDIR:-/tmp}/sol_ext_gpu_check}
 BUDGET_S=${BUDGET_S:-500}
-STEPS=(deps build kernels test_cuda fuzz bench bench_unchecked bench_algorithms sweep driver driver_amp bench_images tests)
+STEPS=(deps build kernels test_cuda fuzz bench bench_unchecked bench_algorithms tests bench_images driver driver_amp sweep)
 mkdir -p "$LOG"
 declare -A STATUS SECONDS_TAKEN
 
@@ -184,10 +187,23 @@ run_step bench 180 "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0
 # shellcheck disable=SC2086
 run_step bench_unchecked 200 "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0.3 --no-check-values \
   --json "$LOG/bench-unchecked.json" --sizes $SIZES
-# grouped (sorting) vs pairwise vs reference: the crossovers of algorithm="auto" on this GPU (README,
-# "All pairs by sorting"); sizes where a pairwise call would take over --budget seconds are skipped
-run_step bench_algorithms 150 "$PY" benchmarks/bench_loss.py --algorithms --device cuda --budget 10 \
-  --json "$LOG/bench-algorithms.json"
+# grouped (sorting) vs pairwise vs reference on a grid of (B, n): the crossovers of algorithm="auto" on this
+# GPU (README, "All pairs by sorting"); sizes where a pairwise call would take over --budget seconds are
+# skipped
+ALGORITHM_SIZES=${ALGORITHM_SIZES:-$(for B in 256 1024 4096 16384; do for n in 5 20 60 217; do printf '%s,%s,64 ' $B $n; done; done; echo 65536,7,64 1000000,5,64)}
+# shellcheck disable=SC2086
+run_step bench_algorithms 150 "$PY" benchmarks/bench_loss.py --algorithms --device cuda --budget 10 --min-run-time 0.2 \
+  --json "$LOG/bench-algorithms.json" --sizes $ALGORITHM_SIZES
+# the rest of the suite on the GPU: its CUDA cases by default (PYTEST_ARGS="" for all of it)
+# shellcheck disable=SC2086
+run_step tests 300 "$PY" -m pytest -q -p no:cacheprovider tests --ignore=tests/test_cuda.py ${PYTEST_ARGS--k cuda}
+# image training throughput: SOL's epoch against l1's, resnet18 at 224 px, batch 64, AMP (README, "Images")
+run_step bench_images 180 "$PY" benchmarks/bench_images.py --device cuda --image-size 224 --batch-size 64 --amp \
+  --images 4000 --workers "${IMAGE_WORKERS:-8}" --json "$LOG/bench-images.json"
+# the default training (abalone, 20 epochs) in float32 and mixed precision (float16 + GradScaler);
+# compare with `sol-ext train --device cpu --seed 0|1|2` of the same configuration
+run_step driver 120 "$PY" -m sol_ext train --device cuda --no-plots --output "$LOG/run-fp32" --overwrite
+run_step driver_amp 120 "$PY" -m sol_ext train --device cuda --amp --no-plots --output "$LOG/run-amp" --overwrite
 sweep() {  # the all-pairs backward's warp target (a constant of the kernel) on this GPU
   for warps in $SWEEP_WARPS; do
     SOL_EXT_CUDA_BACKWARD_WARPS=$warps "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0.3 \
@@ -204,17 +220,6 @@ export -f sweep
 export SWEEP_WARPS=${SWEEP_WARPS:-}
 [ -n "$SWEEP_WARPS" ] || SKIP="${SKIP:-} sweep"
 run_step sweep 150 bash -c sweep
-
-# --- the driver on the GPU, then the rest of the suite ----------------------------------------------
-# the default training (abalone, 20 epochs) in float32 and mixed precision (float16 + GradScaler);
-# compare with `sol-ext train --device cpu --seed 0|1|2` of the same configuration
-run_step driver 120 "$PY" -m sol_ext train --device cuda --no-plots --output "$LOG/run-fp32" --overwrite
-run_step driver_amp 120 "$PY" -m sol_ext train --device cuda --amp --no-plots --output "$LOG/run-amp" --overwrite
-# image training throughput: SOL's epoch against l1's, resnet18 at 224 px, batch 64, AMP (README, "Images")
-run_step bench_images 180 "$PY" benchmarks/bench_images.py --device cuda --image-size 224 --batch-size 64 --amp \
-  --images 4000 --workers "${IMAGE_WORKERS:-8}" --json "$LOG/bench-images.json"
-run_step tests 400 "$PY" -m pytest -q -p no:cacheprovider tests \
-  --ignore=tests/test_cuda.py ${PYTEST_ARGS:-}
 
 for name in "${STEPS[@]}"; do
   case "${STATUS[$name]:-}" in
