@@ -293,8 +293,9 @@ def time_forward_backward(B: int, n: int, d: int, device: str, how: str, min_run
 
 
 def _pairwise_rate(n: int, d: int, device: str, how: str, min_run_time: float) -> float:
-    """Pair-ranks per second of a pairwise forward+backward, from a small run (B = 256)."""
-    B = 256
+    """Pair-ranks per second of a pairwise forward+backward, from a small run (B = 256; 2048 on a GPU,
+    where a call of B = 256 is all fixed cost and would make larger ones look hours long)."""
+    B = 2048 if device == "cuda" else 256
     return B * (B - 1) // 2 * n / time_forward_backward(B, n, d, device, how, min_run_time)
 
 
@@ -323,7 +324,7 @@ def run_algorithms(device: str, sizes, min_run_time: float, budget: float, memor
                 if how == "reference" and not reference_fits(pair_ranks, device):
                     result[how], result[how + "_why"] = None, "would not fit"
                     continue
-                # Extrapolated from B = 256; the reference's [pairs, n] tensors leave the caches at large B
+                # Extrapolated from a small run (_pairwise_rate); the reference's [pairs, n] tensors leave the caches at large B
                 # and it slows down about twice more than the count of pair-ranks says.
                 estimate = pair_ranks / _pairwise_rate(n, d, device, how, 0.2) * (2 if how == "reference" else 1)
                 if estimate > budget:

@@ -121,7 +121,10 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def oracle_order(D, labels, pairs, sigma, tau, margin, convention):
     """Per-pair losses [M] (float64), their magnitudes, and a function grad_losses [M] -> (grad_D, its
-    magnitudes): the sums of the magnitudes of the terms, which scale the rounding bounds."""
+    magnitudes): the sums of the magnitudes of the terms, which scale the rounding bounds.
+
+    ``D`` comes in the dtype the kernels saw: the hinge decisions depend on it. A delta that rounds to
+    exactly +-margin in float16 is a kink there (derivative 0) but not in float64."""
     B, n = D.shape
     if pairs is None:
         pairs = reference.all_pairs(B, device=D.device)
@@ -247,7 +250,7 @@ def check_order_op(cfg: dict, device: str, tally: Tally) -> None:
     gen = torch.Generator().manual_seed(cfg["data_seed"] + 1)
     grad_losses = torch.randn(losses.shape[0], generator=gen, dtype=torch.float64).to(device, D.dtype)
     grad_D = ops._order_loss_backward(grad_losses, D, labels, pairs, *args)
-    exact, exact_magnitude, backward = oracle_order(D.double(), labels, pairs, *args)
+    exact, exact_magnitude, backward = oracle_order(D, labels, pairs, *args)
     exact_grad, magnitude = backward(grad_losses)
     n = cfg["n"]
     terms = cfg["num_pairs"] if pairs is not None else cfg["B"]
@@ -279,16 +282,19 @@ def check_loss_end_to_end(cfg: dict, device: str, tally: Tally) -> None:
 
     # The oracle on the device's D (so both share the hinge decisions): the loss is a function of D,
     # checked here; D itself is checked against the float64 dissimilarity.
-    D = ops.stochastic_dissimilarity(h.detach(), mu.detach(), cfg["sigma"]).double()
+    D_kernel = ops.stochastic_dissimilarity(h.detach(), mu.detach(), cfg["sigma"])
+    D = D_kernel.double()
     h64, mu64 = h.detach().double(), mu.detach().double()
     P = reference.noise_kernel(n, cfg["sigma"], device=D.device)
     # D is computed about the centroids' center (midrange per dimension, docs/math.md §3), so its
     # rounding scales with the centered norms: |h - c|^2 + |mu - c|^2 + 2 |(h - c).(mu - c)| at most
     center = (mu64.amin(0) + mu64.amax(0)) / 2 if n else 0.0
-    norms = ((h64 - center).norm(dim=1)[:, None] + (mu64 - center).norm(dim=1)[None, :]) ** 2
+    h_centered, mu_centered = h64 - center, mu64 - center
+    norms = (h_centered.norm(dim=1)[:, None] + mu_centered.norm(dim=1)[None, :]) ** 2
     tally.compare("stochastic_dissimilarity vs oracle", cfg, D, reference.stochastic_dissimilarity(h64, mu64,
                   cfg["sigma"]), norms @ P.T, cfg["d"] + n, h.dtype)
-    order, order_magnitude, backward = oracle_order(D, labels, pairs, cfg["sigma"], cfg["tau"], cfg["margin"], cfg["convention"])
+    order, order_magnitude, backward = oracle_order(D_kernel, labels, pairs, cfg["sigma"], cfg["tau"], cfg["margin"],
+                                                    cfg["convention"])
     coef = disc_coefficients(labels, n, cfg["T"])
     order_scale, disc_scale = reduction_scale(order.shape[0], reduction), reduction_scale(cfg["B"], reduction)
     disc_weight = cfg["disc_weight"] * disc_scale
@@ -302,7 +308,9 @@ def check_loss_end_to_end(cfg: dict, device: str, tally: Tally) -> None:
     grad_D = grad_order + disc_weight * coef
     G_magnitude = grad_order_magnitude + disc_weight * coef.abs()
     exact_h, exact_mu = dissimilarity_grads(h64, mu64, P, grad_D)
-    mag_h, mag_mu = dissimilarity_grads(h64.abs(), mu64.abs(), P, G_magnitude, magnitude=True)
+    # about the center, as the kernels compute them, and about the origin, as the oracle does
+    mag_h, mag_mu = dissimilarity_grads(h_centered.abs() + h64.abs(), mu_centered.abs() + mu64.abs(), P, G_magnitude,
+                                        magnitude=True)
     terms = (cfg["num_pairs"] if pairs is not None else cfg["B"]) + n + cfg["d"]
     tally.compare("StochasticOrderLoss dL/dh vs oracle", cfg, grad_h, exact_h, mag_h, terms, h.dtype)
     tally.compare("StochasticOrderLoss dL/dmu vs oracle", cfg, grad_mu, exact_mu, mag_mu, terms + cfg["B"], mu.dtype)

@@ -12,6 +12,12 @@
 
 #include "sol_ext.h"
 
+#ifdef SOL_EXT_WITH_CUDA
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace sol_ext {
 namespace {
 
@@ -26,7 +32,8 @@ uint64_t bits_of(double value) {
 }
 
 // Returns the cached tensor for `key`, computing it with `make` on a miss. Tables are cast on the CPU
-// and then copied with a blocking copy, so a cached device tensor is complete before any stream reads it.
+// and then copied with a blocking copy (copy_to_device_for_cache), so a cached device tensor is complete
+// before any stream reads it.
 template <typename Make>
 at::Tensor cached(const CacheKey& key, Make make) {
   static std::mutex mutex;
@@ -60,6 +67,23 @@ std::vector<double> noise_kernel_values(int64_t n, double sigma) {
   return P;
 }
 
+// The device copy of a table for the cache. A cached table outlives the call that makes it, and under
+// torch.compile(mode="reduce-overhead") the first calls run with the current stream's allocations routed
+// to a CUDA-graph memory pool, which must own nothing that outlives its graphs (PyTorch stops with
+// "tensors in the cudagraph pool not tracked as outputs"). So the copy is made on a side stream, whose
+// allocations come from the general pool. Copies from pageable host memory are blocking: the table is
+// complete when this returns, and each kernel that reads it records its use on its own stream. While
+// the current stream is being captured (a table first asked for inside a capture) nothing changes.
+at::Tensor copy_to_device_for_cache(const at::Tensor& table, at::Device device) {
+#ifdef SOL_EXT_WITH_CUDA
+  if (device.is_cuda() && c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) {
+    const c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index()));
+    return table.to(device);
+  }
+#endif
+  return table.to(device);
+}
+
 at::Tensor to_tensor(const std::vector<double>& values, at::IntArrayRef sizes) {
   return at::from_blob(const_cast<double*>(values.data()), sizes, at::kDouble).clone();
 }
@@ -82,7 +106,7 @@ at::Tensor noise_kernel(int64_t n, double sigma, at::ScalarType dtype, at::Devic
   const CacheKey key{0, n, bits_of(sigma), 0, 0, static_cast<int>(dtype),
                      static_cast<int>(device.type()), device.has_index() ? device.index() : -1};
   return cached(key, [&] {
-    return to_tensor(noise_kernel_values(n, sigma), {n, n}).to(dtype).to(device);
+    return copy_to_device_for_cache(to_tensor(noise_kernel_values(n, sigma), {n, n}).to(dtype), device);
   });
 }
 
@@ -127,7 +151,7 @@ at::Tensor ordering_table(
         }
       }
     });
-    return to_tensor(table, {n, n, 3}).to(dtype).to(device);
+    return copy_to_device_for_cache(to_tensor(table, {n, n, 3}).to(dtype), device);
   });
 }
 

@@ -299,7 +299,11 @@ def test_auto_rule():
     assert choose("auto", 4096, 217, cpu, fused=True) == "grouped"
     assert choose("auto", 1024, 217, cpu, fused=True) == "pairwise"
     assert choose("auto", 200, 60, cpu, fused=False) == "grouped"  # against the plain reference
-    assert choose("auto", 4096, 217, cuda, fused=True) == "pairwise"  # CUDA: only for B >> n
+    # CUDA (measured on an H200): pairwise up to B = 4096; grouped from B = 16384 for few ranks
+    assert choose("auto", 4096, 5, cuda, fused=True) == "pairwise"
+    assert choose("auto", 4096, 217, cuda, fused=True) == "pairwise"
+    assert choose("auto", 16384, 20, cuda, fused=True) == "grouped"
+    assert choose("auto", 16384, 60, cuda, fused=True) == "pairwise"
     assert choose("auto", 65536, 7, cuda, fused=True) == "grouped"
     assert choose("auto", 8192, 7, cpu, fused=True, pairs=torch.zeros(1, 2)) == "pairwise"
     assert choose("auto", 8192, 7, cpu, fused=True, reduction="none") == "pairwise"
