@@ -45,4 +45,11 @@ TORCH_LIBRARY(sol_ext, m) {
       "bool need_grad_D_all) -> (Tensor, Tensor)");
   m.def("disc_loss(Tensor D, Tensor labels, int T) -> Tensor");
   m.def("_disc_loss_backward(Tensor grad_losses, Tensor labels, int num_ranks, int T) -> Tensor");
+  m.def(
+      "stochastic_order_loss(Tensor h, Tensor mu, Tensor labels, Tensor? pairs, float sigma, int tau, "
+      "float margin, int T, float disc_weight, str convention, str reduction) -> (Tensor, Tensor)");
+  m.def(
+      "_stochastic_order_loss_backward(Tensor grad_loss, Tensor h, Tensor mu, Tensor D, Tensor labels, "
+      "Tensor? pairs, float sigma, int tau, float margin, int T, float disc_weight, str convention, "
+      "str reduction, bool need_grad_h, bool need_grad_mu) -> (Tensor, Tensor)");
 }

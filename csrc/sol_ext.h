@@ -45,6 +45,13 @@
 //   disc_loss(D [B,n], labels [B] int64, T) -> per-sample losses [B]                (docs/math.md §4)
 //       The terms of every t >= n are equal and are added as one term times their count: O(n) for any T.
 //   _disc_loss_backward(grad_losses [B], labels, n, T) -> grad_D [B,n]
+//
+//   stochastic_order_loss(h, mu, labels, pairs, sigma, tau, margin, T, disc_weight, convention, reduction)
+//       -> (loss, D): StochasticOrderLoss in one op (stochastic_order_loss.cpp): D, the order and disc
+//       losses, their reductions ("mean"/"sum") and order + disc_weight * disc; loss is float32 for
+//       float16/bfloat16. Has its own autograd kernel (one node); D comes back for the value checks.
+//   _stochastic_order_loss_backward(grad_loss, h, mu, D, labels, pairs, ..., need_grad_h, need_grad_mu)
+//       -> (grad_h, grad_mu); an output that is not needed comes back empty ([0]).
 #pragma once
 
 #include <ATen/ATen.h>

@@ -58,3 +58,17 @@ def _(D, labels, T):
 @torch.library.register_fake("sol_ext::_disc_loss_backward")
 def _(grad_losses, labels, num_ranks, T):
     return grad_losses.new_empty((grad_losses.shape[0], num_ranks))
+
+
+@torch.library.register_fake("sol_ext::stochastic_order_loss")
+def _(h, mu, labels, pairs, sigma, tau, margin, T, disc_weight, convention, reduction):
+    loss = h.new_empty((), dtype=torch.promote_types(h.dtype, torch.float32))
+    return loss, h.new_empty((h.shape[0], mu.shape[0]))
+
+
+@torch.library.register_fake("sol_ext::_stochastic_order_loss_backward")
+def _(grad_loss, h, mu, D, labels, pairs, sigma, tau, margin, T, disc_weight, convention, reduction, need_grad_h,
+      need_grad_mu):
+    grad_h = torch.empty_like(h, memory_format=torch.contiguous_format) if need_grad_h else h.new_empty((0,))
+    grad_mu = torch.empty_like(mu, memory_format=torch.contiguous_format) if need_grad_mu else mu.new_empty((0,))
+    return grad_h, grad_mu

@@ -1,14 +1,16 @@
 """How the library reduces per-pair and per-sample losses to one value, and the gradient of that.
 
-Production code: the fused ops, :class:`~sol_ext.StochasticOrderLoss`, the grouped algorithm and the
-distributed loss reduce here. :mod:`sol_ext.reference` has its own plain reduction, so that the test
-oracle and the numbers users get can be changed independently.
+Production code: the fused ops, the grouped algorithm and the distributed loss reduce here; the one-op
+:class:`~sol_ext.StochasticOrderLoss` (csrc/stochastic_order_loss.cpp) repeats these reductions and their
+gradients in C++, operation for operation (tests/test_autograd.py holds the two to bitwise equality on
+the CPU). :mod:`sol_ext.reference` has its own plain reduction, so that the test oracle and the numbers
+users get can be changed independently.
 """
 from __future__ import annotations
 
 import torch
 
-__all__ = ["reduce_losses", "reduced_dtype", "grad_of_reduction"]
+__all__ = ["reduce_losses", "reduced_dtype"]
 
 
 def reduced_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -33,15 +35,6 @@ def reduce_losses(losses: torch.Tensor, reduction: str) -> torch.Tensor:
         return total / max(losses.shape[0], 1) if reduction == "mean" else total
     total = _fixed_order_sum(losses)
     return (total / max(losses.shape[0], 1) if reduction == "mean" else total).to(dtype)
-
-
-def grad_of_reduction(grad: torch.Tensor, count: int, reduction: str, dtype: torch.dtype) -> torch.Tensor:
-    """The gradient that :func:`reduce_losses` passes to each of ``count`` losses, as ``[count]`` (one
-    value, expanded: no copy), in the rounding autograd gives it: the CPU divides in float64 (the CPU
-    reduction sums in float64), other devices in ``grad``'s dtype."""
-    if reduction == "mean":
-        grad = (grad.double() if grad.device.type == "cpu" else grad) / max(count, 1)
-    return grad.to(dtype).expand(count)
 
 
 def _fixed_order_sum(losses: torch.Tensor, block: int = 4096) -> torch.Tensor:

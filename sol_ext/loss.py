@@ -15,7 +15,6 @@ from .ops import (
     _disc_losses,
     _dissimilarity,
     _order_losses,
-    _StochasticOrderLossFunction,
 )
 
 
@@ -94,11 +93,15 @@ class StochasticOrderLoss(nn.Module):
         )
         with computing(h.device):
             if how.fused and how.algorithm == "pairwise":
-                # one autograd node: at small batches a step's time is mostly per-node overhead
-                return _StochasticOrderLossFunction.apply(
+                # one op per direction and one autograd node (csrc/stochastic_order_loss.cpp): at small
+                # batches a step's time is mostly per-call overhead
+                loss, D = torch.ops.sol_ext.stochastic_order_loss(
                     h, mu, labels, pairs, self.sigma, self.tau, self.margin, self.T, self.disc_weight,
-                    self.convention, self.reduction, self.check_values,
+                    self.convention, self.reduction,
                 )
+                if self.check_values:
+                    _check_dissimilarities_finite(D, h, mu)
+                return loss
             D = self._dissimilarities(h, mu, how.fused)
             if how.algorithm == "grouped":  # D by the kernels (or the reference), the all-pairs sum by sorting
                 order = grouped_order_loss(D, labels, self.sigma, self.tau, self.margin, self.convention, self.reduction)

@@ -21,7 +21,7 @@ import torch
 from . import _validation as check
 from . import grouped, reference
 from ._dispatch import computing, cuda_kernels_available, prepare, route
-from ._reduction import grad_of_reduction, reduce_losses
+from ._reduction import reduce_losses
 
 __all__ = [
     "stochastic_dissimilarity",
@@ -48,6 +48,8 @@ for _name in (
     "_order_loss_block_backward",
     "disc_loss",
     "_disc_loss_backward",
+    "stochastic_order_loss",
+    "_stochastic_order_loss_backward",
 ):
     for _device_type in ("cpu", "cuda"):
         torch.library.register_autocast(f"sol_ext::{_name}", _device_type, torch.float32)
@@ -172,43 +174,6 @@ class _DiscLoss(torch.autograd.Function):
             return None, None, None
         (labels,) = ctx.saved_tensors
         return _ops._disc_loss_backward(grad_losses, labels, ctx.num_ranks, ctx.T), None, None
-
-
-class _StochasticOrderLossFunction(torch.autograd.Function):
-    """``StochasticOrderLoss`` as one autograd node: the three fused forward ops and the two reductions
-    in ``forward``, the three backward ops in ``backward``.
-
-    The same kernels and numbers as composing :class:`_StochasticDissimilarity`, :class:`_OrderLoss`,
-    :class:`_DiscLoss` and the reductions (bitwise on the CPU), with one node instead of about ten:
-    at small batches the time of a step is mostly that per-node overhead.
-    """
-
-    @staticmethod
-    def forward(ctx, h, mu, labels, pairs, sigma, tau, margin, T, disc_weight, convention, reduction,
-                check_values):
-        D = _ops.stochastic_dissimilarity(h, mu, sigma)
-        if check_values:
-            _check_dissimilarities_finite(D, h, mu)
-        order = _ops.order_loss(D, labels, pairs, sigma, tau, margin, convention)
-        disc = _ops.disc_loss(D, labels, T)
-        ctx.save_for_backward(h, mu, D, labels, pairs)
-        ctx.constants = (sigma, tau, margin, T, disc_weight, convention, reduction, order.shape[0])
-        return reduce_losses(order, reduction) + disc_weight * reduce_losses(disc, reduction)
-
-    @staticmethod
-    @_first_order_only("StochasticOrderLoss")
-    def backward(ctx, grad_loss: torch.Tensor):
-        need_h, need_mu = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        if not (need_h or need_mu):
-            return (None,) * 12
-        h, mu, D, labels, pairs = ctx.saved_tensors
-        sigma, tau, margin, T, disc_weight, convention, reduction, num_pairs = ctx.constants
-        grad_order = grad_of_reduction(grad_loss, num_pairs, reduction, D.dtype)
-        grad_disc = grad_of_reduction(grad_loss * disc_weight, D.shape[0], reduction, D.dtype)
-        grad_D = _ops._order_loss_backward(grad_order, D, labels, pairs, sigma, tau, margin, convention)
-        grad_D = grad_D + _ops._disc_loss_backward(grad_disc, labels, D.shape[1], T)
-        grad_h, grad_mu = _ops._stochastic_dissimilarity_backward(grad_D, h, mu, sigma, need_h, need_mu)
-        return (grad_h if need_h else None), (grad_mu if need_mu else None), *(None,) * 10
 
 
 # ---------------------------------------------------------------------------------------------

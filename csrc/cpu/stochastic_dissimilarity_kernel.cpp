@@ -3,17 +3,88 @@
 // With nu = P mu, a = P 1 and c = P ||mu||^2:  D[x,q] = a_q ||h_x||^2 - 2 h_x . nu_q + c_q,
 // so the forward pass is one BLAS product followed by a fused epilogue. Both passes work on h and mu
 // centered on the centroids (center_on_centroids, sol_ext.h), which keeps D precise far from the origin.
+// Small problems take the definition itself instead (use_direct).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include <vector>
 
 #include "../sol_ext.h"
 
 namespace sol_ext {
 namespace {
 
+// Small problems (B n^2 d up to this many terms) take the definition directly: D[x,q] = sum_j P[q,j]
+// ||h_x - mu_j||^2 summed in float64 from the exact differences, with no BLAS call and no temporary
+// tensor. At such sizes a step's time is per-operation overhead (the product form below runs about
+// fifteen ATen operations per pass), and the definition is at least as precise as the product form.
+constexpr int64_t kDirectTerms = 1 << 15;
+
+bool use_direct(int64_t B, int64_t n, int64_t d) {
+  return B * n * n * d <= kDirectTerms;
+}
+
+template <typename scalar_t>
+void direct_forward(const scalar_t* h, const scalar_t* mu, const scalar_t* P, int64_t B, int64_t n, int64_t d,
+                    scalar_t* D) {
+  std::vector<double> distance(n);  // ||h_x - mu_j||^2 of one row x
+  for (int64_t x = 0; x < B; ++x) {
+    for (int64_t j = 0; j < n; ++j) {
+      double total = 0.0;
+      for (int64_t k = 0; k < d; ++k) {
+        const double diff = double(h[x * d + k]) - double(mu[j * d + k]);
+        total += diff * diff;
+      }
+      distance[j] = total;
+    }
+    for (int64_t q = 0; q < n; ++q) {
+      double total = 0.0;
+      for (int64_t j = 0; j < n; ++j) total += double(P[q * n + j]) * distance[j];
+      D[x * n + q] = scalar_t(total);
+    }
+  }
+}
+
+// With W = grad_D P: grad_h[x] = 2 sum_j W[x,j] (h_x - mu_j), grad_mu[j] = -2 sum_x W[x,j] (h_x - mu_j).
+template <typename scalar_t>
+void direct_backward(const scalar_t* g, const scalar_t* h, const scalar_t* mu, const scalar_t* P, int64_t B,
+                     int64_t n, int64_t d, scalar_t* grad_h, scalar_t* grad_mu) {
+  std::vector<double> W(B * n, 0.0), gh(grad_h ? B * d : 0, 0.0), gmu(grad_mu ? n * d : 0, 0.0);
+  for (int64_t x = 0; x < B; ++x) {
+    for (int64_t j = 0; j < n; ++j) {
+      double total = 0.0;
+      for (int64_t q = 0; q < n; ++q) total += double(g[x * n + q]) * double(P[q * n + j]);
+      W[x * n + j] = total;
+    }
+  }
+  for (int64_t x = 0; x < B; ++x) {
+    for (int64_t j = 0; j < n; ++j) {
+      const double w = 2.0 * W[x * n + j];
+      for (int64_t k = 0; k < d; ++k) {
+        const double term = w * (double(h[x * d + k]) - double(mu[j * d + k]));
+        if (grad_h) gh[x * d + k] += term;
+        if (grad_mu) gmu[j * d + k] -= term;
+      }
+    }
+  }
+  for (size_t i = 0; i < gh.size(); ++i) grad_h[i] = scalar_t(gh[i]);
+  for (size_t i = 0; i < gmu.size(); ++i) grad_mu[i] = scalar_t(gmu[i]);
+}
+
 at::Tensor stochastic_dissimilarity_cpu(const at::Tensor& h_in, const at::Tensor& mu_in, double sigma) {
   check_dissimilarity_inputs(h_in, mu_in, sigma);
+  if (use_direct(h_in.size(0), mu_in.size(0), h_in.size(1))) {
+    const at::Tensor h = h_in.contiguous(), mu = mu_in.contiguous();
+    const int64_t B = h.size(0), d = h.size(1), n = mu.size(0);
+    const at::Tensor P = noise_kernel(n, sigma, h.scalar_type(), h.device());
+    at::Tensor D = at::empty({B, n}, h.options());
+    AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stochastic_dissimilarity_cpu", [&] {
+      direct_forward(h.const_data_ptr<scalar_t>(), mu.const_data_ptr<scalar_t>(), P.const_data_ptr<scalar_t>(),
+                     B, n, d, D.data_ptr<scalar_t>());
+    });
+    return D;
+  }
   const CenteredInputs centered = center_on_centroids(h_in.contiguous(), mu_in.contiguous());
   const at::Tensor& h = centered.h;
   const at::Tensor& mu = centered.mu;
@@ -51,13 +122,27 @@ std::tuple<at::Tensor, at::Tensor> stochastic_dissimilarity_backward_cpu(
     bool need_grad_h,
     bool need_grad_mu) {
   check_dissimilarity_inputs(h_in, mu_in, sigma);
+  const at::Tensor grad = grad_in.contiguous();
+  TORCH_CHECK(grad.sizes() == at::IntArrayRef({h_in.size(0), mu_in.size(0)}),
+              "grad_D must have shape [B, n] = ", at::IntArrayRef({h_in.size(0), mu_in.size(0)}), ", got ",
+              grad.sizes());
+  if (use_direct(h_in.size(0), mu_in.size(0), h_in.size(1))) {
+    const at::Tensor h = h_in.contiguous(), mu = mu_in.contiguous();
+    const int64_t B = h.size(0), d = h.size(1), n = mu.size(0);
+    const at::Tensor P = noise_kernel(n, sigma, h.scalar_type(), h.device());
+    at::Tensor grad_h = need_grad_h ? at::empty_like(h) : at::empty({0}, h.options());
+    at::Tensor grad_mu = need_grad_mu ? at::empty_like(mu) : at::empty({0}, mu.options());
+    AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stochastic_dissimilarity_backward_cpu", [&] {
+      direct_backward(grad.to(h.scalar_type()).const_data_ptr<scalar_t>(), h.const_data_ptr<scalar_t>(),
+                      mu.const_data_ptr<scalar_t>(), P.const_data_ptr<scalar_t>(), B, n, d,
+                      need_grad_h ? grad_h.data_ptr<scalar_t>() : nullptr,
+                      need_grad_mu ? grad_mu.data_ptr<scalar_t>() : nullptr);
+    });
+    return {grad_h, grad_mu};
+  }
   const CenteredInputs centered = center_on_centroids(h_in.contiguous(), mu_in.contiguous());
   const at::Tensor& h = centered.h;
   const at::Tensor& mu = centered.mu;
-  const at::Tensor grad = grad_in.contiguous();
-  TORCH_CHECK(grad.sizes() == at::IntArrayRef({h.size(0), mu.size(0)}),
-              "grad_D must have shape [B, n] = ", at::IntArrayRef({h.size(0), mu.size(0)}), ", got ",
-              grad.sizes());
   const SmoothedCentroids s = smooth_centroids(mu, sigma);
   at::Tensor grad_h = at::empty({0}, h.options());
   at::Tensor grad_mu = at::empty({0}, mu.options());
