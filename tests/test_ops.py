@@ -152,13 +152,15 @@ def test_nan_in_D_gives_nan_like_the_reference(device, dtype, explicit):
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
 @pytest.mark.parametrize("dtype, offset", [(torch.float32, 100.0), (torch.float32, 1e3), (torch.float64, 1e6)])
-def test_dissimilarity_keeps_its_precision_far_from_the_origin(device, dtype, offset):
+@pytest.mark.parametrize("B, n, d", [(8, 6, 16), (64, 24, 32)], ids=["small", "large"])
+def test_dissimilarity_keeps_its_precision_far_from_the_origin(device, dtype, offset, B, n, d):
     """h and mu close to one point far from the origin, where a ||h||^2 - 2 h.nu + c cancels: D and its
-    gradients keep the dtype's precision, element by element for D."""
+    gradients keep the dtype's precision, element by element for D. On the CPU the small problem takes the
+    definition directly, the large one the product form (csrc/cpu/stochastic_dissimilarity_kernel.cpp)."""
     gen = torch.Generator().manual_seed(0)
-    h = (offset + 0.05 * torch.randn(8, 16, generator=gen, dtype=torch.float64)).to(dtype)
-    mu = (offset + 0.05 * torch.randn(6, 16, generator=gen, dtype=torch.float64)).to(dtype)
-    upstream = torch.randn(8, 6, generator=gen, dtype=torch.float64)
+    h = (offset + 0.05 * torch.randn(B, d, generator=gen, dtype=torch.float64)).to(dtype)
+    mu = (offset + 0.05 * torch.randn(n, d, generator=gen, dtype=torch.float64)).to(dtype)
+    upstream = torch.randn(B, n, generator=gen, dtype=torch.float64)
     h64, mu64 = h.double().requires_grad_(), mu.double().requires_grad_()  # the same values, exactly
     exact = reference.stochastic_dissimilarity(h64, mu64, 1.0)
     exact_grads = grads(exact, (h64, mu64), upstream)
