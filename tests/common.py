@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
+import os
 import socket
 import time
 
@@ -102,3 +104,12 @@ def tiny_csv(path, n=120, num_ranks=10, seed=0, step=None):
             for v, e in zip(r, torch.randn(n, generator=g))]
     return write_csv(path, rows)
 
+
+
+def load_benchmark(name: str):
+    """The module of ``benchmarks/<name>.py`` (the benchmarks are scripts, not a package)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -5,11 +5,12 @@ subprocess and checks the tables it writes.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
+
+from common import load_benchmark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_accuracy.py")
@@ -36,9 +37,7 @@ def test_quick_grid_writes_the_tables_and_keeps_the_known_noise_row_out_of_the_t
 
 
 def test_a_grid_of_the_known_noise_method_alone_gets_its_label_table():
-    spec = importlib.util.spec_from_file_location("bench_accuracy", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("bench_accuracy")
     record = {"data": "abalone", "noise": "gaussian", "kappa": 1.0, "method": bench.KNOWN_NOISE,
               "seed": 0, "mae": 1.5, "cs": 80.0, "pearson": 0.7, "cs_theta": 2.0,
               "label_mae_given": 2.5, "label_mae_final": 1.6}

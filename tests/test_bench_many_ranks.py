@@ -2,7 +2,6 @@
 2 epochs) in a subprocess."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,15 +10,14 @@ import sys
 import numpy as np
 import pytest
 
+from common import load_benchmark
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_many_ranks.py")
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_many_ranks", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_benchmark("bench_many_ranks")
 
 
 def test_the_data_is_fixed_and_its_annotator_errs_more_on_older_ages():

@@ -2,23 +2,14 @@
 operations a fused step dispatches."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_overhead", os.path.join(ROOT, "benchmarks", "bench_overhead.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from common import load_benchmark
 
 
 def test_short_run_reports_time_and_dispatched_operations(tmp_path, capsys):
     out = tmp_path / "overhead.json"
-    assert _bench().main(["--steps", "20", "--repeats", "2", "--json", str(out)]) == 0
+    assert load_benchmark("bench_overhead").main(["--steps", "20", "--repeats", "2", "--json", str(out)]) == 0
     assert "operations dispatched per step" in capsys.readouterr().out
     rows = json.loads(out.read_text())["rows"]
     unchecked, checked = rows

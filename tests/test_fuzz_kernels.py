@@ -3,26 +3,14 @@ configurations on the CPU kernels (the GPU check runs 10,000 on CUDA), and proof
 kernel that is off."""
 from __future__ import annotations
 
-import importlib.util
-import os
 import types
 
 import pytest
 import torch
 
-from common import CUDA_REASON, cuda_ready
+from common import CUDA_REASON, cuda_ready, load_benchmark
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _fuzz():
-    spec = importlib.util.spec_from_file_location("fuzz_kernels", os.path.join(ROOT, "benchmarks", "fuzz_kernels.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _fuzz()
+fuzz = load_benchmark("fuzz_kernels")
 CHECKS = {
     "order_loss forward vs oracle", "order_loss backward vs oracle", "stochastic_dissimilarity vs oracle",
     "StochasticOrderLoss loss vs oracle", "StochasticOrderLoss dL/dh vs oracle", "StochasticOrderLoss dL/dmu vs oracle",
