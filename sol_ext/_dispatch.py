@@ -76,7 +76,7 @@ def _promote(*tensors):
     dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
     if _autocast_enabled(tensors[0].device):
         dtype = torch.promote_types(dtype, torch.float32)
-    return tuple(t if t.dtype == dtype else t.to(dtype) for t in tensors)  # (a per-step cost: skip no-op casts)
+    return tuple(t if t.dtype == dtype else t.to(dtype) for t in tensors)  # even a no-op .to() costs µs per step
 
 
 def computing(device: torch.device):

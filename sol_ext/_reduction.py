@@ -1,4 +1,4 @@
-"""How the library reduces per-pair and per-sample losses to one value, and the gradient of that.
+"""How the library reduces per-pair and per-sample losses to one value.
 
 Production code: the fused ops, the grouped algorithm and the distributed loss reduce here; the one-op
 :class:`~sol_ext.StochasticOrderLoss` (csrc/stochastic_order_loss.cpp) repeats these reductions and their
