@@ -94,13 +94,6 @@ at::Tensor grad_of_reduction(const at::Tensor& grad, int64_t count, bool mean, a
   return g.to(dtype).expand({count});
 }
 
-struct LossSettings {
-  double sigma, margin, disc_weight;
-  int64_t tau, T;
-  std::string convention;
-  bool mean;
-};
-
 bool parse_mean(c10::string_view reduction) {
   TORCH_CHECK(reduction == "mean" || reduction == "sum", "reduction must be \"mean\" or \"sum\", got \"",
               std::string(reduction), "\"");
