@@ -83,7 +83,7 @@ def test_quick_run_writes_a_table_of_both_label_sets(tmp_path):
 
 
 def test_a_sol_option_that_is_no_training_field_or_invalid_is_refused_before_any_run(tmp_path):
-    for bad, needle in (("foo=1", "--sol-option 'foo=1'"), ("weight_ema=2", "weight EMA decay must be in [0, 1)")):
+    for bad, needle in (("foo=1", "--sol-option 'foo=1'"), ("weight_ema=2", "weight EMA decay must be 'auto' or in [0, 1)")):
         result = subprocess.run([sys.executable, SCRIPT, "--sol-option", bad, "--output", str(tmp_path / "o")],
                                 capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert result.returncode == 2 and needle in result.stderr, result.stderr[-2000:]

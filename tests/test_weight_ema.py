@@ -8,7 +8,7 @@ import torch
 
 from sol_ext.driver.checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from sol_ext.driver.cli import build_parser
-from sol_ext.driver.config import PAPER_SETTINGS, TrainConfig
+from sol_ext.driver.config import PAPER_SETTINGS, WEIGHT_EMA_EPOCHS, TrainConfig
 from sol_ext.driver.run import WeightAverage
 from sol_ext.driver.train import train
 from test_train import BASE, quiet, tiny_data
@@ -63,10 +63,37 @@ def test_the_checkpoints_hold_the_average_and_resuming_continues_both(tmp_path):
 
 
 def test_option_checks_and_command_line():
-    assert TrainConfig().weight_ema == 0.0
-    assert "weight_ema" not in PAPER_SETTINGS or PAPER_SETTINGS["weight_ema"] == 0.0
-    for bad in (-0.1, 1.0, 2.0, float("nan")):
+    assert TrainConfig().weight_ema == "auto"
+    assert PAPER_SETTINGS["weight_ema"] == 0.0  # the paper trains without an average
+    for bad in (-0.1, 1.0, 2.0, float("nan"), "fast", True):
         with pytest.raises(ValueError, match="weight"):
             TrainConfig(weight_ema=bad).validate()
-    args = build_parser().parse_args(["train", "--data", "abalone", "--weight-ema", "0.99"])
-    assert args.weight_ema == 0.99
+    for text, value in (("0.99", 0.99), ("auto", "auto"), ("0", 0.0)):
+        args = build_parser().parse_args(["train", "--data", "abalone", "--weight-ema", text])
+        assert args.weight_ema == value
+
+
+def test_auto_averages_over_a_fixed_number_of_epochs_for_sol_and_not_for_the_baselines():
+    for steps in (1, 18, 57, 900):
+        decay = TrainConfig().weight_ema_decay(steps)
+        assert decay == pytest.approx(1.0 - 1.0 / (WEIGHT_EMA_EPOCHS * steps))
+        # the average's horizon, 1 / (1 - decay) steps, is the same number of epochs at any size
+        assert 1.0 / (1.0 - decay) / steps == pytest.approx(WEIGHT_EMA_EPOCHS)
+    assert TrainConfig(method="sol-no-noise").weight_ema_decay(57) > 0
+    for method in ("l1", "ce", "corn"):
+        assert TrainConfig(method=method).weight_ema_decay(57) == 0.0
+    assert TrainConfig(weight_ema=0.9).weight_ema_decay(57) == 0.9
+    assert TrainConfig(method="corn", weight_ema=0.9).weight_ema_decay(57) == 0.9  # asked for: given
+    assert TrainConfig(weight_ema=0.0).weight_ema_decay(57) == 0.0
+
+
+def test_a_default_sol_run_trains_with_the_average_and_a_baseline_without(tmp_path):
+    data = tiny_data()
+    cfg = dataclasses.replace(BASE, sigma=1.0)
+    assert cfg.weight_ema == "auto"
+    train(cfg, data, tmp_path / "sol", log=quiet)
+    state = load_checkpoint(tmp_path / "sol" / CHECKPOINT_NAME)
+    assert state["weight_ema_steps"] == 2 * 6  # 2 epochs of 6 steps
+    assert any(not torch.equal(state["model"][k], state["trained_model"][k]) for k in state["model"])
+    train(dataclasses.replace(cfg, method="l1"), data, tmp_path / "l1", log=quiet)
+    assert "trained_model" not in load_checkpoint(tmp_path / "l1" / CHECKPOINT_NAME)

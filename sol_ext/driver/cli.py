@@ -24,6 +24,7 @@ from .config import (
     PAPER_SETTINGS,
     RELABEL_RULES,
     SIGMA_GRID,
+    WEIGHT_EMA_EPOCHS,
     TrainConfig,
 )
 from .encoders import TORCHVISION_ENCODERS
@@ -166,9 +167,10 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
                                                                  "(default: %(default)s)")
     o.add_argument("--weight-decay", type=float, default=_DEFAULT.weight_decay,
                    help="(default: %(default)s)")
-    o.add_argument("--weight-ema", type=float, default=None, metavar="DECAY",
+    o.add_argument("--weight-ema", type=_number_or_auto, default=None, metavar="DECAY",
                    help="evaluate, select and save an exponential moving average of the weights "
-                        "(this decay per training step; 0: the trained weights) "
+                        "(this decay per training step; 0: the trained weights; 'auto': "
+                        f"{WEIGHT_EMA_EPOCHS} epochs of steps for sol, none for the baselines) "
                         f"(default: {_DEFAULT.weight_ema})")
     o.add_argument("--epochs", type=int, default=_DEFAULT.epochs, help="(default: %(default)s)")
     o.add_argument("--patience", type=int, default=None,
