@@ -61,7 +61,8 @@ SIGMA_GRID = (0.25, 0.5, 1.0)
 FALLBACK_SIGMA = 1.0
 
 # weight_ema="auto" (the default): for the SOL methods, an average of the weights over about this
-# many epochs of training steps (decay 1 - 1 / (epochs * steps per epoch)); none for the baselines.
+# many epochs of training steps (decay 1 - 1 / (WEIGHT_EMA_EPOCHS * steps per epoch)); none for
+# the baselines.
 # Measured (README, "Many ranks"): SOL's embedding fits label noise within a few epochs and the
 # average undoes part of it (62 ranks with annotator noise: test MAE 2.33 -> 2.24); a fixed decay
 # per step lags on small data sets instead (wine-red, kappa 1, decay 0.995 = 11 epochs of 18
