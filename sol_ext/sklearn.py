@@ -102,7 +102,8 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             encoder and budget: ``"l1"``, ``"ce"``, ``"corn"`` (needs ``coral-pytorch``).
         epochs, batch_size, lr, weight_decay: Adam's training budget.
         weight_ema: decay per step of a moving average of the weights that becomes the model
-            (0: off, the default; see ``sol-ext train --weight-ema``).
+            (0: off; ``"auto"``, the default: over 2 epochs of steps for the SOL methods, off for
+            the baselines; see ``sol-ext train --weight-ema``).
         embedding_dim, hidden: the MLP encoder's embedding size and hidden widths.
         sigma: std in ranks of SOL's noise model, or ``"auto"``: picked from 0.25, 0.5 and 1 on the
             validation split, one training per candidate (3 trainings).
@@ -152,7 +153,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
                  label_noise: float | str = "auto", inference: str = "posterior",
                  centroid_momentum: float = 0.5, patience: Optional[int] = None,
                  normalize: bool = True, amp: bool = False, backend: str = "auto", threads: int = 0,
-                 weight_ema: float = 0.0):
+                 weight_ema: float | str = "auto"):
         self.method = method
         self.epochs = epochs
         self.batch_size = batch_size
