@@ -6,10 +6,11 @@ import dataclasses
 import pytest
 import torch
 
+import sol_ext.driver.run as run_module
 from sol_ext.driver.checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from sol_ext.driver.cli import build_parser
 from sol_ext.driver.config import PAPER_SETTINGS, WEIGHT_EMA_EPOCHS, TrainConfig
-from sol_ext.driver.run import WeightAverage, _batches, _steps_per_epoch
+from sol_ext.driver.run import WeightAverage
 from sol_ext.driver.train import train
 from test_train import BASE, quiet, tiny_data
 
@@ -87,20 +88,23 @@ def test_auto_averages_over_a_fixed_number_of_epochs_for_sol_and_not_for_the_bas
     assert TrainConfig(weight_ema=0.0).weight_ema_decay(57) == 0.0
 
 
-def test_a_default_sol_run_trains_with_the_average_and_a_baseline_without(tmp_path):
+def test_a_default_sol_run_trains_with_the_average_and_a_baseline_without(tmp_path, monkeypatch):
     data = tiny_data()
     cfg = dataclasses.replace(BASE, sigma=1.0)
     assert cfg.weight_ema == "auto"
+    decays = []
+
+    class Spy(run_module.WeightAverage):
+        def __init__(self, model, decay, steps=0):
+            decays.append(decay)
+            super().__init__(model, decay, steps)
+
+    monkeypatch.setattr(run_module, "WeightAverage", Spy)
     train(cfg, data, tmp_path / "sol", log=quiet)
+    assert decays == [pytest.approx(1.0 - 1.0 / (WEIGHT_EMA_EPOCHS * 6))]  # epochs of 6 steps
     state = load_checkpoint(tmp_path / "sol" / CHECKPOINT_NAME)
     assert state["weight_ema_steps"] == 2 * 6  # 2 epochs of 6 steps
     assert any(not torch.equal(state["model"][k], state["trained_model"][k]) for k in state["model"])
     train(dataclasses.replace(cfg, method="l1"), data, tmp_path / "l1", log=quiet)
     assert "trained_model" not in load_checkpoint(tmp_path / "l1" / CHECKPOINT_NAME)
 
-
-@pytest.mark.parametrize("n, batch, smallest", [(10, 4, 2), (9, 4, 2), (8, 4, 2), (1, 4, 2), (3600, 64, 2),
-                                                (65, 64, 2), (66, 32, 4), (3, 2, 2)])
-def test_the_steps_per_epoch_auto_uses_are_the_batches_an_epoch_makes(n, batch, smallest):
-    made = _batches(n, batch, torch.Generator().manual_seed(0), smallest=smallest)
-    assert _steps_per_epoch(n, batch, smallest=smallest) == len(made)

@@ -202,12 +202,6 @@ class WeightAverage:
                 mine.copy_(theirs)
 
 
-def _steps_per_epoch(n: int, batch_size: int, smallest: int = 2) -> int:
-    """How many batches :func:`_batches` makes of ``n`` samples."""
-    count = -(-n // batch_size)
-    return count - 1 if count > 1 and n - (count - 1) * batch_size < smallest else count
-
-
 def _batches(n: int, batch_size: int, generator: torch.Generator,
              smallest: int = 2) -> list[torch.Tensor]:
     """Shuffled index batches; a last batch of fewer than ``smallest`` samples is dropped (one
@@ -418,8 +412,9 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
     model, step_model, optimizer, head, sol_loss, scaler = _learner(run_config, data, device, par)
     # the weights every pass over the data uses (embedding, centroids, read-out, checkpoints'
     # "model"): the trained ones, or their moving average (weight_ema)
-    ema_decay = config.weight_ema_decay(_steps_per_epoch(given.numel(), config.batch_size * par.world_size,
-                                                         smallest=2 * par.world_size))
+    steps_per_epoch = len(_batches(given.numel(), config.batch_size * par.world_size,
+                                   torch.Generator(), smallest=2 * par.world_size))
+    ema_decay = config.weight_ema_decay(steps_per_epoch)
     averaged = WeightAverage(model, ema_decay) if ema_decay > 0 else None
     eval_model = model if averaged is None else averaged.model
     fingerprint = data.fingerprint()
