@@ -102,8 +102,8 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             encoder and budget: ``"l1"``, ``"ce"``, ``"corn"`` (needs ``coral-pytorch``).
         epochs, batch_size, lr, weight_decay: Adam's training budget.
         weight_ema: decay per step of a moving average of the weights that becomes the model
-            (0: off; ``"auto"``, the default: over 2 epochs of steps for the SOL methods, off for
-            the baselines; see ``sol-ext train --weight-ema``).
+            (0: off; ``"auto"``, the default: over the last tenth of the steps so far for the SOL
+            methods, off for the baselines; see ``sol-ext train --weight-ema``).
         embedding_dim, hidden: the MLP encoder's embedding size and hidden widths.
         sigma: std in ranks of SOL's noise model, or ``"auto"``: picked from 0.25, 0.5 and 1 on the
             validation split, one training per candidate (3 trainings).

@@ -9,7 +9,7 @@ import torch
 import sol_ext.driver.run as run_module
 from sol_ext.driver.checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from sol_ext.driver.cli import build_parser
-from sol_ext.driver.config import PAPER_SETTINGS, WEIGHT_EMA_EPOCHS, TrainConfig
+from sol_ext.driver.config import PAPER_SETTINGS, WEIGHT_EMA_SHARE, TrainConfig
 from sol_ext.driver.run import WeightAverage
 from sol_ext.driver.train import train
 from test_train import BASE, quiet, tiny_data
@@ -74,37 +74,75 @@ def test_option_checks_and_command_line():
         assert args.weight_ema == value
 
 
-def test_auto_averages_over_a_fixed_number_of_epochs_for_sol_and_not_for_the_baselines():
-    for steps in (1, 18, 57, 900):
-        decay = TrainConfig().weight_ema_decay(steps)
-        assert decay == pytest.approx(1.0 - 1.0 / (WEIGHT_EMA_EPOCHS * steps))
-        # the average's horizon, 1 / (1 - decay) steps, is the same number of epochs at any size
-        assert 1.0 / (1.0 - decay) / steps == pytest.approx(WEIGHT_EMA_EPOCHS)
-    assert TrainConfig(method="sol-no-noise").weight_ema_decay(57) > 0
-    for method in ("l1", "ce", "corn"):
-        assert TrainConfig(method=method).weight_ema_decay(57) == 0.0
-    assert TrainConfig(weight_ema=0.9).weight_ema_decay(57) == 0.9
-    assert TrainConfig(method="corn", weight_ema=0.9).weight_ema_decay(57) == 0.9  # asked for: given
-    assert TrainConfig(weight_ema=0.0).weight_ema_decay(57) == 0.0
+def test_with_a_share_the_average_spans_the_last_share_of_the_steps_so_far():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1, bias=False)
+    avg = WeightAverage(model, share=0.25)
+    seen = []
+    for step in range(1, 2001):
+        with torch.no_grad():
+            model.weight.fill_(float(step))  # the trained weight after step s is s
+        avg.update(model)
+        seen.append(float(avg.model.weight))
+    # decay 1 - 1/max(t/4, 1): the average is the trained weights up to step 4, then, at step t,
+    # an average of recent steps that is the same share of the run however long it is
+    assert seen[:4] == [1.0, 2.0, 3.0, 4.0]
+    keep = 1.0
+    expected = 4.0
+    for t in range(5, 41):
+        keep = 1.0 - 1.0 / (0.25 * t)
+        expected = keep * expected + (1.0 - keep) * t
+        assert seen[t - 1] == pytest.approx(expected)
+    # at step t the average's weights on step k grow as k^(1/share - 1): it lags a steady trend by
+    # share / (1 + share) of the steps so far, 0.2 t here, at any t
+    for t in (1000, 2000):
+        assert (t - seen[t - 1]) / t == pytest.approx(0.25 / 1.25, rel=0.01)
+    for bad in ({}, {"decay": 0.9, "share": 0.1}, {"share": 0.0}, {"share": 1.5}):
+        with pytest.raises(ValueError):
+            WeightAverage(model, **bad)
 
 
-def test_a_default_sol_run_trains_with_the_average_and_a_baseline_without(tmp_path, monkeypatch):
+@pytest.fixture
+def averages(monkeypatch):
+    """The (decay, share) of every WeightAverage the driver makes."""
+    made = []
+
+    class Spy(run_module.WeightAverage):
+        def __init__(self, model, decay=None, steps=0, share=None):
+            made.append((decay, share))
+            super().__init__(model, decay, steps, share)
+
+    monkeypatch.setattr(run_module, "WeightAverage", Spy)
+    return made
+
+
+def test_auto_averages_sol_over_a_share_of_the_steps_and_not_the_baselines(tmp_path, averages):
     data = tiny_data()
     cfg = dataclasses.replace(BASE, sigma=1.0)
     assert cfg.weight_ema == "auto"
-    decays = []
-
-    class Spy(run_module.WeightAverage):
-        def __init__(self, model, decay, steps=0):
-            decays.append(decay)
-            super().__init__(model, decay, steps)
-
-    monkeypatch.setattr(run_module, "WeightAverage", Spy)
     train(cfg, data, tmp_path / "sol", log=quiet)
-    assert decays == [pytest.approx(1.0 - 1.0 / (WEIGHT_EMA_EPOCHS * 6))]  # epochs of 6 steps
+    assert averages == [(None, WEIGHT_EMA_SHARE)]
     state = load_checkpoint(tmp_path / "sol" / CHECKPOINT_NAME)
     assert state["weight_ema_steps"] == 2 * 6  # 2 epochs of 6 steps
-    assert any(not torch.equal(state["model"][k], state["trained_model"][k]) for k in state["model"])
-    train(dataclasses.replace(cfg, method="l1"), data, tmp_path / "l1", log=quiet)
-    assert "trained_model" not in load_checkpoint(tmp_path / "l1" / CHECKPOINT_NAME)
+    train(dataclasses.replace(cfg, method="sol-no-noise"), data, tmp_path / "no-noise", log=quiet)
+    assert averages[-1] == (None, WEIGHT_EMA_SHARE)
+    averages.clear()
+    for method in ("l1", "ce"):
+        train(dataclasses.replace(cfg, method=method), data, tmp_path / method, log=quiet)
+        assert "trained_model" not in load_checkpoint(tmp_path / method / CHECKPOINT_NAME)
+    train(dataclasses.replace(cfg, method="l1", weight_ema=0.9), data, tmp_path / "l1-asked", log=quiet)
+    assert averages == [(0.9, None)]  # asked for: given to a baseline too
 
+
+def test_a_default_run_resumed_equals_the_unbroken_run(tmp_path):
+    data = tiny_data()
+    cfg = dataclasses.replace(BASE, sigma=1.0, batch_size=8, epochs=3)
+    full = train(cfg, data, tmp_path / "full", log=quiet)
+    train(dataclasses.replace(cfg, epochs=1), data, tmp_path / "split", log=quiet)
+    resumed = train(cfg, data, tmp_path / "split", resume=True, log=quiet)
+    a = load_checkpoint(tmp_path / "full" / CHECKPOINT_NAME)
+    b = load_checkpoint(tmp_path / "split" / CHECKPOINT_NAME)
+    for key in ("model", "trained_model"):
+        for k in a[key]:
+            torch.testing.assert_close(b[key][k], a[key][k])
+    assert resumed.results["test"] == full.results["test"]

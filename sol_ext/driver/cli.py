@@ -24,7 +24,7 @@ from .config import (
     PAPER_SETTINGS,
     RELABEL_RULES,
     SIGMA_GRID,
-    WEIGHT_EMA_EPOCHS,
+    WEIGHT_EMA_SHARE,
     TrainConfig,
 )
 from .encoders import TORCHVISION_ENCODERS
@@ -170,7 +170,8 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
     o.add_argument("--weight-ema", type=_number_or_auto, default=None, metavar="DECAY",
                    help="evaluate, select and save an exponential moving average of the weights "
                         "(this decay per training step; 0: the trained weights; 'auto': "
-                        f"{WEIGHT_EMA_EPOCHS} epochs of steps for sol, none for the baselines) "
+                        f"over the last {WEIGHT_EMA_SHARE * 100:g} %% of the steps so far for sol, "
+                        "none for the baselines) "
                         f"(default: {_DEFAULT.weight_ema})")
     o.add_argument("--epochs", type=int, default=_DEFAULT.epochs, help="(default: %(default)s)")
     o.add_argument("--patience", type=int, default=None,

@@ -66,7 +66,7 @@ from .checkpoint import (
     save_checkpoint,
     selected_state,
 )
-from .config import TrainConfig
+from .config import WEIGHT_EMA_SHARE, TrainConfig
 from .data import split_indices
 from .loader import RunInputs, auto_workers, embedding_batch_size, training_transform
 from .methods import RankModel, build_model, head_ranks, make_sol_head, training_loss
@@ -177,22 +177,41 @@ class WeightAverage:
     uncorrected average would still be the initialization after the first epoch). Other buffers,
     such as batch norm's step count, are copied. Every process of a torchrun run holds the same
     trained weights after each step (DDP), hence the same average.
+
+    With ``share`` instead of ``decay`` (``weight_ema="auto"``) the decay of step ``t`` is
+    ``1 - 1 / max(share * t, 1)``: the average spans about the last ``share`` of the steps so far,
+    so it follows a network that still learns fast early on and averages longer as training
+    settles, whatever the data set's size and the run's length. It depends on the step alone, so
+    a resumed run continues the average an unbroken run would have.
     """
 
-    def __init__(self, model: torch.nn.Module, decay: float, steps: int = 0):
-        if not 0.0 < decay < 1.0:
+    def __init__(self, model: torch.nn.Module, decay: Optional[float] = None, steps: int = 0,
+                 share: Optional[float] = None):
+        if (decay is None) == (share is None):
+            raise ValueError("WeightAverage takes a decay or a share, not both or neither.")
+        if decay is not None and not 0.0 < decay < 1.0:
             raise ValueError(f"weight_ema must be in (0, 1) for an average, got {decay}.")
-        self.decay = float(decay)
+        if share is not None and not 0.0 < share <= 1.0:
+            raise ValueError(f"share must be in (0, 1], got {share}.")
+        self.decay = None if decay is None else float(decay)
+        self.share = None if share is None else float(share)
         self.steps = int(steps)  # updates so far (saved in checkpoint.pt for a resumed run)
         self.model = copy.deepcopy(model)
         self.model.requires_grad_(False)
 
+    def _keep(self) -> float:
+        """The weight of step ``self.steps`` on the previous average."""
+        t = self.steps
+        if self.share is not None:
+            return 1.0 - 1.0 / max(self.share * t, 1.0)
+        d = self.decay
+        # the bias-corrected average's: d (1 - d^(t-1)) / (1 - d^t)
+        return d * (1.0 - d ** (t - 1)) / (1.0 - d ** t)
+
     @torch.no_grad()
     def update(self, model: torch.nn.Module) -> None:
         self.steps += 1
-        d, t = self.decay, self.steps
-        # the corrected average's weight on the previous average: d (1 - d^(t-1)) / (1 - d^t)
-        keep = d * (1.0 - d ** (t - 1)) / (1.0 - d ** t)
+        keep = self._keep()
         for mine, theirs in zip(self.model.parameters(), model.parameters()):
             mine.lerp_(theirs.detach(), 1.0 - keep)
         for mine, theirs in zip(self.model.buffers(), model.buffers()):
@@ -200,6 +219,13 @@ class WeightAverage:
                 mine.lerp_(theirs.detach(), 1.0 - keep)
             else:
                 mine.copy_(theirs)
+
+
+def _weight_average(config: TrainConfig, model: torch.nn.Module) -> Optional[WeightAverage]:
+    """The moving average of ``config.weight_ema`` over ``model``'s weights, or None for none."""
+    if config.weight_ema == "auto":
+        return WeightAverage(model, share=WEIGHT_EMA_SHARE) if config.uses_centroids else None
+    return WeightAverage(model, decay=config.weight_ema) if config.weight_ema > 0 else None
 
 
 def _batches(n: int, batch_size: int, generator: torch.Generator,
@@ -412,10 +438,7 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
     model, step_model, optimizer, head, sol_loss, scaler = _learner(run_config, data, device, par)
     # the weights every pass over the data uses (embedding, centroids, read-out, checkpoints'
     # "model"): the trained ones, or their moving average (weight_ema)
-    steps_per_epoch = len(_batches(given.numel(), config.batch_size * par.world_size,
-                                   torch.Generator(), smallest=2 * par.world_size))
-    ema_decay = config.weight_ema_decay(steps_per_epoch)
-    averaged = WeightAverage(model, ema_decay) if ema_decay > 0 else None
+    averaged = _weight_average(config, model)
     eval_model = model if averaged is None else averaged.model
     fingerprint = data.fingerprint()
 
