@@ -128,13 +128,14 @@ def run(methods, seeds, epochs, work_dir: Path, log=print, sol_options=None) -> 
             base = TrainConfig(data=str(files[name]), test_data=str(test_file), label_column="age",
                                noise="none", seed=seed, epochs=epochs)
             prepared = prepare_data(base.validate())
-            # the file rows the encoder fits (the validation split's complement)
-            fit = validation_split(prepared.train_given, base.val_fraction, seed).fit
-            rows = (fit if prepared.train_rows is None else prepared.train_rows[fit]).numpy()
             for method in methods:
                 cfg = method_config(base, method)
                 if method == "sol" and sol_options:
                     cfg = dataclasses.replace(cfg, **sol_options).validate()
+                # the file rows the encoder fits: the complement of this method's validation split
+                # (sol-paper has none and fits every row)
+                fit = validation_split(prepared.train_given, cfg.val_fraction, seed).fit
+                rows = (fit if prepared.train_rows is None else prepared.train_rows[fit]).numpy()
                 start = time.perf_counter()
                 outcome = train(cfg, prepared, work_dir / "runs" / name.replace(" ", "-") / method / f"seed{seed}",
                                 log=lambda _line: None)

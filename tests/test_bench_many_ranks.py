@@ -88,3 +88,11 @@ def test_a_sol_option_that_is_no_training_field_or_invalid_is_refused_before_any
                                 capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert result.returncode == 2 and needle in result.stderr, result.stderr[-2000:]
         assert "Traceback" not in result.stderr and not (tmp_path / "o").exists()
+
+
+def test_a_method_without_a_validation_split_is_measured_on_every_training_row(tmp_path):
+    # sol-paper fits all 4000 rows (no split): the fit to the noise is taken on all of them
+    records = _bench().run(["sol-paper"], [0], 1, tmp_path, log=lambda _line: None)
+    assert [r["labels"] for r in records] == ["true ages", "annotator"]
+    annotator = records[1]
+    assert annotator["train_mae_true"] >= 0 and -1 <= annotator["error_corr"] <= 1
