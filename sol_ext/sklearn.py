@@ -100,7 +100,9 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
     Args:
         method: ``"sol"``, ``"sol-no-noise"`` (plain order learning), or a baseline with the same
             encoder and budget: ``"l1"``, ``"ce"``, ``"corn"`` (needs ``coral-pytorch``).
-        epochs, batch_size, lr, weight_decay: Adam's training budget.
+        epochs, batch_size, lr: Adam's training budget.
+        weight_decay: Adam's L2 weight decay; ``"auto"``, the default: 0.01 x the number of ranks
+            for the SOL methods, 5e-4 for the baselines (see ``sol-ext train --weight-decay``).
         weight_ema: decay per step of a moving average of the weights that becomes the model
             (0: off; ``"auto"``, the default: over the last tenth of the steps so far for the SOL
             methods, off for the baselines; see ``sol-ext train --weight-ema``).
@@ -143,7 +145,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
     """
 
     def __init__(self, method: str = "sol", epochs: int = 20, batch_size: int = 64, lr: float = 1e-3,
-                 weight_decay: float = 5e-4, embedding_dim: int = 16,
+                 weight_decay: float | str = "auto", embedding_dim: int = 16,
                  hidden: tuple[int, ...] = (128, 128), sigma: float | str = "auto", tau: int = 1,
                  margin: float = 0.25, val_fraction: float = 0.1, seed: int = 0,
                  device: str = "cpu", paper: bool = False, T: int = 1, disc_weight: float = 1.0,

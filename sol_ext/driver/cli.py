@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .config import (
+    BASELINE_WEIGHT_DECAY,
     COMPARE_METHODS,
     INFERENCE_MODES,
     METHODS,
     PAPER_SETTINGS,
     RELABEL_RULES,
     SIGMA_GRID,
+    SOL_WEIGHT_DECAY_PER_RANK,
     WEIGHT_EMA_SHARE,
     TrainConfig,
 )
@@ -165,8 +167,10 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
     o = p.add_argument_group("optimization")
     o.add_argument("--lr", type=float, default=_DEFAULT.lr, help="Adam learning rate "
                                                                  "(default: %(default)s)")
-    o.add_argument("--weight-decay", type=float, default=_DEFAULT.weight_decay,
-                   help="(default: %(default)s)")
+    o.add_argument("--weight-decay", type=_number_or_auto, default=None,
+                   help="Adam's L2 weight decay; 'auto': "
+                        f"{SOL_WEIGHT_DECAY_PER_RANK:g} x the number of ranks for sol, "
+                        f"{BASELINE_WEIGHT_DECAY:g} for the baselines (default: {_DEFAULT.weight_decay})")
     o.add_argument("--weight-ema", type=_number_or_auto, default=None, metavar="DECAY",
                    help="evaluate, select and save an exponential moving average of the weights "
                         "(this decay per training step; 0: the trained weights; 'auto': "

@@ -24,7 +24,7 @@ from .encoders import check_encoder_name, is_pretrainable
 from .loader import AUGMENTATIONS
 
 __all__ = ["METHODS", "COMPARE_METHODS", "INFERENCE_MODES", "RELABEL_RULES", "PAPER_SETTINGS", "SIGMA_GRID", "FALLBACK_SIGMA",
-           "NO_NOISE_SIGMA", "WEIGHT_EMA_SHARE", "MAX_IMAGE_SIZE", "MAX_EPOCHS", "TrainConfig",
+           "NO_NOISE_SIGMA", "WEIGHT_EMA_SHARE", "SOL_WEIGHT_DECAY_PER_RANK", "BASELINE_WEIGHT_DECAY", "MAX_IMAGE_SIZE", "MAX_EPOCHS", "TrainConfig",
            "CONFIG_FIELDS_FREE_ON_RESUME", "config_mismatches"]
 
 METHODS = ("sol", "sol-no-noise", "l1", "ce", "corn")
@@ -45,7 +45,7 @@ RELABEL_RULES = ("posterior", "outlier")
 PAPER_SETTINGS: dict[str, Any] = {
     "sigma": 1.0, "tau": 3, "margin": 0.25, "T": 1, "disc_weight": 1.0, "beta": 0.9,
     "inference": "nearest", "relabel": "outlier", "centroid_momentum": 0.0,
-    "val_fraction": 0.0, "patience": None, "weight_ema": 0.0,
+    "val_fraction": 0.0, "patience": None, "weight_ema": 0.0, "weight_decay": 5e-4,
 }
 
 # sigma of the noise kernel for "sol-no-noise": P[q, j] = exp(-(j-q)^2 / 2e-6) / ... is the
@@ -70,6 +70,16 @@ FALLBACK_SIGMA = 1.0
 # average over 2 of them: 0.13 -> 1.18 on one seed). CORN, which fits the noise slowly, got no
 # better with an average.
 WEIGHT_EMA_SHARE = 0.1
+
+# weight_decay="auto" (the default): Adam's L2 weight decay is this times the number of ranks for
+# the SOL methods, and BASELINE_WEIGHT_DECAY (the paper's 5e-4) for the baselines.
+# Why (docs/math.md §12.10): SOL's loss sums hinges over the ranks, so its gradients are 7-74x
+# CORN's at 6-62 ranks, and an L2 term added to them weighs that much less under Adam. SOL's
+# embeddings are normalized; CORN's logits are not, and a strong decay flattens them (CORN at 0.01
+# on 62 ranks: test MAE 2.0 -> 5.0). Measured (README, "Many ranks"): on 62 ranks with annotator
+# noise SOL went from 2.25 to 2.00 (CORN 2.00).
+SOL_WEIGHT_DECAY_PER_RANK = 0.01
+BASELINE_WEIGHT_DECAY = 5e-4
 
 # Largest embedding size: far above any use (the paper's is 512), and it refuses a typo such as
 # 100000000 with a clear error instead of an allocation failure.
@@ -152,7 +162,9 @@ class TrainConfig:
     patience: Optional[int] = None          # stop after this many epochs without improvement
     # optimization
     lr: float = 1e-3
-    weight_decay: float = 5e-4
+    # Adam's L2 weight decay; "auto": SOL_WEIGHT_DECAY_PER_RANK x the number of ranks for the SOL
+    # methods, BASELINE_WEIGHT_DECAY for the baselines (weight_decay_for)
+    weight_decay: float | str = "auto"
     # exponential moving average of the weights over the training steps, this decay per step: the
     # averaged weights are the model every pass over the data uses (centroids, read-out, model
     # selection, checkpoints); training steps update the trained weights. 0: no average; "auto":
@@ -213,6 +225,14 @@ class TrainConfig:
             raise ValueError("sigma 'auto' must be resolved (sol_ext.driver.tuning.select_sigma) before "
                              "the noise kernel is built.")
         return float(self.sigma)
+
+    def weight_decay_for(self, num_ranks: int) -> float:
+        """Adam's weight decay of a run on ``num_ranks`` ranks (resolves ``"auto"``)."""
+        if self.weight_decay != "auto":
+            return float(self.weight_decay)
+        if self.uses_centroids:
+            return SOL_WEIGHT_DECAY_PER_RANK * num_ranks
+        return BASELINE_WEIGHT_DECAY
 
     @property
     def selects_model(self) -> bool:
@@ -285,7 +305,10 @@ class TrainConfig:
         need(self.lr > 0, f"learning rate must be > 0, got {self.lr}.")
         need(self.lr <= MAX_LR, f"lr={self.lr:g} is too large: Adam's first step would overflow "
                                 f"float32; expected at most lr={MAX_LR:g}.")
-        need(self.weight_decay >= 0, f"weight decay must be >= 0, got {self.weight_decay}.")
+        need(self.weight_decay == "auto" or (isinstance(self.weight_decay, (int, float))
+                                             and not isinstance(self.weight_decay, bool)
+                                             and self.weight_decay >= 0),
+             f"weight decay must be 'auto' or a number >= 0, got {self.weight_decay!r}.")
         need(self.weight_ema == "auto" or (isinstance(self.weight_ema, (int, float))
                                            and not isinstance(self.weight_ema, bool)
                                            and 0.0 <= self.weight_ema < 1.0),

@@ -566,7 +566,7 @@ def _learner(config: TrainConfig, data: PreparedData, device: torch.device, par:
     step_model = (DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
                                           else None) if par.enabled else model)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
-                                 weight_decay=config.weight_decay)
+                                 weight_decay=config.weight_decay_for(data.num_ranks))
     # SOL's centroids, loss and read-out (sol_ext.SOLHead); the baselines' heads are in the model
     head = make_sol_head(config, data.num_ranks).to(device) if config.uses_centroids else None
     sol_loss = None if head is None else head.criterion
