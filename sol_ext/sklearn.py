@@ -102,7 +102,8 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             encoder and budget: ``"l1"``, ``"ce"``, ``"corn"`` (needs ``coral-pytorch``).
         epochs, batch_size, lr: Adam's training budget.
         weight_decay: Adam's L2 weight decay; ``"auto"``, the default: 0.01 x the number of ranks
-            for the SOL methods, 5e-4 for the baselines (see ``sol-ext train --weight-decay``).
+            for the SOL methods (the estimator's encoder is an MLP), 5e-4 for the baselines (see
+            ``sol-ext train --weight-decay``).
         weight_ema: decay per step of a moving average of the weights that becomes the model
             (0: off; ``"auto"``, the default: over the last tenth of the steps so far for the SOL
             methods, off for the baselines; see ``sol-ext train --weight-ema``).

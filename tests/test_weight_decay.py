@@ -1,5 +1,6 @@
 """--weight-decay auto: Adam's L2 weight decay grows with the number of ranks for the SOL methods
-(whose loss sums over the ranks) and stays the paper's 5e-4 for the baselines."""
+with the MLP encoder (their loss sums over the ranks) and stays the paper's 5e-4 for the baselines
+and the image encoders."""
 
 import dataclasses
 
@@ -34,6 +35,8 @@ def test_auto_resolves_per_method_and_number_of_ranks():
         assert cfg.weight_decay_for(6) == pytest.approx(SOL_WEIGHT_DECAY_PER_RANK * 6)
     for method in ("l1", "ce", "corn"):
         assert TrainConfig(method=method).weight_decay_for(62) == BASELINE_WEIGHT_DECAY
+    for encoder in ("cnn", "vgg16bn", "resnet18"):  # image encoders, pretrained ones among them
+        assert TrainConfig(method="sol").weight_decay_for(62, encoder) == BASELINE_WEIGHT_DECAY
     # a number is used as given, whatever the method
     assert TrainConfig(method="sol", weight_decay=0.0).weight_decay_for(62) == 0.0
     assert TrainConfig(method="l1", weight_decay=0.2).weight_decay_for(62) == 0.2

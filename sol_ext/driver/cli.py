@@ -169,8 +169,8 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
                                                                  "(default: %(default)s)")
     o.add_argument("--weight-decay", type=_number_or_auto, default=None,
                    help="Adam's L2 weight decay; 'auto': "
-                        f"{SOL_WEIGHT_DECAY_PER_RANK:g} x the number of ranks for sol, "
-                        f"{BASELINE_WEIGHT_DECAY:g} for the baselines (default: {_DEFAULT.weight_decay})")
+                        f"{SOL_WEIGHT_DECAY_PER_RANK:g} x the number of ranks for sol with the mlp "
+                        f"encoder, else {BASELINE_WEIGHT_DECAY:g} (default: {_DEFAULT.weight_decay})")
     o.add_argument("--weight-ema", type=_number_or_auto, default=None, metavar="DECAY",
                    help="evaluate, select and save an exponential moving average of the weights "
                         "(this decay per training step; 0: the trained weights; 'auto': "

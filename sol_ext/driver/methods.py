@@ -21,7 +21,7 @@ from ..head import SOLHead
 from .config import TrainConfig
 from .encoders import build_encoder, default_encoder
 
-__all__ = ["RankModel", "build_model", "make_sol_head", "training_loss", "head_ranks",
+__all__ = ["RankModel", "build_model", "encoder_name", "make_sol_head", "training_loss", "head_ranks",
            "head_probabilities", "require_coral"]
 
 
@@ -55,12 +55,16 @@ class RankModel(nn.Module):
         return F.normalize(h, dim=1) if self.normalize else h
 
 
+def encoder_name(config: TrainConfig, kind: str) -> str:
+    """The encoder a run builds: ``config.encoder``, with ``auto`` picked from the data ``kind``."""
+    return default_encoder(kind) if config.encoder == "auto" else config.encoder
+
+
 def build_model(config: TrainConfig, input_shape: tuple[int, ...], kind: str,
                 num_ranks: int) -> RankModel:
     """Encoder (``config.encoder``, ``auto`` picked from the data ``kind``) and head for
     ``config.method``. Embeddings are normalized for the SOL methods only, when asked."""
-    name = default_encoder(kind) if config.encoder == "auto" else config.encoder
-    encoder = build_encoder(name, input_shape, config.embedding_dim, config.hidden,
+    encoder = build_encoder(encoder_name(config, kind), input_shape, config.embedding_dim, config.hidden,
                             config.weights)
     d = config.embedding_dim
     head: nn.Module = {"l1": lambda: nn.Linear(d, 1), "ce": lambda: nn.Linear(d, num_ranks),

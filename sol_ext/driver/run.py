@@ -69,7 +69,7 @@ from .checkpoint import (
 from .config import WEIGHT_EMA_SHARE, TrainConfig
 from .data import split_indices
 from .loader import RunInputs, auto_workers, embedding_batch_size, training_transform
-from .methods import RankModel, build_model, head_ranks, make_sol_head, training_loss
+from .methods import RankModel, build_model, encoder_name, head_ranks, make_sol_head, training_loss
 from .parallel import Parallel
 from .prepare import PreparedData
 
@@ -565,8 +565,8 @@ def _learner(config: TrainConfig, data: PreparedData, device: torch.device, par:
     # read-out use the module itself, whose parameters DDP keeps equal on every process
     step_model = (DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
                                           else None) if par.enabled else model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
-                                 weight_decay=config.weight_decay_for(data.num_ranks))
+    weight_decay = config.weight_decay_for(data.num_ranks, encoder_name(config, data.kind))
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=weight_decay)
     # SOL's centroids, loss and read-out (sol_ext.SOLHead); the baselines' heads are in the model
     head = make_sol_head(config, data.num_ranks).to(device) if config.uses_centroids else None
     sol_loss = None if head is None else head.criterion
