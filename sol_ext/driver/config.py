@@ -73,7 +73,7 @@ WEIGHT_EMA_SHARE = 0.1
 
 # weight_decay="auto" (the default): Adam's L2 weight decay is this times the number of ranks for
 # the SOL methods with the MLP encoder, and BASELINE_WEIGHT_DECAY (the paper's 5e-4) otherwise.
-# Why (docs/math.md §12.10): SOL's loss sums hinges over the ranks, so its gradients are 7-74x
+# Why (docs/math.md §12.10): SOL's loss sums hinges over the ranks, so its gradients are 8-73x
 # CORN's at 6-62 ranks, and an L2 term added to them weighs that much less under Adam. SOL's
 # embeddings are normalized; CORN's logits are not, and a strong decay flattens them (CORN at 0.01
 # on 62 ranks: test MAE 2.0 -> 5.0). Measured (README, "Many ranks"): on 62 ranks with annotator
