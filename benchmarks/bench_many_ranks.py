@@ -3,6 +3,7 @@
     python benchmarks/bench_many_ranks.py            # 6 methods x 2 label sets x 3 seeds (about 15 min on 2 cores)
     python benchmarks/bench_many_ranks.py --quick    # a smoke run: 2 methods, one seed, 2 epochs
     python benchmarks/bench_many_ranks.py --methods sol,corn --sol-option weight_ema=0.99  # a variant of sol
+    python benchmarks/bench_many_ranks.py --feature-dim 384  # features spread over 384 dims, like text embeddings
 
 The built-in data sets have 6–29 ranks and noise that does not depend on the rank. Human labels
 of ages often have more ranks and an error that grows with the age. This benchmark makes such a
@@ -12,7 +13,10 @@ set, deterministically (numpy seed 0):
   (w evenly spaced in [-1, 1]), rounded and clipped to 16 … 77;
 - one annotator's labels: the true age plus N(0, s^2) with s = 2 + 0.1 (age - 16) years
   (2 at 16, 8 at 76), rounded and clipped to 16 … 77;
-- 4000 training samples and 1500 test samples, the test set with true ages.
+- 4000 training samples and 1500 test samples, the test set with true ages;
+- with ``--feature-dim D`` (> 12), the 12 features plus D - 12 features of noise (std 0.5), turned by
+  a fixed random rotation: every one of the D inputs then carries a little of the signal, as the
+  dimensions of a sentence or image embedding do.
 
 Every method trains twice, with the true ages and with the annotator's labels as training labels,
 through ordinary ``sol-ext train`` runs (``--data train.csv --test-data test.csv``; 10 % of the
@@ -51,8 +55,10 @@ AGE_RANGE = (16, 77)
 AGE_BANDS = ((16, 30), (31, 45), (46, 60), (61, 77))
 
 
-def make_data(seed: int = 0) -> dict[str, np.ndarray]:
-    """Features, true ages and one annotator's ages of the training set, and the test set."""
+def make_data(seed: int = 0, feature_dim: int = FEATURES) -> dict[str, np.ndarray]:
+    """Features, true ages and one annotator's ages of the training set, and the test set; with
+    ``feature_dim`` above :data:`FEATURES`, the features spread over that many dimensions
+    (:func:`spread_features`), the ages unchanged."""
     rng = np.random.default_rng(seed)
     weights = np.linspace(-1.0, 1.0, FEATURES)
 
@@ -65,8 +71,22 @@ def make_data(seed: int = 0) -> dict[str, np.ndarray]:
     error = rng.normal(0.0, 1.0, TRAIN_SIZE) * (2.0 + 0.1 * (train_true - AGE_RANGE[0]))
     annotator = np.clip(np.round(train_true + error), *AGE_RANGE).astype(np.int64)
     x_test = rng.normal(size=(TEST_SIZE, FEATURES))
+    test = true_ages(x_test)
+    if feature_dim != FEATURES:
+        x_train, x_test = spread_features((x_train, x_test), feature_dim)
     return {"x_train": x_train, "true ages": train_true, "annotator": annotator,
-            "x_test": x_test, "test": true_ages(x_test)}
+            "x_test": x_test, "test": test}
+
+
+def spread_features(parts: tuple[np.ndarray, ...], dim: int, seed: int = 1) -> tuple[np.ndarray, ...]:
+    """Each ``[N, FEATURES]`` part with ``dim - FEATURES`` columns of noise (std 0.5) appended,
+    turned by one random rotation of ``dim`` dimensions (fixed by ``seed``)."""
+    if dim < FEATURES:
+        raise ValueError(f"feature_dim must be at least {FEATURES} (the features), got {dim}")
+    rng = np.random.default_rng(seed)
+    rotation, _ = np.linalg.qr(rng.standard_normal((dim, dim)))
+    return tuple(np.concatenate([x, rng.normal(0.0, 0.5, (len(x), dim - FEATURES))], 1) @ rotation.T
+                 for x in parts)
 
 
 def write_csv(path: Path, x: np.ndarray, ages: np.ndarray) -> None:
@@ -109,10 +129,11 @@ def parse_options(items) -> dict:
     return out
 
 
-def run(methods, seeds, epochs, work_dir: Path, log=print, sol_options=None) -> list[dict]:
+def run(methods, seeds, epochs, work_dir: Path, log=print, sol_options=None,
+        feature_dim: int = FEATURES) -> list[dict]:
     """Writes the CSV files and the run folders into ``work_dir``; returns one record per run.
     ``sol_options``: TrainConfig fields set on the ``sol`` rows only (a variant of the default)."""
-    data = make_data()
+    data = make_data(feature_dim=feature_dim)
     files = {}
     for name in LABEL_SETS:
         files[name] = work_dir / f"train-{name.replace(' ', '-')}.csv"
@@ -205,7 +226,11 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="sol and l1, one seed, 2 epochs (a smoke run)")
     p.add_argument("--sol-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a TrainConfig field for the sol rows only, e.g. weight_ema=0.99 (repeatable)")
+    p.add_argument("--feature-dim", type=int, default=FEATURES,
+                   help=f"spread the {FEATURES} features over this many dimensions (default {FEATURES}: as they are)")
     args = p.parse_args(argv)
+    if args.feature_dim < FEATURES:
+        p.error(f"--feature-dim must be at least {FEATURES}, got {args.feature_dim}")
     try:
         sol_options = parse_options(args.sol_option)
         if sol_options:  # refused before any run, not by the first sol run
@@ -220,8 +245,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
-        records = run(methods, seeds, epochs, work, sol_options=sol_options)
+        records = run(methods, seeds, epochs, work, sol_options=sol_options, feature_dim=args.feature_dim)
     md = tables(records) + f"\n{len(records)} runs, {(time.perf_counter() - start) / 60:.1f} min wall time.\n"
+    if args.feature_dim != FEATURES:
+        md += f"The {FEATURES} features spread over {args.feature_dim} dimensions (--feature-dim).\n"
     if sol_options:
         md += f"sol rows with {', '.join(f'{k}={v}' for k, v in sol_options.items())}.\n"
     (args.output / "many_ranks.json").write_text(json.dumps(records, indent=1) + "\n")

@@ -33,6 +33,19 @@ def test_the_data_is_fixed_and_its_annotator_errs_more_on_older_ages():
     assert 2 * np.abs(error[young]).mean() < np.abs(error[old]).mean()
 
 
+def test_spread_features_keep_the_ages_and_every_feature_linearly():
+    bench = _bench()
+    data, spread = bench.make_data(), bench.make_data(feature_dim=40)
+    for key in ("true ages", "annotator", "test"):
+        assert np.array_equal(data[key], spread[key])
+    assert spread["x_train"].shape == (bench.TRAIN_SIZE, 40) and spread["x_test"].shape == (bench.TEST_SIZE, 40)
+    for part in ("x_train", "x_test"):  # a rotation: the 12 features are a linear read of the 40
+        coef, *_ = np.linalg.lstsq(spread[part], data[part], rcond=None)
+        np.testing.assert_allclose(spread[part] @ coef, data[part], atol=1e-8)
+    with pytest.raises(ValueError, match="feature_dim"):
+        bench.make_data(feature_dim=5)
+
+
 def test_fit_to_noise_tells_a_memorizing_prediction_from_the_true_ages():
     bench = _bench()
     data = bench.make_data()
