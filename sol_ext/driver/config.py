@@ -166,7 +166,7 @@ class TrainConfig:
     # optimization
     lr: float = 1e-3
     # Adam's L2 weight decay; "auto": SOL_WEIGHT_DECAY_PER_RANK x the number of ranks for the SOL
-    # methods, BASELINE_WEIGHT_DECAY for the baselines (weight_decay_for)
+    # methods with the MLP encoder, else BASELINE_WEIGHT_DECAY (weight_decay_for)
     weight_decay: float | str = "auto"
     # exponential moving average of the weights over the training steps, this decay per step: the
     # averaged weights are the model every pass over the data uses (centroids, read-out, model
