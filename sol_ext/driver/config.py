@@ -24,8 +24,8 @@ from .encoders import check_encoder_name, is_pretrainable
 from .loader import AUGMENTATIONS
 
 __all__ = ["METHODS", "COMPARE_METHODS", "INFERENCE_MODES", "RELABEL_RULES", "PAPER_SETTINGS", "SIGMA_GRID", "FALLBACK_SIGMA",
-           "NO_NOISE_SIGMA", "WEIGHT_EMA_SHARE", "SOL_WEIGHT_DECAY_PER_RANK", "BASELINE_WEIGHT_DECAY", "MAX_IMAGE_SIZE", "MAX_EPOCHS", "TrainConfig",
-           "CONFIG_FIELDS_FREE_ON_RESUME", "config_mismatches"]
+           "NO_NOISE_SIGMA", "WEIGHT_EMA_SHARE", "SOL_WEIGHT_DECAY_PER_RANK", "BASELINE_WEIGHT_DECAY",
+           "MAX_IMAGE_SIZE", "MAX_EPOCHS", "TrainConfig", "CONFIG_FIELDS_FREE_ON_RESUME", "config_mismatches"]
 
 METHODS = ("sol", "sol-no-noise", "l1", "ce", "corn")
 
