@@ -128,7 +128,7 @@ def test_a_plain_training_loop_with_the_head_matches_the_driver(tmp_path):
     model = Normalized(nn.Sequential(nn.Linear(10, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
                                      nn.Linear(128, config.embedding_dim)))
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
-                                 weight_decay=config.weight_decay_for(data.num_ranks))
+                                 weight_decay=config.weight_decay_for(data.num_ranks, "mlp"))
     head = sol_ext.SOLHead(data.num_ranks, config.embedding_dim, sigma=1.0)
     x, labels = data.train_x, data.train_given
     head.update_centroids(embed(model, x, 256), labels)

@@ -215,3 +215,13 @@ def test_image_options_refused_where_they_do_not_apply(tmp_path, capsys, argv, m
     assert main(["train", *argv, "--output", str(tmp_path / "o"), "--epochs", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("sol-ext: error:") and match in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_image_run_keeps_the_papers_weight_decay(tmp_path):
+    """--weight-decay auto: the per-rank decay of SOL is for the MLP encoder; the CNN keeps 5e-4."""
+    from sol_ext.driver.checkpoint import load_checkpoint
+    from sol_ext.driver.config import BASELINE_WEIGHT_DECAY
+
+    out, _ = _train(tmp_path, _image_list(tmp_path / "data"), "run")
+    groups = load_checkpoint(out / "checkpoint.pt")["optimizer"]["param_groups"]
+    assert {g["weight_decay"] for g in groups} == {BASELINE_WEIGHT_DECAY}

@@ -31,15 +31,15 @@ def test_auto_resolves_per_method_and_number_of_ranks():
     assert PAPER_SETTINGS["weight_decay"] == 5e-4  # the paper's Adam
     for method in ("sol", "sol-no-noise"):
         cfg = TrainConfig(method=method)
-        assert cfg.weight_decay_for(62) == pytest.approx(SOL_WEIGHT_DECAY_PER_RANK * 62)
-        assert cfg.weight_decay_for(6) == pytest.approx(SOL_WEIGHT_DECAY_PER_RANK * 6)
+        assert cfg.weight_decay_for(62, "mlp") == pytest.approx(SOL_WEIGHT_DECAY_PER_RANK * 62)
+        assert cfg.weight_decay_for(6, "mlp") == pytest.approx(SOL_WEIGHT_DECAY_PER_RANK * 6)
     for method in ("l1", "ce", "corn"):
-        assert TrainConfig(method=method).weight_decay_for(62) == BASELINE_WEIGHT_DECAY
+        assert TrainConfig(method=method).weight_decay_for(62, "mlp") == BASELINE_WEIGHT_DECAY
     for encoder in ("cnn", "vgg16bn", "resnet18"):  # image encoders, pretrained ones among them
         assert TrainConfig(method="sol").weight_decay_for(62, encoder) == BASELINE_WEIGHT_DECAY
     # a number is used as given, whatever the method
-    assert TrainConfig(method="sol", weight_decay=0.0).weight_decay_for(62) == 0.0
-    assert TrainConfig(method="l1", weight_decay=0.2).weight_decay_for(62) == 0.2
+    assert TrainConfig(method="sol", weight_decay=0.0).weight_decay_for(62, "mlp") == 0.0
+    assert TrainConfig(method="l1", weight_decay=0.2).weight_decay_for(62, "mlp") == 0.2
 
 
 @pytest.mark.parametrize("method,paper,expected", [

@@ -229,7 +229,7 @@ class TrainConfig:
                              "the noise kernel is built.")
         return float(self.sigma)
 
-    def weight_decay_for(self, num_ranks: int, encoder: str = "mlp") -> float:
+    def weight_decay_for(self, num_ranks: int, encoder: str) -> float:
         """Adam's weight decay of a run on ``num_ranks`` ranks with the resolved ``encoder``
         (resolves ``"auto"``: the SOL methods' per-rank decay applies to the MLP encoder only)."""
         if self.weight_decay != "auto":
