@@ -1,6 +1,6 @@
 """Many ranks and annotator noise that grows with the rank: a synthetic age-like data set.
 
-    python benchmarks/bench_many_ranks.py            # 6 methods x 2 label sets x 3 seeds (about 15 min on 2 cores)
+    python benchmarks/bench_many_ranks.py            # 6 methods x 2 label sets x 3 seeds (about 5 min on 2 cores)
     python benchmarks/bench_many_ranks.py --quick    # a smoke run: 2 methods, one seed, 2 epochs
     python benchmarks/bench_many_ranks.py --methods sol,corn --sol-option weight_ema=0.99  # a variant of sol
     python benchmarks/bench_many_ranks.py --feature-dim 384  # features spread over 384 dims, like text embeddings
