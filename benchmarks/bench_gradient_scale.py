@@ -7,7 +7,8 @@ grows with the ranks: docs/math.md §12.10).
 Adam adds its L2 term ``weight_decay * w`` to the loss gradient and divides the sum by its running
 scale, so how much a weight decay counts depends on how large the loss gradient is. For random
 embeddings, labels and centroids (SOL: L2-normalized embeddings, the driver's default loss with
-σ 1 and τ 1; CORN: a linear head of small random weights, as at initialization) this prints the norm
+σ 1 and τ 1; CORN: coral-pytorch's loss on a linear head of small random weights, as at
+initialization; needs ``pip install .[baselines]``) this prints the norm
 of each loss's gradient with respect to the embeddings, averaged over --draws draws, and their ratio.
 """
 from __future__ import annotations
@@ -19,25 +20,13 @@ import torch
 import torch.nn.functional as F
 
 import sol_ext
-
-
-def corn_loss(logits: torch.Tensor, labels: torch.Tensor, num_ranks: int) -> torch.Tensor:
-    """CORN's loss (Shi et al. 2021), as coral_pytorch.losses.corn_loss computes it: task k is
-    "rank > k" on the samples of rank >= k, binary cross-entropy summed over the tasks' samples and
-    divided by their total count."""
-    total, count = logits.new_zeros(()), 0
-    for k in range(num_ranks - 1):
-        rows = labels >= k
-        if rows.any():
-            target = (labels[rows] > k).to(logits.dtype)
-            total = total + F.binary_cross_entropy_with_logits(logits[rows, k], target, reduction="sum")
-            count += int(rows.sum())
-    return total / max(count, 1)
+from sol_ext.driver.methods import require_coral
 
 
 def gradient_norms(num_ranks: int, batch: int, dim: int, draws: int, seed: int = 0) -> tuple[float, float]:
     """Mean gradient norms (SOL, CORN) with respect to the embeddings over ``draws`` random batches."""
     gen = torch.Generator().manual_seed(seed)
+    corn_loss = require_coral().losses.corn_loss  # the baseline's own loss (pip install .[baselines])
     sol, corn = 0.0, 0.0
     criterion = sol_ext.StochasticOrderLoss(num_ranks, sigma=1.0, tau=1)
     for _ in range(draws):

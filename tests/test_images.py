@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from sol_ext.driver.checkpoint import load_checkpoint
 from sol_ext.driver.cli import main
-from sol_ext.driver.config import TrainConfig
+from sol_ext.driver.config import BASELINE_WEIGHT_DECAY, TrainConfig
 from sol_ext.driver.data import ImageFiles, load_image_folder
 from sol_ext.driver.loader import AUGMENTATIONS, RunInputs, SampleSet, training_transform
 
@@ -219,9 +220,6 @@ def test_image_options_refused_where_they_do_not_apply(tmp_path, capsys, argv, m
 
 def test_an_image_run_keeps_the_papers_weight_decay(tmp_path):
     """--weight-decay auto: the per-rank decay of SOL is for the MLP encoder; the CNN keeps 5e-4."""
-    from sol_ext.driver.checkpoint import load_checkpoint
-    from sol_ext.driver.config import BASELINE_WEIGHT_DECAY
-
     out, _ = _train(tmp_path, _image_list(tmp_path / "data"), "run")
     groups = load_checkpoint(out / "checkpoint.pt")["optimizer"]["param_groups"]
     assert {g["weight_decay"] for g in groups} == {BASELINE_WEIGHT_DECAY}
