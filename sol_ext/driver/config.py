@@ -73,14 +73,9 @@ WEIGHT_EMA_SHARE = 0.1
 
 # weight_decay="auto" (the default): Adam's L2 weight decay is this times the number of ranks for
 # the SOL methods with the MLP encoder, and BASELINE_WEIGHT_DECAY (the paper's 5e-4) otherwise.
-# Why (docs/math.md §12.10): SOL's loss sums hinges over the ranks, so its gradients are 8-73x
-# CORN's at 6-62 ranks, and an L2 term added to them weighs that much less under Adam. SOL's
-# embeddings are normalized; CORN's logits are not, and a strong decay flattens them (CORN at 0.01
-# on 62 ranks: test MAE 2.0 -> 5.0). Measured (README, "Many ranks"): on 62 ranks with annotator
-# noise SOL went from 2.25 to 1.99 (CORN 2.00); abalone and wine-red stayed level or improved.
-# Image encoders keep 5e-4: the small CNN on fashion-mnist-blur (5 epochs) learned slower with the
-# per-rank decay (test MAE 0.136 -> 0.183 at Gaussian 0.3), and pretrained weights should not be
-# pulled towards zero.
+# SOL's loss sums over the ranks, so an L2 term added to its gradient weighs less the more ranks
+# there are; the baselines' unnormalized outputs and the image encoders do worse with a strong
+# decay (docs/math.md §12.10; the measurements are in the README, "Many ranks").
 SOL_WEIGHT_DECAY_PER_RANK = 0.01
 BASELINE_WEIGHT_DECAY = 5e-4
 
