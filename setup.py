@@ -135,10 +135,10 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["sol_ext", "sol_ext.*"]),
     py_modules=["sol_ext_launcher"],  # the command's entry point, outside the package (see there)
-    package_data={"sol_ext": ["datasets/*"]},
+    package_data={"sol_ext": ["datasets/*", "py.typed"]},  # py.typed: the package has type hints
     # the kernels load only beside the torch they were compiled with (sol_ext/__init__.py checks)
     install_requires=[f"torch=={torch.__version__.split('+')[0]}", "numpy", "matplotlib", "tqdm",
-                      "pillow"],
+                      "pillow", "pyarrow>=16"],  # pyarrow: table files (CSV, Parquet, Feather) and data frames
     extras_require={"vision": ["torchvision"],
                     "test": ["pytest", "pytest-benchmark", "scikit-learn"],
                     "sklearn": ["scikit-learn>=1.6"],   # sol_ext.sklearn.SOLRanker

@@ -12,15 +12,20 @@ A training loop of one's own keeps one :class:`SOLHead` next to the encoder::
     ranks = head.predict(encoder(x_new))                         # posterior median (default)
 
 It holds everything a prediction needs as buffers, so ``state_dict()``/``load_state_dict()`` save
-and restore it with the encoder. The math is in docs/math.md: the loss §3–§7, the centroid rule §8,
-the damped centroids, the rank posterior and its median read-out §12.
+and restore it with the encoder; the state dict also carries the settings the head was built with
+(``sigma``, ``tau``, …), and ``load_state_dict`` refuses a state saved by a head built otherwise
+(:meth:`SOLHead.from_state_dict` builds the head a state dict was saved from). The math is in
+docs/math.md: the loss §3–§7, the centroid rule §8, the damped centroids, the rank posterior and
+its median read-out §12.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -37,11 +42,20 @@ from .centroids import (
 from .loss import StochasticOrderLoss
 from .ops import noise_kernel
 
-__all__ = ["SOLHead", "READOUTS"]
+__all__ = ["SOLHead", "READOUTS", "SETTINGS"]
 
 # "posterior": the median of p(q | x) ∝ freq(q) exp(-D[x, q] / t) (the default; not in the paper);
 # "nearest": argmin_q D[x, q] (the paper's eq. 6).
 READOUTS = ("posterior", "nearest")
+
+# The constructor arguments a head's state is saved with (all but backend and check_values, which
+# choose how it computes, not what). The centroids and the read-out mean something only under the
+# noise kernel (sigma) and normalization they were computed with, so a state is loaded only into a
+# head built with the same settings.
+SETTINGS = ("num_ranks", "embedding_dim", "sigma", "tau", "margin", "T", "disc_weight", "convention",
+            "momentum", "normalize", "readout")
+# nn.Module's key of get_extra_state() in a state dict
+_EXTRA_STATE = "_extra_state"
 
 
 class SOLHead(nn.Module):
@@ -60,7 +74,15 @@ class SOLHead(nn.Module):
         backend, check_values: as for :class:`sol_ext.StochasticOrderLoss`.
 
     Buffers (all in ``state_dict()``): ``centroids [n, d]``, ``log_prior [n]`` and ``temperature``
-    of the rank posterior, and the flags ``has_centroids``/``has_readout``.
+    of the rank posterior, and the flags ``has_centroids``/``has_readout``. The state dict's
+    ``_extra_state`` holds the :data:`SETTINGS` (:meth:`settings`, as JSON text in a uint8 tensor:
+    a tensor, so that code that moves every entry with ``.cpu()`` and ``torch.load(...,
+    weights_only=True)`` keep working); :meth:`load_state_dict` refuses a state whose settings
+    differ from this head's, naming them, and loads state dicts saved without settings (by
+    sol_ext before they were saved) unchecked.
+
+    Labels are integer ranks in ``0 … n-1``, one per row of the embeddings they come with, as torch
+    tensors or numpy arrays (converted); anything else is refused with an error naming the argument.
     """
 
     def __init__(self, num_ranks: int, embedding_dim: int, *, sigma: float = 1.0, tau: int = 1,
@@ -97,6 +119,33 @@ class SOLHead(nn.Module):
     def backend(self) -> str:
         return self.criterion.backend
 
+    def settings(self) -> dict[str, Any]:
+        """The :data:`SETTINGS` this head was built with (what :meth:`state_dict` saves)."""
+        c = self.criterion
+        return {"num_ranks": self.num_ranks, "embedding_dim": self.embedding_dim, "sigma": c.sigma,
+                "tau": c.tau, "margin": c.margin, "T": c.T, "disc_weight": c.disc_weight,
+                "convention": c.convention, "momentum": self.momentum, "normalize": self.normalize,
+                "readout": self.readout}
+
+    @classmethod
+    def from_state_dict(cls, state_dict: dict[str, Any], *, backend: str = "auto",
+                        check_values: bool = True) -> "SOLHead":
+        """The head a :meth:`state_dict` was saved from: built with its settings, then loaded."""
+        if _EXTRA_STATE not in state_dict:
+            raise ValueError("state_dict has no saved settings (it was saved by an earlier version of "
+                             "sol_ext); build SOLHead(...) with the settings it was trained with and "
+                             "call load_state_dict on it.")
+        settings = _decode_settings(state_dict[_EXTRA_STATE])
+        missing = [name for name in SETTINGS if name not in settings]
+        if missing:
+            raise ValueError(f"state_dict's saved settings lack {', '.join(missing)}; build SOLHead(...) "
+                             f"with the settings it was trained with and call load_state_dict on it.")
+        kwargs = {name: settings[name] for name in SETTINGS[2:]}
+        head = cls(settings["num_ranks"], settings["embedding_dim"], backend=backend,
+                   check_values=check_values, **kwargs)
+        head.load_state_dict(state_dict)
+        return head
+
     def kernel(self) -> torch.Tensor:
         """The noise kernel ``P [n, n]`` (float64) of the centroid rule and the loss."""
         return noise_kernel(self.num_ranks, self.sigma, dtype=torch.float64,
@@ -109,6 +158,8 @@ class SOLHead(nn.Module):
         gradient reaches them). ``h [B, d]``, ``labels [B]`` int ranks, ``pairs`` as for
         :class:`sol_ext.StochasticOrderLoss`."""
         self._require("centroids", "loss")
+        if not isinstance(labels, torch.Tensor) and isinstance(h, torch.Tensor):
+            labels = _as_tensor("labels", labels, h.device)  # the loss checks them
         return self.criterion(h, labels, self.centroids.detach().to(h.dtype), pairs=pairs)
 
     forward = loss
@@ -130,6 +181,8 @@ class SOLHead(nn.Module):
             the new centroids ``[n, d]`` (also stored in the buffer).
         """
         self._check_embeddings("h", h)
+        check.check_finite("h", h)  # a NaN would spread to every centroid its label weights
+        labels = self._check_labels("labels", labels, "h", h)
         previous = self.centroids.to(h.device) if bool(self.has_centroids) else None
         rule = compute_centroids(h, labels, self.kernel().to(h.device), previous=previous,
                                  all_reduce=all_reduce)
@@ -150,6 +203,11 @@ class SOLHead(nn.Module):
                 pass the training labels when ``h`` is a validation split).
         """
         self._require("centroids", "fit_readout")
+        self._check_embeddings("h", h)
+        labels = self._check_labels("labels", labels, "h", h)
+        if prior_labels is not None:
+            prior_labels = _as_tensor("prior_labels", prior_labels, h.device)
+            prior_labels = check.check_ranks("prior_labels", prior_labels, self.num_ranks)
         posterior = fit_rank_posterior(self.dissimilarity(h), labels, self.num_ranks,
                                        prior_labels=prior_labels)
         self.log_prior = posterior.log_prior.to(torch.float64)
@@ -165,6 +223,12 @@ class SOLHead(nn.Module):
         calibrated), else on the training set; the prior is the training labels' frequency."""
         if (val_h is None) != (val_labels is None):
             raise ValueError("pass val_h and val_labels together, or neither.")
+        # every argument is checked before the centroids change: a refused update leaves the head as it was
+        self._check_embeddings("h", h)
+        labels = self._check_labels("labels", labels, "h", h)
+        if val_h is not None:
+            self._check_embeddings("val_h", val_h)
+            val_labels = self._check_labels("val_labels", val_labels, "val_h", val_h)
         self.update_centroids(h, labels)
         if val_h is None:
             self.fit_readout(h, labels)
@@ -215,13 +279,48 @@ class SOLHead(nn.Module):
         p = self.predict_proba(h)
         return p @ torch.arange(self.num_ranks, dtype=p.dtype, device=p.device)
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+    # -- saving --------------------------------------------------------------------------------
+    def get_extra_state(self) -> torch.Tensor:
+        """The :meth:`settings` as JSON text in a uint8 tensor (the state dict's ``_extra_state``)."""
+        return torch.tensor(list(json.dumps(self.settings(), sort_keys=True).encode()), dtype=torch.uint8)
+
+    def set_extra_state(self, state: Any) -> None:
+        """Check saved settings against this head's (they are fixed at construction)."""
+        problem = self._settings_problem(state)
+        if problem:
+            raise ValueError(problem)
+
+    def _settings_problem(self, saved: Any) -> str:
+        """Why a state with the saved settings ``saved`` cannot load into this head ('' if it can)."""
+        try:
+            settings = _decode_settings(saved)
+        except ValueError as err:
+            return str(err)
+        mine = self.settings()
+        differ = [f"{name} {settings[name]!r} saved, {mine[name]!r} here" for name in SETTINGS
+                  if name in settings and settings[name] != mine[name]]
+        if not differ:
+            return ""
+        return (f"the state was saved by a SOLHead with other settings ({'; '.join(differ)}); build this "
+                f"head with the saved settings, or load it with SOLHead.from_state_dict(state_dict)")
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        settings_key = prefix + _EXTRA_STATE
+        if settings_key in state_dict:
+            problem = self._settings_problem(state_dict[settings_key])
+            if problem:  # load nothing: torch raises every collected error after the whole model
+                error_msgs.append(problem)
+                return
         # keep the saved centroids' dtype (float64 embeddings give float64 centroids): loading
         # would otherwise copy them into this head's float32 buffer
         saved = state_dict.get(prefix + "centroids")
         if isinstance(saved, torch.Tensor) and saved.shape == self.centroids.shape:
             self.centroids = torch.empty_like(saved, device=self.centroids.device)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        if settings_key not in state_dict and settings_key in missing_keys:
+            missing_keys.remove(settings_key)  # saved before heads saved their settings: load unchecked
 
     # -- checks ------------------------------------------------------------------------------
     def _require(self, what: str, caller: str) -> None:
@@ -232,10 +331,47 @@ class SOLHead(nn.Module):
                                f"training embeddings first (or load_state_dict of a trained head).")
 
     def _check_embeddings(self, name: str, h: torch.Tensor) -> None:
-        if not isinstance(h, torch.Tensor) or h.dim() != 2 or h.shape[1] != self.embedding_dim:
+        if not isinstance(h, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of embeddings [N, {self.embedding_dim}], got "
+                            f"{type(h).__name__}")
+        if h.dim() != 2 or h.shape[1] != self.embedding_dim:
             raise ValueError(f"{name} must be embeddings [N, {self.embedding_dim}] (embedding_dim), got "
-                             f"{tuple(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__}")
+                             f"{tuple(h.shape)}")
+        if not h.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor of embeddings, got {h.dtype}")
+
+    def _check_labels(self, name: str, labels: Any, rows_name: str, rows: torch.Tensor) -> torch.Tensor:
+        """``labels`` as int64 ranks ``[N]`` in ``0 … n-1``, one per row of embeddings ``rows [N, d]``."""
+        labels = _as_tensor(name, labels, rows.device)
+        if labels.dim() == 1 and labels.shape[0] != rows.shape[0]:
+            raise ValueError(f"{name} must hold one rank per row of {rows_name}: {rows_name} has "
+                             f"{rows.shape[0]} rows, {name} has {labels.shape[0]} values")
+        return check.check_ranks(name, labels, self.num_ranks, length=rows.shape[0])
 
     def extra_repr(self) -> str:
         return (f"num_ranks={self.num_ranks}, embedding_dim={self.embedding_dim}, "
                 f"momentum={self.momentum}, normalize={self.normalize}, readout={self.readout!r}")
+
+
+def _as_tensor(name: str, labels: Any, device: torch.device) -> torch.Tensor:
+    """Integer ranks as a tensor: a tensor as it is, a numpy array or sequence converted onto ``device``."""
+    if isinstance(labels, torch.Tensor):
+        return labels
+    array = np.asarray(labels)
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must be integer ranks (a torch.Tensor or numpy array of integers), got "
+                        f"{type(labels).__name__} of dtype {array.dtype}")
+    return torch.as_tensor(np.ascontiguousarray(array), device=device)
+
+
+def _decode_settings(saved: Any) -> dict[str, Any]:
+    """The settings dict of :meth:`SOLHead.get_extra_state`'s tensor."""
+    if isinstance(saved, torch.Tensor) and saved.dtype == torch.uint8 and saved.dim() == 1:
+        try:
+            settings = json.loads(bytes(saved.tolist()).decode())
+        except (UnicodeDecodeError, ValueError):
+            settings = None
+        if isinstance(settings, dict):
+            return settings
+    raise ValueError(f"the state dict's {_EXTRA_STATE} is not the settings of a SOLHead (JSON text in a "
+                     f"uint8 tensor), got {type(saved).__name__}")

@@ -38,6 +38,7 @@ as they are (the label is not evidence; cleanlab does the same).
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -54,10 +55,21 @@ SUM_TOLERANCE = 1e-3
 TIE_DECIMALS = 12
 
 
-def _as_float64(x: ArrayLike) -> torch.Tensor:
+def _as_float64(name: str, x: ArrayLike) -> torch.Tensor:
+    """``x`` (torch, numpy or nested lists of real numbers) as a float64 CPU tensor; a ValueError naming
+    ``name`` for anything else (text, ragged lists, complex numbers)."""
     if isinstance(x, torch.Tensor):
+        if x.is_complex():
+            raise ValueError(f"{name} must hold real numbers, got a complex tensor ({x.dtype})")
         return x.detach().to("cpu", torch.float64)
-    return torch.as_tensor(np.asarray(x, dtype=np.float64))
+    try:
+        array = np.asarray(x)
+        if array.dtype.kind == "c":
+            raise TypeError(f"complex dtype {array.dtype}")
+        return torch.as_tensor(array.astype(np.float64))
+    except (TypeError, ValueError) as err:  # ValueError, as numpy's own conversion error was
+        raise ValueError(f"{name} must be an array of real numbers (numpy, torch or nested lists), got "
+                        f"{type(x).__name__}: {err}") from None
 
 
 def _check_rows(name: str, a: torch.Tensor) -> None:
@@ -78,12 +90,12 @@ def _check_rows(name: str, a: torch.Tensor) -> None:
 def _validate(labels: ArrayLike, pred_probs: ArrayLike,
               noise_kernel: Optional[ArrayLike]) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """labels as int64 ``[N]``, pred_probs as float64 ``[N, n]`` and the kernel as float64 ``[n, n]``, on the CPU."""
-    probs = _as_float64(pred_probs)
+    probs = _as_float64("pred_probs", pred_probs)
     if probs.dim() != 2 or probs.shape[1] < 1:
         raise ValueError(f"pred_probs must be a 2-D array [N, n] of rank probabilities, got shape "
                          f"{tuple(probs.shape)}")
     n = probs.shape[1]
-    lab = _as_float64(labels)
+    lab = _as_float64("labels", labels)
     if lab.dim() == 2 and lab.shape[1] == 1:
         lab = lab[:, 0]
     if lab.dim() != 1 or lab.shape[0] != probs.shape[0]:
@@ -97,7 +109,7 @@ def _validate(labels: ArrayLike, pred_probs: ArrayLike,
     _check_rows("pred_probs", probs)
     kernel = None
     if noise_kernel is not None:
-        kernel = _as_float64(noise_kernel)
+        kernel = _as_float64("noise_kernel", noise_kernel)
         if tuple(kernel.shape) != (n, n):
             raise ValueError(f"noise_kernel must be [n, n] = [{n}, {n}] (n = pred_probs.shape[1]), got shape "
                              f"{tuple(kernel.shape)}")
@@ -184,10 +196,12 @@ def find_label_issues(labels: ArrayLike, pred_probs: ArrayLike, *, noise_kernel:
         error does not break exact ties), then increasing index; with ``return_scores``,
         ``(indices, scores)`` with ``scores`` the float64 ``[M]`` scores in the same order.
     """
-    if isinstance(min_score, bool) or not isinstance(min_score, (int, float, np.floating)) \
+    if isinstance(min_score, (bool, np.bool_)) or not isinstance(min_score, numbers.Real) \
             or not 0.5 <= min_score < 1.0:
         raise ValueError(f"min_score must be a number in [0.5, 1), got {min_score!r}; below 0.5 the mass on "
                          f"both sides of a label could reach it")
+    if not isinstance(return_scores, (bool, np.bool_)):
+        raise TypeError(f"return_scores must be True or False, got {return_scores!r}")
     lab, probs, kernel = _validate(labels, pred_probs, noise_kernel)
     post = _posterior(lab, probs, kernel)
     score, median = _scores(lab, post)

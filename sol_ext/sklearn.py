@@ -23,7 +23,14 @@ from __future__ import annotations
 
 try:
     from sklearn.base import BaseEstimator, ClassifierMixin
-    from sklearn.utils.validation import check_is_fitted, validate_data
+    from sklearn.utils import check_random_state
+    from sklearn.utils.validation import (
+        assert_all_finite,
+        check_consistent_length,
+        check_is_fitted,
+        column_or_1d,
+        validate_data,
+    )
 except ImportError as exc:  # validate_data is scikit-learn >= 1.6
     raise ImportError("sol_ext.sklearn needs scikit-learn >= 1.6: pip install 'sol_ext[sklearn]' "
                       "(or pip install scikit-learn).") from exc
@@ -31,6 +38,7 @@ except ImportError as exc:  # validate_data is scikit-learn >= 1.6
 import contextlib
 import numbers
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -39,20 +47,29 @@ import torch
 
 from .driver.config import PAPER_SETTINGS, TrainConfig
 from .driver.data import OrdinalDataset, RankEncoder, apply_scaling, feature_scaling
+from .driver.data.frames import (
+    TableOrigin,
+    as_arrow_table,
+    has_column_names,
+    is_table_like,
+    table_features,
+    text_columns,
+)
 from .driver.model import load_run, model_from_state
 from .driver.prepare import PreparedData, preprocessing_record
 from .driver.train import train, validation_split
 
 __all__ = ["SOLRanker", "EXPECTED_FAILED_CHECKS", "CONFIG_PARAMS"]
 
-# The estimator's parameters that are TrainConfig fields, with TrainConfig's defaults. Left out:
-# the data options (data, test_data, label_column, delimiter, test_fraction: the estimator gets
-# arrays and has no test set), the label noise added to training labels (noise, kappa,
-# noise_fraction: labels are taken as given), the encoder and the image options (arrays are
-# vectors: always the MLP; weights, image_size, augment, workers) and cs_theta (a test-set metric).
+# The estimator's parameters that are TrainConfig fields, with TrainConfig's defaults; the seed is
+# random_state, scikit-learn's name for it. Left out: the data options (data, test_data,
+# label_column, delimiter, test_fraction: the estimator gets arrays and has no test set), the
+# label noise added to training labels (noise, kappa, noise_fraction: labels are taken as given),
+# the encoder and the image options (arrays are vectors: always the MLP; weights, image_size,
+# augment, workers) and cs_theta (a test-set metric).
 CONFIG_PARAMS = (
     "method", "epochs", "batch_size", "lr", "weight_decay", "embedding_dim", "hidden", "sigma",
-    "tau", "margin", "val_fraction", "seed", "device", "T", "disc_weight", "beta", "convention",
+    "tau", "margin", "val_fraction", "device", "T", "disc_weight", "beta", "convention",
     "pairs", "pairs_per_class", "refine", "relabel", "relabel_mass", "label_noise", "inference",
     "centroid_momentum", "patience", "normalize", "amp", "backend", "weight_ema",
 )
@@ -67,10 +84,17 @@ EXPECTED_FAILED_CHECKS = {
         "asserts predict == argmax(predict_proba): SOL predicts the median of predict_proba (least "
         "expected absolute error), which differs on make_blobs' three unordered classes (2 epochs "
         "also stay below its 0.83 training accuracy)",
+    "check_dataframe_column_names_consistency":
+        "a data frame's columns are taken by name, as load_run's models take them: the training "
+        "columns in another order are reordered, not refused (unseen or missing names are refused)",
     "check_methods_subset_invariance":
         "the encoder runs in float32: a matrix product over a batch of another size rounds "
         "differently (~1e-7), above the check's tolerance of 1e-7 on predict_proba (predictions agree)",
 }
+
+# The validation split must leave at least this many samples to train on (unless it holds out
+# fewer: a data set of 10 samples still trains on 9), of at least two ranks.
+MIN_FIT_SAMPLES = 10
 
 _NOT_NUMBERS = ("SOLRanker: labels must be numbers on an ordered scale (ranks, ages, scores, "
                 "grades as numbers); got {what}. An ordinal ranker needs the order of the labels: "
@@ -114,8 +138,11 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             relabeling settings (docs/math.md §1, §8, §11, §12).
         val_fraction: share of the samples held out (stratified) to pick the epoch of best MAE on
             their given labels; 0: the last epoch is the model (then ``sigma="auto"`` is 1).
-        seed: seeds the split, the initialization and the shuffling: same seed, same data, same
-            model (on the same machine and torch version).
+        random_state: seeds the split, the initialization and the shuffling: the same integer,
+            the same data, the same model (on the same machine and torch version). ``None`` or a
+            ``numpy.random.RandomState`` draw the driver's seed (from numpy's global generator, or
+            from the given one) at each ``fit``; ``history_["config"]["seed"]`` records it.
+        seed: deprecated alias of ``random_state`` (a ``FutureWarning``); it will be removed.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``; the model is kept there.
         paper: the paper's Algorithm 1 (``sol-ext train --paper``): each setting of
             ``sol_ext.driver.config.PAPER_SETTINGS`` takes the paper's value unless its parameter
@@ -130,6 +157,8 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         threads: torch CPU threads during ``fit`` and prediction (restored after): 0 is 1 thread,
             as ``sol-ext train --threads 0`` uses for the MLP (its small products lose more to
             thread hand-offs than they gain).
+        verbose: 0 or False (default): ``fit`` prints nothing; 1 or more, or True: it prints the
+            training driver's progress, one line per epoch, as ``sol-ext train`` does.
 
     Attributes:
         model_: the trained :class:`sol_ext.driver.model.TrainedModel` (it predicts from raw
@@ -148,7 +177,8 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
     def __init__(self, method: str = "sol", epochs: int = 20, batch_size: int = 64, lr: float = 1e-3,
                  weight_decay: float | str = "auto", embedding_dim: int = 16,
                  hidden: tuple[int, ...] = (128, 128), sigma: float | str = "auto", tau: int = 1,
-                 margin: float = 0.25, val_fraction: float = 0.1, seed: int = 0,
+                 margin: float = 0.25, val_fraction: float = 0.1,
+                 random_state: int | np.random.RandomState | None = 0,
                  device: str = "cpu", paper: bool = False, T: int = 1, disc_weight: float = 1.0,
                  beta: float = 0.9, convention: str = "paper", pairs: str = "all",
                  pairs_per_class: int = 32, refine: Optional[bool] = None,
@@ -156,7 +186,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
                  label_noise: float | str = "auto", inference: str = "posterior",
                  centroid_momentum: float = 0.5, patience: Optional[int] = None,
                  normalize: bool = True, amp: bool = False, backend: str = "auto", threads: int = 0,
-                 weight_ema: float | str = "auto"):
+                 weight_ema: float | str = "auto", verbose: int = 0, seed: Optional[int] = None):
         self.method = method
         self.epochs = epochs
         self.batch_size = batch_size
@@ -169,7 +199,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         self.tau = tau
         self.margin = margin
         self.val_fraction = val_fraction
-        self.seed = seed
+        self.random_state = random_state
         self.device = device
         self.paper = paper
         self.T = T
@@ -189,6 +219,8 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         self.amp = amp
         self.backend = backend
         self.threads = threads
+        self.verbose = verbose
+        self.seed = seed
 
     # -- configuration ---------------------------------------------------------------------
     def train_config(self) -> TrainConfig:
@@ -205,10 +237,29 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             if not all(isinstance(h, numbers.Integral) and not isinstance(h, bool)
                        for h in values["hidden"]):
                 raise ValueError(f"hidden widths must be integers >= 1, got {hidden!r}.")
-            config = TrainConfig(data="array", noise="none", encoder="auto", **values)
+            config = TrainConfig(data="array", noise="none", encoder="auto", seed=self._seed(), **values)
             return config.validate()
         except TypeError as err:  # a value of the wrong type, e.g. epochs="ten"
             raise ValueError(f"SOLRanker: a parameter has a value of the wrong type: {err}") from None
+
+    def _seed(self) -> int:
+        """The driver's seed of ``random_state`` (or of the deprecated ``seed``)."""
+        state = self.random_state
+        if self.seed is not None:
+            warnings.warn("SOLRanker's seed is deprecated and will be removed; use random_state "
+                          "(scikit-learn's name) instead.", FutureWarning, stacklevel=4)
+            if not _same(state, 0) and not _same(state, self.seed):
+                raise ValueError(f"SOLRanker got random_state={state!r} and seed={self.seed!r}; pass "
+                                 f"random_state only (seed is its deprecated alias).")
+            state = self.seed
+        if isinstance(state, numbers.Integral) and not isinstance(state, (bool, np.bool_)):
+            if not 0 <= state <= np.iinfo(np.uint32).max:
+                raise ValueError(f"random_state must be an integer in 0 … 2**32 - 1, got {state}.")
+            return int(state)
+        if state is None or isinstance(state, np.random.RandomState):
+            return int(check_random_state(state).randint(np.iinfo(np.int32).max))
+        raise ValueError(f"random_state must be None, an integer >= 0 or a numpy.random.RandomState, "
+                         f"got {state!r}.")
 
     def _threads(self) -> int:
         t = self.threads
@@ -222,7 +273,16 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         grid: integers, or e.g. 0, 0.5, 1.0, …). Returns ``self``."""
         config = self.train_config()
         threads = self._threads()
-        X, y = validate_data(self, X, y, dtype=[np.float64, np.float32])
+        verbose = self.verbose
+        if not isinstance(verbose, numbers.Integral) or verbose < 0:  # bools are integers here
+            raise ValueError(f"verbose must be an integer >= 0 or a bool (0: silent), got {verbose!r}.")
+        if is_table_like(X) and has_column_names(X):  # columns by name; text columns one-hot
+            X, y, names, schema = self._frame_inputs(X, y)
+        else:
+            X, y = validate_data(self, X, y, dtype=[np.float64, np.float32])
+            names = (list(map(str, self.feature_names_in_)) if hasattr(self, "feature_names_in_")
+                     else [f"x{i}" for i in range(X.shape[1])])
+            schema = {"format": "array"}
         values, label_dtype = _numeric_labels(y)
         if np.unique(values).size < 2:
             raise ValueError(f"SOLRanker needs at least two distinct labels (classes) to rank; got "
@@ -234,28 +294,62 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         ranks = encoder.encode(values)
         if config.val_fraction > 0:
             try:
-                validation_split(ranks, config.val_fraction, config.seed)
+                fit_rows = validation_split(ranks, config.val_fraction, config.seed).fit
             except ValueError:
                 raise ValueError(f"val_fraction={config.val_fraction:g} of {len(values)} samples leaves "
                                  f"an empty validation split or nothing to train on; give more "
                                  f"samples or val_fraction=0 (then the last epoch is the model).") from None
-        names = (list(map(str, self.feature_names_in_)) if hasattr(self, "feature_names_in_")
-                 else [f"x{i}" for i in range(X.shape[1])])
+            n_fit, n_val = len(fit_rows), len(values) - len(fit_rows)
+            fit_ranks = ranks[fit_rows].unique().numel()
+            if (n_fit < MIN_FIT_SAMPLES and n_fit < n_val) or fit_ranks < 2:
+                raise ValueError(f"val_fraction={config.val_fraction:g} of {len(values)} samples leaves "
+                                 f"{n_fit} sample(s) of {fit_ranks} rank(s) to train "
+                                 f"on (and {n_val} to validate); training needs at least "
+                                 f"{MIN_FIT_SAMPLES} samples of two ranks or more: lower val_fraction, or "
+                                 f"0 (then the last epoch is the model).")
         # float32 (a copy: X may be read-only), as the driver holds a table's features
         dataset = OrdinalDataset(torch.tensor(X, dtype=torch.float32), ranks, encoder, "array",
-                                 "tabular", feature_names=tuple(names), schema={"format": "array"})
+                                 "tabular", feature_names=tuple(names), schema=schema)
         data = _prepared(dataset)
         with _torch_threads(threads), tempfile.TemporaryDirectory(prefix="sol-ext-sklearn-") as tmp:
-            outcome = train(config, data, Path(tmp), log=lambda _line: None)
+            outcome = train(config, data, Path(tmp), log=print if verbose else lambda _line: None)
             model = load_run(tmp, device=config.device)
         self.model_ = model
         self.classes_ = _classes(encoder, label_dtype)
         self.history_ = outcome.results
         return self
 
+    def _frame_inputs(self, X: Any, y: Any) -> tuple[np.ndarray, np.ndarray, list[str], dict[str, Any]]:
+        """A data frame's features ``[N, F]`` (its text columns one-hot, categories sorted), the
+        labels, the feature names and the schema that reads new frames by column name; sets
+        ``feature_names_in_`` and ``n_features_in_`` (the frame's columns)."""
+        table = as_arrow_table(X, "X")
+        columns = table.column_names
+        categorical = {c: [] for c in text_columns(table)}
+        x, names, used = table_features(table, columns, categorical, TableOrigin("X", file=False))
+        y = column_or_1d(np.asarray(y), warn=True)
+        if y.dtype.kind in "fc":
+            assert_all_finite(y, input_name="y")
+        check_consistent_length(x, y)
+        self.feature_names_in_ = np.asarray(columns, dtype=object)
+        self.n_features_in_ = len(columns)
+        schema = {"format": "table", "columns": columns, "categorical": used, "label_column": None}
+        return x, y, names, schema
+
     # -- prediction --------------------------------------------------------------------------
     def _table(self, X: Any):
         check_is_fitted(self, "model_")
+        schema = self.model_.preprocessing.get("schema", {})
+        if is_table_like(X) and has_column_names(X) and "columns" in schema:  # by name, as fitted
+            with _torch_threads(self._threads()):
+                return self.model_.predict_table(X)
+        if schema.get("categorical"):
+            raise ValueError(f"X: SOLRanker was fitted on a data frame with categorical columns "
+                             f"{sorted(schema['categorical'])}; pass a data frame with its columns "
+                             f"{list(schema['columns'])}, not an array")
+        if is_table_like(X) and not type(X).__module__.startswith("pandas"):
+            table = as_arrow_table(X, "X")  # polars, pyarrow: by position, as an array
+            X = table_features(table, table.column_names, {}, TableOrigin("X", file=False))[0]
         X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
         with _torch_threads(self._threads()):
             return self.model_.predict_table(X)
@@ -284,9 +378,10 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         read-out minimizes (the posterior median is the label of least expected absolute error);
         a classifier's accuracy would count a prediction one rank off the same as one ten ranks off.
         """
-        y_true, _ = _numeric_labels(np.asarray(y).reshape(-1))
-        err = np.abs(self.predict(X).astype(np.float64) - y_true)
-        return -float(np.average(err, weights=sample_weight))
+        predicted = self.predict(X).astype(np.float64)
+        y_true = _true_labels(y, len(predicted))
+        weights = None if sample_weight is None else _sample_weights(sample_weight, len(predicted))
+        return -float(np.average(np.abs(predicted - y_true), weights=weights))
 
     # -- scikit-learn metadata -----------------------------------------------------------------
     def __sklearn_tags__(self):
@@ -345,6 +440,37 @@ def _numeric_labels(y: np.ndarray) -> tuple[np.ndarray, np.dtype]:
     values = y.astype(np.float64).reshape(-1)
     dtype = y.dtype if y.dtype.kind in "iub" else np.dtype(np.float64)
     return values, dtype
+
+
+def _true_labels(y: Any, n: int) -> np.ndarray:
+    """``score``'s ``y`` as float64 ``[n]``: numbers, one per sample of ``X``, finite."""
+    array = np.asarray(y)
+    if array.ndim == 2 and array.shape[1] == 1:
+        array = array[:, 0]
+    if array.ndim != 1 or array.shape[0] != n:
+        raise ValueError(f"SOLRanker.score: y must hold one label per sample of X ({n}), got shape "
+                         f"{array.shape}.")
+    values, _ = _numeric_labels(array)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        raise ValueError(f"SOLRanker.score: y holds {int(bad.sum())} NaN or infinite label(s) (the first at "
+                         f"index {int(np.flatnonzero(bad)[0])}); expected the true labels as finite numbers.")
+    return values
+
+
+def _sample_weights(sample_weight: Any, n: int) -> np.ndarray:
+    """``score``'s ``sample_weight`` as float64 ``[n]``: finite, >= 0, not all 0."""
+    try:
+        weights = np.asarray(sample_weight, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"SOLRanker.score: sample_weight must be numbers, got "
+                         f"{sample_weight!r:.80}.") from None
+    if weights.shape != (n,):
+        raise ValueError(f"SOLRanker.score: sample_weight must hold one weight per sample of X ({n}), got "
+                         f"shape {weights.shape}.")
+    if not (np.isfinite(weights).all() and (weights >= 0).all() and weights.sum() > 0):
+        raise ValueError("SOLRanker.score: sample_weight must be finite numbers >= 0, not all 0.")
+    return weights
 
 
 def _classes(encoder: RankEncoder, dtype: np.dtype) -> np.ndarray:

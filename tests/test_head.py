@@ -72,7 +72,7 @@ def test_state_dict_round_trip_restores_every_prediction():
     assert torch.equal(again.predict_proba(h), head.predict_proba(h))
     assert torch.equal(again.centroids, head.centroids)
     assert set(head.state_dict()) == {"centroids", "log_prior", "temperature", "has_centroids",
-                                      "has_readout"}
+                                      "has_readout", "_extra_state"}  # the settings
 
 
 def test_loss_is_the_stochastic_order_loss_against_its_centroids_and_leaves_them_fixed():

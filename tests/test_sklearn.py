@@ -50,10 +50,11 @@ def test_defaults_are_the_drivers():
     for name in CONFIG_PARAMS:
         want = getattr(defaults, name)
         assert params[name] == (tuple(want) if isinstance(want, tuple) else want), name
-    assert params["paper"] is False
+    assert params["paper"] is False and params["verbose"] == 0
+    assert params["random_state"] == defaults.seed and params["seed"] is None  # seed: deprecated alias
     # every TrainConfig field is a parameter, or left out on purpose (data, noise, encoder, test metric)
     left_out = {f.name for f in dataclasses.fields(TrainConfig)} - set(CONFIG_PARAMS)
-    assert left_out == {"data", "test_data", "label_column", "delimiter", "test_fraction", "noise",
+    assert left_out == {"seed", "data", "test_data", "label_column", "delimiter", "test_fraction", "noise",
                         "kappa", "noise_fraction", "encoder", "weights", "image_size", "augment",
                         "workers", "cs_theta"}
 
@@ -184,8 +185,8 @@ def test_bad_labels_and_parameters_are_refused_in_fit():
 
 def test_same_seed_same_model_and_pickle(problem):
     X, y, X_test, _ = problem
-    a = SOLRanker(**SMALL, seed=3).fit(X, y)
-    b = SOLRanker(**SMALL, seed=3).fit(X, y)
+    a = SOLRanker(**SMALL, random_state=3).fit(X, y)
+    b = SOLRanker(**SMALL, random_state=3).fit(X, y)
     np.testing.assert_array_equal(a.predict(X_test), b.predict(X_test))
     np.testing.assert_array_equal(a.predict_proba(X_test), b.predict_proba(X_test))
     restored = pickle.loads(pickle.dumps(a))

@@ -10,6 +10,8 @@ the training set's mean and std) and the label grid.
 from __future__ import annotations
 
 import dataclasses
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -21,13 +23,50 @@ from ..head import SOLHead
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from .config import TrainConfig
 from .data import ImageFiles, RankEncoder, apply_scaling, read_inputs
+from .data.frames import FLOAT32_MAX, TableOrigin, as_arrow_table, is_table_like, table_features
 from .loader import RunInputs, embedding_batch_size
 from .methods import RankModel, build_model, head_probabilities, head_ranks, make_sol_head
 from .run import resolve_device
 
 __all__ = ["TrainedModel", "Prediction", "load_run", "model_from_state"]
 
-DataLike = Any  # a data spec (built-in name, file or folder path) or raw features [N, ...]
+DataLike = Any  # a data spec (built-in name, file or folder path), a data frame or raw features [N, ...]
+
+_DATA_KINDS = ("a file or folder name, a built-in data name, an array of real numbers [N, F] (or images "
+               "[N, C, H, W]), or a data frame (pandas, polars, pyarrow.Table)")
+
+
+def _real_array(data: Any) -> torch.Tensor:
+    """``data`` (a tensor, numpy array or nested sequence of real numbers) as float32; ValueError naming
+    ``data`` for anything else, and for finite values beyond float32's range."""
+    if isinstance(data, torch.Tensor):
+        if data.is_complex() or data.dtype == torch.bool or not (data.is_floating_point() or data.dtype in (
+                torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)):
+            raise ValueError(f"data: expected real numbers, got a tensor of {data.dtype}")
+        a = data.detach().cpu().numpy() if data.dtype != torch.bfloat16 else data.detach().cpu().float().numpy()
+    else:
+        if data is None or isinstance(data, (Mapping, bytes, set, numbers.Number, np.generic)):
+            raise ValueError(f"data: expected {_DATA_KINDS}; got {type(data).__name__}")
+        try:
+            a = np.asarray(data)
+        except (ValueError, TypeError) as err:  # rows of different lengths
+            raise ValueError(f"data: expected {_DATA_KINDS}; it could not be read as one array ({err})") from None
+        if a.dtype.kind not in "iuf" or a.ndim == 0:
+            what = "a single value" if a.ndim == 0 else f"an array of {a.dtype}"
+            raise ValueError(f"data: expected {_DATA_KINDS}; got {what}")
+    if a.size and a.dtype.kind == "f" and a.dtype.itemsize > 4:
+        big = np.isfinite(a) & (np.abs(a) > FLOAT32_MAX)
+        if big.any():
+            where = np.unravel_index(int(np.flatnonzero(big)[0]), a.shape)
+            raise ValueError(f"data: the value {float(a[where]):g} at index {list(map(int, where))} overflows "
+                             f"float32 (largest magnitude {FLOAT32_MAX:.4g}), the model's input type; rescale "
+                             "such features")
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+
+
+def _integer_grid(encoder: RankEncoder) -> bool:
+    """Whether every label value of the grid is a whole number (integer minimum and step)."""
+    return float(encoder.min_value).is_integer() and float(encoder.step).is_integer()
 
 
 @dataclass
@@ -37,7 +76,8 @@ class Prediction:
     Attributes:
         ids: one id per row (the data row number from 0, or the image path).
         ranks: ``[N]`` int64 predicted ranks ``0 … n-1``.
-        prediction: ``[N]`` float64 predicted labels, in label units.
+        prediction: ``[N]`` predicted labels, in label units: int64 on a grid of whole numbers
+            (integer minimum and step), else float64.
         expected: ``[N]`` float64 expected label ``sum_q value_q p(q | x)``.
         probabilities: ``[N, n]`` float64 ``p(q | x)``, columns in the order of ``label_values``.
         label_values: ``[n]`` float64 the label value of each rank.
@@ -57,9 +97,10 @@ class TrainedModel:
     """A trained run's encoder, head and preprocessing; see :func:`load_run`.
 
     ``data`` in the methods below is what ``sol-ext train --data`` accepts (a built-in name, a
-    ``.csv``/``.npz`` file or an image folder, read with the run's columns and categories, the label
-    column optional), or an array of raw features ``[N, F]`` in the training column order (after
-    one-hot encoding: :attr:`feature_names`), or images ``[N, C, H, W]`` in [0, 1].
+    CSV/TSV, Parquet, Feather or ``.npz`` file or an image folder, read with the run's columns and
+    categories, the label column optional), a data frame (pandas, polars, ``pyarrow.Table``) read
+    by column name the same way, an array of raw features ``[N, F]`` in the training column order
+    (after one-hot encoding: :attr:`feature_names`), or images ``[N, C, H, W]`` in [0, 1].
     """
 
     def __init__(self, config: TrainConfig, model: RankModel, head: Optional[SOLHead],
@@ -101,17 +142,22 @@ class TrainedModel:
     # -- inputs ------------------------------------------------------------------------------
     def features(self, data: DataLike) -> tuple[torch.Tensor | ImageFiles, list[str], Optional[np.ndarray]]:
         """The model's inputs of ``data`` (scaled as in training; image files stay files, decoded
-        batch by batch), their ids and labels if any."""
+        batch by batch), their ids and labels if any.
+
+        A data frame (pandas, polars) or ``pyarrow.Table`` is read by column name, as a file is:
+        the training columns in the training order, categorical ones one-hot with the run's
+        categories, a missing column refused by name, other columns ignored; its label column is
+        not read. An array must hold exactly the training features ``[N, F]``.
+        """
         if isinstance(data, (str, Path)):
             inputs = read_inputs(data, self.preprocessing.get("schema", {}),
                                  delimiter=self.preprocessing.get("delimiter"))
             x, ids, values = inputs.features, inputs.ids, inputs.values
+        elif is_table_like(data):
+            x = self._frame_features(data)
+            ids, values = [str(i) for i in range(x.shape[0])], None
         else:
-            x = torch.as_tensor(np.asarray(data.cpu() if isinstance(data, torch.Tensor) else data))
-            if x.is_complex() or not (x.is_floating_point() or x.dtype in (
-                    torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)):
-                raise ValueError(f"data: expected real numbers, got an array of {x.dtype}")
-            x = x.to(torch.float32)
+            x = _real_array(data)
             if x.dim() == 1 and len(self.input_shape) == 1:
                 x = x[None]
             ids, values = [str(i) for i in range(x.shape[0])], None
@@ -125,6 +171,19 @@ class TrainedModel:
         if not bool(torch.isfinite(x).all()):
             raise ValueError("data has NaN or infinite features; drop or impute such rows first")
         return apply_scaling(x, self.scaling), ids, values
+
+    def _frame_features(self, data: Any) -> torch.Tensor:
+        """A data frame's features by the run's columns (:func:`~.data.frames.table_features`)."""
+        schema = self.preprocessing.get("schema", {})
+        if "columns" not in schema:
+            what = "images" if self.kind == "images" else "arrays without column names"
+            raise ValueError(f"data: a data frame gives columns by name, but the model was trained on "
+                             f"{what}; pass an array of its {len(self.feature_names) or 'training'} "
+                             "features in the training order")
+        table = as_arrow_table(data)
+        categorical = {k: list(v) for k, v in schema.get("categorical", {}).items()}
+        x, _, _ = table_features(table, list(schema["columns"]), categorical, TableOrigin("data", file=False))
+        return torch.from_numpy(x)
 
     # -- predictions -------------------------------------------------------------------------
     @torch.no_grad()
@@ -150,14 +209,16 @@ class TrainedModel:
             ranks = head_ranks(self.method, self.model, h, self.num_ranks)
         label_values = self.encoder.values().to(torch.float64)
         expected = probabilities.cpu() @ label_values
-        return Prediction(ids=ids, ranks=ranks.cpu().numpy(),
-                          prediction=self.encoder.decode(ranks.cpu()).numpy(),
+        prediction = self.encoder.decode(ranks.cpu()).numpy()
+        if _integer_grid(self.encoder):  # whole labels come back as integers, as SOLRanker's do
+            prediction = prediction.round().astype(np.int64)
+        return Prediction(ids=ids, ranks=ranks.cpu().numpy(), prediction=prediction,
                           expected=expected.numpy(), probabilities=probabilities.cpu().numpy(),
                           label_values=label_values.numpy(), values=values)
 
     def predict(self, data: DataLike) -> np.ndarray:
         """``[N]`` predicted labels, in label units (the run's read-out: the posterior median for
-        SOL by default)."""
+        SOL by default); int64 when the label grid is of whole numbers, else float64."""
         return self.predict_table(data).prediction
 
     def predict_proba(self, data: DataLike) -> np.ndarray:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import csv
-import io
+import re
 from typing import Optional
 
 import numpy as np
@@ -14,27 +13,37 @@ from .model import Prediction, TrainedModel
 __all__ = ["prediction_csv", "score_prediction", "format_scores"]
 
 
-def _fmt(x: float) -> str:
-    return f"{x:.10g}"
+_NEEDS_QUOTES = re.compile(r'[,"\r\n]')
+
+
+def _csv_cell(text: str) -> str:
+    """``text`` as one CSV cell: quoted (quotes doubled) when it holds a comma, a quote or a line break."""
+    if _NEEDS_QUOTES.search(text):
+        return '"' + text.replace('"', '""') + '"'
+    return text
 
 
 def prediction_csv(prediction: Prediction) -> str:
     """One row per input: ``id``, ``prediction`` and ``expected`` (label units), ``label`` when the
-    data have one, and ``p_<value>`` for each label value."""
+    data have one, and ``p_<value>`` for each label value; numbers written as ``%.10g``."""
     header = ["id", "prediction", "expected"]
+    columns = [prediction.prediction, prediction.expected]
     if prediction.values is not None:
         header.append("label")
+        columns.append(prediction.values)
     header += [f"p_{v:g}" for v in prediction.label_values]
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(header)
-    for i, row_id in enumerate(prediction.ids):
-        row = [row_id, _fmt(prediction.prediction[i]), _fmt(prediction.expected[i])]
-        if prediction.values is not None:
-            row.append(_fmt(prediction.values[i]))
-        row += [_fmt(p) for p in prediction.probabilities[i]]
-        writer.writerow(row)
-    return buf.getvalue()
+    n = len(prediction.ids)
+    numbers = np.empty((n, len(columns) + prediction.probabilities.shape[1]), dtype=np.float64)
+    for k, column in enumerate(columns):
+        numbers[:, k] = column
+    numbers[:, len(columns):] = prediction.probabilities
+    # one format per row, applied by C code: several times faster than formatting cell by cell
+    row = "%s," + ",".join(["%.10g"] * numbers.shape[1]) + "\n"
+    ids = [str(i) for i in prediction.ids]
+    if _NEEDS_QUOTES.search("".join(ids)):
+        ids = [_csv_cell(i) for i in ids]  # image paths may hold commas; row numbers never do
+    lines = [row % (row_id, *values) for row_id, values in zip(ids, numbers.tolist())]
+    return ",".join(_csv_cell(h) for h in header) + "\n" + "".join(lines)
 
 
 def score_prediction(model: TrainedModel, prediction: Prediction) -> Optional[dict[str, float]]:

@@ -9,8 +9,9 @@ Sources (nothing is downloaded):
 
 - ``load_abalone()``: the UCI Abalone data shipped with the package (rings 1–29, 4177 samples).
 - ``load_wine_red()``: the UCI Wine Quality red data shipped with the package (quality 3–8, 1599 wines).
-- ``load_csv(path, label_column)``: a table of numeric feature columns and a label column; comma,
-  semicolon or tab delimited (detected from the header, or ``delimiter=``).
+- ``load_table(path, label_column)`` (also ``load_csv``): a table of feature columns and a label column,
+  read by pyarrow: CSV/TSV, comma, semicolon or tab delimited (detected from the header, or
+  ``delimiter=``), also gzipped; Parquet; Feather / Arrow IPC.
 - ``load_npz(path)``: precomputed embeddings ``[N, d]`` (key ``embeddings`` or ``features``) and ``labels``.
 - ``load_image_folder(csv_path)``: images listed in a CSV of ``(path, label)`` rows, kept as files
   (:class:`ImageFiles`) and decoded when a batch needs them.
@@ -18,8 +19,11 @@ Sources (nothing is downloaded):
 - ``load_dataset(spec)``: any of the above by name or path; ``load_train_test`` for a training file with
   labels as given (possibly noisy) and a test file with clean labels, on one shared grid.
 
-The modules, by source: ``encoding`` (:class:`RankEncoder`, :class:`OrdinalDataset`), ``tables`` (CSV and
-``.npz``), ``image_files`` (:class:`ImageFiles`, decoding), ``images`` (image folders), ``builtin`` (Abalone, Wine Quality, Fashion-MNIST), ``dispatch``
+Data frames (pandas, polars, ``pyarrow.Table``) and table files share one adapter, ``frames.table_features``:
+columns by name, in a given order, categorical ones one-hot with given categories.
+
+The modules, by source: ``encoding`` (:class:`RankEncoder`, :class:`OrdinalDataset`), ``tables`` (table files
+and ``.npz``), ``frames`` (tables to features), ``image_files`` (:class:`ImageFiles`, decoding), ``images`` (image folders), ``builtin`` (Abalone, Wine Quality, Fashion-MNIST), ``dispatch``
 (``load_dataset``, ``load_train_test``), ``split`` (splitting and scaling) and ``inputs`` (new files read
 as a run's training data were, for prediction). Import from here.
 """
@@ -39,11 +43,11 @@ from .image_files import ImageFiles, read_image
 from .images import load_image_folder
 from .inputs import Inputs, read_inputs
 from .split import apply_scaling, feature_scaling, split_indices, standardize, train_test_split
-from .tables import load_csv, load_npz
+from .tables import load_csv, load_npz, load_table
 
 __all__ = [
     "RankEncoder", "OrdinalDataset", "infer_step", "ImageFiles", "read_image",
-    "load_abalone", "load_wine_red", "load_csv", "load_npz", "load_image_folder",
+    "load_abalone", "load_wine_red", "load_table", "load_csv", "load_npz", "load_image_folder",
     "load_fashion_mnist_degradation",
     "degradation_strengths", "load_dataset", "is_builtin", "load_train_test", "split_indices", "train_test_split",
     "standardize", "feature_scaling", "apply_scaling", "Inputs", "read_inputs",

@@ -9,10 +9,14 @@ from typing import Any
 from .builtin import load_abalone, load_fashion_mnist_degradation, load_wine_red
 from .encoding import OrdinalDataset
 from .images import load_image_folder
-from .tables import _check_delimiter, _read_csv, load_csv, load_npz
+from .tables import _check_delimiter, load_npz, load_table, table_columns, table_format
 
-__all__ = ["load_dataset", "load_train_test", "is_builtin"]
+__all__ = ["load_dataset", "load_train_test", "is_builtin", "TABULAR_FORMATS"]
 
+# The schema formats of data read as tables of named columns (``"csv"``: every table file before
+# Parquet and Feather; ``"table"``: those and data frames).
+TABULAR_FORMATS = ("csv", "table")
+_KNOWN_FILES = ".csv, .tsv (also gzipped), .parquet, .feather, .arrow, .npz file or image folder"
 
 
 _NAMED = ("abalone", "wine-red", "fashion-mnist", "fashion-mnist-blur", "fashion-mnist-noise")
@@ -33,15 +37,15 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
       :func:`load_fashion_mnist_degradation`;
     - a ``.npz`` file → :func:`load_npz`;
     - a ``.csv``/``.csv.gz`` file with a ``path`` column (or ``path_column=`` given) →
-      :func:`load_image_folder`; any other CSV → :func:`load_csv` (``label_column`` defaults to
-      ``"label"``);
+      :func:`load_image_folder`; any other CSV/TSV, Parquet (``.parquet``) or Feather / Arrow IPC
+      (``.feather``, ``.arrow``) file → :func:`load_table` (``label_column`` defaults to ``"label"``);
     - a folder holding ``labels.csv`` → :func:`load_image_folder` on it.
 
     ``image_size=`` (a side, or ``(H, W)``) resizes images (image lists: 64 by default; Fashion-MNIST:
     28); it is an error for tables.
     Pass ``encoder=`` to put the data on an existing grid (a test file on the training file's grid).
     ``delimiter=`` (one character, or "comma"/"semicolon"/"tab") is the cell separator of a CSV; None
-    (the default) detects comma, semicolon or tab from the header. It applies to CSV files only.
+    (the default) detects comma, semicolon or tab from the header. It applies to CSV/TSV files only.
     """
     key = str(spec).strip()
     if options.get("image_size", 0) is None:
@@ -73,23 +77,25 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
         return load_image_folder(listing, **csv_options)
     if not path.exists():
         raise FileNotFoundError(f"no dataset {key!r}: not a built-in name ({', '.join(_NAMED)}) nor an "
-                                "existing .csv, .npz file or image folder")
+                                f"existing {_KNOWN_FILES}")
     name = path.name.lower()
-    if "image_size" in options and not name.endswith((".csv", ".csv.gz")):
+    fmt = table_format(path)
+    if "image_size" in options and fmt != "csv":
         raise ValueError(f"image_size={options['image_size']} applies to images; {path} is not an "
                          "image list")
     if name.endswith(".npz"):
         return load_npz(path, **options)
-    if name.endswith(".csv") or name.endswith(".csv.gz"):
-        header, _ = _read_csv(path, delimiter)
-        if "path_column" in options or "path" in header:
+    if fmt == "csv":
+        if "path_column" in options or "path" in table_columns(path, delimiter):
             return load_image_folder(path, **csv_options)
         if "image_size" in options:
             raise ValueError(f"image_size={options['image_size']} applies to images; {path} has no "
                              "'path' column, so it is read as a table")
-        return load_csv(path, **csv_options)
-    raise ValueError(f"cannot tell the format of {path}: expected .csv, .csv.gz, .npz or a folder with "
-                     "labels.csv")
+        return load_table(path, **csv_options)
+    if fmt is not None:
+        return load_table(path, **csv_options)
+    raise ValueError(f"cannot tell the format of {path}: expected a {_KNOWN_FILES.replace(' file or', ' or')} "
+                     "(a folder with labels.csv)")
 
 
 def load_train_test(train_spec: str | Path, test_spec: str | Path,
@@ -102,7 +108,7 @@ def load_train_test(train_spec: str | Path, test_spec: str | Path,
     """
     train = load_dataset(train_spec, **options)
     rest = {k: v for k, v in options.items() if k not in ("step", "min_value", "max_value", "encoder")}
-    if train.schema.get("format") == "csv" and not is_builtin(test_spec):
+    if train.schema.get("format") in TABULAR_FORMATS and not is_builtin(test_spec):
         # the training file's columns, in its order and with its categories: a test file with the
         # same columns in another order must not be scored on swapped features
         rest.update(feature_columns=list(train.schema["columns"]),

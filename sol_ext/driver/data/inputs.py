@@ -15,19 +15,25 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .dispatch import _NAMED, load_dataset
+from .builtin import DATASETS_DIR
+from .dispatch import _NAMED, TABULAR_FORMATS, load_dataset
 from .image_files import ImageFiles
 from .tables import (
     _column,
     _open_npz,
-    _parse_features,
     _parse_labels,
     _read_csv,
     _refuse_complex,
     _require_file,
+    read_table_features,
+    table_format,
 )
 
 __all__ = ["Inputs", "read_inputs"]
+
+# The built-in tables as files with their delimiter: read for prediction by a run's own columns, as
+# any file is (a run trained on other columns must not predict on them).
+_BUILTIN_TABLES = {"abalone": ("abalone.csv.gz", None), "wine-red": ("winequality-red.csv.gz", ";")}
 
 
 @dataclass
@@ -47,49 +53,63 @@ class Inputs:
 
 
 def read_inputs(spec: str | Path, schema: dict[str, Any], delimiter: Optional[str] = None) -> Inputs:
-    """Read ``spec`` (a built-in name, a ``.csv``/``.csv.gz``/``.npz`` file, or an image folder with
-    ``labels.csv``) the way data of ``schema`` were read for training."""
+    """Read ``spec`` (a built-in name; a CSV/TSV, Parquet, Feather or ``.npz`` file; or an image folder
+    with ``labels.csv``) the way data of ``schema`` were read for training: a table's columns by name,
+    in the training order, with the training categories; its label column optional."""
     key = str(spec).strip()
+    fmt = schema.get("format")
     if key.lower() in _NAMED:
-        image_size = schema.get("image_size") if schema.get("format") == "images" else None
+        if key.lower() in _BUILTIN_TABLES and fmt in TABULAR_FORMATS:
+            file, builtin_delimiter = _BUILTIN_TABLES[key.lower()]
+            return _read_table(DATASETS_DIR / file, schema, builtin_delimiter, where=f"{key} ({file})")
+        if key.lower() in _BUILTIN_TABLES or fmt != "images":
+            kind = "a table" if key.lower() in _BUILTIN_TABLES else "images"
+            raise ValueError(f"{key} is {kind} but the run was trained on {fmt or 'other'} data; give data "
+                             "of the same kind")
+        image_size = schema.get("image_size")
         ds = load_dataset(key, **({} if image_size is None else {"image_size": tuple(image_size)}))
         return Inputs(ds.features, [str(i) for i in range(len(ds))], ds.labels.numpy())
     path = Path(key)
     if path.is_dir():
         path = path / "labels.csv"
     _require_file(path, f"no data {key!r}: not a built-in name ({', '.join(_NAMED)}) nor an existing "
-                  ".csv, .npz file or image folder")
-    fmt = schema.get("format")
+                  ".csv, .tsv, .parquet, .feather, .arrow, .npz file or image folder")
     name = path.name.lower()
     if name.endswith(".npz"):
         if fmt != "npz":
             raise ValueError(f"{path} is an .npz file but the run was trained on {fmt or 'other'} data; "
                              "give a file of the same kind")
         return _read_npz(path, schema)
-    if not (name.endswith(".csv") or name.endswith(".csv.gz")):
-        raise ValueError(f"cannot tell the format of {path}: expected .csv, .csv.gz, .npz or a folder "
-                         "with labels.csv")
-    if fmt == "images":
+    kind = table_format(path)
+    if kind is None:
+        raise ValueError(f"cannot tell the format of {path}: expected .csv, .tsv (also gzipped), .parquet, "
+                         ".feather, .arrow, .npz or a folder with labels.csv")
+    if fmt == "images" and kind == "csv":
         return _read_image_list(path, schema, delimiter)
-    if fmt == "csv":
-        return _read_table(path, schema, delimiter)
-    raise ValueError(f"{path} is a CSV file but the run was trained on {fmt or 'other'} data; give a "
-                     "file of the same kind")
+    if fmt in TABULAR_FORMATS:
+        return _read_table(path, schema, delimiter if kind == "csv" else None)
+    raise ValueError(f"{path} is a {'CSV' if kind == 'csv' else kind} file but the run was trained on "
+                     f"{fmt or 'other'} data; give a file of the same kind")
 
 
 def _optional_labels(header: list[str], body: list[list[str]], label_column: Optional[str],
                      path: Path) -> Optional[np.ndarray]:
+    """An image list's labels: None without the column, or when its every cell is empty."""
     if label_column is None or label_column not in header:
         return None
-    return _parse_labels(body, header.index(label_column), label_column, path)
+    j = header.index(label_column)
+    if not any(row[j] for row in body):
+        return None
+    return _parse_labels(body, j, label_column, path)
 
 
-def _read_table(path: Path, schema: dict[str, Any], delimiter: Optional[str]) -> Inputs:
-    header, body = _read_csv(path, delimiter)
+def _read_table(path: Path, schema: dict[str, Any], delimiter: Optional[str], where: Optional[str] = None
+                ) -> Inputs:
     categorical = {k: list(v) for k, v in schema.get("categorical", {}).items()}
-    x, _, _ = _parse_features(body, header, list(schema["columns"]), categorical, path)
-    return Inputs(torch.from_numpy(x).to(torch.float32), [str(i) for i in range(len(body))],
-                  _optional_labels(header, body, schema.get("label_column"), path))
+    x, _, _, values, n = read_table_features(path, list(schema["columns"]), categorical,
+                                             schema.get("label_column"), delimiter, label_optional=True,
+                                             where=where)
+    return Inputs(torch.from_numpy(x), [str(i) for i in range(n)], values)
 
 
 def _read_npz(path: Path, schema: dict[str, Any]) -> Inputs:

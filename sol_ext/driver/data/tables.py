@@ -1,6 +1,9 @@
-"""Tabular files: CSV tables of features and labels (``load_csv``) and precomputed embeddings (``load_npz``).
+"""Tabular files: tables of features and labels (``load_table``, also called ``load_csv``: CSV/TSV,
+Parquet, Feather / Arrow IPC, read by pyarrow) and precomputed embeddings (``load_npz``).
 
-Also the CSV reading (delimiter detection, header and cell parsing) that image lists share.
+A table file becomes a ``pyarrow.Table`` here (:func:`read_table`), and its features come out of the
+one adapter every table goes through (:func:`~.frames.table_features`). Also the line-by-line CSV
+reading (delimiter detection, header and cells as text) that image lists share.
 """
 
 from __future__ import annotations
@@ -16,17 +19,23 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
 import torch
 
 from ..errors import DataFileError, data_file_errors
 from .encoding import OrdinalDataset, RankEncoder, _make_dataset
+from .frames import TableOrigin, table_features, table_labels
 
-__all__ = ["load_csv", "load_npz", "SNIFFED_DELIMITERS"]
+__all__ = ["load_table", "load_csv", "load_npz", "read_table", "read_table_features", "table_columns",
+           "table_format", "TABLE_SUFFIXES", "SNIFFED_DELIMITERS"]
 
 # Delimiters told apart when a CSV's delimiter is not given, in order of preference on a tie.
 SNIFFED_DELIMITERS = (",", ";", "\t")
 _DELIMITER_NAMES = {"comma": ",", "semicolon": ";", "tab": "\t", "\\t": "\t"}
-_MISSING = {"", "na", "nan", "n/a", "null", "none", "?"}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -158,54 +167,211 @@ def _parse_labels(body: list[list[str]], j: int, name: str, path: Path) -> np.nd
     return out
 
 
-def _parse_features(body: list[list[str]], header: list[str], columns: Sequence[str],
-                    categorical: Mapping[str, Sequence[str]], path: Path
-                    ) -> tuple[np.ndarray, list[str], dict[str, list[str]]]:
-    """Numeric columns as they are, categorical ones one-hot, in the order of ``columns``; also the
-    categories used for each categorical column (so that another file gets the same columns)."""
-    blocks, names, used = [], [], {}
+# --------------------------------------------------------------------------------------------------
+# Table files read by pyarrow: CSV/TSV (also gzipped), Parquet, Feather / Arrow IPC
+
+CSV_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".tsv.gz")
+PARQUET_SUFFIXES = (".parquet",)
+FEATHER_SUFFIXES = (".feather", ".arrow")
+TABLE_SUFFIXES = CSV_SUFFIXES + PARQUET_SUFFIXES + FEATHER_SUFFIXES
+_FORMAT_NAMES = {"csv": "CSV", "parquet": "Parquet", "feather": "Feather/Arrow"}
+# pandas writes its index as such a column into Parquet/Feather: never a feature by default
+_PANDAS_INDEX = re.compile(r"^__index_level_\d+__$")
+
+
+def table_format(path: str | Path) -> str | None:
+    """"csv", "parquet" or "feather" from a file name's suffix (case-insensitive); None for others."""
+    name = Path(path).name.lower()
+    for fmt, suffixes in (("csv", CSV_SUFFIXES), ("parquet", PARQUET_SUFFIXES), ("feather", FEATHER_SUFFIXES)):
+        if name.endswith(suffixes):
+            return fmt
+    return None
+
+
+def _csv_header(path: Path, delimiter: str | None) -> tuple[list[str], str]:
+    """The header cells of a CSV as written (unstripped: pyarrow's column names) and its delimiter,
+    from the first lines only; ValueError for an empty file or a repeated column name."""
+    with data_file_errors(path), _open_text(path) as fh:
+        lines, delimiter = _with_delimiter(fh, delimiter)
+        first = next((line for line in lines if line.strip()), None)
+    if first is None:
+        raise ValueError(f"{path} is empty: expected a header row and at least one data row")
+    raw = next(csv.reader([first], delimiter=delimiter))
+    _refuse_repeated(path, [c.strip() for c in raw])
+    return raw, delimiter
+
+
+def _refuse_repeated(path: Path, names: Sequence[str]) -> None:
+    first: dict[str, int] = {}
+    for k, name in enumerate(names):
+        if name in first:
+            what = f"the column name {name!r}" if name else "an empty column name"
+            raise ValueError(f"{path}: {what} appears more than once in the header (columns {first[name] + 1} "
+                             f"and {k + 1}); give each column its own name")
+        first[name] = k
+
+
+@contextlib.contextmanager
+def _arrow_file_errors(path: Path, kind: str) -> Iterator[None]:
+    """pyarrow's refusal of a damaged Parquet/Feather file as one :class:`DataFileError` naming it."""
+    try:
+        yield
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DataFileError(f"{path} is not a readable {kind} file ({first}); it is truncated or not "
+                            f"in the format its name says.") from err
+
+
+def table_columns(path: str | Path, delimiter: str | None = None) -> list[str]:
+    """The column names of a table file (a CSV's header cells stripped), without reading its rows."""
+    path = Path(path)
+    fmt = table_format(path) or "csv"  # any other name is read as CSV text
+    _require_file(path, f"{_FORMAT_NAMES[fmt]} file not found: {path}")
+    if fmt == "csv":
+        return [c.strip() for c in _csv_header(path, _check_delimiter(delimiter))[0]]
+    if fmt == "parquet":
+        with _arrow_file_errors(path, "Parquet"):
+            names = pq.read_schema(path).names
+    else:
+        with _arrow_file_errors(path, "Feather/Arrow"):
+            names = _ipc_schema(path).names
+    _refuse_repeated(path, names)
+    return names
+
+
+def _ipc_schema(path: Path) -> pa.Schema:
+    try:
+        with pa.ipc.open_file(path) as reader:
+            return reader.schema
+    except pa.ArrowInvalid:  # the streaming format, also written as .arrow
+        with pa.ipc.open_stream(path) as reader:
+            return reader.schema
+
+
+def _read_ipc(path: Path, columns: Sequence[str]) -> pa.Table:
+    try:
+        return feather.read_table(path, columns=list(columns), memory_map=False)
+    except pa.ArrowInvalid:
+        with pa.ipc.open_stream(path) as reader:
+            return reader.read_all().select(list(columns))
+
+
+def read_table(path: str | Path, types: Mapping[str, pa.DataType], delimiter: str | None = None) -> pa.Table:
+    """The columns ``types`` names of a table file, as a ``pyarrow.Table`` with those names.
+
+    CSV/TSV (``.gz`` too) is read by pyarrow's multi-threaded reader, each column straight to its type in
+    ``types`` (float32 features: no float64 copy); a file where some cell does not convert, or a float is
+    not finite, is read again as text, so that :func:`~.frames.table_features` names the cell. Parquet
+    and Feather columns keep their stored types. Columns ``types`` names must exist.
+    """
+    path = Path(path)
+    fmt = table_format(path)
+    if fmt == "parquet":
+        with _arrow_file_errors(path, "Parquet"):
+            return pq.read_table(path, columns=list(types))
+    if fmt == "feather":
+        with _arrow_file_errors(path, "Feather/Arrow"):
+            return _read_ipc(path, list(types))
+    raw, delimiter = _csv_header(path, _check_delimiter(delimiter))
+    names = [c.strip() for c in raw]
+    wanted = {raw[names.index(n)]: t for n, t in types.items()}
+    table = _read_csv_typed(path, delimiter, wanted)
+    if table is None or not _all_finite(table):
+        table = _drop_blank_rows(_read_csv_typed(path, delimiter, {c: pa.string() for c in wanted}))
+    return table.rename_columns([c.strip() for c in table.column_names])
+
+
+def _drop_blank_rows(table: pa.Table) -> pa.Table:
+    """``table`` (text columns) without the rows whose every cell is blank (``,,``): no data, as a
+    blank line is none, and not counted in the data row numbers of errors."""
+    blank = None
+    for col in table.columns:
+        empty = pc.equal(pc.utf8_trim_whitespace(col), "")
+        blank = empty if blank is None else pc.and_(blank, empty)
+    if blank is None or not pc.any(blank).as_py():
+        return table
+    return table.filter(pc.invert(blank))
+
+
+def _all_finite(table: pa.Table) -> bool:
+    return all(pc.all(pc.is_finite(col)).as_py() is not False for col in table.columns
+               if pa.types.is_floating(col.type))
+
+
+def _read_csv_typed(path: Path, delimiter: str, types: Mapping[str, pa.DataType]) -> pa.Table | None:
+    """pyarrow's read of the CSV ``path``, the columns ``types`` names (as written in the header) in
+    those types; None when a cell does not convert. Nothing counts as null: a missing cell is text."""
+    convert = pacsv.ConvertOptions(include_columns=list(types), column_types=dict(types), null_values=[],
+                                   strings_can_be_null=False, quoted_strings_can_be_null=False)
+    parse = pacsv.ParseOptions(delimiter=delimiter, invalid_row_handler=lambda row: (
+        "skip" if not row.text.replace(delimiter, "").replace('"', "").strip() else "error"))  # ",,": no row
+    try:
+        with data_file_errors(path), (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as fh:
+            table = pacsv.read_csv(fh, parse_options=parse, convert_options=convert,
+                                   read_options=pacsv.ReadOptions(use_threads=True))
+    except pa.ArrowInvalid as err:
+        text = str(err)
+        if "conversion error" in text:
+            return None
+        if "UTF8" in text or "UTF-8" in text:
+            raise DataFileError(f"{path} is not UTF-8 text ({text.splitlines()[0]}); save it as UTF-8.") from None
+        if "Empty CSV file" in text:
+            raise ValueError(f"{path} is empty: expected a header row and at least one data row") from None
+        _read_csv(path, delimiter)  # the row of a parse error (cells per row), as the line-by-line reader names it
+        raise ValueError(f"{path}: {text.splitlines()[0]} (read with delimiter {delimiter!r}; pass delimiter= "
+                         "if that is wrong)") from None
+    if table.num_rows == 0:
+        raise ValueError(f"{path} has a header but no data rows: the dataset would be empty")
+    return table
+
+
+def _categorical_map(categorical: Sequence[str] | Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    return ({k: list(v) for k, v in categorical.items()} if isinstance(categorical, Mapping)
+            else {c: [] for c in categorical})
+
+
+def read_table_features(path: str | Path, columns: Sequence[str], categorical: Mapping[str, Sequence[str]],
+                        label_column: str | None, delimiter: str | None = None, label_optional: bool = False,
+                        where: str | None = None
+                        ) -> tuple[np.ndarray, list[str], dict[str, list[str]], np.ndarray | None, int]:
+    """A table file's features (:func:`~.frames.table_features` of ``columns``), its labels (None when
+    ``label_optional`` and the file has none, or an empty label column) and its number of rows.
+    ``where`` names the data in errors (default the path)."""
+    path = Path(path)
+    header = table_columns(path, delimiter)
+    origin = TableOrigin(where or str(path))
     for name in columns:
-        j = _column(header, name, path, "feature")
-        cells = [row[j] for row in body]
-        if name in categorical:
-            cats = list(categorical[name]) or sorted(set(cells))
-            unknown = sorted(set(cells) - set(cats))
-            if unknown:
-                raise ValueError(f"{path}: categorical column {name!r} has values {unknown} outside its "
-                                 f"categories {cats}")
-            onehot = np.array([[c == k for k in cats] for c in cells], dtype=np.float64)
-            blocks.append(onehot)
-            names += [f"{name}={k}" for k in cats]
-            used[name] = cats
-            continue
-        col = np.empty(len(cells), dtype=np.float64)
-        for i, cell in enumerate(cells):
-            if cell.lower() in _MISSING:
-                raise ValueError(f"{path}: feature column {name!r} has a missing value (NaN) in data row "
-                                 f"{i + 1}; drop or impute such rows before loading")
-            try:
-                col[i] = float(cell)
-            except ValueError:
-                raise ValueError(f"{path}: feature column {name!r} has a non-numeric value {cell!r} in data "
-                                 f"row {i + 1}; encode it as numbers or drop the column from the file (in "
-                                 f"Python: categorical=[{name!r}] one-hot encodes it, feature_columns=[...] "
-                                 "leaves it out)") from None
-            if not math.isfinite(col[i]):
-                raise ValueError(f"{path}: feature column {name!r} has a NaN or infinite value in data row "
-                                 f"{i + 1}; drop or impute such rows before loading")
-        blocks.append(col[:, None])
-        names.append(name)
-    if not blocks:
-        raise ValueError(f"{path}: no feature columns left besides the label")
-    return np.concatenate(blocks, axis=1), names, used
+        if name not in header:  # before reading any row: the message lists the file's columns
+            table_features(pa.table({c: pa.array([], pa.string()) for c in header}), [name], {}, origin)
+    has_label = label_column is not None and label_column in header
+    if label_column is not None and not has_label and not label_optional:
+        table_labels(pa.table({c: pa.array([], pa.string()) for c in header}), label_column, origin)
+    types: dict[str, pa.DataType] = {c: (pa.string() if c in categorical else pa.float32()) for c in columns}
+    if has_label:
+        types[label_column] = pa.string() if label_optional else pa.float64()
+    table = read_table(path, types, delimiter)
+    if table.num_rows == 0:
+        raise ValueError(f"{path} has a header but no data rows: the dataset would be empty")
+    x, names, used = table_features(table, columns, categorical, origin)
+    values = table_labels(table, label_column, origin, optional=label_optional) if has_label else None
+    n = table.num_rows
+    del table
+    # the table's buffers stay with pyarrow's allocator once freed: hand them back, so that the label
+    # encoding after this reuses memory instead of adding to the peak
+    pa.default_memory_pool().release_unused()
+    return x, names, used, values, n
 
 
-def load_csv(path: str | Path, label_column: str = "label", feature_columns: Sequence[str] | None = None,
-             step: float | None = None, min_value: float | None = None, max_value: float | None = None,
-             *, encoder: RankEncoder | None = None,
-             categorical: Sequence[str] | Mapping[str, Sequence[str]] = (),
-             name: str | None = None, delimiter: str | None = None) -> OrdinalDataset:
-    """A tabular dataset from a CSV (``.csv`` or ``.csv.gz``) with a header row.
+def load_table(path: str | Path, label_column: str = "label", feature_columns: Sequence[str] | None = None,
+               step: float | None = None, min_value: float | None = None, max_value: float | None = None,
+               *, encoder: RankEncoder | None = None,
+               categorical: Sequence[str] | Mapping[str, Sequence[str]] = (),
+               name: str | None = None, delimiter: str | None = None) -> OrdinalDataset:
+    """A tabular dataset from a table file with named columns: CSV/TSV with a header row (``.csv``,
+    ``.tsv``, also gzipped ``.gz``), Parquet (``.parquet``) or Feather / Arrow IPC (``.feather``, ``.arrow``),
+    read by pyarrow.
 
     Args:
         path: the file.
@@ -216,41 +382,49 @@ def load_csv(path: str | Path, label_column: str = "label", feature_columns: Seq
         categorical: columns to one-hot encode, either names (categories = sorted distinct values) or
             ``{name: categories}`` (use this when train and test files must get the same columns).
         name: dataset name; default the file stem.
-        delimiter: the cell separator, one character (``","``, ``";"``, ``"\\t"``, ``"|"``, …) or
+        delimiter: the cell separator of a CSV, one character (``","``, ``";"``, ``"\\t"``, ``"|"``, …) or
             ``"comma"``/``"semicolon"``/``"tab"``; default None detects comma, semicolon or tab from the
-            header line (quoted names allowed, as in UCI's semicolon files).
+            header line (quoted names allowed, as in UCI's semicolon files). CSV files only.
 
     Returns:
         ``OrdinalDataset`` of kind "tabular" with raw (unscaled) float32 features ``[N, F]``; scale them
         with :func:`standardize` after splitting.
     """
     path = Path(path)
-    header, body = _read_csv(path, delimiter)
-    j = _column(header, label_column, path, "label")
-    values = _parse_labels(body, j, label_column, path)
+    fmt = table_format(path) or "csv"  # any other name is read as CSV text, as before
+    if fmt != "csv" and delimiter is not None:
+        raise ValueError(f"delimiter={delimiter!r} applies to CSV files only; {path} is a {fmt} file: leave "
+                         "delimiter out")
+    header = table_columns(path, delimiter)
     if feature_columns is None:
-        feature_columns = [c for c in header if c != label_column]
+        feature_columns = [c for c in header if c != label_column and not _PANDAS_INDEX.match(c)]
     elif label_column in feature_columns:
         raise ValueError(f"the label column {label_column!r} cannot also be a feature column")
-    cats = dict(categorical) if isinstance(categorical, Mapping) else {c: () for c in categorical}
+    cats = _categorical_map(categorical)
     for c in cats:
         if c not in feature_columns:
             raise ValueError(f"categorical column {c!r} is not among the feature columns "
                              f"{list(feature_columns)}")
-    x, names, used = _parse_features(body, header, list(feature_columns), cats, path)
-    schema = {"format": "csv", "columns": list(feature_columns), "categorical": used,
-              "label_column": label_column}
-    return _make_dataset(torch.from_numpy(x).to(torch.float32), values, name=name or _stem(path),
+    origin = TableOrigin(str(path))
+    if label_column not in header:
+        table_labels(pa.table({c: pa.array([], pa.string()) for c in header}), label_column, origin)
+    x, names, used, values, _ = read_table_features(path, list(feature_columns), cats, label_column, delimiter)
+    schema = {"format": "csv" if fmt == "csv" else "table", "columns": list(feature_columns),
+              "categorical": used, "label_column": label_column}
+    return _make_dataset(torch.from_numpy(x), values, name=name or _stem(path),
                          kind="tabular", encoder=encoder, step=step, min_value=min_value,
                          max_value=max_value, feature_names=names, source=str(path), schema=schema)
 
 
+# The name the package has always had: every table file, not only CSV.
+load_csv = load_table
+
+
 def _stem(path: Path) -> str:
     name = path.name
-    for suffix in (".gz", ".csv", ".npz"):
+    for suffix in (".gz", ".csv", ".tsv", ".npz", ".parquet", ".feather", ".arrow"):
         name = name[: -len(suffix)] if name.endswith(suffix) else name
     return name
-
 
 
 # --------------------------------------------------------------------------------------------------

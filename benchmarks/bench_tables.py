@@ -1,0 +1,171 @@
+"""Reading tables and writing predictions: ``load_dataset`` of a CSV and a Parquet file against
+``pandas.read_csv``, the memory a load adds, and ``sol-ext predict`` rows per second.
+
+    python benchmarks/bench_tables.py                  # 1,000,000 x 12 table, 200,000 rows predicted
+    python benchmarks/bench_tables.py --smoke          # 20,000 x 12 and 5,000: seconds
+
+A table of ``--rows`` rows (11 float features written with 5 decimals, an integer label 0 … 9) is
+generated into a temporary folder as CSV and Parquet. Timed, each the median of ``--repeats`` runs in
+this process:
+
+- ``load_dataset`` (file to an ``OrdinalDataset`` of float32 features and ranks in memory), CSV and
+  Parquet, and ``pandas.read_csv`` of the same CSV (when pandas is installed): their ratio, target <= 3;
+- the resident memory a CSV load adds (peak RSS, ``VmHWM``, after the load minus the RSS just
+  before it, in a fresh subprocess that has loaded a 100-row file first, so that one-time imports do
+  not count; Linux), as a multiple of the float32 feature matrix, target <= 4;
+- ``sol-ext predict`` of a ``--predict-rows`` CSV to a CSV, with a run trained for one epoch on 2,000
+  rows (in this process: the command without the interpreter's start), rows per second, target >= 100,000.
+
+The results (and the targets) go to ``benchmarks/results/tables/tables.json`` (or ``--json``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+RESULTS = Path(__file__).resolve().parent / "results" / "tables" / "tables.json"
+FEATURES = 11
+TARGETS = {"csv_vs_pandas": 3.0, "memory_vs_matrix": 4.0, "predict_rows_per_s": 100_000}
+
+# Peak resident memory after the load (VmHWM) minus resident memory just before it (VmRSS): what the load
+# adds at its peak, whatever the imports' own transient peak was. Not ru_maxrss: a child keeps the peak
+# of the process it was forked from, here this one, which has loaded the table itself.
+_RSS = """
+import sys
+def status_mb(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key)) / 1024
+"""
+_MEMORY_PROBE = _RSS + """
+from sol_ext.driver.data import load_dataset
+load_dataset(sys.argv[2], label_column="label")  # one-time imports (pyarrow loads its pandas shim) first
+before = status_mb("VmRSS")
+ds = load_dataset(sys.argv[1], label_column="label")
+print(status_mb("VmHWM") - before, tuple(ds.features.shape))
+"""
+_PANDAS_PROBE = _RSS + """
+import pandas
+pandas.read_csv(sys.argv[2])  # its one-time imports, as for the load
+before = status_mb("VmRSS")
+df = pandas.read_csv(sys.argv[1])
+print(status_mb("VmHWM") - before)
+"""
+
+
+def write_table(folder: Path, rows: int, seed: int = 0) -> dict[str, Path]:
+    """The benchmark table as ``t.csv`` and ``t.parquet`` in ``folder``."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, FEATURES)).round(5)
+    label = np.clip(np.round(2 * x[:, 0] + x[:, 1] + 5), 0, 9).astype(np.int64)
+    table = pa.table({**{f"f{k}": x[:, k] for k in range(FEATURES)}, "label": label})
+    paths = {"csv": folder / "t.csv", "parquet": folder / "t.parquet"}
+    pacsv.write_csv(table, paths["csv"], pacsv.WriteOptions(quoting_style="none"))
+    pq.write_table(table, paths["parquet"])
+    return paths
+
+
+def median_seconds(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def probe(script: str, *paths: Path) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", script, *map(str, paths)], check=True, capture_output=True,
+                         text=True)
+    return out.stdout.split(maxsplit=1)
+
+
+def predict_rate(folder: Path, rows: int) -> dict:
+    """``sol-ext predict`` of ``rows`` CSV rows to a CSV, in this process; seconds and rows per second."""
+    from sol_ext.driver.cli import main
+
+    for sub in ("train", "new"):
+        (folder / sub).mkdir()
+    train = write_table(folder / "train", 2000, seed=1)["csv"]
+    new = write_table(folder / "new", rows, seed=2)["csv"]
+    run = folder / "run"
+    assert main(["train", "--data", str(train), "--output", str(run), "--epochs", "1", "--sigma", "1",
+                 "--quiet", "--no-plots"]) == 0
+    out = folder / "predictions.csv"
+    start = time.perf_counter()
+    assert main(["predict", str(run), "--data", str(new), "--output", str(out), "--overwrite"]) == 0
+    seconds = time.perf_counter() - start
+    return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds,
+            "csv_bytes": out.stat().st_size}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the loaded table")
+    parser.add_argument("--predict-rows", type=int, default=200_000, help="rows predicted")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs; the median is reported")
+    parser.add_argument("--smoke", action="store_true", help="20,000 rows loaded, 5,000 predicted, one run")
+    parser.add_argument("--json", type=Path, default=RESULTS, help=f"where the results go (default {RESULTS})")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.rows, args.predict_rows, args.repeats = 20_000, 5_000, 1
+    from sol_ext.driver.data import load_dataset
+
+    result: dict = {"rows": args.rows, "columns": FEATURES + 1, "repeats": args.repeats, "cpus": os.cpu_count(),
+                    "pyarrow": pa.__version__, "targets": TARGETS}
+    with tempfile.TemporaryDirectory(prefix="bench-tables-") as tmp:
+        folder = Path(tmp)
+        paths = write_table(folder, args.rows)
+        result["csv_bytes"] = paths["csv"].stat().st_size
+        (folder / "small").mkdir()
+        small = write_table(folder / "small", 100)["csv"]
+        for kind, path in paths.items():
+            result[f"load_{kind}_s"] = median_seconds(lambda p=path: load_dataset(p, label_column="label"),
+                                                      args.repeats)
+        try:
+            import pandas
+        except ImportError:
+            pandas = None
+        if pandas is not None:
+            result["pandas_read_csv_s"] = median_seconds(lambda: pandas.read_csv(paths["csv"]), args.repeats)
+            result["csv_vs_pandas"] = result["load_csv_s"] / result["pandas_read_csv_s"]
+            result["pandas_memory_mb"] = float(probe(_PANDAS_PROBE, paths["csv"], small)[0])
+        added, shape = probe(_MEMORY_PROBE, paths["csv"], small)
+        matrix_mb = args.rows * FEATURES * 4 / 2**20
+        result.update(memory_added_mb=float(added), matrix_mb=matrix_mb,
+                      memory_vs_matrix=float(added) / matrix_mb, loaded_shape=shape.strip())
+        result["predict"] = predict_rate(folder, args.predict_rows)
+    result["predict_rows_per_s"] = result["predict"]["rows_per_s"]
+
+    print(f"{args.rows:,} x {FEATURES + 1} table ({result['csv_bytes'] / 2**20:.0f} MB CSV), "
+          f"{os.cpu_count()} CPUs, median of {args.repeats}:")
+    print(f"  load_dataset CSV      {result['load_csv_s']:.2f} s")
+    print(f"  load_dataset Parquet  {result['load_parquet_s']:.2f} s")
+    if "pandas_read_csv_s" in result:
+        print(f"  pandas.read_csv       {result['pandas_read_csv_s']:.2f} s  -> CSV load / pandas = "
+              f"{result['csv_vs_pandas']:.2f} (target <= {TARGETS['csv_vs_pandas']:g})")
+    else:
+        print("  pandas.read_csv       (pandas not installed: no ratio)")
+    print(f"  memory a CSV load adds {result['memory_added_mb']:.0f} MB = {result['memory_vs_matrix']:.2f} x the "
+          f"float32 features ({matrix_mb:.0f} MB; target <= {TARGETS['memory_vs_matrix']:g})")
+    p = result["predict"]
+    print(f"  sol-ext predict {p['rows']:,} rows to CSV: {p['seconds']:.2f} s = {p['rows_per_s']:,.0f} rows/s "
+          f"(target >= {TARGETS['predict_rows_per_s']:,})")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

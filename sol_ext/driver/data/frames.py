@@ -1,0 +1,316 @@
+"""One adapter from a table of named columns to a model's features: :func:`table_features`.
+
+Every table goes through it: a CSV, Parquet or Feather file (read into a ``pyarrow.Table`` by
+:mod:`.tables`), a pandas or polars DataFrame and a ``pyarrow.Table`` (:func:`as_arrow_table`). Columns are
+taken by name in the order given (extra columns ignored, a missing one refused by name), categorical
+columns one-hot encoded with fixed categories, and numbers converted straight to float32; so a file and a
+data frame of the same columns can never give different features.
+
+pandas and polars are not imported here: a data frame is recognized by its type's module and converted
+with its own ``to_arrow``/``from_pandas`` route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["is_table_like", "has_column_names", "as_arrow_table", "table_features", "table_labels", "text_columns", "TableOrigin",
+           "MISSING_CELLS", "FLOAT32_MAX"]
+
+# Cells that mean "no value" in a text column (compared lower-cased, after stripping blanks).
+MISSING_CELLS = ("", "na", "nan", "n/a", "null", "none", "?")
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+# A number as Python's float() reads it (no underscores): what a text cell must look like.
+_NUMBER = r"(?i)^[+-]?((\d+\.?\d*|\.\d+)(e[+-]?\d+)?|inf|infinity|nan)$"
+
+
+@dataclass(frozen=True)
+class TableOrigin:
+    """Where a table came from, for error messages: ``name`` (a file path, or "data") and whether its
+    rows count from 1 after a header (``"data row 3"``, files) or from 0 (``"row 2"``, data frames)."""
+
+    name: str
+    file: bool = True
+
+    def row(self, i: int) -> str:
+        return f"data row {i + 1}" if self.file else f"row {i}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Data frames in
+
+
+def _module(obj: Any) -> str:
+    return type(obj).__module__.split(".")[0]
+
+
+def is_table_like(obj: Any) -> bool:
+    """Whether ``obj`` is a ``pyarrow.Table``, a pandas DataFrame or a polars DataFrame."""
+    if isinstance(obj, pa.Table):
+        return True
+    return _module(obj) in ("pandas", "polars") and type(obj).__name__ == "DataFrame"
+
+
+def has_column_names(obj: Any) -> bool:
+    """Whether the data frame ``obj`` names its columns with strings (a pandas DataFrame built from an
+    array has the numbers 0, 1, … instead: scikit-learn reads it as an array)."""
+    return _module(obj) != "pandas" or all(isinstance(c, str) for c in obj.columns)
+
+
+def as_arrow_table(obj: Any, what: str = "data") -> pa.Table:
+    """``obj`` (see :func:`is_table_like`) as a ``pyarrow.Table`` of its columns; the index of a pandas
+    DataFrame is left out. Column names must be strings (names are what columns are matched by)."""
+    if isinstance(obj, pa.Table):
+        table = obj
+    elif _module(obj) == "polars":
+        table = obj.to_arrow()
+    elif _module(obj) == "pandas":
+        names = list(obj.columns)
+        if not all(isinstance(c, str) for c in names):
+            raise ValueError(f"{what}: column names must be strings, got {names[:10]}; name the columns "
+                             "as in training (e.g. df.columns = [...])")
+        try:
+            table = pa.Table.from_pandas(obj, preserve_index=False)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+            raise ValueError(f"{what}: a column cannot be read as one type ({err}); give each column "
+                             "numbers only (or text only, for a categorical column)") from None
+    else:
+        raise TypeError(f"{what}: expected a pyarrow.Table, a pandas or a polars DataFrame, got "
+                        f"{type(obj).__name__}")
+    _refuse_repeated_names(table.column_names, what)
+    return table
+
+
+def _refuse_repeated_names(names: Sequence[str], what: str) -> None:
+    first: dict[str, int] = {}
+    for k, name in enumerate(names):
+        if name in first:
+            label = f"the column name {name!r}" if name else "an empty column name"
+            raise ValueError(f"{what}: {label} appears more than once in the header (columns "
+                             f"{first[name] + 1} and {k + 1}); give each column its own name")
+        first[name] = k
+
+
+# --------------------------------------------------------------------------------------------------
+# Columns out
+
+
+def _column(table: pa.Table, name: str, origin: TableOrigin, role: str) -> pa.ChunkedArray:
+    if name not in table.column_names:
+        names = table.column_names
+        hint = (" The header was read as one column: if its cells are separated by some other character, "
+                "pass it as delimiter=." if len(names) == 1 and origin.file else "")
+        fix = {"label": "Pass the right name with label_column=",
+               "feature": ("Give the file that column (in Python: or choose others with feature_columns=)"
+                           if origin.file else "Give the data that column, by that name"),
+               }.get(role, f"Pass the right name with {role}_column=")
+        raise ValueError(f"{origin.name} has no {role} column {name!r}; its columns are {names}.{hint} "
+                         f"{fix}")
+    return table.column(name)
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _text(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A text, dictionary or other column as stripped strings (nulls stay null)."""
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    if not _is_text(col.type):
+        col = col.cast(pa.string())
+    return pc.utf8_trim_whitespace(col)
+
+
+def text_columns(table: pa.Table) -> list[str]:
+    """The columns of ``table`` that hold text or categories (pandas' ``category``, polars'
+    ``Categorical``): the ones a data frame's features one-hot encode."""
+    return [name for name, col in zip(table.column_names, table.columns)
+            if _is_text(col.type) or pa.types.is_dictionary(col.type)]
+
+
+def _first(mask: Any) -> Optional[int]:
+    """The index of the first true value of a boolean array (numpy or arrow), or None."""
+    m = np.asarray(mask.to_numpy(zero_copy_only=False) if hasattr(mask, "to_numpy") else mask)
+    hits = np.flatnonzero(m)
+    return int(hits[0]) if hits.size else None
+
+
+def _missing_text(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    return pc.or_kleene(pc.is_null(col), pc.is_in(pc.utf8_lower(col), pa.array(MISSING_CELLS)))
+
+
+def _numbers_from_text(col: pa.ChunkedArray, name: str, origin: TableOrigin, role: str) -> np.ndarray:
+    """A text column as float64, each cell read as Python's ``float()`` would; ValueError naming the
+    first cell that is missing or not a number."""
+    col = _text(col)
+    missing = pc.fill_null(_missing_text(col), True)
+    number = pc.fill_null(pc.match_substring_regex(col, _NUMBER), False)
+    bad = _first(pc.or_(missing, pc.invert(number)))
+    if bad is not None:
+        cell = col[bad].as_py() or ""
+        if role == "label":
+            raise ValueError(_label_message(origin, name, cell, bad))
+        if pc.fill_null(missing, True)[bad].as_py():
+            raise ValueError(f"{origin.name}: feature column {name!r} has a missing value (NaN) in "
+                             f"{origin.row(bad)}; drop or impute such rows before loading")
+        advice = ("encode it as numbers or drop the column from the file (in Python: categorical="
+                  f"[{name!r}] one-hot encodes it, feature_columns=[...] leaves it out)" if origin.file else
+                  "encode it as numbers, or train with it as a categorical column")
+        raise ValueError(f"{origin.name}: feature column {name!r} has a non-numeric value {cell!r} in "
+                         f"{origin.row(bad)}; {advice}")
+    # "inf"/"infinity"/"nan" in any case, as float() reads them; the rest is plain decimal notation
+    return np.asarray(pc.cast(pc.utf8_lower(col), pa.float64()).to_numpy(zero_copy_only=False))
+
+
+def _label_message(origin: TableOrigin, name: str, cell: Any, i: int) -> str:
+    return (f"{origin.name}: label column {name!r} has a missing or non-numeric value {cell!r} in "
+            f"{origin.row(i)}; labels must be numbers (ages, scores, months)")
+
+
+def _numeric(col: pa.ChunkedArray, name: str, origin: TableOrigin) -> np.ndarray:
+    """A numeric (or boolean, or null) column as a numpy array of its own float or integer dtype;
+    ValueError naming the first null."""
+    if pa.types.is_null(col.type) or col.null_count:
+        i = _first(pc.is_null(col)) or 0
+        raise ValueError(f"{origin.name}: feature column {name!r} has a missing value (NaN) in "
+                         f"{origin.row(i)}; drop or impute such rows before loading")
+    if pa.types.is_boolean(col.type):
+        col = col.cast(pa.uint8())
+    if pa.types.is_decimal(col.type):
+        col = col.cast(pa.float64())
+    return np.asarray(col.to_numpy())
+
+
+def _feature_column(col: pa.ChunkedArray, name: str, origin: TableOrigin, out: np.ndarray) -> None:
+    """Write one feature column into ``out [N]`` (float32), refusing missing, non-finite and
+    float32-overflowing values with the row they are in."""
+    t = col.type
+    if pa.types.is_float32(t) and not col.null_count:  # what a CSV's features are read as: no copy
+        _copy_chunks(col, out)
+        if not np.isfinite(out).all():
+            _refuse_non_finite(out, out, name, origin)
+        return
+    if _is_text(t) or pa.types.is_dictionary(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        values: np.ndarray = _numbers_from_text(col, name, origin, "feature")
+    elif (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+          or pa.types.is_decimal(t) or pa.types.is_null(t)):
+        values = _numeric(col, name, origin)
+    else:
+        raise ValueError(f"{origin.name}: feature column {name!r} holds {t} values; features must be "
+                         "numbers (or text categories, one-hot encoded)")
+    with np.errstate(over="ignore"):  # a finite value beyond float32's range is refused below
+        out[:] = values  # the one conversion to float32
+    if values.dtype.kind == "f" and not np.isfinite(out).all():
+        _refuse_non_finite(values, out, name, origin)
+
+
+def _copy_chunks(col: pa.ChunkedArray, out: np.ndarray) -> None:
+    """A float32 column without nulls into ``out [N]``, chunk by chunk (no concatenated copy)."""
+    start = 0
+    for chunk in col.chunks:
+        out[start:start + len(chunk)] = chunk.to_numpy()
+        start += len(chunk)
+
+
+def _refuse_non_finite(values: np.ndarray, out: np.ndarray, name: str, origin: TableOrigin) -> None:
+    i = _first(~np.isfinite(out))
+    v = float(values[i])
+    if np.isnan(v):
+        raise ValueError(f"{origin.name}: feature column {name!r} has a missing value (NaN) in "
+                         f"{origin.row(i)}; drop or impute such rows before loading")
+    if np.isinf(v):
+        raise ValueError(f"{origin.name}: feature column {name!r} has a NaN or infinite value in "
+                         f"{origin.row(i)}; drop or impute such rows before loading")
+    raise ValueError(f"{origin.name}: feature column {name!r} has a value {v:g} in {origin.row(i)} that "
+                     f"overflows float32 (largest magnitude {FLOAT32_MAX:.4g}); rescale the column")
+
+
+def _categories(col: pa.ChunkedArray, name: str, origin: TableOrigin,
+                given: Sequence[str]) -> tuple[pa.ChunkedArray, list[str]]:
+    cells = _text(col)
+    if cells.null_count:
+        i = _first(pc.is_null(cells)) or 0
+        raise ValueError(f"{origin.name}: categorical column {name!r} has a missing value in "
+                         f"{origin.row(i)}; drop or impute such rows before loading")
+    cats = [str(c) for c in given] or sorted(pc.unique(cells).to_pylist())
+    unknown = pc.invert(pc.is_in(cells, pa.array(cats, pa.string())))
+    if _first(unknown) is not None:
+        found = sorted(set(pc.filter(cells, unknown).to_pylist()))
+        raise ValueError(f"{origin.name}: categorical column {name!r} has values {found} outside its "
+                         f"categories {cats}")
+    return cells, cats
+
+
+def table_features(table: pa.Table, columns: Sequence[str], categorical: Mapping[str, Sequence[str]],
+                   origin: TableOrigin) -> tuple[np.ndarray, list[str], dict[str, list[str]]]:
+    """The features of ``table``: float32 ``[N, F]`` C-ordered, numeric columns as they are and
+    categorical ones one-hot, in the order of ``columns``; also the feature names and the categories
+    used for each categorical column (empty categories given: the column's sorted distinct values).
+
+    Raises ValueError naming ``origin``, the column and the first bad row for a missing column, a
+    missing, non-numeric, infinite or float32-overflowing value, or an unknown category.
+    """
+    cols = {name: _column(table, name, origin, "feature") for name in columns}
+    encoded: dict[str, tuple[pa.ChunkedArray, list[str]]] = {}
+    width = 0
+    for name in columns:
+        if name in categorical:
+            encoded[name] = _categories(cols[name], name, origin, categorical[name])
+            width += len(encoded[name][1])
+        else:
+            width += 1
+    if width == 0:
+        raise ValueError(f"{origin.name}: no feature columns left besides the label")
+    x = np.zeros((table.num_rows, width), dtype=np.float32)
+    names: list[str] = []
+    used: dict[str, list[str]] = {}
+    for name in columns:
+        k = len(names)
+        if name in encoded:
+            cells, cats = encoded[name]
+            index = np.asarray(pc.index_in(cells, pa.array(cats, pa.string())).to_numpy(zero_copy_only=False))
+            x[np.arange(table.num_rows), k + index] = 1.0
+            names += [f"{name}={c}" for c in cats]
+            used[name] = cats
+            continue
+        _feature_column(cols[name], name, origin, x[:, k])
+        names.append(name)
+    return x, names, used
+
+
+def table_labels(table: pa.Table, name: str, origin: TableOrigin, optional: bool = False
+                 ) -> Optional[np.ndarray]:
+    """The label column ``name`` as float64 ``[N]``.
+
+    ValueError naming the first row whose label is missing, not a number or not finite; with
+    ``optional=True`` a table without the column, or whose every cell is empty, has no labels (None).
+    """
+    if optional and name not in table.column_names:
+        return None
+    col = _column(table, name, origin, "label")
+    textual = _is_text(col.type) or pa.types.is_dictionary(col.type)
+    if optional and table.num_rows and (
+            pa.types.is_null(col.type) or col.null_count == table.num_rows
+            or (textual and not pc.any(pc.not_equal(_text(col), "")).as_py())):
+        return None
+    if textual:
+        values = _numbers_from_text(col, name, origin, "label")
+    elif pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_decimal(col.type):
+        if col.null_count:
+            i = _first(pc.is_null(col)) or 0
+            raise ValueError(_label_message(origin, name, "", i))
+        values = np.asarray(col.cast(pa.float64()).to_numpy())
+    else:
+        raise ValueError(f"{origin.name}: label column {name!r} holds {col.type} values; labels must be "
+                         "numbers (ages, scores, months)")
+    bad = _first(~np.isfinite(values))
+    if bad is not None:
+        raise ValueError(_label_message(origin, name, str(col[bad].as_py()), bad))
+    return values
