@@ -138,12 +138,15 @@ setup(
     package_data={"sol_ext": ["datasets/*", "py.typed"]},  # py.typed: the package has type hints
     # the kernels load only beside the torch they were compiled with (sol_ext/__init__.py checks)
     install_requires=[f"torch=={torch.__version__.split('+')[0]}", "numpy", "matplotlib", "tqdm",
-                      "pillow", "pyarrow>=16"],  # pyarrow: table files (CSV, Parquet, Feather) and data frames
+                      "pillow",
+                      "pyarrow>=16",  # table files (CSV, Parquet, Feather) and data frames
+                      "tomli; python_version < '3.11'"],  # --config files before Python 3.11
     extras_require={"vision": ["torchvision"],
                     "test": ["pytest", "pytest-benchmark", "scikit-learn"],
                     "sklearn": ["scikit-learn>=1.6"],   # sol_ext.sklearn.SOLRanker
                     # --method corn; the label-audit comparison of benchmarks/bench_accuracy.py
-                    "baselines": ["coral-pytorch"], "bench": ["coral-pytorch", "cleanlab"]},
+                    "baselines": ["coral-pytorch"], "bench": ["coral-pytorch", "cleanlab"],
+                    "torchmetrics": ["torchmetrics"]},   # sol_ext.torchmetrics
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension},
     entry_points={"console_scripts": ["sol-ext = sol_ext_launcher:main"]},

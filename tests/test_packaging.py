@@ -5,6 +5,7 @@ The full `pip install .` into a fresh environment (a few minutes of compiling) r
 here pip's isolation is imitated the way pip sets it up, which takes seconds.
 """
 
+import ast
 import os
 import subprocess
 import sys
@@ -98,3 +99,13 @@ def test_pyproject_uses_the_in_tree_backend():
     assert system["backend-path"] == ["build_backend"]
     assert not any(r.split("=")[0].split(">")[0].strip() == "torch" for r in system["requires"])
     assert (ROOT / "build_backend" / "sol_ext_backend.py").is_file()
+
+
+def test_py_typed_is_shipped():
+    """The package ships its type hints (PEP 561): ``py.typed`` in the wheel and the sdist."""
+    assert (ROOT / "sol_ext" / "py.typed").is_file()
+    setup = ast.parse((ROOT / "setup.py").read_text())
+    package_data = next(k.value for node in ast.walk(setup) if isinstance(node, ast.Call)
+                        for k in node.keywords if k.arg == "package_data")
+    assert "py.typed" in ast.literal_eval(package_data)["sol_ext"]
+    assert "include sol_ext/py.typed" in (ROOT / "MANIFEST.in").read_text().splitlines()

@@ -1,5 +1,6 @@
 """The README's snippets and commands run as written."""
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -16,6 +17,26 @@ MARK = "<!-- README snippet: tests/test_readme.py runs it -->"
 def snippets() -> list[str]:
     """The python blocks right after the marker, in order."""
     return [m.group(1) for m in re.finditer(re.escape(MARK) + r"\n```python\n(.*?)```", README, re.S)]
+
+
+def section(heading: str) -> str:
+    """The README from ``heading`` to the next heading of the same or a higher level."""
+    start = README.index(heading + "\n")
+    level = len(heading.split()[0])
+    lines = README[start:].splitlines(keepends=True)
+    fenced, length = False, len(lines[0])
+    for line in lines[1:]:
+        fenced ^= line.startswith("```")  # a "# comment" in a code block is no heading
+        if not fenced and re.match(r"#{1,%d} " % level, line):
+            break
+        length += len(line)
+    return README[start:start + length]
+
+
+def snippets_in(heading: str) -> list[str]:
+    """The marked python blocks of the section ``heading``, in order."""
+    return [m.group(1) for m in re.finditer(re.escape(MARK) + r"\n```python\n(.*?)```",
+                                            section(heading), re.S)]
 
 
 def block_after(heading: str, language: str) -> str:
@@ -43,28 +64,53 @@ def test_the_training_loop_snippet_runs(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_use_what_you_trained_runs_as_written(tmp_path, monkeypatch, capsys):
+    """In a fresh folder: the snippet that makes the data files, every command, the load_run
+    snippet and the exported program's loader, as written."""
+    import torch
+
     monkeypatch.chdir(tmp_path)
-    write_scores(tmp_path / "f.csv", 300, 0)
-    write_scores(tmp_path / "g.csv", 100, 1)
-    for line in block_after("### Use what you trained", "bash").splitlines():
+    heading = "### Use what you trained"
+    make_files, use_run = snippets_in(heading)
+    exec(compile(make_files, "README: the data files", "exec"), {})
+    assert (tmp_path / "train.csv").is_file() and (tmp_path / "test.csv").is_file()
+    for line in block_after(heading, "bash").splitlines():
         command = shlex.split(line.split("#")[0])
         assert command[0] == "sol-ext"
-        assert main(command[1:]) == 0, line
+        assert main(command[1:]) == 0, (line, capsys.readouterr().err)
     printed = capsys.readouterr().out
-    assert "MAE" in printed and (tmp_path / "pred.csv").is_file() and (tmp_path / "model.pt2").is_file()
+    run = tmp_path / "runs" / "mine"
+    assert "MAE" in printed and (tmp_path / "pred.csv").is_file()
+    assert (run / "model.pt2").is_file() and (run / "model.json").is_file()
     scope: dict = {}
-    exec(compile(snippets()[1], "README: load_run", "exec"), scope)
-    assert scope["values"].shape == (100,) and scope["p"].shape == (100, 17)
+    exec(compile(use_run, "README: load_run", "exec"), scope)
+    labels = scope["model"].label_values
+    assert scope["values"].shape == (100,) and scope["p"].shape == (100, len(labels))
     exported = block_after("returns the predicted labels", "python")
     exec(compile(exported, "README: exported program", "exec"), scope)
     assert scope["prediction"].shape == (1,)
     assert float(scope["prediction"][0]) == float(scope["model"].predict(scope["rows"])[0])
+    # the loader's check names the expected shape and columns where the program's guard does not
+    with pytest.raises(ValueError, match=r"expected \['N', 4\] \(a, b, c, d\), got \[1, 3\]"):
+        exec(compile(exported, "README: exported program", "exec"), {**scope, "rows": [[0.1, 0.2, 0.3]]})
+    # the keys the README names are the sidecar's
+    side = json.loads((run / "model.json").read_text())
+    keys = re.findall(r"sidecar's\s+`([\w.]+)`", section(heading))
+    assert {"inputs.feature_names", "label_values", "inputs.shape"} <= set(keys), keys
+    for key in keys:
+        value = side
+        for part in key.split("."):
+            assert part in value, key
+            value = value[part]
+    assert side["inputs"]["feature_names"] == scope["model"].feature_names == ["a", "b", "c", "d"]
+    torch.testing.assert_close(scope["program"](torch.tensor(scope["rows"], dtype=torch.float64))[0],
+                               scope["prediction"])
 
 
 def test_the_estimator_snippet_runs():
     pytest.importorskip("sklearn")
     scope: dict = {}
-    exec(compile(snippets()[2], "README: scikit-learn estimator", "exec"), scope)
+    exec(compile(snippets_in("### A scikit-learn estimator")[0], "README: scikit-learn estimator",
+                 "exec"), scope)
     assert scope["ranker"].predict(scope["X"][:3]).shape == (3,)
     assert set(scope["search"].best_params_) == {"solranker__margin"}
 

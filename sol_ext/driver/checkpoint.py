@@ -32,7 +32,8 @@ from .prepare import PreparedData
 __all__ = ["CHECKPOINT_NAME", "BEST_NAME", "SIGMA_SEARCH_NAME", "SIGMA_SEARCH_RECORD",
            "sigma_search_progress", "read_search_record", "epoch_state", "selected_state",
            "resumable_state", "predictor_record", "load_run_state", "CheckpointMismatch", "save_checkpoint", "load_checkpoint",
-           "check_resumable", "checkpoint_epoch", "atomic_write_bytes", "atomic_write_text"]
+           "check_resumable", "checkpoint_epoch", "atomic_write_bytes", "atomic_write_text",
+           "atomic_write_files"]
 
 CHECKPOINT_NAME = "checkpoint.pt"  # the last epoch: what --resume continues
 BEST_NAME = "best.pt"              # the selected epoch: the run's model (sol_ext.load_run)
@@ -160,6 +161,34 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename, so that a reader never
     sees a half-written file."""
     _replace_atomically(path, lambda f: f.write(data))
+
+
+def atomic_write_files(contents: dict[Path, bytes]) -> None:
+    """Write several files that belong together (a program and its sidecar): every temporary
+    first, then the renames, so that an error or a Ctrl-C while writing leaves the old files and
+    no temporary."""
+    written: list[tuple[Path, Path]] = []
+    try:
+        for path, data in contents.items():
+            tmp = _temporary_name(Path(path))
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except OSError as exc:
+                raise _write_error(Path(path), exc) from None
+            written.append((tmp, Path(path)))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        for tmp, path in written:
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise _write_error(path, exc) from None
+    except BaseException:  # also Ctrl-C: leave no temporary behind
+        for tmp, _ in written:
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -1,7 +1,9 @@
 """The ``sol-ext`` command: ``train``, ``predict``, ``export``, ``audit`` and ``compare``.
 
 Errors in the input (a bad data file, an unknown option value, a checkpoint of another run)
-print one line ``sol-ext: error: ...`` and exit with status 2.
+print one line ``sol-ext: error: ...`` and exit with status 2. Every output path is checked by
+:mod:`sol_ext.driver.outputs` before anything is computed; Ctrl-C prints ``sol-ext: interrupted``
+and exits with status 130, leaving no partial file.
 """
 
 from __future__ import annotations
@@ -200,6 +202,7 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sol-ext", description="Stochastic Order Learning: rank estimation from noisy labels.")
+    parser.add_argument("-V", "--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     t = sub.add_parser("train", help="train one model and report test MAE/CS",
@@ -230,6 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "plots are deleted)")
     t.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     t.add_argument("--quiet", action="store_true", help="no per-epoch lines, no progress bar")
+    t.add_argument("--config", default=None, metavar="FILE",
+                   help="TOML file of settings, one 'key = value' line each, keys as the options "
+                        "above (epochs = 40, label_column = \"age\"); options given here override it "
+                        "(Python < 3.11 needs the tomli package)")
+    t.add_argument("--print-config", action="store_true",
+                   help="print the run's settings as TOML (what --config reads) and exit without "
+                        "training")
 
     pr = sub.add_parser("predict", help="predict labels for new data with a trained run",
                         description="One CSV row per input: id (data row from 0, or image path), "
@@ -243,7 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--delimiter", default=None,
                     help="cell separator of a CSV file (default: the training file's, else sniffed)")
     pr.add_argument("--output", default=None,
-                    help="where to write the CSV (default: RUN_DIR/predictions.csv; '-' for stdout)")
+                    help="where to write the CSV (default: RUN_DIR/predictions.csv, replaced by a "
+                         "rerun; '-' for stdout). Never the input file or a file sol-ext wrote into "
+                         "a run folder; another existing file needs --overwrite")
+    pr.add_argument("--overwrite", action="store_true",
+                    help="replace an existing --output file that is neither an input nor sol-ext's")
     pr.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto (default: %(default)s)")
     pr.add_argument("--workers", type=int, default=None,
                     help="DataLoader processes decoding image files; 0: this process (default: the "
@@ -252,12 +266,18 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export", help="write a trained run as a torch.export program (.pt2)",
                         description="A torch.export program that loads and predicts with plain "
                                     "torch (torch.export.load(PATH).module()(x)), without sol_ext; "
-                                    "x is float32 [N, F] raw features in the training column order "
-                                    "(one-hot columns included) or images [N, C, H, W] in [0, 1]. "
-                                    "Beside it, a .json file names the columns and label values.")
+                                    "x is float32 or float64 [N, F] raw features in the training "
+                                    "column order (one-hot columns included) or images [N, C, H, W] "
+                                    "in [0, 1]; a row with NaN or inf gets NaN outputs. Beside it, "
+                                    "PATH with the suffix .json names the columns and label values.")
     ex.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="output folder of 'sol-ext train'")
     ex.add_argument("--output", default=None,
-                    help="the program's path (default: RUN_DIR/model.pt2)")
+                    help="the program's path; its sidecar is the same path with .json as suffix "
+                         "(default: RUN_DIR/model.pt2 and RUN_DIR/model.json, replaced by a rerun). "
+                         "Never a file sol-ext wrote into a run folder; another existing file needs "
+                         "--overwrite")
+    ex.add_argument("--overwrite", action="store_true",
+                    help="replace an existing program or sidecar that is not sol-ext's run files")
 
     a = sub.add_parser("audit", help="list the training labels that look wrong, as CSV",
                        description="One row per training sample of a trained run, suspects "
@@ -266,7 +286,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "suggested label.")
     a.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="output folder of 'sol-ext train'")
     a.add_argument("--csv", default=None,
-                   help="where to write the CSV (default: RUN_DIR/audit.csv; '-' for stdout)")
+                   help="where to write the CSV (default: RUN_DIR/audit.csv, replaced by a rerun; "
+                        "'-' for stdout). Never a file sol-ext wrote into a run folder; another "
+                        "existing file needs --overwrite")
+    a.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --csv file that is not one of sol-ext's run files")
 
     c = sub.add_parser("compare", help="SOL against the baselines under label noise",
                        description="Train every method at Gaussian kappa in {0, 0.2, 0.3, 0.4} "
@@ -290,14 +314,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
 def _config(args: argparse.Namespace, **override) -> TrainConfig:
-    """The run's configuration: the defaults, or the paper's settings with ``--paper``, then
-    every option given on the command line."""
+    """The run's configuration: the defaults, or the paper's settings with ``--paper``, then the
+    ``--config`` file's settings, then every option given on the command line."""
     names = {f.name for f in dataclasses.fields(TrainConfig)}
+    from_file = None
+    given = None  # without a file, every option that is not None (defaults included) applies
+    if getattr(args, "config", None) is not None:
+        from .config_file import options_given, read_config_file
+
+        from_file = read_config_file(args.config)
+        args.paper = from_file.pop("paper", False) or args.paper  # also names the output folder
+        given = options_given(build_parser(), args.argv)
     values = dict(PAPER_SETTINGS) if getattr(args, "paper", False) else {}
-    values.update({k: v for k, v in vars(args).items() if k in names and v is not None})
+    values.update(from_file or {})
+    values.update({k: v for k, v in vars(args).items()
+                   if k in names and v is not None and (given is None or k in given)})
     values.update(override)
-    return TrainConfig(**values).validate()
+    try:
+        return TrainConfig(**values).validate()
+    except ValueError as exc:
+        if from_file and _refused(dict(PAPER_SETTINGS) if args.paper else {}, from_file, str(exc)):
+            raise ValueError(f"--config {args.config}: {exc}") from None  # the file's own values
+        raise
+
+
+def _refused(base: dict, settings: dict, message: str) -> bool:
+    """Whether ``settings`` over ``base``, without the command line, fail with ``message``."""
+    try:
+        TrainConfig(**{**base, **settings}).validate()
+    except ValueError as exc:
+        return str(exc) == message
+    return False
 
 
 def _check_threads(requested: int) -> None:
@@ -353,20 +407,20 @@ def _output_folder(text: str, flag: str = "--output") -> Path:
     return Path(text)
 
 
-def _output_file(text: str, flag: str) -> Path:
-    """The file path ``text`` of ``flag``, checked before anything is computed: not empty, not a
-    folder, in an existing folder."""
-    from .rundir import check_no_file_above
+def _data_inputs(cfg: TrainConfig) -> list:
+    """``(what, path)`` of the data a run reads: no output may be written over them."""
+    return [("the --data file", cfg.data), ("the --test-data file", cfg.test_data)]
 
-    if not text:
-        raise UsageError(f"{flag} '': an empty path; expected a file path, or '-' for stdout.")
-    path = Path(text)
-    if path.is_dir():
-        raise UsageError(f"{flag} {text}: is a folder, expected a file path.")
-    check_no_file_above(path, flag)
-    if not path.parent.is_dir():
-        raise UsageError(f"{flag} {text}: the folder {path.parent} does not exist; create it first.")
-    return path
+
+def _run_data(run_dir: Path, config: Optional[TrainConfig] = None) -> list:
+    """The data files the run in ``run_dir`` was trained on (its ``config``, read from the run
+    when not given), as inputs no output may replace."""
+    from .checkpoint import load_run_state
+
+    values = (load_run_state(run_dir).get("config", {}) if config is None
+              else dataclasses.asdict(config))
+    return [(f"the training data of {run_dir}", values.get("data")),
+            (f"the test data of {run_dir}", values.get("test_data"))]
 
 
 def _same_data(a: str, b: str) -> bool:
@@ -418,7 +472,15 @@ def _warn_if_few_fitted(cfg: TrainConfig, n_train: int, n_fit: int, world_size: 
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .checkpoint import BEST_NAME, CHECKPOINT_NAME, SIGMA_SEARCH_NAME, sigma_search_progress
+    from .checkpoint import (
+        BEST_NAME,
+        CHECKPOINT_NAME,
+        SIGMA_SEARCH_NAME,
+        atomic_write_text,
+        sigma_search_progress,
+    )
+    from .config_file import CONFIG_FILE_NAME, config_toml
+    from .outputs import check_run_inputs
     from .parallel import Parallel
     from .prepare import prepare_data
     from .report import clear_results, format_table, noise_label, write_outputs
@@ -431,6 +493,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     _check_threads(args.threads)
     cfg = _config(args)  # without --noise: gaussian on a built-in set, else none (TrainConfig)
     _check_test_data(args, cfg)
+    if args.print_config:
+        sys.stdout.write(config_toml(cfg, paper=args.paper))
+        return 0
     par = Parallel.from_environment()  # torchrun: one of several processes
     device = resolve_device(cfg.device, par)
     out = (_output_folder(args.output) if args.output is not None
@@ -439,6 +504,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     try:
         if par.is_main:  # before the lock file: a folder that is not a run's stays untouched
             check_output_folder(out)
+            check_run_inputs(out, "--output", _data_inputs(cfg))
         # one run at a time in `out` (rank 0 holds it for all); a Ctrl-C says what it holds
         with run_folder(out) if par.is_main else contextlib.nullcontext(out):
             if par.is_main:
@@ -475,12 +541,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
                 elif args.overwrite:
                     # the old run goes: predict/export/audit must not find its model or results
                     clear_results(out)
-                    for name in (CHECKPOINT_NAME, BEST_NAME):
+                    for name in (CHECKPOINT_NAME, BEST_NAME, CONFIG_FILE_NAME):
                         (out / name).unlink(missing_ok=True)
                     shutil.rmtree(out / SIGMA_SEARCH_NAME, ignore_errors=True)
             outcome = train(cfg, data, out, resume=args.resume,
                             progress=not args.quiet and sys.stdout.isatty(), log=say, parallel=par)
             if par.is_main:
+                # the settings as --config reads them, then the results (written last)
+                atomic_write_text(out / CONFIG_FILE_NAME, config_toml(cfg, paper=args.paper))
                 path = write_outputs(outcome, data, out, plots=args.plots)
                 print(format_table([outcome.results]))
                 print(f"{time.perf_counter() - start:.1f} s; results in {path}")
@@ -495,10 +563,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_audit(args: argparse.Namespace) -> int:
     from .audit import audit_run, write_audit
+    from .outputs import check_output
 
     to_stdout = args.csv == "-"
-    path = None if to_stdout else (args.run_dir / "audit.csv" if args.csv is None
-                                   else _output_file(args.csv, "--csv"))
+    default = args.run_dir / "audit.csv"  # a rerun replaces it
+    path = None if to_stdout else check_output(
+        str(default) if args.csv is None else args.csv, "--csv", inputs=_run_data(args.run_dir),
+        replaceable=[default], overwrite=args.overwrite)
     report = audit_run(args.run_dir)
     if to_stdout:
         sys.stdout.write(report.to_csv())
@@ -513,16 +584,20 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 def _cmd_predict(args: argparse.Namespace) -> int:
     from .loader import auto_workers
     from .model import load_run
+    from .outputs import check_output
     from .predict import format_scores, prediction_csv, score_prediction
     from .train import resolve_device
 
     if args.workers is not None and args.workers < 0:
         raise UsageError(f"--workers must be >= 0, got {args.workers}.")
     to_stdout = args.output == "-"
-    path = None if to_stdout else (args.run_dir / "predictions.csv" if args.output is None
-                                   else _output_file(args.output, "--output"))
     model = load_run(args.run_dir, device=resolve_device(args.device),
                      workers=auto_workers() if args.workers is None else args.workers)
+    default = args.run_dir / "predictions.csv"  # a rerun replaces it
+    inputs = [("the --data file", args.data), *_run_data(args.run_dir, model.config)]
+    path = None if to_stdout else check_output(
+        str(default) if args.output is None else args.output, "--output", inputs=inputs,
+        replaceable=[default], overwrite=args.overwrite)
     if args.delimiter is not None:
         model.preprocessing = {**model.preprocessing, "delimiter": args.delimiter}
     prediction = model.predict_table(args.data)
@@ -543,11 +618,22 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from .export import export_run
+    from .export import export_run, sidecar_path
     from .model import load_run
+    from .outputs import check_output
 
-    path = args.run_dir / "model.pt2" if args.output is None else _output_file(args.output, "--output")
     model = load_run(args.run_dir)
+    default = args.run_dir / "model.pt2"
+    own = [default, sidecar_path(default)]  # a rerun replaces the default export
+    inputs = _run_data(args.run_dir, model.config)
+    text = str(default) if args.output is None else args.output
+    if text and sidecar_path(text) == Path(text):
+        raise UsageError(f"--output {text}: the program would share its name with its .json "
+                         f"sidecar; choose a name that does not end in .json, e.g. model.pt2.")
+    path = check_output(text, "--output", inputs=inputs, replaceable=own, overwrite=args.overwrite,
+                        stdout_ok=False)
+    check_output(str(sidecar_path(path)), f"--output {text} (its sidecar)", inputs=inputs,
+                 replaceable=own, overwrite=args.overwrite, stdout_ok=False)
     side = export_run(model, path)
     print(f"exported {model.method} -> {path} (torch.export; needs plain torch only), "
           f"inputs and label values -> {side}")
@@ -563,6 +649,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         run_comparison,
         write_comparison,
     )
+    from .outputs import check_compare_folder
     from .rundir import run_folder
 
     _check_threads(args.threads)
@@ -572,6 +659,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     settings = noise_settings(args.kappas, args.noises)
     methods = default_methods() if args.methods is None else args.methods
     check_comparison(base, methods, settings, args.seeds)  # every option before the first run
+    check_compare_folder(out, "--output", _data_inputs(base))  # before the lock file is made
     _set_threads(args.threads, base, "images" if args.encoder not in ("auto", "mlp") else _kind(base))
     with run_folder(out, note=lambda: f"interrupted; {out / 'compare.md'} was not updated."):
         records = run_comparison(base, methods, settings, args.seeds, out, log=_say)
@@ -601,6 +689,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``sol-ext``; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)  # argparse exits with status 2 on bad syntax
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # which options were typed (--config)
     handler = {"train": _cmd_train, "predict": _cmd_predict, "export": _cmd_export,
                "audit": _cmd_audit, "compare": _cmd_compare}[args.command]
     try:
@@ -614,7 +703,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt as exc:
         # a run says what its output folder holds (rundir.RunInterrupted); elsewhere, nothing
         # was written
-        print(f"sol-ext: {exc or 'interrupted; nothing was written.'}", file=sys.stderr)
+        # (a bare KeyboardInterrupt has an empty message, but is true as an object)
+        print(f"sol-ext: {str(exc) or 'interrupted; nothing was written.'}", file=sys.stderr)
         return 130
     except Exception as exc:
         # bad input: the message says what and how to fix it, with the command's flags; no

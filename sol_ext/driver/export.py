@@ -7,15 +7,22 @@ the encoder and the read-out are inside; the read-out's dissimilarities ``D`` ar
 torch operations (docs/math.md §3), not sol_ext's kernels, so loading needs no sol_ext::
 
     program = torch.export.load("model.pt2").module()
-    prediction, expected, probabilities = program(torch.tensor(rows, dtype=torch.float32))
+    prediction, expected, probabilities = program(torch.tensor(rows))
 
-Beside ``model.pt2`` goes ``model.json``: the columns, the one-hot categories of each categorical
+Inputs of any floating dtype are cast inside (float32 for the encoder). A row with a NaN or
+infinite value (or one that overflows float32) gets NaN for all three outputs: NaN is never a label
+value, so such a prediction cannot be mistaken for one. The input's shape is checked by the loaded
+program's own guard (``Guard failed: x.size()[1] == F``); the sidecar's ``inputs.shape`` says it.
+
+Beside the program goes its sidecar, the same path with the suffix ``.json`` (``model.pt2`` ->
+``model.json``; :func:`sidecar_path`): the columns, the one-hot categories of each categorical
 column, and the label value of each probability column.
 """
 
 from __future__ import annotations
 
 import copy
+import io
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -23,11 +30,11 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from .checkpoint import atomic_write_text
+from .checkpoint import atomic_write_files
 from .methods import head_probabilities, head_ranks
 from .model import TrainedModel
 
-__all__ = ["ExportedPredictor", "export_run", "SIDECAR_SUFFIX"]
+__all__ = ["ExportedPredictor", "export_run", "sidecar_path", "SIDECAR_SUFFIX"]
 
 SIDECAR_SUFFIX = ".json"
 
@@ -55,14 +62,26 @@ class ExportedPredictor(nn.Module):
             self.temperature = float(head.temperature)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x`` [N, F] or [N, C, H, W], any floating dtype -> prediction [N], expected [N],
+        probabilities [N, n] (float64); NaN in all three for a row that is not finite."""
+        # a copy into a new tensor casts any dtype; x.to() would be traced as a no-op that the
+        # program then asserts (float32 only)
         if self.scaled:
-            x = ((x.to(torch.float64) - self.mean) / self.std).to(torch.float32)
+            x64 = torch.empty(x.shape, dtype=torch.float64).copy_(x)
+            x = ((x64 - self.mean) / self.std).to(torch.float32)
+        else:
+            x = torch.empty(x.shape, dtype=torch.float32).copy_(x)
         h = self.model(x)
         if self.method in ("sol", "sol-no-noise"):
             probabilities, ranks = self._sol_readout(h)
         else:
             probabilities, ranks = self._head_readout(h)
-        return self.values[ranks], probabilities @ self.values, probabilities
+        # NaN or inf anywhere in a row (also one that overflowed float32) gives NaN, not a rank
+        bad = ~(torch.isfinite(x.flatten(1)).all(1) & torch.isfinite(h).all(1))
+        prediction = torch.where(bad, torch.nan, self.values[ranks])
+        expected = torch.where(bad, torch.nan, probabilities.to(torch.float64) @ self.values)
+        probabilities = torch.where(bad[:, None], torch.nan, probabilities.to(torch.float64))
+        return prediction, expected, probabilities
 
     def _sol_readout(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # D[x, q] = sum_j P[q, j] ||h_x - mu_j||^2 in float64: the expanded square loses nothing here
@@ -91,7 +110,7 @@ def sidecar(trained: TrainedModel) -> dict[str, Any]:
         "format": "sol_ext exported model",
         "method": trained.method,
         "inputs": {"kind": trained.kind, "shape": ["N", *trained.input_shape],
-                   "dtype": "float32",
+                   "dtype": "float32 (other dtypes are cast inside)",
                    "feature_names": trained.feature_names,
                    "source_columns": schema.get("columns"),
                    "categorical": schema.get("categorical", {}),
@@ -100,13 +119,30 @@ def sidecar(trained: TrainedModel) -> dict[str, Any]:
                    if trained.scaling is not None else "none: images in [0, 1]"},
         "outputs": ["prediction [N] float64, label units", "expected [N] float64, label units",
                     "probabilities [N, n] float64, one column per label value"],
+        "non_finite_rows": "a row with NaN or inf gets NaN prediction, expected and probabilities",
         "label_values": [float(v) for v in trained.label_values],
     }
 
 
+def sidecar_path(program: Path | str) -> Path:
+    """The sidecar of the program ``program``: the same path with the suffix ``.json``."""
+    return Path(program).with_suffix(SIDECAR_SUFFIX)
+
+
 def export_run(trained: TrainedModel, output: Path, example: Optional[torch.Tensor] = None) -> Path:
-    """Write ``output`` (a ``torch.export`` program, ``.pt2``) and its sidecar ``.json``; return the
-    sidecar's path. The batch dimension is dynamic."""
+    """Write ``output`` (a ``torch.export`` program, ``.pt2``) and its sidecar
+    (:func:`sidecar_path`); return the sidecar's path. The batch dimension is dynamic. Both files
+    are replaced together, or neither (an error or Ctrl-C leaves the folder as it was).
+
+    Raises:
+        ValueError: ``output`` ends in ``.json`` (the program and its sidecar would be one file).
+        OSError: a file cannot be written (one line naming it).
+    """
+    output = Path(output)
+    side = sidecar_path(output)
+    if side == output:
+        raise ValueError(f"output {output}: the program would share its name with its .json "
+                         f"sidecar; choose a name that does not end in .json, e.g. model.pt2.")
     module = ExportedPredictor(trained).eval().requires_grad_(False)  # outputs need no graph
     if example is None:
         example = torch.rand(2, *trained.input_shape)
@@ -114,15 +150,10 @@ def export_run(trained: TrainedModel, output: Path, example: Optional[torch.Tens
     with torch.no_grad():
         program = torch.export.export(module, (example.to(torch.float32),),
                                       dynamic_shapes=({0: batch},))
-    output = Path(output)
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    text = json.dumps(sidecar(trained), indent=2, allow_nan=False) + "\n"
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.stem}.tmp{output.suffix or '.pt2'}")
-    try:
-        torch.export.save(program, tmp)
-        tmp.replace(output)
-    finally:
-        tmp.unlink(missing_ok=True)
-    side = output.with_suffix(SIDECAR_SUFFIX)
-    atomic_write_text(side, json.dumps(sidecar(trained), indent=2, allow_nan=False) + "\n")
+    atomic_write_files({output: buffer.getvalue(), side: text.encode("utf-8")})
     return side
 

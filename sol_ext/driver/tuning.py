@@ -47,6 +47,13 @@ def trial_config(config: TrainConfig, sigma: float) -> TrainConfig:
     return dataclasses.replace(config, sigma=float(sigma))
 
 
+def _trial_log(log: Callable[[str], None], sigma: float, number: int,
+               trials: int) -> Callable[[str], None]:
+    """``log`` with the trial named before each line of its run (one per epoch): a search trains
+    several times over, and without them it would be a long silent wait."""
+    return lambda line: log(f"sigma {sigma:g} (trial {number}/{trials}): {line}")
+
+
 def select_sigma(config: TrainConfig, data: PreparedData, grid: Sequence[float] = SIGMA_GRID,
                  log: Callable[[str], None] = print, parallel=None,
                  work_dir: Optional[Path] = None, resume: bool = False) -> dict[str, Any]:
@@ -57,7 +64,8 @@ def select_sigma(config: TrainConfig, data: PreparedData, grid: Sequence[float] 
     finished trial is added to the record ``work_dir/search.json``. With ``resume``, a trial with
     a checkpoint in ``work_dir`` continues from it (a finished one only reports its outcome, or
     trains on to more epochs) and the others train afresh: the outcome is that of an
-    uninterrupted search.
+    uninterrupted search. ``log`` gets each trial's epoch lines, named by the trial's sigma, and
+    one line per finished trial.
 
     Returns:
         ``{"sigma": best, "val_mae": {sigma: MAE, ...}}`` (MAE in ranks, at each run's selected
@@ -75,15 +83,15 @@ def select_sigma(config: TrainConfig, data: PreparedData, grid: Sequence[float] 
             resume = False
         record = read_search_record(work_dir) if resume and par.is_main else {"finished": {}}
         record.update(config=config.to_dict(), grid=[float(s) for s in grid])
-        for sigma in grid:
+        for number, sigma in enumerate(grid, start=1):
             trial = trial_config(config, sigma)
             trial.validate()
             where = trial_dir(work_dir, sigma)
             # rank 0 alone reads the folder: every process must take the same branch
             again = resume and par.broadcast_object(
                 (where / CHECKPOINT_NAME).is_file() if par.is_main else None)
-            outcome = train_run(trial, data, where, resume=again, log=lambda _line: None,
-                                parallel=parallel)
+            outcome = train_run(trial, data, where, resume=again,
+                                log=_trial_log(log, sigma, number, len(grid)), parallel=parallel)
             scores[float(sigma)] = float(outcome.results["val_mae"])
             if par.is_main:
                 record["finished"][f"{sigma:g}"] = {

@@ -1,0 +1,166 @@
+"""The one check every file the ``sol-ext`` commands write goes through: nothing a user keeps is
+written over.
+
+A command's output file (``predict --output``, ``export --output`` and its ``.json`` sidecar,
+``audit --csv``, ``compare``'s tables, ``train``'s run files) is refused, with one line naming the
+flag and the file, when it would replace
+
+* an input of the command (``--data``, ``--test-data``, or the training data a run was made from),
+  always;
+* a file sol-ext wrote into a run folder (``best.pt``, ``checkpoint.pt``, ``results.json``,
+  ``config.toml``, the plots, ``predictions.csv``, ``audit.csv``, ``model.pt2``/``model.json`` of an export, anything
+  under ``sigma-search/``) or a comparison's ``compare.json``/``compare.md``, always, unless it is
+  the command's own default output (a rerun of ``sol-ext predict RUN`` replaces
+  ``RUN/predictions.csv``, as one expects);
+* any other existing file, unless ``--overwrite`` is given.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Tuple
+
+from .checkpoint import BEST_NAME, CHECKPOINT_NAME, SIGMA_SEARCH_NAME
+from .config_file import CONFIG_FILE_NAME
+from .errors import UsageError
+from .report import PLOT_NAMES, RESULTS_NAME
+
+__all__ = ["RUN_FILE_NAMES", "COMPARE_FILE_NAMES", "Input", "check_output", "check_inputs_kept",
+           "check_run_inputs", "check_compare_folder", "package_file_owner"]
+
+# What sol-ext writes into a run folder (the lock and the temporaries are the run's too).
+RUN_FILE_NAMES = frozenset({CHECKPOINT_NAME, BEST_NAME, RESULTS_NAME, CONFIG_FILE_NAME, *PLOT_NAMES,
+                            "predictions.csv", "audit.csv", "model.pt2", "model.json", ".lock"})
+COMPARE_FILE_NAMES = frozenset({"compare.json", "compare.md"})
+
+# what an input is ("the --data file") and its path, a built-in data set's name, or None
+Input = Tuple[str, Optional[str]]
+
+
+def _real(path: Path | str) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def _holds_run(folder: Path) -> bool:
+    return (folder / CHECKPOINT_NAME).is_file() or (folder / BEST_NAME).is_file() \
+        or (folder / SIGMA_SEARCH_NAME).is_dir()
+
+
+def package_file_owner(path: Path | str) -> Optional[str]:
+    """The folder whose sol-ext output ``path`` is (a run folder or a comparison's), or None
+    when ``path`` is not a file sol-ext wrote there."""
+    real = _real(path)
+    folder = real.parent
+    if real.name in RUN_FILE_NAMES and _holds_run(folder):
+        return f"the run folder {folder}"
+    if real.name in COMPARE_FILE_NAMES and any((folder / n).is_file() for n in COMPARE_FILE_NAMES):
+        return f"the comparison folder {folder}"
+    for above in real.parents:  # the trials of a sigma search: RUN/sigma-search/...
+        if above.name == SIGMA_SEARCH_NAME and _holds_run(above.parent):
+            return f"the sigma search of the run folder {above.parent}"
+    return None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return _real(a) == _real(b)
+
+
+def _input_named(path: Path, inputs: Iterable[Input]) -> Optional[Input]:
+    """The entry of ``inputs`` that is the file ``path``, if any (built-in names never are)."""
+    for flag, given in inputs:
+        if given and Path(given).exists() and _same_file(path, Path(given)):
+            return flag, given
+    return None
+
+
+def check_inputs_kept(path: Path | str, flag: str, inputs: Iterable[Input]) -> None:
+    """Refuse ``path`` (an output of ``flag``) when it is one of ``inputs``.
+
+    Raises:
+        UsageError: naming ``flag``, the file and the input's flag.
+    """
+    hit = _input_named(Path(path), inputs)
+    if hit is not None:
+        raise UsageError(f"{flag} {path}: is {hit[0]} ({hit[1]}); writing there would replace it: "
+                         f"choose another file.")
+
+
+def check_output(text: str, flag: str, *, inputs: Sequence[Input] = (),
+                 replaceable: Sequence[Path] = (), overwrite: bool = False,
+                 stdout_ok: bool = True) -> Path:
+    """The file path ``text`` of ``flag``, checked before anything is computed.
+
+    It must be a file path in an existing folder, not an input (``inputs``: ``(flag, path)``
+    pairs), not a file sol-ext wrote (:func:`package_file_owner`) and not an existing file unless
+    ``overwrite`` — except the paths in ``replaceable`` (the command's own default output), which
+    may be replaced.
+
+    Raises:
+        UsageError: one line naming ``flag``, the file and what to do instead.
+    """
+    from .rundir import check_no_file_above
+
+    if not text:
+        hint = ", or '-' for stdout" if stdout_ok else ""
+        raise UsageError(f"{flag} '': an empty path; expected a file path{hint}.")
+    path = Path(text)
+    if path.is_dir():
+        raise UsageError(f"{flag} {text}: is a folder, expected a file path.")
+    check_no_file_above(path, flag)
+    if not path.parent.is_dir():
+        raise UsageError(f"{flag} {text}: the folder {path.parent} does not exist; create it first.")
+    check_inputs_kept(path, flag, inputs)
+    if any(_real(path) == _real(own) for own in replaceable):
+        return path
+    owner = package_file_owner(path)
+    if owner is not None and (path.exists() or path.is_symlink()):
+        raise UsageError(f"{flag} {text}: is {path.name} of {owner}, written by sol-ext; "
+                         f"choose another file.")
+    if not overwrite and (path.exists() or path.is_symlink()):
+        raise UsageError(f"{flag} {text}: the file exists; pass --overwrite to replace it, or "
+                         f"choose another file.")
+    return path
+
+
+def check_run_inputs(out: Path, flag: str, inputs: Sequence[Input]) -> None:
+    """Refuse training inputs that ``train`` would write over or, with ``--overwrite``, delete in
+    its output folder ``out``: its checkpoints, results and plots, or the sigma search's trials.
+
+    Raises:
+        UsageError: naming ``flag``, the file and the input's flag.
+    """
+    out = Path(out)
+    for name in (CHECKPOINT_NAME, BEST_NAME, RESULTS_NAME, *PLOT_NAMES):
+        check_inputs_kept(out / name, flag, inputs)
+    search = _real(out / SIGMA_SEARCH_NAME)
+    for what, given in inputs:
+        if given and Path(given).exists() and search in _real(given).parents:
+            raise UsageError(f"{flag} {out}: {what} ({given}) is inside {out / SIGMA_SEARCH_NAME}, "
+                             f"which the run writes and removes: move the data out of it.")
+
+
+def check_compare_folder(out: Path, flag: str, inputs: Sequence[Input] = ()) -> None:
+    """Refuse a ``compare --output`` folder that holds other files and no comparison (its tables
+    would land among the user's files), and inputs that are its tables.
+
+    Raises:
+        UsageError: naming ``flag`` and a few of the files found.
+    """
+    from .rundir import _TEMPORARY, LOCK_NAME
+
+    out = Path(out)
+    for name in sorted(COMPARE_FILE_NAMES):
+        check_inputs_kept(out / name, flag, inputs)
+    if not out.is_dir() or any((out / n).is_file() for n in COMPARE_FILE_NAMES) \
+            or any(out.glob(f"*/*/seed*/{CHECKPOINT_NAME}")):
+        return
+    others = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME and not _TEMPORARY.match(p.name))
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise UsageError(f"{flag} {out}: the folder holds other files ({shown}) and no comparison "
+                         f"(no compare.json); a comparison writes into a new or empty folder or "
+                         f"its own: choose another {flag}.")

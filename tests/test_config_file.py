@@ -1,0 +1,195 @@
+"""``sol-ext train --config FILE`` and ``--print-config``: the file's settings sit between the defaults
+(or the paper's settings) and the options typed on the command line; what --print-config writes,
+--config reads back to the same TrainConfig; bad files are refused with one line naming the file and
+the key."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from common import tiny_csv
+from sol_ext.driver.cli import _config, build_parser, main
+from sol_ext.driver.config import PAPER_SETTINGS, TrainConfig
+from sol_ext.driver.config_file import (
+    CONFIG_FILE_NAME,
+    FIELD_KINDS,
+    config_toml,
+    read_config_file,
+)
+from sol_ext.driver.errors import UsageError
+
+
+def resolved(argv: list[str]) -> TrainConfig:
+    """The TrainConfig that ``sol-ext train ARGV`` runs with (as main() resolves it)."""
+    args = build_parser().parse_args(["train", *argv])
+    args.argv = ["train", *argv]
+    return _config(args)
+
+
+def printed(argv: list[str], capsys) -> str:
+    """What ``sol-ext train ARGV --print-config`` writes to stdout (it must not train)."""
+    capsys.readouterr()
+    assert main(["train", *argv, "--print-config"]) == 0
+    return capsys.readouterr().out
+
+
+def one_error_line(argv: list[str], capsys) -> str:
+    """The one error line of ``sol-ext train ARGV``, which must exit with status 2."""
+    capsys.readouterr()
+    assert main(["train", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("sol-ext: error: "), err
+    return err
+
+
+ROUND_TRIPS = [
+    [],
+    ["--paper"],
+    ["--paper", "--tau", "2", "--sigma", "0.5"],
+    ["--data", 'my "data" \u00e9t\u00e9\\x.csv', "--label-column", "age", "--delimiter", ";",
+     "--test-fraction", "0.25", "--noise", "laplacian", "--kappa", "0.5"],
+    ["--method", "l1", "--hidden", "64,32,8", "--embedding-dim", "8", "--no-normalize", "--refine",
+     "--patience", "3", "--cs-theta", "0.5", "--weight-decay", "1e-05", "--weight-ema", "0.99",
+     "--lr", "3e-4", "--amp", "--label-noise", "1.5", "--epochs", "7", "--seed", "3"],
+    ["--encoder", "resnet18", "--weights", "w.pth", "--image-size", "96", "--augment", "crop",
+     "--workers", "0", "--no-refine"],
+]
+
+
+@pytest.mark.parametrize("argv", ROUND_TRIPS, ids=range(len(ROUND_TRIPS)))
+def test_printed_settings_read_back_to_the_same_config(argv, tmp_path, capsys):
+    """print -> file -> --config gives the TrainConfig of the original command line, and prints the
+    same text again."""
+    text = printed(argv, capsys)
+    path = tmp_path / "run.toml"
+    path.write_text(text, encoding="utf-8")
+    assert resolved(["--config", str(path)]) == resolved(argv)
+    assert printed(["--config", str(path)], capsys) == text
+
+
+def test_every_setting_has_a_toml_form_that_reads_back(tmp_path):
+    """Each TrainConfig field has a TOML kind; a config with every optional field set round-trips."""
+    assert set(FIELD_KINDS) == {f.name for f in dataclasses.fields(TrainConfig)}
+    assert [name for name, kinds in FIELD_KINDS.items() if "any" in kinds] == []  # each one checked
+    config = TrainConfig(data="a.csv", test_data="b.csv", label_column="y", delimiter="\t",
+                         noise="uniform", encoder="resnet18", weights="w.pth", image_size=32,
+                         augment="none", workers=2, refine=False, patience=2, cs_theta=1.5,
+                         sigma=0.75, label_noise=0.5, weight_decay=0.0, weight_ema=0.0,
+                         hidden=(3, 2), lr=1e-30, margin=0.0).validate()
+    path = tmp_path / "all.toml"
+    path.write_text(config_toml(config))
+    assert TrainConfig(**read_config_file(path)) == config
+
+
+def test_the_readme_example_file_is_read(tmp_path):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    part = readme[readme.index("**Settings in a file**"):]
+    path = tmp_path / "run.toml"
+    path.write_text(re.search(r"```toml\n(.*?)```", part, re.S).group(1))
+    cfg = resolved(["--config", str(path)])
+    assert (cfg.data, cfg.label_column, cfg.epochs, cfg.hidden) == ("my.csv", "age", 40, (256, 128))
+
+
+def test_command_line_options_override_the_file(tmp_path):
+    """An option typed on the command line wins over the file, even one equal to its default; the
+    file wins over the defaults; what neither sets keeps its default."""
+    path = tmp_path / "run.toml"
+    path.write_text("epochs = 7\nlr = 0.01\ntau = 2\nmethod = \"l1\"\n")
+    cfg = resolved(["--config", str(path), "--lr", "0.001", "--tau", "0"])
+    assert (cfg.epochs, cfg.lr, cfg.tau, cfg.method) == (7, 0.001, 0, "l1")
+    assert cfg.lr == TrainConfig().lr  # typed, and equal to the default: still the command line's
+    assert cfg.batch_size == TrainConfig().batch_size and cfg.sigma == "auto"
+
+
+def test_the_file_sits_between_the_paper_settings_and_the_command_line(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("tau = 2\nmargin = 0.5\n")
+    cfg = resolved(["--paper", "--config", str(path), "--margin", "0.1"])
+    assert cfg.tau == 2 and cfg.margin == 0.1  # the file over --paper, the command line over the file
+    assert cfg.inference == PAPER_SETTINGS["inference"] and cfg.val_fraction == 0.0  # still --paper
+    in_file = tmp_path / "paper.toml"
+    in_file.write_text("paper = true\ntau = 2\nmargin = 0.5\n")
+    assert resolved(["--config", str(in_file), "--margin", "0.1"]) == cfg  # paper = true is --paper
+
+
+def test_option_spelling_and_whole_numbers_are_accepted(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("embedding-dim = 8\nlr = 1\nsigma = 1\nweight-decay = \"auto\"\n")
+    cfg = resolved(["--config", str(path)])
+    assert cfg.embedding_dim == 8 and cfg.weight_decay == "auto"
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float) and isinstance(cfg.sigma, float)
+    assert cfg == resolved(["--embedding-dim", "8", "--lr", "1", "--sigma", "1"])
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("epoch = 3\n", ["unknown key 'epoch'", "did you mean 'epochs'?"]),
+    ("[train]\nepochs = 3\n", ["unknown table [train]", "without a [table]"]),
+    ('epochs = "3"\n', ["key 'epochs' must be an integer", 'got "3" (a string)']),
+    ("epochs = 3.0\n", ["key 'epochs' must be an integer", "got 3.0 (a number)"]),
+    ("lr = true\n", ["key 'lr' must be a number", "(a boolean)"]),
+    ('sigma = "wide"\n', ["key 'sigma' must be a number or \"auto\"", 'got "wide"']),
+    ("hidden = [128, 1.5]\n", ["key 'hidden' must be a list of integers"]),
+    ("normalize = 1\n", ["key 'normalize' must be true or false"]),
+    ("data = 3\n", ["key 'data' must be a string"]),
+    ("paper = \"yes\"\n", ["key 'paper' must be true or false"]),
+    ("embedding_dim = 8\nembedding-dim = 8\n", ["'embedding_dim' and 'embedding-dim' are the same"]),
+    ("lr = -1\n", ["learning rate must be > 0, got -1.0"]),
+])
+def test_bad_settings_are_refused_naming_the_file_and_key(text, words, tmp_path, capsys):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    err = one_error_line(["--config", str(path), "--print-config"], capsys)
+    assert f"--config {path}: " in err
+    for word in words:
+        assert word in err
+
+
+def test_a_value_refused_for_the_command_line_is_not_blamed_on_the_file(tmp_path, capsys):
+    path = tmp_path / "run.toml"
+    path.write_text("epochs = 3\n")
+    err = one_error_line(["--config", str(path), "--lr", "-1", "--print-config"], capsys)
+    assert "learning rate must be > 0" in err and str(path) not in err
+
+
+@pytest.mark.parametrize(("make", "words"), [
+    (lambda p: p.write_text("epochs = = 3\n"), ["not valid TOML", "line 1"]),
+    (lambda p: p.write_bytes(b"data = \"\xff\"\n"), ["not UTF-8 text"]),
+    (lambda p: p.mkdir(), ["a folder; expected a TOML file"]),
+    (lambda p: None, ["no such file"]),
+])
+def test_unreadable_files_are_refused_naming_the_file(make, words, tmp_path, capsys):
+    path = tmp_path / "run.toml"
+    make(path)
+    err = one_error_line(["--config", str(path)], capsys)
+    assert f"--config {path}: " in err
+    for word in words:
+        assert word in err
+
+
+def test_python_before_3_11_asks_for_tomli(tmp_path, monkeypatch):
+    path = tmp_path / "run.toml"
+    path.write_text("epochs = 3\n")
+    monkeypatch.setattr(sys, "version_info", (3, 10, 0, "final", 0))
+    monkeypatch.setitem(sys.modules, "tomli", None)  # not installed
+    with pytest.raises(UsageError, match=r"needs the tomli package \(pip install tomli\)"):
+        read_config_file(path)
+
+
+def test_a_run_trains_with_the_file_and_keeps_its_settings(tmp_path, capsys):
+    """A run from a file has the file's configuration in results.json, and config.toml in the run
+    folder reads back to it."""
+    data = tiny_csv(tmp_path / "d.csv")
+    path = tmp_path / "run.toml"
+    path.write_text(f"data = {json.dumps(str(data))}\nepochs = 2\nbatch-size = 16\nembedding_dim = 4\n"
+                    f"hidden = [16]\nlr = 0.01\nsigma = 1.0\n")
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(path), "--output", str(out), "--quiet", "--no-plots",
+                 "--seed", "1"]) == 0
+    expected = resolved(["--config", str(path), "--seed", "1"])
+    assert TrainConfig.from_dict(json.loads((out / "results.json").read_text())["config"]) == expected
+    assert resolved(["--config", str(out / CONFIG_FILE_NAME)]) == expected

@@ -1,0 +1,203 @@
+"""The torchmetrics metrics: equal to the sol_ext.metrics functions on the same samples, however
+the samples are split into update() calls, and under DDP (two gloo processes on the CPU) equal to
+one process on the concatenated samples."""
+from __future__ import annotations
+
+import ast
+import datetime
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("torchmetrics")
+
+from common import spawn_processes  # noqa: E402
+from sol_ext import metrics  # noqa: E402
+from sol_ext.torchmetrics import MAE, QWK, CumulativeScore, MacroMAE, QuadraticWeightedKappa  # noqa: E402
+
+NUM_RANKS = 9
+TIMEOUT_S = 120
+# (torchmetrics metric, the sol_ext.metrics function it must equal, whether predictions are real)
+CASES = {
+    "mae": (lambda: MAE(), metrics.mae, True),
+    "cs": (lambda: CumulativeScore(theta=1.0), lambda p, t: metrics.cumulative_score(p, t, 1.0), True),
+    "cs-decimal": (lambda: CumulativeScore(theta=0.25), lambda p, t: metrics.cumulative_score(p, t, 0.25), True),
+    "macro_mae": (lambda: MacroMAE(NUM_RANKS), metrics.macro_mae, True),
+    "qwk": (lambda: QuadraticWeightedKappa(NUM_RANKS), metrics.quadratic_weighted_kappa, False),
+}
+
+
+def _samples(n: int, seed: int, real: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` true ranks of 0 … NUM_RANKS-1 (rank 8 absent, rank 0 rare) and predictions near them:
+    real-valued, or integer ranks clipped to the scale."""
+    gen = torch.Generator().manual_seed(seed)
+    true = torch.randint(1, NUM_RANKS - 1, (n,), generator=gen)
+    true[:3] = 0
+    noise = 1.5 * torch.randn(n, generator=gen, dtype=torch.float64)
+    if real:
+        return true + noise, true
+    return (true + noise).round().clamp(0, NUM_RANKS - 1).long(), true
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("splits", [[200], [1, 99, 0, 100], [37, 63, 50, 50]])
+def test_updates_give_the_value_of_the_function_on_all_samples(name, splits):
+    """compute() after update() on consecutive chunks (an empty one included) equals the sol_ext.metrics
+    function on the concatenated samples, to float64 rounding."""
+    make, function, real = CASES[name]
+    pred, true = _samples(sum(splits), seed=len(splits), real=real)
+    metric = make()
+    start = 0
+    for size in splits:
+        metric.update(pred[start : start + size], true[start : start + size])
+        start += size
+    value = metric.compute()
+    assert value.dtype == torch.float64 and value.ndim == 0
+    assert float(value) == pytest.approx(function(pred, true), rel=1e-12, abs=1e-12)
+    whole = make()
+    whole.update(pred, true)
+    assert float(whole.compute()) == pytest.approx(float(value), rel=1e-12, abs=1e-12)
+
+
+def test_float32_and_column_inputs_are_accepted():
+    """[N, 1] float32 predictions and integer true values give the value of the float64 vectors."""
+    pred, true = _samples(50, seed=0, real=True)
+    metric = MAE()
+    metric.update(pred.float()[:, None], true)
+    assert float(metric.compute()) == pytest.approx(metrics.mae(pred.float(), true), rel=1e-12)
+
+
+def test_reset_forgets_the_samples():
+    pred, true = _samples(40, seed=1, real=False)
+    metric = QWK(NUM_RANKS)
+    metric.update(torch.zeros_like(pred), true)
+    metric.reset()
+    metric.update(pred, true)
+    assert float(metric.compute()) == pytest.approx(metrics.qwk(pred, true), rel=1e-12)
+
+
+def test_macro_mae_per_rank_is_per_rank_mae():
+    pred, true = _samples(120, seed=2, real=True)
+    metric = MacroMAE(NUM_RANKS)
+    metric.update(pred, true)
+    per_rank = metric.per_rank()
+    expected = metrics.per_rank_mae(pred, true)
+    assert math.isnan(per_rank[8])  # no sample of rank 8
+    assert {r: float(per_rank[r]) for r in range(NUM_RANKS) if r in expected} == pytest.approx(expected)
+
+
+def test_qwk_of_constant_inputs_is_that_of_sol_ext_metrics():
+    """Both inputs the same constant: NaN, as sol_ext.metrics (and scikit-learn); different constants: 0."""
+    same = QWK(4)
+    same.update(torch.full((5,), 2), torch.full((5,), 2))
+    assert math.isnan(float(same.compute())) and math.isnan(metrics.qwk([2] * 5, [2] * 5))
+    other = QWK(4)
+    other.update(torch.full((5,), 1), torch.full((5,), 3))
+    assert float(other.compute()) == metrics.qwk([1] * 5, [3] * 5) == 0.0
+
+
+def test_qwk_equals_scikit_learn():
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    pred, true = _samples(80, seed=3, real=False)
+    metric = QWK(NUM_RANKS)
+    metric.update(pred, true)
+    expected = sklearn_metrics.cohen_kappa_score(true, pred, weights="quadratic", labels=list(range(NUM_RANKS)))
+    assert float(metric.compute()) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: MacroMAE(0), "num_ranks must be an integer >= 1"),
+    (lambda: QWK(3.0), "num_ranks must be an integer >= 1"),
+    (lambda: QWK(True), "num_ranks must be an integer >= 1"),
+    (lambda: CumulativeScore(-1), "theta must be a finite number >= 0"),
+    (lambda: CumulativeScore(float("nan")), "theta must be a finite number >= 0"),
+])
+def test_bad_settings_are_refused(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+@pytest.mark.parametrize(("make", "pred", "true", "message"), [
+    (MAE, [1.0, 2.0], [1.0], "same length, got 2 and 1"),
+    (MAE, [[1.0, 2.0]], [[1.0, 2.0]], r"pred must be a 1-D vector \[N\], got shape \(1, 2\)"),
+    (MAE, [1.0, float("inf")], [1.0, 2.0], r"pred contains a non-finite value \(inf\) at index 1"),
+    (lambda: MacroMAE(3), [0.0, 1.0], [0, 3], "true must hold integer ranks 0 … num_ranks-1 = 0 … 2, got 3.0"),
+    (lambda: MacroMAE(3), [0.0, 1.0], [0, 1.5], "true must hold integer ranks"),
+    (lambda: QWK(3), [0.5, 1.0], [0, 1], "pred must hold integer ranks"),
+    (lambda: QWK(3), [0, 1], [-1, 1], "true must hold integer ranks"),
+])
+def test_bad_samples_are_refused(make, pred, true, message):
+    with pytest.raises(ValueError, match=message):
+        make().update(torch.tensor(pred), torch.tensor(true))
+
+
+def test_compute_without_samples_is_refused():
+    metric = MacroMAE(3)
+    metric.update(torch.zeros(0), torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match="no samples"):
+        metric.compute()
+
+
+def test_the_readme_snippet_runs(capsys):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    mark = "<!-- README snippet: tests/test_torchmetrics.py runs it -->"
+    code = re.search(re.escape(mark) + r"\n```python\n(.*?)```", readme, re.S).group(1)
+    exec(compile(code, "README: torchmetrics metrics", "exec"), {})
+    assert set(ast.literal_eval(capsys.readouterr().out)) == {"mae", "cs", "macro_mae", "qwk"}
+
+
+def test_import_sol_ext_does_not_import_torchmetrics():
+    """The core imports without torchmetrics; sol_ext.torchmetrics without it says what to install."""
+    code = ("import sys; import sol_ext, sol_ext.metrics; assert 'torchmetrics' not in sys.modules\n"
+            "sys.modules['torchmetrics'] = None  # as if not installed\n"
+            "try:\n    import sol_ext.torchmetrics\n"
+            "except ImportError as exc:\n    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert "sol_ext.torchmetrics needs torchmetrics: pip install 'sol_ext[torchmetrics]'" in out
+
+
+# Samples per process in the DDP test: unequal, and one process's first batch empty.
+DDP_SHARDS = ([0, 30, 17], [25, 41])
+
+
+def _ddp_worker(rank, world_size, port, out_dir):
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    try:
+        values = {}
+        for name, (make, _, real) in CASES.items():
+            pred, true = _samples(sum(map(sum, DDP_SHARDS)), seed=7, real=real)
+            metric = make()
+            start = sum(map(sum, DDP_SHARDS[:rank]))
+            for size in DDP_SHARDS[rank]:
+                metric.update(pred[start : start + size], true[start : start + size])
+                start += size
+            values[name] = float(metric.compute())  # synced over the processes
+        torch.save(values, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
+def test_ddp_value_equals_one_process_on_the_concatenated_samples(tmp_path):
+    """Two gloo processes with unequal shards: every process's compute() equals the one-process value
+    (and the sol_ext.metrics function) on all the samples."""
+    spawn_processes(_ddp_worker, len(DDP_SHARDS), (str(tmp_path),), TIMEOUT_S)
+    for name, (make, function, real) in CASES.items():
+        pred, true = _samples(sum(map(sum, DDP_SHARDS)), seed=7, real=real)
+        single = make()
+        single.update(pred, true)
+        expected = float(single.compute())
+        assert expected == pytest.approx(function(pred, true), rel=1e-12)
+        for rank in range(len(DDP_SHARDS)):
+            got = torch.load(tmp_path / f"rank{rank}.pt")[name]
+            assert got == pytest.approx(expected, rel=1e-12, abs=1e-12), f"{name}, rank {rank}"
