@@ -36,10 +36,19 @@ the order loss is computed by sorting (:mod:`sol_ext.grouped`, docs/math.md §13
 (``O(n^2 N / W + n N log N / W)`` per process). The gradients follow the same rule as above.
 
 Every process must call the loss at every step, also with an empty batch: the gathers are collectives.
+
+SOL's state, :class:`~sol_ext.SOLHead`, is updated at the end of every epoch over the whole training set.
+:func:`update_head` (and :func:`update_centroids` for the first centroids) do it across the processes:
+each process embeds its :func:`shard` of the training set, the centroid rule all-reduces its per-label
+sums and counts, and the read-out is fitted on the gathered embeddings, so every process ends with the
+same head, the head one process would compute on the whole training set::
+
+    head.update(h_all, labels_all)                       # one process
+    update_head(head, h_local, labels_local)             # W processes, each with its shard
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -51,7 +60,11 @@ from .grouped import grouped_order_loss
 from .loss import StochasticOrderLoss
 from .ops import _order_loss_block_rows
 
-__all__ = ["DistributedStochasticOrderLoss", "gather_rows", "zigzag_layout"]
+if TYPE_CHECKING:
+    from .head import SOLHead
+
+__all__ = ["DistributedStochasticOrderLoss", "gather_rows", "zigzag_layout", "gather_all", "shard",
+           "all_reduce_sum", "update_centroids", "update_head"]
 
 
 class _GlobalValue(torch.autograd.Function):
@@ -86,10 +99,10 @@ class _AllGather(torch.autograd.Function):
         return total[ctx.rank], None
 
 
-def _group_size_and_rank(group) -> tuple:
+def _group_size_and_rank(group, what: str = "DistributedStochasticOrderLoss") -> tuple:
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
-            "DistributedStochasticOrderLoss needs an initialized torch.distributed process group; call "
+            f"{what} needs an initialized torch.distributed process group; call "
             "torch.distributed.init_process_group(...) first (torchrun sets up its environment), or use "
             "sol_ext.StochasticOrderLoss in a single process"
         )
@@ -220,3 +233,124 @@ class DistributedStochasticOrderLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return "group=default" if self.group is None else f"group={self.group!r}"
+
+
+# ------------------------------------------------------------------------------------------------
+# SOL's end-of-epoch step across processes
+# ------------------------------------------------------------------------------------------------
+
+
+def _distributed(group) -> bool:
+    """Whether a process group of more than one process is running (else everything is local)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+def shard(count: int, group=None) -> slice:
+    """This process's contiguous share of ``range(count)`` (the shares differ by at most one item,
+    the first ones larger; the whole range without a process group).
+
+    Use it for the end-of-epoch pass over the training set: unlike a ``DistributedSampler``, the
+    shares cover every sample exactly once (no padding with repeated samples)."""
+    if not _distributed(group):
+        return slice(0, count)
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    base, extra = divmod(count, world)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (rank < extra))
+
+
+def all_reduce_sum(group=None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function that sums a tensor over the processes of ``group`` in place and returns it: the
+    ``all_reduce`` of :meth:`sol_ext.SOLHead.update_centroids` and
+    :func:`sol_ext.centroids.compute_centroids`. Without a process group it returns its input."""
+
+    def reduce(t: torch.Tensor) -> torch.Tensor:
+        if _distributed(group):
+            dist.all_reduce(t, group=group)
+        return t
+
+    return reduce
+
+
+@torch.no_grad()
+def gather_all(local: torch.Tensor, group=None) -> torch.Tensor:
+    """The rows of ``local [B, ...]`` of every process, in rank order: ``[sum of B, ...]``.
+
+    ``B`` may differ between processes and be 0; the other dimensions and the dtype must agree. No
+    gradient (:func:`gather_rows` has one). Without a process group it returns ``local``."""
+    if not _distributed(group):
+        return local
+    world = dist.get_world_size(group)
+    size = torch.tensor([local.shape[0]], dtype=torch.int64, device=local.device)
+    sizes_t = [torch.empty_like(size) for _ in range(world)]
+    dist.all_gather(sizes_t, size, group=group)
+    sizes = [int(s.item()) for s in sizes_t]
+    padded = max(max(sizes), 1)  # at least one row: no collective on empty tensors
+    rows = local.detach()
+    if rows.shape[0] < padded:
+        rows = torch.cat([rows, rows.new_zeros((padded - rows.shape[0], *rows.shape[1:]))])
+    parts = [torch.empty_like(rows) for _ in range(world)]
+    dist.all_gather(parts, rows.contiguous(), group=group)
+    return torch.cat([p[:s] for p, s in zip(parts, sizes)])
+
+
+def _checked(head: "SOLHead", name: str, h: torch.Tensor, labels_name: str, labels) -> torch.Tensor:
+    """``labels`` as int64 ranks on ``h``'s device, after the head's checks of ``h`` and ``labels``."""
+    head._check_embeddings(name, h)
+    return head._check_labels(labels_name, labels, name, h).to(h.device)
+
+
+@torch.no_grad()
+def update_centroids(head: "SOLHead", h: torch.Tensor, labels, group=None) -> torch.Tensor:
+    """:meth:`SOLHead.update_centroids <sol_ext.SOLHead.update_centroids>` over the training set
+    split between the processes of ``group`` (default: the world).
+
+    Args:
+        head: the same :class:`~sol_ext.SOLHead` on every process.
+        h: ``[N_r, d]`` this process's share of the training embeddings (any share: every sample on
+            exactly one process, e.g. its :func:`shard`; ``N_r`` may be 0).
+        labels: ``[N_r]`` their integer ranks.
+        group: the ``torch.distributed`` process group; without an initialized one, this process alone.
+
+    Returns the new centroids ``[n, d]``, the same on every process: those of one process on the
+    whole training set (to the rounding of the sums). Every process must call it (an all-reduce)."""
+    labels = _checked(head, "h", h, "labels", labels)
+    return head.update_centroids(h, labels, all_reduce=all_reduce_sum(group))
+
+
+@torch.no_grad()
+def update_head(head: "SOLHead", h: torch.Tensor, labels, val_h: Optional[torch.Tensor] = None,
+                val_labels=None, group=None) -> None:
+    """:meth:`SOLHead.update <sol_ext.SOLHead.update>` (the end of an epoch: centroid rule, then the
+    read-out) over the training set split between the processes of ``group`` (default: the world).
+
+    Args:
+        head: the same :class:`~sol_ext.SOLHead` on every process.
+        h: ``[N_r, d]`` this process's share of the training embeddings (every sample on exactly one
+            process, e.g. its :func:`shard`; ``N_r`` may be 0).
+        labels: ``[N_r]`` their integer ranks.
+        val_h, val_labels: this process's share of a validation split, or ``None`` (then the read-out
+            is fitted on the training set).
+        group: the ``torch.distributed`` process group; without an initialized one, this process alone
+            (the same as ``head.update``).
+
+    The centroid rule all-reduces the per-label sums and counts; the read-out is fitted on the
+    embeddings and labels gathered from every process (``N × d`` values on each process, as the
+    single-process ``head.update`` holds them). Every process ends with the same head. Every process
+    must call it: the arguments are checked before the first collective, so that bad input raises
+    on the process that has it (the others then wait in the collective until the group's timeout).
+    """
+    if (val_h is None) != (val_labels is None):
+        raise ValueError("pass val_h and val_labels together, or neither.")
+    labels = _checked(head, "h", h, "labels", labels)
+    if val_h is not None:
+        val_labels = _checked(head, "val_h", val_h, "val_labels", val_labels)
+    if not _distributed(group):
+        head.update(h, labels, val_h, val_labels)
+        return
+    head.update_centroids(h, labels, all_reduce=all_reduce_sum(group))
+    all_labels = gather_all(labels, group)
+    if val_h is None:
+        head.fit_readout(gather_all(h, group), all_labels)
+    else:
+        head.fit_readout(gather_all(val_h, group), gather_all(val_labels, group), prior_labels=all_labels)

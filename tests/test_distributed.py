@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -302,3 +306,139 @@ def test_zigzag_layout_gives_every_process_the_same_number_of_pairs():
         assert sum(owned) == N * (N - 1) // 2, sizes
         if len(set(sizes)) == 1 and sizes[0] % 2 == 0:
             assert owned == [N * (N - 1) // (2 * len(sizes))] * len(sizes), (sizes, owned)
+
+
+# ------------------------------------------------------------------------------------------------
+# SOL's end-of-epoch step across processes: update_head, and the DDP example script under torchrun.
+# ------------------------------------------------------------------------------------------------
+
+HEAD_N, HEAD_RANKS = 23, 7  # 23 samples: unequal shares for 2 and 3 processes
+
+
+def _head_data():
+    gen = torch.Generator().manual_seed(4)
+    h = torch.nn.functional.normalize(torch.randn(HEAD_N, DIM, generator=gen, dtype=torch.float64), dim=1)
+    labels = torch.randint(0, HEAD_RANKS, (HEAD_N,), generator=gen)
+    val_h = torch.nn.functional.normalize(torch.randn(9, DIM, generator=gen, dtype=torch.float64), dim=1)
+    return h, labels, val_h, torch.randint(0, HEAD_RANKS, (9,), generator=gen)
+
+
+def _head_updates(h, labels, val_h, val_labels, shares, val_share, update_centroids, update):
+    """The head's states after the first centroids and one end-of-epoch update on ``shares[0]`` of
+    the training set, then after a second update on ``shares[1]`` with the validation split."""
+    from sol_ext import SOLHead
+
+    states = []
+    head = SOLHead(HEAD_RANKS, DIM, sigma=0.8)
+    share, second = shares
+    update_centroids(head, h[share], labels[share])
+    update(head, h[share], labels[share])
+    states.append({k: v.clone() for k, v in head.state_dict().items()})
+    update(head, h[second] * 0.9 + 0.1, labels[second], val_h[val_share], val_labels[val_share])
+    states.append({k: v.clone() for k, v in head.state_dict().items()})
+    return states
+
+
+def _head_worker(rank, world_size, port, out_dir):
+    from sol_ext.distributed import shard, update_centroids, update_head
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    try:
+        h, labels, val_h, val_labels = _head_data()
+        # unequal shares, then empty ones: the second update's training set on the first process
+        # alone, the validation split on the last process alone
+        second = slice(0, HEAD_N) if rank == 0 else slice(0, 0)
+        val_share = slice(0, 9) if rank == world_size - 1 else slice(0, 0)
+        states = _head_updates(h, labels, val_h, val_labels, (shard(HEAD_N), second), val_share,
+                               update_centroids, update_head)
+        torch.save(states, os.path.join(out_dir, f"head{rank}.pt"))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
+def test_update_head_across_processes_equals_one_process_on_all_the_data(tmp_path):
+    """Every process ends with the head of SOLHead.update_centroids/update on the whole training set:
+    the centroids to float64 rounding (the sums are added in another order), the read-out exactly."""
+    world_size = 3  # 23 samples: shares of 8, 8 and 7
+    spawn_processes(_head_worker, world_size, (str(tmp_path),), TIMEOUT_S)
+    h, labels, val_h, val_labels = _head_data()
+    expected = _head_updates(h, labels, val_h, val_labels, (slice(None), slice(None)), slice(None),
+                             lambda head, *a: head.update_centroids(*a), lambda head, *a: head.update(*a))
+    for rank in range(world_size):
+        got = torch.load(tmp_path / f"head{rank}.pt")
+        for step, (state, want) in enumerate(zip(got, expected)):
+            assert state.keys() == want.keys()
+            for key, value in want.items():
+                torch.testing.assert_close(state[key], value, rtol=1e-12, atol=1e-12,
+                                           msg=f"{key} after update {step}, rank {rank}")
+
+
+def test_update_head_without_a_process_group_is_the_heads_update():
+    from sol_ext import SOLHead
+    from sol_ext.distributed import gather_all, shard, update_head
+
+    h, labels, _, _ = _head_data()
+    assert shard(HEAD_N) == slice(0, HEAD_N) and gather_all(h) is h
+    mine, plain = SOLHead(HEAD_RANKS, DIM), SOLHead(HEAD_RANKS, DIM)
+    update_head(mine, h, labels)
+    plain.update(h, labels)
+    for key, value in plain.state_dict().items():
+        assert torch.equal(mine.state_dict()[key], value), key
+
+
+def test_update_head_checks_every_argument_before_changing_the_head():
+    from sol_ext import SOLHead
+    from sol_ext.distributed import update_head
+
+    h, labels, val_h, _ = _head_data()
+    head = SOLHead(HEAD_RANKS, DIM)
+    with pytest.raises(ValueError, match="pass val_h and val_labels together"):
+        update_head(head, h, labels, val_h)
+    with pytest.raises(ValueError, match="val_labels must hold one rank per row of val_h"):
+        update_head(head, h, labels, val_h, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"h must be embeddings \[N, 4\]"):
+        update_head(head, h[:, :3], labels)
+    assert not bool(head.has_centroids)
+
+
+def test_shards_cover_every_sample_once(one_process_group, monkeypatch):
+    import sol_ext.distributed as sd
+
+    assert sd.shard(5) == slice(0, 5)  # a group of one process: everything
+    for world in (2, 3, 5):
+        for count in (0, 1, 4, 23):
+            parts = []
+            for rank in range(world):  # what each process of a group of `world` gets
+                monkeypatch.setattr(sd.dist, "get_world_size", lambda group=None, w=world: w)
+                monkeypatch.setattr(sd.dist, "get_rank", lambda group=None, r=rank: r)
+                parts.append(sd.shard(count))
+            assert [i for p in parts for i in range(count)[p]] == list(range(count)), (world, count)
+            sizes = [p.stop - p.start for p in parts]
+            assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_train.py"
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_the_readme_ddp_script_is_the_example_file():
+    assert "```python\n" + EXAMPLE.read_text().split('"""\n', 1)[1].lstrip() + "```" in README.read_text()
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
+def test_the_ddp_example_runs_under_torchrun_on_the_cpu(tmp_path):
+    """examples/ddp_train.py (the README's DDP script) runs as written with 2 gloo processes."""
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(EXAMPLE)], capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    match = re.search(r"2 processes: test MAE ([0-9.]+)", proc.stdout)
+    assert match and float(match.group(1)) < 1.0, proc.stdout  # ranks 0…9: it learned
+    saved = torch.load(tmp_path / "sol_ddp.pt")
+    head = sol_ext.SOLHead.from_state_dict(saved["head"])
+    assert bool(head.has_readout) and head.num_ranks == 10
