@@ -146,7 +146,9 @@ setup(
                     "sklearn": ["scikit-learn>=1.6"],   # sol_ext.sklearn.SOLRanker
                     # --method corn; the label-audit comparison of benchmarks/bench_accuracy.py
                     "baselines": ["coral-pytorch"], "bench": ["coral-pytorch", "cleanlab"],
-                    "torchmetrics": ["torchmetrics"]},   # sol_ext.torchmetrics
+                    "torchmetrics": ["torchmetrics"],   # sol_ext.torchmetrics
+                    "lightning": ["lightning>=2.0"],    # sol_ext.lightning.SOLModule
+                    "hf": ["transformers>=4.46", "accelerate"]},   # sol_ext.hf.SOLTrainer
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension},
     entry_points={"console_scripts": ["sol-ext = sol_ext_launcher:main"]},

@@ -28,7 +28,7 @@ from . import (
     reference,  # noqa: E402
 )
 from .head import SOLHead  # noqa: E402
-from .label_issues import find_label_issues, label_issue_scores  # noqa: E402
+from .label_issues import find_label_issues, get_label_quality_scores, label_issue_scores  # noqa: E402
 from .loss import StochasticOrderLoss  # noqa: E402
 from .ops import (  # noqa: E402
     cuda_kernels_available,
@@ -58,6 +58,7 @@ __all__ = [
     "SOLHead",
     "load_run",
     "find_label_issues",
+    "get_label_quality_scores",
     "label_issue_scores",
     "stochastic_dissimilarity",
     "ordering_probabilities",

@@ -1,22 +1,28 @@
 """Find the samples whose ordinal label looks wrong, from any model's class probabilities.
 
 :func:`find_label_issues` has the shape of ``cleanlab.filter.find_label_issues(labels, pred_probs,
-return_indices_ranked_by=...)``: integer labels ``0 … n-1`` and ``[N, n]`` probabilities ``p(q | x)`` in
-(numpy or torch; any model, out-of-sample ones preferably), the indices of the suspect samples out,
-most suspicious first. :func:`label_issue_scores` gives the score of every sample (one per row of an
-audit table).
+filter_by=..., return_indices_ranked_by=...)``: integer labels ``0 … n-1`` and ``[N, n]`` probabilities
+``p(q | x)`` in (numpy or torch; any model, out-of-sample ones preferably), a boolean mask of the suspect
+samples out, or their indices, most suspicious first. :func:`get_label_quality_scores` gives every
+sample's quality (higher = more likely correct), :func:`label_issue_scores` its complement.
 
 The score is ordinal. For a sample labeled ``r`` it is the probability mass that lies strictly on one
 side of ``r``::
 
     score = max(sum_{q < r} p_q, sum_{q > r} p_q)
 
-the probability that the true rank is below the label, or above it, whichever is larger. A sample is a
-suspect when ``score >= min_score`` and the median of ``p`` is not ``r``. With ``min_score = 0.5`` (the
-default) that is exactly "the model's median rank differs from the label" (the median condition only
-matters at a tie of exactly 0.5 above ``r``, where the lower median is ``r`` itself); a larger
-``min_score`` asks for more certainty. Ties in score go to the larger expected distance
-``sum_q p_q |q - r|``, then to the smaller index.
+the probability that the true rank is below the label, or above it, whichever is larger; the quality
+is ``1 - score``. Ties in score go to the larger expected distance ``sum_q p_q |q - r|``, then to the
+smaller index.
+
+Which samples are flagged (``filter_by``). The default, ``"prune_by_class"``, takes per-rank thresholds
+from the data, as confident learning does (Northcutt et al., 2021): the confident joint counts how many
+samples of each given rank the model confidently puts at another rank (:func:`confident_joint_counts`),
+and each rank flags that many of its samples, those of largest score. ``"min_score"`` flags a sample
+when ``score >= min_score`` and the median of ``p`` is not ``r``; at ``min_score = 0.5`` that is exactly
+"the model's median rank differs from the label" (``"predicted_neq_given"``; the median condition only
+matters at a tie of exactly 0.5 above ``r``, where the lower median is ``r`` itself), and a larger
+``min_score`` asks for more certainty. No rule flags a label at the median.
 
 How this differs from cleanlab: cleanlab scores a label by its self-confidence ``p[label]`` (or a
 normalized margin) and flags it against per-class thresholds, i.e. it treats ranks as unordered
@@ -31,20 +37,20 @@ With a ``noise_kernel`` ``P[q, r]`` (the probability that a sample of true rank 
 e.g. :func:`sol_ext.centroids.label_noise_kernel`), ``p`` is first replaced by the posterior of the true
 rank given the features and the label, ``p(q | x, r) ∝ p(q | x) P[q, r]``: the label is evidence too, so
 a sample is a suspect only where the model outweighs it. This is the rule of
-:func:`sol_ext.refine.posterior_relabel`, computed the same way: its ``flagged`` are these suspects at
-``min_score = mass``, and its ``confidence`` is this score. Without a kernel the probabilities are used
+:func:`sol_ext.refine.posterior_relabel`, computed the same way: its ``flagged`` are the
+``"min_score"`` suspects at ``min_score = mass``, and its ``confidence`` is this score. Without a kernel the probabilities are used
 as they are (the label is not evidence; cleanlab does the same).
 """
 
 from __future__ import annotations
 
 import numbers
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
-__all__ = ["find_label_issues", "label_issue_scores"]
+__all__ = ["find_label_issues", "get_label_quality_scores", "label_issue_scores", "confident_joint_counts"]
 
 ArrayLike = Any  # torch.Tensor | np.ndarray | nested lists
 
@@ -155,7 +161,8 @@ def _scores(labels: torch.Tensor, post: torch.Tensor) -> tuple[torch.Tensor, tor
 
 def label_issue_scores(labels: ArrayLike, pred_probs: ArrayLike,
                        noise_kernel: Optional[ArrayLike] = None) -> np.ndarray:
-    """The ordinal label-issue score of every sample (see the module docstring).
+    """The ordinal label-issue score of every sample (see the module docstring); ``1 -``
+    :func:`get_label_quality_scores`.
 
     Args:
         labels: ``[N]`` given integer ranks in ``0 … n-1`` (numpy, torch or a list; integer-valued floats
@@ -174,47 +181,137 @@ def label_issue_scores(labels: ArrayLike, pred_probs: ArrayLike,
     return score.numpy()
 
 
-def find_label_issues(labels: ArrayLike, pred_probs: ArrayLike, *, noise_kernel: Optional[ArrayLike] = None,
-                      min_score: float = 0.5,
-                      return_scores: bool = True) -> Union[np.ndarray, tuple[np.ndarray, np.ndarray]]:
-    """Indices of the samples whose label looks wrong, most suspicious first.
+def get_label_quality_scores(labels: ArrayLike, pred_probs: ArrayLike, *,
+                             noise_kernel: Optional[ArrayLike] = None) -> np.ndarray:
+    """``[N]`` float64 quality of each label in ``[0, 1]``, higher = more likely correct (cleanlab's
+    ``cleanlab.rank.get_label_quality_scores``): ``1 - max(mass below, mass above)`` the label.
+
+    With two ranks this is cleanlab's default ``self_confidence`` ``p[label]``; with more it is the
+    ordinal score of the module docstring. Arguments as :func:`label_issue_scores`.
+    """
+    return 1.0 - label_issue_scores(labels, pred_probs, noise_kernel)
+
+
+def confident_joint_counts(labels: ArrayLike, pred_probs: ArrayLike) -> np.ndarray:
+    """``[n]`` int64: how many samples of each given rank the confident joint counts off its diagonal.
+
+    Confident learning's count (Northcutt et al., 2021; cleanlab's ``compute_confident_joint`` before
+    its calibration): rank ``j``'s threshold ``t_j`` is the mean ``p_j`` over the samples labeled
+    ``j``; a sample counts toward the rank of largest ``p_j`` among those with ``p_j >= t_j``, and
+    off the diagonal when that rank is not its label. The thresholds come from the data, so the
+    count follows how well the model fits each rank.
+    """
+    lab, probs, _ = _validate(labels, pred_probs, None)
+    return _off_diagonal(lab, probs)[1]
+
+
+def _off_diagonal(labels: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
+    """``[N]`` bool: the sample lies off the confident joint's diagonal; ``[n]`` counts per given rank."""
+    n = probs.shape[1]
+    sums = torch.zeros(n, dtype=torch.float64).index_add_(0, labels, probs[torch.arange(labels.numel()), labels])
+    counts = torch.bincount(labels, minlength=n).to(torch.float64)
+    # A rank nobody carries has no threshold: no sample counts toward it (cleanlab: the same).
+    threshold = torch.where(counts > 0, sums / counts.clamp_min(1), torch.full_like(sums, 2.0))
+    above = probs >= threshold[None, :] - CONFIDENT_SLACK
+    best = torch.where(above, probs, torch.full_like(probs, -1.0)).argmax(dim=1)
+    off = above.any(dim=1) & (best != labels)
+    return off, np.bincount(labels[off].numpy(), minlength=n).astype(np.int64)
+
+
+# cleanlab's slack on the confident-joint thresholds (its compute_confident_joint: p >= t - 1e-6).
+CONFIDENT_SLACK = 1e-6
+FILTERS = ("prune_by_class", "confident_learning", "predicted_neq_given", "min_score")
+RANKINGS = ("label_quality", "self_confidence")
+
+
+def find_label_issues(labels: ArrayLike, pred_probs: ArrayLike, *, filter_by: Optional[str] = None,
+                      return_indices_ranked_by: Optional[str] = None, noise_kernel: Optional[ArrayLike] = None,
+                      min_score: float = 0.5) -> np.ndarray:
+    """Which labels look wrong, in the shape of ``cleanlab.filter.find_label_issues``.
 
     Args:
         labels: ``[N]`` given integer ranks in ``0 … n-1``.
         pred_probs: ``[N, n]`` ``p(q | x)`` from any model (numpy or torch; rows non-negative, summing to 1
-            within 1e-3). Out-of-sample probabilities (cross-validation) find more: a model that
-            has fitted a wrong label agrees with it.
+            within 1e-3). Out-of-sample ones (:func:`sol_ext.driver.audit.cross_validated_probabilities`,
+            or ``cross_val_predict(..., method="predict_proba")``): a model that has fitted a wrong label
+            agrees with it.
+        filter_by: which samples are flagged (``None``: ``"prune_by_class"``, or
+            ``"predicted_neq_given"`` with a ``noise_kernel``):
+
+            - ``"prune_by_class"``: in each given rank, the ``k`` samples of largest ordinal score, ``k``
+              the rank's count off the confident joint's diagonal (:func:`confident_joint_counts`:
+              per-rank thresholds from the data). cleanlab picks them by smallest ``p[label]``.
+            - ``"confident_learning"``: the samples off the confident joint's diagonal.
+            - ``"predicted_neq_given"``: the label is not the median rank of ``p`` (cleanlab: not the
+              argmax). With a ``noise_kernel``, of ``p(q | x, r)``: the rule of
+              :func:`sol_ext.refine.posterior_relabel` for a known noise.
+            - ``"min_score"``: the ordinal score reaches ``min_score`` (and the label is not the median).
+        return_indices_ranked_by: ``None``: a boolean mask ``[N]``. ``"label_quality"``: the flagged
+            indices, lowest :func:`get_label_quality_scores` first (ties: larger expected distance
+            ``sum_q p_q |q - r|``, then smaller index). ``"self_confidence"``: lowest ``p[label]`` first
+            (cleanlab's ordering, ties to the smaller index).
         noise_kernel: optional ``[n, n]`` label-noise model ``P[q, r]`` (rows summing to 1), as in
-            :func:`sol_ext.refine.posterior_relabel`.
-        min_score: in ``[0.5, 1)``: how much probability must lie strictly on one side of the label.
-            0.5 flags every label that is not the median rank; below 0.5 both sides could qualify.
-        return_scores: also return the flagged samples' scores.
+            :func:`sol_ext.refine.posterior_relabel`: scores are then of ``p(q | x, r)``.
+        min_score: in ``[0.5, 1)``, for ``filter_by="min_score"``: how much probability must lie
+            strictly on one side of the label (another value than 0.5 with ``filter_by=None`` selects
+            that rule).
 
     Returns:
-        ``indices`` (int64 ``[M]``) of the flagged samples, by decreasing score, then decreasing expected
-        distance ``sum_q p_q |q - r|`` to the label (both compared to 12 decimals, so that rounding
-        error does not break exact ties), then increasing index; with ``return_scores``,
-        ``(indices, scores)`` with ``scores`` the float64 ``[M]`` scores in the same order.
+        bool ``[N]`` (``True``: the label looks wrong), or int64 ``[M]`` indices of the flagged samples,
+        most suspicious first, when ``return_indices_ranked_by`` is given.
     """
     if isinstance(min_score, (bool, np.bool_)) or not isinstance(min_score, numbers.Real) \
             or not 0.5 <= min_score < 1.0:
         raise ValueError(f"min_score must be a number in [0.5, 1), got {min_score!r}; below 0.5 the mass on "
                          f"both sides of a label could reach it")
-    if not isinstance(return_scores, (bool, np.bool_)):
-        raise TypeError(f"return_scores must be True or False, got {return_scores!r}")
+    if filter_by is not None and filter_by not in FILTERS:
+        raise ValueError(f"filter_by must be one of {', '.join(map(repr, FILTERS))} (or None: the default), "
+                         f"got {filter_by!r}; cleanlab's other filters treat ranks as unordered classes")
+    if min_score != 0.5 and filter_by not in (None, "min_score"):
+        raise ValueError(f"min_score applies to filter_by='min_score' only, got filter_by={filter_by!r}")
+    if return_indices_ranked_by is not None and return_indices_ranked_by not in RANKINGS:
+        raise ValueError(f"return_indices_ranked_by must be None (a boolean mask) or one of "
+                         f"{', '.join(map(repr, RANKINGS))}, got {return_indices_ranked_by!r}")
     lab, probs, kernel = _validate(labels, pred_probs, noise_kernel)
+    if filter_by is None:
+        filter_by = "min_score" if min_score != 0.5 else \
+            "prune_by_class" if kernel is None else "predicted_neq_given"
     post = _posterior(lab, probs, kernel)
     score, median = _scores(lab, post)
-    flagged = (score >= min_score) & (median != lab)
     distance = (post * (torch.arange(post.shape[1], dtype=torch.float64)[None, :]
                         - lab[:, None].to(torch.float64)).abs()).sum(dim=1)
-    idx = np.flatnonzero(flagged.numpy())
-    # Sort keys rounded to TIE_DECIMALS: a tie in exact arithmetic (e.g. 1 - 0.35 above one label and
-    # 0.65 below another) should not be decided by rounding error. lexsort sorts by the last key first
-    # and is stable, so equal (score, distance) keep index order.
-    s = np.round(score.numpy()[idx], TIE_DECIMALS)
-    d = np.round(distance.numpy()[idx], TIE_DECIMALS)
-    order = idx[np.lexsort((-d, -s))].astype(np.int64)
-    if return_scores:
-        return order, score.numpy()[order]
-    return order
+    flagged = _flags(filter_by, lab, post, score, median, distance, min_score)
+    if return_indices_ranked_by is None:
+        return flagged
+    idx = np.flatnonzero(flagged)
+    if return_indices_ranked_by == "self_confidence":
+        confidence = post[torch.arange(lab.numel()), lab].numpy()[idx]
+        return idx[np.argsort(confidence, kind="stable")].astype(np.int64)
+    return idx[_suspicious_first(score.numpy()[idx], distance.numpy()[idx])].astype(np.int64)
+
+
+def _suspicious_first(score: np.ndarray, distance: np.ndarray) -> np.ndarray:
+    """Order of decreasing score, then decreasing distance, then position. Keys are rounded to
+    TIE_DECIMALS: a tie in exact arithmetic (e.g. 1 - 0.35 above one label and 0.65 below another)
+    should not be decided by rounding error. lexsort sorts by the last key first and is stable."""
+    return np.lexsort((-np.round(distance, TIE_DECIMALS), -np.round(score, TIE_DECIMALS)))
+
+
+def _flags(filter_by: str, labels: torch.Tensor, post: torch.Tensor, score: torch.Tensor,
+           median: torch.Tensor, distance: torch.Tensor, min_score: float) -> np.ndarray:
+    """``[N]`` bool flags of one ``filter_by`` rule (see :func:`find_label_issues`)."""
+    # A label at the model's median is never flagged (cleanlab: never one at the argmax).
+    off_median = (median != labels).numpy()
+    if filter_by == "predicted_neq_given":
+        return off_median
+    if filter_by == "min_score":
+        return (score >= min_score).numpy() & off_median
+    off, counts = _off_diagonal(labels, post)
+    if filter_by == "confident_learning":
+        return off.numpy() & off_median
+    flagged = np.zeros(labels.numel(), dtype=bool)  # prune_by_class
+    lab, s, d = labels.numpy(), score.numpy(), distance.numpy()
+    for rank in np.flatnonzero(counts):
+        rows = np.flatnonzero(lab == rank)
+        flagged[rows[_suspicious_first(s[rows], d[rows])[:counts[rank]]]] = True
+    return flagged & off_median

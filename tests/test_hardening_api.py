@@ -274,6 +274,6 @@ def test_find_label_issues_names_an_argument_that_is_not_numbers(argument, call)
         call()
 
 
-def test_find_label_issues_refuses_a_return_scores_that_is_not_a_flag():
-    with pytest.raises(TypeError, match="return_scores must be True or False"):
-        find_label_issues([0, 1], PROBS, return_scores="no")
+def test_find_label_issues_refuses_an_unknown_ranking():
+    with pytest.raises(ValueError, match="return_indices_ranked_by must be None"):
+        find_label_issues([0, 1], PROBS, return_indices_ranked_by="no")

@@ -1,13 +1,26 @@
-"""find_label_issues / label_issue_scores: hand-made cases, a synthetic corruption test, and agreement
-with sol_ext.refine.posterior_relabel, which applies the same rule with a noise kernel."""
+"""find_label_issues / get_label_quality_scores / label_issue_scores: hand-made cases, a synthetic
+corruption test, agreement with sol_ext.refine.posterior_relabel (the same rule with a noise kernel)
+and with cleanlab where their definitions coincide."""
 
 import numpy as np
 import pytest
 import torch
 
 from sol_ext.centroids import label_noise_kernel
-from sol_ext.label_issues import find_label_issues, label_issue_scores
+from sol_ext.label_issues import (
+    confident_joint_counts,
+    find_label_issues,
+    get_label_quality_scores,
+    label_issue_scores,
+)
 from sol_ext.refine import posterior_relabel
+
+
+def _ranked(labels, probs, noise_kernel=None, min_score=0.5):
+    """Indices flagged by the score rule, most suspicious first, and their scores."""
+    idx = find_label_issues(labels, probs, filter_by="min_score", return_indices_ranked_by="label_quality",
+                            noise_kernel=noise_kernel, min_score=min_score)
+    return idx, label_issue_scores(labels, probs, noise_kernel)[idx]
 
 
 def _flag_mask(indices, n):
@@ -20,7 +33,7 @@ def test_confident_far_label_ranks_above_near_one():
     peak = [0.0, 0.0, 0.0, 0.0, 0.05, 0.9, 0.05]  # the model is sure of rank 5 (± 1)
     probs = np.array([peak, peak, peak])
     labels = np.array([4, 2, 5])                    # one rank off, three off, right
-    idx, scores = find_label_issues(labels, probs)
+    idx, scores = _ranked(labels, probs)
     assert idx.tolist() == [1, 0]
     assert scores == pytest.approx([1.0, 0.95])
     assert idx.dtype == np.int64 and scores.dtype == np.float64
@@ -30,7 +43,7 @@ def test_equal_scores_go_to_the_larger_distance_then_the_index():
     sure = [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]           # every wrong label has score 1
     probs = np.array([sure] * 5)
     labels = np.array([4, 1, 3, 1, 5])
-    idx, scores = find_label_issues(labels, probs)
+    idx, scores = _ranked(labels, probs)
     # distances 1, 4, 2, 4 (and 0: not flagged): 4 before 2 before 1, index order within the 4s
     assert idx.tolist() == [1, 3, 2, 0]
     assert scores.tolist() == [1.0] * 4
@@ -42,10 +55,10 @@ def test_label_at_the_median_is_not_flagged_however_wide():
     labels = np.array([3, 2, 4])
     scores = label_issue_scores(labels, probs)
     assert scores == pytest.approx([0.35, 0.65, 0.65])  # 0.05+0.1+0.2 below 3; 0.3+0.2+0.1+0.05 above 2
-    idx, _ = find_label_issues(labels, probs)
+    idx, _ = _ranked(labels, probs)
     assert idx.tolist() == [1, 2]
     # one rank off on this wide posterior: a suspect at the median rule, not where 0.7 is asked for
-    assert find_label_issues(labels, probs, min_score=0.7, return_scores=False).size == 0
+    assert _ranked(labels, probs, min_score=0.7)[0].size == 0
 
 
 def test_exact_half_uses_the_lower_median():
@@ -54,19 +67,19 @@ def test_exact_half_uses_the_lower_median():
     probs = np.array([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]])
     labels = np.array([0, 1])
     assert label_issue_scores(labels, probs).tolist() == [0.5, 0.5]
-    assert find_label_issues(labels, probs, return_scores=False).tolist() == [1]
+    assert _ranked(labels, probs)[0].tolist() == [1]
 
 
 def test_min_score_threshold_and_bounds():
     probs = np.array([[0.1, 0.2, 0.7], [0.0, 0.1, 0.9], [0.3, 0.4, 0.3]])
     labels = np.array([0, 0, 1])                    # scores 0.9, 1.0, 0.3
-    assert find_label_issues(labels, probs, min_score=0.5, return_scores=False).tolist() == [1, 0]
-    assert find_label_issues(labels, probs, min_score=0.9, return_scores=False).tolist() == [1, 0]
-    assert find_label_issues(labels, probs, min_score=0.95, return_scores=False).tolist() == [1]
-    assert find_label_issues(labels, probs, min_score=0.999, return_scores=False).tolist() == [1]
+    assert _ranked(labels, probs, min_score=0.5)[0].tolist() == [1, 0]
+    assert _ranked(labels, probs, min_score=0.9)[0].tolist() == [1, 0]
+    assert _ranked(labels, probs, min_score=0.95)[0].tolist() == [1]
+    assert _ranked(labels, probs, min_score=0.999)[0].tolist() == [1]
     for bad in (0.49, 1.0, 1.5, float("nan"), True, "0.6"):
         with pytest.raises(ValueError, match=r"min_score must be a number in \[0.5, 1\)"):
-            find_label_issues(labels, probs, min_score=bad)
+            _ranked(labels, probs, min_score=bad)
 
 
 def test_torch_and_numpy_inputs_agree():
@@ -75,10 +88,10 @@ def test_torch_and_numpy_inputs_agree():
     labels = torch.randint(0, 9, (200,), generator=gen)
     kernel = label_noise_kernel(9, 0.7)
     for k in (None, kernel):
-        ref_idx, ref_scores = find_label_issues(labels.numpy(), probs.numpy(),
+        ref_idx, ref_scores = _ranked(labels.numpy(), probs.numpy(),
                                                 noise_kernel=None if k is None else k.numpy())
         for lab, p in ((labels, probs), (labels.tolist(), probs.float()), (labels.double(), probs.numpy())):
-            idx, scores = find_label_issues(lab, p, noise_kernel=k)
+            idx, scores = _ranked(lab, p, noise_kernel=k)
             assert np.array_equal(idx, ref_idx)
             assert np.allclose(scores, ref_scores, rtol=0, atol=1e-6)  # float32 probabilities round
         assert ref_idx.size > 0
@@ -91,14 +104,14 @@ def test_scores_of_flagged_match_label_issue_scores():
     all_scores = label_issue_scores(labels, probs)
     assert all_scores.shape == (300,) and all_scores.dtype == np.float64
     assert np.all((all_scores >= 0) & (all_scores <= 1))
-    idx, scores = find_label_issues(labels, probs, min_score=0.6)
+    idx, scores = _ranked(labels, probs, min_score=0.6)
     assert np.array_equal(scores, all_scores[idx])
     assert np.all(np.diff(scores) <= 0)
     assert set(idx.tolist()) <= set(np.flatnonzero(all_scores >= 0.6).tolist())
 
 
 def test_empty_input():
-    idx, scores = find_label_issues(np.zeros(0, dtype=np.int64), np.zeros((0, 4)))
+    idx, scores = _ranked(np.zeros(0, dtype=np.int64), np.zeros((0, 4)))
     assert idx.shape == (0,) and scores.shape == (0,)
     assert label_issue_scores([], np.zeros((0, 4))).shape == (0,)
 
@@ -119,7 +132,7 @@ def test_empty_input():
 ])
 def test_bad_inputs(labels, probs, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        find_label_issues(labels, probs, **kwargs)
+        _ranked(labels, probs, **kwargs)
     with pytest.raises(ValueError, match=match):
         label_issue_scores(labels, probs, **kwargs)
 
@@ -161,7 +174,7 @@ def _precision_recall(indices, corrupted):
 def test_finds_corrupted_labels():
     labels, probs, corrupted = _corrupted(seed=0)
     assert 0.18 < corrupted.mean() < 0.22
-    idx, scores = find_label_issues(labels, probs)
+    idx, scores = _ranked(labels, probs)
     precision, recall = _precision_recall(idx, corrupted)
     assert precision >= 0.9, precision
     assert recall >= 0.8, recall
@@ -169,12 +182,12 @@ def test_finds_corrupted_labels():
     top_precision, _ = _precision_recall(idx[: idx.size // 2], corrupted)
     assert top_precision >= precision
     # Asking for more certainty trades recall for precision.
-    strict = find_label_issues(labels, probs, min_score=0.8, return_scores=False)
+    strict = _ranked(labels, probs, min_score=0.8)[0]
     strict_precision, strict_recall = _precision_recall(strict, corrupted)
     assert strict_precision >= precision and strict_recall < recall
     # Control: the same numbers from another sample's probabilities are at chance (the corruption rate),
     # so the thresholds above can fail.
-    idx, _ = find_label_issues(labels, np.roll(probs, 1, axis=0))
+    idx, _ = _ranked(labels, np.roll(probs, 1, axis=0))
     precision, _ = _precision_recall(idx, corrupted)
     assert precision < 0.3
 
@@ -192,11 +205,11 @@ def test_agrees_with_posterior_relabel(mass, std):
     ref = posterior_relabel(labels, probs, kernel, mass=mass)
     scores = label_issue_scores(labels, probs, noise_kernel=kernel)
     assert np.array_equal(scores, ref.confidence.numpy())      # the same operations, bit for bit
-    idx, flagged_scores = find_label_issues(labels, probs, noise_kernel=kernel, min_score=mass)
+    idx, flagged_scores = _ranked(labels, probs, noise_kernel=kernel, min_score=mass)
     assert np.array_equal(_flag_mask(idx, size), ref.flagged.numpy())
     assert 0 < idx.size < size
     # The kernel makes the label evidence: fewer suspects than from p(q | x) alone.
-    alone = find_label_issues(labels, probs, min_score=mass, return_scores=False)
+    alone = _ranked(labels, probs, min_score=mass)[0]
     assert idx.size <= alone.size
 
 
@@ -210,4 +223,98 @@ def test_label_the_kernel_rules_out_falls_back_to_the_model():
     labels = np.array([0, 6])
     scores = label_issue_scores(labels, probs, noise_kernel=kernel)
     assert scores[0] == 1.0 and scores[1] < 0.5
-    assert find_label_issues(labels, probs, noise_kernel=kernel, return_scores=False).tolist() == [0]
+    assert _ranked(labels, probs, noise_kernel=kernel)[0].tolist() == [0]
+
+
+# -- cleanlab's shape ------------------------------------------------------------------------------
+
+def test_returns_a_mask_by_default_and_ranked_indices_on_request():
+    labels, probs, corrupted = _corrupted(seed=3)
+    mask = find_label_issues(labels, probs)
+    assert mask.dtype == bool and mask.shape == labels.shape
+    assert labels[mask].size == int(mask.sum()) > 0        # indexes the labels as cleanlab's does
+    ranked = find_label_issues(labels, probs, return_indices_ranked_by="label_quality")
+    assert ranked.dtype == np.int64 and sorted(ranked.tolist()) == np.flatnonzero(mask).tolist()
+    quality = get_label_quality_scores(labels, probs)
+    assert np.all(np.diff(quality[ranked]) >= 0)           # lowest quality first
+    by_confidence = find_label_issues(labels, probs, return_indices_ranked_by="self_confidence")
+    assert np.all(np.diff(probs[by_confidence, labels[by_confidence]]) >= 0)
+    assert np.array_equal(quality, 1.0 - label_issue_scores(labels, probs))
+
+
+def test_default_prunes_each_rank_by_its_confident_joint_count():
+    labels, probs, corrupted = _corrupted(seed=4)
+    mask = find_label_issues(labels, probs)
+    assert np.array_equal(mask, find_label_issues(labels, probs, filter_by="prune_by_class"))
+    counts = confident_joint_counts(labels, probs)
+    median = (np.cumsum(probs, axis=1) < 0.5).sum(axis=1)
+    score = label_issue_scores(labels, probs)
+    for rank in range(probs.shape[1]):
+        rows = labels == rank
+        # at most the rank's count, never a label at the median, and the rank's highest scores
+        assert mask[rows].sum() <= counts[rank]
+        assert not np.any(mask & (median == labels))
+        if mask[rows].any() and (~mask[rows]).any():
+            candidates = rows & ~mask & (median != labels)
+            if candidates.any():
+                assert score[mask & rows].min() >= score[candidates].max() - 1e-12
+    precision, recall = _precision_recall(np.flatnonzero(mask), corrupted)
+    assert precision >= 0.9 and recall >= 0.7, (precision, recall)
+
+
+def test_with_a_noise_kernel_the_default_is_the_posterior_median_rule():
+    gen = torch.Generator().manual_seed(5)
+    probs = torch.softmax(2 * torch.randn(500, 8, generator=gen, dtype=torch.float64), dim=1)
+    labels = torch.randint(0, 8, (500,), generator=gen)
+    kernel = label_noise_kernel(8, 1.0)
+    mask = find_label_issues(labels, probs, noise_kernel=kernel)
+    assert np.array_equal(mask, posterior_relabel(labels, probs, kernel, mass=0.5).flagged.numpy())
+    assert np.array_equal(mask, find_label_issues(labels, probs, noise_kernel=kernel,
+                                                  filter_by="predicted_neq_given"))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"filter_by": "prune_by_noise_rate"}, r"filter_by must be one of 'prune_by_class'.*got 'prune_by_noise_rate'"),
+    ({"filter_by": "both"}, "filter_by must be one of"),
+    ({"return_indices_ranked_by": "normalized_margin"},
+     r"return_indices_ranked_by must be None \(a boolean mask\) or one of 'label_quality', 'self_confidence'"),
+    ({"filter_by": "confident_learning", "min_score": 0.8}, "min_score applies to filter_by='min_score' only"),
+])
+def test_bad_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        find_label_issues([0, 1], [[0.9, 0.1], [0.2, 0.8]], **kwargs)
+
+
+def _random_case(seed, n, size=400):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, n, size), rng.dirichlet(np.full(n, 0.8), size=size)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_two_ranks_agree_with_cleanlab(seed):
+    # With two ranks the mass on the other side of a label is 1 - p[label], the median is the argmax
+    # and our quality is cleanlab's self-confidence: scores, flags and orderings coincide.
+    cl_filter = pytest.importorskip("cleanlab.filter")
+    cl_rank = pytest.importorskip("cleanlab.rank")
+    labels, probs = _random_case(seed, 2)
+    assert np.allclose(get_label_quality_scores(labels, probs), cl_rank.get_label_quality_scores(labels, probs),
+                       rtol=0, atol=1e-12)
+    for filter_by in ("predicted_neq_given", "confident_learning"):
+        ours = find_label_issues(labels, probs, filter_by=filter_by)
+        assert np.array_equal(ours, cl_filter.find_label_issues(labels, probs, filter_by=filter_by)), filter_by
+        assert 0 < ours.sum() < labels.size
+    for ranking in ("label_quality", "self_confidence"):
+        ours = find_label_issues(labels, probs, filter_by="predicted_neq_given", return_indices_ranked_by=ranking)
+        theirs = cl_filter.find_label_issues(labels, probs, filter_by="predicted_neq_given",
+                                             return_indices_ranked_by="self_confidence")
+        assert np.array_equal(ours, theirs), ranking
+
+
+@pytest.mark.parametrize("n", [2, 3, 7])
+def test_confident_joint_counts_are_cleanlabs(n):
+    count = pytest.importorskip("cleanlab.count")
+    for seed in range(3):
+        labels, probs = _random_case(seed, n)
+        joint = count.compute_confident_joint(labels, probs, calibrate=False)  # [given, true]
+        expected = joint.sum(axis=1) - np.diag(joint)
+        assert np.array_equal(confident_joint_counts(labels, probs), expected)

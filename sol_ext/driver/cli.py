@@ -291,6 +291,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "existing file needs --overwrite")
     a.add_argument("--overwrite", action="store_true",
                    help="replace an existing --csv file that is not one of sol-ext's run files")
+    a.add_argument("--folds", type=int, default=None, metavar="K",
+                   help="judge every training row by a model trained without it: the run's settings "
+                        "trained K times, each without one of K folds (default 3; costs about K-1 runs)")
+    a.add_argument("--in-sample", action="store_true",
+                   help="judge the labels by the run's own model, which trained on them (no training; "
+                        "finds few: a model agrees with the labels it fitted)")
+    a.add_argument("--label-noise", type=float, default=None, metavar="STD",
+                   help="the std of the label error in ranks, if you know it: a label is flagged where "
+                        "the median of p(rank | x, label) is another rank (default: the run's "
+                        "--label-noise when it is a number, else confident-joint counts per rank)")
 
     c = sub.add_parser("compare", help="SOL against the baselines under label noise",
                        description="Train every method at Gaussian kappa in {0, 0.2, 0.3, 0.4} "
@@ -562,7 +572,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from .audit import audit_run, write_audit
+    from .audit import DEFAULT_FOLDS, audit_run, write_audit
     from .outputs import check_output
 
     to_stdout = args.csv == "-"
@@ -570,7 +580,18 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     path = None if to_stdout else check_output(
         str(default) if args.csv is None else args.csv, "--csv", inputs=_run_data(args.run_dir),
         replaceable=[default], overwrite=args.overwrite)
-    report = audit_run(args.run_dir)
+    if args.in_sample and args.folds is not None:
+        raise UsageError("--folds and --in-sample exclude each other: --folds K judges out of "
+                         "sample, --in-sample by the run's own model")
+    if args.folds is not None and args.folds < 2:
+        raise UsageError(f"--folds must be >= 2 (each row is judged by a model trained on the other "
+                         f"folds), got {args.folds}")
+    if args.label_noise is not None and (args.in_sample or not 0 <= args.label_noise < float("inf")):
+        raise UsageError(f"--label-noise {args.label_noise:g}: expected a std in ranks >= 0, for the "
+                         f"out-of-sample audit (not with --in-sample)")
+    folds = None if args.in_sample else DEFAULT_FOLDS if args.folds is None else args.folds
+    report = audit_run(args.run_dir, folds=folds, label_noise=args.label_noise,
+                       log=(lambda line: print(line, file=sys.stderr)) if to_stdout else print)
     if to_stdout:
         sys.stdout.write(report.to_csv())
         print(report.summary(), file=sys.stderr)

@@ -1,0 +1,49 @@
+"""Tests of benchmarks/bench_label_issues.py: its metrics on small arrays, and its --quick run (skipped
+without cleanlab)."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from common import load_benchmark
+
+
+def _bench():
+    return load_benchmark("bench_label_issues")
+
+
+def test_flag_quality_counts():
+    bench = _bench()
+    wrong = np.array([True, True, False, False, True])
+    flagged = np.array([True, False, True, False, False])
+    q = bench.flag_quality(wrong, flagged)
+    assert q["flagged"] == pytest.approx(0.4)
+    assert q["precision"] == pytest.approx(0.5) and q["recall"] == pytest.approx(1 / 3)
+    assert q["f1"] == pytest.approx(2 * 0.5 * (1 / 3) / (0.5 + 1 / 3))
+    assert bench.flag_quality(wrong, np.zeros(5, dtype=bool))["f1"] == 0.0
+
+
+def test_ranking_quality_is_nan_without_both_classes():
+    bench = _bench()
+    wrong = np.array([False, True, False, True])
+    auroc, ap = bench.ranking_quality(wrong, np.array([0.1, 0.9, 0.2, 0.8]))
+    assert auroc == 1.0 and ap == 1.0
+    assert all(math.isnan(v) for v in bench.ranking_quality(np.zeros(4, dtype=bool), np.arange(4.0)))
+
+
+def test_quick_run_writes_both_tools_numbers(tmp_path):
+    pytest.importorskip("cleanlab")
+    bench = _bench()
+    assert bench.main(["--quick", "--output", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "label_issues_quick.json").read_text())
+    assert len(records) == 1
+    r = records[0]
+    assert (r["data"], r["noise"], r["folds"], r["epochs"]) == ("wine-red", "gaussian1", 2, 1)
+    assert 0 < r["wrong"] < 1
+    for tool in ("sol_ext", "cleanlab"):
+        assert 0 <= r[tool]["auroc"] <= 1 and 0 <= r[tool]["f1"] <= 1 and 0 < r[tool]["flagged"] < 1
+    table = (tmp_path / "label_issues_quick.md").read_text()
+    assert "| wine-red | gaussian1 | 2 |" in table and "AUROC ours" in table
