@@ -12,14 +12,17 @@ through torch.compile(mode="reduce-overhead") (PyTorch's CUDA graphs). It prints
 table: median times, the reference/fused ratio, and pair-rank updates per second (B(B-1)/2 * n per pass).
 
     python benchmarks/bench_loss.py --algorithms     # grouped vs pairwise vs reference (docs/math.md §13)
-    python benchmarks/bench_loss.py --algorithms --threads 1 --sizes 8192,7,64 1000000,5,64
+    python benchmarks/bench_loss.py --algorithms --busy --sizes 8192,7,64 1000000,5,64
 
 --algorithms times, in one run, the forward+backward of StochasticOrderLoss (float32, d = 64 by default)
 with algorithm="grouped" (sorting, O(n^2 B + n B log B)), algorithm="pairwise" with the fused kernels
 (O(B^2 n)) and the plain-PyTorch reference, at sizes up to B = 1,000,000. Where pairwise or the reference
 would not fit in memory or would take more than --budget seconds (extrapolated from a small calibration
 run of the same run), the table says "skipped". It also says which algorithm "auto" picks
-(sol_ext.grouped.grouped_is_faster) and whether that was the faster one.
+(sol_ext.grouped.grouped_is_faster) and whether that was the faster one. Everything runs at torch's
+default thread count (or --threads); grouped is also timed on one thread beside it, and the table gives
+the ratio (default / one thread; above 1 the extra threads cost time). --busy runs one spinning process
+beside the measurement, as a DataLoader worker or another job would; the header gives the load average.
 """
 from __future__ import annotations
 
@@ -311,6 +314,15 @@ def check_algorithms_agree(B: int, n: int, d: int, device: str) -> float:
     )
 
 
+def _time_on_one_thread(B: int, n: int, d: int, device: str, how: str, min_run_time: float) -> float:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return time_forward_backward(B, n, d, device, how, min_run_time)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def run_algorithms(device: str, sizes, min_run_time: float, budget: float, memory: bool = True) -> list:
     rows = []
     for B, n, d in sizes:
@@ -331,6 +343,8 @@ def run_algorithms(device: str, sizes, min_run_time: float, budget: float, memor
                     result[how], result[how + "_why"] = None, f"about {estimate:.0f} s"
                     continue
             result[how] = time_forward_backward(B, n, d, device, how, min_run_time)
+        if device == "cpu":
+            result["grouped_1_thread"] = _time_on_one_thread(B, n, d, device, "grouped", min_run_time)
         if memory:
             result["grouped_memory"] = peak_extra_memory(B, n, d, device, "auto", "grouped")
         rows.append(result)
@@ -339,9 +353,9 @@ def run_algorithms(device: str, sizes, min_run_time: float, budget: float, memor
 
 
 def print_algorithm_table(rows: list) -> None:
-    print("| device | B, n, d | grouped | pairwise (fused) | reference | pairwise / grouped | reference / grouped |"
-          " auto picks | auto's pick is the faster | grouped extra memory |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| device | B, n, d | grouped | grouped, 1 thread | grouped / 1 thread | pairwise (fused) | reference |"
+          " pairwise / grouped | reference / grouped | auto picks | auto's pick is the faster | grouped extra memory |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         cells = []
         for how in ALGORITHM_RUNS:
@@ -352,6 +366,8 @@ def print_algorithm_table(rows: list) -> None:
         else:
             faster = "grouped" if r["grouped"] <= r["pairwise"] else "pairwise"
         ok = "yes" if r["auto"] == faster else f"no ({faster} is)"
+        one = r.get("grouped_1_thread")
+        cells[1:1] = [_fmt_time(one), f"{r['grouped'] / one:.2f}" if one else "—"]
         print(f"| {r['device']} | {r['B']}, {r['n']}, {r['d']} | {' | '.join(cells)} | {' | '.join(ratios)} | "
               f"{r['auto']} | {ok} | {_fmt_bytes(r.get('grouped_memory'))} |")
 
@@ -371,9 +387,21 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=30.0,
                         help="--algorithms: skip pairwise/reference where one call would take longer (seconds)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
+    parser.add_argument("--busy", action="store_true",
+                        help="run one spinning process beside the measurement (a busy machine)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
+    try:
+        return _measure(args, parser)
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+
+
+def _measure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     global CHECK_VALUES
     CHECK_VALUES = not args.no_check_values
@@ -396,7 +424,8 @@ def main(argv=None) -> int:
     what = " forward+backward" if args.algorithms else ""
     print(f"\nStochasticOrderLoss(check_values={CHECK_VALUES}){what}, all pairs, float32; torch {torch.__version__}, "
           f"{torch.get_num_threads()} CPU threads"
-          + (f", {os.cpu_count()} CPUs" if args.algorithms else "")
+          + (f", {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}" if args.algorithms else "")
+          + (", beside one spinning process (--busy)" if args.busy else "")
           + (f", {torch.cuda.get_device_name()}" if "cuda" in devices else ""))
     if args.algorithms:
         print_algorithm_table(rows)

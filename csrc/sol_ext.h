@@ -52,6 +52,14 @@
 //       float16/bfloat16. Has its own autograd kernel (one node); D comes back for the value checks.
 //   _stochastic_order_loss_backward(grad_loss, h, mu, D, labels, pairs, ..., need_grad_h, need_grad_mu)
 //       -> (grad_h, grad_mu); an output that is not needed comes back empty ([0]).
+//
+//   grouped_order_sum(D [B,n], labels [B] int64, sigma, tau, margin, convention, rank_begin, rank_end,
+//                     need_grad) -> (total [] float64, grad [B,n] float64)                (docs/math.md §13)
+//       The sum of the order loss over all pairs x<y, restricted to the ranks rank_begin..rank_end-1, by
+//       sorting each rank's column: O(n^2 B + n B log B) instead of O(B^2 n). grad = d total / dD (zero
+//       outside the ranks; empty [0] unless need_grad): the loss is piecewise linear in D, so the backward
+//       is grad times the incoming gradient. CPU only (float32/float64); the same hinge decisions as
+//       order_loss. Deterministic: each rank is summed by one worker, the ranks in order.
 #pragma once
 
 #include <ATen/ATen.h>

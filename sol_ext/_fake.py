@@ -72,3 +72,10 @@ def _(grad_loss, h, mu, D, labels, pairs, sigma, tau, margin, T, disc_weight, co
     grad_h = torch.empty_like(h, memory_format=torch.contiguous_format) if need_grad_h else h.new_empty((0,))
     grad_mu = torch.empty_like(mu, memory_format=torch.contiguous_format) if need_grad_mu else mu.new_empty((0,))
     return grad_h, grad_mu
+
+
+@torch.library.register_fake("sol_ext::grouped_order_sum")
+def _(D, labels, sigma, tau, margin, convention, rank_begin, rank_end, need_grad):
+    total = D.new_empty((), dtype=torch.float64)
+    grad = D.new_empty(D.shape if need_grad else (0,), dtype=torch.float64)
+    return total, grad

@@ -2,9 +2,11 @@
 
 The pairwise kernels evaluate every pair of the batch. This module computes the same sum (docs/math.md
 §6, §7) per rank from one sort of that rank's column of ``D`` and prefix counts of the labels along it
-(docs/math.md §13), with plain torch operations (sort, searchsorted, cumsum, index_add), so it runs on
-every device torch runs on. The result and the gradient equal the pairwise ones up to rounding; the
-hinges' decisions (which pairs contribute, ties included) are the same (docs/math.md §13.4).
+(docs/math.md §13). On the CPU (float32, float64) one fused op does it, ``torch.ops.sol_ext.grouped_order_sum``
+(csrc/cpu/grouped_order_loss_kernel.cpp: the ranks in parallel, each rank one sort and a few linear sweeps);
+elsewhere (CUDA, MPS, half precision) plain torch operations (sort, searchsorted, cumsum, index_add) do, so
+it runs on every device torch runs on. The result and the gradient equal the pairwise ones up to rounding;
+the hinges' decisions (which pairs contribute, ties included) are the same (docs/math.md §13.4).
 
 ``algorithm`` of :class:`sol_ext.StochasticOrderLoss` and :func:`sol_ext.order_loss` picks between the
 two; :func:`grouped_is_faster` holds the measured rule of ``"auto"`` (applied by
@@ -35,16 +37,13 @@ def grouped_is_faster(batch_size: int, num_ranks: int, device: torch.device, fus
     """The rule of ``algorithm="auto"``: whether the grouped algorithm beats the pairwise one at this size.
 
     ``fused``: whether pairwise would run the fused kernels (else the plain-PyTorch reference). Grouped costs
-    about ``n^2 B`` (plus ``n B log B`` and a fixed ~1.5 ms per call), pairwise ``B^2 n / 2``, so grouped
-    wins from some ``B`` proportional to ``n`` on. Crossovers measured with
-    ``benchmarks/bench_loss.py --algorithms`` (StochasticOrderLoss forward+backward, float32, d = 64) on a
-    2-core x86 CPU shared with other jobs, one thread (two threads gave erratic times under that load):
+    about ``n^2 B`` (plus ``n B log B``), pairwise ``B^2 n / 2``, so grouped wins from some ``B``
+    proportional to ``n`` on. Crossovers measured (StochasticOrderLoss forward+backward, float32, d = 64) on a
+    2-core x86 CPU shared with other jobs (load average 4-5), at torch's default thread count (2):
 
-    - fused CPU kernel, ``n <= 48`` (counts times weights as one matrix product): ``B`` of 100-130 for
-      ``n`` of 2-20, about 140 for ``n = 40``. Rule: ``B >= max(128, 4 n)``.
-    - fused CPU kernel, ``n > 48`` (row gathers): ``B`` of about 520 for ``n = 60``, 980 for ``n = 101``
-      (at ``B = 1024`` grouped is 0.8x to 1.4x as fast, varying with the load), 2500 for ``n = 217`` (at
-      ``B = 4096`` grouped is 1.7x to 2.9x faster). Rule, fitted to them: ``B >= 8 n + n^2 / 60``.
+    - CPU, both fused (the grouped op, csrc/cpu/grouped_order_loss_kernel.cpp): ``B`` of about 55 for ``n``
+      of 5-20, 135 for ``n = 60``, 270 for ``n = 101``, 560 for ``n = 217`` (on one thread: 55, 75, 150,
+      350; there pairwise has no second thread). Rule: ``B >= max(64, 2.6 n)``.
     - plain-PyTorch reference (no fused kernels for this device or dtype; it forms ``[B(B-1)/2, n]``
       tensors): ``B`` of 32-64 for ``n <= 40``, about 150 for ``n = 101``. Rule: ``B >= max(48, 1.5 n)``.
     - fused CUDA kernel, on an H200 (torch 2.11, ``benchmarks/results/gpu/h200-algorithms.json``): pairwise
@@ -60,7 +59,7 @@ def grouped_is_faster(batch_size: int, num_ranks: int, device: torch.device, fus
     if not fused:
         return B >= max(48, 1.5 * n)
     if device.type == "cpu":
-        return B >= max(128, 4 * n) if n <= _MATMUL_MAX_RANKS else B >= 8 * n + n * n / 60
+        return B >= max(64, 2.6 * n)
     return B >= 8192 and n <= B / 512
 
 
@@ -260,6 +259,14 @@ def _sort_rows(values: torch.Tensor):
     return values.gather(1, order), order
 
 
+# Whether CPU float32/float64 inputs go to the fused op (tests turn it off to check the torch path).
+_CPU_KERNEL = True
+
+
+def _uses_cpu_kernel(D: torch.Tensor) -> bool:
+    return _CPU_KERNEL and D.device.type == "cpu" and D.dtype in (torch.float32, torch.float64)
+
+
 def grouped_order_sum(
     D: torch.Tensor,
     labels: torch.Tensor,
@@ -275,7 +282,29 @@ def grouped_order_sum(
     (``[B, n]``, zero outside those ranks; ``None`` when ``need_grad`` is false).
 
     Both in float64 (float32 on MPS). No autograd: :class:`GroupedOrderLoss` wraps it. Inputs unchecked.
+    CPU float32/float64: the fused op; otherwise :func:`_torch_order_sum`.
     """
+    if _uses_cpu_kernel(D):
+        q_begin, q_end = (0, D.shape[1]) if ranks is None else ranks
+        total, grad = torch.ops.sol_ext.grouped_order_sum(
+            D, labels.long(), sigma, tau, margin, convention, q_begin, max(q_begin, q_end), need_grad
+        )
+        return total, grad if need_grad else None
+    return _torch_order_sum(D, labels, sigma, tau, margin, convention, ranks, need_grad)
+
+
+def _torch_order_sum(
+    D: torch.Tensor,
+    labels: torch.Tensor,
+    sigma: float,
+    tau: int,
+    margin: float,
+    convention: str,
+    ranks: Optional[tuple] = None,
+    need_grad: bool = True,
+):
+    """:func:`grouped_order_sum` in plain torch operations, for any device and dtype: ranks in chunks, the
+    positions of a chunk in blocks (see the constants above)."""
     B, n = D.shape
     device = D.device
     cdtype = _compute_dtype(device)

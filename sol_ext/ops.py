@@ -55,6 +55,30 @@ for _name in (
         torch.library.register_autocast(f"sol_ext::{_name}", _device_type, torch.float32)
 
 
+
+def _grouped_setup_context(ctx, inputs, output) -> None:
+    ctx.need_grad = inputs[-1]
+    ctx.D_dtype = inputs[0].dtype
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(output[1])
+
+
+def _grouped_backward(ctx, grad_total, unused):
+    """d total / dD came out of the forward (the loss is piecewise linear in D, so it is also exact to
+    differentiate again: the second derivative is 0)."""
+    if not ctx.needs_input_grad[0]:
+        return (None,) * 9
+    if not ctx.need_grad:
+        raise RuntimeError("sol_ext::grouped_order_sum was called with need_grad=False; pass need_grad=True "
+                           "to differentiate it")
+    (grad,) = ctx.saved_tensors
+    return (grad_total * grad).to(ctx.D_dtype), *(None,) * 8
+
+
+# The grouped op returns its gradient beside its value; backward scales it.
+torch.library.register_autograd("sol_ext::grouped_order_sum", _grouped_backward, setup_context=_grouped_setup_context)
+
+
 # ---------------------------------------------------------------------------------------------
 # Autograd wrappers. Each calls a fused forward op and its private backward op. Double backward is
 # not supported: the backward ops have no derivatives of their own, and _first_order_only says so.
@@ -336,8 +360,8 @@ def order_loss(
         reduction: ``"mean"`` over pairs, ``"sum"``, or ``"none"`` for the ``[M]`` per-pair losses.
         algorithm: how all pairs (``pairs=None``) are evaluated: ``"pairwise"`` pair by pair (the fused
             kernel or the reference, as ``backend`` says, ``O(B^2 n)``), ``"grouped"`` by sorting each rank's
-            column of ``D`` (:mod:`sol_ext.grouped`, docs/math.md §13, ``O(n^2 B + n B log B)``, plain torch
-            operations on any device; ``"mean"`` and ``"sum"`` only, no explicit pairs), or ``"auto"``: the
+            column of ``D`` (:mod:`sol_ext.grouped`, docs/math.md §13, ``O(n^2 B + n B log B)``, a fused op
+            on the CPU, plain torch operations on other devices; ``"mean"`` and ``"sum"`` only, no explicit pairs), or ``"auto"``: the
             faster of the two for ``(B, n, device)`` (:func:`sol_ext.grouped.grouped_is_faster`), pairwise for
             explicit pairs, ``reduction="none"`` and ``backend="reference"``. Both give the same value and
             gradient up to rounding, with the same hinge decisions (ties included).

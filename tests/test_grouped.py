@@ -57,14 +57,17 @@ def make_D(B: int, n: int, mode: str, gen: torch.Generator, dtype=torch.float64)
     return D
 
 
-# Code paths: "matmul" and "gather" force how the weights meet the counts; "small" forces one rank per
+# Code paths: "kernel" is the fused CPU op; the others the plain-torch path (what CUDA and half precision
+# run), where "matmul" and "gather" force how the weights meet the counts and "small" forces one rank per
 # chunk (the K = 1 fix-ups) and blocks of a few positions.
+TORCH = dict(_CPU_KERNEL=False)
 PATHS = {
-    "default": {},
-    "matmul": dict(_MATMUL_MAX_RANKS=10**6),
-    "gather": dict(_MATMUL_MAX_RANKS=0),
-    "small": dict(_CHUNK_VALUES=1, _BLOCK_VALUES=40),
-    "gather-small": dict(_MATMUL_MAX_RANKS=0, _CHUNK_VALUES=1, _BLOCK_VALUES=40),
+    "kernel": {},
+    "torch": TORCH,
+    "torch-matmul": dict(TORCH, _MATMUL_MAX_RANKS=10**6),
+    "torch-gather": dict(TORCH, _MATMUL_MAX_RANKS=0),
+    "torch-small": dict(TORCH, _CHUNK_VALUES=1, _BLOCK_VALUES=40),
+    "torch-gather-small": dict(TORCH, _MATMUL_MAX_RANKS=0, _CHUNK_VALUES=1, _BLOCK_VALUES=40),
 }
 
 
@@ -218,7 +221,7 @@ def test_rank_ranges_add_up_to_the_whole():
     assert_close(torch.autograd.grad(sum(parts), D)[0], torch.autograd.grad(whole, D)[0], "dD over rank ranges")
 
 
-@pytest.mark.parametrize("B, n", [(100_000, 3), (3000, 7), (400, 60)])
+@pytest.mark.parametrize("B, n", [(100_000, 3), (3000, 7), (400, 60), (40_000, 1)])
 def test_bitwise_the_same_for_any_number_of_threads(B, n):
     gen = torch.Generator().manual_seed(3)
     D = torch.randn(B, n, generator=gen).requires_grad_()
@@ -233,6 +236,99 @@ def test_bitwise_the_same_for_any_number_of_threads(B, n):
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+# ------------------------------------------------------------------------------------------------
+# The fused CPU op, torch.ops.sol_ext.grouped_order_sum.
+# ------------------------------------------------------------------------------------------------
+
+
+def _op_args(B, n, dtype=torch.float64, margin=0.25, convention="paper", ranks=None, need_grad=True, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    D = make_D(B, n, "near", gen, dtype)
+    labels = torch.randint(0, n, (B,), generator=gen)
+    begin, end = (0, n) if ranks is None else ranks
+    return D, labels, 0.9, 2, margin, convention, begin, end, need_grad
+
+
+OPCHECK_CASES = {
+    "float64": _op_args(30, 5),
+    "float32-official-no-margin": _op_args(30, 5, torch.float32, 0.0, "official"),
+    "rank-range": _op_args(30, 6, ranks=(2, 4)),
+    "no-grad": _op_args(30, 5, need_grad=False),
+    "empty": _op_args(0, 3),
+    "one-row": _op_args(1, 3),
+    "long-columns": _op_args(600, 3, torch.float32),
+}
+
+
+@pytest.mark.parametrize("case", list(OPCHECK_CASES))
+def test_opcheck(case):
+    """Schema, fake kernel, autograd registration and dispatch consistency of grouped_order_sum."""
+    args = OPCHECK_CASES[case]
+    if args[-1] and args[0].dtype == torch.float64:
+        args = (args[0].clone().requires_grad_(), *args[1:])
+    torch.library.opcheck(torch.ops.sol_ext.grouped_order_sum.default, args)
+
+
+def test_op_gradcheck_over_a_rank_range():
+    D, labels, *rest = _op_args(12, 6, margin=0.05, ranks=(1, 5))
+    D = (D * 3).requires_grad_()
+
+    def total(D):
+        return torch.ops.sol_ext.grouped_order_sum(D, labels, *rest)[0]
+
+    assert torch.autograd.gradcheck(total, (D,))
+    assert torch.autograd.gradgradcheck(total, (D,))
+
+
+def test_op_refuses_a_bad_rank_range():
+    D, labels, *rest = _op_args(10, 4)
+    with pytest.raises(RuntimeError, match=r"0 <= rank_begin <= rank_end <= 4, got 3 and 5"):
+        torch.ops.sol_ext.grouped_order_sum(D, labels, 1.0, 2, 0.25, "paper", 3, 5, True)
+    with pytest.raises(RuntimeError, match="labels must lie in 0..3"):
+        torch.ops.sol_ext.grouped_order_sum(D, labels + 4, 1.0, 2, 0.25, "paper", 0, 4, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("margin, convention", [(0.5, "paper"), (0.0, "official"), (0.25, "official")])
+def test_long_columns_match_pairwise(margin, convention, dtype):
+    """Columns long enough for the kernel's radix sort (B >= 256): negative values, -0.0 beside +0.0, many
+    equal values and differences exactly equal to the margin; value and dD equal the fused pairwise kernel's
+    (float64: to 1e-12; float32: the same hinge decisions, so the same value up to float32 D's rounding)."""
+    gen = torch.Generator().manual_seed(8)
+    B, n = 700, 4
+    D = (torch.randint(-6, 7, (B, n), generator=gen) * 0.25).to(dtype)
+    D[::7] = -0.0
+    D[1::7] = 0.0
+    D[2::5] = torch.randn(len(D[2::5]), n, generator=gen).to(dtype) * 100
+    D.requires_grad_()
+    labels = torch.randint(0, n, (B,), generator=gen)
+    args = dict(sigma=0.8, tau=1, margin=margin, convention=convention, reduction="sum")
+    ours = sol_ext.order_loss(D, labels, algorithm="grouped", **args)
+    fused = sol_ext.order_loss(D, labels, backend="fused", algorithm="pairwise", **args)
+    g_ours, g_fused = (torch.autograd.grad(x, D)[0] for x in (ours, fused))
+    if dtype == torch.float64:
+        assert_close(ours, fused, "loss")
+        assert_close(g_ours, g_fused, "dD")
+    else:  # both sum in float64 and round to float32: an ulp apart at most (one decision more: a weight)
+        assert abs(ours.item() - fused.item()) <= 1e-6 * abs(fused.item())
+        assert (g_ours.double() - g_fused.double()).abs().max() <= 1e-6 * g_fused.abs().max()
+
+
+def test_cpu_float_inputs_run_the_fused_op_only(monkeypatch):
+    """CPU float32/float64: the loss runs the C++ op, not the per-chunk torch operations."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the torch path ran")
+
+    monkeypatch.setattr(grouped, "_torch_order_sum", refuse)
+    gen = torch.Generator().manual_seed(9)
+    h = torch.randn(500, 8, generator=gen, requires_grad=True)
+    mu = torch.randn(7, 8, generator=gen)
+    loss = sol_ext.StochasticOrderLoss(7, algorithm="grouped")(h, torch.randint(0, 7, (500,), generator=gen), mu)
+    loss.backward()
+    assert torch.isfinite(h.grad).all()
 
 
 def test_nan_gives_nan_like_the_reference():
@@ -297,7 +393,10 @@ def test_auto_rule():
     assert choose("auto", 8192, 7, cpu, fused=True) == "grouped"
     assert choose("auto", 1_000_000, 5, cpu, fused=True) == "grouped"
     assert choose("auto", 4096, 217, cpu, fused=True) == "grouped"
-    assert choose("auto", 1024, 217, cpu, fused=True) == "pairwise"
+    assert choose("auto", 1024, 217, cpu, fused=True) == "grouped"
+    assert choose("auto", 512, 217, cpu, fused=True) == "pairwise"
+    assert choose("auto", 64, 5, cpu, fused=True) == "grouped"
+    assert choose("auto", 48, 5, cpu, fused=True) == "pairwise"
     assert choose("auto", 200, 60, cpu, fused=False) == "grouped"  # against the plain reference
     # CUDA (measured on an H200): pairwise up to B = 4096; grouped from B = 16384 for few ranks
     assert choose("auto", 4096, 5, cuda, fused=True) == "pairwise"
@@ -336,8 +435,10 @@ def _criterion(algorithm, n=9, reduction="mean", convention="paper"):
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
-def test_distributed_loss_in_one_process_equals_the_single_process_loss(tmp_path):
-    """A process group of one: the gathered D is the batch, and grouped over it equals pairwise."""
+def test_distributed_loss_in_one_process_equals_the_single_process_loss(tmp_path, monkeypatch):
+    """A process group of one: the gathered D is the batch, and grouped over it (the fused CPU op) equals
+    pairwise."""
+    monkeypatch.setattr(grouped, "_torch_order_sum", lambda *args: pytest.fail("the torch path ran"))
     torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
         gen = torch.Generator().manual_seed(6)
