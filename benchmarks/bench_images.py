@@ -4,6 +4,7 @@ loader and images, and where SOL's epoch goes.
     python benchmarks/bench_images.py                      # CPU: resnet18, 64 px, 1000 images
     python benchmarks/bench_images.py --device cuda --image-size 224 --batch-size 64 --amp --images 4000
     python benchmarks/bench_images.py --memory 2000,8000   # peak memory of `sol-ext train` (224 px)
+    python benchmarks/bench_images.py --memory 1000,6000 --encoder cnn --batch-size 16 --workers 0
 
 The images are JPEG files made here (no download): smooth random scenes of 256 x 256 pixels, blurred
 by one of 8 levels, the rank. Both methods run through ``sol_ext.driver.train.train`` from the same
@@ -18,9 +19,13 @@ those of the last epoch, from the run's own timings (``history[-1]["seconds"]``)
 - epoch: both. The target is SOL's epoch at most 1.3x that of ``l1``.
 
 ``--memory N,M`` instead times ``sol-ext train --data list.csv --image-size 224 --encoder resnet18
---weights resnet18.pth --sigma 1 --epochs 1 --batch-size B`` on lists of N and M images, in a child
-process, and reports its peak resident memory (the largest of the training process and its loader
-workers).
+--weights resnet18.pth --sigma 1 --epochs 1 --batch-size B`` (``--encoder cnn``: no weights) on lists
+of N and M images, in a child process, and reports its peak resident memory (the largest of the
+training process and its loader workers). The images are files decoded batch by batch, so the peak
+should not grow with their number: the target is the largest count's peak at most 200 MiB above the
+smallest's. (With glibc's malloc left to raise its mmap threshold, every freed 224-px image became a
+heap hole and the peak grew by about 0.5 MB per image; see ``sol_ext.driver.loader.
+keep_large_buffers_off_heap``.)
 """
 from __future__ import annotations
 
@@ -114,16 +119,22 @@ def throughput_table(rows: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def peak_memory(counts: list[int], args: argparse.Namespace, work: Path) -> list[dict]:
-    import torchvision
+MEMORY_MARGIN_MIB = 200  # target: the largest count's peak at most this much above the smallest's
 
-    weights = work / "resnet18.pth"  # the format of torchvision's file; random values (no download)
-    torch.save(torchvision.models.resnet18().state_dict(), weights)
+
+def peak_memory(counts: list[int], args: argparse.Namespace, work: Path) -> list[dict]:
+    encoder = ["--encoder", args.encoder]
+    if args.encoder not in ("cnn", "mlp"):
+        import torchvision
+
+        weights = work / f"{args.encoder}.pth"  # torchvision's file format; random values (no download)
+        torch.save(torchvision.models.get_model(args.encoder).state_dict(), weights)
+        encoder += ["--weights", str(weights)]
     rows = []
     for count in counts:
         listing = make_images(work / f"images-{count}", count)
         cmd = [sys.executable, "-m", "sol_ext", "train", "--data", str(listing), "--image-size", "224",
-               "--encoder", "resnet18", "--weights", str(weights), "--sigma", "1", "--epochs", "1",
+               *encoder, "--sigma", "1", "--epochs", "1",
                "--batch-size", str(args.batch_size),
                "--output", str(work / f"run-{count}"), "--quiet", "--no-plots", "--device", args.device]
         if args.workers is not None:
@@ -146,6 +157,19 @@ print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
 """
 
 
+def memory_verdict(rows: list[dict]) -> str:
+    """Whether the peak at the largest count is within :data:`MEMORY_MARGIN_MIB` of the smallest's
+    (nothing to say for one count)."""
+    if len({r["images"] for r in rows}) < 2:
+        return ""
+    low, high = min(rows, key=lambda r: r["images"]), max(rows, key=lambda r: r["images"])
+    grown = high["peak_rss_mb"] - low["peak_rss_mb"]
+    ok = grown <= MEMORY_MARGIN_MIB
+    return (f"\ntarget: peak at {high['images']} images <= peak at {low['images']} + "
+            f"{MEMORY_MARGIN_MIB} MiB: {'PASS' if ok else 'MISS'} ({grown:+.0f} MiB, "
+            f"{grown / max(high['images'] - low['images'], 1):.3f} MiB per image)")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu")
@@ -165,11 +189,13 @@ def main() -> int:
         if args.memory:
             rows = peak_memory([int(c) for c in args.memory.split(",")], args, work)
             workers = "" if args.workers is None else f" --workers {args.workers}"
-            print(f"sol-ext train --image-size 224 --encoder resnet18 --weights resnet18.pth --sigma 1 "
+            weights = "" if args.encoder in ("cnn", "mlp") else f" --weights {args.encoder}.pth"
+            print(f"sol-ext train --image-size 224 --encoder {args.encoder}{weights} --sigma 1 "
                   f"--epochs 1 --batch-size {args.batch_size}{workers} ({machine(args.device)})\n")
             print("| images | peak resident memory MiB | seconds |\n| --- | --- | --- |")
             for r in rows:
                 print(f"| {r['images']} | {r['peak_rss_mb']:.0f} | {r['seconds']:.0f} |")
+            print(memory_verdict(rows))
         else:
             rows = throughput(args, work)
             print(throughput_table(rows, args))
