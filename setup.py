@@ -148,7 +148,9 @@ setup(
                     "baselines": ["coral-pytorch"], "bench": ["coral-pytorch", "cleanlab"],
                     "torchmetrics": ["torchmetrics"],   # sol_ext.torchmetrics
                     "lightning": ["lightning>=2.0"],    # sol_ext.lightning.SOLModule
-                    "hf": ["transformers>=4.46", "accelerate"]},   # sol_ext.hf.SOLTrainer
+                    "hf": ["transformers>=4.46", "accelerate"],   # sol_ext.hf.SOLTrainer
+                    # the documentation site: mkdocs build --strict (mkdocs.yml)
+                    "docs": ["mkdocs-material>=9.6", "mkdocstrings[python]>=1.0", "mkdocstrings-python>=2.0"]},
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension},
     entry_points={"console_scripts": ["sol-ext = sol_ext_launcher:main"]},

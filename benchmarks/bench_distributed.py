@@ -67,7 +67,7 @@ PAPER_SIZE = (8, 512, 101, 512)  # W, B per process, n, d
 LEARNING_RATE = 1e-3
 TIMEOUT_S = 300
 FLOAT_BYTES, INDEX_BYTES = 4, 8  # float32 D; int64 labels and sizes
-# The fused all-pairs loss of one GPU at (4096, 217, 512): extra memory measured on an H100 (README).
+# The fused all-pairs loss of one GPU at (4096, 217, 512): extra memory measured on an H100 (docs/distributed.md).
 H100_ALL_PAIRS_EXTRA_MB = 35
 TABLE_HEADER = (
     "| global batch N | processes | per process B | step (median) | speed-up | compute only, per process |"

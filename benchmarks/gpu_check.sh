@@ -176,9 +176,9 @@ loss = sol_ext.StochasticOrderLoss(5, backend='fused')(h, torch.arange(8, device
 loss.backward(); torch.cuda.synchronize(); print('smoke test ok, loss', loss.item())
 " || exit 1
 
-# --- the CUDA-specific tests, then the benchmark: the figures the README reports -----------------------
+# --- the CUDA-specific tests, then the benchmark: the figures docs/performance.md reports --------------
 run_step test_cuda 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py
-# the fused CUDA ops against the CPU kernels and a float64 oracle on random configurations (README, "On a GPU")
+# the fused CUDA ops against the CPU kernels and a float64 oracle on random configurations (docs/performance.md, "On a GPU")
 run_step fuzz 240 "$PY" benchmarks/fuzz_kernels.py --device cuda --configs "${FUZZ_CONFIGS:-10000}" \
   --json "$LOG/fuzz.json"
 SIZES=${BENCH_SIZES:-64,60,512 1024,101,512 4096,217,512}
@@ -189,7 +189,7 @@ run_step bench 180 "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0
 run_step bench_unchecked 200 "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0.3 --no-check-values \
   --json "$LOG/bench-unchecked.json" --sizes $SIZES
 # grouped (sorting) vs pairwise vs reference on a grid of (B, n): the crossovers of algorithm="auto" on this
-# GPU (README, "All pairs by sorting"); sizes where a pairwise call would take over --budget seconds are
+# GPU (docs/performance.md, "All pairs by sorting"); sizes where a pairwise call would take over --budget seconds are
 # skipped
 ALGORITHM_SIZES=${ALGORITHM_SIZES:-$(for B in 256 1024 4096 16384; do for n in 5 20 60 217; do printf '%s,%s,64 ' $B $n; done; done; echo 65536,7,64 1000000,5,64)}
 # shellcheck disable=SC2086
@@ -198,7 +198,7 @@ run_step bench_algorithms 150 "$PY" benchmarks/bench_loss.py --algorithms --devi
 # the rest of the suite on the GPU: its CUDA cases by default (PYTEST_ARGS="" for all of it)
 # shellcheck disable=SC2086
 run_step tests 300 "$PY" -m pytest -q -p no:cacheprovider tests --ignore=tests/test_cuda.py ${PYTEST_ARGS--k cuda}
-# image training throughput: SOL's epoch against l1's, resnet18 at 224 px, batch 64, AMP (README, "Images")
+# image training throughput: SOL's epoch against l1's, resnet18 at 224 px, batch 64, AMP (docs/images.md)
 run_step bench_images 180 "$PY" benchmarks/bench_images.py --device cuda --image-size 224 --batch-size 64 --amp \
   --images 4000 --workers "${IMAGE_WORKERS:-8}" --json "$LOG/bench-images.json"
 # the default training (abalone, 20 epochs) in float32 and mixed precision (float16 + GradScaler);

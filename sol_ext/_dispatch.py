@@ -162,7 +162,7 @@ def _fused_unavailable_reason(device: torch.device, dtype: torch.dtype) -> Optio
         return None
     if device.type == "cuda":
         if not cuda_kernels_available():
-            return "this build of sol_ext has no CUDA kernels (rebuild with a CUDA toolkit; see README)"
+            return "this build of sol_ext has no CUDA kernels (rebuild with a CUDA toolkit; see docs/getting-started.md)"
         if dtype not in _CUDA_DTYPES:
             return f"the CUDA kernels take float16, bfloat16, float32 or float64, got {dtype}"
         return None
@@ -203,7 +203,7 @@ def choose_algorithm(
     ``"auto"`` keeps pairwise for explicit ``pairs``, for ``reduction="none"`` (per-pair losses), for
     ``backend="reference"`` (the oracle stays the plain formulas, which also support double backward
     through ``D``'s kernels), while ``torch.compile`` traces and on meta tensors (the fused ops have fake
-    kernels); otherwise it applies :func:`sol_ext.grouped.grouped_is_faster` (the measured rule, README).
+    kernels); otherwise it applies :func:`sol_ext.grouped.grouped_is_faster` (the measured rule, docs/performance.md).
     """
     check.check_choice("algorithm", algorithm, check.ALGORITHMS)
     if algorithm == "grouped":

@@ -45,7 +45,7 @@ class StochasticOrderLoss(nn.Module):
         check_values: read the inputs' values to refuse NaN/inf embeddings and out-of-range labels or
             pairs with a ``ValueError`` (default). On a GPU that costs a host-device synchronization per
             call; ``False`` skips the finiteness checks and asserts the index ranges on the device
-            instead, so that a CUDA training step never waits for the host (see the README).
+            instead, so that a CUDA training step never waits for the host (see docs/performance.md).
 
     ``forward(h, labels, mu, pairs=None)``: ``pairs`` is ``None`` for all pairs of the batch, or integer
     ``[M, 2]`` batch indices. Gradients flow to ``h`` and ``mu``, each in its own dtype. ``h`` and ``mu`` of

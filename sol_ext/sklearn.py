@@ -118,7 +118,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
     most probable label, and ``score`` is the negative mean absolute error.
 
     Parameters are the options of ``sol-ext train`` (:class:`sol_ext.driver.config.TrainConfig`)
-    that apply to arrays, with the same defaults and meaning; see the README's "Training driver".
+    that apply to arrays, with the same defaults and meaning; see docs/driver.md.
     They are checked in ``fit`` (``TrainConfig.validate``: a ``ValueError`` naming the option).
 
     Args:

@@ -87,7 +87,7 @@ def test_every_setting_has_a_toml_form_that_reads_back(tmp_path):
 
 
 def test_the_readme_example_file_is_read(tmp_path):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "driver.md").read_text(encoding="utf-8")
     part = readme[readme.index("**Settings in a file**"):]
     path = tmp_path / "run.toml"
     path.write_text(re.search(r"```toml\n(.*?)```", part, re.S).group(1))

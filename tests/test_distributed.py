@@ -423,16 +423,16 @@ def test_shards_cover_every_sample_once(one_process_group, monkeypatch):
 
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_train.py"
-README = Path(__file__).resolve().parents[1] / "README.md"
+DDP_PAGE = Path(__file__).resolve().parents[1] / "docs" / "distributed.md"
 
 
 def test_the_readme_ddp_script_is_the_example_file():
-    assert "```python\n" + EXAMPLE.read_text().split('"""\n', 1)[1].lstrip() + "```" in README.read_text()
+    assert "```python\n" + EXAMPLE.read_text().split('"""\n', 1)[1].lstrip() + "```" in DDP_PAGE.read_text()
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
 def test_the_ddp_example_runs_under_torchrun_on_the_cpu(tmp_path):
-    """examples/ddp_train.py (the README's DDP script) runs as written with 2 gloo processes."""
+    """examples/ddp_train.py (the DDP script of docs/distributed.md) runs as written with 2 gloo processes."""
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                            str(EXAMPLE)], capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)

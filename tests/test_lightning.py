@@ -182,11 +182,11 @@ def test_the_readme_snippet_runs(tmp_path, monkeypatch):
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    mark = "<!-- README snippet: tests/test_lightning.py runs it -->"
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "lightning.md").read_text()
+    mark = "<!-- docs snippet: tests/test_lightning.py runs it -->"
     (code,) = re.findall(re.escape(mark) + r"\n```python\n(.*?)```", readme, re.S)
     monkeypatch.chdir(tmp_path)  # the trainer's logs and checkpoints
     scope: dict = {}
-    exec(compile(code, "README: Lightning", "exec"), scope)
+    exec(compile(code, "docs/lightning.md", "exec"), scope)
     assert scope["ranks"].shape == (5,)
     assert float(scope["trainer"].callback_metrics["val_mae"]) < 1.0

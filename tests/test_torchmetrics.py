@@ -145,10 +145,10 @@ def test_compute_without_samples_is_refused():
 
 
 def test_the_readme_snippet_runs(capsys):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    mark = "<!-- README snippet: tests/test_torchmetrics.py runs it -->"
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text(encoding="utf-8")
+    mark = "<!-- docs snippet: tests/test_torchmetrics.py runs it -->"
     code = re.search(re.escape(mark) + r"\n```python\n(.*?)```", readme, re.S).group(1)
-    exec(compile(code, "README: torchmetrics metrics", "exec"), {})
+    exec(compile(code, "docs/metrics.md", "exec"), {})
     assert set(ast.literal_eval(capsys.readouterr().out)) == {"mae", "cs", "macro_mae", "qwk"}
 
 

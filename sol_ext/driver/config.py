@@ -1,6 +1,6 @@
 """Configuration of one training run, its defaults and its checks.
 
-The defaults are what measured best on real data (README, "What we measured"); where they differ
+The defaults are what measured best on real data (docs/measured.md); where they differ
 from the paper's Algorithm 1 (docs/math.md §8, §11), :data:`PAPER_SETTINGS` holds the paper's values and
 ``sol-ext train --paper`` applies them. Differences: the posterior-median read-out instead of
 eq. 6, the posterior relabeling rule instead of the outlier rule, damped centroids, tau 1
@@ -54,7 +54,7 @@ PAPER_SETTINGS: dict[str, Any] = {
 NO_NOISE_SIGMA = 1e-3
 
 # Candidates of `--sigma auto` (the default), in ranks: picked by validation MAE (sol_ext.driver.tuning).
-# Measured (README, "What we measured"): 1 suits abalone's 29 ranks and wine-red, 0.25 the 8 blur
+# Measured (docs/measured.md): 1 suits abalone's 29 ranks and wine-red, 0.25 the 8 blur
 # levels of fashion-mnist-blur; 2 never won.
 SIGMA_GRID = (0.25, 0.5, 1.0)
 # sigma where "auto" cannot pick (no validation split): the paper's
@@ -63,7 +63,7 @@ FALLBACK_SIGMA = 1.0
 # weight_ema="auto" (the default): for the SOL methods, an average of the weights over about this
 # share of the steps so far (decay 1 - 1 / (share * step), sol_ext.driver.run.WeightAverage);
 # none for the baselines.
-# Measured (README, "Many ranks"): SOL's embedding fits label noise within a few epochs and the
+# Measured (docs/measured.md, "Many ranks"): SOL's embedding fits label noise within a few epochs and the
 # average undoes part of it (62 ranks with annotator noise: test MAE 2.33 -> 2.25). A fixed decay
 # per step lags on small data sets (wine-red, kappa 1, decay 0.995 = 11 epochs of 18 steps:
 # 0.433 -> 0.471), and a fixed number of epochs on short runs (fashion-mnist-blur, 5 epochs, an
@@ -75,7 +75,7 @@ WEIGHT_EMA_SHARE = 0.1
 # the SOL methods with the MLP encoder, and BASELINE_WEIGHT_DECAY (the paper's 5e-4) otherwise.
 # SOL's loss sums over the ranks, so an L2 term added to its gradient weighs less the more ranks
 # there are; the baselines' unnormalized outputs and the image encoders do worse with a strong
-# decay (docs/math.md §12.10; the measurements are in the README, "Many ranks").
+# decay (docs/math.md §12.10; the measurements are in docs/measured.md, "Many ranks").
 SOL_WEIGHT_DECAY_PER_RANK = 0.01
 BASELINE_WEIGHT_DECAY = 5e-4
 
@@ -205,7 +205,7 @@ class TrainConfig:
                 raise ValueError(f"augment={self.augment} applies to images; the data are {kind}: "
                                  "leave it out.")
             return "none"
-        # measured (README, "Images"): the flip alone beat no augmentation on fashion-mnist-blur
+        # measured (docs/images.md): the flip alone beat no augmentation on fashion-mnist-blur
         # (test MAE 0.091 vs 0.133 at 20 epochs); pad-and-crop did not (0.136), a resized crop,
         # which rescales the blur the ranks measure, was far worse (0.36 vs 0.15 at 5 epochs)
         return "flip" if self.augment is None else self.augment

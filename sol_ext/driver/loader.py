@@ -33,7 +33,7 @@ __all__ = ["AUGMENTATIONS", "training_transform", "SampleSet", "RunInputs", "aut
 MMAP_THRESHOLD = 128 * 1024
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 
-# Training augmentation of images (docs/math.md does not cover it; README, "Images"):
+# Training augmentation of images (docs/math.md does not cover it; docs/images.md):
 # "crop": pad by 1/8 of the side (reflected) and crop back at a random offset, then a random
 #         horizontal flip: the image content keeps its scale, so blur, grain or wrinkles (what many
 #         rank scales measure) look as they do at test time;
