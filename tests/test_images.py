@@ -52,6 +52,17 @@ def test_image_files_decode_on_access(tmp_path):
     assert files[1:3].rows.tolist() == [2, 3]
 
 
+def test_an_embedding_pass_over_image_files_shows_a_bar_when_asked(tmp_path, capsys):
+    files = load_image_folder(_image_list(tmp_path, count=10), image_size=16).features
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 4))
+    quiet = RunInputs(files, torch.device("cpu")).embed(model, 4)
+    assert "image" not in capsys.readouterr().err
+    shown = RunInputs(files, torch.device("cpu"), progress="embedding the test images").embed(model, 4)
+    err = capsys.readouterr().err
+    assert "embedding the test images" in err and "/10 " in err  # a bar over the 10 images
+    assert torch.equal(quiet, shown)
+
+
 def test_a_file_damaged_after_loading_is_named_when_read(tmp_path):
     listing = _image_list(tmp_path, count=4, fmt="jpg")
     ds = load_image_folder(listing, image_size=8)

@@ -175,10 +175,14 @@ class RunInputs:
     """
 
     def __init__(self, features: torch.Tensor | ImageFiles, device: torch.device,
-                 transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, workers: int = 0):
+                 transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, workers: int = 0,
+                 progress: str = ""):
         self.device = device
         self.transform = transform
         self.workers = int(workers)
+        # a tqdm bar over the embedding passes that decode images (minutes on a large set), named
+        # so; "" for none
+        self.progress = progress
         self.loaded = isinstance(features, ImageFiles) or transform is not None
         if self.loaded:  # images decoded or copied sample by sample: each pass frees N of them
             keep_large_buffers_off_heap()
@@ -238,7 +242,19 @@ class RunInputs:
             raise ValueError("embed: got an empty data set (0 rows); expected at least one sample.")
         was_training = model.training
         model.eval()
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(index), desc=self.progress, unit="image", leave=False, dynamic_ncols=True)
         try:
-            return torch.cat([model(x) for x in self._load(plan)])
+            out = []
+            for x in self._load(plan):
+                out.append(model(x))
+                if bar is not None:
+                    bar.update(len(x))
+            return torch.cat(out)
         finally:
             model.train(was_training)
+            if bar is not None:
+                bar.close()

@@ -364,19 +364,22 @@ def _embed_all(model: RankModel, inputs: RunInputs, batch_size: int, device: tor
 
 
 def _run_inputs(config: TrainConfig, data: PreparedData, split: _Split, device: torch.device,
-                par: Parallel) -> tuple[RunInputs, Optional[RunInputs], RunInputs]:
-    """The fitted rows (augmented, for images), the validation split and the test set."""
+                par: Parallel, progress: bool = False) -> tuple[RunInputs, Optional[RunInputs], RunInputs]:
+    """The fitted rows (augmented, for images), the validation split and the test set; with
+    ``progress``, the passes that decode image files show a bar."""
     transform = None
     if data.kind == "images":
         transform = training_transform(config.augmentation(data.kind), data.input_shape[1:])
     per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", par.world_size)) if par.enabled else 1
     workers = auto_workers(per_machine) if config.workers is None else config.workers
 
-    def part(features, augment=None) -> RunInputs:
-        return RunInputs(features, device, augment, workers)
+    def part(features, what: str, augment=None) -> RunInputs:
+        bar = f"embedding the {what}" if progress and par.is_main else ""
+        return RunInputs(features, device, augment, workers, progress=bar)
 
-    return (part(data.train_x[split.fit], transform),
-            None if split.val is None else part(data.train_x[split.val]), part(data.test_x))
+    return (part(data.train_x[split.fit], "training images", transform),
+            None if split.val is None else part(data.train_x[split.val], "validation images"),
+            part(data.test_x, "test images"))
 
 
 def _state_digest(labels: torch.Tensor, centroids: Optional[torch.Tensor]) -> torch.Tensor:
@@ -428,7 +431,7 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
     start = time.perf_counter()
 
     split = validation_split(data.train_given, config.val_fraction, config.seed)
-    fit_x, val_x, test_x = _run_inputs(config, data, split, device, par)
+    fit_x, val_x, test_x = _run_inputs(config, data, split, device, par, progress)
     given = data.train_given[split.fit].to(device)
     clean = None if data.train_clean is None else data.train_clean[split.fit]
     val_labels = None if split.val is None else data.train_given[split.val].to(device)
