@@ -281,8 +281,9 @@ def grouped_order_sum(
     restricted to the ranks ``q`` in ``range(*ranks)`` (default all), and its gradient with respect to ``D``
     (``[B, n]``, zero outside those ranks; ``None`` when ``need_grad`` is false).
 
-    Both in float64 (float32 on MPS). No autograd: :class:`GroupedOrderLoss` wraps it. Inputs unchecked.
-    CPU float32/float64: the fused op; otherwise :func:`_torch_order_sum`.
+    Both in float64 (float32 on MPS). No autograd: :class:`GroupedOrderLoss` wraps it.
+    CPU float32/float64: the fused op, which checks its inputs; otherwise :func:`_torch_order_sum`
+    (inputs unchecked: the callers check them).
     """
     if _uses_cpu_kernel(D):
         q_begin, q_end = (0, D.shape[1]) if ranks is None else ranks

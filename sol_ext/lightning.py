@@ -64,7 +64,8 @@ class SOLModule(pl.LightningModule):
         num_ranks: ``n``; labels are integer ranks ``0 … n-1``.
         embedding_dim: ``d``, the encoder's output size.
         lr: Adam's learning rate (override :meth:`configure_optimizers` for another optimizer).
-        weight_decay: Adam's weight decay; default ``0.01 * num_ranks``, as ``sol-ext train``'s.
+        weight_decay: Adam's weight decay; default ``0.01 * num_ranks``, what ``sol-ext train``
+            uses for its MLP encoder (its image encoders keep 5e-4: pass that for a CNN).
         normalize_embeddings: L2-normalize the encoder's outputs (SOL's embeddings are; pair it with
             the head's ``normalize=True``, the default).
         embed_batch_size: batch size of the end-of-epoch pass (default: the training loader's).

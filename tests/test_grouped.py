@@ -221,7 +221,7 @@ def test_rank_ranges_add_up_to_the_whole():
     assert_close(torch.autograd.grad(sum(parts), D)[0], torch.autograd.grad(whole, D)[0], "dD over rank ranges")
 
 
-@pytest.mark.parametrize("B, n", [(100_000, 3), (3000, 7), (400, 60), (40_000, 1)])
+@pytest.mark.parametrize("B, n", [(100_000, 3), (5000, 7), (600, 60), (40_000, 1)])  # B·n >= 2^15, so helpers start (n = 1: one rank)
 def test_bitwise_the_same_for_any_number_of_threads(B, n):
     gen = torch.Generator().manual_seed(3)
     D = torch.randn(B, n, generator=gen).requires_grad_()
@@ -288,6 +288,13 @@ def test_op_refuses_a_bad_rank_range():
         torch.ops.sol_ext.grouped_order_sum(D, labels, 1.0, 2, 0.25, "paper", 3, 5, True)
     with pytest.raises(RuntimeError, match="labels must lie in 0..3"):
         torch.ops.sol_ext.grouped_order_sum(D, labels + 4, 1.0, 2, 0.25, "paper", 0, 4, True)
+
+
+@pytest.mark.parametrize("B", [1, 10])
+def test_op_refuses_an_unknown_convention_even_where_nothing_is_summed(B):
+    D, labels, *rest = _op_args(B, 4)
+    with pytest.raises(RuntimeError, match='convention must be "paper" or "official", got "bogus"'):
+        torch.ops.sol_ext.grouped_order_sum(D, labels, 1.0, 2, 0.25, "bogus", 0, 4, True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -315,6 +315,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cpu(
     int64_t rank_end,
     bool need_grad) {
   check_grouped_inputs(D_in, labels_in, sigma, tau, margin, rank_begin, rank_end);
+  const Convention conv = parse_convention(convention);  // refused even where nothing is summed
   auto queue = std::make_shared<RankQueue>();
   queue->D = D_in.contiguous();
   queue->labels = labels_in.contiguous();
@@ -340,7 +341,6 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cpu(
     if (need_grad) grad.zero_();
     return {at::zeros({}, options), grad};
   }
-  const Convention conv = parse_convention(convention);
   // L = lt + gt^T, U = gt + lt^T, E2 = eq + eq^T (docs/math.md §13.1), [n, n] each
   const at::Tensor table = ordering_table(n, sigma, tau, conv, at::kDouble, queue->D.device());
   const at::Tensor lt = table.select(2, 0), eq = table.select(2, 1), gt = table.select(2, 2);

@@ -176,10 +176,13 @@ def atomic_write_files(contents: dict[Path, bytes]) -> None:
             except OSError as exc:
                 raise _write_error(Path(path), exc) from None
             written.append((tmp, Path(path)))
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as exc:  # a full disk: one line naming the file
+                raise _write_error(Path(path), exc) from None
         for tmp, path in written:
             try:
                 os.replace(tmp, path)

@@ -132,7 +132,8 @@ def sidecar_path(program: Path | str) -> Path:
 def export_run(trained: TrainedModel, output: Path, example: Optional[torch.Tensor] = None) -> Path:
     """Write ``output`` (a ``torch.export`` program, ``.pt2``) and its sidecar
     (:func:`sidecar_path`); return the sidecar's path. The batch dimension is dynamic. Both files
-    are replaced together, or neither (an error or Ctrl-C leaves the folder as it was).
+    are written in full before either replaces an old one (an error or Ctrl-C while writing leaves
+    the folder as it was; the two renames that follow are not one atomic step).
 
     Raises:
         ValueError: ``output`` ends in ``.json`` (the program and its sidecar would be one file).
