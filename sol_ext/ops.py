@@ -55,7 +55,6 @@ for _name in (
         torch.library.register_autocast(f"sol_ext::{_name}", _device_type, torch.float32)
 
 
-
 def _grouped_setup_context(ctx, inputs, output) -> None:
     ctx.need_grad = inputs[-1]
     ctx.D_dtype = inputs[0].dtype

@@ -28,7 +28,7 @@ import torch
 
 from ..errors import DataFileError, data_file_errors
 from .encoding import OrdinalDataset, RankEncoder, _make_dataset
-from .frames import TableOrigin, table_features, table_labels
+from .frames import TableOrigin, _refuse_repeated_names, table_features, table_labels
 
 __all__ = ["load_table", "load_csv", "load_npz", "read_table", "read_table_features", "table_columns",
            "table_format", "TABLE_SUFFIXES", "SNIFFED_DELIMITERS"]
@@ -125,13 +125,7 @@ def _read_csv(path: str | Path, delimiter: str | None = None) -> tuple[list[str]
     if not rows:
         raise ValueError(f"{path} is empty: expected a header row and at least one data row")
     header, body = rows[0], rows[1:]
-    first: dict[str, int] = {}
-    for k, name in enumerate(header):
-        if name in first:
-            what = f"the column name {name!r}" if name else "an empty column name"
-            raise ValueError(f"{path}: {what} appears more than once in the header (columns {first[name] + 1} "
-                             f"and {k + 1}); give each column its own name")
-        first[name] = k
+    _refuse_repeated_names(header, str(path))
     if not body:
         raise ValueError(f"{path} has a header but no data rows: the dataset would be empty")
     for i, row in enumerate(body):
@@ -197,18 +191,8 @@ def _csv_header(path: Path, delimiter: str | None) -> tuple[list[str], str]:
     if first is None:
         raise ValueError(f"{path} is empty: expected a header row and at least one data row")
     raw = next(csv.reader([first], delimiter=delimiter))
-    _refuse_repeated(path, [c.strip() for c in raw])
+    _refuse_repeated_names([c.strip() for c in raw], str(path))
     return raw, delimiter
-
-
-def _refuse_repeated(path: Path, names: Sequence[str]) -> None:
-    first: dict[str, int] = {}
-    for k, name in enumerate(names):
-        if name in first:
-            what = f"the column name {name!r}" if name else "an empty column name"
-            raise ValueError(f"{path}: {what} appears more than once in the header (columns {first[name] + 1} "
-                             f"and {k + 1}); give each column its own name")
-        first[name] = k
 
 
 @contextlib.contextmanager
@@ -237,7 +221,7 @@ def table_columns(path: str | Path, delimiter: str | None = None) -> list[str]:
     else:
         with _arrow_file_errors(path, "Feather/Arrow"):
             names = _ipc_schema(path).names
-    _refuse_repeated(path, names)
+    _refuse_repeated_names(names, str(path))
     return names
 
 
