@@ -28,11 +28,15 @@ def main() -> int:
         from sol_ext.driver.cli import main as cli_main
     finally:
         signal.signal(signal.SIGINT, previous)
+    from sol_ext.driver.cli import end_torchrun_process
+
     try:
-        return cli_main()
+        status = cli_main()
     except KeyboardInterrupt:  # outside a command (argument parsing): nothing was written either
         print("sol-ext: interrupted; nothing was written.", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        status = EXIT_INTERRUPTED
+    end_torchrun_process(status)  # a finished run under torchrun ends here (see there)
+    return status
 
 
 if __name__ == "__main__":  # pragma: no cover

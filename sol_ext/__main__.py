@@ -2,6 +2,8 @@
 
 import sys
 
-from .driver.cli import main
+from .driver.cli import end_torchrun_process, main
 
-sys.exit(main())
+status = main()
+end_torchrun_process(status)  # a finished run under torchrun ends here (see there)
+sys.exit(status)

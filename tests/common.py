@@ -5,6 +5,7 @@ import csv
 import importlib.util
 import os
 import socket
+import sys
 import time
 
 import pytest
@@ -70,11 +71,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _run_then_exit(rank: int, worker, *args) -> None:
+    """``worker(rank, *args)``, then the process ends without the interpreter's shutdown: torch's gloo
+    can abort there after DistributedDataParallel ("terminate called without an active exception",
+    about one run in twelve with plain torch), which would fail a test whose work is done."""
+    worker(rank, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def spawn_processes(worker, world_size: int, args: tuple, timeout_s: float) -> None:
     """Run ``worker(rank, world_size, port, *args)`` in ``world_size`` spawned processes (a free
     loopback port for their process group); fail the test if they do not finish in ``timeout_s``."""
     context = torch.multiprocessing.start_processes(
-        worker, args=(world_size, free_port(), *args), nprocs=world_size, join=False, start_method="spawn")
+        _run_then_exit, args=(worker, world_size, free_port(), *args), nprocs=world_size, join=False,
+        start_method="spawn")
     deadline = time.monotonic() + timeout_s
     try:
         while not context.join(timeout=max(1.0, deadline - time.monotonic())):

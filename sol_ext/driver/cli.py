@@ -706,6 +706,17 @@ def _process_label() -> str:
     return f" (rank {par.rank} of {par.world_size})" if par.enabled else ""
 
 
+def end_torchrun_process(status: int) -> None:
+    """Under torchrun, end the process now with ``status``, without the interpreter's shutdown: after
+    DistributedDataParallel, torch's gloo can abort there ("terminate called without an active
+    exception"), which would report a finished run as failed. Elsewhere nothing happens."""
+    world_size = os.environ.get("WORLD_SIZE", "1")
+    if world_size.isdigit() and int(world_size) > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``sol-ext``; returns the exit status."""
     parser = build_parser()
@@ -739,4 +750,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    _status = main()
+    end_torchrun_process(_status)
+    sys.exit(_status)
