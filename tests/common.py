@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import datetime
 import importlib.util
 import os
 import socket
@@ -71,22 +72,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_then_exit(rank: int, worker, *args) -> None:
-    """``worker(rank, *args)``, then the process ends without the interpreter's shutdown: torch's gloo
+def _in_process_group(rank: int, worker, world_size: int, port: int, timeout_s: float, *args) -> None:
+    """``worker(rank, world_size, *args)`` inside a gloo process group on the loopback port ``port``
+    (one thread per process); then the process ends without the interpreter's shutdown: torch's gloo
     can abort there after DistributedDataParallel ("terminate called without an active exception",
     about one run in twelve with plain torch), which would fail a test whose work is done."""
-    worker(rank, *args)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        worker(rank, world_size, *args)
+    finally:
+        torch.distributed.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
 def spawn_processes(worker, world_size: int, args: tuple, timeout_s: float) -> None:
-    """Run ``worker(rank, world_size, port, *args)`` in ``world_size`` spawned processes (a free
-    loopback port for their process group); fail the test if they do not finish in ``timeout_s``."""
+    """Run ``worker(rank, world_size, *args)`` in ``world_size`` spawned processes, each in a gloo
+    process group on a free loopback port; fail the test if they do not finish in ``timeout_s``."""
     context = torch.multiprocessing.start_processes(
-        _run_then_exit, args=(worker, world_size, free_port(), *args), nprocs=world_size, join=False,
-        start_method="spawn")
+        _in_process_group, args=(worker, world_size, free_port(), timeout_s, *args), nprocs=world_size,
+        join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
     try:
         while not context.join(timeout=max(1.0, deadline - time.monotonic())):

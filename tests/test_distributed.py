@@ -6,7 +6,6 @@ concatenated batch.
 """
 from __future__ import annotations
 
-import datetime
 import os
 import re
 import subprocess
@@ -239,30 +238,21 @@ def _single_process_step(case, seed):
     return loss.detach(), {name: p.grad for name, p in model.named_parameters()}
 
 
-def _worker(rank, world_size, port, cases, out_dir):
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-        timeout=datetime.timedelta(seconds=TIMEOUT_S),
-    )
-    try:
-        results = []
-        for seed, case in enumerate(cases):
-            sizes, dtype, reduction, convention = case
-            x, labels = _global_batch(sizes, dtype, seed)
-            start = sum(sizes[:rank])
-            x, labels = x[start : start + sizes[rank]], labels[start : start + sizes[rank]]
-            model = torch.nn.parallel.DistributedDataParallel(_Model(dtype))
-            criterion = DistributedStochasticOrderLoss(_criterion(reduction, convention))
-            h, mu = model(x)
-            loss = criterion(h, labels, mu)
-            loss.backward()
-            grads = {name: p.grad.clone() for name, p in model.module.named_parameters()}
-            results.append((loss.detach(), grads))
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        torch.distributed.destroy_process_group()
+def _worker(rank, world_size, cases, out_dir):
+    results = []
+    for seed, case in enumerate(cases):
+        sizes, dtype, reduction, convention = case
+        x, labels = _global_batch(sizes, dtype, seed)
+        start = sum(sizes[:rank])
+        x, labels = x[start : start + sizes[rank]], labels[start : start + sizes[rank]]
+        model = torch.nn.parallel.DistributedDataParallel(_Model(dtype))
+        criterion = DistributedStochasticOrderLoss(_criterion(reduction, convention))
+        h, mu = model(x)
+        loss = criterion(h, labels, mu)
+        loss.backward()
+        grads = {name: p.grad.clone() for name, p in model.module.named_parameters()}
+        results.append((loss.detach(), grads))
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 
@@ -339,25 +329,17 @@ def _head_updates(h, labels, val_h, val_labels, shares, val_share, update_centro
     return states
 
 
-def _head_worker(rank, world_size, port, out_dir):
+def _head_worker(rank, world_size, out_dir):
     from sol_ext.distributed import shard, update_centroids, update_head
 
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-        timeout=datetime.timedelta(seconds=TIMEOUT_S))
-    try:
-        h, labels, val_h, val_labels = _head_data()
-        # unequal shares, then empty ones: the second update's training set on the first process
-        # alone, the validation split on the last process alone
-        second = slice(0, HEAD_N) if rank == 0 else slice(0, 0)
-        val_share = slice(0, 9) if rank == world_size - 1 else slice(0, 0)
-        states = _head_updates(h, labels, val_h, val_labels, (shard(HEAD_N), second), val_share,
-                               update_centroids, update_head)
-        torch.save(states, os.path.join(out_dir, f"head{rank}.pt"))
-    finally:
-        torch.distributed.destroy_process_group()
+    h, labels, val_h, val_labels = _head_data()
+    # unequal shares, then empty ones: the second update's training set on the first process
+    # alone, the validation split on the last process alone
+    second = slice(0, HEAD_N) if rank == 0 else slice(0, 0)
+    val_share = slice(0, 9) if rank == world_size - 1 else slice(0, 0)
+    states = _head_updates(h, labels, val_h, val_labels, (shard(HEAD_N), second), val_share,
+                           update_centroids, update_head)
+    torch.save(states, os.path.join(out_dir, f"head{rank}.pt"))
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")

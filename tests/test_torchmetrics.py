@@ -4,7 +4,6 @@ one process on the concatenated samples."""
 from __future__ import annotations
 
 import ast
-import datetime
 import math
 import os
 import re
@@ -166,25 +165,17 @@ def test_import_sol_ext_does_not_import_torchmetrics():
 DDP_SHARDS = ([0, 30, 17], [25, 41])
 
 
-def _ddp_worker(rank, world_size, port, out_dir):
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-        timeout=datetime.timedelta(seconds=TIMEOUT_S))
-    try:
-        values = {}
-        for name, (make, _, real) in CASES.items():
-            pred, true = _samples(sum(map(sum, DDP_SHARDS)), seed=7, real=real)
-            metric = make()
-            start = sum(map(sum, DDP_SHARDS[:rank]))
-            for size in DDP_SHARDS[rank]:
-                metric.update(pred[start : start + size], true[start : start + size])
-                start += size
-            values[name] = float(metric.compute())  # synced over the processes
-        torch.save(values, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        torch.distributed.destroy_process_group()
+def _ddp_worker(rank, world_size, out_dir):
+    values = {}
+    for name, (make, _, real) in CASES.items():
+        pred, true = _samples(sum(map(sum, DDP_SHARDS)), seed=7, real=real)
+        metric = make()
+        start = sum(map(sum, DDP_SHARDS[:rank]))
+        for size in DDP_SHARDS[rank]:
+            metric.update(pred[start : start + size], true[start : start + size])
+            start += size
+        values[name] = float(metric.compute())  # synced over the processes
+    torch.save(values, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")

@@ -8,7 +8,6 @@ only, ``world_size`` in results.json, the training loss of one process with the 
 """
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import subprocess
@@ -90,24 +89,16 @@ def _encoder():
     return torch.nn.Sequential(torch.nn.Linear(4, DIM), torch.nn.Tanh()).double()
 
 
-def _worker(rank, world_size, port, out_dir):
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-        timeout=datetime.timedelta(seconds=TIMEOUT_S))
-    try:
-        par = Parallel(world_size=world_size, rank=rank, local_rank=rank)
-        x, labels = _data()
-        model = _encoder()
-        # batches of 4 rows: several per shard
-        h = _embed_all(model, RunInputs(x, torch.device("cpu")), 4, torch.device("cpu"), par)
-        shard = par.shard(N)
-        kernel = noise_kernel(NUM_RANKS, 1.0, dtype=torch.float64)
-        centroids = compute_centroids(h[shard], labels[shard], kernel, all_reduce=par.sum)
-        torch.save({"h": h, "centroids": centroids}, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        torch.distributed.destroy_process_group()
+def _worker(rank, world_size, out_dir):
+    par = Parallel(world_size=world_size, rank=rank, local_rank=rank)
+    x, labels = _data()
+    model = _encoder()
+    # batches of 4 rows: several per shard
+    h = _embed_all(model, RunInputs(x, torch.device("cpu")), 4, torch.device("cpu"), par)
+    shard = par.shard(N)
+    kernel = noise_kernel(NUM_RANKS, 1.0, dtype=torch.float64)
+    centroids = compute_centroids(h[shard], labels[shard], kernel, all_reduce=par.sum)
+    torch.save({"h": h, "centroids": centroids}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 
