@@ -135,3 +135,20 @@ def load_benchmark(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def expect_error(capsys, argv, *needles, absent=()):
+    """``sol-ext argv`` fails with status 2 and one line ``sol-ext: error: ...`` on stderr, no
+    traceback, holding every one of ``needles`` and none of ``absent``; returns the line."""
+    from sol_ext.driver.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("sol-ext: error:"), err
+    for needle in needles:
+        assert needle in err, err
+    for needle in absent:
+        assert needle not in err, err
+    return err

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sol_ext.driver.audit as audit_module
-from common import tiny_csv
+from common import expect_error, tiny_csv
 from sol_ext.centroids import label_noise_kernel, median_ranks
 from sol_ext.driver.audit import audit_run, cross_validated_probabilities, fold_of_rows
 from sol_ext.driver.checkpoint import load_run_state
@@ -19,13 +19,6 @@ from sol_ext.label_issues import find_label_issues, label_issue_scores
 
 FAST = ["--epochs", "2", "--batch-size", "16", "--embedding-dim", "4", "--hidden", "16", "--lr", "0.01",
         "--sigma", "1", "--no-plots", "--quiet"]
-
-
-def expect_error(capsys, argv, needle):
-    """``argv`` fails with status 2 and one line naming ``needle``."""
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
 
 
 @pytest.fixture(scope="module")

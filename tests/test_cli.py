@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common import tiny_csv, write_csv
+from common import expect_error, tiny_csv, write_csv
 from sol_ext.driver.cli import main
 
 FAST = ["--epochs", "2", "--batch-size", "16", "--embedding-dim", "4", "--hidden", "16",
@@ -136,17 +136,6 @@ def test_python_dash_m_entry(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # bad input: one line on stderr, exit status 2, no traceback, no result
-
-
-def expect_error(capsys, argv, *needles):
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    assert err.startswith("sol-ext: error:")
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 def test_missing_label_column(tmp_path, capsys):

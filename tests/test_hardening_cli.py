@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common import tiny_csv, write_csv
+from common import expect_error, tiny_csv, write_csv
 from sol_ext.driver.cli import main
 
 FAST = ["--epochs", "2", "--batch-size", "16", "--embedding-dim", "4", "--hidden", "16",
@@ -17,19 +17,6 @@ FAST = ["--epochs", "2", "--batch-size", "16", "--embedding-dim", "4", "--hidden
 SIGMA1 = ["--sigma", "1"]
 
 
-
-
-def expect_error(capsys, argv, *needles, absent=()):
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    assert err.startswith("sol-ext: error:"), err
-    for needle in needles:
-        assert needle in err, err
-    for needle in absent:
-        assert needle not in err, err
-    return err
 
 
 def snapshot(folder: Path) -> dict:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from common import tiny_csv
+from common import expect_error, tiny_csv
 from sol_ext.driver.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,17 +23,6 @@ def snapshot(folder: Path) -> dict:
     """Every file under ``folder`` with its bytes."""
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
             if p.is_file()}
-
-
-def expect_error(capsys, argv, *needles):
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    assert err.startswith("sol-ext: error:"), err
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 @pytest.fixture(scope="module")
