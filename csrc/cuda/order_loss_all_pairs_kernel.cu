@@ -19,7 +19,17 @@
 //             y range is split into S segments whose partial sums go to an [S,B,n] buffer that a
 //             second kernel adds in segment order (still deterministic). S depends on (B, n, dtype)
 //             only, not on the GPU's SM count, so the summation order is the same on every GPU.
+//   backward, one pass (large batches)
+//             each pair evaluated once: one block per pair of row tiles (I <= J) and 32 ranks, which
+//             adds a pair's rank gradient to x's row and subtracts it from y's. Rows of tile I are
+//             summed in the block's registers over tile J; rows of tile J over the block's warps, in a
+//             fixed order. Each block writes its two row tiles' sums into slot J (rows of I) and slot I
+//             (rows of J) of an [T,B,n] buffer, which the segment-sum kernel adds in slot order: every
+//             (row, slot) is written once, so the result is bitwise reproducible. The plan (tile size,
+//             or the two-pass kernel above when the buffer would be large or the grid too small) depends
+//             on (B, n, dtype) only.
 #include <cstdlib>
+#include <string>
 
 #include "order_loss_common.cuh"
 
@@ -280,6 +290,147 @@ __global__ void sum_segments_kernel(
   }
 }
 
+// ------------------------------------------------------------------------------------------------
+// All pairs, backward in one pass. Grid: (T, T, ceil(n/32)) over T = ceil(B/S) row tiles of S = 8*XW
+// rows; block (J, I, c) with I <= J handles the pairs x in tile I, y in tile J (x < y on the diagonal)
+// for the ranks q = 32c + lane. Warp w holds XW rows x of tile I (its values of D and its gradient sums)
+// in registers; tile J is staged through shared memory, kOnePassTileY rows at a time, together with each
+// pair's weights g * (lt, eq, gt) (zero for the pairs that do not exist, so they add exactly nothing).
+// Per pair and rank, G = d l / d delta_q (PairTerms::grad, with the sign rewriting of the two-pass kernel)
+// goes to x's row as +G and to y's as -G: d delta / d D[y,q] = -1.
+// ------------------------------------------------------------------------------------------------
+constexpr int kOnePassWarps = 8;
+constexpr int kOnePassThreads = kOnePassWarps * kWarpSize;
+constexpr int kOnePassTileY = 8;  // y rows staged per step
+// The one-pass buffer holds T partial copies of grad_D; above this many bytes the two-pass kernel runs.
+constexpr int64_t kOnePassMaxBufferBytes = int64_t(64) << 20;
+
+// One pair's upstream gradient times its three probabilities, padded to one 16-byte (float) or two
+// (double) shared-memory loads.
+template <typename acc_t>
+struct alignas(4 * sizeof(acc_t)) PairWeights {
+  acc_t lt, eq, gt, unused;
+};
+
+template <typename scalar_t, int XW>
+__global__ void __launch_bounds__(kOnePassThreads) order_loss_all_pairs_backward_one_pass_kernel(
+    const LossArgs<scalar_t> args,
+    const scalar_t* __restrict__ grad_losses,
+    int64_t grad_stride,
+    acc_type<scalar_t>* __restrict__ partial) {  // [T,B,n]
+  using acc_t = acc_type<scalar_t>;
+  constexpr int S = kOnePassWarps * XW;
+  constexpr int YT = kOnePassTileY;
+  static_assert(XW <= 32, "the row windows are bit masks of one 32-bit word");
+  __shared__ PairWeights<acc_t> weights[YT][S];
+  __shared__ scalar_t dy_tile[YT][kWarpSize];
+  __shared__ int ry_tile[YT];
+  __shared__ acc_t y_sums[kOnePassWarps][YT][kWarpSize];
+
+  const int64_t tile_x = blockIdx.y, tile_y = blockIdx.x;
+  if (tile_x > tile_y) return;  // the lower triangle of tiles: uniform over the block
+  const bool diagonal = tile_x == tile_y;
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int64_t B = args.B;
+  const int n = args.n;
+  const int q = blockIdx.z * kWarpSize + lane;
+  const bool q_valid = q < n;
+  const int64_t x_base = tile_x * S, y_base = tile_y * S;
+  const int64_t warp_x0 = x_base + warp * XW;
+
+  scalar_t dx[XW];
+  acc_t grad_x[XW];
+  uint32_t x_lower_bits = 0, x_upper_bits = 0;  // bit a: [q <= last_lower_x], [q >= r_x] of row a
+#pragma unroll
+  for (int a = 0; a < XW; ++a) {
+    const int64_t x = warp_x0 + a < B ? warp_x0 + a : B - 1;  // rows past the end: weights 0, never written
+    dx[a] = q_valid ? args.D[x * n + q] : scalar_t(0);
+    const int rx = load_rank(args, x);
+    if (q <= (args.official ? rx - 1 : rx)) x_lower_bits |= 1u << a;
+    if (q >= rx) x_upper_bits |= 1u << a;
+    grad_x[a] = acc_t(0);
+  }
+
+  acc_t* rows_of_x = partial + tile_y * B * n;  // slot J
+  acc_t* rows_of_y = partial + tile_x * B * n;  // slot I
+  const int64_t y_end = y_base + S < B ? y_base + S : B;
+  for (int64_t y0 = y_base; y0 < y_end; y0 += YT) {
+    const int rows = static_cast<int>(y_end - y0 < YT ? y_end - y0 : YT);
+    __syncthreads();  // the previous step's shared tiles are consumed
+    for (int i = threadIdx.x; i < YT * S; i += kOnePassThreads) {
+      const int t = i % YT, xi = i / YT;  // consecutive threads: consecutive y, consecutive pair indices
+      const int64_t x = x_base + xi, y = y0 + t;
+      PairWeights<acc_t> w{acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
+      if (t < rows && x < B && x < y) {
+        const acc_t g = static_cast<acc_t>(grad_losses[pair_index(x, y, B) * grad_stride]);
+        const acc_t* probs =
+            args.table + (static_cast<int64_t>(load_rank(args, x)) * n + load_rank(args, y)) * 3;
+        w.lt = g * probs[0];
+        w.eq = g * probs[1];
+        w.gt = g * probs[2];
+      }
+      weights[t][xi] = w;
+    }
+    for (int t = warp; t < YT; t += kOnePassWarps) {
+      const bool valid = t < rows;
+      dy_tile[t][lane] = valid && q_valid ? args.D[(y0 + t) * n + q] : scalar_t(0);
+      if (lane == 0) ry_tile[t] = valid ? load_rank(args, y0 + t) : 0;
+    }
+    __syncthreads();
+
+    for (int t = 0; t < rows; ++t) {
+      const scalar_t dy = dy_tile[t][lane];
+      const int ry = ry_tile[t];
+      const bool y_upper = q >= ry;
+      const bool y_lower = q <= (args.official ? ry - 1 : ry);
+      acc_t y_sum = acc_t(0);
+#pragma unroll
+      for (int a = 0; a < XW; ++a) {
+        const PairWeights<acc_t> w = weights[t][warp * XW + a];
+        const Hinges<scalar_t> hinge(dx[a], dy, args.gamma);
+        acc_t grad = acc_t(0);
+        if (hinge.above > scalar_t(0)) {
+          grad = (((x_lower_bits >> a) & 1u) ? w.lt : acc_t(0)) + (((x_upper_bits >> a) & 1u) ? w.gt : acc_t(0));
+        } else if (hinge.above < scalar_t(0)) {
+          grad = -w.eq;
+        }
+        if (hinge.below > scalar_t(0)) {
+          grad -= (y_upper ? w.lt : acc_t(0)) + (y_lower ? w.gt : acc_t(0));
+        } else if (hinge.below < scalar_t(0)) {
+          grad += w.eq;
+        }
+        grad_x[a] += grad;
+        y_sum += grad;
+      }
+      y_sums[warp][t][lane] = y_sum;
+    }
+    __syncthreads();
+    // Rows of J: the warps' sums added in warp order.
+    for (int i = threadIdx.x; i < rows * kWarpSize; i += kOnePassThreads) {
+      const int t = i / kWarpSize, l = i % kWarpSize;
+      const int q_out = blockIdx.z * kWarpSize + l;
+      if (q_out >= n) continue;
+      acc_t total = acc_t(0);
+#pragma unroll
+      for (int w = 0; w < kOnePassWarps; ++w) total += y_sums[w][t][l];
+      rows_of_y[(y0 + t) * n + q_out] = -total;
+    }
+  }
+
+  // On the diagonal both row tiles are tile I and share slot I: the rows' y-side sums written above
+  // (visible to the whole block after the barrier) come first, then the x-side sum is added.
+  if (diagonal) __syncthreads();
+#pragma unroll
+  for (int a = 0; a < XW; ++a) {
+    const int64_t x = warp_x0 + a;
+    if (x >= B || !q_valid) continue;
+    acc_t value = grad_x[a];
+    if (diagonal) value = rows_of_x[x * n + q] + value;
+    rows_of_x[x * n + q] = value;
+  }
+}
+
 // Forward micro-tile: 4x4 pairs per warp (48 accumulators); 4x2 in float64 to bound registers.
 template <typename scalar_t>
 struct ForwardTile {
@@ -350,12 +501,82 @@ int64_t backward_target_warps() {
   return warps;
 }
 
-// Chooses rows per warp (XW), ranks per warp (32*QW in G groups) and y segments (S), then launches.
+// SOL_EXT_CUDA_ALL_PAIRS_BACKWARD: "auto" (the default), "one_pass" (whenever its buffer fits) or
+// "two_pass"; read at each call (a getenv is cheap beside a launch), for timing and testing both kernels.
+enum class BackwardChoice { Auto, OnePass, TwoPass };
+
+BackwardChoice backward_choice() {
+  const char* text = std::getenv("SOL_EXT_CUDA_ALL_PAIRS_BACKWARD");
+  const std::string value = text == nullptr ? "" : text;
+  if (value.empty() || value == "auto") return BackwardChoice::Auto;
+  if (value == "one_pass") return BackwardChoice::OnePass;
+  TORCH_CHECK(value == "two_pass", "SOL_EXT_CUDA_ALL_PAIRS_BACKWARD must be auto, one_pass or two_pass, got '", value,
+              "'");
+  return BackwardChoice::TwoPass;
+}
+
+// Rows per warp of the one-pass kernel (its tiles are 8 * XW rows), or 0 for the two-pass kernel: the
+// largest tile whose grid still fills the GPU (backward_target_warps) and whose [T,B,n] buffer stays
+// under kOnePassMaxBufferBytes (with "one_pass", the largest tile whose buffer fits). float64 keeps 8 rows
+// per warp (registers). Larger tiles mean a smaller buffer and fewer pair weights staged twice.
+template <typename scalar_t>
+int one_pass_rows_per_warp(int64_t B, int64_t n) {
+  const BackwardChoice choice = backward_choice();
+  if (choice == BackwardChoice::TwoPass) return 0;
+  const int64_t chunks = cuda::ceil_div(n, kWarpSize);
+  for (const int xw : {32, 16, 8}) {
+    if (std::is_same<scalar_t, double>::value && xw > 8) continue;
+    const int64_t tiles = cuda::ceil_div(B, kOnePassWarps * xw);
+    const int64_t buffer_bytes = tiles * B * n * static_cast<int64_t>(sizeof(acc_type<scalar_t>));
+    if (buffer_bytes > kOnePassMaxBufferBytes || tiles > 65535) return 0;  // smaller tiles need more
+    const int64_t warps = tiles * (tiles + 1) / 2 * chunks * kOnePassWarps;
+    if (choice == BackwardChoice::OnePass || warps >= backward_target_warps()) return xw;
+  }
+  return 0;
+}
+
+template <typename scalar_t, int XW>
+void launch_all_pairs_backward_one_pass(const LossArgs<scalar_t>& args, const at::Tensor& g, at::Tensor& grad_D,
+                                        cudaStream_t stream) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t tiles = cuda::ceil_div(args.B, kOnePassWarps * XW);
+  const int64_t chunks = cuda::ceil_div(args.n, kWarpSize);
+  at::Tensor partial = at::empty({tiles, args.B, args.n}, grad_D.options().dtype(table_dtype(grad_D.scalar_type())));
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
+  order_loss_all_pairs_backward_one_pass_kernel<scalar_t, XW><<<grid, kOnePassThreads, 0, stream>>>(
+      args, g.data_ptr<scalar_t>(), g.stride(0), partial.data_ptr<acc_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const int64_t size = args.B * args.n;
+  const int64_t blocks = std::min<int64_t>(cuda::ceil_div(size, kThreads), 65535);
+  sum_segments_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(partial.data_ptr<acc_t>(), tiles, size,
+                                                                  grad_D.data_ptr<scalar_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Chooses the one-pass kernel where it fits, else rows per warp (XW), ranks per warp (32*QW in G groups)
+// and y segments (S) of the two-pass kernel, then launches.
 template <typename scalar_t>
 void launch_all_pairs_backward(const LossArgs<scalar_t>& args, const at::Tensor& g, at::Tensor& grad_D,
                                cudaStream_t stream) {
   using acc_t = acc_type<scalar_t>;
   const int64_t B = args.B;
+  switch (one_pass_rows_per_warp<scalar_t>(B, args.n)) {
+    case 32:  // never planned for float64
+      if constexpr (!std::is_same<scalar_t, double>::value) {
+        launch_all_pairs_backward_one_pass<scalar_t, 32>(args, g, grad_D, stream);
+      }
+      return;
+    case 16:
+      if constexpr (!std::is_same<scalar_t, double>::value) {
+        launch_all_pairs_backward_one_pass<scalar_t, 16>(args, g, grad_D, stream);
+      }
+      return;
+    case 8:
+      launch_all_pairs_backward_one_pass<scalar_t, 8>(args, g, grad_D, stream);
+      return;
+    default:
+      break;
+  }
   const int64_t chunks = cuda::ceil_div(args.n, kWarpSize);
   const int64_t groups = cuda::ceil_div(chunks, kMaxRankChunks);
   const int qw = static_cast<int>(cuda::ceil_div(chunks, groups));
