@@ -2,10 +2,11 @@
 
 The pairwise kernels evaluate every pair of the batch. This module computes the same sum (docs/math.md
 §6, §7) per rank from one sort of that rank's column of ``D`` and prefix counts of the labels along it
-(docs/math.md §13). On the CPU (float32, float64) one fused op does it, ``torch.ops.sol_ext.grouped_order_sum``
-(csrc/cpu/grouped_order_loss_kernel.cpp: the ranks in parallel, each rank one sort and a few linear sweeps);
-elsewhere (CUDA, MPS, half precision) plain torch operations (sort, searchsorted, cumsum, index_add) do, so
-it runs on every device torch runs on. The result and the gradient equal the pairwise ones up to rounding;
+(docs/math.md §13). For float32 and float64 one fused op does it, ``torch.ops.sol_ext.grouped_order_sum``: on
+the CPU csrc/cpu/grouped_order_loss_kernel.cpp (the ranks in parallel, each rank one sort and a few linear
+sweeps), on CUDA csrc/cuda/grouped_order_loss_kernel.cu (one segmented sort, prefix counts and binary searches,
+no host synchronization). Elsewhere (MPS, half precision, a build without CUDA kernels) plain torch
+operations (sort, searchsorted, cumsum, index_add) do, so it runs on every device torch runs on. The result and the gradient equal the pairwise ones up to rounding;
 the hinges' decisions (which pairs contribute, ties included) are the same (docs/math.md §13.4).
 
 ``algorithm`` of :class:`sol_ext.StochasticOrderLoss` and :func:`sol_ext.order_loss` picks between the
@@ -46,12 +47,12 @@ def grouped_is_faster(batch_size: int, num_ranks: int, device: torch.device, fus
       350; there pairwise has no second thread). Rule: ``B >= max(64, 2.6 n)``.
     - plain-PyTorch reference (no fused kernels for this device or dtype; it forms ``[B(B-1)/2, n]``
       tensors): ``B`` of 32-64 for ``n <= 40``, about 150 for ``n = 101``. Rule: ``B >= max(48, 1.5 n)``.
-    - fused CUDA kernel, on an H200 (torch 2.11, ``benchmarks/results/gpu/h200-algorithms.json``): pairwise
-      is faster at every measured size up to ``B = 4096`` (n of 5 to 217, by 2x to 44x: grouped runs tens of
-      small torch operations and reads a flag back to the host per chunk of ranks); at ``B = 16384`` grouped
-      is 5.0x faster for ``n = 5``, 1.8x for ``n = 20``, 0.45x for ``n = 60``; at ``B = 65536, n = 7`` and
-      ``B = 10^6, n = 5`` it takes 15 ms and 38 ms, where pairwise would take seconds to minutes. Rule:
-      ``B >= 8192`` and ``n <= B / 512``.
+    - CUDA, both fused (the CUDA op, csrc/cuda/grouped_order_loss_kernel.cu), on an H100 (torch 2.11,
+      ``benchmarks/results/gpu/h100-algorithms.json``): pairwise is faster at ``B = 1024`` (by 1.4x to 2x for
+      ``n`` of 5 to 60), the two are level at ``B = 4096`` (within 10 %), and grouped is 6.7x, 14x and 13x
+      faster at ``B = 16384`` for ``n`` = 5, 20, 60; ``B = 65536, n = 7`` takes 3.3 ms (pairwise 619 ms) and
+      ``B = 10^6, n = 5`` 8.0 ms. Rule: ``B >= 8192`` and ``n <= B / 64`` (grouped's ``n^2 B`` term beyond
+      the measured range is not assumed to win).
     """
     B, n = batch_size, num_ranks
     if B < 2:
@@ -60,7 +61,7 @@ def grouped_is_faster(batch_size: int, num_ranks: int, device: torch.device, fus
         return B >= max(48, 1.5 * n)
     if device.type == "cpu":
         return B >= max(64, 2.6 * n)
-    return B >= 8192 and n <= B / 512
+    return B >= 8192 and n <= B / 64
 
 
 @functools.lru_cache(maxsize=16)
@@ -259,12 +260,24 @@ def _sort_rows(values: torch.Tensor):
     return values.gather(1, order), order
 
 
-# Whether CPU float32/float64 inputs go to the fused op (tests turn it off to check the torch path).
+# Whether CPU / CUDA float32/float64 inputs go to the fused op (tests turn them off to check the torch path).
 _CPU_KERNEL = True
+_CUDA_KERNEL = True
 
 
-def _uses_cpu_kernel(D: torch.Tensor) -> bool:
-    return _CPU_KERNEL and D.device.type == "cpu" and D.dtype in (torch.float32, torch.float64)
+def _uses_fused_op(D: torch.Tensor) -> bool:
+    if D.dtype not in (torch.float32, torch.float64):
+        return False
+    if D.device.type == "cpu":
+        return _CPU_KERNEL
+    return _CUDA_KERNEL and D.device.type == "cuda" and _cuda_op_available()
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_op_available() -> bool:
+    from ._dispatch import cuda_kernels_available
+
+    return cuda_kernels_available()
 
 
 def grouped_order_sum(
@@ -282,10 +295,10 @@ def grouped_order_sum(
     (``[B, n]``, zero outside those ranks; ``None`` when ``need_grad`` is false).
 
     Both in float64 (float32 on MPS). No autograd: :class:`GroupedOrderLoss` wraps it.
-    CPU float32/float64: the fused op, which checks its inputs; otherwise :func:`_torch_order_sum`
+    CPU and CUDA float32/float64: the fused op, which checks its inputs; otherwise :func:`_torch_order_sum`
     (inputs unchecked: the callers check them).
     """
-    if _uses_cpu_kernel(D):
+    if _uses_fused_op(D):
         q_begin, q_end = (0, D.shape[1]) if ranks is None else ranks
         total, grad = torch.ops.sol_ext.grouped_order_sum(
             D, labels.long(), sigma, tau, margin, convention, q_begin, max(q_begin, q_end), need_grad

@@ -1,0 +1,280 @@
+// The all-pairs order loss by sorting (docs/math.md §13) on CUDA: the op grouped_order_sum of the CPU
+// kernel (csrc/cpu/grouped_order_loss_kernel.cpp), with the same hinge decisions and float64 sums.
+//
+// The ranks of the range go in chunks of K columns, K set by the shape alone so that the label-count
+// table of a chunk stays under kCountsBudgetBytes. Per chunk:
+//   1. one stable sort of each column of D (torch's segmented sort), and the labels along it;
+//   2. counts[k, a, p] = #{j < p : lab[k, j] = a}, the prefix counts of the labels (int32: exact), a scan
+//      along the innermost dimension (a scan along B with K * n rows beside it would run on K * n threads);
+//   3. per hinge family with constant c (threshold t = -c, in D's dtype): pos[k, i] = #{p : s[i] - s[p] > t}
+//      by a binary search (the difference, rounded to D's dtype as the pairwise kernels round it, does
+//      not grow with p, so the active p are a prefix), and first_above[k, i] = #{x : pos[k, x] <= i} by a
+//      second one (pos does not decrease along the sorted column);
+//   4. one thread per (k, i) adds x's side, sum_b W_q(r_x, b) counts[pos_i, b], to the gradient at i and
+//      subtracts y's side, sum_a W_q(a, r_y) (per_label[a] - counts[first_above_i, a]).
+// The value follows from the gradient as on the CPU (§13.3). Every sum is a per-thread loop in a fixed
+// order or a torch reduction (no atomics): the result is bitwise reproducible. Nothing is read back to the host, so
+// the op runs inside CUDA graphs. A column that holds a NaN gives a NaN value and a NaN gradient column,
+// as the pairwise kernels and the CPU op do (torch's sort puts NaN last).
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <tuple>
+
+#include "../sol_ext.h"
+#include "cuda_common.cuh"
+
+namespace sol_ext {
+namespace {
+
+constexpr int kThreads = 256;
+// The int32 label counts of one chunk of ranks, [K, n, B + 1], stay under this many bytes (or K = 1).
+constexpr int64_t kCountsBudgetBytes = int64_t(64) << 20;
+
+// The hinge families: W+_q (constant +gamma; with gamma = 0 also E2, one hinge) and E2 (constant -gamma).
+enum Family : int { kPlus = 0, kPlusWithE2 = 1, kApart = 2 };
+
+// W_q(a, b) of a family (docs/math.md §13.1): W+_q(a, b) = L(a, b) [q in lower(a)] + U(a, b) [q >= a].
+struct PairWeights {
+  const double* __restrict__ L;
+  const double* __restrict__ U;
+  const double* __restrict__ E2;
+  int64_t n;
+  bool official;
+
+  __device__ __forceinline__ double operator()(int family, int64_t q, int64_t a, int64_t b) const {
+    const int64_t ab = a * n + b;
+    if (family == kApart) return E2[ab];
+    const bool lower = official ? q < a : q <= a;
+    double w = (lower ? L[ab] : 0.0) + (q >= a ? U[ab] : 0.0);
+    if (family == kPlusWithE2) w += E2[ab];
+    return w;
+  }
+};
+
+// pos[k, i] = #{p : (s[k, i] - s[k, p]) rounded to scalar_t > threshold}, over a sorted row of length B.
+template <typename scalar_t>
+__global__ void count_active_kernel(const scalar_t* __restrict__ s, int64_t rows, int64_t B, scalar_t threshold,
+                                    int32_t* __restrict__ pos) {
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < rows * B;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const scalar_t* row = s + (idx / B) * B;
+    const scalar_t x = s[idx];
+    int64_t lo = 0, hi = B;  // the predicate holds on [0, lo) and fails on [hi, B)
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (static_cast<scalar_t>(x - row[mid]) > threshold) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    pos[idx] = static_cast<int32_t>(lo);
+  }
+}
+
+// first_above[k, i] = #{x : pos[k, x] <= i}, pos non-decreasing along each row.
+__global__ void first_above_kernel(const int32_t* __restrict__ pos, int64_t rows, int64_t B,
+                                   int32_t* __restrict__ first_above) {
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < rows * B;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t* row = pos + (idx / B) * B;
+    const int32_t i = static_cast<int32_t>(idx % B);
+    int64_t lo = 0, hi = B;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (row[mid] <= i) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    first_above[idx] = static_cast<int32_t>(lo);
+  }
+}
+
+// One family's two sides at every sorted position: grad[k, i] += x_side - y_side (grad is NaN for a
+// column holding a NaN), x_sides[k, i] = x_side (for the value).
+__global__ void family_sides_kernel(const int64_t* __restrict__ lab, const int32_t* __restrict__ counts,
+                                    const int32_t* __restrict__ pos, const int32_t* __restrict__ first_above,
+                                    const bool* __restrict__ column_has_nan, PairWeights weights, int family,
+                                    int64_t q_begin, int64_t rows, int64_t B, double* __restrict__ grad,
+                                    double* __restrict__ x_sides) {
+  const int64_t n = weights.n;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < rows * B;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t k = idx / B;
+    const int64_t q = q_begin + k;
+    const int64_t r = lab[idx];
+    CUDA_KERNEL_ASSERT(r >= 0 && r < n);
+    // counts of label b among the first p sorted samples: table[b * (B + 1) + p]; neighbouring threads
+    // read neighbouring p (pos and first_above grow along the sorted column)
+    const int32_t* table = counts + k * n * (B + 1);
+    const int64_t below = pos[idx];             // the y active with x: positions 0 .. below - 1
+    const int64_t passed = first_above[idx];    // the x not active with y: positions 0 .. passed - 1
+    double x_side = 0, y_side = 0;
+    for (int64_t b = 0; b < n; ++b) {
+      const int32_t* label_counts = table + b * (B + 1);
+      x_side += weights(family, q, r, b) * label_counts[below];
+      y_side += weights(family, q, b, r) * (label_counts[B] - label_counts[passed]);
+    }
+    x_sides[idx] = x_side;
+    grad[idx] = column_has_nan[k] ? NAN : grad[idx] + (x_side - y_side);
+  }
+}
+
+// diagonal[k] = sum_a per_label[k, a] W_q(a, a): the pairs x = x that an active hinge at delta = 0 counts.
+__global__ void family_diagonal_kernel(const int32_t* __restrict__ counts, PairWeights weights, int family,
+                                       int64_t q_begin, int64_t rows, int64_t B, double* __restrict__ diagonal) {
+  const int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (k >= rows) return;
+  const int32_t* table = counts + k * weights.n * (B + 1);
+  double total = 0;
+  for (int64_t a = 0; a < weights.n; ++a) total += table[a * (B + 1) + B] * weights(family, q_begin + k, a, a);
+  diagonal[k] = total;
+}
+
+// grad_out[order[k, i], q_begin + k] = 0.5 grad[k, i]: the unordered pairs carry half of the ordered ones.
+__global__ void scatter_gradient_kernel(const double* __restrict__ grad, const int64_t* __restrict__ order,
+                                        int64_t rows, int64_t B, int64_t n, int64_t q_begin,
+                                        double* __restrict__ grad_out) {
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < rows * B;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t k = idx / B;
+    grad_out[order[idx] * n + q_begin + k] = 0.5 * grad[idx];
+  }
+}
+
+unsigned grid_for(int64_t count) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cuda::ceil_div(count, kThreads), 65535)));
+}
+
+std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cuda(
+    const at::Tensor& D_in,
+    const at::Tensor& labels_in,
+    double sigma,
+    int64_t tau,
+    double margin,
+    c10::string_view convention,
+    int64_t rank_begin,
+    int64_t rank_end,
+    bool need_grad) {
+  TORCH_CHECK(D_in.dim() == 2 && D_in.size(1) >= 1, "D must have shape [B, n] with n >= 1, got ", D_in.sizes());
+  TORCH_CHECK(D_in.scalar_type() == at::kFloat || D_in.scalar_type() == at::kDouble,
+              "grouped_order_sum: D must be float32 or float64, got ", D_in.scalar_type());
+  TORCH_CHECK(labels_in.device() == D_in.device(), "labels must be on D's device ", D_in.device(), ", got ",
+              labels_in.device());
+  TORCH_CHECK(labels_in.scalar_type() == at::kLong, "labels must be int64, got ", labels_in.scalar_type());
+  const int64_t B = D_in.size(0), n = D_in.size(1);
+  TORCH_CHECK(labels_in.dim() == 1 && labels_in.size(0) == B, "labels must have shape [", B, "], got ",
+              labels_in.sizes());
+  TORCH_CHECK(B < (int64_t(1) << 31) - 1, "grouped_order_sum takes batches of fewer than 2^31 - 1 rows, got ", B);
+  TORCH_CHECK(std::isfinite(sigma) && sigma > 0, "sigma must be a finite number > 0, got ", sigma);
+  TORCH_CHECK(tau >= 0, "tau must be >= 0, got ", tau);
+  TORCH_CHECK(std::isfinite(margin) && margin >= 0, "margin must be a finite number >= 0, got ", margin);
+  TORCH_CHECK(0 <= rank_begin && rank_begin <= rank_end && rank_end <= n, "rank_begin and rank_end must satisfy ",
+              "0 <= rank_begin <= rank_end <= ", n, ", got ", rank_begin, " and ", rank_end);
+  const Convention conv = parse_convention(convention);
+  const c10::cuda::CUDAGuard guard(D_in.device());
+  const auto options = D_in.options().dtype(at::kDouble);
+  const int64_t ranks = rank_end - rank_begin;
+  at::Tensor grad_out = need_grad ? at::zeros({B, n}, options) : at::empty({0}, options);
+  if (B < 2 || ranks == 0) return {at::zeros({}, options), grad_out};
+
+  const at::Tensor D = D_in.contiguous();
+  const at::Tensor labels = labels_in.contiguous();
+  // L = lt + gt^T, U = gt + lt^T, E2 = eq + eq^T (docs/math.md §13.1), [n, n] float64 each
+  const at::Tensor table = ordering_table(n, sigma, tau, conv, at::kDouble, D.device());
+  cuda::record_use(table, at::cuda::getCurrentCUDAStream());
+  const at::Tensor lt = table.select(2, 0), eq = table.select(2, 1), gt = table.select(2, 2);
+  const at::Tensor L = (lt + gt.t()).contiguous(), U = (gt + lt.t()).contiguous(), E2 = (eq + eq.t()).contiguous();
+  const PairWeights weights{L.data_ptr<double>(), U.data_ptr<double>(), E2.data_ptr<double>(), n,
+                            conv == Convention::Official};
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t chunk = std::max<int64_t>(
+      1, std::min<int64_t>(ranks, kCountsBudgetBytes / (static_cast<int64_t>(sizeof(int32_t)) * (B + 1) * n)));
+  at::Tensor shares = at::empty({ranks}, options);  // each rank's share of the sum, added in rank order
+
+  AT_DISPATCH_FLOATING_TYPES(D.scalar_type(), "grouped_order_sum_cuda", [&] {
+    // The hinge of constant c is active when D_x - D_y, rounded to scalar_t, exceeds -c held in scalar_t
+    // (docs/math.md §13.4), as on the CPU.
+    const scalar_t gamma = static_cast<scalar_t>(margin);
+    struct Term {
+      int family;
+      double c;
+      scalar_t threshold;
+    };
+    const bool one_hinge = gamma == scalar_t(0);  // [delta]+ and the positive half of [|delta|]+ (§13.1)
+    const Term terms[2] = {{one_hinge ? kPlusWithE2 : kPlus, one_hinge ? 0.0 : static_cast<double>(gamma),
+                            static_cast<scalar_t>(-gamma)},
+                           {kApart, -static_cast<double>(gamma), gamma}};
+    const int term_count = one_hinge ? 1 : 2;
+    for (int64_t q0 = rank_begin; q0 < rank_end; q0 += chunk) {
+      const int64_t K = std::min(chunk, rank_end - q0);
+      const int64_t size = K * B;
+      // std::optional<bool>: a plain `true` would pick the overload sort(self, dim, descending)
+      auto [sorted, order] = at::sort(D.narrow(1, q0, K).t().contiguous(), std::optional<bool>(true), /*dim=*/1,
+                                      /*descending=*/false);
+      const at::Tensor lab = labels.index_select(0, order.reshape(-1)).view({K, B});
+      const at::Tensor column_has_nan = sorted.select(1, B - 1).isnan();  // NaN sorts last
+      at::Tensor counts = at::zeros({K, n, B + 1}, D.options().dtype(at::kInt));
+      counts.narrow(2, 1, B).scatter_(1, lab.unsqueeze(1), 1);
+      counts.cumsum_(2);
+      at::Tensor grad = at::zeros({K, B}, options);
+      at::Tensor pos = at::empty({K, B}, D.options().dtype(at::kInt));
+      at::Tensor first_above = at::empty_like(pos);
+      at::Tensor x_sides = at::empty({K, B}, options);
+      at::Tensor diagonal = at::empty({K}, options);
+      const at::Tensor values = sorted.to(at::kDouble);
+      // <gradient, D> with each column taken about the middle of its range (§13.3), plus c dF/dc per family
+      at::Tensor share = at::zeros({K}, options);
+      for (int t = 0; t < term_count; ++t) {
+        const Term& term = terms[t];
+        count_active_kernel<scalar_t><<<grid_for(size), kThreads, 0, stream>>>(
+            sorted.data_ptr<scalar_t>(), K, B, term.threshold, pos.data_ptr<int32_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        first_above_kernel<<<grid_for(size), kThreads, 0, stream>>>(pos.data_ptr<int32_t>(), K, B,
+                                                                   first_above.data_ptr<int32_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        family_sides_kernel<<<grid_for(size), kThreads, 0, stream>>>(
+            lab.data_ptr<int64_t>(), counts.data_ptr<int32_t>(), pos.data_ptr<int32_t>(),
+            first_above.data_ptr<int32_t>(), column_has_nan.data_ptr<bool>(), weights, term.family, q0, K, B,
+            grad.data_ptr<double>(), x_sides.data_ptr<double>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        if (term.c == 0) continue;
+        share.add_(x_sides.sum(1), term.c);
+        if (scalar_t(0) > term.threshold) {  // x's own hinge is active (delta = 0): take the pairs x = x out
+          family_diagonal_kernel<<<grid_for(K), kThreads, 0, stream>>>(counts.data_ptr<int32_t>(), weights,
+                                                                      term.family, q0, K, B,
+                                                                      diagonal.data_ptr<double>());
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          share.sub_(diagonal, term.c);
+        }
+      }
+      const at::Tensor mid = 0.5 * (values.select(1, 0) + values.select(1, B - 1));
+      shares.narrow(0, q0 - rank_begin, K).copy_((grad * (values - mid.unsqueeze(1))).sum(1) + share);
+      if (need_grad) {
+        scatter_gradient_kernel<<<grid_for(size), kThreads, 0, stream>>>(
+            grad.data_ptr<double>(), order.data_ptr<int64_t>(), K, B, n, q0, grad_out.data_ptr<double>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+    }
+  });
+  // x 0.5: the unordered pairs carry half of the ordered pairs x != y (docs/math.md §13.2)
+  return {shares.sum() * 0.5, grad_out};
+}
+
+} // namespace
+
+TORCH_LIBRARY_IMPL(sol_ext, CUDA, m) {
+  m.impl("grouped_order_sum", &grouped_order_sum_cuda);
+}
+
+} // namespace sol_ext
