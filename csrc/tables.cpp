@@ -5,8 +5,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -37,7 +39,10 @@ uint64_t bits_of(double value) {
 template <typename Make>
 at::Tensor cached(const CacheKey& key, Make make) {
   static std::mutex mutex;
-  static std::map<CacheKey, at::Tensor> cache;
+  // Never destroyed: freeing a CUDA table at process exit, after the CUDA runtime has begun to shut down,
+  // makes the caching allocator record events on the streams that used it, and that error aborts the
+  // process. The memory goes back with the process.
+  static auto& cache = *new std::map<CacheKey, at::Tensor>();
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = cache.find(key);
@@ -68,17 +73,32 @@ std::vector<double> noise_kernel_values(int64_t n, double sigma) {
 }
 
 // The device copy of a table for the cache. A cached table outlives the call that makes it, and under
-// torch.compile(mode="reduce-overhead") the first calls run with the current stream's allocations routed
-// to a CUDA-graph memory pool, which must own nothing that outlives its graphs (PyTorch stops with
-// "tensors in the cudagraph pool not tracked as outputs"). So the copy is made on a side stream, whose
-// allocations come from the general pool. Copies from pageable host memory are blocking: the table is
-// complete when this returns, and each kernel that reads it records its use on its own stream. While
-// the current stream is being captured (a table first asked for inside a capture) nothing changes.
+// torch.compile(mode="reduce-overhead") the first calls run with the calling thread's allocations (on any
+// stream) routed to a CUDA-graph memory pool, which must own nothing that outlives its graphs (PyTorch
+// stops with "tensors in the cudagraph pool not tracked as outputs"). So the copy is made by another
+// thread, on a side stream, whose allocations come from the general pool; it is complete (the side
+// stream synchronized) when this returns, and each kernel that reads the table records its use on its
+// own stream. While the current stream is being captured (a table first asked for inside a capture)
+// nothing changes: the capture owns it.
 at::Tensor copy_to_device_for_cache(const at::Tensor& table, at::Device device) {
 #ifdef SOL_EXT_WITH_CUDA
   if (device.is_cuda() && c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) {
-    const c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index()));
-    return table.to(device);
+    at::Tensor copy;
+    std::exception_ptr error;
+    std::thread copier([&] {
+      try {
+        const c10::cuda::CUDAGuard device_guard(device);
+        const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+        const c10::cuda::CUDAStreamGuard stream_guard(side);
+        copy = table.to(device);
+        side.synchronize();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    });
+    copier.join();
+    if (error) std::rethrow_exception(error);
+    return copy;
   }
 #endif
   return table.to(device);
