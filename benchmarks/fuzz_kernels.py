@@ -2,6 +2,11 @@
 
     python benchmarks/fuzz_kernels.py --device cuda --configs 10000 --json fuzz.json
     python benchmarks/fuzz_kernels.py --device cpu --configs 500          # the CPU kernels alone
+    python benchmarks/fuzz_kernels.py --first 5000 --configs 5000 --json b.json   # configurations 5000-9999
+    python benchmarks/fuzz_kernels.py --merge a.json b.json --json all.json        # one table of several runs
+
+Configuration i is the same in every run of one seed, so a range split over processes (``--first``) and
+merged (``--merge``) is the same fuzz as one run over the whole range.
 
 Each configuration draws B (0, 1 and 2 included), n, d, sigma, tau, margin, T, disc_weight, the
 convention, the dtype (float32, float64, float16, bfloat16), all pairs or explicit ones (repeats and
@@ -218,6 +223,9 @@ class Tally:
                  + torch.finfo(out_dtype).eps * exact.abs() + torch.finfo(out_dtype).tiny)
         error = (actual - exact).abs()
         error = torch.where(torch.isnan(error), math.inf, error)
+        # an exact value beyond the output dtype's range rounds to an infinity, which is then the right result
+        rounded = exact.to(out_dtype).double()
+        error = torch.where(torch.isinf(rounded) & (actual == rounded), 0.0, error)
         ratio = (error / bound).max().item()
         if ratio > entry["worst_ratio"]:
             entry["worst_ratio"] = ratio
@@ -329,12 +337,12 @@ def dissimilarity_grads(h, mu, P, G, magnitude: bool = False):
 # -------------------------------------------------------------------------------------------------
 
 
-def run(device: str, configs: int, seed: int, log_every: int = 0) -> dict:
+def run(device: str, configs: int, seed: int, log_every: int = 0, first: int = 0) -> dict:
     tally = Tally()
     start = time.perf_counter()
     counts = {"B == 0": 0, "B == 1": 0, "explicit pairs": 0, "ties": 0}
     dtypes: dict = {}
-    for index in range(configs):
+    for index in range(first, first + configs):
         cfg = draw_config(index, seed, device)
         counts["B == 0"] += cfg["B"] == 0
         counts["B == 1"] += cfg["B"] == 1
@@ -344,11 +352,35 @@ def run(device: str, configs: int, seed: int, log_every: int = 0) -> dict:
         dtypes[name] = dtypes.get(name, 0) + 1
         check_order_op(cfg, device, tally)
         check_loss_end_to_end(cfg, device, tally)
-        if log_every and (index + 1) % log_every == 0:
-            print(f"{index + 1} configurations, {time.perf_counter() - start:.0f} s", file=sys.stderr)
+        if log_every and (index + 1 - first) % log_every == 0:
+            print(f"{index + 1 - first} configurations, {time.perf_counter() - start:.0f} s", file=sys.stderr)
     return dict(device=device if device == "cpu" else torch.cuda.get_device_name(), configs=configs, seed=seed,
-                seconds=round(time.perf_counter() - start, 1), coverage=dict(counts, dtypes=dtypes),
+                first=first, seconds=round(time.perf_counter() - start, 1), coverage=dict(counts, dtypes=dtypes),
                 checks=tally.checks, mismatches=sum(c["mismatches"] for c in tally.checks.values()))
+
+
+def merge(results: list[dict]) -> dict:
+    """One result from runs over disjoint ranges of configurations (of one seed): counts added, the worst
+    ratio of each check kept, seconds the longest run's (the runs ran side by side)."""
+    checks: dict = {}
+    coverage: dict = {"dtypes": {}}
+    for result in results:
+        for name, entry in result["checks"].items():
+            total = checks.setdefault(name, dict(compared=0, mismatches=0, worst_ratio=0.0, worst=None))
+            total["compared"] += entry["compared"]
+            total["mismatches"] += entry["mismatches"]
+            if entry["worst_ratio"] >= total["worst_ratio"]:
+                total["worst_ratio"], total["worst"] = entry["worst_ratio"], entry["worst"]
+        for key, value in result["coverage"].items():
+            if key == "dtypes":
+                for dtype, count in value.items():
+                    coverage["dtypes"][dtype] = coverage["dtypes"].get(dtype, 0) + count
+            else:
+                coverage[key] = coverage.get(key, 0) + value
+    ranges = sorted((r["first"], r["first"] + r["configs"]) for r in results)
+    return dict(device=results[0]["device"], configs=sum(r["configs"] for r in results), seed=results[0]["seed"],
+                first=ranges[0][0], ranges=ranges, seconds=max(r["seconds"] for r in results), coverage=coverage,
+                checks=checks, mismatches=sum(c["mismatches"] for c in checks.values()))
 
 
 def main(argv=None) -> int:
@@ -356,15 +388,27 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     parser.add_argument("--configs", type=int, default=10_000, help="random configurations (default 10000)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--first", type=int, default=0, help="index of the first configuration (default 0)")
     parser.add_argument("--json", help="write the counts, worst ratios and mismatches here")
+    parser.add_argument("--merge", nargs="+", metavar="JSON", help="print (and with --json write) one result "
+                        "merged from the --json files of runs over disjoint ranges, instead of fuzzing")
     args = parser.parse_args(argv)
     if args.configs < 1:
         parser.error(f"--configs must be a positive integer, got {args.configs}")
-    if args.device == "cuda" and not (torch.cuda.is_available() and sol_ext.cuda_kernels_available()):
-        parser.error("--device cuda needs a CUDA GPU and a build of sol_ext with CUDA kernels")
-    result = run(args.device, args.configs, args.seed, log_every=max(args.configs // 10, 1))
+    if args.first < 0:
+        parser.error(f"--first must be a non-negative integer, got {args.first}")
+    if args.merge:
+        results = []
+        for path in args.merge:
+            with open(path) as f:
+                results.append(json.load(f))
+        result = merge(results)
+    else:
+        if args.device == "cuda" and not (torch.cuda.is_available() and sol_ext.cuda_kernels_available()):
+            parser.error("--device cuda needs a CUDA GPU and a build of sol_ext with CUDA kernels")
+        result = run(args.device, args.configs, args.seed, log_every=max(args.configs // 10, 1), first=args.first)
     print(f"\nfuzz: {result['configs']} configurations on {result['device']} in {result['seconds']} s "
-          f"(seed {result['seed']}); coverage {result['coverage']}")
+          f"(seed {result['seed']}, from {result['first']}); coverage {result['coverage']}")
     print("\n| check | compared | mismatches | worst error / bound |")
     print("| --- | --- | --- | --- |")
     for name, entry in result["checks"].items():

@@ -5,7 +5,7 @@
 # through torch.compile(mode="reduce-overhead")), time the grouped and pairwise algorithms on a grid of
 # sizes, run the suite's CUDA cases, the image throughput benchmark and the driver on the GPU (float32 and
 # --amp), and print a short summary table last. About 9 minutes on one H200 with 16 cores; the steps that
-# would pass BUDGET_S are skipped.
+# would pass BUDGET_S are skipped, so the most wanted come first.
 #
 #   bash benchmarks/gpu_check.sh              # from the repository root (any cwd works)
 #
@@ -21,7 +21,9 @@
 #   ALGORITHM_SIZES  B,n,d triples of the grouped-vs-pairwise step (default: B 256-16384 x n 5-217, d 64)
 #   FUZZ_CONFIGS   random configurations of the differential fuzz (default 10000)
 #   PYTEST_ARGS    arguments of the suite step (default "-k cuda": its CUDA cases; "" for all of it)
-#   SWEEP_WARPS    values of SOL_EXT_CUDA_BACKWARD_WARPS to time the two large sizes with (default: none)
+#   SWEEP          VAR=value settings to time SWEEP_SIZES under, one bench_loss.py run each (default: the
+#                  all-pairs backward's two kernels, SOL_EXT_CUDA_ALL_PAIRS_BACKWARD=two_pass and =one_pass;
+#                  e.g. SOL_EXT_CUDA_BACKWARD_WARPS=2048 tunes the two-pass kernel's grid; "" skips the step)
 #   IMAGE_WORKERS  DataLoader processes of the image throughput benchmark (default 8)
 #   SKIP           names of steps to leave out, e.g. "driver driver_amp"
 # Needs no network. A prebuilt sol_ext/_C*.so for this interpreter (e.g. $OUT/_C*.so of an earlier run,
@@ -33,7 +35,7 @@ PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the benchmark imports sol_ext from this folder too
 LOG=${OUT:-${TMPDIR:-/tmp}/sol_ext_gpu_check}
 BUDGET_S=${BUDGET_S:-500}
-STEPS=(deps build kernels test_cuda fuzz bench bench_unchecked bench_algorithms tests bench_images driver driver_amp sweep)
+STEPS=(deps build kernels test_cuda bench bench_unchecked sweep fuzz bench_algorithms driver bench_images tests driver_amp)
 mkdir -p "$LOG"
 declare -A STATUS SECONDS_TAKEN
 
@@ -80,8 +82,8 @@ print(f\"{sys.argv[2]}: test MAE {t['mae']:.4f}, CS {t['cs']:.2f}, Pearson {t['p
       f\"epoch {r['selected_epoch']} of {r['epochs_run']}, {r['seconds']:.1f} s\")" \
       "$LOG/$run/results.json" "$run"
   done
-  [ -f "$LOG/fuzz.log" ] && grep -E '^(fuzz:|\||mismatches)' "$LOG/fuzz.log"
-  [ -f "$LOG/sweep.log" ] && grep '^warps' "$LOG/sweep.log"
+  [ -f "$LOG/fuzz.log" ] && grep -E '^(fuzz|\||mismatches|one-pass)' "$LOG/fuzz.log"
+  [ -f "$LOG/sweep.log" ] && grep '^sweep' "$LOG/sweep.log"
   [ -f "$LOG/bench_algorithms.log" ] && grep -E "^\\| cuda" "$LOG/bench_algorithms.log"
   [ -f "$LOG/bench_images.log" ] && grep -E '^(resnet|\||target)' "$LOG/bench_images.log"
   for json_file in "$LOG/bench.json" "$LOG/bench-unchecked.json"; do
@@ -177,10 +179,37 @@ loss.backward(); torch.cuda.synchronize(); print('smoke test ok, loss', loss.ite
 " || exit 1
 
 # --- the CUDA-specific tests, then the benchmark: the figures docs/performance.md reports --------------
-run_step test_cuda 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py
-# the fused CUDA ops against the CPU kernels and a float64 oracle on random configurations (docs/performance.md, "On a GPU")
-run_step fuzz 240 "$PY" benchmarks/fuzz_kernels.py --device cuda --configs "${FUZZ_CONFIGS:-10000}" \
-  --json "$LOG/fuzz.json"
+run_step test_cuda 200 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py
+# the fused CUDA ops against the CPU kernels and a float64 oracle on random configurations (docs/performance.md,
+# "On a GPU"): FUZZ_CONFIGS split over FUZZ_SHARDS processes side by side (the oracle runs on the CPU) and
+# merged into one table; FUZZ_ONE_PASS more configurations (from FUZZ_CONFIGS on) with the all-pairs backward
+# forced to its one-pass kernel at every size where its buffer fits
+fuzz() {
+  local shards=${FUZZ_SHARDS:-6} configs=${FUZZ_CONFIGS:-10000} pids=() files=() status=0
+  local per=$(((configs + shards - 1) / shards))
+  for ((i = 0; i < shards; i++)); do
+    local first=$((i * per)) count=$per
+    [ $((first + count)) -gt "$configs" ] && count=$((configs - first))
+    [ "$count" -gt 0 ] || continue
+    OMP_NUM_THREADS=2 "$PY" benchmarks/fuzz_kernels.py --device cuda --first $first --configs $count \
+      --json "$LOG/fuzz-$i.json" >"$LOG/fuzz-$i.log" 2>&1 &
+    pids+=($!) files+=("$LOG/fuzz-$i.json")
+  done
+  if [ "${FUZZ_ONE_PASS:-1000}" -gt 0 ]; then
+    SOL_EXT_CUDA_ALL_PAIRS_BACKWARD=one_pass OMP_NUM_THREADS=2 "$PY" benchmarks/fuzz_kernels.py --device cuda \
+      --first "$configs" --configs "${FUZZ_ONE_PASS:-1000}" --json "$LOG/fuzz-one-pass.json" >"$LOG/fuzz-one-pass.log" 2>&1 &
+    pids+=($!)
+  fi
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  grep -h MISMATCH "$LOG"/fuzz-*.log
+  "$PY" benchmarks/fuzz_kernels.py --merge "${files[@]}" --json "$LOG/fuzz.json" || status=1
+  if [ -f "$LOG/fuzz-one-pass.json" ]; then
+    echo "one-pass backward forced (SOL_EXT_CUDA_ALL_PAIRS_BACKWARD=one_pass):"
+    "$PY" benchmarks/fuzz_kernels.py --merge "$LOG/fuzz-one-pass.json" | sed 's/^fuzz:/fuzz one_pass:/'
+  fi
+  return $status
+}
+export -f fuzz
 SIZES=${BENCH_SIZES:-64,60,512 1024,101,512 4096,217,512}
 # shellcheck disable=SC2086
 run_step bench 180 "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0.3 --json "$LOG/bench.json" --profile \
@@ -188,39 +217,42 @@ run_step bench 180 "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0
 # shellcheck disable=SC2086
 run_step bench_unchecked 200 "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0.3 --no-check-values \
   --json "$LOG/bench-unchecked.json" --sizes $SIZES
-# grouped (sorting) vs pairwise vs reference on a grid of (B, n): the crossovers of algorithm="auto" on this
-# GPU (docs/performance.md, "All pairs by sorting"); sizes where a pairwise call would take over --budget seconds are
-# skipped
-ALGORITHM_SIZES=${ALGORITHM_SIZES:-$(for B in 256 1024 4096 16384; do for n in 5 20 60 217; do printf '%s,%s,64 ' $B $n; done; done; echo 65536,7,64 1000000,5,64)}
-# shellcheck disable=SC2086
-run_step bench_algorithms 150 "$PY" benchmarks/bench_loss.py --algorithms --device cuda --budget 10 --min-run-time 0.2 \
-  --json "$LOG/bench-algorithms.json" --sizes $ALGORITHM_SIZES
-# the rest of the suite on the GPU: its CUDA cases by default (PYTEST_ARGS="" for all of it)
-# shellcheck disable=SC2086
-run_step tests 300 "$PY" -m pytest -q -p no:cacheprovider tests --ignore=tests/test_cuda.py ${PYTEST_ARGS--k cuda}
-# image training throughput: SOL's epoch against l1's, resnet18 at 224 px, batch 64, AMP (docs/images.md)
-run_step bench_images 180 "$PY" benchmarks/bench_images.py --device cuda --image-size 224 --batch-size 64 --amp \
-  --images 4000 --workers "${IMAGE_WORKERS:-8}" --json "$LOG/bench-images.json"
-# the default training (abalone, 20 epochs) in float32 and mixed precision (float16 + GradScaler);
-# compare with `sol-ext train --device cpu --seed 0|1|2` of the same configuration
-run_step driver 120 "$PY" -m sol_ext train --device cuda --no-plots --output "$LOG/run-fp32" --overwrite
-run_step driver_amp 120 "$PY" -m sol_ext train --device cuda --amp --no-plots --output "$LOG/run-amp" --overwrite
-sweep() {  # the all-pairs backward's warp target (a constant of the kernel) on this GPU
-  for warps in $SWEEP_WARPS; do
-    SOL_EXT_CUDA_BACKWARD_WARPS=$warps "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0.3 \
-      --no-check-values --json "$LOG/sweep-$warps.json" --sizes 1024,101,512 4096,217,512 >/dev/null || return 1
+sweep() {  # the all-pairs backward's kernels (and any other setting of the environment) against each other
+  for setting in $SWEEP; do
+    env "$setting" "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0.3 --no-check-values \
+      --json "$LOG/sweep-${setting##*=}.json" --sizes $SWEEP_SIZES >/dev/null || return 1
     "$PY" -c "
 import json, sys
 for r in json.load(open(sys.argv[1])):
     f = r['fused']
-    print(f\"warps {sys.argv[2]:>6}: B={r['B']} n={r['n']}  fwd {f['forward']*1e3:.3f} ms  bwd {f['backward']*1e3:.3f} ms  \"
-          f\"fwd+bwd {f['both']*1e3:.3f} ms\")" "$LOG/sweep-$warps.json" "$warps"
+    print(f\"sweep {sys.argv[2]:>40}: B={r['B']} n={r['n']}  fwd {f['forward']*1e3:.3f} ms  bwd {f['backward']*1e3:.3f} ms  \"
+          f\"fwd+bwd {f['both']*1e3:.3f} ms  extra {f['memory']/2**20:.1f} MB\")" "$LOG/sweep-${setting##*=}.json" "$setting"
   done
 }
 export -f sweep
-export SWEEP_WARPS=${SWEEP_WARPS:-}
-[ -n "$SWEEP_WARPS" ] || SKIP="${SKIP:-} sweep"
+# one_pass / two_pass: the all-pairs backward's two kernels at the sizes where "auto" chooses between them
+export SWEEP=${SWEEP-SOL_EXT_CUDA_ALL_PAIRS_BACKWARD=two_pass SOL_EXT_CUDA_ALL_PAIRS_BACKWARD=one_pass}
+export SWEEP_SIZES=${SWEEP_SIZES:-1024,101,512 2048,217,512 4096,217,512 8192,20,512}
+[ -n "$SWEEP" ] || SKIP="${SKIP:-} sweep"
 run_step sweep 150 bash -c sweep
+run_step fuzz 240 bash -c fuzz
+# grouped (sorting) vs pairwise vs reference on a grid of (B, n): the crossovers of algorithm="auto" on this
+# GPU (docs/performance.md, "All pairs by sorting"); sizes where a pairwise call would take over --budget seconds are
+# skipped
+ALGORITHM_SIZES=${ALGORITHM_SIZES:-$(for B in 1024 4096 16384; do for n in 5 20 60; do printf '%s,%s,64 ' $B $n; done; done; echo 65536,7,64 1000000,5,64)}
+# shellcheck disable=SC2086
+run_step bench_algorithms 150 "$PY" benchmarks/bench_loss.py --algorithms --device cuda --budget 10 --min-run-time 0.2 \
+  --json "$LOG/bench-algorithms.json" --sizes $ALGORITHM_SIZES
+# the default training (abalone, 20 epochs) in float32 and mixed precision (float16 + GradScaler);
+# compare with `sol-ext train --device cpu --seed 0|1|2` of the same configuration
+run_step driver 120 "$PY" -m sol_ext train --device cuda --no-plots --output "$LOG/run-fp32" --overwrite
+# image training throughput: SOL's epoch against l1's, resnet18 at 224 px, batch 64, AMP (docs/images.md)
+run_step bench_images 180 "$PY" benchmarks/bench_images.py --device cuda --image-size 224 --batch-size 64 --amp \
+  --images "${IMAGES:-1000}" --workers "${IMAGE_WORKERS:-8}" --json "$LOG/bench-images.json"
+# the rest of the suite on the GPU: its CUDA cases by default (PYTEST_ARGS="" for all of it)
+# shellcheck disable=SC2086
+run_step tests 300 "$PY" -m pytest -q -p no:cacheprovider tests --ignore=tests/test_cuda.py ${PYTEST_ARGS--k cuda}
+run_step driver_amp 120 "$PY" -m sol_ext train --device cuda --amp --no-plots --output "$LOG/run-amp" --overwrite
 
 for name in "${STEPS[@]}"; do
   case "${STATUS[$name]:-}" in

@@ -3,7 +3,7 @@
 The device/dtype-parametrized comparisons against the reference live in test_ops.py; this file adds
 what only the CUDA build has: float16/bfloat16 accuracy (within 2x of PyTorch's own half-precision
 reference error, both measured against float64), CPU-vs-CUDA agreement on the kernel's tiling edge
-cases (rank groups, y segments, two rows per warp), bitwise reproducibility, the deterministic mode of
+cases (rank groups, y segments, two rows per warp, the one-pass backward's tiles), bitwise reproducibility, the deterministic mode of
 the explicit-pairs backward, gradcheck/opcheck on the GPU, bad and empty inputs on CUDA tensors.
 """
 from __future__ import annotations
@@ -163,9 +163,11 @@ def test_cpu_and_cuda_agree_dissimilarity(B, n, d):
         assert_rel_close(got.cpu(), want, 1e-12, what)
 
 
-def test_float32_two_rows_per_warp_matches_cpu():
+def test_float32_two_rows_per_warp_matches_cpu(monkeypatch):
     """A batch large enough for the two-rows-per-warp backward (float32 only; needs B/2 >= 8 warps per SM)
-    against the CPU kernel in float32, which makes the same float32 hinge decisions."""
+    against the CPU kernel in float32, which makes the same float32 hinge decisions. ("auto" would choose
+    the one-pass kernel at this size.)"""
+    monkeypatch.setenv("SOL_EXT_CUDA_ALL_PAIRS_BACKWARD", "two_pass")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     B, n = max(2400, 16 * sms + 2), 24
     D, labels, _ = inputs(B, n, seed=11, explicit=False, dtype=torch.float32)
@@ -192,7 +194,7 @@ def test_cuda_matches_reference_float32():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
-@pytest.mark.parametrize("B,n", [(64, 60), (700, 101)])
+@pytest.mark.parametrize("B,n", [(64, 60), (700, 101), (1000, 130)])  # (1000, 130): the one-pass kernel
 def test_all_pairs_backward_is_bitwise_reproducible(dtype, B, n):
     D, labels, _ = inputs(B, n, seed=B + n, explicit=False, dtype=dtype)
     M = B * (B - 1) // 2
@@ -467,17 +469,54 @@ def test_float32_dissimilarity_ignores_the_tf32_settings():
         assert_rel_close(got, want.float(), 1e-5, name)
 
 
-def _planned_segments(B: int, n: int, dtype: torch.dtype) -> int:
-    """The y segments of the all-pairs backward, as order_loss_kernel.cu plans them from the shape alone."""
-    def ceil(a: int, b: int) -> int:
-        return -(-a // b)
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
-    groups = ceil(ceil(n, 32), 8)
-    target = int(os.environ.get("SOL_EXT_CUDA_BACKWARD_WARPS") or 4096)  # kBackwardTargetWarps
-    two_rows = dtype != torch.float64 and ceil(B, 2) * groups >= target // 2
-    warps = (ceil(B, 2) if two_rows else B) * groups
-    segments = min(max(1, min(ceil(target, warps), B // 32)), 64)
-    return ceil(B, ceil(B, segments))
+
+def _backward_target_warps() -> int:
+    return int(os.environ.get("SOL_EXT_CUDA_BACKWARD_WARPS") or 4096)  # kBackwardTargetWarps
+
+
+def _planned_segments(B: int, n: int, dtype: torch.dtype) -> int:
+    """The y segments of the two-pass all-pairs backward, as order_loss_all_pairs_kernel.cu plans them from
+    the shape alone."""
+    groups = ceil_div(ceil_div(n, 32), 8)
+    target = _backward_target_warps()
+    two_rows = dtype != torch.float64 and ceil_div(B, 2) * groups >= target // 2
+    warps = (ceil_div(B, 2) if two_rows else B) * groups
+    segments = min(max(1, min(ceil_div(target, warps), B // 32)), 64)
+    return ceil_div(B, ceil_div(B, segments))
+
+
+def _planned_one_pass_rows(B: int, n: int, dtype: torch.dtype, choice: str = "auto") -> int:
+    """Rows per warp of the one-pass all-pairs backward (tiles of 8 of them), or 0 for the two-pass kernel,
+    as one_pass_rows_per_warp plans them from the shape alone."""
+    if choice == "two_pass":
+        return 0
+    acc_bytes = 8 if dtype == torch.float64 else 4
+    for rows in (32, 16, 8):
+        if dtype == torch.float64 and rows > 8:
+            continue
+        tiles = ceil_div(B, 8 * rows)
+        if tiles * B * n * acc_bytes > 64 << 20:
+            return 0
+        if choice == "one_pass" or tiles * (tiles + 1) // 2 * ceil_div(n, 32) * 8 >= _backward_target_warps():
+            return rows
+    return 0
+
+
+def _backward_launches(tmp_path, D, labels, args) -> list[tuple[str, list[int]]]:
+    """(kernel name, grid) of every all-pairs backward kernel one backward call launches, from the profiler."""
+    import json
+
+    g = torch.ones(D.shape[0] * (D.shape[0] - 1) // 2, dtype=D.dtype, device="cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        ops._order_loss_backward(g, D, labels, *args)
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    return [(e["name"], e["args"]["grid"]) for e in events
+            if e.get("cat") == "kernel" and "order_loss_all_pairs_backward" in e.get("name", "")]
 
 
 @pytest.mark.parametrize("B,n,dtype", [(1030, 24, torch.float32), (300, 50, torch.float64), (700, 101, torch.float32),
@@ -485,20 +524,81 @@ def _planned_segments(B: int, n: int, dtype: torch.dtype) -> int:
 def test_all_pairs_backward_plan_depends_on_the_shape_only(tmp_path, B, n, dtype):
     """The launch grid's y segments (which set the summation order) follow the shape, whatever the GPU's
     SM count: read from the profiler's record of the kernel launch."""
-    import json
-
+    assert _planned_one_pass_rows(B, n, dtype) == 0  # shapes of the two-pass kernel
     D, labels, _ = inputs(B, n, seed=B + n, explicit=False, dtype=dtype)
-    g = torch.ones(B * (B - 1) // 2, dtype=dtype, device="cuda")
     args = (None, LOSS_ARGS["sigma"], LOSS_ARGS["tau"], LOSS_ARGS["margin"], "paper")
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        ops._order_loss_backward(g, D, labels, *args)
-        torch.cuda.synchronize()
-    prof.export_chrome_trace(str(tmp_path / "trace.json"))
-    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
-    grids = [e["args"]["grid"] for e in events
-             if e.get("cat") == "kernel" and "order_loss_all_pairs_backward_kernel" in e.get("name", "")]
-    assert len(grids) == 1, grids
+    launches = _backward_launches(tmp_path, D, labels, args)
+    assert [name for name, _ in launches if "one_pass" in name] == []
+    grids = [grid for name, grid in launches if "order_loss_all_pairs_backward_kernel" in name]
+    assert len(grids) == 1, launches
     assert grids[0][2] == _planned_segments(B, n, dtype)
+
+
+@pytest.mark.parametrize("B,n,dtype,rows", [(1000, 130, torch.float32, 8), (1000, 130, torch.float64, 8),
+                                            (2600, 97, torch.float32, 16), (2900, 200, torch.float32, 32),
+                                            (2900, 200, torch.bfloat16, 32)])
+def test_one_pass_backward_plan_depends_on_the_shape_only(tmp_path, B, n, dtype, rows):
+    """Large batches take the one-pass kernel, with tiles and grid (T, T, ceil(n/32)) from the shape alone."""
+    assert _planned_one_pass_rows(B, n, dtype) == rows
+    D, labels, _ = inputs(B, n, seed=B + n, explicit=False, dtype=dtype)
+    args = (None, LOSS_ARGS["sigma"], LOSS_ARGS["tau"], LOSS_ARGS["margin"], "paper")
+    launches = _backward_launches(tmp_path, D, labels, args)
+    assert len(launches) == 1 and "one_pass" in launches[0][0], launches
+    tiles = ceil_div(B, 8 * rows)
+    assert launches[0][1] == [tiles, tiles, ceil_div(n, 32)]
+
+
+# (B, n, choice): "auto" at sizes where it picks the one-pass kernel (tiles of 64, 128 and 256 rows, partial
+# last tiles, a partial last rank chunk), and "one_pass" forced on small batches: one diagonal tile (B <= S),
+# a diagonal and an off-diagonal tile, n == 1, B == 2.
+ONE_PASS_SHAPES = [(1000, 130, "auto"), (2600, 97, "auto"), (2900, 200, "auto"), (70, 257, "one_pass"),
+                   (300, 9, "one_pass"), (513, 33, "one_pass"), (2, 1, "one_pass")]
+
+
+@pytest.mark.parametrize("B,n,choice", ONE_PASS_SHAPES)
+@pytest.mark.parametrize("convention", ["paper", "official"])
+def test_one_pass_backward_matches_the_cpu_kernel(monkeypatch, B, n, choice, convention):
+    """float64: the one-pass kernel against the CPU kernel to 1e-12; float32: to 2e-5 (the same float32 hinge
+    decisions, sums in another order), and against the two-pass kernel on the GPU."""
+    monkeypatch.setenv("SOL_EXT_CUDA_ALL_PAIRS_BACKWARD", choice)
+    args = (None, LOSS_ARGS["sigma"], LOSS_ARGS["tau"], LOSS_ARGS["margin"], convention)
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-5)):
+        if B * B * n > 4e8 and dtype == torch.float64:
+            continue  # the float32 case covers the largest tiles; float64 keeps 64-row tiles
+        assert _planned_one_pass_rows(B, n, dtype, choice) > 0
+        D, labels, _ = inputs(B, n, seed=B * 7 + n, explicit=False, dtype=dtype)
+        g = torch.randn(B * (B - 1) // 2, generator=torch.Generator().manual_seed(B), dtype=torch.float64).to(dtype)
+        got = ops._order_loss_backward(g.cuda(), D, labels, *args)
+        want = ops._order_loss_backward(g, D.cpu(), labels.cpu(), *args)
+        assert_rel_close(got.cpu(), want, tol, f"one-pass d order / dD ({dtype})")
+        monkeypatch.setenv("SOL_EXT_CUDA_ALL_PAIRS_BACKWARD", "two_pass")
+        two_pass = ops._order_loss_backward(g.cuda(), D, labels, *args)
+        monkeypatch.setenv("SOL_EXT_CUDA_ALL_PAIRS_BACKWARD", choice)
+        assert_rel_close(got, two_pass, tol, f"one-pass vs two-pass ({dtype})")
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_one_pass_backward_half_matches_the_two_pass_kernel(monkeypatch, dtype):
+    """float16/bfloat16: the same hinge decisions and float32 sums as the two-pass kernel, in another order,
+    so the two differ by float32 rounding before the one rounding to the half dtype."""
+    B, n = 600, 70
+    D, labels, _ = inputs(B, n, seed=9, explicit=False, dtype=dtype)
+    g = torch.randn(B * (B - 1) // 2, generator=torch.Generator().manual_seed(2)).to("cuda", dtype)
+    args = (None, LOSS_ARGS["sigma"], LOSS_ARGS["tau"], LOSS_ARGS["margin"], "paper")
+    results = {}
+    for choice in ("one_pass", "two_pass"):
+        monkeypatch.setenv("SOL_EXT_CUDA_ALL_PAIRS_BACKWARD", choice)
+        results[choice] = ops._order_loss_backward(g, D, labels, *args).float()
+    assert torch.isfinite(results["one_pass"]).all()
+    assert_rel_close(results["one_pass"], results["two_pass"], 2 * torch.finfo(dtype).eps, f"{dtype}")
+
+
+def test_unknown_backward_choice_is_refused(monkeypatch):
+    monkeypatch.setenv("SOL_EXT_CUDA_ALL_PAIRS_BACKWARD", "fastest")
+    D, labels, _ = inputs(40, 5, seed=1, explicit=False)
+    g = torch.ones(40 * 39 // 2, dtype=D.dtype, device="cuda")
+    with pytest.raises(RuntimeError, match="SOL_EXT_CUDA_ALL_PAIRS_BACKWARD must be auto, one_pass or two_pass"):
+        ops._order_loss_backward(g, D, labels, None, 1.0, 1, 0.25, "paper")
 
 
 def test_a_cleared_cache_cannot_free_a_table_that_a_queued_kernel_reads():
@@ -663,3 +763,105 @@ def test_unchecked_out_of_range_labels_stop_on_a_device_assertion():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "no assertion" not in done.stdout, done.stdout + done.stderr
     assert "labels must lie in 0" in done.stderr or "device-side assert" in done.stderr, done.stderr
+
+
+# -------------------------------------------------------------------------------------------------
+# The grouped (sorting) algorithm's CUDA op, csrc/cuda/grouped_order_loss_kernel.cu
+# -------------------------------------------------------------------------------------------------
+
+
+def grouped_inputs(B: int, n: int, dtype: torch.dtype, ties: bool, seed: int):
+    """D on a coarse grid (ties, differences exactly equal to the margin, -0.0 beside +0.0) or random."""
+    gen = torch.Generator().manual_seed(seed)
+    if ties:
+        D = (torch.randint(-6, 7, (B, n), generator=gen) * 0.25).to(dtype)
+        D[::7] = -0.0
+    else:
+        D = torch.randn(B, n, generator=gen, dtype=torch.float64).to(dtype)
+    return D, torch.randint(0, n, (B,), generator=gen)
+
+
+# (B, n, margin, convention, dtype, ties, ranks)
+GROUPED_CASES = [
+    (0, 4, 0.25, "paper", torch.float64, False, None),
+    (1, 4, 0.25, "paper", torch.float64, False, None),
+    (2, 1, 0.0, "official", torch.float64, False, None),
+    (37, 5, 0.25, "paper", torch.float64, True, None),
+    (37, 5, 0.25, "official", torch.float32, True, None),
+    (200, 13, 0.0, "paper", torch.float64, True, None),
+    (200, 13, 0.5, "official", torch.float64, False, (3, 9)),
+    (700, 60, 0.25, "paper", torch.float32, False, None),
+    (4096, 7, 0.3, "official", torch.float32, True, None),
+    (300_000, 14, 0.25, "paper", torch.float32, False, None),  # several chunks of ranks (the counts' budget)
+]
+
+
+@pytest.mark.parametrize("case", GROUPED_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_grouped_op_matches_the_cpu_op(case):
+    """The CUDA grouped_order_sum against the CPU op: the same hinge decisions, sums in float64 in another
+    order, so total and gradient agree to 1e-12 (relative to their largest magnitude)."""
+    B, n, margin, convention, dtype, ties, ranks = case
+    D, labels = grouped_inputs(B, n, dtype, ties, seed=B + n)
+    q0, q1 = ranks or (0, n)
+    args = (1.3, 2, margin, convention, q0, q1, True)
+    total_cpu, grad_cpu = ops.grouped_order_sum(D, labels, *args)
+    total_cuda, grad_cuda = ops.grouped_order_sum(D.cuda(), labels.cuda(), *args)
+    assert total_cuda.dtype == grad_cuda.dtype == torch.float64 and grad_cuda.shape == (B, n)
+    assert abs(total_cuda.item() - total_cpu.item()) <= 1e-12 * max(abs(total_cpu.item()), 1e-300)
+    assert_rel_close(grad_cuda.cpu(), grad_cpu, 1e-12, "grouped dD")
+    if B >= 2:
+        assert (grad_cuda[:, :q0] == 0).all() and (grad_cuda[:, q1:] == 0).all()
+    total_only, empty = ops.grouped_order_sum(D.cuda(), labels.cuda(), *args[:-1], False)
+    assert torch.equal(total_only, total_cuda) and empty.numel() == 0
+
+
+def test_grouped_op_is_bitwise_reproducible_and_runs_in_a_cuda_graph():
+    """No host synchronization inside the op: captured in a CUDA graph and replayed, it gives bitwise the
+    eager result, which is the same on every call."""
+    D, labels = grouped_inputs(5000, 9, torch.float32, False, seed=4)
+    D, labels = D.cuda(), labels.cuda()
+    args = (1.0, 1, 0.25, "paper", 0, 9, True)
+    first = ops.grouped_order_sum(D, labels, *args)
+    for _ in range(2):
+        again = ops.grouped_order_sum(D, labels, *args)
+        assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ops.grouped_order_sum(D, labels, *args)  # warm-up outside the capture (the table cache)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ops.grouped_order_sum(D, labels, *args)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured[0], first[0]) and torch.equal(captured[1], first[1])
+
+
+def test_grouped_op_gives_nan_for_a_column_holding_nan():
+    D, labels = grouped_inputs(50, 4, torch.float64, False, seed=5)
+    D[7, 2] = float("nan")
+    total, grad = ops.grouped_order_sum(D.cuda(), labels.cuda(), 1.0, 1, 0.25, "paper", 0, 4, True)
+    assert torch.isnan(total) and torch.isnan(grad[:, 2]).all() and torch.isfinite(grad[:, [0, 1, 3]]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_grouped_op_opcheck_on_cuda(dtype):
+    D, labels = grouped_inputs(30, 5, dtype, True, seed=6)
+    D = D.cuda().requires_grad_(dtype == torch.float64)
+    opcheck(torch.ops.sol_ext.grouped_order_sum.default, (D, labels.cuda(), 1.0, 2, 0.25, "official", 1, 4, True))
+
+
+def test_grouped_loss_on_cuda_runs_the_fused_op(monkeypatch):
+    """CUDA float32/float64: StochasticOrderLoss(algorithm="grouped") runs the CUDA op, not the torch path."""
+    from sol_ext import grouped
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the torch path ran")
+
+    monkeypatch.setattr(grouped, "_torch_order_sum", refuse)
+    h = torch.randn(3000, 8, device="cuda", requires_grad=True)
+    mu = torch.randn(7, 8, device="cuda")
+    loss = sol_ext.StochasticOrderLoss(7, algorithm="grouped")(h, torch.randint(0, 7, (3000,), device="cuda"), mu)
+    loss.backward()
+    assert torch.isfinite(h.grad).all()

@@ -3,6 +3,7 @@ configurations on the CPU kernels (the GPU check runs 10,000 on CUDA), and proof
 kernel that is off."""
 from __future__ import annotations
 
+import json
 import types
 
 import pytest
@@ -52,6 +53,40 @@ def test_command_line_writes_the_counts(tmp_path, capsys):
     assert out.exists()
     with pytest.raises(SystemExit):
         fuzz.main(["--device", "cpu", "--configs", "0"])
+
+
+def test_ranges_run_apart_and_merged_equal_one_run(tmp_path):
+    """--first splits the configurations over runs (the GPU check runs them side by side); --merge adds
+    them up to what one run over the whole range reports."""
+    whole = fuzz.run("cpu", configs=12, seed=5)
+    parts = [fuzz.run("cpu", configs=5, seed=5), fuzz.run("cpu", configs=7, seed=5, first=5)]
+    merged = fuzz.merge(parts)
+    assert merged["configs"] == 12 and merged["ranges"] == [(0, 5), (5, 12)]
+    assert merged["coverage"] == whole["coverage"]
+    for name, entry in whole["checks"].items():
+        assert merged["checks"][name]["compared"] == entry["compared"]
+        assert merged["checks"][name]["worst_ratio"] == entry["worst_ratio"]
+    files = []
+    for i, part in enumerate(parts):
+        files.append(tmp_path / f"part{i}.json")
+        files[-1].write_text(json.dumps(part))
+    assert fuzz.main(["--merge", *map(str, files), "--json", str(tmp_path / "all.json")]) == 0
+
+
+def test_an_overflow_to_infinity_is_the_right_result():
+    """A float16 result whose exact value lies beyond float16's range is right as an infinity of its sign."""
+    tally = fuzz.Tally()
+    cfg = dict(index=0, B=1, n=1, d=1, dtype=torch.float16, sigma=1.0, tau=0, margin=0.0, T=1, disc_weight=0.0,
+               convention="paper", reduction="sum", explicit=False, num_pairs=1, ties=False, check_values=True,
+               data_seed=0)
+    exact = torch.tensor([1e5, -2e5, 3.0], dtype=torch.float64)
+    magnitude = exact.abs()
+    tally.compare("c", cfg, torch.tensor([float("inf"), float("-inf"), 3.0], dtype=torch.float16), exact, magnitude,
+                  1, torch.float16)
+    assert tally.checks["c"]["mismatches"] == 0
+    tally.compare("c", cfg, torch.tensor([float("-inf"), float("-inf"), 3.0], dtype=torch.float16), exact, magnitude,
+                  1, torch.float16)
+    assert tally.checks["c"]["mismatches"] == 1
 
 
 @pytest.mark.skipif(not cuda_ready(), reason=CUDA_REASON)
