@@ -4,6 +4,7 @@
     python benchmarks/bench_label_issues.py --quick          # one small cell, seconds (the suite's smoke test)
     python benchmarks/bench_label_issues.py --data abalone --noises gaussian1 --seeds 0 --folds 3,5
     python benchmarks/bench_label_issues.py --data vader         # real human noise (../shared/data/vader_dev.npz)
+    python benchmarks/bench_label_issues.py --data fashion-mnist-blur --noises clean,gaussian0.3 --seeds 0
 
 Per cell (data set, noise, seed) the data are prepared as ``sol-ext train`` does (built-in data sets:
 clean labels known, the noise added to the training labels), and every training row's ``p(q | x)``
@@ -14,15 +15,20 @@ same probabilities, with "wrong" meaning ``given label != clean label`` (even by
 - AUROC and average precision of the score for "wrong": ours ``1 - sol_ext.get_label_quality_scores``,
   cleanlab's ``1 - cleanlab.rank.get_label_quality_scores`` (its default, self-confidence);
 - flagged share, precision, recall and F1 of the default flags: ``sol_ext.find_label_issues`` (the rule
-  of ``sol-ext audit``) and ``cleanlab.filter.find_label_issues``, both with their defaults; and the
-  share ours flags at ``filter_by="min_score", min_score=0.98`` (only labels it is sure of).
+  of ``sol-ext audit``) and ``cleanlab.filter.find_label_issues``, both with their defaults; and those
+  of ours told the noise, the rule of ``sol-ext audit --label-noise STD``: ``noise_kernel=
+  label_noise_kernel(n, std)`` on the probabilities sharpened through it (``sharpen_through_noise``),
+  at the std of the added noise in ranks (``kappa`` times the clean ranks' std; times sqrt(2) for
+  Laplacian noise, whose std that is).
 
 ``vader``: the VADER sentence-sentiment ratings (fixed MiniLM embeddings, scale -4 … 4; see
 ``../shared/data/README.md``), 80 % of the sentences per seed: ``one_rater`` trains on one person's
 rating and counts it wrong where it differs from the rounded mean of all raters (real human noise);
 ``consensus`` trains on that rounded mean (the clean case).
 
-Also the wall time of the ``K`` fold trainings over that of one run of the same budget on all rows.
+Also the label-noise std that maximum likelihood reads from the probabilities (``fitted_noise_std``:
+what any rule on them could learn of the noise), and the wall time of the ``K`` fold trainings over
+that of one run of the same budget on all rows.
 Writes ``label_issues[_TAG].json`` (every cell) and ``.md`` (means ± std over seeds) to ``--output``.
 Needs cleanlab (``pip install cleanlab``).
 """
@@ -44,11 +50,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from sol_ext.centroids import fit_label_noise, label_noise_kernel  # noqa: E402
 from sol_ext.driver.audit import cross_validated_probabilities  # noqa: E402
 from sol_ext.driver.config import TrainConfig  # noqa: E402
 from sol_ext.driver.prepare import prepare_data  # noqa: E402
 from sol_ext.driver.train import train  # noqa: E402
-from sol_ext.label_issues import find_label_issues, get_label_quality_scores  # noqa: E402
+from sol_ext.label_issues import find_label_issues, get_label_quality_scores, sharpen_through_noise  # noqa: E402
+from sol_ext.noise import noise_scale  # noqa: E402
 
 DATASETS = ("abalone", "wine-red")
 NOISES = {"clean": ("none", 0.0), "gaussian0.3": ("gaussian", 0.3), "gaussian1": ("gaussian", 1.0),
@@ -56,7 +64,6 @@ NOISES = {"clean": ("none", 0.0), "gaussian0.3": ("gaussian", 0.3), "gaussian1":
 VADER_FILE = ROOT.parent / "shared" / "data" / "vader_dev.npz"
 VADER_NOISES = ("consensus", "one_rater")
 VADER_SCALE = (-4, 4)
-SURE = 0.98  # the min_score of the "sure" flags
 
 
 def ranking_quality(wrong: np.ndarray, suspicion: np.ndarray) -> tuple[float, float]:
@@ -77,8 +84,28 @@ def flag_quality(wrong: np.ndarray, flagged: np.ndarray) -> dict[str, float]:
     return {"flagged": float(flagged.mean()), "precision": precision, "recall": recall, "f1": f1}
 
 
-def judge(given: np.ndarray, clean: np.ndarray, probs: np.ndarray) -> dict[str, dict[str, float]]:
-    """Both tools' scores and default flags on the same probabilities ``probs`` [N, n]."""
+def noise_std(noise: str, clean: np.ndarray) -> float | None:
+    """The std in ranks of the noise a built-in cell adds to ``clean`` [N] (None: unknown, VADER's)."""
+    if noise not in NOISES:
+        return None
+    kind, kappa = NOISES[noise]
+    return noise_scale(clean, kappa) * (2.0 ** 0.5 if kind == "laplacian" else 1.0)
+
+
+def fitted_noise_std(given: np.ndarray, probs: np.ndarray) -> float:
+    """The label-noise std in ranks that maximum likelihood reads from the probabilities ``probs`` [N, n]
+    (:func:`sol_ext.centroids.fit_label_noise`, temperature and std together), with ``-log p`` as the
+    dissimilarity and the labels' frequencies divided out (the fit multiplies them back in)."""
+    labels = torch.from_numpy(given).long()
+    counts = torch.bincount(labels, minlength=probs.shape[1]).double() + 0.5  # the fit's smoothing
+    d = -(torch.from_numpy(probs).clamp_min(1e-300).log() - torch.log(counts / counts.sum()))
+    return float(fit_label_noise(d, labels, probs.shape[1]).std)
+
+
+def judge(given: np.ndarray, clean: np.ndarray, probs: np.ndarray,
+          std: float | None = None) -> dict[str, dict[str, float]]:
+    """Both tools' scores and default flags on the same probabilities ``probs`` [N, n]; ours also told
+    the noise std ``std`` in ranks (``"told"``), when it is known."""
     from cleanlab.filter import find_label_issues as cleanlab_find
     from cleanlab.rank import get_label_quality_scores as cleanlab_quality
     wrong = given != clean
@@ -90,8 +117,10 @@ def judge(given: np.ndarray, clean: np.ndarray, probs: np.ndarray) -> dict[str, 
                 ("cleanlab", cleanlab_quality(given, probs), cleanlab_find(given, probs))):
             auroc, ap = ranking_quality(wrong, 1.0 - quality)
             out[name] = {"auroc": auroc, "ap": ap, **flag_quality(wrong, np.asarray(flags, dtype=bool))}
-    sure = find_label_issues(given, probs, filter_by="min_score", min_score=SURE)
-    out["sol_ext"]["sure"] = flag_quality(wrong, sure)
+    if std is not None:
+        kernel = label_noise_kernel(probs.shape[1], std)
+        told = find_label_issues(given, sharpen_through_noise(given, probs, kernel), noise_kernel=kernel)
+        out["sol_ext"]["told"] = {"std": std, **flag_quality(wrong, told)}
     return out
 
 
@@ -141,7 +170,8 @@ def run_cell(data_name: str, noise: str, seed: int, folds: int, epochs: int) -> 
     return {"data": data_name, "noise": noise, "seed": seed, "folds": folds, "epochs": epochs,
             "rows": int(given.size), "wrong": float((given != clean).mean()),
             "seconds_one_run": one_run, "seconds_folds": oos.seconds,
-            **judge(given, clean, oos.probabilities.numpy())}
+            "fitted_noise_std": fitted_noise_std(given, oos.probabilities.numpy()),
+            **judge(given, clean, oos.probabilities.numpy(), noise_std(noise, clean))}
 
 
 def _mean_std(values: list[float], percent: bool = False) -> str:
@@ -159,8 +189,9 @@ def tables(records: list[dict]) -> str:
     """Markdown: one row per (data, noise, folds), means ± std over seeds."""
     lines = ["| data | noise | folds | wrong % | AUROC ours | AUROC cleanlab | AP ours | AP cleanlab | "
              "flagged % ours | flagged % cleanlab | F1 ours | F1 cleanlab | recall ours | recall cleanlab | "
-             f"flagged % ours at min_score {SURE:g} | precision there | folds / one run (time) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "told the noise: flagged % | recall | F1 | noise std read from p (ranks) | folds / one run (time) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+             "| --- |"]
     noise_order = list(NOISES) + list(VADER_NOISES)
     keys = sorted({(r["data"], r["noise"], r["folds"]) for r in records},
                   key=lambda k: (k[0], noise_order.index(k[1]), k[2]))
@@ -170,19 +201,23 @@ def tables(records: list[dict]) -> str:
         def col(tool, metric, percent=False, cell=cell):
             return _mean_std([r[tool][metric] for r in cell], percent)
         ratio = _mean_std([r["seconds_folds"] / r["seconds_one_run"] for r in cell])
+
+        def told(metric, percent=False, cell=cell):
+            return _mean_std([r["sol_ext"]["told"][metric] for r in cell if "told" in r["sol_ext"]], percent)
         lines.append(f"| {data_name} | {noise} | {folds} | {_mean_std([r['wrong'] for r in cell], True)} | "
                      f"{col('sol_ext', 'auroc')} | {col('cleanlab', 'auroc')} | {col('sol_ext', 'ap')} | "
                      f"{col('cleanlab', 'ap')} | {col('sol_ext', 'flagged', True)} | "
                      f"{col('cleanlab', 'flagged', True)} | {col('sol_ext', 'f1')} | {col('cleanlab', 'f1')} | "
                      f"{col('sol_ext', 'recall', True)} | {col('cleanlab', 'recall', True)} | "
-                     f"{_mean_std([r['sol_ext']['sure']['flagged'] for r in cell], True)} | "
-                     f"{_mean_std([r['sol_ext']['sure']['precision'] for r in cell], True)} | {ratio} |")
+                     f"{told('flagged', True)} | {told('recall', True)} | {told('f1')} | "
+                     f"{_mean_std([r['fitted_noise_std'] for r in cell])} | {ratio} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=",".join(DATASETS), help="comma-separated (default: %(default)s)")
+    p.add_argument("--data", default=",".join(DATASETS),
+                   help="comma-separated, of those, vader and fashion-mnist-blur (default: %(default)s)")
     p.add_argument("--noises", default=",".join(NOISES), help=f"comma-separated of {', '.join(NOISES)}")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--folds", default="5", help="comma-separated fold counts (default: %(default)s)")

@@ -4,25 +4,46 @@
 filter_by=..., return_indices_ranked_by=...)``: integer labels ``0 … n-1`` and ``[N, n]`` probabilities
 ``p(q | x)`` in (numpy or torch; any model, out-of-sample ones preferably), a boolean mask of the suspect
 samples out, or their indices, most suspicious first. :func:`get_label_quality_scores` gives every
-sample's quality (higher = more likely correct), :func:`label_issue_scores` its complement.
+sample's quality (higher = more likely correct), :func:`label_issue_scores` its ordinal score.
 
 The score is ordinal. For a sample labeled ``r`` it is the probability mass that lies strictly on one
 side of ``r``::
 
     score = max(sum_{q < r} p_q, sum_{q > r} p_q)
 
-the probability that the true rank is below the label, or above it, whichever is larger; the quality
-is ``1 - score``. Ties in score go to the larger expected distance ``sum_q p_q |q - r|``, then to the
-smaller index.
+the probability that the true rank is below the label, or above it, whichever is larger: what the
+flag rules threshold. The quality, which ranks the labels, is the mean of ``1 - score`` (the tail of
+``p`` from the label outward, label included) and cleanlab's self-confidence ``p_r``::
 
-Which samples are flagged (``filter_by``). The default, ``"prune_by_class"``, takes per-rank thresholds
-from the data, as confident learning does (Northcutt et al., 2021): the confident joint counts how many
-samples of each given rank the model confidently puts at another rank (:func:`confident_joint_counts`),
-and each rank flags that many of its samples, those of largest score. ``"min_score"`` flags a sample
-when ``score >= min_score`` and the median of ``p`` is not ``r``; at ``min_score = 0.5`` that is exactly
-"the model's median rank differs from the label" (``"predicted_neq_given"``; the median condition only
-matters at a tie of exactly 0.5 above ``r``, where the lower median is ``r`` itself), and a larger
-``min_score`` asks for more certainty. No rule flags a label at the median.
+    quality = (1 - score + p_r) / 2 = p_r + min(sum_{q < r} p_q, sum_{q > r} p_q) / 2
+
+Of two labels equally far in the tail, the one the model gives less probability to is the more
+suspect. On the noisy labels of benchmarks/bench_label_issues.py it ranked wrong labels above right
+ones at least as well as ``p_r`` alone on every cell but one, a tie within the spread over seeds.
+Ties in quality go to the larger expected distance ``sum_q p_q |q - r|``, then to the smaller index.
+
+Which samples are flagged (``filter_by``). The default flags a label only where it is implausible
+even if all the spread of ``p`` were the features' own: at least ``DEFAULT_MIN_SCORE = 0.9975`` of the
+probability lies strictly on one side of it (``"min_score"``), i.e. the label sits in a tail of ``p``
+that holds at most 0.25 %. A correct label is a draw from ``p`` when ``p`` is calibrated (out-of-sample
+probabilities of a fitted model are, for the labels they were fitted to), and such a draw lands in
+one of the two tails at most 0.5 % of the time: the default's false-flag budget. Why not more: from
+``(labels, pred_probs)`` alone, a label moved by noise and one that the features do not pin down
+look alike. A model trained on noisy labels learns the noisy labels' spread, so its probabilities
+are calibrated for them too: labels the features predict loosely (an abalone's age from its shell)
+give the same probabilities as labels the features predict well plus added noise. A noise level you
+know (``noise_kernel``) settles it; without one, only labels beyond the model's own tails are
+flagged: few false flags, and, where the noise is dense, low recall.
+
+``"min_score"`` with another ``min_score`` flags a sample when ``score >= min_score`` and the median of
+``p`` is not ``r``; at ``min_score = 0.5`` that is exactly "the model's median rank differs from the
+label" (``"predicted_neq_given"``; the median condition only matters at a tie of exactly 0.5 above
+``r``, where the lower median is ``r`` itself). ``"prune_by_class"`` takes per-rank thresholds from
+the data, as confident learning does (Northcutt et al., 2021): the confident joint counts how many
+samples of each given rank the model confidently puts at another rank
+(:func:`confident_joint_counts`), and each rank flags that many of its samples, those of largest
+score; on an ordinal scale with wide posteriors that count is large (most of a data set whose
+labels the features predict loosely). No rule flags a label at the median.
 
 How this differs from cleanlab: cleanlab scores a label by its self-confidence ``p[label]`` (or a
 normalized margin) and flags it against per-class thresholds, i.e. it treats ranks as unordered
@@ -36,7 +57,8 @@ posterior lies beyond it, and at equal scores the expected distance decides.
 With a ``noise_kernel`` ``P[q, r]`` (the probability that a sample of true rank ``q`` is labeled ``r``,
 e.g. :func:`sol_ext.centroids.label_noise_kernel`), ``p`` is first replaced by the posterior of the true
 rank given the features and the label, ``p(q | x, r) ∝ p(q | x) P[q, r]``: the label is evidence too, so
-a sample is a suspect only where the model outweighs it. This is the rule of
+a sample is a suspect only where the model outweighs it, and with a kernel the default rule is
+``"predicted_neq_given"`` on that posterior. This is the rule of
 :func:`sol_ext.refine.posterior_relabel`, computed the same way: its ``flagged`` are the
 ``"min_score"`` suspects at ``min_score = mass``, and its ``confidence`` is this score. Without a kernel the probabilities are used
 as they are (the label is not evidence; cleanlab does the same).
@@ -50,7 +72,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-__all__ = ["find_label_issues", "get_label_quality_scores", "label_issue_scores", "confident_joint_counts"]
+__all__ = ["find_label_issues", "get_label_quality_scores", "label_issue_scores", "confident_joint_counts",
+           "sharpen_through_noise"]
 
 ArrayLike = Any  # torch.Tensor | np.ndarray | nested lists
 
@@ -161,8 +184,8 @@ def _scores(labels: torch.Tensor, post: torch.Tensor) -> tuple[torch.Tensor, tor
 
 def label_issue_scores(labels: ArrayLike, pred_probs: ArrayLike,
                        noise_kernel: Optional[ArrayLike] = None) -> np.ndarray:
-    """The ordinal label-issue score of every sample (see the module docstring); ``1 -``
-    :func:`get_label_quality_scores`.
+    """The ordinal label-issue score of every sample (see the module docstring): the mass strictly on
+    one side of the label, which the flag rules threshold (``min_score``).
 
     Args:
         labels: ``[N]`` given integer ranks in ``0 … n-1`` (numpy, torch or a list; integer-valued floats
@@ -184,12 +207,60 @@ def label_issue_scores(labels: ArrayLike, pred_probs: ArrayLike,
 def get_label_quality_scores(labels: ArrayLike, pred_probs: ArrayLike, *,
                              noise_kernel: Optional[ArrayLike] = None) -> np.ndarray:
     """``[N]`` float64 quality of each label in ``[0, 1]``, higher = more likely correct (cleanlab's
-    ``cleanlab.rank.get_label_quality_scores``): ``1 - max(mass below, mass above)`` the label.
+    ``cleanlab.rank.get_label_quality_scores``): ``p[label] + min(mass below, mass above) / 2``, the
+    mean of ``p[label]`` and ``1 -`` :func:`label_issue_scores` (see the module docstring).
 
-    With two ranks this is cleanlab's default ``self_confidence`` ``p[label]``; with more it is the
-    ordinal score of the module docstring. Arguments as :func:`label_issue_scores`.
+    With two ranks this is cleanlab's default ``self_confidence`` ``p[label]``. Arguments as
+    :func:`label_issue_scores`.
     """
-    return 1.0 - label_issue_scores(labels, pred_probs, noise_kernel)
+    lab, probs, kernel = _validate(labels, pred_probs, noise_kernel)
+    return _quality(lab, _posterior(lab, probs, kernel)).numpy()
+
+
+def _quality(labels: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
+    """``[N]`` quality of each label under ``post`` ``[N, n]``."""
+    below, above, _ = _one_sided(labels, post)
+    own = post[torch.arange(labels.numel()), labels]
+    return (own + 0.5 * torch.minimum(below, above).clamp_min(0.0)).clamp(0.0, 1.0)
+
+
+# Temperatures tried by sharpen_through_noise: 1 (as given) down to 1/20, evenly in log.
+SHARPEN_TEMPERATURES = tuple(float(t) for t in np.geomspace(1.0, 0.05, 40))
+
+
+def sharpen_through_noise(labels: ArrayLike, pred_probs: ArrayLike, noise_kernel: ArrayLike) -> np.ndarray:
+    """``[N, n]`` float64 ``p(q | x)`` of the true rank, from a model's ``p(label | x)`` and a known noise.
+
+    Out-of-sample probabilities of a model trained on noisy labels describe the noisy label: they are
+    about as wide as the true rank's spread and the noise together. Through the noise kernel ``P``
+    (rows ``q``: the law of the label given true rank ``q``) the true rank's own distribution is
+    sharper; this returns ``p(q | x) ** (1 / T)``, renormalized, with ``T`` in ``(0, 1]`` maximizing
+    the likelihood of the given labels ``sum_x log sum_q p_T(q | x) P[q, r_x]`` (the training run's
+    rank posterior is fitted through the noise the same way, :func:`sol_ext.centroids.fit_rank_posterior`).
+    Pass the result with the same ``noise_kernel`` to :func:`find_label_issues`, as ``sol-ext audit
+    --label-noise STD`` does: without it the posterior counts the noise twice, and flags few labels.
+
+    Args:
+        labels: ``[N]`` given integer ranks in ``0 … n-1``.
+        pred_probs: ``[N, n]`` ``p(label | x)`` (rows summing to 1 within 1e-3).
+        noise_kernel: ``[n, n]`` ``P[q, r]``, rows summing to 1 (e.g.
+            :func:`sol_ext.centroids.label_noise_kernel`).
+    """
+    if noise_kernel is None:
+        raise ValueError("noise_kernel must be an [n, n] label-noise model P[q, r] (e.g. "
+                         "sol_ext.centroids.label_noise_kernel(n, std)), got None: sharpening needs the noise")
+    lab, probs, kernel = _validate(labels, pred_probs, noise_kernel)
+    log_p = torch.log(probs.clamp_min(torch.finfo(torch.float64).tiny))
+    log_p = log_p - log_p.max(dim=1, keepdim=True).values
+    of_label = kernel[:, lab].T                      # P[q, r_x], [N, n]
+    best, best_ll = probs, -float("inf")
+    for t in SHARPEN_TEMPERATURES:
+        p_t = torch.softmax(log_p / t, dim=1)
+        ll = float(torch.log((p_t * of_label).sum(dim=1).clamp_min(torch.finfo(torch.float64).tiny)).mean()) \
+            if lab.numel() else 0.0
+        if ll > best_ll:  # ties keep the larger temperature: the probabilities as given
+            best, best_ll = p_t, ll
+    return best.numpy()
 
 
 def confident_joint_counts(labels: ArrayLike, pred_probs: ArrayLike) -> np.ndarray:
@@ -220,13 +291,18 @@ def _off_diagonal(labels: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tens
 
 # cleanlab's slack on the confident-joint thresholds (its compute_confident_joint: p >= t - 1e-6).
 CONFIDENT_SLACK = 1e-6
+# The default rule's one-sided mass: a label in a tail of p holding at most 0.25 %. A correct label
+# drawn from a calibrated p lands in one of the two tails at most 0.5 % of the time. The margin
+# below 1 % is for out-of-sample tails a little too light: at 0.995 (1 %), clean abalone labels
+# were flagged 0.87-1.05 % of the time (benchmarks/bench_label_issues.py).
+DEFAULT_MIN_SCORE = 0.9975
 FILTERS = ("prune_by_class", "confident_learning", "predicted_neq_given", "min_score")
 RANKINGS = ("label_quality", "self_confidence")
 
 
 def find_label_issues(labels: ArrayLike, pred_probs: ArrayLike, *, filter_by: Optional[str] = None,
                       return_indices_ranked_by: Optional[str] = None, noise_kernel: Optional[ArrayLike] = None,
-                      min_score: float = 0.5) -> np.ndarray:
+                      min_score: Optional[float] = None) -> np.ndarray:
     """Which labels look wrong, in the shape of ``cleanlab.filter.find_label_issues``.
 
     Args:
@@ -235,47 +311,50 @@ def find_label_issues(labels: ArrayLike, pred_probs: ArrayLike, *, filter_by: Op
             within 1e-3). Out-of-sample ones (:func:`sol_ext.driver.audit.cross_validated_probabilities`,
             or ``cross_val_predict(..., method="predict_proba")``): a model that has fitted a wrong label
             agrees with it.
-        filter_by: which samples are flagged (``None``: ``"prune_by_class"``, or
+        filter_by: which samples are flagged (``None``: ``"min_score"`` at ``min_score = 0.9975``, or
             ``"predicted_neq_given"`` with a ``noise_kernel``):
 
+            - ``"min_score"``: at least ``min_score`` of the probability lies strictly on one side of
+              the label (and the label is not the median). At the default 0.9975, at most 0.5 % of
+              correct labels are flagged where ``p`` is calibrated (see the module docstring).
+            - ``"predicted_neq_given"``: the label is not the median rank of ``p`` (cleanlab: not the
+              argmax). With a ``noise_kernel``, of ``p(q | x, r)``: the rule of
+              :func:`sol_ext.refine.posterior_relabel` for a known noise.
             - ``"prune_by_class"``: in each given rank, the ``k`` samples of largest ordinal score, ``k``
               the rank's count off the confident joint's diagonal (:func:`confident_joint_counts`:
               per-rank thresholds from the data). cleanlab picks them by smallest ``p[label]``.
             - ``"confident_learning"``: the samples off the confident joint's diagonal.
-            - ``"predicted_neq_given"``: the label is not the median rank of ``p`` (cleanlab: not the
-              argmax). With a ``noise_kernel``, of ``p(q | x, r)``: the rule of
-              :func:`sol_ext.refine.posterior_relabel` for a known noise.
-            - ``"min_score"``: the ordinal score reaches ``min_score`` (and the label is not the median).
         return_indices_ranked_by: ``None``: a boolean mask ``[N]``. ``"label_quality"``: the flagged
             indices, lowest :func:`get_label_quality_scores` first (ties: larger expected distance
             ``sum_q p_q |q - r|``, then smaller index). ``"self_confidence"``: lowest ``p[label]`` first
             (cleanlab's ordering, ties to the smaller index).
         noise_kernel: optional ``[n, n]`` label-noise model ``P[q, r]`` (rows summing to 1), as in
             :func:`sol_ext.refine.posterior_relabel`: scores are then of ``p(q | x, r)``.
-        min_score: in ``[0.5, 1)``, for ``filter_by="min_score"``: how much probability must lie
-            strictly on one side of the label (another value than 0.5 with ``filter_by=None`` selects
-            that rule).
+        min_score: in ``[0.5, 1)``, for ``filter_by="min_score"`` (``None``: 0.9975): how much
+            probability must lie strictly on one side of the label; given with ``filter_by=None``, it
+            selects that rule (with a ``noise_kernel`` too).
 
     Returns:
         bool ``[N]`` (``True``: the label looks wrong), or int64 ``[M]`` indices of the flagged samples,
         most suspicious first, when ``return_indices_ranked_by`` is given.
     """
-    if isinstance(min_score, (bool, np.bool_)) or not isinstance(min_score, numbers.Real) \
-            or not 0.5 <= min_score < 1.0:
+    if min_score is not None and (isinstance(min_score, (bool, np.bool_)) or not isinstance(min_score, numbers.Real)
+                                  or not 0.5 <= min_score < 1.0):
         raise ValueError(f"min_score must be a number in [0.5, 1), got {min_score!r}; below 0.5 the mass on "
                          f"both sides of a label could reach it")
     if filter_by is not None and filter_by not in FILTERS:
         raise ValueError(f"filter_by must be one of {', '.join(map(repr, FILTERS))} (or None: the default), "
                          f"got {filter_by!r}; cleanlab's other filters treat ranks as unordered classes")
-    if min_score != 0.5 and filter_by not in (None, "min_score"):
+    if min_score is not None and filter_by not in (None, "min_score"):
         raise ValueError(f"min_score applies to filter_by='min_score' only, got filter_by={filter_by!r}")
     if return_indices_ranked_by is not None and return_indices_ranked_by not in RANKINGS:
         raise ValueError(f"return_indices_ranked_by must be None (a boolean mask) or one of "
                          f"{', '.join(map(repr, RANKINGS))}, got {return_indices_ranked_by!r}")
     lab, probs, kernel = _validate(labels, pred_probs, noise_kernel)
     if filter_by is None:
-        filter_by = "min_score" if min_score != 0.5 else \
-            "prune_by_class" if kernel is None else "predicted_neq_given"
+        filter_by = "predicted_neq_given" if kernel is not None and min_score is None else "min_score"
+    if min_score is None:
+        min_score = DEFAULT_MIN_SCORE
     post = _posterior(lab, probs, kernel)
     score, median = _scores(lab, post)
     distance = (post * (torch.arange(post.shape[1], dtype=torch.float64)[None, :]
@@ -287,7 +366,8 @@ def find_label_issues(labels: ArrayLike, pred_probs: ArrayLike, *, filter_by: Op
     if return_indices_ranked_by == "self_confidence":
         confidence = post[torch.arange(lab.numel()), lab].numpy()[idx]
         return idx[np.argsort(confidence, kind="stable")].astype(np.int64)
-    return idx[_suspicious_first(score.numpy()[idx], distance.numpy()[idx])].astype(np.int64)
+    quality = _quality(lab, post).numpy()
+    return idx[_suspicious_first(1.0 - quality[idx], distance.numpy()[idx])].astype(np.int64)
 
 
 def _suspicious_first(score: np.ndarray, distance: np.ndarray) -> np.ndarray:

@@ -134,7 +134,9 @@ def test_in_sample_audit_is_labelled_and_trains_nothing(noisy_run, monkeypatch):
 
 def test_cli_folds_and_in_sample(noisy_run, capsys):
     assert main(["audit", str(noisy_run)]) == 0
-    assert "out of sample, 3 folds" in capsys.readouterr().out  # the default
+    out = capsys.readouterr().out
+    assert "out of sample, 3 folds" in out  # the default
+    assert "one-sided mass >= 0.9975" in out and "--label-noise STD" in out  # what it cannot see, and the way out
     assert main(["audit", str(noisy_run), "--folds", "2", "--csv", "-"]) == 0
     captured = capsys.readouterr()
     assert captured.out.startswith("index,given_label")   # the fold lines go to stderr

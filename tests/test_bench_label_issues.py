@@ -44,6 +44,11 @@ def test_quick_run_writes_both_tools_numbers(tmp_path):
     assert (r["data"], r["noise"], r["folds"], r["epochs"]) == ("wine-red", "gaussian1", 2, 1)
     assert 0 < r["wrong"] < 1
     for tool in ("sol_ext", "cleanlab"):
-        assert 0 <= r[tool]["auroc"] <= 1 and 0 <= r[tool]["f1"] <= 1 and 0 < r[tool]["flagged"] < 1
+        assert 0 <= r[tool]["auroc"] <= 1 and 0 <= r[tool]["f1"] <= 1 and 0 <= r[tool]["flagged"] < 1
+    assert 0 < r["cleanlab"]["flagged"]
+    # told the noise (std kappa x the clean ranks' std), ours flags more than its default
+    told = r["sol_ext"]["told"]
+    assert told["std"] > 0 and told["flagged"] > r["sol_ext"]["flagged"] and 0 < told["recall"] <= 1
+    assert r["fitted_noise_std"] >= 0
     table = (tmp_path / "label_issues_quick.md").read_text()
     assert "| wine-red | gaussian1 | 2 |" in table and "AUROC ours" in table

@@ -300,7 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--label-noise", type=float, default=None, metavar="STD",
                    help="the std of the label error in ranks, if you know it: a label is flagged where "
                         "the median of p(rank | x, label) is another rank (default: the run's "
-                        "--label-noise when it is a number, else confident-joint counts per rank)")
+                        "--label-noise when it is a number, else only labels in a 0.25%% tail of "
+                        "p(rank | x): few flags, rarely wrong)")
 
     c = sub.add_parser("compare", help="SOL against the baselines under label noise",
                        description="Train every method at Gaussian kappa in {0, 0.2, 0.3, 0.4} "
