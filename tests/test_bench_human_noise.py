@@ -1,5 +1,6 @@
-"""Tests of benchmarks/bench_human_noise.py: its label draws and splits on small arrays, and its --smoke
-run on the VADER ratings (skipped where ../shared/data/vader_dev.npz is absent)."""
+"""Tests of benchmarks/bench_human_noise.py: its label draws, splits and fitted cuts on small arrays, and
+its --smoke run on the VADER ratings (skipped where ../shared/data/vader_dev.npz is absent); and of
+benchmarks/bench_human_noise_builtin.py, the same settings on a built-in data set."""
 from __future__ import annotations
 
 import importlib.util
@@ -61,6 +62,27 @@ def test_the_rank_grid_is_the_rating_scale_even_where_the_training_labels_miss_a
     assert np.allclose(data.train_x.mean(0).numpy(), 0, atol=1e-5)  # standardized on the training rows
 
 
+def test_cuts_fitted_to_labels_give_their_least_mae_and_never_skip_a_rank():
+    bench = _bench()
+    rng = np.random.default_rng(0)
+    ranks = rng.integers(0, 5, 400)
+    score = ranks + rng.normal(0, 0.6, 400) + 0.7             # a score with an offset: rounding is off
+    cuts = bench.fit_cuts(score, ranks, 5)
+    pred = bench.cut_ranks(score, cuts)
+    assert cuts.shape == (4,) and np.all(np.diff(cuts) >= 0)
+    fitted_mae = np.abs(pred - ranks).mean()
+    assert fitted_mae < np.abs(np.clip(np.round(score), 0, 4) - ranks).mean()
+    for shift in (-0.2, -0.05, 0.05, 0.2):                     # no cut moved alone does better
+        for k in range(4):
+            moved = cuts.copy()
+            moved[k] += shift
+            assert np.abs(bench.cut_ranks(score, moved) - ranks).mean() >= fitted_mae - 1e-12
+    exact = bench.cut_ranks(ranks * 2.0, bench.fit_cuts(ranks * 2.0, ranks, 5))
+    assert np.array_equal(exact, ranks)                        # a score that orders the ranks: no error
+    # a rank no label reaches: its cut lies above every score, and the read-out never predicts it
+    assert bench.fit_cuts(np.array([0.0, 1.0, 2.0]), np.array([0, 1, 2]), 5)[2:].tolist() == [np.inf, np.inf]
+
+
 def test_a_variant_names_training_fields_and_bad_ones_are_refused():
     bench = _bench()
     assert bench.parse_variant("wd=weight_decay=5e-4,sigma=0.5") == (
@@ -89,11 +111,24 @@ def test_smoke_run_trains_every_method_on_one_rater_and_judges_against_the_conse
         assert 0 <= r["mae"] <= 8 and r["macro_mae"] >= 0 and -1 <= r["qwk"] <= 1
         assert 0.3 < r["train_label_mae"] < 1.0  # one rater against the crowd
     sol = records[0]
-    assert set(sol["readouts"]) == {"posterior", "nearest", "expected", "sqrt-prior", "flat"}
+    assert set(sol["readouts"]) == {"posterior", "nearest", "expected", "sqrt-prior", "flat", "cuts"}
     assert sol["readouts"]["posterior"]["mae"] == pytest.approx(sol["mae"])  # the driver's own read-out
     assert records[-1]["options"] == {"weight_decay": 5e-4}
     md = (tmp_path / "human_noise.md").read_text()
     assert "| method | k=1 |" in md and "| sol / nearest |" in md and "macro-MAE" in md
+
+
+def test_the_built_in_check_reads_out_every_run_both_ways(tmp_path):
+    builtin = load_benchmark("bench_human_noise_builtin")
+    mae, macro = builtin.mae_and_macro(np.array([0, 0, 0, 2]), np.array([0, 0, 0, 1]), step=0.5)
+    assert mae == pytest.approx(0.125) and macro == pytest.approx(0.25)  # rank 1's one error counts as much as rank 0
+    assert builtin.main(["--data", "wine-red", "--kappas", "0.3", "--seeds", "0", "--epochs", "1",
+                         "--variant", "d=disc_weight=0.1", "--output", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "builtin.json").read_text())
+    assert [r["method"] for r in records] == ["sol", "sol+d"] and records[1]["options"] == {"disc_weight": 0.1}
+    for r in records:
+        assert set(r) >= {"posterior", "cuts"} and all(0 <= r[k]["mae"] <= 5 for k in ("posterior", "cuts"))
+    assert "| wine-red | 0.3 | sol+d |" in (tmp_path / "builtin.md").read_text()
 
 
 def test_a_missing_data_file_or_bad_option_is_refused_before_any_run(tmp_path):
