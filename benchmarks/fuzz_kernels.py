@@ -4,6 +4,7 @@
     python benchmarks/fuzz_kernels.py --device cpu --configs 500          # the CPU kernels alone
     python benchmarks/fuzz_kernels.py --first 5000 --configs 5000 --json b.json   # configurations 5000-9999
     python benchmarks/fuzz_kernels.py --merge a.json b.json --json all.json        # one table of several runs
+    python benchmarks/fuzz_kernels.py --only 1079,9878 --explain                    # trace two configurations
 
 Configuration i is the same in every run of one seed, so a range split over processes (``--first``) and
 merged (``--merge``) is the same fuzz as one run over the whole range.
@@ -34,6 +35,7 @@ import json
 import math
 import sys
 import time
+from typing import Optional
 
 import torch
 
@@ -203,10 +205,12 @@ def reduction_scale(count: int, reduction: str) -> float:
 
 
 class Tally:
-    """Worst error-to-bound ratio and mismatch count per check."""
+    """Worst error-to-bound ratio and mismatch count per check; with ``explain``, each comparison's worst
+    element printed (value, exact value, magnitude of its terms, bound)."""
 
-    def __init__(self):
+    def __init__(self, explain: bool = False):
         self.checks = {}
+        self.explain = explain
 
     def compare(self, check: str, cfg: dict, actual, exact, magnitude, terms: int, out_dtype) -> None:
         entry = self.checks.setdefault(check, dict(compared=0, mismatches=0, worst_ratio=0.0, worst=None))
@@ -227,6 +231,13 @@ class Tally:
         rounded = exact.to(out_dtype).double()
         error = torch.where(torch.isinf(rounded) & (actual == rounded), 0.0, error)
         ratio = (error / bound).max().item()
+        if self.explain:
+            worst = int((error / bound).reshape(-1).argmax())
+            print(f"config {cfg['index']} {check}: worst element {worst} of {exact.numel()}: got "
+                  f"{actual.reshape(-1)[worst].item():.17g}, exact {exact.reshape(-1)[worst].item():.17g}, "
+                  f"terms' magnitude {magnitude.double().expand_as(exact).reshape(-1)[worst].item():.6g}, bound "
+                  f"{bound.reshape(-1)[worst].item():.3g}, error / bound {ratio:.3g}; largest |exact| "
+                  f"{exact.abs().max().item():.6g}")
         if ratio > entry["worst_ratio"]:
             entry["worst_ratio"] = ratio
             entry["worst"] = dict(config=describe(cfg), abs_error=error.max().item(),
@@ -237,6 +248,7 @@ class Tally:
     @staticmethod
     def _mismatch(check, entry, cfg, ratio, what):
         entry["mismatches"] += 1
+        entry.setdefault("mismatched_configs", []).append(cfg["index"])  # for --only
         if entry["mismatches"] <= 5:
             print(f"MISMATCH {check}: error/bound {ratio:.3g}, {what}: {describe(cfg)}", file=sys.stderr)
 
@@ -337,12 +349,15 @@ def dissimilarity_grads(h, mu, P, G, magnitude: bool = False):
 # -------------------------------------------------------------------------------------------------
 
 
-def run(device: str, configs: int, seed: int, log_every: int = 0, first: int = 0) -> dict:
-    tally = Tally()
+def run(device: str, configs: int, seed: int, log_every: int = 0, first: int = 0,
+        only: Optional[list[int]] = None, explain: bool = False) -> dict:
+    """Configurations ``first .. first + configs - 1`` (or the indices ``only``) of ``seed``."""
+    tally = Tally(explain)
     start = time.perf_counter()
     counts = {"B == 0": 0, "B == 1": 0, "explicit pairs": 0, "ties": 0}
     dtypes: dict = {}
-    for index in range(first, first + configs):
+    indices = list(only) if only is not None else range(first, first + configs)
+    for index in indices:
         cfg = draw_config(index, seed, device)
         counts["B == 0"] += cfg["B"] == 0
         counts["B == 1"] += cfg["B"] == 1
@@ -354,7 +369,7 @@ def run(device: str, configs: int, seed: int, log_every: int = 0, first: int = 0
         check_loss_end_to_end(cfg, device, tally)
         if log_every and (index + 1 - first) % log_every == 0:
             print(f"{index + 1 - first} configurations, {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    return dict(device=device if device == "cpu" else torch.cuda.get_device_name(), configs=configs, seed=seed,
+    return dict(device=device if device == "cpu" else torch.cuda.get_device_name(), configs=len(indices), seed=seed,
                 first=first, seconds=round(time.perf_counter() - start, 1), coverage=dict(counts, dtypes=dtypes),
                 checks=tally.checks, mismatches=sum(c["mismatches"] for c in tally.checks.values()))
 
@@ -369,6 +384,8 @@ def merge(results: list[dict]) -> dict:
             total = checks.setdefault(name, dict(compared=0, mismatches=0, worst_ratio=0.0, worst=None))
             total["compared"] += entry["compared"]
             total["mismatches"] += entry["mismatches"]
+            if entry.get("mismatched_configs"):
+                total.setdefault("mismatched_configs", []).extend(entry["mismatched_configs"])
             if entry["worst_ratio"] >= total["worst_ratio"]:
                 total["worst_ratio"], total["worst"] = entry["worst_ratio"], entry["worst"]
         for key, value in result["coverage"].items():
@@ -390,6 +407,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--first", type=int, default=0, help="index of the first configuration (default 0)")
     parser.add_argument("--json", help="write the counts, worst ratios and mismatches here")
+    parser.add_argument("--only", help="comma-separated configuration indices to run instead of a range")
+    parser.add_argument("--explain", action="store_true", help="print each comparison's worst element")
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="print (and with --json write) one result "
                         "merged from the --json files of runs over disjoint ranges, instead of fuzzing")
     args = parser.parse_args(argv)
@@ -406,7 +425,16 @@ def main(argv=None) -> int:
     else:
         if args.device == "cuda" and not (torch.cuda.is_available() and sol_ext.cuda_kernels_available()):
             parser.error("--device cuda needs a CUDA GPU and a build of sol_ext with CUDA kernels")
-        result = run(args.device, args.configs, args.seed, log_every=max(args.configs // 10, 1), first=args.first)
+        only = None
+        if args.only:
+            try:
+                only = [int(i) for i in args.only.split(",")]
+            except ValueError:
+                parser.error(f"--only must be comma-separated non-negative integers, got {args.only!r}")
+            if min(only) < 0:
+                parser.error(f"--only must be comma-separated non-negative integers, got {args.only!r}")
+        result = run(args.device, args.configs, args.seed, log_every=0 if only else max(args.configs // 10, 1),
+                     first=args.first, only=only, explain=args.explain)
     print(f"\nfuzz: {result['configs']} configurations on {result['device']} in {result['seconds']} s "
           f"(seed {result['seed']}, from {result['first']}); coverage {result['coverage']}")
     print("\n| check | compared | mismatches | worst error / bound |")

@@ -82,7 +82,7 @@ print(f\"{sys.argv[2]}: test MAE {t['mae']:.4f}, CS {t['cs']:.2f}, Pearson {t['p
       f\"epoch {r['selected_epoch']} of {r['epochs_run']}, {r['seconds']:.1f} s\")" \
       "$LOG/$run/results.json" "$run"
   done
-  [ -f "$LOG/fuzz.log" ] && grep -E '^(fuzz|\||mismatches|one-pass)' "$LOG/fuzz.log"
+  [ -f "$LOG/fuzz.log" ] && grep -E '^(fuzz|\||mismatches|one-pass|tracing|config)' "$LOG/fuzz.log"
   [ -f "$LOG/sweep.log" ] && grep '^sweep' "$LOG/sweep.log"
   [ -f "$LOG/bench_algorithms.log" ] && grep -E "^\\| cuda" "$LOG/bench_algorithms.log"
   [ -f "$LOG/bench_images.log" ] && grep -E '^(resnet|\||target)' "$LOG/bench_images.log"
@@ -203,6 +203,15 @@ fuzz() {
   for pid in "${pids[@]}"; do wait "$pid" || status=1; done
   grep -h MISMATCH "$LOG"/fuzz-*.log
   "$PY" benchmarks/fuzz_kernels.py --merge "${files[@]}" --json "$LOG/fuzz.json" || status=1
+  local mismatched
+  mismatched=$("$PY" -c "
+import json, sys
+checks = json.load(open(sys.argv[1]))['checks'].values()
+print(','.join(sorted({str(i) for c in checks for i in c.get('mismatched_configs', [])}, key=int)[:10]))" "$LOG/fuzz.json")
+  if [ -n "$mismatched" ]; then  # each mismatching configuration's worst elements, for tracing
+    echo "tracing configurations $mismatched:"
+    "$PY" benchmarks/fuzz_kernels.py --device cuda --only "$mismatched" --explain | grep '^config'
+  fi
   if [ -f "$LOG/fuzz-one-pass.json" ]; then
     echo "one-pass backward forced (SOL_EXT_CUDA_ALL_PAIRS_BACKWARD=one_pass):"
     "$PY" benchmarks/fuzz_kernels.py --merge "$LOG/fuzz-one-pass.json" | sed 's/^fuzz:/fuzz one_pass:/'

@@ -73,6 +73,16 @@ def test_ranges_run_apart_and_merged_equal_one_run(tmp_path):
     assert fuzz.main(["--merge", *map(str, files), "--json", str(tmp_path / "all.json")]) == 0
 
 
+def test_only_runs_the_listed_configurations_and_explains_them(capsys):
+    """--only 3,7 --explain: those two configurations, each comparison's worst element printed."""
+    result = fuzz.run("cpu", configs=0, seed=0, only=[3, 7], explain=True)
+    assert result["configs"] == 2
+    assert all(entry["compared"] == 2 for entry in result["checks"].values())
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("config ")]
+    assert {line.split()[1] for line in lines} == {"3", "7"}
+    assert all("error / bound" in line for line in lines)
+
+
 def test_an_overflow_to_infinity_is_the_right_result():
     """A float16 result whose exact value lies beyond float16's range is right as an infinity of its sign."""
     tally = fuzz.Tally()
