@@ -200,7 +200,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cuda(
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t chunk = std::max<int64_t>(
       1, std::min<int64_t>(ranks, kCountsBudgetBytes / (static_cast<int64_t>(sizeof(int32_t)) * (B + 1) * n)));
-  at::Tensor shares = at::empty({ranks}, options);  // each rank's share of the sum, added in rank order
+  at::Tensor shares = at::empty({ranks}, options);  // each rank's share of the sum
 
   AT_DISPATCH_FLOATING_TYPES(D.scalar_type(), "grouped_order_sum_cuda", [&] {
     // The hinge of constant c is active when D_x - D_y, rounded to scalar_t, exceeds -c held in scalar_t
