@@ -55,7 +55,11 @@ from sol_ext.driver.audit import cross_validated_probabilities  # noqa: E402
 from sol_ext.driver.config import TrainConfig  # noqa: E402
 from sol_ext.driver.prepare import prepare_data  # noqa: E402
 from sol_ext.driver.train import train  # noqa: E402
-from sol_ext.label_issues import find_label_issues, get_label_quality_scores, sharpen_through_noise  # noqa: E402
+from sol_ext.label_issues import (  # noqa: E402
+    find_label_issues,
+    get_label_quality_scores,
+    sharpen_through_noise,
+)
 from sol_ext.noise import noise_scale  # noqa: E402
 
 DATASETS = ("abalone", "wine-red")
