@@ -18,13 +18,16 @@
 #   BUDGET_S       wall-clock seconds for the whole check (default 500): later steps get what is left
 #   TORCH_CUDA_ARCH_LIST (default: the visible GPU's compute capability), MAX_JOBS (default nproc),
 #   BENCH_SIZES    B,n,d triples (default: the three performance targets)
-#   ALGORITHM_SIZES  B,n,d triples of the grouped-vs-pairwise step (default: B 256-16384 x n 5-217, d 64)
-#   FUZZ_CONFIGS   random configurations of the differential fuzz (default 10000)
+#   ALGORITHM_SIZES  B,n,d triples of the grouped-vs-pairwise step (default: B 1024-16384 x n 5-60, then
+#                  65536,7 and 1000000,5; d 64)
+#   FUZZ_CONFIGS   random configurations of the differential fuzz (default 10000), run in FUZZ_SHARDS
+#                  processes side by side (default 6); FUZZ_ONE_PASS more with the all-pairs backward forced
+#                  to its one-pass kernel (default 1000; 0 skips them)
 #   PYTEST_ARGS    arguments of the suite step (default "-k cuda": its CUDA cases; "" for all of it)
 #   SWEEP          VAR=value settings to time SWEEP_SIZES under, one bench_loss.py run each (default: the
 #                  all-pairs backward's two kernels, SOL_EXT_CUDA_ALL_PAIRS_BACKWARD=two_pass and =one_pass;
 #                  e.g. SOL_EXT_CUDA_BACKWARD_WARPS=2048 tunes the two-pass kernel's grid; "" skips the step)
-#   IMAGE_WORKERS  DataLoader processes of the image throughput benchmark (default 8)
+#   IMAGES, IMAGE_WORKERS  images and DataLoader processes of the image throughput benchmark (default 1000, 8)
 #   SKIP           names of steps to leave out, e.g. "driver driver_amp"
 # Needs no network. A prebuilt sol_ext/_C*.so for this interpreter (e.g. $OUT/_C*.so of an earlier run,
 # copied back) skips the build.
