@@ -131,4 +131,21 @@ OrderLossBlockProblem prepare_order_loss_block(
           parse_convention(convention)};
 }
 
+void check_grouped_order_sum_inputs(const at::Tensor& D, const at::Tensor& labels, double sigma, int64_t tau,
+                                    double margin, int64_t rank_begin, int64_t rank_end) {
+  TORCH_CHECK(D.dim() == 2 && D.size(1) >= 1, "D must have shape [B, n] with n >= 1, got ", D.sizes());
+  TORCH_CHECK(D.scalar_type() == at::kFloat || D.scalar_type() == at::kDouble,
+              "grouped_order_sum: D must be float32 or float64, got ", D.scalar_type());
+  TORCH_CHECK(labels.device() == D.device(), "labels must be on D's device ", D.device(), ", got ", labels.device());
+  TORCH_CHECK(labels.scalar_type() == at::kLong, "labels must be int64, got ", labels.scalar_type());
+  const int64_t B = D.size(0), n = D.size(1);
+  TORCH_CHECK(labels.dim() == 1 && labels.size(0) == B, "labels must have shape [", B, "], got ", labels.sizes());
+  TORCH_CHECK(B < (int64_t(1) << 31), "grouped_order_sum takes batches of fewer than 2^31 rows, got ", B);
+  TORCH_CHECK(std::isfinite(sigma) && sigma > 0, "sigma must be a finite number > 0, got ", sigma);
+  TORCH_CHECK(tau >= 0, "tau must be >= 0, got ", tau);
+  TORCH_CHECK(std::isfinite(margin) && margin >= 0, "margin must be a finite number >= 0, got ", margin);
+  TORCH_CHECK(0 <= rank_begin && rank_begin <= rank_end && rank_end <= n, "rank_begin and rank_end must satisfy ",
+              "0 <= rank_begin <= rank_end <= ", n, ", got ", rank_begin, " and ", rank_end);
+}
+
 } // namespace sol_ext

@@ -165,5 +165,9 @@ void check_disc_loss_inputs(const at::Tensor& D, const at::Tensor& labels, int64
 void check_ordering_probability_inputs(const at::Tensor& r_x, const at::Tensor& r_y, at::ScalarType dtype);
 // grad_losses: [num_losses], floating, on D's device.
 void check_grad_losses(const at::Tensor& grad_losses, const at::Tensor& D, int64_t num_losses);
+// grouped_order_sum: D [B, n] float32/float64, labels [B] int64 on D's device, B < 2^31, a rank range in
+// 0..n. The label values are each backend's to check (the CPU op in one pass on its thread, CUDA on the device).
+void check_grouped_order_sum_inputs(const at::Tensor& D, const at::Tensor& labels, double sigma, int64_t tau,
+                                    double margin, int64_t rank_begin, int64_t rank_end);
 
 } // namespace sol_ext

@@ -286,24 +286,6 @@ struct RankQueue {
   }
 };
 
-// Argument checks (those of order_loss), with the label range checked in one pass on this thread.
-void check_grouped_inputs(const at::Tensor& D, const at::Tensor& labels, double sigma, int64_t tau, double margin,
-                          int64_t rank_begin, int64_t rank_end) {
-  TORCH_CHECK(D.dim() == 2 && D.size(1) >= 1, "D must have shape [B, n] with n >= 1, got ", D.sizes());
-  TORCH_CHECK(D.scalar_type() == at::kFloat || D.scalar_type() == at::kDouble,
-              "D must be float32 or float64 on the CPU, got ", D.scalar_type());
-  TORCH_CHECK(labels.device() == D.device(), "labels must be on D's device ", D.device(), ", got ", labels.device());
-  TORCH_CHECK(labels.scalar_type() == at::kLong, "labels must be int64, got ", labels.scalar_type());
-  const int64_t B = D.size(0), n = D.size(1);
-  TORCH_CHECK(labels.dim() == 1 && labels.size(0) == B, "labels must have shape [", B, "], got ", labels.sizes());
-  TORCH_CHECK(B < (int64_t(1) << 31), "grouped_order_sum takes batches of fewer than 2^31 rows, got ", B);
-  TORCH_CHECK(std::isfinite(sigma) && sigma > 0, "sigma must be a finite number > 0, got ", sigma);
-  TORCH_CHECK(tau >= 0, "tau must be >= 0, got ", tau);
-  TORCH_CHECK(std::isfinite(margin) && margin >= 0, "margin must be a finite number >= 0, got ", margin);
-  TORCH_CHECK(0 <= rank_begin && rank_begin <= rank_end && rank_end <= n, "rank_begin and rank_end must satisfy ",
-              "0 <= rank_begin <= rank_end <= ", n, ", got ", rank_begin, " and ", rank_end);
-}
-
 std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cpu(
     const at::Tensor& D_in,
     const at::Tensor& labels_in,
@@ -314,14 +296,14 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cpu(
     int64_t rank_begin,
     int64_t rank_end,
     bool need_grad) {
-  check_grouped_inputs(D_in, labels_in, sigma, tau, margin, rank_begin, rank_end);
+  check_grouped_order_sum_inputs(D_in, labels_in, sigma, tau, margin, rank_begin, rank_end);
   const Convention conv = parse_convention(convention);  // refused even where nothing is summed
   auto queue = std::make_shared<RankQueue>();
   queue->D = D_in.contiguous();
   queue->labels = labels_in.contiguous();
   const int64_t B = queue->D.size(0), n = queue->D.size(1);
   const int64_t* labels_ptr = queue->labels.data_ptr<int64_t>();
-  for (int64_t i = 0; i < B; ++i) {
+  for (int64_t i = 0; i < B; ++i) {  // the label range in one pass on this thread (no parallel region)
     TORCH_CHECK(labels_ptr[i] >= 0 && labels_ptr[i] < n, "labels must lie in 0..", n - 1, ", got ", labels_ptr[i],
                 " at index ", i);
   }

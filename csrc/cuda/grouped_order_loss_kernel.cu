@@ -166,21 +166,8 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cuda(
     int64_t rank_begin,
     int64_t rank_end,
     bool need_grad) {
-  TORCH_CHECK(D_in.dim() == 2 && D_in.size(1) >= 1, "D must have shape [B, n] with n >= 1, got ", D_in.sizes());
-  TORCH_CHECK(D_in.scalar_type() == at::kFloat || D_in.scalar_type() == at::kDouble,
-              "grouped_order_sum: D must be float32 or float64, got ", D_in.scalar_type());
-  TORCH_CHECK(labels_in.device() == D_in.device(), "labels must be on D's device ", D_in.device(), ", got ",
-              labels_in.device());
-  TORCH_CHECK(labels_in.scalar_type() == at::kLong, "labels must be int64, got ", labels_in.scalar_type());
+  check_grouped_order_sum_inputs(D_in, labels_in, sigma, tau, margin, rank_begin, rank_end);  // labels: on the device
   const int64_t B = D_in.size(0), n = D_in.size(1);
-  TORCH_CHECK(labels_in.dim() == 1 && labels_in.size(0) == B, "labels must have shape [", B, "], got ",
-              labels_in.sizes());
-  TORCH_CHECK(B < (int64_t(1) << 31) - 1, "grouped_order_sum takes batches of fewer than 2^31 - 1 rows, got ", B);
-  TORCH_CHECK(std::isfinite(sigma) && sigma > 0, "sigma must be a finite number > 0, got ", sigma);
-  TORCH_CHECK(tau >= 0, "tau must be >= 0, got ", tau);
-  TORCH_CHECK(std::isfinite(margin) && margin >= 0, "margin must be a finite number >= 0, got ", margin);
-  TORCH_CHECK(0 <= rank_begin && rank_begin <= rank_end && rank_end <= n, "rank_begin and rank_end must satisfy ",
-              "0 <= rank_begin <= rank_end <= ", n, ", got ", rank_begin, " and ", rank_end);
   const Convention conv = parse_convention(convention);
   const c10::cuda::CUDAGuard guard(D_in.device());
   const auto options = D_in.options().dtype(at::kDouble);
