@@ -28,15 +28,15 @@ def main() -> int:
         from sol_ext.driver.cli import main as cli_main
     finally:
         signal.signal(signal.SIGINT, previous)
-    from sol_ext.driver.cli import end_torchrun_process
+    from sol_ext.driver.cli import end_process
 
     try:
         status = cli_main()
     except KeyboardInterrupt:  # outside a command (argument parsing): nothing was written either
         print("sol-ext: interrupted; nothing was written.", file=sys.stderr)
         status = EXIT_INTERRUPTED
-    end_torchrun_process(status)  # a finished run under torchrun ends here (see there)
-    return status
+    end_process(status)  # without the interpreter's shutdown (see there)
+    return status  # not reached
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,6 +3,9 @@ polars, pyarrow.Table) go through one adapter that takes the run's columns by na
 order, with the run's categories; arrays must hold exactly the training features."""
 
 import csv
+import io
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -230,32 +233,34 @@ def test_predictions_on_a_whole_number_grid_are_int64(numeric, tmp_path):
     table = model.predict_table(root / "train.csv")
     assert table.prediction.dtype == np.int64 and model.predict(root / "train.csv").dtype == np.int64
     assert table.expected.dtype == np.float64
-    assert prediction_csv(table).splitlines()[1].split(",")[1] == str(table.prediction[0])
+    assert prediction_csv(table).decode().splitlines()[1].split(",")[1] == str(table.prediction[0])
 
 
 # --------------------------------------------------------------------------------------------------
 # the prediction CSV
 
 
-def test_prediction_csv_is_what_the_csv_module_writes():
+@pytest.mark.parametrize("ids", [["0", "1", "2", "3"], ["0", "a,b", 'say "hi"', "é/3.png"]])
+def test_prediction_csv_reads_back_to_the_model_s_numbers(ids):
     from sol_ext.driver.model import Prediction
 
     rng = np.random.default_rng(0)
-    p = rng.dirichlet(np.ones(3), size=4)
-    p[0, 0] = 1.234e-12
-    pred = Prediction(ids=["0", "a,b", 'say "hi"', "3"], ranks=np.array([0, 1, 2, 1]),
+    p = rng.dirichlet(np.ones(3), size=4).astype(np.float32).astype(np.float64)
+    p[0, 0] = np.float32(1.234e-12)
+    pred = Prediction(ids=ids, ranks=np.array([0, 1, 2, 1]),
                       prediction=np.array([0.5, 1.0, 1.5, 1.0]), expected=p @ [0.5, 1.0, 1.5],
                       probabilities=p, label_values=np.array([0.5, 1.0, 1.5]),
                       values=np.array([0.5, 1 / 3, 1.5, 1e-5]))
-    import io
-
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["id", "prediction", "expected", "label", "p_0.5", "p_1", "p_1.5"])
-    for i in range(4):
-        w.writerow([pred.ids[i]] + [f"{v:.10g}" for v in (pred.prediction[i], pred.expected[i],
-                                                           pred.values[i], *p[i])])
-    assert prediction_csv(pred) == buf.getvalue()
+    rows = list(csv.reader(io.StringIO(prediction_csv(pred).decode("utf-8"))))
+    assert rows[0] == ["id", "prediction", "expected", "label", "p_0.5", "p_1", "p_1.5"]
+    assert [r[0] for r in rows[1:]] == ids  # quoted where a cell needs it, as the csv module reads it
+    numbers = np.array([[float(c) for c in r[1:]] for r in rows[1:]])
+    assert np.array_equal(numbers[:, 0], pred.prediction)
+    assert np.array_equal(numbers[:, 2], pred.values)  # the data's labels: float64, exactly
+    # expected and the probabilities: the float32 the model computes, exactly, in few digits
+    assert np.array_equal(numbers[:, 1].astype(np.float32), pred.expected.astype(np.float32))
+    assert np.array_equal(numbers[:, 3:].astype(np.float32), p.astype(np.float32))
+    assert max(len(c) for r in rows[1:] for c in r[4:]) <= 15
 
 
 # --------------------------------------------------------------------------------------------------
@@ -329,3 +334,24 @@ def test_tsv_files_and_rows_of_empty_cells(tmp_path):
     (tmp_path / "t.tsv").write_text("a\tb\tlabel\n1\t2\t1\n\t\t\n3\t4\t2\n")  # a row of empty cells is no row
     ds = load_dataset(tmp_path / "t.tsv")
     assert ds.feature_names == ("a", "b") and ds.features.tolist() == [[1, 2], [3, 4]]
+
+
+def test_arrow_columns_reach_numpy_exactly_without_importing_pandas():
+    from sol_ext.driver.data.frames import _to_numpy, string_array
+
+    texts = ["", "a,b", "é", 'q"', "x" * 300]
+    assert string_array(texts).to_pylist() == texts and string_array([]).to_pylist() == []
+    chunked = pa.chunked_array([pa.array([1.5, 2.5, 3.5], pa.float32()).slice(1),
+                                pa.array([], pa.float32()), pa.array([4.5], pa.float32())])
+    assert _to_numpy(chunked).tolist() == [2.5, 3.5, 4.5] and _to_numpy(chunked).dtype == np.float32
+    assert _to_numpy(pa.array([7, 8], pa.int16()).slice(1)).tolist() == [8]
+    assert _to_numpy(pa.array([1.0, None])).tolist()[0] == 1.0  # nulls: pyarrow's own conversion
+    code = ("import sys\n"
+            "from sol_ext.driver.data.tables import read_table_features\n"
+            f"x, *_ = read_table_features({str(DATASETS_DIR / 'winequality-red.csv.gz')!r}, "
+            "['fixed acidity', 'alcohol'], {}, 'quality', label_optional=True)\n"
+            "assert x.shape == (1599, 2), x.shape\n"
+            "print('pandas' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"  # importing pandas is a fifth of a 200,000-row predict

@@ -9,6 +9,7 @@ and exits with status 130, leaving no partial file.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import dataclasses
 import filecmp
@@ -623,16 +624,18 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     if args.delimiter is not None:
         model.preprocessing = {**model.preprocessing, "delimiter": args.delimiter}
     prediction = model.predict_table(args.data)
-    text = prediction_csv(prediction)
+    csv_bytes = prediction_csv(prediction)
     scores = score_prediction(model, prediction)
     if to_stdout:
-        sys.stdout.write(text)
+        sys.stdout.flush()
+        sys.stdout.buffer.write(csv_bytes)
+        sys.stdout.buffer.flush()
         if scores is not None:
             print(format_scores(scores), file=sys.stderr)
         return 0
-    from .checkpoint import atomic_write_text
+    from .checkpoint import atomic_write_bytes
 
-    atomic_write_text(path, text)
+    atomic_write_bytes(path, csv_bytes)
     print(f"{len(prediction.ids)} predictions ({model.method}) -> {path}")
     if scores is not None:
         print(format_scores(scores))
@@ -707,15 +710,22 @@ def _process_label() -> str:
     return f" (rank {par.rank} of {par.world_size})" if par.enabled else ""
 
 
-def end_torchrun_process(status: int) -> None:
-    """Under torchrun, end the process now with ``status``, without the interpreter's shutdown: after
-    DistributedDataParallel, torch's gloo can abort there ("terminate called without an active
-    exception"), which would report a finished run as failed. Elsewhere nothing happens."""
+def end_process(status: int) -> None:
+    """End the command's process now with ``status``, without the interpreter's shutdown.
+
+    Tearing down torch's modules and libraries takes about 0.3 s: a sixth of a 200,000-row
+    ``sol-ext predict``. The exit handlers still run first (the DataLoader workers' cleanup among
+    them) and the output streams are flushed. Under torchrun they are skipped too: after
+    DistributedDataParallel, torch's gloo can abort in the shutdown ("terminate called without an
+    active exception"), which would report a finished run as failed.
+    """
     world_size = os.environ.get("WORLD_SIZE", "1")
-    if world_size.isdigit() and int(world_size) > 1:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
+    if not (world_size.isdigit() and int(world_size) > 1):
+        atexit._run_exitfuncs()  # what the shutdown would run first; documented since Python 2
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`) has nothing to flush to
+            stream.flush()
+    os._exit(status)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -752,5 +762,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     _status = main()
-    end_torchrun_process(_status)
-    sys.exit(_status)
+    end_process(_status)

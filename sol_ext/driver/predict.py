@@ -6,8 +6,11 @@ import re
 from typing import Optional
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pa_csv
 
 from ..metrics import macro_mae, mae, quadratic_weighted_kappa
+from .data.frames import string_array
 from .model import Prediction, TrainedModel
 
 __all__ = ["prediction_csv", "score_prediction", "format_scores"]
@@ -23,27 +26,37 @@ def _csv_cell(text: str) -> str:
     return text
 
 
-def prediction_csv(prediction: Prediction) -> str:
+def _numbers(values: np.ndarray, dtype: type) -> pa.Array:
+    """A numpy column as an arrow array of ``dtype``, from its buffer (``pa.array`` imports pandas)."""
+    column = np.ascontiguousarray(values, dtype=dtype)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(column.dtype), len(column), [None, pa.py_buffer(column)])
+
+
+def prediction_csv(prediction: Prediction) -> bytes:
     """One row per input: ``id``, ``prediction`` and ``expected`` (label units), ``label`` when the
-    data have one, and ``p_<value>`` for each label value; numbers written as ``%.10g``."""
+    data have one, and ``p_<value>`` for each label value, as UTF-8 CSV.
+
+    ``expected`` and the probabilities are written in the shortest form that reads back to the same
+    float32 (the precision the model computes them in); the prediction and the data's labels as they
+    are (whole numbers on an integer grid, else the shortest form of the float64).
+    """
     header = ["id", "prediction", "expected"]
-    columns = [prediction.prediction, prediction.expected]
+    columns = [string_array(prediction.ids), _numbers(prediction.prediction, prediction.prediction.dtype),
+               _numbers(prediction.expected, np.float32)]
     if prediction.values is not None:
         header.append("label")
-        columns.append(prediction.values)
+        columns.append(_numbers(prediction.values, np.float64))
     header += [f"p_{v:g}" for v in prediction.label_values]
-    n = len(prediction.ids)
-    numbers = np.empty((n, len(columns) + prediction.probabilities.shape[1]), dtype=np.float64)
-    for k, column in enumerate(columns):
-        numbers[:, k] = column
-    numbers[:, len(columns):] = prediction.probabilities
-    # one format per row, applied by C code: several times faster than formatting cell by cell
-    row = "%s," + ",".join(["%.10g"] * numbers.shape[1]) + "\n"
-    ids = [str(i) for i in prediction.ids]
-    if _NEEDS_QUOTES.search("".join(ids)):
-        ids = [_csv_cell(i) for i in ids]  # image paths may hold commas; row numbers never do
-    lines = [row % (row_id, *values) for row_id, values in zip(ids, numbers.tolist())]
-    return ",".join(_csv_cell(h) for h in header) + "\n" + "".join(lines)
+    columns += [_numbers(prediction.probabilities[:, q], np.float32)
+                for q in range(prediction.probabilities.shape[1])]
+    table = pa.Table.from_arrays(columns, names=[f"c{k}" for k in range(len(columns))])
+    # Arrow quotes every text cell (the ids) or none: none unless an id holds a comma, a quote or a
+    # line break (image paths may; row numbers never do). The header by hand, quoted only where needed.
+    quoting = "needed" if _NEEDS_QUOTES.search("".join(prediction.ids)) else "none"
+    out = pa.BufferOutputStream()
+    out.write((",".join(_csv_cell(h) for h in header) + "\n").encode("utf-8"))
+    pa_csv.write_csv(table, out, pa_csv.WriteOptions(include_header=False, quoting_style=quoting))
+    return out.getvalue().to_pybytes()
 
 
 def score_prediction(model: TrainedModel, prediction: Prediction) -> Optional[dict[str, float]]:

@@ -333,8 +333,8 @@ def read_table_features(path: str | Path, columns: Sequence[str], categorical: M
     if label_column is not None and not has_label and not label_optional:
         table_labels(pa.table({c: pa.array([], pa.string()) for c in header}), label_column, origin)
     types: dict[str, pa.DataType] = {c: (pa.string() if c in categorical else pa.float32()) for c in columns}
-    if has_label:
-        types[label_column] = pa.string() if label_optional else pa.float64()
+    if has_label:  # an optional label column left empty does not convert: the text read sees it
+        types[label_column] = pa.float64()
     table = read_table(path, types, delimiter)
     if table.num_rows == 0:
         raise ValueError(f"{path} has a header but no data rows: the dataset would be empty")
