@@ -36,6 +36,9 @@ from sol_ext.driver.prepare import prepare_data
 from sol_ext.driver.train import BEST_NAME, train
 from sol_ext.noise import noise_scale
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also when loaded by path
+from bench_many_ranks import parse_options  # noqa: E402
+
 # sol told the std of the injected noise (``--label-noise``): it trains as sol does and differs
 # only in its corrected labels, so it appears in the label tables, not the test tables
 KNOWN_NOISE = "sol-noise-known"
@@ -61,7 +64,10 @@ def _label(noise: str, kappa: float) -> str:
     return "clean" if kappa == 0 else f"{noise} {kappa:g}"
 
 
-def run_grid(data_names, methods, noises, seeds, epochs, out_dir: Path, log=print) -> list[dict]:
+def run_grid(data_names, methods, noises, seeds, epochs, out_dir: Path, log=print,
+             sol_options=None) -> list[dict]:
+    """Every run of the grid; ``sol_options``: TrainConfig fields set on the ``sol`` rows only (a
+    variant of the default, compared with another run of this benchmark)."""
     records = []
     total = len(data_names) * len(noises) * len(seeds) * len(methods)
     for name in data_names:
@@ -75,6 +81,8 @@ def run_grid(data_names, methods, noises, seeds, epochs, out_dir: Path, log=prin
                     cfg = (method_config(base, method) if method != KNOWN_NOISE else
                            dataclasses.replace(method_config(base, "sol"),
                                                label_noise=injected_noise_std(data, noise, kappa)))
+                    if method == "sol" and sol_options:
+                        cfg = dataclasses.replace(cfg, **sol_options).validate()
                     run_dir = out_dir / "runs" / name / f"{noise}-{kappa:g}" / method / f"seed{seed}"
                     start = time.perf_counter()
                     res = train(cfg, data, run_dir, log=lambda _line: None).results
@@ -205,6 +213,8 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--output", type=Path, default=Path("benchmarks/results/accuracy"))
     p.add_argument("--quick", action="store_true", help="abalone, one seed, 2 epochs (a smoke run)")
+    p.add_argument("--sol-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a TrainConfig field set on the sol rows (repeatable), e.g. inference=cuts")
     p.add_argument("--from-json", type=Path, nargs="+", default=None,
                    help="no training: write the tables and figure from the accuracy.json of "
                         "earlier runs (e.g. data sets run in parallel processes)")
@@ -220,8 +230,12 @@ def main(argv=None) -> int:
     if args.quick:
         data_names, seeds = ["abalone"], [0]
         epochs = {"abalone": 2}
+    sol_options = parse_options(args.sol_option)
+    if sol_options:  # refused before any run, not by the first sol run
+        dataclasses.replace(TrainConfig(), **sol_options).validate()
     start = time.perf_counter()
-    records = run_grid(data_names, args.methods.split(","), NOISES, seeds, epochs, args.output)
+    records = run_grid(data_names, args.methods.split(","), NOISES, seeds, epochs, args.output,
+                       sol_options=sol_options)
     report(records, args.output, (time.perf_counter() - start) / 60, "wall time")
     return 0
 

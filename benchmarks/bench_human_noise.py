@@ -26,8 +26,10 @@ driver's validation split of the training sentences, against their noisy labels.
 the test rows are also read out with the other read-outs of the same model (``nearest``: eq. 6;
 ``expected``: the rounded expected rank; ``sqrt-prior`` and ``flat``: the posterior median with the
 square root of the training labels' frequencies, or a uniform prior, as the prior instead of the
-frequencies; ``cuts``: the expected rank against a cut per rank fitted to the training sentences'
-own labels, :func:`fit_cuts`), for the diagnosis.
+frequencies; ``cuts``: the expected rank against the run's cuts, fitted to its training split's
+labels, which is the driver's default read-out, ``--inference cuts``), for the diagnosis. Before
+the driver had it, ``cuts`` in the result files of the second round was fitted after training to
+every training sentence.
 
 Writes ``human_noise[_dev][_TAG].json`` (every run) and ``.md`` (mean ± std over seeds of test MAE,
 macro-MAE, QWK and Pearson, and the read-outs of the SOL rows) to ``--output``. corn needs
@@ -66,8 +68,8 @@ RATERS = ("1", "3", "5")            # training labels: the rounded mean of k ran
 FIXED = "fixed"                     # the file's one fixed draw of one rater (`one_rater`)
 # the driver's read-outs, the rounded expected rank, the posterior median with the same fitted
 # temperature but a weaker prior: the square root of the training labels' frequencies ("sqrt-prior")
-# or none ("flat"), and the expected rank against cuts fitted to the training labels ("cuts",
-# see fit_cuts)
+# or none ("flat"), and the expected rank against the run's cuts ("cuts", the driver's default;
+# docs/math.md §12.4a)
 READOUTS = ("posterior", "nearest", "expected", "sqrt-prior", "flat", "cuts")
 METRICS = (("mae", "test MAE", "{:.3f} ± {:.3f}", min), ("macro_mae", "test macro-MAE", "{:.3f} ± {:.3f}", min),
            ("qwk", "test QWK", "{:.3f} ± {:.3f}", max), ("pearson", "test Pearson", "{:.3f} ± {:.3f}", max))
@@ -151,56 +153,23 @@ def prepared_data(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, 
                         preprocessing=preprocessing)
 
 
-def fit_cuts(score: np.ndarray, ranks: np.ndarray, num_ranks: int) -> np.ndarray:
-    """``[n-1]`` cuts ``c_k`` for the read-out ``rank = #{k : score > c_k}`` of least MAE against
-    ``ranks`` ``[N]`` (0 … n-1) from a score ``[N]`` that grows with the rank (e.g. the expected rank).
-
-    ``|rank - r| = sum_k |[rank > k] - [r > k]|``: the MAE is the sum of the errors of ``n - 1``
-    yes/no questions "is the rank above k?", so each cut is fitted alone, between two neighbouring
-    sorted scores, where it misclassifies fewest ``[r > k]`` (the middle one of equal candidates;
-    below every score or above every one where that is best). A cut lower than the one before is
-    raised to it, so that the read-out never skips a rank."""
-    order = np.argsort(score, kind="stable")
-    s = score[order].astype(np.float64)
-    between = np.concatenate([[-np.inf], (s[1:] + s[:-1]) / 2, [np.inf]])  # candidate i: i scores below
-    cuts = np.empty(num_ranks - 1)
-    for k in range(num_ranks - 1):
-        above = (ranks[order] > k).astype(np.float64)
-        # "yes" answered "no" below the cut, plus "no" answered "yes" above it
-        errors = np.concatenate([[0.0], np.cumsum(above)]) + (1 - above).sum() - np.concatenate(
-            [[0.0], np.cumsum(1 - above)])
-        best = np.flatnonzero(errors == errors.min())
-        cuts[k] = between[best[len(best) // 2]]
-    return np.maximum.accumulate(cuts)
-
-
-def cut_ranks(score: np.ndarray, cuts: np.ndarray) -> np.ndarray:
-    """``[N]`` int64 ranks ``#{k : score > cuts[k]}`` (see :func:`fit_cuts`)."""
-    return (score[:, None] > cuts[None, :]).sum(axis=1).astype(np.int64)
-
-
-def readout_metrics(run_dir: Path, x_test: np.ndarray, y_test: np.ndarray, x_train: np.ndarray,
-                    y_train: np.ndarray) -> dict[str, dict[str, float]]:
+def readout_metrics(run_dir: Path, x_test: np.ndarray, y_test: np.ndarray) -> dict[str, dict[str, float]]:
     """Metrics of every read-out of :data:`READOUTS` of a SOL run's selected model on the judged
-    rows (raw features ``x_test``, labels ``y_test`` in label units); ``x_train``, ``y_train``: the
-    training sentences and their (noisy) labels, which the ``cuts`` read-out is fitted to."""
+    rows (raw features ``x_test``, labels ``y_test`` in label units)."""
     model = load_run(run_dir)
     h = model.embed(np.ascontiguousarray(x_test, dtype=np.float32))
     head = model.head
     d = head.dissimilarity(h)
     fitted = head.posterior
-    # the cuts read-out: the expected rank against cuts fitted to the training sentences' labels
-    cuts = fit_cuts(head.expected_rank(model.embed(np.ascontiguousarray(x_train, dtype=np.float32))).numpy(),
-                    y_train - SCALE[0], head.num_ranks)
 
     def median_with_prior(power: float) -> torch.Tensor:
         prior = RankPosterior(log_prior=power * fitted.log_prior.double(), temperature=fitted.temperature)
         return median_ranks(rank_posterior(d, prior))
 
-    expected = head.expected_rank(h)
+    # "cuts": the run's own cuts, fitted to its training split's labels whatever its --inference
     ranks = {"posterior": head.ranks(d, readout="posterior"), "nearest": head.ranks(d, readout="nearest"),
-             "expected": expected.round().long(), "sqrt-prior": median_with_prior(0.5),
-             "flat": median_with_prior(0.0), "cuts": torch.from_numpy(cut_ranks(expected.numpy(), cuts))}
+             "expected": head.expected_rank(h).round().long(), "sqrt-prior": median_with_prior(0.5),
+             "flat": median_with_prior(0.0), "cuts": head.ranks(d, readout="cuts")}
     return {name: metric_summary(r.numpy() + SCALE[0], y_test) for name, r in ranks.items()}
 
 
@@ -274,7 +243,7 @@ def run(data: dict[str, np.ndarray], methods: Sequence[str], raters: Sequence[st
                           "selected_epoch": res["selected_epoch"], "sigma": res["sigma_selected"],
                           "val_mae": res.get("val_mae")}
                 if cfg.uses_centroids:
-                    record["readouts"] = readout_metrics(run_dir, x_test, y_test, x_train, y_train)
+                    record["readouts"] = readout_metrics(run_dir, x_test, y_test)
                 record["seconds"] = time.perf_counter() - start
                 records.append(record)
                 if save is not None:

@@ -9,7 +9,7 @@ Gaussian noise level kappa and seed, this trains sol with its defaults and with 
 (the same split and noisy labels, through :func:`sol_ext.driver.train.train`), and reads every
 model's test rows out twice: the driver's read-out (the posterior median) and the ``cuts`` read-out
 of ``bench_human_noise.py`` (the expected rank against cuts fitted to the training labels,
-:func:`bench_human_noise.fit_cuts`). Writes ``builtin.json`` (every run) and ``builtin.md`` (mean ±
+:func:`sol_ext.centroids.fit_rank_cuts`). Writes ``builtin.json`` (every run) and ``builtin.md`` (mean ±
 std over seeds of test MAE and macro-MAE, in label units) to ``--output``.
 """
 from __future__ import annotations
@@ -26,14 +26,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from sol_ext.centroids import embed
+from sol_ext.centroids import cut_ranks, embed, fit_rank_cuts
 from sol_ext.driver.config import TrainConfig
 from sol_ext.driver.model import load_run
 from sol_ext.driver.prepare import prepare_data
 from sol_ext.driver.train import train
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also when loaded by path
-from bench_human_noise import ROOT, cut_ranks, fit_cuts, mean_std, parse_variant  # noqa: E402
+from bench_human_noise import ROOT, mean_std, parse_variant  # noqa: E402
 
 DATA = ("abalone", "wine-red")
 KAPPAS = (0.3, 1.0)
@@ -54,9 +54,9 @@ def readouts(run_dir: Path, train_x: torch.Tensor, train_ranks: np.ndarray, test
     head = model.head
     with torch.no_grad():
         h_test, h_train = embed(model.model, test_x), embed(model.model, train_x)
-    cuts = fit_cuts(head.expected_rank(h_train).numpy(), train_ranks, head.num_ranks)
+    cuts = fit_rank_cuts(head.expected_rank(h_train), torch.from_numpy(train_ranks), head.num_ranks)
     preds = {"posterior": head.predict(h_test).numpy(),
-             "cuts": cut_ranks(head.expected_rank(h_test).numpy(), cuts)}
+             "cuts": cut_ranks(head.expected_rank(h_test), cuts).numpy()}
     return {name: dict(zip(("mae", "macro_mae"), mae_and_macro(p, test_ranks, step))) for name, p in preds.items()}
 
 

@@ -26,7 +26,8 @@ from .ops import stochastic_dissimilarity
 __all__ = ["embed", "compute_centroids", "damp_centroids", "centroid_span", "predict_ranks",
            "fill_missing_centroids", "dissimilarities", "RankPosterior", "fit_rank_posterior",
            "rank_posterior", "posterior_median_ranks", "median_ranks", "LABEL_NOISE_GRID",
-           "LabelNoiseFit", "fit_label_noise", "fit_through_label_noise", "label_noise_kernel"]
+           "LabelNoiseFit", "fit_label_noise", "fit_through_label_noise", "label_noise_kernel",
+           "expected_ranks", "fit_rank_cuts", "cut_ranks"]
 
 
 @torch.no_grad()
@@ -381,3 +382,44 @@ def posterior_median_ranks(dissimilarity: torch.Tensor, posterior: RankPosterior
     Returns ``[N]`` int64 ranks in ``0 … n-1``. The paper's read-out is :func:`predict_ranks`.
     """
     return median_ranks(rank_posterior(dissimilarity, posterior))
+
+
+def expected_ranks(probabilities: torch.Tensor) -> torch.Tensor:
+    """``[N]`` mean rank ``sum_q q p(q | x)`` of each row of ``[N, n]`` rank probabilities."""
+    return probabilities @ torch.arange(probabilities.shape[1], dtype=probabilities.dtype,
+                                        device=probabilities.device)
+
+
+@torch.no_grad()
+def fit_rank_cuts(score: torch.Tensor, labels: torch.Tensor, num_ranks: int) -> torch.Tensor:
+    """``[n-1]`` float64 cuts ``c_k`` for the read-out ``rank = #{k : score > c_k}`` of least MAE
+    against ``labels`` ``[N]`` (ranks ``0 … n-1``), from a score ``[N]`` that grows with the rank
+    (the expected rank: :func:`cut_ranks`; docs/math.md §12).
+
+    ``|rank - r| = sum_k |[rank > k] - [r > k]|``: the MAE is a sum of the errors of ``n - 1``
+    yes/no questions "is the rank above k?", so each cut is fitted alone, halfway between two
+    neighbouring sorted scores, where it answers fewest ``[r > k]`` wrong (the middle one of equal
+    candidates; below every score or above every one where that is best). A cut lower than the one
+    before is raised to it, so that the read-out never skips a rank. Errors are counted in int64:
+    the choice does not depend on rounding.
+    """
+    order = torch.argsort(score, stable=True)
+    s = score[order].to(torch.float64)
+    r = labels[order]
+    inf = torch.full((1,), math.inf, dtype=torch.float64, device=s.device)
+    between = torch.cat([-inf, (s[1:] + s[:-1]) / 2, inf])  # candidate i: the i lowest scores below it
+    zero = torch.zeros(1, dtype=torch.int64, device=s.device)
+    cuts = torch.empty(max(num_ranks - 1, 0), dtype=torch.float64, device=s.device)
+    for k in range(num_ranks - 1):
+        above = (r > k).long()
+        # "above" answered "no" below the cut, plus "not above" answered "yes" from the cut on
+        below = 1 - above
+        errors = torch.cat([zero, above.cumsum(0)]) + below.sum() - torch.cat([zero, below.cumsum(0)])
+        best = torch.nonzero(errors == errors.min()).flatten()
+        cuts[k] = between[best[len(best) // 2]]
+    return torch.cummax(cuts, 0).values if num_ranks > 1 else cuts
+
+
+def cut_ranks(score: torch.Tensor, cuts: torch.Tensor) -> torch.Tensor:
+    """``[N]`` int64 ranks ``#{k : score > cuts[k]}`` (see :func:`fit_rank_cuts`)."""
+    return (score.to(torch.float64)[:, None] > cuts.to(score.device)[None, :]).sum(dim=1)

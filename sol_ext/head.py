@@ -33,8 +33,11 @@ from . import _validation as check
 from .centroids import (
     RankPosterior,
     compute_centroids,
+    cut_ranks,
     damp_centroids,
     dissimilarities,
+    expected_ranks,
+    fit_rank_cuts,
     fit_rank_posterior,
     median_ranks,
     rank_posterior,
@@ -45,8 +48,9 @@ from .ops import noise_kernel
 __all__ = ["SOLHead", "READOUTS", "SETTINGS"]
 
 # "posterior": the median of p(q | x) ∝ freq(q) exp(-D[x, q] / t) (the default; not in the paper);
-# "nearest": argmin_q D[x, q] (the paper's eq. 6).
-READOUTS = ("posterior", "nearest")
+# "nearest": argmin_q D[x, q] (the paper's eq. 6); "cuts": the expected rank under p(q | x) against
+# a cut per rank boundary fitted to labeled rows for least MAE (not in the paper).
+READOUTS = ("posterior", "nearest", "cuts")
 
 # The constructor arguments a head's state is saved with (all but backend and check_values, which
 # choose how it computes, not what). The centroids and the read-out mean something only under the
@@ -70,11 +74,13 @@ class SOLHead(nn.Module):
         momentum: centroid damping ``m``: after each :meth:`update_centroids` the centroids are
             ``normalize(m * old + (1 - m) * rule)``; 0 is the paper's wholesale replacement.
         normalize: L2-normalize the centroids (do so when the encoder's embeddings are).
-        readout: ``"posterior"`` (default) or ``"nearest"`` (eq. 6), what :meth:`predict` uses.
+        readout: what :meth:`predict` uses: ``"posterior"`` (default), ``"nearest"`` (eq. 6) or
+            ``"cuts"`` (:meth:`fit_cuts`).
         backend, check_values: as for :class:`sol_ext.StochasticOrderLoss`.
 
     Buffers (all in ``state_dict()``): ``centroids [n, d]``, ``log_prior [n]`` and ``temperature``
-    of the rank posterior, and the flags ``has_centroids``/``has_readout``. The state dict's
+    of the rank posterior, the ``cuts [n-1]`` of the ``"cuts"`` read-out, and the flags
+    ``has_centroids``/``has_readout``. The state dict's
     ``_extra_state`` holds the :data:`SETTINGS` (:meth:`settings`, as JSON text in a uint8 tensor:
     a tensor, so that code that moves every entry with ``.cpu()`` and ``torch.load(...,
     weights_only=True)`` keep working); :meth:`load_state_dict` refuses a state whose settings
@@ -107,6 +113,8 @@ class SOLHead(nn.Module):
         # float64: the posterior is evaluated in float64 (see sol_ext.centroids.rank_posterior)
         self.register_buffer("log_prior", torch.full((n,), -math.log(n), dtype=torch.float64))
         self.register_buffer("temperature", torch.ones((), dtype=torch.float64))
+        # until fitted: the expected rank rounded
+        self.register_buffer("cuts", torch.arange(max(n - 1, 0), dtype=torch.float64) + 0.5)
         self.register_buffer("has_centroids", torch.zeros((), dtype=torch.bool))
         self.register_buffer("has_readout", torch.zeros((), dtype=torch.bool))
 
@@ -214,13 +222,32 @@ class SOLHead(nn.Module):
         self.temperature = torch.tensor(posterior.temperature, dtype=torch.float64,
                                         device=self.log_prior.device)
         self.has_readout.fill_(True)
+        self.fit_cuts(h, labels)
         return posterior
+
+    @torch.no_grad()
+    def fit_cuts(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Fit the ``"cuts"`` read-out to labeled rows: ``rank = #{k : E[q | x] > c_k}``, each cut
+        ``c_k`` placed where "is the rank above k?" is answered wrong for fewest of ``labels``
+        (:func:`sol_ext.centroids.fit_rank_cuts`). The MAE is the sum of those errors, so this
+        is the read-out of least MAE on the rows among all that threshold the expected rank; the
+        prior pulls the posterior median toward the common ranks, the cuts do not.
+
+        :meth:`fit_readout` fits the cuts on its rows; :meth:`update` refits them on the training
+        rows. Needs the rank posterior (:meth:`fit_readout`) first. Returns the cuts ``[n-1]``.
+        """
+        self._require("readout", "fit_cuts")
+        self._check_embeddings("h", h)
+        labels = self._check_labels("labels", labels, "h", h)
+        self.cuts = fit_rank_cuts(self.expected_rank(h), labels, self.num_ranks).to(self.log_prior.device)
+        return self.cuts
 
     def update(self, h: torch.Tensor, labels: torch.Tensor, val_h: Optional[torch.Tensor] = None,
                val_labels: Optional[torch.Tensor] = None) -> None:
         """End of an epoch: :meth:`update_centroids` on the training set ``(h, labels)``, then
         :meth:`fit_readout` on the validation split ``(val_h, val_labels)`` when given (better
-        calibrated), else on the training set; the prior is the training labels' frequency."""
+        calibrated), else on the training set; the prior is the training labels' frequency, and
+        the cuts (:meth:`fit_cuts`) are fitted on the training set."""
         if (val_h is None) != (val_labels is None):
             raise ValueError("pass val_h and val_labels together, or neither.")
         # every argument is checked before the centroids change: a refused update leaves the head as it was
@@ -234,6 +261,7 @@ class SOLHead(nn.Module):
             self.fit_readout(h, labels)
         else:
             self.fit_readout(val_h, val_labels, prior_labels=labels)
+            self.fit_cuts(h, labels)
 
     # -- prediction --------------------------------------------------------------------------
     def dissimilarity(self, h: torch.Tensor) -> torch.Tensor:
@@ -259,8 +287,9 @@ class SOLHead(nn.Module):
 
     def predict(self, h: torch.Tensor, readout: Optional[str] = None) -> torch.Tensor:
         """``[B]`` int64 ranks of embeddings ``h [B, d]``: the median of :meth:`predict_proba`
-        (``readout="posterior"``), or ``argmin_q D[x, q]`` (``"nearest"``, eq. 6; the first
-        minimum on ties). Default: the head's ``readout``."""
+        (``readout="posterior"``), ``argmin_q D[x, q]`` (``"nearest"``, eq. 6; the first
+        minimum on ties), or the expected rank against the fitted cuts (``"cuts"``,
+        :meth:`fit_cuts`). Default: the head's ``readout``."""
         return self.ranks(self.dissimilarity(h), readout=readout)
 
     def ranks(self, dissimilarity: torch.Tensor, probabilities: Optional[torch.Tensor] = None,
@@ -272,12 +301,13 @@ class SOLHead(nn.Module):
             return torch.argmin(dissimilarity, dim=1)  # the first minimum on ties
         if probabilities is None:
             probabilities = self.probabilities(dissimilarity)
+        if readout == "cuts":
+            return cut_ranks(expected_ranks(probabilities), self.cuts)
         return median_ranks(probabilities)
 
     def expected_rank(self, h: torch.Tensor) -> torch.Tensor:
         """``[B]`` float64 mean rank ``sum_q q p(q | x)``."""
-        p = self.predict_proba(h)
-        return p @ torch.arange(self.num_ranks, dtype=p.dtype, device=p.device)
+        return expected_ranks(self.predict_proba(h))
 
     # -- saving --------------------------------------------------------------------------------
     def get_extra_state(self) -> torch.Tensor:
@@ -321,6 +351,8 @@ class SOLHead(nn.Module):
                                       unexpected_keys, error_msgs)
         if settings_key not in state_dict and settings_key in missing_keys:
             missing_keys.remove(settings_key)  # saved before heads saved their settings: load unchecked
+        if prefix + "cuts" in missing_keys and self.readout != "cuts":
+            missing_keys.remove(prefix + "cuts")  # saved before the cuts read-out, which it does not use
 
     # -- checks ------------------------------------------------------------------------------
     def _require(self, what: str, caller: str) -> None:

@@ -8,7 +8,7 @@ in the labels' own units::
     from sol_ext.sklearn import SOLRanker
 
     ranker = SOLRanker().fit(X_train, ages)          # ages 16 … 77, possibly noisy
-    ranker.predict(X_test)                           # ages, posterior median
+    ranker.predict(X_test)                           # ages (least-MAE read-out)
     ranker.predict_proba(X_test)                     # [M, 62] p(age | x), columns ranker.classes_
     ranker.score(X_test, true_ages)                  # -MAE (higher is better)
 
@@ -81,9 +81,10 @@ EXPECTED_FAILED_CHECKS = {
         "string class labels ('one', 'two', …) are refused: an ordinal ranker needs labels that are "
         "numbers on an ordered scale",
     "check_classifiers_train":
-        "asserts predict == argmax(predict_proba): SOL predicts the median of predict_proba (least "
-        "expected absolute error), which differs on make_blobs' three unordered classes (2 epochs "
-        "also stay below its 0.83 training accuracy)",
+        "asserts predict == argmax(predict_proba): SOL's read-out aims at the least absolute error "
+        "(the expected rank against cuts fitted to the labels, or the median of predict_proba), which "
+        "differs on make_blobs' three unordered classes (2 epochs also stay below its 0.83 training "
+        "accuracy)",
     "check_dataframe_column_names_consistency":
         "a data frame's columns are taken by name, as load_run's models take them: the training "
         "columns in another order are reordered, not refused (unseen or missing names are refused)",
@@ -114,8 +115,10 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
     It is a classifier over ordered classes (as ``mord.LogisticAT`` is): ``classes_`` are the
     label values of the grid's ranks, ``predict_proba`` gives ``p(label | x)`` over them and
     ``predict`` one of them. Unlike a plain classifier it uses the order: the default SOL read-out
-    predicts the *median* of ``p(label | x)``, the label of least expected absolute error, not its
-    most probable label, and ``score`` is the negative mean absolute error.
+    thresholds the expected rank under ``p(label | x)`` at cuts fitted to the training labels for
+    least absolute error (``inference="posterior"``: the *median* of ``p(label | x)``, the label of
+    least expected absolute error), not its most probable label, and ``score`` is the negative mean
+    absolute error.
 
     Parameters are the options of ``sol-ext train`` (:class:`sol_ext.driver.config.TrainConfig`)
     that apply to arrays, with the same defaults and meaning; see docs/driver.md.
@@ -152,7 +155,9 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             The default posterior rule leaves the model as it is (the encoder trains on the given
             labels; ``history_`` counts the labels it would correct); the paper's ``"outlier"``
             rule trains on its relabels.
-        inference: ``"posterior"`` (median of ``p(q|x)``) or ``"nearest"`` (paper eq. 6).
+        inference: ``"cuts"`` (the expected rank under ``p(q|x)`` against cuts fitted to the
+            training labels; the default, as ``sol-ext train``'s), ``"posterior"`` (median of
+            ``p(q|x)``) or ``"nearest"`` (paper eq. 6).
         centroid_momentum, patience, normalize, amp, backend: as ``sol-ext train``.
         threads: torch CPU threads during ``fit`` and prediction (restored after): 0 is 1 thread,
             as ``sol-ext train --threads 0`` uses for the MLP (its small products lose more to
@@ -183,7 +188,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
                  beta: float = 0.9, convention: str = "paper", pairs: str = "all",
                  pairs_per_class: int = 32, refine: Optional[bool] = None,
                  relabel: str = "posterior", relabel_mass: float = 0.98,
-                 label_noise: float | str = "auto", inference: str = "posterior",
+                 label_noise: float | str = "auto", inference: str = "cuts",
                  centroid_momentum: float = 0.5, patience: Optional[int] = None,
                  normalize: bool = True, amp: bool = False, backend: str = "auto", threads: int = 0,
                  weight_ema: float | str = "auto", verbose: int = 0, seed: Optional[int] = None):
@@ -356,8 +361,9 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
 
     def predict(self, X: Any) -> np.ndarray:
         """``[N]`` predicted labels, each one of ``classes_``: the run's read-out (for SOL by
-        default the median of :meth:`predict_proba`, the label of least expected absolute error;
-        ``inference="nearest"``: paper eq. 6; baselines: their head's prediction)."""
+        default the expected rank under :meth:`predict_proba` against cuts fitted to the training
+        labels; ``inference="posterior"``: its median, ``"nearest"``: paper eq. 6; baselines:
+        their head's prediction)."""
         ranks = self._table(X).ranks  # checks that the estimator is fitted
         return self.classes_[ranks]
 
@@ -375,7 +381,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
 
         Higher is better, as scikit-learn's model selection (``GridSearchCV``, ``cross_val_score``)
         expects of ``score``. The MAE is what rank estimation is judged by and what the default
-        read-out minimizes (the posterior median is the label of least expected absolute error);
+        read-out is fitted for (the cuts are those of least MAE on the training labels);
         a classifier's accuracy would count a prediction one rank off the same as one ten ranks off.
         """
         predicted = self.predict(X).astype(np.float64)

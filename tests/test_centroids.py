@@ -220,3 +220,31 @@ def test_label_noise_kernel_is_the_law_of_rounded_and_clipped_gaussian_noise():
     far = label_noise_kernel(12, 0.5)  # 21 stds from rank 0 to the last bin: about 1e-100
     assert (far > 0).all() and far[0, -1] < 1e-90  # tiny, but not a difference of CDFs rounded to 0
     assert torch.equal(label_noise_kernel(4, 0.0), torch.eye(4, dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------------------------------
+# the cuts read-out
+
+
+def test_cuts_fitted_to_labels_give_their_least_mae_and_never_skip_a_rank():
+    from sol_ext.centroids import cut_ranks, fit_rank_cuts
+
+    gen = torch.Generator().manual_seed(0)
+    ranks = torch.randint(0, 5, (400,), generator=gen)
+    score = ranks + 0.6 * torch.randn(400, generator=gen, dtype=torch.float64) + 0.7  # offset: rounding is off
+    cuts = fit_rank_cuts(score, ranks, 5)
+    pred = cut_ranks(score, cuts)
+    assert cuts.shape == (4,) and cuts.dtype == torch.float64 and bool((cuts.diff() >= 0).all())
+    fitted_mae = (pred - ranks).abs().double().mean()
+    assert fitted_mae < (score.round().clamp(0, 4) - ranks).abs().mean()
+    for shift in (-0.2, -0.05, 0.05, 0.2):  # no cut moved alone does better
+        for k in range(4):
+            moved = cuts.clone()
+            moved[k] += shift
+            assert (cut_ranks(score, moved) - ranks).abs().double().mean() >= fitted_mae - 1e-12
+    ordered = ranks * 2.0
+    assert torch.equal(cut_ranks(ordered, fit_rank_cuts(ordered, ranks, 5)), ranks)  # no error to make
+    # a rank no label reaches: its cut lies above every score, and the read-out never predicts it
+    far = fit_rank_cuts(torch.tensor([0.0, 1.0, 2.0]), torch.tensor([0, 1, 2]), 5)
+    assert far[2:].tolist() == [float("inf")] * 2
+    assert fit_rank_cuts(torch.tensor([0.3]), torch.tensor([0]), 1).shape == (0,)  # one rank: no cut

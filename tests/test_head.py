@@ -71,7 +71,8 @@ def test_state_dict_round_trip_restores_every_prediction():
     assert torch.equal(again.predict(h), head.predict(h))
     assert torch.equal(again.predict_proba(h), head.predict_proba(h))
     assert torch.equal(again.centroids, head.centroids)
-    assert set(head.state_dict()) == {"centroids", "log_prior", "temperature", "has_centroids",
+    assert torch.equal(again.cuts, head.cuts)
+    assert set(head.state_dict()) == {"centroids", "log_prior", "temperature", "cuts", "has_centroids",
                                       "has_readout", "_extra_state"}  # the settings
 
 
@@ -129,7 +130,7 @@ def test_a_plain_training_loop_with_the_head_matches_the_driver(tmp_path):
                                      nn.Linear(128, config.embedding_dim)))
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
                                  weight_decay=config.weight_decay_for(data.num_ranks, "mlp"))
-    head = sol_ext.SOLHead(data.num_ranks, config.embedding_dim, sigma=1.0)
+    head = sol_ext.SOLHead(data.num_ranks, config.embedding_dim, sigma=1.0, readout=config.inference)
     x, labels = data.train_x, data.train_given
     head.update_centroids(embed(model, x, 256), labels)
     for _epoch in range(config.epochs):
@@ -149,3 +150,27 @@ def test_a_plain_training_loop_with_the_head_matches_the_driver(tmp_path):
     assert torch.equal(head.centroids, best["head"]["centroids"])
     mae = (data.encoder.decode(test_pred) - data.encoder.decode(data.test_ranks)).abs().mean()
     assert float(mae) == outcome.results["test"]["mae"]
+
+
+def test_the_cuts_read_out_thresholds_the_expected_rank_at_cuts_fitted_to_the_training_rows():
+    from sol_ext.centroids import cut_ranks, fit_rank_cuts
+
+    gen = torch.Generator().manual_seed(3)
+    n, d = 5, 8
+    labels = torch.randint(0, n, (300,), generator=gen)
+    h = torch.nn.functional.normalize(torch.randn(n, d, generator=gen)[labels]
+                                      + 0.8 * torch.randn(300, d, generator=gen), dim=1)
+    head = sol_ext.SOLHead(n, d, readout="cuts")
+    head.update(h[:240], labels[:240], h[240:], labels[240:])
+    expected = fit_rank_cuts(head.expected_rank(h[:240]), labels[:240], n)  # the training rows, not the validation's
+    assert torch.equal(head.cuts, expected)
+    assert torch.equal(head.predict(h), cut_ranks(head.expected_rank(h), expected))
+    assert not torch.equal(head.predict(h), head.predict(h, readout="posterior"))
+    # saved and restored with the head; a state saved before the cuts existed loads into other read-outs
+    again = sol_ext.SOLHead.from_state_dict(head.state_dict())
+    assert torch.equal(again.cuts, head.cuts) and torch.equal(again.predict(h), head.predict(h))
+    old = {k: v for k, v in sol_ext.SOLHead(n, d).state_dict().items() if k != "cuts"}
+    sol_ext.SOLHead(n, d).load_state_dict(old)
+    with pytest.raises(RuntimeError, match="cuts"):
+        sol_ext.SOLHead(n, d, readout="cuts").load_state_dict(
+            {**old, "_extra_state": sol_ext.SOLHead(n, d, readout="cuts").state_dict()["_extra_state"]})

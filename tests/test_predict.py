@@ -66,7 +66,11 @@ def test_load_run_predicts_the_runs_test_mae_for_every_method(user_files, method
     assert np.all(p >= 0)
     np.testing.assert_allclose(model.expected(x), p @ model.label_values, rtol=1e-12)
     assert model.embed(x).shape == (120, 4)
-    if method != "ce":  # the prediction is the median of p, except for ce's argmax
+    if method in ("sol", "sol-no-noise"):  # the default read-out: the expected rank against the run's cuts
+        cuts = model.head.cuts.numpy()
+        below = (p @ np.arange(p.shape[1]))[:, None] > cuts[None, :]
+        assert np.mean(model.label_values[below.sum(1)] == table.prediction) > 0.95
+    elif method != "ce":  # the prediction is the median of p, except for ce's argmax
         median = model.label_values[(np.cumsum(p, axis=1) < 0.5).sum(1).clip(max=p.shape[1] - 1)]
         assert np.mean(median == table.prediction) > 0.95
 
@@ -225,3 +229,31 @@ def test_npz_labels_of_another_length_are_refused(tmp_path):
     with pytest.raises(ValueError, match="one label per row"):
         sol_ext.load_run(out).predict(tmp_path / "bad.npz")
     assert sol_ext.load_run(out).predict(tmp_path / "d.npz").shape == (40,)
+
+
+def test_the_cuts_read_out_is_fitted_saved_predicted_and_exported(user_files, tmp_path):
+    import torch
+
+    from sol_ext.centroids import cut_ranks
+
+    root, train, test, x, y = user_files
+    out = tmp_path / "run-cuts"
+    assert main(["train", "--data", str(train), "--test-data", str(test), "--label-column", "score",
+                 "--sigma", "1", "--inference", "cuts", "--val-fraction", "0.2", "--output", str(out),
+                 *FAST]) == 0
+    results = json.loads((out / "results.json").read_text())
+    model = sol_ext.load_run(out)
+    assert model.head.readout == "cuts" and results["config"]["inference"] == "cuts"
+    table = model.predict_table(test)
+    assert np.mean(np.abs(table.prediction - y)) == results["test"]["mae"]  # the run's own figure
+    h = model.embed(x)
+    assert np.array_equal(table.ranks, cut_ranks(model.head.expected_rank(h), model.head.cuts).numpy())
+    cuts = model.head.cuts
+    assert bool((cuts[1:] >= cuts[:-1]).all())  # fitted (tests/test_head.py: on the training split)
+    assert not torch.equal(cuts, torch.arange(model.num_ranks - 1, dtype=torch.float64) + 0.5)
+    assert main(["export", str(out), "--output", str(tmp_path / "model.pt2")]) == 0
+    program = torch.export.load(str(tmp_path / "model.pt2")).module()
+    prediction, expected, _ = program(torch.from_numpy(x))
+    assert np.array_equal(prediction.numpy(), table.prediction)
+    # the program evaluates D in float64, load_run in float32
+    np.testing.assert_allclose(expected.numpy(), table.expected, rtol=1e-5)

@@ -211,7 +211,7 @@ def test_paper_settings(problem):
     config = SOLRanker(paper=True, tau=2, margin=0.5).train_config()
     assert config.tau == 2 and config.margin == 0.5 and config.relabel == "outlier"
     # ... and one set to its default value counts as unchanged (documented)
-    assert SOLRanker(paper=True, inference="posterior").train_config().inference == "nearest"
+    assert SOLRanker(paper=True, inference="cuts").train_config().inference == "nearest"
     ranker = SOLRanker(**{**SMALL, "paper": True}).fit(X, y)
     assert ranker.model_.config.inference == "nearest" and ranker.history_["data"]["n_val"] == 0
 

@@ -160,7 +160,7 @@ def test_defaults_differ_from_the_paper_only_where_paper_settings_say():
     """`--paper` (PAPER_SETTINGS) restores Algorithm 1: eq. 6, the outlier rule every epoch,
     undamped centroids, no validation split (last epoch), and the paper's loss settings."""
     ours, paper = TrainConfig(), dataclasses.replace(TrainConfig(), **PAPER_SETTINGS)
-    assert (ours.inference, paper.inference) == ("posterior", "nearest")
+    assert (ours.inference, paper.inference) == ("cuts", "nearest")
     assert (ours.relabel, paper.relabel) == ("posterior", "outlier")
     assert paper.centroid_momentum == 0 and paper.val_fraction == 0 and paper.patience is None
     assert (paper.sigma, paper.tau, paper.margin, paper.T, paper.beta) == (1.0, 3, 0.25, 1, 0.9)

@@ -136,7 +136,9 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
     s.add_argument("--inference", choices=INFERENCE_MODES, default=None,
                    help="rank read-out: 'posterior' = posterior median of p(q|x) ~ freq(q) "
                         "exp(-D[x,q]/t) (not in the paper); 'nearest' = argmin_q D[x,q] (paper "
-                        f"eq. 6) (default: {_DEFAULT.inference})")
+                        "eq. 6); 'cuts' = the expected rank under p(q|x) against a cut per rank, "
+                        "fitted to the training labels for least MAE (not in the paper) "
+                        f"(default: {_DEFAULT.inference})")
     s.add_argument("--relabel", choices=RELABEL_RULES, default=None,
                    help="relabeling rule: 'posterior' moves a given label to the median of "
                         "p(rank | x, label) where that puts --relabel-mass on one side of it (not "

@@ -32,9 +32,10 @@ METHODS = ("sol", "sol-no-noise", "l1", "ce", "corn")
 # Rows of `sol-ext compare`: the methods, and "sol-paper" = sol with the paper's settings.
 COMPARE_METHODS = (*METHODS, "sol-paper")
 
-# Rank read-out of the SOL methods: the posterior median with a label-frequency prior (default,
-# not in the paper), or the paper's nearest expectation (eq. 6); see TrainConfig.inference.
-INFERENCE_MODES = ("posterior", "nearest")
+# Rank read-out of the SOL methods: the posterior median with a label-frequency prior, the paper's
+# nearest expectation (eq. 6), or the expected rank against cuts fitted to the training labels (the
+# default; neither it nor the median is in the paper); see TrainConfig.inference.
+INFERENCE_MODES = ("posterior", "nearest", "cuts")
 
 # Relabeling rule of "sol": "posterior" (default, not in the paper) or the paper's "outlier"
 # rule (docs/math.md §8); see sol_ext.refine.
@@ -150,9 +151,11 @@ class TrainConfig:
     # samples), and every label moves to its posterior median. Either way the corrected labels
     # are the run's output and the encoder trains on the given ones.
     label_noise: float | str = "auto"
-    # "posterior" (default, not in the paper): posterior median of p(q|x) ∝ freq(q) exp(-D/t),
-    # prior and t fitted each epoch. "nearest": argmin_q D[x, q] (paper eq. 6)
-    inference: str = "posterior"
+    # "cuts" (default, not in the paper): the expected rank under the posterior p(q|x) ∝ freq(q)
+    # exp(-D/t) against a cut per rank fitted each epoch to the training split's labels for least
+    # MAE (SOLHead.fit_cuts; docs/math.md §12.4a). "posterior": the median of that posterior, prior
+    # and t fitted each epoch. "nearest": argmin_q D[x, q] (paper eq. 6)
+    inference: str = "cuts"
     # centroids <- normalize(m * old + (1 - m) * rule) after each epoch; 0 is the paper's rule
     centroid_momentum: float = 0.5
     # model selection: the epoch of best MAE on a stratified split of the (noisy) training data

@@ -52,13 +52,14 @@ class ExportedPredictor(nn.Module):
         self.register_buffer("mean", scaling[0].clone() if self.scaled else torch.zeros(0, dtype=torch.float64))
         self.register_buffer("std", scaling[1].clone() if self.scaled else torch.ones(0, dtype=torch.float64))
         self.register_buffer("values", trained.encoder.values().to(torch.float64))
-        self.nearest = False
+        self.readout = "posterior"
         if trained.head is not None:
             head = copy.deepcopy(trained.head).cpu()
-            self.nearest = head.readout == "nearest"
+            self.readout = head.readout
             self.register_buffer("centroids", head.centroids.detach().to(torch.float64).clone())
             self.register_buffer("kernel", head.kernel().to(torch.float64))
             self.register_buffer("log_prior", head.log_prior.to(torch.float64).clone())
+            self.register_buffer("cuts", head.cuts.to(torch.float64).clone())
             self.temperature = float(head.temperature)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -91,8 +92,11 @@ class ExportedPredictor(nn.Module):
         d = sq.clamp_min(0.0) @ self.kernel.T
         shifted = d - d.min(dim=1, keepdim=True).values
         probabilities = torch.softmax(-shifted / self.temperature + self.log_prior, dim=1)
-        if self.nearest:
+        if self.readout == "nearest":
             return probabilities, torch.argmin(d, dim=1)
+        if self.readout == "cuts":
+            expected_rank = probabilities @ torch.arange(self.n, dtype=torch.float64)
+            return probabilities, (expected_rank[:, None] > self.cuts[None, :]).sum(dim=1)
         below_half = probabilities.cumsum(dim=1) < 0.5
         return probabilities, below_half.sum(dim=1).clamp(max=self.n - 1)
 

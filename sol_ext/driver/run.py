@@ -280,7 +280,7 @@ def _sol_readout(config: TrainConfig, head: SOLHead, model: RankModel,
                  val_labels: Optional[torch.Tensor], test_x: RunInputs,
                  device: torch.device, batch_size: int, par: Parallel) -> _Readout:
     """Rank read-out of the SOL methods (``head``, its centroids updated): posterior median
-    (default) or eq. 6."""
+    (default), eq. 6, or the expected rank against cuts."""
     n = head.num_ranks
     val_h = None if val_x is None else _embed_all(model, val_x, batch_size, device, par)
     test_h = _embed_all(model, test_x, batch_size, device, par)
@@ -291,6 +291,7 @@ def _sol_readout(config: TrainConfig, head: SOLHead, model: RankModel,
         head.fit_readout(fit_h, fit_labels)
     else:
         head.fit_readout(val_h, val_labels, prior_labels=fit_labels)
+        head.fit_cuts(fit_h, fit_labels)  # "--inference cuts": on the training split, never the validation's
     d_fit = head.dissimilarity(fit_h)
     d_val = None if val_h is None else head.dissimilarity(val_h)
     d_test = head.dissimilarity(test_h)
@@ -305,7 +306,7 @@ def _sol_readout(config: TrainConfig, head: SOLHead, model: RankModel,
         probabilities.update(
             noise=noise, fit_rank_probabilities=rank_posterior(d_fit, noise.posterior),
             val_rank_probabilities=None if d_val is None else rank_posterior(d_val, noise.posterior))
-    # the head's read-out (config.inference): posterior median, or eq. 6
+    # the head's read-out (config.inference): posterior median, eq. 6, or cuts
     return _Readout(fit_pred=head.ranks(d_fit, p_fit),
                     val_pred=None if d_val is None else head.ranks(d_val, p_val),
                     test_pred=head.ranks(d_test), test_h=test_h, **probabilities)
