@@ -394,7 +394,7 @@ def expected_ranks(probabilities: torch.Tensor) -> torch.Tensor:
 def fit_rank_cuts(score: torch.Tensor, labels: torch.Tensor, num_ranks: int) -> torch.Tensor:
     """``[n-1]`` float64 cuts ``c_k`` for the read-out ``rank = #{k : score > c_k}`` of least MAE
     against ``labels`` ``[N]`` (ranks ``0 … n-1``), from a score ``[N]`` that grows with the rank
-    (the expected rank: :func:`cut_ranks`; docs/math.md §12).
+    (the expected rank: :func:`cut_ranks`; docs/math.md §12.4a).
 
     ``|rank - r| = sum_k |[rank > k] - [r > k]|``: the MAE is a sum of the errors of ``n - 1``
     yes/no questions "is the rank above k?", so each cut is fitted alone, halfway between two
