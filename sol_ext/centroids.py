@@ -376,8 +376,8 @@ def median_ranks(probabilities: torch.Tensor) -> torch.Tensor:
 
 
 def posterior_median_ranks(dissimilarity: torch.Tensor, posterior: RankPosterior) -> torch.Tensor:
-    """The driver's default read-out (``--inference posterior``; not in the paper): the median
-    rank of ``p(q | x)`` for each row of ``D [N, n]``.
+    """The driver's ``--inference posterior`` read-out (not in the paper): the median rank of
+    ``p(q | x)`` for each row of ``D [N, n]``.
 
     Returns ``[N]`` int64 ranks in ``0 … n-1``. The paper's read-out is :func:`predict_ranks`.
     """
@@ -397,27 +397,35 @@ def fit_rank_cuts(score: torch.Tensor, labels: torch.Tensor, num_ranks: int) -> 
     (the expected rank: :func:`cut_ranks`; docs/math.md §12.4a).
 
     ``|rank - r| = sum_k |[rank > k] - [r > k]|``: the MAE is a sum of the errors of ``n - 1``
-    yes/no questions "is the rank above k?", so each cut is fitted alone, halfway between two
-    neighbouring sorted scores, where it answers fewest ``[r > k]`` wrong (the middle one of equal
-    candidates; below every score or above every one where that is best). A cut lower than the one
-    before is raised to it, so that the read-out never skips a rank. Errors are counted in int64:
-    the choice does not depend on rounding.
+    yes/no questions "is the rank above k?", so each cut is fitted alone, between two neighbouring
+    distinct sorted scores (equal scores always fall on the same side), where it answers fewest
+    ``[r > k]`` wrong (the middle one of equal candidates; below every score or above every one
+    where that is best). A cut lower than the one before is raised to it, so that the read-out never
+    skips a rank. Errors are counted in int64: the choice does not depend on rounding. Without rows
+    the cuts are ``k + 1/2`` (the expected rank rounded).
     """
+    if labels.numel() == 0 or num_ranks <= 1:
+        return torch.arange(max(num_ranks - 1, 0), dtype=torch.float64, device=score.device) + 0.5
     order = torch.argsort(score, stable=True)
     s = score[order].to(torch.float64)
-    r = labels[order]
+    r = labels.to(score.device)[order]
+    # candidate i puts the i lowest scores below the cut: possible only between distinct scores
     inf = torch.full((1,), math.inf, dtype=torch.float64, device=s.device)
-    between = torch.cat([-inf, (s[1:] + s[:-1]) / 2, inf])  # candidate i: the i lowest scores below it
+    middle = (s[1:] + s[:-1]) / 2
+    between = torch.cat([-inf, torch.where(middle < s[1:], middle, s[:-1]), inf])  # s[i-1] <= cut < s[i]
+    possible = torch.cat([torch.ones(1, dtype=torch.bool, device=s.device), s[1:] > s[:-1],
+                          torch.ones(1, dtype=torch.bool, device=s.device)])
     zero = torch.zeros(1, dtype=torch.int64, device=s.device)
-    cuts = torch.empty(max(num_ranks - 1, 0), dtype=torch.float64, device=s.device)
+    cuts = torch.empty(num_ranks - 1, dtype=torch.float64, device=s.device)
     for k in range(num_ranks - 1):
         above = (r > k).long()
         # "above" answered "no" below the cut, plus "not above" answered "yes" from the cut on
         below = 1 - above
         errors = torch.cat([zero, above.cumsum(0)]) + below.sum() - torch.cat([zero, below.cumsum(0)])
+        errors = errors.masked_fill(~possible, r.numel() + 1)
         best = torch.nonzero(errors == errors.min()).flatten()
         cuts[k] = between[best[len(best) // 2]]
-    return torch.cummax(cuts, 0).values if num_ranks > 1 else cuts
+    return torch.cummax(cuts, 0).values
 
 
 def cut_ranks(score: torch.Tensor, cuts: torch.Tensor) -> torch.Tensor:

@@ -201,7 +201,9 @@ class SOLHead(nn.Module):
     @torch.no_grad()
     def fit_readout(self, h: torch.Tensor, labels: torch.Tensor,
                     prior_labels: Optional[torch.Tensor] = None) -> RankPosterior:
-        """Fit the rank posterior ``p(q | x) ∝ freq(q) exp(-D[x, q] / t)`` of :meth:`predict_proba`.
+        """Fit the rank posterior ``p(q | x) ∝ freq(q) exp(-D[x, q] / t)`` of :meth:`predict_proba`,
+        then the cuts of the ``"cuts"`` read-out on the same rows (:meth:`fit_cuts`; :meth:`update`
+        refits them on the training rows, which measured better than a validation split's).
 
         Args:
             h: ``[M, d]`` embeddings the temperature ``t`` is fitted on: held-out samples give a
@@ -226,7 +228,8 @@ class SOLHead(nn.Module):
         return posterior
 
     @torch.no_grad()
-    def fit_cuts(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def fit_cuts(self, h: torch.Tensor, labels: torch.Tensor,
+                 probabilities: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Fit the ``"cuts"`` read-out to labeled rows: ``rank = #{k : E[q | x] > c_k}``, each cut
         ``c_k`` placed where "is the rank above k?" is answered wrong for fewest of ``labels``
         (:func:`sol_ext.centroids.fit_rank_cuts`). The MAE is the sum of those errors, so this
@@ -234,12 +237,19 @@ class SOLHead(nn.Module):
         prior pulls the posterior median toward the common ranks, the cuts do not.
 
         :meth:`fit_readout` fits the cuts on its rows; :meth:`update` refits them on the training
-        rows. Needs the rank posterior (:meth:`fit_readout`) first. Returns the cuts ``[n-1]``.
+        rows. Needs the rank posterior (:meth:`fit_readout`) first. ``probabilities``:
+        :meth:`predict_proba` of ``h`` where already computed. Returns the cuts ``[n-1]``.
         """
         self._require("readout", "fit_cuts")
         self._check_embeddings("h", h)
+        check.check_finite("h", h)  # one NaN row would make every cut above it NaN
         labels = self._check_labels("labels", labels, "h", h)
-        self.cuts = fit_rank_cuts(self.expected_rank(h), labels, self.num_ranks).to(self.log_prior.device)
+        if probabilities is None:
+            probabilities = self.predict_proba(h)
+        elif probabilities.shape != (h.shape[0], self.num_ranks):
+            raise ValueError(f"probabilities must be predict_proba(h) [{h.shape[0]}, {self.num_ranks}], got "
+                             f"{tuple(probabilities.shape)}")
+        self.cuts = fit_rank_cuts(expected_ranks(probabilities), labels, self.num_ranks).to(self.log_prior.device)
         return self.cuts
 
     def update(self, h: torch.Tensor, labels: torch.Tensor, val_h: Optional[torch.Tensor] = None,

@@ -248,3 +248,20 @@ def test_cuts_fitted_to_labels_give_their_least_mae_and_never_skip_a_rank():
     far = fit_rank_cuts(torch.tensor([0.0, 1.0, 2.0]), torch.tensor([0, 1, 2]), 5)
     assert far[2:].tolist() == [float("inf")] * 2
     assert fit_rank_cuts(torch.tensor([0.3]), torch.tensor([0]), 1).shape == (0,)  # one rank: no cut
+
+
+def test_cuts_never_split_equal_scores_and_keep_a_default_without_rows():
+    from sol_ext.centroids import cut_ranks, fit_rank_cuts
+
+    # the best split of "above 0" lies at the edge of a run of equal scores, not inside it
+    score = torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
+    labels = torch.tensor([1, 0, 0, 1, 1])
+    cuts = fit_rank_cuts(score, labels, 2)
+    assert (cut_ranks(score, cuts) != labels).sum() == 2  # the least possible: all above, or split before 1.0
+    # neighbouring floats: the cut still separates them
+    a = torch.tensor([1.0], dtype=torch.float64)
+    b = torch.nextafter(a, torch.tensor([2.0], dtype=torch.float64))
+    tight = torch.cat([a, b])
+    assert cut_ranks(tight, fit_rank_cuts(tight, torch.tensor([0, 1]), 2)).tolist() == [0, 1]
+    # no rows: the expected rank rounded
+    assert fit_rank_cuts(torch.zeros(0), torch.zeros(0, dtype=torch.long), 3).tolist() == [0.5, 1.5]

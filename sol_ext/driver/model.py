@@ -228,8 +228,9 @@ class TrainedModel:
                           label_values=label_values.numpy(), values=values)
 
     def predict(self, data: DataLike) -> np.ndarray:
-        """``[N]`` predicted labels, in label units (the run's read-out: the posterior median for
-        SOL by default); int64 when the label grid is of whole numbers, else float64."""
+        """``[N]`` predicted labels, in label units (the run's read-out: for SOL by default the
+        expected rank against the run's cuts); int64 when the label grid is of whole numbers, else
+        float64."""
         return self.predict_table(data).prediction
 
     def predict_proba(self, data: DataLike) -> np.ndarray:

@@ -32,17 +32,37 @@ def _numbers(values: np.ndarray, dtype: type) -> pa.Array:
     return pa.Array.from_buffers(pa.from_numpy_dtype(column.dtype), len(column), [None, pa.py_buffer(column)])
 
 
+def _label_values(values: np.ndarray) -> np.ndarray:
+    """Predictions on a grid, each as its 12 significant digits (``2.1 + 3 * 0.1`` is written
+    ``2.4``, not ``2.4000000000000004``); whole numbers as they are."""
+    if values.dtype.kind != "f":
+        return values
+    distinct, index = np.unique(values, return_inverse=True)  # a grid has few values
+    return np.array([float(f"{v:.12g}") for v in distinct])[index]
+
+
+def _ten_digits(values: np.ndarray) -> np.ndarray:
+    """``values`` rounded to 10 significant digits of the largest of them: the text of each is then
+    at most that long, and values near the largest (labels such as years) keep their precision."""
+    largest = float(np.max(np.abs(values[np.isfinite(values)]), initial=0.0))
+    if largest == 0.0:
+        return values
+    return np.round(values, max(0, min(22, 9 - int(np.floor(np.log10(largest))))))
+
+
 def prediction_csv(prediction: Prediction) -> bytes:
     """One row per input: ``id``, ``prediction`` and ``expected`` (label units), ``label`` when the
     data have one, and ``p_<value>`` for each label value, as UTF-8 CSV.
 
-    ``expected`` and the probabilities are written in the shortest form that reads back to the same
-    float32 (the precision the model computes them in); the prediction and the data's labels as they
-    are (whole numbers on an integer grid, else the shortest form of the float64).
+    Numbers are written in the shortest form that reads back to the value written: the prediction
+    as its label value (whole numbers on an integer grid), ``expected`` rounded to 10 significant
+    digits of the largest, the data's labels as read, and the probabilities as float32, the
+    precision of the dissimilarities they come from (so a probability below 1.4e-45 reads 0).
     """
     header = ["id", "prediction", "expected"]
-    columns = [string_array(prediction.ids), _numbers(prediction.prediction, prediction.prediction.dtype),
-               _numbers(prediction.expected, np.float32)]
+    predicted = _label_values(prediction.prediction)
+    columns = [string_array(prediction.ids), _numbers(predicted, predicted.dtype),
+               _numbers(_ten_digits(prediction.expected), np.float64)]
     if prediction.values is not None:
         header.append("label")
         columns.append(_numbers(prediction.values, np.float64))

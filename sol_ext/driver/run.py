@@ -7,7 +7,8 @@ Per epoch:
 1. train the encoder on shuffled batches of the current labels, with the centroids fixed;
 2. (SOL) the centroid rule over the whole training set (eval mode, no gradient), damped with
    the previous centroids (``centroid_momentum``; 0 is the paper's wholesale replacement);
-3. read out ranks (the posterior median by default, eq. 6 with ``inference="nearest"``) and
+3. read out ranks (the expected rank against cuts fitted to the training labels by default, the
+   posterior median with ``inference="posterior"``, eq. 6 with ``inference="nearest"``) and
    (SOL) relabel training labels: by the posterior rule from the given labels (default; its
    corrected labels are the run's output, and the encoder keeps training on the given labels),
    or by the paper's outlier rule, whose relabels are trained on and accumulate;
@@ -279,8 +280,8 @@ def _sol_readout(config: TrainConfig, head: SOLHead, model: RankModel,
                  fit_h: torch.Tensor, fit_labels: torch.Tensor, val_x: Optional[RunInputs],
                  val_labels: Optional[torch.Tensor], test_x: RunInputs,
                  device: torch.device, batch_size: int, par: Parallel) -> _Readout:
-    """Rank read-out of the SOL methods (``head``, its centroids updated): posterior median
-    (default), eq. 6, or the expected rank against cuts."""
+    """Rank read-out of the SOL methods (``head``, its centroids updated): the expected rank
+    against cuts (default), the posterior median, or eq. 6."""
     n = head.num_ranks
     val_h = None if val_x is None else _embed_all(model, val_x, batch_size, device, par)
     test_h = _embed_all(model, test_x, batch_size, device, par)
@@ -291,11 +292,12 @@ def _sol_readout(config: TrainConfig, head: SOLHead, model: RankModel,
         head.fit_readout(fit_h, fit_labels)
     else:
         head.fit_readout(val_h, val_labels, prior_labels=fit_labels)
-        head.fit_cuts(fit_h, fit_labels)  # "--inference cuts": on the training split, never the validation's
     d_fit = head.dissimilarity(fit_h)
     d_val = None if val_h is None else head.dissimilarity(val_h)
     d_test = head.dissimilarity(test_h)
     p_fit = head.probabilities(d_fit)
+    if val_h is not None:  # "--inference cuts": on the training split, never the validation's
+        head.fit_cuts(fit_h, fit_labels, probabilities=p_fit)
     p_val = None if d_val is None else head.probabilities(d_val)
     probabilities = dict(fit_probabilities=p_fit, val_probabilities=p_val)
     if config.refines and config.relabel == "posterior":
