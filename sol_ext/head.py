@@ -218,13 +218,13 @@ class SOLHead(nn.Module):
         if prior_labels is not None:
             prior_labels = _as_tensor("prior_labels", prior_labels, h.device)
             prior_labels = check.check_ranks("prior_labels", prior_labels, self.num_ranks)
-        posterior = fit_rank_posterior(self.dissimilarity(h), labels, self.num_ranks,
-                                       prior_labels=prior_labels)
+        d = self.dissimilarity(h)
+        posterior = fit_rank_posterior(d, labels, self.num_ranks, prior_labels=prior_labels)
         self.log_prior = posterior.log_prior.to(torch.float64)
         self.temperature = torch.tensor(posterior.temperature, dtype=torch.float64,
                                         device=self.log_prior.device)
         self.has_readout.fill_(True)
-        self.fit_cuts(h, labels)
+        self.fit_cuts(h, labels, probabilities=self.probabilities(d))  # D of these rows once
         return posterior
 
     @torch.no_grad()
