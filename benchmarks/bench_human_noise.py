@@ -16,7 +16,8 @@ mean (the consensus). Per seed:
   instead, so that settings can be chosen without looking at the test rows;
 - the training label of a sentence is the rounded mean of ``k`` of its ratings drawn at random
   without replacement (``k = 1``: one rater's rating; ``--raters fixed`` uses the file's one fixed
-  draw, ``one_rater``);
+  draw, ``one_rater``; ``--raters consensus`` trains on the rounded consensus itself, the clean
+  label: what any way of handling the noise could at best recover);
 - the test label is the rounded consensus (Python's ``round``: halves to even).
 
 Every method trains through the driver (:func:`sol_ext.driver.train.train`, the code of
@@ -66,6 +67,7 @@ TEST_FRACTION = 0.2                 # of all sentences: the test rows
 DEV_FRACTION = 0.2                  # of the training sentences, judged instead of the test rows (--dev)
 RATERS = ("1", "3", "5")            # training labels: the rounded mean of k random ratings
 FIXED = "fixed"                     # the file's one fixed draw of one rater (`one_rater`)
+CONSENSUS = "consensus"             # the rounded consensus: the clean label, no noise to handle
 # the driver's read-outs, the rounded expected rank, the posterior median with the same fitted
 # temperature but a weaker prior: the square root of the training labels' frequencies ("sqrt-prior")
 # or none ("flat"), and the expected rank against the run's cuts ("cuts", the driver's default;
@@ -118,9 +120,11 @@ def mean_of_raters(ratings: np.ndarray, k: int, seed: int) -> np.ndarray:
 
 
 def training_labels(data: dict[str, np.ndarray], rows: np.ndarray, raters: str, seed: int) -> np.ndarray:
-    """The training labels of ``rows`` for one ``raters`` setting (``"k"`` or ``FIXED``)."""
+    """The training labels of ``rows`` for one ``raters`` setting (``"k"``, ``FIXED`` or ``CONSENSUS``)."""
     if raters == FIXED:
         return data["one_rater"][rows]
+    if raters == CONSENSUS:
+        return consensus_labels(data, rows)
     return mean_of_raters(data["ratings"][rows], int(raters), seed)
 
 
@@ -298,7 +302,8 @@ def main(argv=None) -> int:
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated (default: %(default)s)")
     p.add_argument("--raters", default=",".join(RATERS),
                    help=f"training labels: k raters' rounded mean per sentence, or '{FIXED}' for the file's "
-                        f"one_rater draw (default: %(default)s)")
+                        f"one_rater draw, or '{CONSENSUS}' for the rounded consensus (the clean label) "
+                        f"(default: %(default)s)")
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--epochs", type=int, default=TrainConfig.epochs)
     p.add_argument("--dev", action="store_true",
@@ -330,8 +335,9 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"--methods: unknown {', '.join(unknown)}; expected some of {', '.join(METHODS)}")
     raters = [r for r in args.raters.split(",") if r]
-    if any(r != FIXED and not (r.isdigit() and int(r) >= 1) for r in raters) or not raters:
-        p.error(f"--raters {args.raters!r}: expected comma-separated counts >= 1 or '{FIXED}', e.g. 1,3,5")
+    if any(r not in (FIXED, CONSENSUS) and not (r.isdigit() and int(r) >= 1) for r in raters) or not raters:
+        p.error(f"--raters {args.raters!r}: expected comma-separated counts >= 1, '{FIXED}' or '{CONSENSUS}', "
+                f"e.g. 1,3,5")
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
         variants = dict(parse_variant(v) for v in args.variant)
