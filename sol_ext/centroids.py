@@ -390,25 +390,134 @@ def expected_ranks(probabilities: torch.Tensor) -> torch.Tensor:
                                         device=probabilities.device)
 
 
-@torch.no_grad()
-def fit_rank_cuts(score: torch.Tensor, labels: torch.Tensor, num_ranks: int) -> torch.Tensor:
-    """``[n-1]`` float64 cuts ``c_k`` for the read-out ``rank = #{k : score > c_k}`` of least MAE
-    against ``labels`` ``[N]`` (ranks ``0 … n-1``), from a score ``[N]`` that grows with the rank
-    (the expected rank: :func:`cut_ranks`; docs/math.md §12.4a).
+# How fit_rank_cuts places each cut: where a logistic fit of P(r > k | score) crosses 1/2 (default),
+# or at the fewest errors counted on the rows themselves.
+CUT_FITS = ("logistic", "count")
 
-    ``|rank - r| = sum_k |[rank > k] - [r > k]|``: the MAE is a sum of the errors of ``n - 1``
-    yes/no questions "is the rank above k?", so each cut is fitted alone, between two neighbouring
-    distinct sorted scores (equal scores always fall on the same side), where it answers fewest
-    ``[r > k]`` wrong (the middle one of equal candidates; below every score or above every one
-    where that is best). A cut lower than the one before is raised to it, so that the read-out never
-    skips a rank. Errors are counted in int64: the choice does not depend on rounding. Without rows
-    the cuts are ``k + 1/2`` (the expected rank rounded).
+
+@torch.no_grad()
+def fit_rank_cuts(score: torch.Tensor, labels: torch.Tensor, num_ranks: int,
+                  fit: str = "logistic") -> torch.Tensor:
+    """``[n-1]`` float64 cuts ``c_k`` for the read-out ``rank = #{k : score > c_k}`` (:func:`cut_ranks`)
+    against ``labels`` ``[N]`` (ranks ``0 … n-1``), from a score ``[N]`` that grows with the rank (the
+    expected rank; docs/math.md §12.4a).
+
+    ``|rank - r| = sum_k |[rank > k] - [r > k]|``: the MAE is a sum of the errors of ``n - 1`` yes/no
+    questions "is the rank above k?", so each cut is fitted alone, as the score where "yes" becomes
+    the likelier answer:
+
+    * ``fit="logistic"`` (default): where ``P(r > k | score) = sigmoid(a_k (score - c_k))``, fitted by
+      maximum likelihood (Newton's method on the standardized score), crosses 1/2. Noisy labels
+      make the error count along the sorted scores flat near its minimum, so that its argmin
+      wanders with the noise; the fitted curve uses every row and does not.
+    * ``fit="count"``: between two neighbouring distinct sorted scores (equal scores always fall on
+      the same side), where the rows' own ``[r > k]`` are answered wrong fewest times (the middle one
+      of equal candidates; errors counted in int64).
+
+    A question every label answers alike gets a cut below every score (all "yes") or above every
+    one (all "no"); so does one whose fitted slope is not positive, by its majority answer. A cut
+    lower than the one before is raised to it, so that the read-out never skips a rank. Without
+    rows the cuts are ``k + 1/2`` (the expected rank rounded).
     """
+    if fit not in CUT_FITS:
+        raise ValueError(f"fit must be one of {', '.join(CUT_FITS)}, got {fit!r}")
     if labels.numel() == 0 or num_ranks <= 1:
         return torch.arange(max(num_ranks - 1, 0), dtype=torch.float64, device=score.device) + 0.5
-    order = torch.argsort(score, stable=True)
-    s = score[order].to(torch.float64)
-    r = labels.to(score.device)[order]
+    s = score.detach().to(torch.float64)
+    r = labels.to(s.device).long()
+    cuts = _logistic_cuts(s, r, num_ranks) if fit == "logistic" else _counted_cuts(s, r, num_ranks)
+    return torch.cummax(cuts, 0).values
+
+
+# Newton's method of the logistic cuts: at most this many steps, stopped when no step moves a
+# parameter by more than the tolerance; the slope carries a ridge this small (per row) so that
+# labels the score separates perfectly keep finite parameters (their cut stays in the gap).
+_NEWTON_STEPS = 100
+_NEWTON_TOLERANCE = 1e-10
+_SLOPE_RIDGE = 1e-8
+# Above this many rows the curves are fitted to this many rows spread evenly over the sorted scores:
+# the cuts then move by a small fraction of the curve's width, and a fit costs the same for any N.
+_LOGISTIC_ROWS = 1 << 16
+
+
+def _logistic_cuts(s: torch.Tensor, r: torch.Tensor, num_ranks: int) -> torch.Tensor:
+    """Cut of each threshold ``k``: the crossing of the maximum-likelihood logistic curve of
+    ``[r > k]`` on the score (:func:`fit_rank_cuts`)."""
+    share_above = 1.0 - torch.bincount(r, minlength=num_ranks)[:-1].cumsum(0).double() / r.numel()
+    cuts = torch.where(share_above > 0.5, -math.inf, math.inf).to(s)  # the majority answer
+    if r.numel() > _LOGISTIC_ROWS:
+        order = torch.argsort(s, stable=True)
+        picked = order[((torch.arange(_LOGISTIC_ROWS, dtype=torch.float64, device=s.device) + 0.5)
+                        * (r.numel() / _LOGISTIC_ROWS)).long()]
+        s, r = s[picked], r[picked]
+    center, spread = s.mean(), s.std(unbiased=False)
+    fitted = torch.nonzero((share_above > 0) & (share_above < 1)).flatten()
+    if not spread > 0 or fitted.numel() == 0:  # one score for every row, or nothing to fit
+        return cuts
+    z = (s - center) / spread
+    # [r > k] enters the likelihood only through its count and the sum of z over it, per k
+    count = torch.bincount(r, minlength=num_ranks).double()
+    z_sum = torch.zeros(num_ranks, dtype=z.dtype, device=z.device).index_add_(0, r, z)
+    above_count = (count.sum() - count.cumsum(0))[:-1][fitted] / r.numel()
+    above_z = (z_sum.sum() - z_sum.cumsum(0))[:-1][fitted] / r.numel()
+    slope, intercept = _fit_logistic(z, above_count, above_z)
+    rising = slope > 0
+    cuts[fitted] = torch.where(rising, center - spread * intercept / slope.where(rising, 1.0), cuts[fitted])
+    return cuts
+
+
+def _fit_logistic(z: torch.Tensor, above_share: torch.Tensor,
+                  above_z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slope and intercept ``[K]`` of ``P(y = 1) = sigmoid(a z + b)``, one curve per threshold, from the
+    scores ``z [N]`` and, per threshold, the share of rows with ``y = 1`` and the sum of their ``z``
+    over ``N``: damped Newton steps on the mean negative log-likelihood plus ``_SLOPE_RIDGE a^2 / 2``,
+    each threshold's step halved while its loss rises, until no step moves a parameter by more than
+    ``_NEWTON_TOLERANCE``."""
+    share = above_share.clamp(1e-12, 1 - 1e-12)
+    a = torch.ones_like(share)
+    b = torch.log(share / (1 - share))
+
+    def loss(a_, b_, k):
+        logit = a_[:, None] * z[None, :] + b_[:, None]
+        return (torch.nn.functional.softplus(logit).mean(dim=1) - a_ * above_z[k] - b_ * above_share[k]
+                + 0.5 * _SLOPE_RIDGE * a_ * a_)
+
+    active = torch.arange(a.numel(), device=a.device)
+    current = loss(a, b, active)
+    for _ in range(_NEWTON_STEPS):
+        a_k, b_k = a[active], b[active]
+        p = torch.sigmoid(a_k[:, None] * z[None, :] + b_k[:, None])
+        weight = p * (1 - p)
+        g_a = (p * z).mean(dim=1) - above_z[active] + _SLOPE_RIDGE * a_k
+        g_b = p.mean(dim=1) - above_share[active]
+        h_aa = (weight * z * z).mean(dim=1) + _SLOPE_RIDGE
+        h_ab = (weight * z).mean(dim=1)
+        h_bb = weight.mean(dim=1)
+        det = (h_aa * h_bb - h_ab * h_ab).clamp_min(1e-300)
+        step_a = (h_bb * g_a - h_ab * g_b) / det
+        step_b = (h_aa * g_b - h_ab * g_a) / det
+        # a loss that rises by more than rounding halves that threshold's step
+        allowed = current[active] + 1e-13 * (1.0 + current[active].abs())
+        scale = torch.ones_like(a_k)
+        trial = loss(a_k - step_a, b_k - step_b, active)
+        for _halving in range(50):
+            worse = trial > allowed
+            if not bool(worse.any()):
+                break
+            scale = torch.where(worse, scale / 2, scale)
+            trial = torch.where(worse, loss(a_k - scale * step_a, b_k - scale * step_b, active), trial)
+        a[active], b[active], current[active] = a_k - scale * step_a, b_k - scale * step_b, trial
+        moving = torch.maximum((scale * step_a).abs(), (scale * step_b).abs()) >= _NEWTON_TOLERANCE
+        active = active[moving]
+        if active.numel() == 0:
+            break
+    return a, b
+
+
+def _counted_cuts(s: torch.Tensor, r: torch.Tensor, num_ranks: int) -> torch.Tensor:
+    """Cut of each threshold ``k`` at the fewest errors of ``[r > k]`` on the rows (:func:`fit_rank_cuts`)."""
+    order = torch.argsort(s, stable=True)
+    s, r = s[order], r[order]
     # candidate i puts the i lowest scores below the cut: possible only between distinct scores
     inf = torch.full((1,), math.inf, dtype=torch.float64, device=s.device)
     middle = (s[1:] + s[:-1]) / 2
@@ -425,7 +534,7 @@ def fit_rank_cuts(score: torch.Tensor, labels: torch.Tensor, num_ranks: int) -> 
         errors = errors.masked_fill(~possible, r.numel() + 1)
         best = torch.nonzero(errors == errors.min()).flatten()
         cuts[k] = between[best[len(best) // 2]]
-    return torch.cummax(cuts, 0).values
+    return cuts
 
 
 def cut_ranks(score: torch.Tensor, cuts: torch.Tensor) -> torch.Tensor:

@@ -231,10 +231,10 @@ class SOLHead(nn.Module):
     def fit_cuts(self, h: torch.Tensor, labels: torch.Tensor,
                  probabilities: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Fit the ``"cuts"`` read-out to labeled rows: ``rank = #{k : E[q | x] > c_k}``, each cut
-        ``c_k`` placed where "is the rank above k?" is answered wrong for fewest of ``labels``
-        (:func:`sol_ext.centroids.fit_rank_cuts`). The MAE is the sum of those errors, so this
-        is the read-out of least MAE on the rows among all that threshold the expected rank; the
-        prior pulls the posterior median toward the common ranks, the cuts do not.
+        ``c_k`` placed where a logistic curve of "is the rank above k?" against the expected rank,
+        fitted to ``labels``, crosses 1/2 (:func:`sol_ext.centroids.fit_rank_cuts`). The MAE is the
+        sum of the errors of those questions, so each cut is fitted alone; the prior pulls the
+        posterior median toward the common ranks, the cuts do not.
 
         :meth:`fit_readout` fits the cuts on its rows; :meth:`update` refits them on the training
         rows. Needs the rank posterior (:meth:`fit_readout`) first. ``probabilities``:

@@ -226,13 +226,13 @@ def test_label_noise_kernel_is_the_law_of_rounded_and_clipped_gaussian_noise():
 # the cuts read-out
 
 
-def test_cuts_fitted_to_labels_give_their_least_mae_and_never_skip_a_rank():
+def test_counted_cuts_give_the_rows_least_mae_and_never_skip_a_rank():
     from sol_ext.centroids import cut_ranks, fit_rank_cuts
 
     gen = torch.Generator().manual_seed(0)
     ranks = torch.randint(0, 5, (400,), generator=gen)
     score = ranks + 0.6 * torch.randn(400, generator=gen, dtype=torch.float64) + 0.7  # offset: rounding is off
-    cuts = fit_rank_cuts(score, ranks, 5)
+    cuts = fit_rank_cuts(score, ranks, 5, fit="count")
     pred = cut_ranks(score, cuts)
     assert cuts.shape == (4,) and cuts.dtype == torch.float64 and bool((cuts.diff() >= 0).all())
     fitted_mae = (pred - ranks).abs().double().mean()
@@ -243,25 +243,98 @@ def test_cuts_fitted_to_labels_give_their_least_mae_and_never_skip_a_rank():
             moved[k] += shift
             assert (cut_ranks(score, moved) - ranks).abs().double().mean() >= fitted_mae - 1e-12
     ordered = ranks * 2.0
-    assert torch.equal(cut_ranks(ordered, fit_rank_cuts(ordered, ranks, 5)), ranks)  # no error to make
+    assert torch.equal(cut_ranks(ordered, fit_rank_cuts(ordered, ranks, 5, fit="count")), ranks)  # no error to make
     # a rank no label reaches: its cut lies above every score, and the read-out never predicts it
-    far = fit_rank_cuts(torch.tensor([0.0, 1.0, 2.0]), torch.tensor([0, 1, 2]), 5)
+    far = fit_rank_cuts(torch.tensor([0.0, 1.0, 2.0]), torch.tensor([0, 1, 2]), 5, fit="count")
     assert far[2:].tolist() == [float("inf")] * 2
     assert fit_rank_cuts(torch.tensor([0.3]), torch.tensor([0]), 1).shape == (0,)  # one rank: no cut
 
 
-def test_cuts_never_split_equal_scores_and_keep_a_default_without_rows():
+def test_counted_cuts_never_split_equal_scores_and_keep_a_default_without_rows():
     from sol_ext.centroids import cut_ranks, fit_rank_cuts
 
     # the best split of "above 0" lies at the edge of a run of equal scores, not inside it
     score = torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
     labels = torch.tensor([1, 0, 0, 1, 1])
-    cuts = fit_rank_cuts(score, labels, 2)
+    cuts = fit_rank_cuts(score, labels, 2, fit="count")
     assert (cut_ranks(score, cuts) != labels).sum() == 2  # the least possible: all above, or split before 1.0
     # neighbouring floats: the cut still separates them
     a = torch.tensor([1.0], dtype=torch.float64)
     b = torch.nextafter(a, torch.tensor([2.0], dtype=torch.float64))
     tight = torch.cat([a, b])
-    assert cut_ranks(tight, fit_rank_cuts(tight, torch.tensor([0, 1]), 2)).tolist() == [0, 1]
+    assert cut_ranks(tight, fit_rank_cuts(tight, torch.tensor([0, 1]), 2, fit="count")).tolist() == [0, 1]
     # no rows: the expected rank rounded
-    assert fit_rank_cuts(torch.zeros(0), torch.zeros(0, dtype=torch.long), 3).tolist() == [0.5, 1.5]
+    for fit in ("count", "logistic"):
+        assert fit_rank_cuts(torch.zeros(0), torch.zeros(0, dtype=torch.long), 3, fit=fit).tolist() == [0.5, 1.5]
+
+
+
+def test_logistic_cuts_are_where_the_maximum_likelihood_curve_of_each_question_crosses_one_half():
+    from sol_ext.centroids import fit_rank_cuts
+
+    sklearn_linear = pytest.importorskip("sklearn.linear_model")
+    gen = torch.Generator().manual_seed(1)
+    true = torch.rand(3000, generator=gen, dtype=torch.float64) * 6
+    labels = (true + 1.2 * torch.randn(3000, generator=gen, dtype=torch.float64)).round().clamp(0, 6).long()
+    score = 3.0 * true + 0.5 * torch.randn(3000, generator=gen, dtype=torch.float64) - 4.0  # any scale and offset
+    cuts = fit_rank_cuts(score, labels, 7)
+    for k in range(6):  # an independent maximum-likelihood fit, next to unpenalized
+        curve = sklearn_linear.LogisticRegression(C=1e10, tol=1e-12, max_iter=10_000).fit(
+            score.numpy()[:, None], (labels > k).numpy())
+        assert float(cuts[k]) == pytest.approx(-curve.intercept_[0] / curve.coef_[0, 0], abs=1e-5)
+
+
+def test_logistic_cuts_follow_noisy_labels_less_than_counted_cuts():
+    from sol_ext.centroids import cut_ranks, fit_rank_cuts
+
+    # labels = the rank of a score plus wide symmetric noise: the right cuts are k + 1/2, and the error
+    # count along the sorted scores is flat there, so its argmin wanders; the fitted curve does not
+    wander = {"logistic": [], "count": []}
+    for seed in range(8):
+        gen = torch.Generator().manual_seed(seed)
+        score = torch.rand(600, generator=gen, dtype=torch.float64) * 9 - 0.5
+        noisy = (score + 1.5 * torch.randn(600, generator=gen, dtype=torch.float64)).round().clamp(0, 8).long()
+        for fit in wander:
+            cuts = fit_rank_cuts(score, noisy, 9, fit=fit)
+            wander[fit].append(float((cuts[2:6] - torch.arange(2, 6) - 0.5).abs().mean()))  # inner cuts: no clipping
+    assert sum(wander["logistic"]) < 0.6 * sum(wander["count"])
+    # labels the score orders without error: every cut falls in its gap, and the read-out is exact
+    ranks = torch.tensor([0, 0, 1, 1, 1, 2, 3, 3])
+    ordered = ranks * 2.0 + torch.linspace(0, 0.5, 8, dtype=torch.float64)
+    assert torch.equal(cut_ranks(ordered, fit_rank_cuts(ordered, ranks, 4)), ranks)
+
+
+def test_logistic_cuts_of_questions_without_a_rising_curve_answer_by_the_majority():
+    from sol_ext.centroids import fit_rank_cuts
+
+    inf = float("inf")
+    score = torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64)
+    # every label above 0 / none above 2 (ranks no label reaches): below / above every score
+    below, middle, above = fit_rank_cuts(score, torch.tensor([1, 1, 2, 2]), 4).tolist()
+    assert below == -inf and middle == pytest.approx(1.5) and above == inf
+    # the score falls as the rank rises: the majority answer for every row
+    assert fit_rank_cuts(score, torch.tensor([1, 1, 1, 0]), 2).tolist() == [-inf]
+    assert fit_rank_cuts(score, torch.tensor([1, 0, 0, 0]), 2).tolist() == [inf]
+    # one score for every row
+    assert fit_rank_cuts(torch.ones(4, dtype=torch.float64), torch.tensor([0, 1, 1, 1]), 2).tolist() == [-inf]
+    with pytest.raises(ValueError, match="fit must be one of logistic, count"):
+        fit_rank_cuts(score, torch.tensor([0, 1, 1, 0]), 2, fit="median")
+
+
+def test_logistic_cuts_of_many_rows_come_from_rows_spread_over_the_scores():
+    import sol_ext.centroids as centroids
+
+    gen = torch.Generator().manual_seed(2)
+    score = torch.rand(5000, generator=gen, dtype=torch.float64) * 5
+    labels = (score + 0.8 * torch.randn(5000, generator=gen, dtype=torch.float64)).round().clamp(0, 4).long()
+    every_row = centroids.fit_rank_cuts(score, labels, 5)
+    limit = centroids._LOGISTIC_ROWS
+    try:
+        centroids._LOGISTIC_ROWS = 2500  # every second row in score order
+        half = centroids.fit_rank_cuts(score, labels, 5)
+        order = torch.argsort(score, stable=True)[1::2]
+        centroids._LOGISTIC_ROWS = limit
+        assert torch.allclose(half, centroids.fit_rank_cuts(score[order], labels[order], 5), rtol=0, atol=1e-9)
+    finally:
+        centroids._LOGISTIC_ROWS = limit
+    assert (half - every_row).abs().max() < 0.15  # about the same curve from half the rows
