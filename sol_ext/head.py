@@ -229,16 +229,18 @@ class SOLHead(nn.Module):
 
     @torch.no_grad()
     def fit_cuts(self, h: torch.Tensor, labels: torch.Tensor,
-                 probabilities: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 probabilities: Optional[torch.Tensor] = None, fit: str = "count") -> torch.Tensor:
         """Fit the ``"cuts"`` read-out to labeled rows: ``rank = #{k : E[q | x] > c_k}``, each cut
-        ``c_k`` placed where a logistic curve of "is the rank above k?" against the expected rank,
-        fitted to ``labels``, crosses 1/2 (:func:`sol_ext.centroids.fit_rank_cuts`). The MAE is the
-        sum of the errors of those questions, so each cut is fitted alone; the prior pulls the
-        posterior median toward the common ranks, the cuts do not.
+        ``c_k`` placed where "is the rank above k?" is answered wrong for fewest of ``labels``
+        (:func:`sol_ext.centroids.fit_rank_cuts`). The MAE is the sum of those errors, so this
+        is the read-out of least MAE on the rows among all that threshold the expected rank; the
+        prior pulls the posterior median toward the common ranks, the cuts do not.
 
         :meth:`fit_readout` fits the cuts on its rows; :meth:`update` refits them on the training
         rows. Needs the rank posterior (:meth:`fit_readout`) first. ``probabilities``:
-        :meth:`predict_proba` of ``h`` where already computed. Returns the cuts ``[n-1]``.
+        :meth:`predict_proba` of ``h`` where already computed. ``fit="logistic"`` places each cut
+        where a logistic curve of the answers crosses 1/2 instead (``fit_rank_cuts``; better under
+        heavy label noise on tabular data, docs/math.md §12.4a). Returns the cuts ``[n-1]``.
         """
         self._require("readout", "fit_cuts")
         self._check_embeddings("h", h)
@@ -249,7 +251,8 @@ class SOLHead(nn.Module):
         elif probabilities.shape != (h.shape[0], self.num_ranks):
             raise ValueError(f"probabilities must be predict_proba(h) [{h.shape[0]}, {self.num_ranks}], got "
                              f"{tuple(probabilities.shape)}")
-        self.cuts = fit_rank_cuts(expected_ranks(probabilities), labels, self.num_ranks).to(self.log_prior.device)
+        self.cuts = fit_rank_cuts(expected_ranks(probabilities), labels, self.num_ranks,
+                                  fit=fit).to(self.log_prior.device)
         return self.cuts
 
     def update(self, h: torch.Tensor, labels: torch.Tensor, val_h: Optional[torch.Tensor] = None,

@@ -115,8 +115,8 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
     It is a classifier over ordered classes (as ``mord.LogisticAT`` is): ``classes_`` are the
     label values of the grid's ranks, ``predict_proba`` gives ``p(label | x)`` over them and
     ``predict`` one of them. Unlike a plain classifier it uses the order: the default SOL read-out
-    thresholds the expected rank under ``p(label | x)`` at cuts fitted to the training labels, one
-    per question "is the label above k?" whose errors the absolute error sums (``inference="posterior"``: the *median* of ``p(label | x)``, the label of
+    thresholds the expected rank under ``p(label | x)`` at cuts fitted to the training labels for
+    least absolute error (``inference="posterior"``: the *median* of ``p(label | x)``, the label of
     least expected absolute error), not its most probable label, and ``score`` is the negative mean
     absolute error.
 
@@ -381,7 +381,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
 
         Higher is better, as scikit-learn's model selection (``GridSearchCV``, ``cross_val_score``)
         expects of ``score``. The MAE is what rank estimation is judged by and what the default
-        read-out is fitted for (each cut answers one of the questions "rank > k?" whose errors the MAE sums);
+        read-out is fitted for (the cuts are those of least MAE on the training labels);
         a classifier's accuracy would count a prediction one rank off the same as one ten ranks off.
         """
         predicted = self.predict(X).astype(np.float64)

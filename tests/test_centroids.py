@@ -277,7 +277,7 @@ def test_logistic_cuts_are_where_the_maximum_likelihood_curve_of_each_question_c
     true = torch.rand(3000, generator=gen, dtype=torch.float64) * 6
     labels = (true + 1.2 * torch.randn(3000, generator=gen, dtype=torch.float64)).round().clamp(0, 6).long()
     score = 3.0 * true + 0.5 * torch.randn(3000, generator=gen, dtype=torch.float64) - 4.0  # any scale and offset
-    cuts = fit_rank_cuts(score, labels, 7)
+    cuts = fit_rank_cuts(score, labels, 7, fit="logistic")
     for k in range(6):  # an independent maximum-likelihood fit, next to unpenalized
         curve = sklearn_linear.LogisticRegression(C=1e10, tol=1e-12, max_iter=10_000).fit(
             score.numpy()[:, None], (labels > k).numpy())
@@ -301,7 +301,7 @@ def test_logistic_cuts_follow_noisy_labels_less_than_counted_cuts():
     # labels the score orders without error: every cut falls in its gap, and the read-out is exact
     ranks = torch.tensor([0, 0, 1, 1, 1, 2, 3, 3])
     ordered = ranks * 2.0 + torch.linspace(0, 0.5, 8, dtype=torch.float64)
-    assert torch.equal(cut_ranks(ordered, fit_rank_cuts(ordered, ranks, 4)), ranks)
+    assert torch.equal(cut_ranks(ordered, fit_rank_cuts(ordered, ranks, 4, fit="logistic")), ranks)
 
 
 def test_logistic_cuts_of_questions_without_a_rising_curve_answer_by_the_majority():
@@ -310,14 +310,15 @@ def test_logistic_cuts_of_questions_without_a_rising_curve_answer_by_the_majorit
     inf = float("inf")
     score = torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64)
     # every label above 0 / none above 2 (ranks no label reaches): below / above every score
-    below, middle, above = fit_rank_cuts(score, torch.tensor([1, 1, 2, 2]), 4).tolist()
+    below, middle, above = fit_rank_cuts(score, torch.tensor([1, 1, 2, 2]), 4, fit="logistic").tolist()
     assert below == -inf and middle == pytest.approx(1.5) and above == inf
     # the score falls as the rank rises: the majority answer for every row
-    assert fit_rank_cuts(score, torch.tensor([1, 1, 1, 0]), 2).tolist() == [-inf]
-    assert fit_rank_cuts(score, torch.tensor([1, 0, 0, 0]), 2).tolist() == [inf]
+    assert fit_rank_cuts(score, torch.tensor([1, 1, 1, 0]), 2, fit="logistic").tolist() == [-inf]
+    assert fit_rank_cuts(score, torch.tensor([1, 0, 0, 0]), 2, fit="logistic").tolist() == [inf]
     # one score for every row
-    assert fit_rank_cuts(torch.ones(4, dtype=torch.float64), torch.tensor([0, 1, 1, 1]), 2).tolist() == [-inf]
-    with pytest.raises(ValueError, match="fit must be one of logistic, count"):
+    constant = torch.ones(4, dtype=torch.float64)
+    assert fit_rank_cuts(constant, torch.tensor([0, 1, 1, 1]), 2, fit="logistic").tolist() == [-inf]
+    with pytest.raises(ValueError, match="fit must be one of count, logistic"):
         fit_rank_cuts(score, torch.tensor([0, 1, 1, 0]), 2, fit="median")
 
 
@@ -327,14 +328,15 @@ def test_logistic_cuts_of_many_rows_come_from_rows_spread_over_the_scores():
     gen = torch.Generator().manual_seed(2)
     score = torch.rand(5000, generator=gen, dtype=torch.float64) * 5
     labels = (score + 0.8 * torch.randn(5000, generator=gen, dtype=torch.float64)).round().clamp(0, 4).long()
-    every_row = centroids.fit_rank_cuts(score, labels, 5)
+    every_row = centroids.fit_rank_cuts(score, labels, 5, fit="logistic")
     limit = centroids._LOGISTIC_ROWS
     try:
         centroids._LOGISTIC_ROWS = 2500  # every second row in score order
-        half = centroids.fit_rank_cuts(score, labels, 5)
+        half = centroids.fit_rank_cuts(score, labels, 5, fit="logistic")
         order = torch.argsort(score, stable=True)[1::2]
         centroids._LOGISTIC_ROWS = limit
-        assert torch.allclose(half, centroids.fit_rank_cuts(score[order], labels[order], 5), rtol=0, atol=1e-9)
+        assert torch.allclose(half, centroids.fit_rank_cuts(score[order], labels[order], 5, fit="logistic"),
+                              rtol=0, atol=1e-9)
     finally:
         centroids._LOGISTIC_ROWS = limit
     assert (half - every_row).abs().max() < 0.15  # about the same curve from half the rows

@@ -166,6 +166,11 @@ def test_the_cuts_read_out_thresholds_the_expected_rank_at_cuts_fitted_to_the_tr
     assert torch.equal(head.cuts, expected)
     assert torch.equal(head.predict(h), cut_ranks(head.expected_rank(h), expected))
     assert not torch.equal(head.predict(h), head.predict(h, readout="posterior"))
+    # the logistic fit, asked for: the same rows, the other placement of each cut
+    logistic = fit_rank_cuts(head.expected_rank(h[:240]), labels[:240], n, fit="logistic")
+    assert torch.equal(head.fit_cuts(h[:240], labels[:240], fit="logistic"), logistic)
+    assert not torch.equal(logistic, expected)
+    head.fit_cuts(h[:240], labels[:240])
     # saved and restored with the head; a state saved before the cuts existed loads into other read-outs
     again = sol_ext.SOLHead.from_state_dict(head.state_dict())
     assert torch.equal(again.cuts, head.cuts) and torch.equal(again.predict(h), head.predict(h))

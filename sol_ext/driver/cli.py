@@ -137,7 +137,7 @@ def _add_model_options(p: argparse.ArgumentParser, with_method: bool = True) -> 
                    help="rank read-out: 'posterior' = posterior median of p(q|x) ~ freq(q) "
                         "exp(-D[x,q]/t) (not in the paper); 'nearest' = argmin_q D[x,q] (paper "
                         "eq. 6); 'cuts' = the expected rank under p(q|x) against a cut per rank, "
-                        "fitted to the training labels (not in the paper) "
+                        "fitted to the training labels for least MAE (not in the paper) "
                         f"(default: {_DEFAULT.inference})")
     s.add_argument("--relabel", choices=RELABEL_RULES, default=None,
                    help="relabeling rule: 'posterior' moves a given label to the median of "

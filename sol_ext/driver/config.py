@@ -152,8 +152,8 @@ class TrainConfig:
     # are the run's output and the encoder trains on the given ones.
     label_noise: float | str = "auto"
     # "cuts" (default, not in the paper): the expected rank under the posterior p(q|x) ∝ freq(q)
-    # exp(-D/t) against a cut per rank fitted each epoch to the training split's labels, where a
-    # logistic curve of "rank > k" crosses 1/2 (SOLHead.fit_cuts; docs/math.md §12.4a). "posterior": the median of that posterior, prior
+    # exp(-D/t) against a cut per rank fitted each epoch to the training split's labels for least
+    # MAE (SOLHead.fit_cuts; docs/math.md §12.4a). "posterior": the median of that posterior, prior
     # and t fitted each epoch. "nearest": argmin_q D[x, q] (paper eq. 6)
     inference: str = "cuts"
     # centroids <- normalize(m * old + (1 - m) * rule) after each epoch; 0 is the paper's rule
