@@ -427,16 +427,24 @@ def fit_rank_cuts(score: torch.Tensor, labels: torch.Tensor, num_ranks: int,
         return torch.arange(max(num_ranks - 1, 0), dtype=torch.float64, device=score.device) + 0.5
     s = score.detach().to(torch.float64)
     r = labels.to(s.device).long()
+    if s.shape != r.shape:
+        raise ValueError(f"score and labels must be [N] each, got {tuple(s.shape)} and {tuple(r.shape)}")
+    low, high = int(r.min()), int(r.max())
+    if low < 0 or high >= num_ranks:
+        raise ValueError(f"labels must be ranks in 0 … {num_ranks - 1}, got values from {low} to {high}")
     cuts = _logistic_cuts(s, r, num_ranks) if fit == "logistic" else _counted_cuts(s, r, num_ranks)
     return torch.cummax(cuts, 0).values
 
 
-# Newton's method of the logistic cuts: at most this many steps, stopped when no step moves a
-# parameter by more than the tolerance; the slope carries a ridge this small (per row) so that
-# labels the score separates perfectly keep finite parameters (their cut stays in the gap).
+# Newton's method of the logistic cuts: at most this many steps; a threshold stops when its step
+# moves no parameter by more than this fraction of its size, or no longer lowers its loss by more
+# than rounding (relative to the loss). The slope carries a ridge this small (per row), so that
+# answers the score separates perfectly keep finite parameters.
 _NEWTON_STEPS = 100
-_NEWTON_TOLERANCE = 1e-10
+_NEWTON_TOLERANCE = 1e-9
+_LOSS_ROUNDING = 1e-13
 _SLOPE_RIDGE = 1e-8
+_STEP_HALVINGS = 50  # a step still raising the loss after this many halvings is not taken
 # Above this many rows the curves are fitted to this many rows spread evenly over the sorted scores:
 # the cuts then move by a small fraction of the curve's width, and a fit costs the same for any N.
 _LOGISTIC_ROWS = 1 << 16
@@ -445,72 +453,81 @@ _LOGISTIC_ROWS = 1 << 16
 def _logistic_cuts(s: torch.Tensor, r: torch.Tensor, num_ranks: int) -> torch.Tensor:
     """Cut of each threshold ``k``: the crossing of the maximum-likelihood logistic curve of
     ``[r > k]`` on the score (:func:`fit_rank_cuts`)."""
-    share_above = 1.0 - torch.bincount(r, minlength=num_ranks)[:-1].cumsum(0).double() / r.numel()
-    cuts = torch.where(share_above > 0.5, -math.inf, math.inf).to(s)  # the majority answer
+    cuts = torch.where(_share_above(r, num_ranks) > 0.5, -math.inf, math.inf).to(s)  # the majority answer
     if r.numel() > _LOGISTIC_ROWS:
         order = torch.argsort(s, stable=True)
         picked = order[((torch.arange(_LOGISTIC_ROWS, dtype=torch.float64, device=s.device) + 0.5)
                         * (r.numel() / _LOGISTIC_ROWS)).long()]
         s, r = s[picked], r[picked]
+    share = _share_above(r, num_ranks)  # of the rows the curves are fitted to
+    fitted = torch.nonzero((share > 0) & (share < 1)).flatten()
     center, spread = s.mean(), s.std(unbiased=False)
-    fitted = torch.nonzero((share_above > 0) & (share_above < 1)).flatten()
-    if not spread > 0 or fitted.numel() == 0:  # one score for every row, or nothing to fit
+    if not spread > 0 or fitted.numel() == 0:  # one score for every row, or no question to fit
         return cuts
     z = (s - center) / spread
-    # [r > k] enters the likelihood only through its count and the sum of z over it, per k
-    count = torch.bincount(r, minlength=num_ranks).double()
-    z_sum = torch.zeros(num_ranks, dtype=z.dtype, device=z.device).index_add_(0, r, z)
-    above_count = (count.sum() - count.cumsum(0))[:-1][fitted] / r.numel()
-    above_z = (z_sum.sum() - z_sum.cumsum(0))[:-1][fitted] / r.numel()
-    slope, intercept = _fit_logistic(z, above_count, above_z)
+    # [r > k] enters the likelihood only through the share of rows above k and the sum of their z
+    # (over N): suffix sums over the ranks, in a fixed order (sorted by rank, then cumsum)
+    by_rank = torch.argsort(r, stable=True)
+    z_through = torch.cat([z.new_zeros(1), z[by_rank].cumsum(0)])  # sum of z over the i lowest ranks
+    at_most = torch.bincount(r, minlength=num_ranks).cumsum(0)[:-1]  # rows of rank <= k
+    z_share_above = (z_through[-1] - z_through[at_most]) / r.numel()
+    slope, intercept = _fit_logistic(z, share[fitted], z_share_above[fitted])
     rising = slope > 0
     cuts[fitted] = torch.where(rising, center - spread * intercept / slope.where(rising, 1.0), cuts[fitted])
     return cuts
 
 
-def _fit_logistic(z: torch.Tensor, above_share: torch.Tensor,
-                  above_z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _share_above(r: torch.Tensor, num_ranks: int) -> torch.Tensor:
+    """``[n-1]`` float64 share of ``r`` above each rank ``k = 0 … n-2``."""
+    at_most = torch.bincount(r, minlength=num_ranks).cumsum(0)[:-1]
+    return 1.0 - at_most.double() / r.numel()
+
+
+def _fit_logistic(z: torch.Tensor, share: torch.Tensor,
+                  z_share: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Slope and intercept ``[K]`` of ``P(y = 1) = sigmoid(a z + b)``, one curve per threshold, from the
     scores ``z [N]`` and, per threshold, the share of rows with ``y = 1`` and the sum of their ``z``
     over ``N``: damped Newton steps on the mean negative log-likelihood plus ``_SLOPE_RIDGE a^2 / 2``,
-    each threshold's step halved while its loss rises, until no step moves a parameter by more than
-    ``_NEWTON_TOLERANCE``."""
-    share = above_share.clamp(1e-12, 1 - 1e-12)
+    each threshold's step halved while its loss rises."""
     a = torch.ones_like(share)
-    b = torch.log(share / (1 - share))
+    b = torch.log(share / (1 - share))  # 0 < share < 1: the curve of a flat score
 
-    def loss(a_, b_, k):
+    def loss(a_, b_, rows):
         logit = a_[:, None] * z[None, :] + b_[:, None]
-        return (torch.nn.functional.softplus(logit).mean(dim=1) - a_ * above_z[k] - b_ * above_share[k]
+        return (torch.nn.functional.softplus(logit).mean(dim=1) - a_ * z_share[rows] - b_ * share[rows]
                 + 0.5 * _SLOPE_RIDGE * a_ * a_)
 
-    active = torch.arange(a.numel(), device=a.device)
+    active = torch.arange(a.numel(), device=a.device)  # thresholds still moving
     current = loss(a, b, active)
     for _ in range(_NEWTON_STEPS):
         a_k, b_k = a[active], b[active]
         p = torch.sigmoid(a_k[:, None] * z[None, :] + b_k[:, None])
         weight = p * (1 - p)
-        g_a = (p * z).mean(dim=1) - above_z[active] + _SLOPE_RIDGE * a_k
-        g_b = p.mean(dim=1) - above_share[active]
+        g_a = (p * z).mean(dim=1) - z_share[active] + _SLOPE_RIDGE * a_k
+        g_b = p.mean(dim=1) - share[active]
         h_aa = (weight * z * z).mean(dim=1) + _SLOPE_RIDGE
         h_ab = (weight * z).mean(dim=1)
         h_bb = weight.mean(dim=1)
-        det = (h_aa * h_bb - h_ab * h_ab).clamp_min(1e-300)
+        det = (h_aa * h_bb - h_ab * h_ab).clamp_min(torch.finfo(z.dtype).tiny)
         step_a = (h_bb * g_a - h_ab * g_b) / det
         step_b = (h_aa * g_b - h_ab * g_a) / det
-        # a loss that rises by more than rounding halves that threshold's step
-        allowed = current[active] + 1e-13 * (1.0 + current[active].abs())
+        allowed = current[active] + _LOSS_ROUNDING * (1.0 + current[active].abs())
         scale = torch.ones_like(a_k)
         trial = loss(a_k - step_a, b_k - step_b, active)
-        for _halving in range(50):
+        for _halving in range(_STEP_HALVINGS):
             worse = trial > allowed
             if not bool(worse.any()):
                 break
             scale = torch.where(worse, scale / 2, scale)
             trial = torch.where(worse, loss(a_k - scale * step_a, b_k - scale * step_b, active), trial)
-        a[active], b[active], current[active] = a_k - scale * step_a, b_k - scale * step_b, trial
-        moving = torch.maximum((scale * step_a).abs(), (scale * step_b).abs()) >= _NEWTON_TOLERANCE
-        active = active[moving]
+        taken = trial <= allowed
+        scale = torch.where(taken, scale, 0.0)
+        lowered = current[active] - trial > _LOSS_ROUNDING * (1.0 + current[active].abs())
+        a[active], b[active] = a_k - scale * step_a, b_k - scale * step_b
+        current[active] = torch.where(taken, trial, current[active])
+        moved = torch.maximum((scale * step_a).abs() / (1.0 + a_k.abs()),
+                              (scale * step_b).abs() / (1.0 + b_k.abs())) > _NEWTON_TOLERANCE
+        active = active[taken & moved & lowered]
         if active.numel() == 0:
             break
     return a, b

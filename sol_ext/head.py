@@ -240,7 +240,8 @@ class SOLHead(nn.Module):
         rows. Needs the rank posterior (:meth:`fit_readout`) first. ``probabilities``:
         :meth:`predict_proba` of ``h`` where already computed. ``fit="logistic"`` places each cut
         where a logistic curve of the answers crosses 1/2 instead (``fit_rank_cuts``; better under
-        heavy label noise on tabular data, docs/math.md §12.4a). Returns the cuts ``[n-1]``.
+        heavy label noise on tabular data, docs/math.md §12.4a; :meth:`update` and :meth:`fit_readout`
+        refit with the count, so call it after them). Returns the cuts ``[n-1]``.
         """
         self._require("readout", "fit_cuts")
         self._check_embeddings("h", h)

@@ -266,7 +266,12 @@ def test_counted_cuts_never_split_equal_scores_and_keep_a_default_without_rows()
     # no rows: the expected rank rounded
     for fit in ("count", "logistic"):
         assert fit_rank_cuts(torch.zeros(0), torch.zeros(0, dtype=torch.long), 3, fit=fit).tolist() == [0.5, 1.5]
-
+        with pytest.raises(ValueError, match=r"labels must be ranks in 0 … 2, got values from 0 to 3"):
+            fit_rank_cuts(torch.zeros(2), torch.tensor([0, 3]), 3, fit=fit)
+    # the default is the count
+    noisy = torch.tensor([0, 1, 0, 1, 1])
+    assert torch.equal(fit_rank_cuts(score, noisy, 2), fit_rank_cuts(score, noisy, 2, fit="count"))
+    assert not torch.equal(fit_rank_cuts(score, noisy, 2), fit_rank_cuts(score, noisy, 2, fit="logistic"))
 
 
 def test_logistic_cuts_are_where_the_maximum_likelihood_curve_of_each_question_crosses_one_half():
@@ -340,3 +345,11 @@ def test_logistic_cuts_of_many_rows_come_from_rows_spread_over_the_scores():
     finally:
         centroids._LOGISTIC_ROWS = limit
     assert (half - every_row).abs().max() < 0.15  # about the same curve from half the rows
+    # a rank only rows left out of the fit reach: its question is answered by the majority, not fitted
+    rare = labels.clone()
+    rare[torch.argsort(score)[-2]] = 5  # the second highest score: not among the rows spread over the scores
+    try:
+        centroids._LOGISTIC_ROWS = 2500
+        assert centroids.fit_rank_cuts(score, rare, 6, fit="logistic")[-1] == float("inf")
+    finally:
+        centroids._LOGISTIC_ROWS = limit
