@@ -353,5 +353,6 @@ def update_head(head: "SOLHead", h: torch.Tensor, labels, val_h: Optional[torch.
     if val_h is None:
         head.fit_readout(gather_all(h, group), all_labels)
     else:
-        head.fit_readout(gather_all(val_h, group), gather_all(val_labels, group), prior_labels=all_labels)
+        head.fit_readout(gather_all(val_h, group), gather_all(val_labels, group), prior_labels=all_labels,
+                         cuts=False)
         head.fit_cuts(gather_all(h, group), all_labels)  # as head.update: on the training set

@@ -200,10 +200,11 @@ class SOLHead(nn.Module):
 
     @torch.no_grad()
     def fit_readout(self, h: torch.Tensor, labels: torch.Tensor,
-                    prior_labels: Optional[torch.Tensor] = None) -> RankPosterior:
+                    prior_labels: Optional[torch.Tensor] = None, *, cuts: bool = True) -> RankPosterior:
         """Fit the rank posterior ``p(q | x) ∝ freq(q) exp(-D[x, q] / t)`` of :meth:`predict_proba`,
-        then the cuts of the ``"cuts"`` read-out on the same rows (:meth:`fit_cuts`; :meth:`update`
-        refits them on the training rows, which measured better than a validation split's).
+        then (``cuts=True``) the cuts of the ``"cuts"`` read-out on the same rows (:meth:`fit_cuts`).
+        :meth:`update` fits the posterior on a validation split with ``cuts=False`` and the cuts
+        on the training rows, which measured better than a validation split's.
 
         Args:
             h: ``[M, d]`` embeddings the temperature ``t`` is fitted on: held-out samples give a
@@ -224,7 +225,8 @@ class SOLHead(nn.Module):
         self.temperature = torch.tensor(posterior.temperature, dtype=torch.float64,
                                         device=self.log_prior.device)
         self.has_readout.fill_(True)
-        self.fit_cuts(h, labels, probabilities=self.probabilities(d))  # D of these rows once
+        if cuts:
+            self.fit_cuts(h, labels, probabilities=self.probabilities(d))  # D of these rows once
         return posterior
 
     @torch.no_grad()
@@ -236,7 +238,7 @@ class SOLHead(nn.Module):
         is the read-out of least MAE on the rows among all that threshold the expected rank; the
         prior pulls the posterior median toward the common ranks, the cuts do not.
 
-        :meth:`fit_readout` fits the cuts on its rows; :meth:`update` refits them on the training
+        :meth:`fit_readout` fits the cuts on its rows; :meth:`update` fits them on the training
         rows. Needs the rank posterior (:meth:`fit_readout`) first. ``probabilities``:
         :meth:`predict_proba` of ``h`` where already computed. ``fit="logistic"`` places each cut
         where a logistic curve of the answers crosses 1/2 instead (``fit_rank_cuts``; better under
@@ -274,7 +276,7 @@ class SOLHead(nn.Module):
         if val_h is None:
             self.fit_readout(h, labels)
         else:
-            self.fit_readout(val_h, val_labels, prior_labels=labels)
+            self.fit_readout(val_h, val_labels, prior_labels=labels, cuts=False)
             self.fit_cuts(h, labels)
 
     # -- prediction --------------------------------------------------------------------------

@@ -171,6 +171,11 @@ def test_the_cuts_read_out_thresholds_the_expected_rank_at_cuts_fitted_to_the_tr
     assert torch.equal(head.fit_cuts(h[:240], labels[:240], fit="logistic"), logistic)
     assert not torch.equal(logistic, expected)
     head.fit_cuts(h[:240], labels[:240])
+    # the posterior alone, on other rows: the cuts stay those of the training rows
+    head.fit_readout(h[240:], labels[240:], prior_labels=labels[:240], cuts=False)
+    assert torch.equal(head.cuts, expected)
+    head.fit_readout(h[240:], labels[240:], prior_labels=labels[:240])
+    assert not torch.equal(head.cuts, expected)
     # saved and restored with the head; a state saved before the cuts existed loads into other read-outs
     again = sol_ext.SOLHead.from_state_dict(head.state_dict())
     assert torch.equal(again.cuts, head.cuts) and torch.equal(again.predict(h), head.predict(h))

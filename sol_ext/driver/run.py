@@ -291,7 +291,7 @@ def _sol_readout(config: TrainConfig, head: SOLHead, model: RankModel,
     if val_h is None:
         head.fit_readout(fit_h, fit_labels)
     else:
-        head.fit_readout(val_h, val_labels, prior_labels=fit_labels)
+        head.fit_readout(val_h, val_labels, prior_labels=fit_labels, cuts=False)
     d_fit = head.dissimilarity(fit_h)
     d_val = None if val_h is None else head.dissimilarity(val_h)
     d_test = head.dissimilarity(test_h)
