@@ -53,6 +53,14 @@ TORCH_LIBRARY(sol_ext, m) {
       "Tensor? pairs, float sigma, int tau, float margin, int T, float disc_weight, str convention, "
       "str reduction, bool need_grad_h, bool need_grad_mu) -> (Tensor, Tensor)");
   m.def(
+      "grouped_stochastic_order_loss(Tensor h, Tensor mu, Tensor labels, float sigma, int tau, float margin, "
+      "int T, float disc_weight, str convention, str reduction, bool check_values, bool need_grad) "
+      "-> (Tensor, Tensor, Tensor)");
+  m.def(
+      "_grouped_stochastic_order_loss_backward(Tensor grad_loss, Tensor h, Tensor mu, Tensor D, Tensor labels, "
+      "Tensor grad_order, float sigma, int T, float disc_weight, str reduction, bool need_grad_h, "
+      "bool need_grad_mu) -> (Tensor, Tensor)");
+  m.def(
       "grouped_order_sum(Tensor D, Tensor labels, float sigma, int tau, float margin, str convention, "
       "int rank_begin, int rank_end, bool need_grad) -> (Tensor, Tensor)");
 }

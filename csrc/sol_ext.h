@@ -53,6 +53,15 @@
 //   _stochastic_order_loss_backward(grad_loss, h, mu, D, labels, pairs, ..., need_grad_h, need_grad_mu)
 //       -> (grad_h, grad_mu); an output that is not needed comes back empty ([0]).
 //
+//   grouped_stochastic_order_loss(h, mu, labels, sigma, tau, margin, T, disc_weight, convention, reduction,
+//                                 check_values, need_grad) -> (loss, D, grad_order [B,n] float64)
+//       stochastic_order_loss over all pairs by the grouped algorithm (below), CPU only, its own autograd
+//       kernel; grad_order = d(order sum)/dD for the backward (empty [0] unless need_grad). With
+//       check_values it refuses non-finite h, mu and D (ValueError). Runs the step's parallel regions
+//       on the calling thread and spreads only the per-rank sorts (SerialRegions below).
+//   _grouped_stochastic_order_loss_backward(grad_loss, h, mu, D, labels, grad_order, sigma, T, disc_weight,
+//                                           reduction, need_grad_h, need_grad_mu) -> (grad_h, grad_mu)
+//
 //   grouped_order_sum(D [B,n], labels [B] int64, sigma, tau, margin, convention, rank_begin, rank_end,
 //                     need_grad) -> (total [] float64, grad [B,n] float64)                (docs/math.md §13)
 //       The sum of the order loss over all pairs x<y, restricted to the ranks rank_begin..rank_end-1, by
@@ -150,6 +159,28 @@ OrderLossBlockProblem prepare_order_loss_block(
     int64_t tau,
     double margin,
     std::string_view convention);
+
+// CPU: the parallel regions that the calling thread opens while a SerialRegions is alive (at::parallel_for,
+// MKL's products) run on that thread alone, and threads() is torch's intra-op thread count outside it.
+// On a machine whose cores are busy, an OpenMP team's barrier waits for a thread the OS has descheduled,
+// a time slice (milliseconds) per region; a step of many regions then runs slower on two threads than
+// on one. A whole-step op holds one and spreads only its heavy loops over helpers that never make the
+// caller wait for them to start (grouped_order_loss_kernel.cpp). Sets OpenMP's thread count of the
+// calling thread only (an OpenMP per-thread setting), and restores it; without OpenMP it does nothing.
+class SerialRegions {
+ public:
+  SerialRegions();
+  ~SerialRegions();
+  SerialRegions(const SerialRegions&) = delete;
+  SerialRegions& operator=(const SerialRegions&) = delete;
+  static int64_t threads();
+
+ private:
+  int previous_;
+};
+
+// The number of NaN and inf values of a float32/float64 CPU tensor, counted on the calling thread.
+int64_t count_nonfinite(const at::Tensor& t);
 
 // Last-guard argument checks shared by every backend (the Python layer validates first).
 void check_labels(const at::Tensor& labels, int64_t batch_size, int64_t num_ranks);

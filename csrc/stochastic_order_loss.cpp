@@ -5,7 +5,15 @@
 //       each reduced ("mean" or "sum"), loss = order + disc_weight * disc.
 //   _stochastic_order_loss_backward(grad_loss, h, mu, D, labels, pairs, ...) -> (grad_h, grad_mu)
 //
-// Both call the device ops of sol_ext.h through the dispatcher, so they serve every backend those ops
+//   grouped_stochastic_order_loss(h, mu, labels, ..., check_values, need_grad) -> (loss, D, grad_order)
+//   _grouped_stochastic_order_loss_backward(grad_loss, h, mu, D, labels, grad_order, ...) -> (grad_h, grad_mu)
+//       The same loss over all pairs by the grouped algorithm (docs/math.md §13), CPU only: the order
+//       term by grouped_order_sum, whose gradient grad_order (d sum / dD, float64) the forward keeps for
+//       the backward. The whole step runs its parallel regions on the calling thread (SerialRegions,
+//       sol_ext.h) and only the per-rank sorts on helpers, so that on a busy machine the default
+//       thread count costs no more than one thread; the value checks are serial loops inside it.
+//
+// They call the device ops of sol_ext.h through the dispatcher, so they serve every backend those ops
 // have. A training step then crosses from Python into C++ once per direction, and autograd keeps one C++
 // node: at small batches the time of a step is mostly that per-call overhead, not arithmetic.
 // The reductions are those of sol_ext/_reduction.py, operation for operation (the same numbers).
@@ -15,6 +23,9 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <initializer_list>
+#include <iomanip>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -137,6 +148,98 @@ std::tuple<at::Tensor, at::Tensor> stochastic_order_loss_backward(
   return dissimilarity_backward(grad_D, h, mu, sigma, need_grad_h, need_grad_mu);
 }
 
+// The grouped all-pairs path, CPU (see the top of the file). Its reductions and roundings are those of
+// sol_ext/grouped.py's GroupedOrderLoss and the fused disc loss, operation for operation.
+
+// The value checks of sol_ext/_validation.py's check_finite and sol_ext/ops.py's
+// _check_dissimilarities_finite, same messages, as loops on this thread.
+void check_finite(const char* name, const at::Tensor& t) {
+  const int64_t bad = count_nonfinite(t);
+  TORCH_CHECK_VALUE(bad == 0, name, " contains ", bad, " NaN or inf value(s); expected finite numbers");
+}
+
+void check_dissimilarities_finite(const at::Tensor& D, const at::Tensor& h, const at::Tensor& mu) {
+  const int64_t bad = count_nonfinite(D);
+  if (bad == 0) return;
+  const double largest = std::max(h.abs().max().item<double>(), mu.abs().max().item<double>());
+  std::ostringstream message;
+  message << "the stochastic dissimilarities of h and mu overflow torch."
+          << (D.scalar_type() == at::kDouble ? "float64" : "float32") << ": " << bad << " of D's " << D.numel()
+          << " values are inf or NaN although h and mu are finite (largest |value| " << std::setprecision(3)
+          << largest << "); scale the embeddings down or compute in float64";
+  TORCH_CHECK_VALUE(false, message.str());
+}
+
+// sol_ext/_validation.py's check_ranks for the labels, same message.
+void check_label_range(const at::Tensor& labels, int64_t batch_size, int64_t num_ranks) {
+  TORCH_CHECK(labels.scalar_type() == at::kLong, "labels must be int64, got ", labels.scalar_type());
+  TORCH_CHECK(labels.dim() == 1 && labels.size(0) == batch_size,
+              "labels must have shape [", batch_size, "], got ", labels.sizes());
+  const at::Tensor values = labels.contiguous();
+  const int64_t* v = values.const_data_ptr<int64_t>();
+  if (values.numel() == 0) return;
+  const auto [lowest, highest] = std::minmax_element(v, v + values.numel());
+  if (*lowest >= 0 && *highest <= num_ranks - 1) return;
+  const bool one_based = *lowest >= 1 && *highest == num_ranks;
+  TORCH_CHECK_VALUE(false, "labels must lie in 0 … ", num_ranks - 1, " (0-based ranks for num_ranks=", num_ranks,
+                    "), got values in ", *lowest, " … ", *highest,
+                    one_based ? "; they look 1-based: pass labels - 1" : "");
+}
+
+// 1 / (number of pairs) for "mean", as GroupedOrderLoss scales (a product, not a quotient).
+double grouped_scale(int64_t B, bool mean) {
+  return mean ? 1.0 / static_cast<double>(std::max<int64_t>(B * (B - 1) / 2, 1)) : 1.0;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_stochastic_order_loss(
+    const at::Tensor& h, const at::Tensor& mu, const at::Tensor& labels, double sigma, int64_t tau, double margin,
+    int64_t T, double disc_weight, c10::string_view convention, c10::string_view reduction, bool check_values,
+    bool need_grad) {
+  static const auto grouped_op = op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, double, int64_t, double, c10::string_view, int64_t, int64_t, bool)>(
+      "sol_ext::grouped_order_sum");
+  static const auto disc_op = op<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>("sol_ext::disc_loss");
+  TORCH_CHECK(disc_weight >= 0, "disc_weight must be >= 0, got ", disc_weight);
+  const bool mean = parse_mean(reduction);
+  const SerialRegions serial;
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  if (check_values) {
+    check_finite("h", h);
+    check_finite("mu", mu);
+    check_label_range(labels, h.size(0), mu.size(0));
+  }
+  const at::Tensor D = dissimilarity(h, mu, sigma);
+  if (check_values) check_dissimilarities_finite(D, h, mu);
+  const int64_t B = D.size(0), n = D.size(1);
+  const auto [total, grad_order] = grouped_op.call(D, labels, sigma, tau, margin, convention, 0, n, need_grad);
+  const at::Tensor order = total.mul(grouped_scale(B, mean)).to(reduced_dtype(D.scalar_type()));
+  const at::Tensor disc = reduce(disc_op.call(D, labels, T), mean);
+  return {order.add(disc.mul(disc_weight)), D, grad_order};
+}
+
+std::tuple<at::Tensor, at::Tensor> grouped_stochastic_order_loss_backward(
+    const at::Tensor& grad_loss, const at::Tensor& h, const at::Tensor& mu, const at::Tensor& D,
+    const at::Tensor& labels, const at::Tensor& grad_order, double sigma, int64_t T, double disc_weight,
+    c10::string_view reduction, bool need_grad_h, bool need_grad_mu) {
+  static const auto disc_backward_op =
+      op<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, int64_t)>("sol_ext::_disc_loss_backward");
+  const bool mean = parse_mean(reduction);
+  const int64_t B = D.size(0), n = D.size(1);
+  TORCH_CHECK(grad_order.sizes() == D.sizes() && grad_order.scalar_type() == at::kDouble,
+              "grad_order must be the float64 [B, n] = ", D.sizes(), " gradient that "
+              "grouped_stochastic_order_loss returns with need_grad=True, got ", grad_order.scalar_type(), " ",
+              grad_order.sizes());
+  const SerialRegions serial;
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const at::Tensor grad_disc = grad_of_reduction(grad_loss.mul(disc_weight), B, mean, D.scalar_type());
+  const at::Tensor grad_D = grad_loss.to(at::kDouble)
+                                .mul(grouped_scale(B, mean))
+                                .mul(grad_order)
+                                .to(D.scalar_type())
+                                .add(disc_backward_op.call(grad_disc, labels, n, T));
+  return dissimilarity_backward(grad_D, h, mu, sigma, need_grad_h, need_grad_mu);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Autograd
 // ------------------------------------------------------------------------------------------------
@@ -156,6 +259,19 @@ class DoubleBackwardError : public torch::autograd::Function<DoubleBackwardError
     return {};
   }
 };
+
+// With create_graph, the gradients out[0] and out[1] depend on every one of `inputs` that requires grad:
+// differentiating them raises.
+void refuse_double_backward(variable_list& out, std::initializer_list<at::Tensor> inputs) {
+  variable_list sources;
+  for (const at::Tensor& t : inputs) {
+    if (t.defined() && t.requires_grad()) sources.push_back(t);
+  }
+  if (sources.empty()) return;
+  for (size_t i = 0; i < 2; ++i) {
+    if (out[i].defined()) out[i] = DoubleBackwardError::apply(out[i], at::TensorList(sources));
+  }
+}
 
 class StochasticOrderLossFunction : public torch::autograd::Function<StochasticOrderLossFunction> {
  public:
@@ -212,17 +328,65 @@ class StochasticOrderLossFunction : public torch::autograd::Function<StochasticO
     }
     if (!need_h) out[0] = at::Tensor();
     if (!need_mu) out[1] = at::Tensor();
-    if (create_graph) {  // the results depend on every input that requires grad: differentiating them raises
-      variable_list sources;
-      for (const at::Tensor& t : {grads[0], saved[0], saved[1]}) {
-        if (t.defined() && t.requires_grad()) sources.push_back(t);
-      }
-      if (!sources.empty()) {
-        for (size_t i = 0; i < 2; ++i) {
-          if (out[i].defined()) out[i] = DoubleBackwardError::apply(out[i], at::TensorList(sources));
-        }
-      }
+    if (create_graph) refuse_double_backward(out, {grads[0], saved[0], saved[1]});
+    return out;
+  }
+};
+
+class GroupedStochasticOrderLossFunction : public torch::autograd::Function<GroupedStochasticOrderLossFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& mu,
+                               const at::Tensor& labels, double sigma, int64_t tau, double margin, int64_t T,
+                               double disc_weight, c10::string_view convention, c10::string_view reduction,
+                               bool check_values, bool need_grad) {
+    static const auto forward_op =
+        op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                          double, int64_t, double, int64_t, double, c10::string_view,
+                                                          c10::string_view, bool, bool)>(
+            "sol_ext::grouped_stochastic_order_loss");
+    at::Tensor loss, D, grad_order;
+    {
+      const at::AutoDispatchBelowADInplaceOrView below_autograd;
+      std::tie(loss, D, grad_order) = forward_op.call(h, mu, labels, sigma, tau, margin, T, disc_weight, convention,
+                                                      reduction, check_values, need_grad);
     }
+    ctx->save_for_backward({h, mu, D, labels, grad_order});
+    ctx->saved_data["sigma"] = sigma;
+    ctx->saved_data["T"] = T;
+    ctx->saved_data["disc_weight"] = disc_weight;
+    ctx->saved_data["reduction"] = std::string(reduction);
+    ctx->saved_data["need_grad"] = need_grad;
+    ctx->mark_non_differentiable({D, grad_order});
+    ctx->set_materialize_grads(false);
+    return {loss, D, grad_order};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op =
+        op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                              const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                              int64_t, double, c10::string_view, bool, bool)>(
+            "sol_ext::_grouped_stochastic_order_loss_backward");
+    constexpr size_t kInputs = 12;
+    const bool need_h = ctx->needs_input_grad(0), need_mu = ctx->needs_input_grad(1);
+    variable_list out(kInputs);
+    if (!(need_h || need_mu) || !grads[0].defined()) return out;
+    const auto& data = ctx->saved_data;
+    TORCH_CHECK(data.at("need_grad").toBool(),
+                "sol_ext::grouped_stochastic_order_loss was called with need_grad=False; pass need_grad=True "
+                "to differentiate it");
+    const variable_list saved = ctx->get_saved_variables();
+    const bool create_graph = at::GradMode::is_enabled();
+    {
+      const at::AutoGradMode no_grad(false);
+      std::tie(out[0], out[1]) = backward_op.call(
+          grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], data.at("sigma").toDouble(),
+          data.at("T").toInt(), data.at("disc_weight").toDouble(), data.at("reduction").toStringRef(), need_h,
+          need_mu);
+    }
+    if (!need_h) out[0] = at::Tensor();
+    if (!need_mu) out[1] = at::Tensor();
+    if (create_graph) refuse_double_backward(out, {grads[0], saved[0], saved[1]});
     return out;
   }
 };
@@ -236,11 +400,22 @@ std::tuple<at::Tensor, at::Tensor> stochastic_order_loss_autograd(
   return {out[0], out[1]};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_stochastic_order_loss_autograd(
+    const at::Tensor& h, const at::Tensor& mu, const at::Tensor& labels, double sigma, int64_t tau, double margin,
+    int64_t T, double disc_weight, c10::string_view convention, c10::string_view reduction, bool check_values,
+    bool need_grad) {
+  const variable_list out = GroupedStochasticOrderLossFunction::apply(
+      h, mu, labels, sigma, tau, margin, T, disc_weight, convention, reduction, check_values, need_grad);
+  return {out[0], out[1], out[2]};
+}
+
 } // namespace
 
 TORCH_LIBRARY_IMPL(sol_ext, CPU, m) {
   m.impl("stochastic_order_loss", &stochastic_order_loss);
   m.impl("_stochastic_order_loss_backward", &stochastic_order_loss_backward);
+  m.impl("grouped_stochastic_order_loss", &grouped_stochastic_order_loss);
+  m.impl("_grouped_stochastic_order_loss_backward", &grouped_stochastic_order_loss_backward);
 }
 
 #ifdef SOL_EXT_WITH_CUDA
@@ -252,6 +427,7 @@ TORCH_LIBRARY_IMPL(sol_ext, CUDA, m) {
 
 TORCH_LIBRARY_IMPL(sol_ext, Autograd, m) {
   m.impl("stochastic_order_loss", &stochastic_order_loss_autograd);
+  m.impl("grouped_stochastic_order_loss", &grouped_stochastic_order_loss_autograd);
 }
 
 } // namespace sol_ext

@@ -74,6 +74,20 @@ def _(grad_loss, h, mu, D, labels, pairs, sigma, tau, margin, T, disc_weight, co
     return grad_h, grad_mu
 
 
+@torch.library.register_fake("sol_ext::grouped_stochastic_order_loss")
+def _(h, mu, labels, sigma, tau, margin, T, disc_weight, convention, reduction, check_values, need_grad):
+    loss = h.new_empty((), dtype=torch.promote_types(h.dtype, torch.float32))
+    shape = (h.shape[0], mu.shape[0])
+    return loss, h.new_empty(shape), h.new_empty(shape if need_grad else (0,), dtype=torch.float64)
+
+
+@torch.library.register_fake("sol_ext::_grouped_stochastic_order_loss_backward")
+def _(grad_loss, h, mu, D, labels, grad_order, sigma, T, disc_weight, reduction, need_grad_h, need_grad_mu):
+    grad_h = torch.empty_like(h, memory_format=torch.contiguous_format) if need_grad_h else h.new_empty((0,))
+    grad_mu = torch.empty_like(mu, memory_format=torch.contiguous_format) if need_grad_mu else mu.new_empty((0,))
+    return grad_h, grad_mu
+
+
 @torch.library.register_fake("sol_ext::grouped_order_sum")
 def _(D, labels, sigma, tau, margin, convention, rank_begin, rank_end, need_grad):
     total = D.new_empty((), dtype=torch.float64)

@@ -86,12 +86,25 @@ class StochasticOrderLoss(nn.Module):
     def forward(
         self, h: torch.Tensor, labels: torch.Tensor, mu: torch.Tensor, pairs: Optional[torch.Tensor] = None
     ) -> torch.Tensor:
-        h, labels, mu, pairs = self._prepare(h, labels, mu, pairs)
+        # On the CPU the values are read once the path is known: the grouped op reads them itself.
+        on_cpu = isinstance(h, torch.Tensor) and h.device.type == "cpu"
+        h, labels, mu, pairs = self._prepare(h, labels, mu, pairs, values=self.check_values and not on_cpu)
         how = route(
             "StochasticOrderLoss", self.backend, h.device, h.dtype, algorithm=self.algorithm, batch_size=h.shape[0],
             num_ranks=self.num_ranks, pairs=pairs, reduction=self.reduction,
         )
         with computing(h.device):
+            if how.fused and how.algorithm == "grouped" and on_cpu:
+                # one op per direction that runs its parallel regions on this thread and only the per-rank
+                # sorts on helpers, value checks included (csrc/stochastic_order_loss.cpp): on a busy
+                # machine the default thread count then costs no more than one thread
+                need_grad = torch.is_grad_enabled() and (h.requires_grad or mu.requires_grad)
+                return torch.ops.sol_ext.grouped_stochastic_order_loss(
+                    h, mu, labels, self.sigma, self.tau, self.margin, self.T, self.disc_weight, self.convention,
+                    self.reduction, self.check_values, need_grad,
+                )[0]
+            if self.check_values and on_cpu:
+                self._check_values(h, labels, mu, pairs)
             if how.fused and how.algorithm == "pairwise":
                 # one op per direction and one autograd node (csrc/stochastic_order_loss.cpp): at small
                 # batches a step's time is mostly per-call overhead
@@ -114,17 +127,26 @@ class StochasticOrderLoss(nn.Module):
 
     # The steps of forward, also run by DistributedStochasticOrderLoss on this loss's settings.
 
-    def _prepare(self, h, labels, mu, pairs):
-        """The arguments checked (values only with ``check_values``) and promoted (:mod:`sol_ext._dispatch`)."""
+    def _prepare(self, h, labels, mu, pairs, values: Optional[bool] = None):
+        """The arguments checked and promoted (:mod:`sol_ext._dispatch`); their values read when ``values``
+        (default ``check_values``), else left to :meth:`_check_values`."""
+        values = self.check_values if values is None else values
         h, mu = prepare({"h": h, "mu": mu}, labels=labels, pairs=pairs)
-        check.check_embeddings(h, mu, values=self.check_values)
+        check.check_embeddings(h, mu, values=values)
         if mu.shape[0] != self.num_ranks:
             raise ValueError(
                 f"mu must have num_ranks={self.num_ranks} rows (one centroid per rank), got shape {tuple(mu.shape)}"
             )
-        labels = check.check_ranks("labels", labels, self.num_ranks, length=h.shape[0], values=self.check_values)
-        pairs = check.check_pairs(pairs, h.shape[0], values=self.check_values)
+        labels = check.check_ranks("labels", labels, self.num_ranks, length=h.shape[0], values=values)
+        pairs = check.check_pairs(pairs, h.shape[0], values=values)
         return h, labels, mu, pairs
+
+    def _check_values(self, h, labels, mu, pairs) -> None:
+        """The value checks of :meth:`_prepare`, on its results."""
+        check.check_finite("h", h)
+        check.check_finite("mu", mu)
+        check.check_ranks("labels", labels, self.num_ranks)
+        check.check_pairs(pairs, h.shape[0])
 
     def _dissimilarities(self, h: torch.Tensor, mu: torch.Tensor, fused: bool) -> torch.Tensor:
         D = _dissimilarity(h, mu, self.sigma, fused)

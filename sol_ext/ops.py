@@ -50,6 +50,7 @@ for _name in (
     "_disc_loss_backward",
     "stochastic_order_loss",
     "_stochastic_order_loss_backward",
+    "grouped_stochastic_order_loss",  # not its backward: grad_order stays float64
 ):
     for _device_type in ("cpu", "cuda"):
         torch.library.register_autocast(f"sol_ext::{_name}", _device_type, torch.float32)

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 import sol_ext
-from common import cpu_and_cuda, spawn_processes
+from common import cpu_and_cuda, load_benchmark, spawn_processes
 from sol_ext import _dispatch, grouped, reference
 from sol_ext.distributed import DistributedStochasticOrderLoss
 
 REL = 1e-12
+CountOps = load_benchmark("bench_overhead").CountOps  # counts the operations a call dispatches
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str, floor: float = 0.0) -> None:
@@ -419,16 +420,166 @@ def test_auto_rule():
     assert choose("grouped", 3, 7, cpu, fused=True) == "grouped"
 
 
-def test_auto_module_uses_grouped_for_a_large_batch(monkeypatch):
-    calls = []
-    original = grouped.GroupedOrderLoss.apply
-    monkeypatch.setattr(grouped.GroupedOrderLoss, "apply", lambda *a: calls.append(1) or original(*a))
+def test_auto_module_uses_grouped_for_a_large_batch():
     h, mu = torch.randn(600, 8), torch.randn(5, 8)
     labels = torch.randint(0, 5, (600,))
-    sol_ext.StochasticOrderLoss(5)(h, labels, mu)
-    assert calls == [1]
-    sol_ext.StochasticOrderLoss(5)(h[:50], labels[:50], mu)
-    assert calls == [1]
+    for B, expected in ((600, "sol_ext.grouped_stochastic_order_loss.default"),
+                        (50, "sol_ext.stochastic_order_loss.default")):
+        with CountOps() as counted:
+            sol_ext.StochasticOrderLoss(5)(h[:B], labels[:B], mu)
+        assert [op for op in counted.ops if op.startswith("sol_ext.")] == [expected]
+
+
+# ------------------------------------------------------------------------------------------------
+# StochasticOrderLoss(algorithm="grouped") on the CPU: one op per direction,
+# torch.ops.sol_ext.grouped_stochastic_order_loss and its backward.
+# ------------------------------------------------------------------------------------------------
+
+
+def _composed_grouped_loss(h, mu, labels, criterion):
+    """The loss spelled out with the public fused ops and GroupedOrderLoss, one autograd node each."""
+    c = criterion
+    D = sol_ext.stochastic_dissimilarity(h, mu, c.sigma, backend="fused")
+    order = grouped.grouped_order_loss(D, labels, c.sigma, c.tau, c.margin, c.convention, c.reduction)
+    return order + c.disc_weight * sol_ext.disc_loss(D, labels, c.T, c.reduction, backend="fused")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("convention", ["paper", "official"])
+@pytest.mark.parametrize("case", ["all", "h only", "no disc", "empty batch", "one row", "large"])
+def test_one_op_is_one_node_equal_to_the_composed_ops(case, convention, reduction, dtype):
+    """Loss, dh and dmu bitwise those of the composition of the fused ops (same kernels, same roundings),
+    from one C++ autograd node."""
+    gen = torch.Generator().manual_seed(5)
+    B = {"empty batch": 0, "one row": 1, "large": 6000}.get(case, 80)  # large: B n >= 2^15, helpers start
+    h = torch.randn(B, 6, generator=gen, dtype=dtype).requires_grad_()
+    mu = torch.randn(7, 6, generator=gen, dtype=dtype).requires_grad_(case != "h only")
+    labels = torch.randint(0, 7, (B,), generator=gen)
+    criterion = sol_ext.StochasticOrderLoss(
+        7, sigma=0.8, tau=2, margin=0.3, T=2, disc_weight=0.0 if case == "no disc" else 1.7, convention=convention,
+        reduction=reduction, algorithm="grouped",
+    )
+    fused = criterion(h, labels, mu)
+    assert "GroupedStochasticOrderLossFunction" in fused.grad_fn.name()
+    expected = _composed_grouped_loss(h, mu, labels, criterion)
+    inputs = [h, mu] if mu.requires_grad else [h]
+    got = (fused, *torch.autograd.grad(fused * 1.5, inputs))
+    want = (expected, *torch.autograd.grad(expected * 1.5, inputs))
+    for ours, theirs in zip(got, want):
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+
+
+def test_a_grouped_training_step_dispatches_the_loss_op_and_its_backward_only():
+    """With the value checks on (the default): they run inside the op, so forward + backward dispatch the two
+    ops and no torch operation of their own, and no OpenMP team waits on a busy machine."""
+    gen = torch.Generator().manual_seed(6)
+    h = torch.randn(600, 8, generator=gen, requires_grad=True)
+    mu = torch.randn(5, 8, generator=gen, requires_grad=True)
+    labels = torch.randint(0, 5, (600,), generator=gen)
+    with CountOps() as counted:
+        torch.autograd.grad(sol_ext.StochasticOrderLoss(5, algorithm="grouped")(h, labels, mu), (h, mu))
+    ours = [op for op in counted.ops if op.startswith("sol_ext.")]
+    assert ours == ["sol_ext.grouped_stochastic_order_loss.default",
+                    "sol_ext._grouped_stochastic_order_loss_backward.default"]
+    assert len(counted.ops) <= 4, counted.ops
+
+
+@pytest.mark.parametrize("B, n", [(20_000, 3), (5000, 7)])  # B n >= 2^15: helpers start
+def test_one_op_is_bitwise_the_same_for_any_number_of_threads_and_restores_the_count(B, n):
+    gen = torch.Generator().manual_seed(7)
+    h = torch.randn(B, 16, generator=gen, requires_grad=True)
+    mu = torch.randn(n, 16, generator=gen, requires_grad=True)
+    labels = torch.randint(0, n, (B,), generator=gen)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            loss = sol_ext.StochasticOrderLoss(n, algorithm="grouped")(h, labels, mu)
+            results.append((loss, *torch.autograd.grad(loss, (h, mu))))
+            assert torch.get_num_threads() == count  # the op runs its regions on one thread, then gives them back
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        assert torch.equal(results[0][0], other[0]) and torch.equal(results[0][1], other[1])  # loss, dh
+        # dmu sums over the batch in MKL's product grad_D^T h, whose rounding differs between one configured
+        # thread and more (as on the other paths); the same up to float32 rounding
+        torch.testing.assert_close(results[0][2], other[2], rtol=1e-5, atol=1e-6 * results[0][2].abs().max().item())
+
+
+@pytest.mark.parametrize("what", ["h", "mu", "D"])
+def test_one_op_refuses_non_finite_values_like_the_other_paths(what):
+    h, mu = torch.randn(300, 4), torch.randn(5, 4)
+    if what == "h":
+        h[7, 1] = float("nan")
+        match = "h contains 1 NaN or inf value"
+    elif what == "mu":
+        mu[2, 0] = float("inf")
+        match = "mu contains 1 NaN or inf value"
+    else:  # finite embeddings whose squared distances pass float32's range
+        h[3] = 3e19
+        match = r"the stochastic dissimilarities of h and mu overflow torch.float32: 5 of D's 1500 values .*3e\+19"
+    labels = torch.randint(0, 5, (300,))
+    threads = torch.get_num_threads()
+    for algorithm in ("grouped", "pairwise"):
+        with pytest.raises(ValueError, match=match):
+            sol_ext.StochasticOrderLoss(5, algorithm=algorithm)(h, labels, mu)
+    assert torch.get_num_threads() == threads
+    # unchecked, a NaN goes through to the loss, as on the other paths
+    if what != "D":
+        assert torch.isnan(sol_ext.StochasticOrderLoss(5, algorithm="grouped", check_values=False)(h, labels, mu))
+
+
+def _one_op_args(B=30, n=5, dtype=torch.float64, need_grad=True, reduction="mean", check_values=True):
+    gen = torch.Generator().manual_seed(8)
+    h = torch.randn(B, 4, generator=gen, dtype=dtype)
+    mu = torch.randn(n, 4, generator=gen, dtype=dtype)
+    labels = torch.randint(0, n, (B,), generator=gen)
+    if need_grad and dtype == torch.float64:
+        h, mu = h.requires_grad_(), mu.requires_grad_()
+    return h, mu, labels, 0.9, 2, 0.25, 2, 1.3, "paper", reduction, check_values, need_grad
+
+
+ONE_OP_CASES = {
+    "float64": _one_op_args(),
+    "float32-sum-unchecked": _one_op_args(dtype=torch.float32, reduction="sum", check_values=False),
+    "no-grad": _one_op_args(need_grad=False),
+    "empty": _one_op_args(B=0),
+    "one-row": _one_op_args(B=1),
+}
+
+
+@pytest.mark.parametrize("case", list(ONE_OP_CASES))
+def test_one_op_opcheck(case):
+    """Schema, fake kernel, autograd registration and dispatch consistency of the op and its backward."""
+    args = ONE_OP_CASES[case]
+    torch.library.opcheck(torch.ops.sol_ext.grouped_stochastic_order_loss.default, args)
+    h, mu, labels, sigma, _, _, T, disc_weight, _, reduction, _, need_grad = args
+    if need_grad:
+        _, D, grad_order = torch.ops.sol_ext.grouped_stochastic_order_loss(*args)
+        grad_loss = torch.tensor(1.3, dtype=torch.promote_types(h.dtype, torch.float32))
+        for need_h, need_mu in ((True, True), (False, True)):
+            torch.library.opcheck(
+                torch.ops.sol_ext._grouped_stochastic_order_loss_backward.default,
+                (grad_loss, h.detach(), mu.detach(), D, labels, grad_order, sigma, T, disc_weight, reduction, need_h,
+                 need_mu),
+            )
+
+
+def test_one_op_gradcheck():
+    h, mu, labels, *rest = _one_op_args(B=12, n=4)
+    assert torch.autograd.gradcheck(
+        lambda h, mu: torch.ops.sol_ext.grouped_stochastic_order_loss(h, mu, labels, *rest)[0], (h, mu)
+    )
+
+
+def test_one_op_without_need_grad_refuses_backward_with_a_clear_error():
+    h, mu, labels, *rest = _one_op_args(need_grad=False)
+    h.requires_grad_()
+    loss = torch.ops.sol_ext.grouped_stochastic_order_loss(h, mu, labels, *rest)[0]
+    with pytest.raises(RuntimeError, match="called with need_grad=False; pass need_grad=True"):
+        loss.backward()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -339,8 +339,9 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cpu(
   // Helpers on torch's inter-op pool, not an at::parallel_for team: this thread never waits for a helper
   // to start, only for the ranks helpers have taken. On a machine whose cores are busy, a team's barrier
   // waits for a descheduled thread (tens of ms a call); here a late helper just finds no rank left.
+  // Inside a whole-step op's SerialRegions the helpers still come: they are what it keeps parallel.
   const bool serial = B * K < kSerialValues || at::in_parallel_region();
-  const int64_t helpers = serial ? 0 : std::min<int64_t>(at::get_num_threads(), K) - 1;
+  const int64_t helpers = serial ? 0 : std::min<int64_t>(SerialRegions::threads(), K) - 1;
   AT_DISPATCH_FLOATING_TYPES(queue->D.scalar_type(), "grouped_order_sum_cpu", [&] {
     for (int64_t h = 0; h < helpers; ++h) at::launch([queue] { queue->work<scalar_t>(false); });
     queue->work<scalar_t>(true);
