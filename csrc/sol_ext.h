@@ -107,6 +107,7 @@ struct CenteredInputs {
   at::Tensor h, mu;  // h - s [B,d], mu - s [n,d]
 };
 CenteredInputs center_on_centroids(const at::Tensor& h, const at::Tensor& mu);
+at::Tensor centering_shift(const at::Tensor& mu);  // s [1,d]
 
 // The centroid side of the dissimilarity algebra (docs/math.md §3), on mu's device and dtype:
 // P [n,n], nu = P mu [n,d], a = P 1 [n] and c = P ||mu_j||^2 [n].

@@ -175,9 +175,13 @@ at::Tensor ordering_table(
   });
 }
 
-CenteredInputs center_on_centroids(const at::Tensor& h, const at::Tensor& mu) {
+at::Tensor centering_shift(const at::Tensor& mu) {
   // Halves first: no overflow for any finite mu.
-  const at::Tensor shift = mu.amin(0, /*keepdim=*/true).mul(0.5).add_(mu.amax(0, /*keepdim=*/true).mul(0.5));
+  return mu.amin(0, /*keepdim=*/true).mul(0.5).add_(mu.amax(0, /*keepdim=*/true).mul(0.5));
+}
+
+CenteredInputs center_on_centroids(const at::Tensor& h, const at::Tensor& mu) {
+  const at::Tensor shift = centering_shift(mu);
   return {h - shift, mu - shift};
 }
 

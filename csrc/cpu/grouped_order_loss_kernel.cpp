@@ -7,27 +7,22 @@
 // Determinism: one worker computes a whole rank, in a fixed order, into that rank's slot; the ranks'
 // values are added in rank order at the end. The result is therefore bitwise the same for any number of
 // threads. Workers (the calling thread and up to get_num_threads() - 1 helpers) take the next rank from a
-// shared counter rather than a fixed share of the ranks, so a worker that the OS deschedules (a busy
-// machine) delays the call by at most the rank it holds, and one that has not started by the time the
-// last rank is taken delays it not at all. No other parallel region runs in the op.
+// shared counter (run_tasks, tasks.h) rather than a fixed share of the ranks, so a worker that the OS
+// deschedules (a busy machine) delays the call by at most the rank it holds, and one that has not
+// started by the time the last rank is taken delays it not at all. No other parallel region runs in the op.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
-#include <exception>
 #include <limits>
-#include <memory>
-#include <mutex>
-#include <optional>
 #include <type_traits>
 #include <vector>
 
 #include "../sol_ext.h"
+#include "tasks.h"
 
 namespace sol_ext {
 namespace {
@@ -241,51 +236,6 @@ class RankSum {
 // Below this many (sample, rank) values a call runs on the calling thread alone.
 constexpr int64_t kSerialValues = 1 << 15;
 
-// The ranks of one call, shared by the calling thread and its helpers, and kept alive by the helpers that
-// start late: each takes the next rank from `next`, so a helper that the OS starts only after the last
-// rank was taken finds nothing to do and touches nothing but this.
-struct RankQueue {
-  at::Tensor D, labels, L, U, E2, grad;  // grad: [B, n] float64, or undefined
-  int64_t rank_begin = 0, count = 0;
-  double margin = 0;
-  bool official = false;
-  std::vector<double> shares;  // per rank of the range
-  std::atomic<int64_t> next{0};
-  std::mutex mutex;
-  std::condition_variable all_done;
-  int64_t done = 0;
-  std::exception_ptr error;  // the first failure of a rank (out of memory), raised by the caller
-
-  // Takes ranks until none is left. A helper whose buffers cannot be allocated leaves the ranks to the
-  // others; a rank that fails still counts as done, so that the caller never waits forever.
-  template <typename scalar_t>
-  void work(bool caller) {
-    if (next.load() >= count) return;
-    const int64_t B = D.size(0), n = D.size(1);
-    std::optional<RankSum<scalar_t>> rank_sum;
-    try {
-      rank_sum.emplace(D.data_ptr<scalar_t>(), labels.data_ptr<int64_t>(), B, n, L.data_ptr<double>(),
-                       U.data_ptr<double>(), E2.data_ptr<double>(), static_cast<scalar_t>(margin), official);
-    } catch (...) {
-      if (caller) throw;
-      return;
-    }
-    double* grad_ptr = grad.defined() ? grad.data_ptr<double>() : nullptr;
-    for (int64_t k = next++; k < count; k = next++) {
-      std::exception_ptr failure;
-      try {
-        // x 0.5: the unordered pairs carry half of the ordered pairs x != y (docs/math.md §13.2)
-        shares[k] = rank_sum->run(rank_begin + k, grad_ptr, 0.5);
-      } catch (...) {
-        failure = std::current_exception();
-      }
-      std::lock_guard<std::mutex> lock(mutex);
-      if (failure && !error) error = failure;
-      if (++done == count) all_done.notify_all();
-    }
-  }
-};
-
 std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cpu(
     const at::Tensor& D_in,
     const at::Tensor& labels_in,
@@ -298,19 +248,17 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cpu(
     bool need_grad) {
   check_grouped_order_sum_inputs(D_in, labels_in, sigma, tau, margin, rank_begin, rank_end);
   const Convention conv = parse_convention(convention);  // refused even where nothing is summed
-  auto queue = std::make_shared<RankQueue>();
-  queue->D = D_in.contiguous();
-  queue->labels = labels_in.contiguous();
-  const int64_t B = queue->D.size(0), n = queue->D.size(1);
-  const int64_t* labels_ptr = queue->labels.data_ptr<int64_t>();
+  const at::Tensor D = D_in.contiguous(), labels = labels_in.contiguous();
+  const int64_t B = D.size(0), n = D.size(1);
+  const int64_t* labels_ptr = labels.data_ptr<int64_t>();
   for (int64_t i = 0; i < B; ++i) {  // the label range in one pass on this thread (no parallel region)
     TORCH_CHECK(labels_ptr[i] >= 0 && labels_ptr[i] < n, "labels must lie in 0..", n - 1, ", got ", labels_ptr[i],
                 " at index ", i);
   }
-  const auto options = queue->D.options().dtype(at::kDouble);
+  const auto options = D.options().dtype(at::kDouble);
   const int64_t K = rank_end - rank_begin;
   // The gradient: columns of the range are written whole by the ranks, the others are 0. at::empty and
-  // the loops here, not at::zeros, whose fill would be a parallel region of its own (see below).
+  // the loops here, not at::zeros, whose fill would be a parallel region of its own.
   at::Tensor grad = need_grad ? at::empty({B, n}, options) : at::empty({0}, options);
   if (need_grad && K < n) {
     double* g = grad.data_ptr<double>();
@@ -324,35 +272,27 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cpu(
     return {at::zeros({}, options), grad};
   }
   // L = lt + gt^T, U = gt + lt^T, E2 = eq + eq^T (docs/math.md §13.1), [n, n] each
-  const at::Tensor table = ordering_table(n, sigma, tau, conv, at::kDouble, queue->D.device());
+  const at::Tensor table = ordering_table(n, sigma, tau, conv, at::kDouble, D.device());
   const at::Tensor lt = table.select(2, 0), eq = table.select(2, 1), gt = table.select(2, 2);
-  queue->L = (lt + gt.t()).contiguous();
-  queue->U = (gt + lt.t()).contiguous();
-  queue->E2 = (eq + eq.t()).contiguous();
-  if (need_grad) queue->grad = grad;
-  queue->rank_begin = rank_begin;
-  queue->count = K;
-  queue->margin = margin;
-  queue->official = conv == Convention::Official;
-  queue->shares.assign(K, 0.0);
+  const at::Tensor L = (lt + gt.t()).contiguous(), U = (gt + lt.t()).contiguous(), E2 = (eq + eq.t()).contiguous();
+  double* grad_ptr = need_grad ? grad.data_ptr<double>() : nullptr;
+  std::vector<double> shares(K, 0.0);  // per rank of the range
 
-  // Helpers on torch's inter-op pool, not an at::parallel_for team: this thread never waits for a helper
-  // to start, only for the ranks helpers have taken. On a machine whose cores are busy, a team's barrier
-  // waits for a descheduled thread (tens of ms a call); here a late helper just finds no rank left.
-  // Inside a whole-step op's SerialRegions the helpers still come: they are what it keeps parallel.
-  const bool serial = B * K < kSerialValues || at::in_parallel_region();
-  const int64_t helpers = serial ? 0 : std::min<int64_t>(SerialRegions::threads(), K) - 1;
-  AT_DISPATCH_FLOATING_TYPES(queue->D.scalar_type(), "grouped_order_sum_cpu", [&] {
-    for (int64_t h = 0; h < helpers; ++h) at::launch([queue] { queue->work<scalar_t>(false); });
-    queue->work<scalar_t>(true);
+  // One rank per task (tasks.h); each worker owns the buffers of one RankSum.
+  const int64_t helpers = B * K < kSerialValues ? 0 : task_helpers(K);
+  AT_DISPATCH_FLOATING_TYPES(D.scalar_type(), "grouped_order_sum_cpu", [&] {
+    run_tasks(K, helpers, [&] {
+      return [rank_sum = RankSum<scalar_t>(D.data_ptr<scalar_t>(), labels_ptr, B, n, L.data_ptr<double>(),
+                                           U.data_ptr<double>(), E2.data_ptr<double>(),
+                                           static_cast<scalar_t>(margin), conv == Convention::Official),
+              &shares, grad_ptr, rank_begin](int64_t k) mutable {
+        // x 0.5: the unordered pairs carry half of the ordered pairs x != y (docs/math.md §13.2)
+        shares[k] = rank_sum.run(rank_begin + k, grad_ptr, 0.5);
+      };
+    });
   });
-  {
-    std::unique_lock<std::mutex> lock(queue->mutex);
-    queue->all_done.wait(lock, [&] { return queue->done == K; });
-    if (queue->error) std::rethrow_exception(queue->error);
-  }
   double total = 0;
-  for (const double share : queue->shares) total += share;  // in rank order: any number of threads
+  for (const double share : shares) total += share;  // in rank order: any number of threads
   return {at::full({}, 0.5 * total, options), grad};
 }
 

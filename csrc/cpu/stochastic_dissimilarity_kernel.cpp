@@ -4,13 +4,20 @@
 // so the forward pass is one BLAS product followed by a fused epilogue. Both passes work on h and mu
 // centered on the centroids (center_on_centroids, sol_ext.h), which keeps D precise far from the origin.
 // Small problems take the definition itself instead (use_direct).
+//
+// Threads: the rows go in blocks whose size depends on the shape alone, one task each (run_tasks,
+// tasks.h): each block is centered, multiplied and finished on one thread, and the sums over the batch
+// that grad_mu needs are taken per block and added in block order, so D and both gradients are bitwise
+// the same for any number of threads, and a busy machine's descheduled thread does not stall the call.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "../sol_ext.h"
+#include "tasks.h"
 
 namespace sol_ext {
 namespace {
@@ -23,6 +30,34 @@ constexpr int64_t kDirectTerms = 1 << 15;
 
 bool use_direct(int64_t B, int64_t n, int64_t d) {
   return B * n * n * d <= kDirectTerms;
+}
+
+// Rows per block: about 2^17 values of h, and at least d rows, so that the per-block [n, d] sums of the
+// backward take no more memory than D does.
+int64_t block_rows(int64_t d) {
+  return std::max<int64_t>({(int64_t{1} << 17) / std::max<int64_t>(d, 1), d, 1});
+}
+
+// sum_b parts[b] in b order, accumulated in float64 and returned in parts' dtype: [blocks, ...] -> [...].
+at::Tensor sum_in_order(const at::Tensor& parts) {
+  const at::Tensor values = parts.to(at::kDouble).contiguous();
+  const int64_t blocks = values.size(0), size = values.numel() / std::max<int64_t>(blocks, 1);
+  at::Tensor total = at::zeros(parts.sizes().slice(1), values.options());
+  const double* v = values.const_data_ptr<double>();
+  double* t = total.data_ptr<double>();
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t i = 0; i < size; ++i) t[i] += v[b * size + i];
+  }
+  return total.to(parts.scalar_type());
+}
+
+// Runs block(b, r0, r1) for the blocks of B rows.
+template <typename Block>
+void for_each_block(int64_t B, int64_t d, const Block& block) {
+  const int64_t rows = block_rows(d), blocks = (B + rows - 1) / rows;
+  run_tasks(blocks, task_helpers(blocks), [&] {
+    return [&](int64_t b) { block(b, b * rows, std::min(B, (b + 1) * rows)); };
+  });
 }
 
 template <typename scalar_t>
@@ -85,21 +120,23 @@ at::Tensor stochastic_dissimilarity_cpu(const at::Tensor& h_in, const at::Tensor
     });
     return D;
   }
-  const CenteredInputs centered = center_on_centroids(h_in.contiguous(), mu_in.contiguous());
-  const at::Tensor& h = centered.h;
-  const at::Tensor& mu = centered.mu;
+  const at::Tensor h = h_in.contiguous(), mu_raw = mu_in.contiguous();
+  const at::Tensor shift = centering_shift(mu_raw);
+  const at::Tensor mu = mu_raw - shift;
   const int64_t B = h.size(0), d = h.size(1), n = mu.size(0);
   const SmoothedCentroids s = smooth_centroids(mu, sigma);
-  at::Tensor D = at::mm(h, s.nu.t()).contiguous();  // h_x . nu_q
-  if (B == 0) return D;
-
+  const at::Tensor nu_t = s.nu.t();
+  at::Tensor D = at::empty({B, n}, h.options());
   AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stochastic_dissimilarity_cpu", [&] {
-    const scalar_t* h_ptr = h.data_ptr<scalar_t>();
     const scalar_t* a_ptr = s.a.data_ptr<scalar_t>();
     const scalar_t* c_ptr = s.c.data_ptr<scalar_t>();
-    scalar_t* D_ptr = D.data_ptr<scalar_t>();
-    at::parallel_for(0, B, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t x = begin; x < end; ++x) {
+    for_each_block(B, d, [&](int64_t, int64_t r0, int64_t r1) {
+      const at::Tensor hc = h.slice(0, r0, r1) - shift;  // centered rows
+      at::Tensor D_rows = D.slice(0, r0, r1);
+      at::mm_out(D_rows, hc, nu_t);  // h_x . nu_q
+      const scalar_t* h_ptr = hc.const_data_ptr<scalar_t>();
+      scalar_t* D_ptr = D_rows.data_ptr<scalar_t>();
+      for (int64_t x = 0; x < r1 - r0; ++x) {
         double squared_norm = 0.0;
         for (int64_t k = 0; k < d; ++k) squared_norm += double(h_ptr[x * d + k]) * h_ptr[x * d + k];
         for (int64_t q = 0; q < n; ++q) {
@@ -140,36 +177,47 @@ std::tuple<at::Tensor, at::Tensor> stochastic_dissimilarity_backward_cpu(
     });
     return {grad_h, grad_mu};
   }
-  const CenteredInputs centered = center_on_centroids(h_in.contiguous(), mu_in.contiguous());
-  const at::Tensor& h = centered.h;
-  const at::Tensor& mu = centered.mu;
+  const at::Tensor h = h_in.contiguous(), mu_raw = mu_in.contiguous();
+  const at::Tensor shift = centering_shift(mu_raw);
+  const at::Tensor mu = mu_raw - shift;
+  const int64_t B = h.size(0), d = h.size(1), n = mu.size(0);
   const SmoothedCentroids s = smooth_centroids(mu, sigma);
-  at::Tensor grad_h = at::empty({0}, h.options());
-  at::Tensor grad_mu = at::empty({0}, mu.options());
-
-  if (need_grad_h) {
-    grad_h = at::mm(grad, s.nu).mul_(-2).contiguous();
-    const int64_t B = h.size(0), d = h.size(1), n = mu.size(0);
-    AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stochastic_dissimilarity_backward_cpu", [&] {
-      const scalar_t* g_ptr = grad.data_ptr<scalar_t>();
-      const scalar_t* h_ptr = h.data_ptr<scalar_t>();
-      const scalar_t* a_ptr = s.a.data_ptr<scalar_t>();
-      scalar_t* out = grad_h.data_ptr<scalar_t>();
-      at::parallel_for(0, B, 16, [&](int64_t begin, int64_t end) {
-        for (int64_t x = begin; x < end; ++x) {
+  const int64_t blocks = (B + block_rows(d) - 1) / block_rows(d);
+  at::Tensor grad_h = need_grad_h ? at::empty_like(h) : at::empty({0}, h.options());
+  // per block: grad_D^T h [n, d] and the column sums of grad_D [n], for grad_mu
+  at::Tensor block_products = need_grad_mu ? at::empty({blocks, n, d}, h.options()) : at::Tensor();
+  at::Tensor block_sums = need_grad_mu ? at::empty({blocks, n}, h.options()) : at::Tensor();
+  AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stochastic_dissimilarity_backward_cpu", [&] {
+    const scalar_t* a_ptr = s.a.data_ptr<scalar_t>();
+    for_each_block(B, d, [&](int64_t b, int64_t r0, int64_t r1) {
+      const at::Tensor hc = h.slice(0, r0, r1) - shift;  // centered rows
+      const at::Tensor g = grad.slice(0, r0, r1);
+      if (need_grad_h) {
+        at::Tensor out_rows = grad_h.slice(0, r0, r1);
+        at::mm_out(out_rows, g, s.nu).mul_(-2);
+        const scalar_t* g_ptr = g.const_data_ptr<scalar_t>();
+        const scalar_t* h_ptr = hc.const_data_ptr<scalar_t>();
+        scalar_t* out = out_rows.data_ptr<scalar_t>();
+        for (int64_t x = 0; x < r1 - r0; ++x) {
           double weight = 0.0;  // sum_q grad_D[x,q] a_q
           for (int64_t q = 0; q < n; ++q) weight += double(g_ptr[x * n + q]) * a_ptr[q];
           const scalar_t scale = scalar_t(2.0 * weight);
           for (int64_t k = 0; k < d; ++k) out[x * d + k] += scale * h_ptr[x * d + k];
         }
-      });
+      }
+      if (need_grad_mu) {
+        at::Tensor product = block_products.select(0, b), sums = block_sums.select(0, b);
+        at::mm_out(product, g.t(), hc);
+        at::sum_out(sums, g, {0});
+      }
     });
-  }
-  if (need_grad_mu) {
-    const at::Tensor Pt = s.P.t();
-    grad_mu = at::mm(Pt, at::mm(grad.t(), h)).mul_(-2);
-    grad_mu.addcmul_(mu, at::mv(Pt, grad.sum(0)).unsqueeze(1), 2);
-  }
+  });
+  if (!need_grad_mu) return {grad_h, at::empty({0}, mu.options())};
+  // the blocks' sums in block order, in float64
+  const at::Tensor products = sum_in_order(block_products), sums = sum_in_order(block_sums);
+  const at::Tensor Pt = s.P.t();
+  at::Tensor grad_mu = at::mm(Pt, products).mul_(-2);
+  grad_mu.addcmul_(mu, at::mv(Pt, sums).unsqueeze(1), 2);
   return {grad_h, grad_mu};
 }
 

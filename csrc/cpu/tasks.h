@@ -1,0 +1,94 @@
+// run_tasks: the CPU kernels' parallelism, one that a busy machine does not stall.
+//
+// An at::parallel_for team ends at a barrier that waits for every thread of the team; on a machine whose
+// cores are busy with another process (a DataLoader worker, another job) a thread the OS has descheduled
+// costs each region a scheduler time slice. Here the calling thread and up to `helpers` helpers from
+// torch's inter-op pool take the next task from a shared counter: a helper that starts late finds no
+// task left and the call does not wait for it, only for the tasks helpers have taken.
+//
+// A thread claims a task before it touches anything of the caller's, so a helper that the OS starts after
+// the last task was claimed (possibly after the call returned) touches only the shared queue. Each task
+// runs under SerialRegions (sol_ext.h): an ATen operation or MKL product inside a task stays on its
+// thread. Results are the caller's to make deterministic: a task writes its own slots, and the caller
+// combines slots in task order, so the result does not depend on which thread ran what.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+
+#include "../sol_ext.h"
+
+namespace sol_ext {
+
+struct TaskQueue {
+  explicit TaskQueue(int64_t count) : count(count) {}
+
+  const int64_t count;
+  std::atomic<int64_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mutex;
+  std::condition_variable all_done;
+  int64_t done = 0;
+  std::exception_ptr error;  // the first failure, raised by the caller
+
+  void finish(std::exception_ptr failure) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (failure && !error) {
+      error = failure;
+      failed = true;
+    }
+    if (++done == count) all_done.notify_all();
+  }
+};
+
+// The number of helpers for `count` tasks: one fewer than torch's intra-op threads (outside a SerialRegions
+// scope), none inside an OpenMP parallel region or for a single task.
+inline int64_t task_helpers(int64_t count) {
+  if (count < 2 || at::in_parallel_region()) return 0;
+  return std::min<int64_t>(SerialRegions::threads(), count) - 1;
+}
+
+// Runs tasks 0 … count-1. make_worker() builds one thread's worker (its buffers), a callable
+// worker(task); a failure (of a worker's construction or of a task) ends the call with that exception
+// once every claimed task is done.
+template <typename MakeWorker>
+void run_tasks(int64_t count, int64_t helpers, const MakeWorker& make_worker) {
+  if (count <= 0) return;
+  auto queue = std::make_shared<TaskQueue>(count);
+  auto drain = [queue, &make_worker]() {
+    int64_t task = queue->next++;
+    if (task >= queue->count) return;  // nothing claimed: make_worker may be gone already
+    const SerialRegions serial;
+    try {
+      auto worker = make_worker();
+      for (; task < queue->count; task = queue->next++) {
+        std::exception_ptr failure;
+        if (!queue->failed) {
+          try {
+            worker(task);
+          } catch (...) {
+            failure = std::current_exception();
+          }
+        }
+        queue->finish(failure);
+      }
+    } catch (...) {  // no worker: this task fails, and the tasks left are given up
+      queue->finish(std::current_exception());
+      for (task = queue->next++; task < queue->count; task = queue->next++) queue->finish(nullptr);
+    }
+  };
+  for (int64_t h = 0; h < helpers; ++h) at::launch(drain);
+  drain();
+  std::unique_lock<std::mutex> lock(queue->mutex);
+  queue->all_done.wait(lock, [&] { return queue->done == count; });
+  if (queue->error) std::rethrow_exception(queue->error);
+}
+
+} // namespace sol_ext
