@@ -9,6 +9,10 @@ no host synchronization). Elsewhere (MPS, half precision, a build without CUDA k
 operations (sort, searchsorted, cumsum, index_add) do, so it runs on every device torch runs on. The result and the gradient equal the pairwise ones up to rounding;
 the hinges' decisions (which pairs contribute, ties included) are the same (docs/math.md §13.4).
 
+On the CPU, :class:`sol_ext.StochasticOrderLoss` runs its whole step with this algorithm as one op per
+direction, ``torch.ops.sol_ext.grouped_stochastic_order_loss`` (csrc/stochastic_order_loss.cpp), so that a
+busy machine does not stall it (docs/math.md §13.6).
+
 ``algorithm`` of :class:`sol_ext.StochasticOrderLoss` and :func:`sol_ext.order_loss` picks between the
 two; :func:`grouped_is_faster` holds the measured rule of ``"auto"`` (applied by
 :func:`sol_ext._dispatch.choose_algorithm`).

@@ -508,6 +508,55 @@ def test_one_op_is_bitwise_the_same_for_any_number_of_threads_and_restores_the_c
         torch.testing.assert_close(results[0][2], other[2], rtol=1e-5, atol=1e-6 * results[0][2].abs().max().item())
 
 
+def _helper_threads() -> int:
+    """The number of this process's threads named as sol_ext's helpers."""
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return names.count("sol_ext helper")
+
+
+def _grouped_sum(queue=None):
+    gen = torch.Generator().manual_seed(9)
+    D = torch.randn(20_000, 5, generator=gen)
+    labels = torch.randint(0, 5, (20_000,), generator=gen)
+    total, grad = torch.ops.sol_ext.grouped_order_sum(D, labels, 1.0, 2, 0.25, "paper", 0, 5, True)
+    started = _helper_threads()
+    result = (total.item(), grad.numpy().copy(), started)  # numpy's copy: torch's would open an OpenMP region
+    if queue is not None:
+        queue.put(result)
+    return result
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs fork and Linux's /proc")
+def test_a_forked_child_starts_its_own_helpers():
+    """A process forked after the parent started helper threads (a DataLoader worker) has none of them:
+    its calls start their own, neither waiting for the parent's nor differing. The grouped op alone, with
+    no BLAS or OpenMP in it (OpenMP itself does not survive a fork)."""
+    import multiprocessing
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        expected = _grouped_sum()  # starts a helper in this process
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        child = context.Process(target=_grouped_sum, args=(queue,))
+        child.start()
+        got = queue.get(timeout=120)
+        child.join(timeout=60)
+    finally:
+        torch.set_num_threads(threads)
+    assert child.exitcode == 0
+    assert got[0] == expected[0] and (got[1] == expected[1]).all()
+    # the child started a helper of its own (a thread that a helper starts inherits its name: >= 1)
+    assert expected[2] >= 1 and got[2] >= 1
+
+
 @pytest.mark.parametrize("what", ["h", "mu", "D"])
 def test_one_op_refuses_non_finite_values_like_the_other_paths(what):
     h, mu = torch.randn(300, 4), torch.randn(5, 4)

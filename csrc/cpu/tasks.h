@@ -2,24 +2,31 @@
 //
 // An at::parallel_for team ends at a barrier that waits for every thread of the team; on a machine whose
 // cores are busy with another process (a DataLoader worker, another job) a thread the OS has descheduled
-// costs each region a scheduler time slice. Here the calling thread and up to `helpers` helpers from
-// torch's inter-op pool take the next task from a shared counter: a helper that starts late finds no
-// task left and the call does not wait for it, only for the tasks helpers have taken.
+// costs each region a scheduler time slice. Here the calling thread and up to `helpers` helper threads
+// take the next task from a shared counter: a helper that starts late finds no task left and the call
+// does not wait for it, only for the tasks helpers have taken.
 //
 // A thread claims a task before it touches anything of the caller's, so a helper that the OS starts after
 // the last task was claimed (possibly after the call returned) touches only the shared queue. Each task
 // runs under SerialRegions (sol_ext.h): an ATen operation or MKL product inside a task stays on its
 // thread. Results are the caller's to make deterministic: a task writes its own slots, and the caller
 // combines slots in task order, so the result does not depend on which thread ran what.
+//
+// The helpers are the library's own threads (tasks.cpp), not torch's inter-op pool: at::launch carries
+// the caller's thread-local state, Python's included, into the helper, and a helper that starts while
+// the interpreter shuts down then aborts the process. Ours carry none; a task runs its ATen operations
+// below autograd.
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 
@@ -48,6 +55,11 @@ struct TaskQueue {
   }
 };
 
+// Runs job on one of the library's helper threads, starting up to `threads` of them (they live as long
+// as the process). In a child process forked after helpers started, the job waits for a helper that
+// never comes: the caller of run_tasks does the tasks itself.
+void launch_helper(std::function<void()> job, int64_t threads);
+
 // The number of helpers for `count` tasks: one fewer than torch's intra-op threads (outside a SerialRegions
 // scope), none inside an OpenMP parallel region or for a single task.
 inline int64_t task_helpers(int64_t count) {
@@ -66,6 +78,7 @@ void run_tasks(int64_t count, int64_t helpers, const MakeWorker& make_worker) {
     int64_t task = queue->next++;
     if (task >= queue->count) return;  // nothing claimed: make_worker may be gone already
     const SerialRegions serial;
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;  // what the caller's kernel runs under
     try {
       auto worker = make_worker();
       for (; task < queue->count; task = queue->next++) {
@@ -84,7 +97,7 @@ void run_tasks(int64_t count, int64_t helpers, const MakeWorker& make_worker) {
       for (task = queue->next++; task < queue->count; task = queue->next++) queue->finish(nullptr);
     }
   };
-  for (int64_t h = 0; h < helpers; ++h) at::launch(drain);
+  for (int64_t h = 0; h < helpers; ++h) launch_helper(drain, helpers);
   drain();
   std::unique_lock<std::mutex> lock(queue->mutex);
   queue->all_done.wait(lock, [&] { return queue->done == count; });
