@@ -13,6 +13,8 @@
 //       CUDA: float32 products run in full float32 whatever torch.backends.cuda.matmul.allow_tf32 or
 //       torch.set_float32_matmul_precision say (TF32 would cost D its precision, and D is what the
 //       losses compare).
+//       CPU: the rows in blocks fixed by the shape, one task each (run_tasks, cpu/tasks.h), so the
+//       results do not depend on which thread ran which block.
 //   _stochastic_dissimilarity_backward(grad_D [B,n], h, mu, sigma, need_grad_h, need_grad_mu)
 //       -> (grad_h [B,d], grad_mu [n,d]); an output that is not needed comes back empty ([0]).
 //
@@ -58,7 +60,8 @@
 //       stochastic_order_loss over all pairs by the grouped algorithm (below), CPU only, its own autograd
 //       kernel; grad_order = d(order sum)/dD for the backward (empty [0] unless need_grad). With
 //       check_values it refuses non-finite h, mu and D (ValueError). Runs the step's parallel regions
-//       on the calling thread and spreads only the per-rank sorts (SerialRegions below).
+//       on the calling thread and spreads only the dissimilarity's row blocks and the per-rank sorts
+//       over helpers that it never waits for to start (SerialRegions below, cpu/tasks.h).
 //   _grouped_stochastic_order_loss_backward(grad_loss, h, mu, D, labels, grad_order, sigma, T, disc_weight,
 //                                           reduction, need_grad_h, need_grad_mu) -> (grad_h, grad_mu)
 //

@@ -10,8 +10,9 @@
 //       The same loss over all pairs by the grouped algorithm (docs/math.md §13), CPU only: the order
 //       term by grouped_order_sum, whose gradient grad_order (d sum / dD, float64) the forward keeps for
 //       the backward. The whole step runs its parallel regions on the calling thread (SerialRegions,
-//       sol_ext.h) and only the per-rank sorts on helpers, so that on a busy machine the default
-//       thread count costs no more than one thread; the value checks are serial loops inside it.
+//       sol_ext.h) and only the dissimilarity's row blocks and the per-rank sorts on helpers that it
+//       never waits for to start (cpu/tasks.h), so that it forms no OpenMP team, whose barrier would
+//       wait for a descheduled thread on a busy machine; the value checks are loops inside it.
 //
 // They call the device ops of sol_ext.h through the dispatcher, so they serve every backend those ops
 // have. A training step then crosses from Python into C++ once per direction, and autograd keeps one C++

@@ -95,9 +95,8 @@ class StochasticOrderLoss(nn.Module):
         )
         with computing(h.device):
             if how.fused and how.algorithm == "grouped" and on_cpu:
-                # one op per direction that runs its parallel regions on this thread and only the per-rank
-                # sorts on helpers, value checks included (csrc/stochastic_order_loss.cpp): on a busy
-                # machine the default thread count then costs no more than one thread
+                # one op per direction, value checks included, that forms no OpenMP team: on a busy
+                # machine a team waits for a descheduled thread (csrc/stochastic_order_loss.cpp)
                 need_grad = torch.is_grad_enabled() and (h.requires_grad or mu.requires_grad)
                 return torch.ops.sol_ext.grouped_stochastic_order_loss(
                     h, mu, labels, self.sigma, self.tau, self.margin, self.T, self.disc_weight, self.convention,

@@ -7,8 +7,9 @@
 //
 // Threads: the rows go in blocks whose size depends on the shape alone, one task each (run_tasks,
 // tasks.h): each block is centered, multiplied and finished on one thread, and the sums over the batch
-// that grad_mu needs are taken per block and added in block order, so D and both gradients are bitwise
-// the same for any number of threads, and a busy machine's descheduled thread does not stall the call.
+// that grad_mu needs are taken per block and added in block order, so no result depends on which thread
+// ran which block (MKL's products may still round differently when torch is set to one thread), and a
+// busy machine's descheduled thread does not stall the call.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
