@@ -166,11 +166,12 @@ OrderLossBlockProblem prepare_order_loss_block(
 
 // CPU: the parallel regions that the calling thread opens while a SerialRegions is alive (at::parallel_for,
 // MKL's products) run on that thread alone, and threads() is torch's intra-op thread count outside it.
+// It sets OpenMP's and MKL's thread counts of the calling thread to 1 and restores them at the end.
 // On a machine whose cores are busy, an OpenMP team's barrier waits for a thread the OS has descheduled,
 // a time slice (milliseconds) per region; a step of many regions then runs slower on two threads than
 // on one. A whole-step op holds one and spreads only its heavy loops over helpers that never make the
-// caller wait for them to start (grouped_order_loss_kernel.cpp). Sets OpenMP's thread count of the
-// calling thread only (an OpenMP per-thread setting), and restores it; without OpenMP it does nothing.
+// caller wait for them to start (cpu/tasks.h). Both settings are per thread; without OpenMP and MKL it
+// does nothing.
 class SerialRegions {
  public:
   SerialRegions();

@@ -501,11 +501,33 @@ def test_one_op_is_bitwise_the_same_for_any_number_of_threads_and_restores_the_c
             assert torch.get_num_threads() == count  # the op runs its regions on one thread, then gives them back
     finally:
         torch.set_num_threads(threads)
-    for other in results[1:]:
-        assert torch.equal(results[0][0], other[0]) and torch.equal(results[0][1], other[1])  # loss, dh
-        # dmu sums over the batch in MKL's product grad_D^T h, whose rounding differs between one configured
-        # thread and more (as on the other paths); the same up to float32 rounding
-        torch.testing.assert_close(results[0][2], other[2], rtol=1e-5, atol=1e-6 * results[0][2].abs().max().item())
+    for other in results[1:]:  # loss, dh, dmu
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
+
+
+@pytest.mark.parametrize("need", ["both", "h", "mu"])
+def test_dissimilarity_in_several_blocks_matches_the_reference(need):
+    """B over the dissimilarity's block size (2048 rows at d = 64) with a partial last block: D and both
+    gradients against the float64 reference, by the public op and inside the grouped loss."""
+    gen = torch.Generator().manual_seed(10)
+    B, n, d = 3 * 2048 + 5, 6, 64
+    h = torch.randn(B, d, generator=gen, dtype=torch.float64).requires_grad_(need != "mu")
+    mu = torch.randn(n, d, generator=gen, dtype=torch.float64).requires_grad_(need != "h")
+    inputs = [t for t in (h, mu) if t.requires_grad]
+    D = sol_ext.stochastic_dissimilarity(h, mu, 0.8, backend="fused")
+    D_ref = reference.stochastic_dissimilarity(h, mu, 0.8)
+    assert_close(D, D_ref, "D")
+    weights = torch.randn(B, n, generator=gen, dtype=torch.float64)
+    for ours, theirs in zip(torch.autograd.grad((D * weights).sum(), inputs),
+                            torch.autograd.grad((D_ref * weights).sum(), inputs)):
+        assert_close(ours, theirs, "dD-weighted gradient")
+    labels = torch.randint(0, n, (B,), generator=gen)
+    kwargs = dict(sigma=0.8, tau=2, margin=0.2, T=2, disc_weight=0.6)
+    loss = sol_ext.StochasticOrderLoss(n, algorithm="grouped", **kwargs)(h, labels, mu)
+    expected = sol_ext.StochasticOrderLoss(n, backend="reference", **kwargs)(h, labels, mu)
+    assert_close(loss, expected, "loss")
+    for ours, theirs in zip(torch.autograd.grad(loss, inputs), torch.autograd.grad(expected, inputs)):
+        assert_close(ours, theirs, "loss gradient", floor=1e-6)
 
 
 def _helper_threads() -> int:
@@ -557,8 +579,8 @@ def test_a_forked_child_starts_its_own_helpers():
     assert expected[2] >= 1 and got[2] >= 1
 
 
-@pytest.mark.parametrize("what", ["h", "mu", "D"])
-def test_one_op_refuses_non_finite_values_like_the_other_paths(what):
+@pytest.mark.parametrize("what", ["h", "mu", "D", "labels"])
+def test_one_op_refuses_bad_values_like_the_other_paths(what):
     h, mu = torch.randn(300, 4), torch.randn(5, 4)
     if what == "h":
         h[7, 1] = float("nan")
@@ -566,17 +588,21 @@ def test_one_op_refuses_non_finite_values_like_the_other_paths(what):
     elif what == "mu":
         mu[2, 0] = float("inf")
         match = "mu contains 1 NaN or inf value"
-    else:  # finite embeddings whose squared distances pass float32's range
+    elif what == "D":  # finite embeddings whose squared distances pass float32's range
         h[3] = 3e19
         match = r"the stochastic dissimilarities of h and mu overflow torch.float32: 5 of D's 1500 values .*3e\+19"
     labels = torch.randint(0, 5, (300,))
+    if what == "labels":  # 1-based
+        labels = torch.randint(1, 6, (300,))
+        labels[0] = 5
+        match = r"labels must lie in 0 … 4 \(0-based ranks for num_ranks=5\), got values in 1 … 5; they look 1-based"
     threads = torch.get_num_threads()
     for algorithm in ("grouped", "pairwise"):
         with pytest.raises(ValueError, match=match):
             sol_ext.StochasticOrderLoss(5, algorithm=algorithm)(h, labels, mu)
     assert torch.get_num_threads() == threads
     # unchecked, a NaN goes through to the loss, as on the other paths
-    if what != "D":
+    if what in ("h", "mu"):
         assert torch.isnan(sol_ext.StochasticOrderLoss(5, algorithm="grouped", check_values=False)(h, labels, mu))
 
 

@@ -8,8 +8,7 @@
 // Threads: the rows go in blocks whose size depends on the shape alone, one task each (run_tasks,
 // tasks.h): each block is centered, multiplied and finished on one thread, and the sums over the batch
 // that grad_mu needs are taken per block and added in block order, so no result depends on which thread
-// ran which block (MKL's products may still round differently when torch is set to one thread), and a
-// busy machine's descheduled thread does not stall the call.
+// ran which block, and a busy machine's descheduled thread does not stall the call.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -34,28 +33,33 @@ bool use_direct(int64_t B, int64_t n, int64_t d) {
 }
 
 // Rows per block: about 2^17 values of h, and at least d rows, so that the per-block [n, d] sums of the
-// backward take no more memory than D does.
+// backward take about as much memory as D does (n d more for a last, partial block).
 int64_t block_rows(int64_t d) {
   return std::max<int64_t>({(int64_t{1} << 17) / std::max<int64_t>(d, 1), d, 1});
 }
 
+int64_t num_blocks(int64_t B, int64_t d) {
+  return (B + block_rows(d) - 1) / block_rows(d);
+}
+
 // sum_b parts[b] in b order, accumulated in float64 and returned in parts' dtype: [blocks, ...] -> [...].
 at::Tensor sum_in_order(const at::Tensor& parts) {
-  const at::Tensor values = parts.to(at::kDouble).contiguous();
-  const int64_t blocks = values.size(0), size = values.numel() / std::max<int64_t>(blocks, 1);
-  at::Tensor total = at::zeros(parts.sizes().slice(1), values.options());
-  const double* v = values.const_data_ptr<double>();
-  double* t = total.data_ptr<double>();
-  for (int64_t b = 0; b < blocks; ++b) {
-    for (int64_t i = 0; i < size; ++i) t[i] += v[b * size + i];
-  }
-  return total.to(parts.scalar_type());
+  const int64_t blocks = parts.size(0), size = parts.numel() / std::max<int64_t>(blocks, 1);
+  std::vector<double> total(size, 0.0);
+  AT_DISPATCH_FLOATING_TYPES(parts.scalar_type(), "sum_in_order", [&] {
+    const scalar_t* v = parts.const_data_ptr<scalar_t>();
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int64_t i = 0; i < size; ++i) total[i] += double(v[b * size + i]);
+    }
+  });
+  const at::Tensor sums = at::tensor(total, parts.options().dtype(at::kDouble));
+  return sums.view(parts.sizes().slice(1)).to(parts.scalar_type());
 }
 
 // Runs block(b, r0, r1) for the blocks of B rows.
 template <typename Block>
 void for_each_block(int64_t B, int64_t d, const Block& block) {
-  const int64_t rows = block_rows(d), blocks = (B + rows - 1) / rows;
+  const int64_t rows = block_rows(d), blocks = num_blocks(B, d);
   run_tasks(blocks, task_helpers(blocks), [&] {
     return [&](int64_t b) { block(b, b * rows, std::min(B, (b + 1) * rows)); };
   });
@@ -182,8 +186,9 @@ std::tuple<at::Tensor, at::Tensor> stochastic_dissimilarity_backward_cpu(
   const at::Tensor shift = centering_shift(mu_raw);
   const at::Tensor mu = mu_raw - shift;
   const int64_t B = h.size(0), d = h.size(1), n = mu.size(0);
+  if (!need_grad_h && !need_grad_mu) return {at::empty({0}, h.options()), at::empty({0}, mu.options())};
   const SmoothedCentroids s = smooth_centroids(mu, sigma);
-  const int64_t blocks = (B + block_rows(d) - 1) / block_rows(d);
+  const int64_t blocks = num_blocks(B, d);
   at::Tensor grad_h = need_grad_h ? at::empty_like(h) : at::empty({0}, h.options());
   // per block: grad_D^T h [n, d] and the column sums of grad_D [n], for grad_mu
   at::Tensor block_products = need_grad_mu ? at::empty({blocks, n, d}, h.options()) : at::Tensor();

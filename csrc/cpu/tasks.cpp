@@ -17,15 +17,14 @@ class HelperThreads {
   void launch(std::function<void()> job, int64_t threads) {
     std::lock_guard<std::mutex> lock(mutex_);
     jobs_.push_back(std::move(job));
-    if (idle_ > 0) {
-      ready_.notify_one();
-    } else if (started_ < threads) {
+    // idle_ counts the threads still waiting, not yet woken: more jobs than that need another thread
+    if (static_cast<int64_t>(jobs_.size()) > idle_ && started_ < threads) {
+      std::thread thread([this] { serve(); });
+      pthread_setname_np(thread.native_handle(), "sol_ext helper");  // as top, gdb and /proc show it
+      thread.detach();
       ++started_;
-      std::thread([this] {
-        pthread_setname_np(pthread_self(), "sol_ext helper");  // as top, gdb and /proc show it
-        serve();
-      }).detach();
     }
+    ready_.notify_one();
   }
 
   const pid_t pid = getpid();

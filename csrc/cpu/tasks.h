@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "../sol_ext.h"
 
@@ -56,8 +57,8 @@ struct TaskQueue {
 };
 
 // Runs job on one of the library's helper threads, starting up to `threads` of them (they live as long
-// as the process). In a child process forked after helpers started, the job waits for a helper that
-// never comes: the caller of run_tasks does the tasks itself.
+// as the process; a child process forked after helpers started starts its own). Throws when a thread
+// cannot be started.
 void launch_helper(std::function<void()> job, int64_t threads);
 
 // The number of helpers for `count` tasks: one fewer than torch's intra-op threads (outside a SerialRegions
@@ -68,16 +69,20 @@ inline int64_t task_helpers(int64_t count) {
 }
 
 // Runs tasks 0 … count-1. make_worker() builds one thread's worker (its buffers), a callable
-// worker(task); a failure (of a worker's construction or of a task) ends the call with that exception
-// once every claimed task is done.
+// worker(task); a failure (of a worker's construction, out of memory, or of a task) ends the call with
+// that exception once every claimed task is done. A helper destroys its worker after its last task, when
+// the caller may have returned: a worker's destructor must not touch the caller's data. With helpers,
+// every thread runs its tasks under SerialRegions (no thread team inside a task); alone, the caller
+// runs them under its own settings.
 template <typename MakeWorker>
 void run_tasks(int64_t count, int64_t helpers, const MakeWorker& make_worker) {
   if (count <= 0) return;
   auto queue = std::make_shared<TaskQueue>(count);
-  auto drain = [queue, &make_worker]() {
+  auto drain = [queue, &make_worker](bool serial_regions) {
     int64_t task = queue->next++;
     if (task >= queue->count) return;  // nothing claimed: make_worker may be gone already
-    const SerialRegions serial;
+    std::optional<SerialRegions> serial;
+    if (serial_regions) serial.emplace();
     const at::AutoDispatchBelowADInplaceOrView below_autograd;  // what the caller's kernel runs under
     try {
       auto worker = make_worker();
@@ -97,8 +102,12 @@ void run_tasks(int64_t count, int64_t helpers, const MakeWorker& make_worker) {
       for (task = queue->next++; task < queue->count; task = queue->next++) queue->finish(nullptr);
     }
   };
-  for (int64_t h = 0; h < helpers; ++h) launch_helper(drain, helpers);
-  drain();
+  int64_t launched = 0;
+  try {
+    for (; launched < helpers; ++launched) launch_helper([drain] { drain(true); }, helpers);
+  } catch (...) {  // no thread to be had: the tasks are the caller's (a queued helper finds none left)
+  }
+  drain(launched > 0);
   std::unique_lock<std::mutex> lock(queue->mutex);
   queue->all_done.wait(lock, [&] { return queue->done == count; });
   if (queue->error) std::rethrow_exception(queue->error);
