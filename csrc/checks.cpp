@@ -1,6 +1,7 @@
 // Last-guard argument checks shared by every backend. The Python layer (sol_ext/_validation.py)
 // validates first and gives friendlier messages; these keep a kernel from ever reading out of bounds
 // when an op is called directly through torch.ops.
+#include <ATen/Dispatch.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -146,6 +147,16 @@ void check_grouped_order_sum_inputs(const at::Tensor& D, const at::Tensor& label
   TORCH_CHECK(std::isfinite(margin) && margin >= 0, "margin must be a finite number >= 0, got ", margin);
   TORCH_CHECK(0 <= rank_begin && rank_begin <= rank_end && rank_end <= n, "rank_begin and rank_end must satisfy ",
               "0 <= rank_begin <= rank_end <= ", n, ", got ", rank_begin, " and ", rank_end);
+}
+
+int64_t count_nonfinite(const at::Tensor& t_in) {
+  const at::Tensor t = t_in.contiguous();
+  int64_t count = 0;
+  AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "count_nonfinite", [&] {
+    const scalar_t* values = t.const_data_ptr<scalar_t>();
+    for (int64_t i = 0; i < t.numel(); ++i) count += !std::isfinite(values[i]);
+  });
+  return count;
 }
 
 } // namespace sol_ext

@@ -184,9 +184,6 @@ class SerialRegions {
   int previous_;
 };
 
-// The number of NaN and inf values of a float32/float64 CPU tensor, counted on the calling thread.
-int64_t count_nonfinite(const at::Tensor& t);
-
 // Last-guard argument checks shared by every backend (the Python layer validates first).
 void check_labels(const at::Tensor& labels, int64_t batch_size, int64_t num_ranks);
 void check_dissimilarity_inputs(const at::Tensor& h, const at::Tensor& mu, double sigma);
@@ -198,6 +195,8 @@ void check_order_loss_inputs(
     int64_t tau,
     double margin);
 void check_disc_loss_inputs(const at::Tensor& D, const at::Tensor& labels, int64_t T);
+// The number of NaN and inf values of a float32/float64 CPU tensor, counted on the calling thread.
+int64_t count_nonfinite(const at::Tensor& t);
 void check_ordering_probability_inputs(const at::Tensor& r_x, const at::Tensor& r_y, at::ScalarType dtype);
 // grad_losses: [num_losses], floating, on D's device.
 void check_grad_losses(const at::Tensor& grad_losses, const at::Tensor& D, int64_t num_losses);

@@ -205,12 +205,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_stochastic_order_loss(
   const SerialRegions serial;
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   if (check_values) {
-    check_finite("h", h);
-    check_finite("mu", mu);
+    check_finite("mu", mu);  // [n, d]: cheap
     check_label_range(labels, h.size(0), mu.size(0));
   }
   const at::Tensor D = dissimilarity(h, mu, sigma);
-  if (check_values) check_dissimilarities_finite(D, h, mu);
+  // A NaN or inf in a row of h makes that row of D non-finite, so a finite D clears h too: the whole
+  // of h ([B, d], the largest input) is read only to name the culprit.
+  if (check_values && count_nonfinite(D) > 0) {
+    check_finite("h", h);
+    check_dissimilarities_finite(D, h, mu);
+  }
   const int64_t B = D.size(0), n = D.size(1);
   const auto [total, grad_order] = grouped_op.call(D, labels, sigma, tau, margin, convention, 0, n, need_grad);
   const at::Tensor order = total.mul(grouped_scale(B, mean)).to(reduced_dtype(D.scalar_type()));

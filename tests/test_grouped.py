@@ -579,11 +579,11 @@ def test_a_forked_child_starts_its_own_helpers():
     assert expected[2] >= 1 and got[2] >= 1
 
 
-@pytest.mark.parametrize("what", ["h", "mu", "D", "labels"])
+@pytest.mark.parametrize("what", ["h", "h inf", "mu", "D", "labels"])
 def test_one_op_refuses_bad_values_like_the_other_paths(what):
     h, mu = torch.randn(300, 4), torch.randn(5, 4)
-    if what == "h":
-        h[7, 1] = float("nan")
+    if what.startswith("h"):  # the op reads h only once D is non-finite: both must make it so
+        h[7, 1] = float("inf") if what == "h inf" else float("nan")
         match = "h contains 1 NaN or inf value"
     elif what == "mu":
         mu[2, 0] = float("inf")
@@ -602,7 +602,7 @@ def test_one_op_refuses_bad_values_like_the_other_paths(what):
             sol_ext.StochasticOrderLoss(5, algorithm=algorithm)(h, labels, mu)
     assert torch.get_num_threads() == threads
     # unchecked, a NaN goes through to the loss, as on the other paths
-    if what in ("h", "mu"):
+    if what in ("h", "h inf", "mu"):
         assert torch.isnan(sol_ext.StochasticOrderLoss(5, algorithm="grouped", check_values=False)(h, labels, mu))
 
 

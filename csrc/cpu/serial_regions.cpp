@@ -1,8 +1,5 @@
-// SerialRegions and count_nonfinite (sol_ext.h): the CPU side of a whole-step op.
-#include <ATen/Dispatch.h>
+// SerialRegions (sol_ext.h): the CPU side of a whole-step op.
 #include <ATen/Parallel.h>
-
-#include <cmath>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -52,16 +49,6 @@ SerialRegions::~SerialRegions() {
 
 int64_t SerialRegions::threads() {
   return outer_threads > 0 ? outer_threads : at::get_num_threads();
-}
-
-int64_t count_nonfinite(const at::Tensor& t_in) {
-  const at::Tensor t = t_in.contiguous();
-  int64_t count = 0;
-  AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "count_nonfinite", [&] {
-    const scalar_t* values = t.const_data_ptr<scalar_t>();
-    for (int64_t i = 0; i < t.numel(); ++i) count += !std::isfinite(values[i]);
-  });
-  return count;
 }
 
 } // namespace sol_ext
