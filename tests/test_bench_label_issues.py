@@ -34,21 +34,39 @@ def test_ranking_quality_is_nan_without_both_classes():
     assert all(math.isnan(v) for v in bench.ranking_quality(np.zeros(4, dtype=bool), np.arange(4.0)))
 
 
+def test_noise_std_of_each_cell_kind():
+    bench = _bench()
+    clean = np.array([0, 1, 2, 3, 4, 5])
+    s = bench.noise_scale(clean, 0.3)
+    assert bench.noise_std("gaussian0.3", clean, 6) == pytest.approx(s)
+    assert bench.noise_std("laplacian0.3", clean, 6) == pytest.approx(s * 2 ** 0.5)
+    assert s < bench.noise_std("rank-dependent0.3", clean, 6) < 2 * s  # widened around the peak
+    assert bench.noise_std("annotator", np.zeros(3, dtype=int), 62) == pytest.approx(2.0)
+    assert bench.noise_std("one_rater", clean, 6) is None
+
+
 def test_quick_run_writes_both_tools_numbers(tmp_path):
     pytest.importorskip("cleanlab")
     bench = _bench()
     assert bench.main(["--quick", "--output", str(tmp_path)]) == 0
     records = json.loads((tmp_path / "label_issues_quick.json").read_text())
-    assert len(records) == 1
-    r = records[0]
-    assert (r["data"], r["noise"], r["folds"], r["epochs"]) == ("wine-red", "gaussian1", 2, 1)
-    assert 0 < r["wrong"] < 1
+    assert [(r["data"], r["noise"], r["folds"], r["epochs"]) for r in records] == [
+        ("wine-red", "clean", 2, 1), ("wine-red", "gaussian1", 2, 1)]
+    clean, noisy = records
+    assert clean["wrong"] == 0 and 0 < noisy["far"] < noisy["wrong"] < 1
+    r = noisy["sol"]
+    for tool in ("sol_ext", "cleanlab", "cleanlab_regression"):
+        assert 0 <= r[tool]["auroc"] <= 1 and 0 <= r[tool]["auroc_far"] <= 1
     for tool in ("sol_ext", "cleanlab"):
-        assert 0 <= r[tool]["auroc"] <= 1 and 0 <= r[tool]["f1"] <= 1 and 0 <= r[tool]["flagged"] < 1
+        assert 0 <= r[tool]["f1"] <= 1 and 0 <= r[tool]["flagged"] < 1
     assert 0 < r["cleanlab"]["flagged"]
     # told the noise (std kappa x the clean ranks' std), ours flags more than its default
     told = r["sol_ext"]["told"]
     assert told["std"] > 0 and told["flagged"] > r["sol_ext"]["flagged"] and 0 < told["recall"] <= 1
-    assert r["fitted_noise_std"] >= 0
+    assert r["sol_ext"]["estimated"]["std"] >= 0
+    # the noisy cell is also judged at the threshold that flags 1 % of the clean cell's rows
+    threshold = clean["sol"]["sol_ext"]["suspicion_at_clean_share"]
+    assert 0 <= threshold <= 1 and 0 <= r["sol_ext"]["at_clean_share"]["flagged"] <= 1
+    assert "at_clean_share" not in clean["sol"]["sol_ext"]
     table = (tmp_path / "label_issues_quick.md").read_text()
-    assert "| wine-red | gaussian1 | 2 |" in table and "AUROC ours" in table
+    assert "| wine-red | gaussian1 | 2 | sol |" in table and "AUROC cleanlab regression" in table
