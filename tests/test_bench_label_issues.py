@@ -66,7 +66,8 @@ def test_quick_run_writes_both_tools_numbers(tmp_path):
     assert r["sol_ext"]["estimated"]["std"] >= 0
     # the noisy cell is also judged at the threshold that flags 1 % of the clean cell's rows
     threshold = clean["sol"]["sol_ext"]["suspicion_at_clean_share"]
-    assert 0 <= threshold <= 1 and 0 <= r["sol_ext"]["at_clean_share"]["flagged"] <= 1
+    assert -1 <= threshold <= 0 and 0 <= r["sol_ext"]["at_clean_share"]["flagged"] <= 1  # on -quality
     assert "at_clean_share" not in clean["sol"]["sol_ext"]
     table = (tmp_path / "label_issues_quick.md").read_text()
     assert "| wine-red | gaussian1 | 2 | sol |" in table and "AUROC cleanlab regression" in table
+    assert 0 <= r["sol_ext"]["at_clean_share"]["false_flags"] <= 1
