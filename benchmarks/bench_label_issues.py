@@ -293,6 +293,7 @@ COLUMNS = (
     ("F1 cleanlab", ("cleanlab", "f1"), False),
     ("at 1 % clean: recall %", ("sol_ext", "at_clean_share", "recall"), True),
     ("at 1 % clean: F1", ("sol_ext", "at_clean_share", "f1"), False),
+    ("at 1 % clean: right labels flagged %", ("sol_ext", "at_clean_share", "false_flags"), True),
     ("estimated: std", ("sol_ext", "estimated", "std"), False),
     ("estimated: flagged %", ("sol_ext", "estimated", "flagged"), True),
     ("estimated: recall %", ("sol_ext", "estimated", "recall"), True),
