@@ -42,7 +42,7 @@ rounded mean of all raters (real human noise; halves to even, as in ``bench_huma
 ``consensus`` trains on that rounded mean (the clean case).
 
 Also the wall time of the ``K`` SOL fold trainings over that of one SOL run of the same budget on all
-rows. Writes ``label_issues[_TAG].json`` (every cell) and ``.md`` (means ± std over seeds) to
+rows, both at ``--threads`` (default: torch's). Writes ``label_issues[_TAG].json`` (every cell) and ``.md`` (means ± std over seeds) to
 ``--output``. Needs cleanlab (``pip install cleanlab``) and, for CORN, coral-pytorch.
 """
 from __future__ import annotations
@@ -74,7 +74,7 @@ from sol_ext.label_issues import (  # noqa: E402
     get_label_quality_scores,
     sharpen_through_noise,
 )
-from sol_ext.noise import default_peak_width, noise_scale  # noqa: E402
+from sol_ext.noise import default_peak_width, input_dependent_scale, noise_scale  # noqa: E402
 
 DATASETS = ("abalone", "wine-red", "many-ranks")
 NOISES = {"clean": ("none", 0.0), "gaussian0.3": ("gaussian", 0.3), "gaussian1": ("gaussian", 1.0),
@@ -110,15 +110,15 @@ def flag_quality(wrong: np.ndarray, flagged: np.ndarray) -> dict[str, float]:
 def noise_std(noise: str, clean: np.ndarray, num_ranks: int) -> float | None:
     """The std in ranks of the noise a cell adds to ``clean`` [N] (its root mean square over the rows
     where it depends on the rank; None where it is not known: VADER's)."""
-    if noise == "annotator":  # bench_many_ranks' annotator: std 2 + 0.1 (age - 16) years
-        return float(np.sqrt(np.mean((2.0 + 0.1 * clean) ** 2)))
+    if noise == "annotator":  # bench_many_ranks' annotator (its ranks are the ages from 16, a year each)
+        from bench_many_ranks import AGE_RANGE, annotator_std
+        return float(np.sqrt(np.mean(annotator_std(clean + AGE_RANGE[0]) ** 2)))
     if noise not in NOISES:
         return None
     kind, kappa = NOISES[noise]
     s = noise_scale(clean, kappa)
     if kind == "input-dependent":
-        peak, width = default_peak_width(num_ranks)
-        return float(np.sqrt(np.mean((s * (1.0 + np.exp(-(clean - peak) ** 2 / (2.0 * width ** 2)))) ** 2)))
+        return float(np.sqrt(np.mean(input_dependent_scale(clean, s, *default_peak_width(num_ranks)) ** 2)))
     return s * (2.0 ** 0.5 if kind == "laplacian" else 1.0)
 
 
@@ -426,7 +426,8 @@ def main(argv=None) -> int:
                    help="train nothing: write the tables of these runs' records together (with --tag)")
     p.add_argument("--tag", default="")
     p.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "label_issues")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default %(default)s: share the cores)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: torch's, as a user gets; 1 to run several grids side by side)")
     args = p.parse_args(argv)
     try:
         import cleanlab  # noqa: F401
@@ -444,7 +445,8 @@ def main(argv=None) -> int:
         write_tables(records, args.output / stem, "the runs of " + ", ".join(p.name for p in args.from_json))
         print(summary_table(records))
         return 0
-    torch.set_num_threads(args.threads)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     if args.quick:
         datasets, noises, sources, seeds, folds_list, epochs = ["wine-red"], ["clean", "gaussian1"], ["sol"], [0], [2], 1
     else:

@@ -55,6 +55,11 @@ AGE_RANGE = (16, 77)
 AGE_BANDS = ((16, 30), (31, 45), (46, 60), (61, 77))
 
 
+def annotator_std(ages: np.ndarray) -> np.ndarray:
+    """The std in years of the annotator's error at each true age: 2 at 16, growing by 0.1 a year."""
+    return 2.0 + 0.1 * (np.asarray(ages, dtype=np.float64) - AGE_RANGE[0])
+
+
 def make_data(seed: int = 0, feature_dim: int = FEATURES) -> dict[str, np.ndarray]:
     """Features, true ages and one annotator's ages of the training set, and the test set; with
     ``feature_dim`` above :data:`FEATURES`, the features spread over that many dimensions
@@ -68,7 +73,7 @@ def make_data(seed: int = 0, feature_dim: int = FEATURES) -> dict[str, np.ndarra
 
     x_train = rng.normal(size=(TRAIN_SIZE, FEATURES))
     train_true = true_ages(x_train)
-    error = rng.normal(0.0, 1.0, TRAIN_SIZE) * (2.0 + 0.1 * (train_true - AGE_RANGE[0]))
+    error = rng.normal(0.0, 1.0, TRAIN_SIZE) * annotator_std(train_true)
     annotator = np.clip(np.round(train_true + error), *AGE_RANGE).astype(np.int64)
     x_test = rng.normal(size=(TEST_SIZE, FEATURES))
     test = true_ages(x_test)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 __all__ = ["NOISE_TYPES", "NoisyLabels", "add_label_noise", "noise_scale", "noise_statistics",
-           "default_peak_width"]
+           "default_peak_width", "input_dependent_scale"]
 
 NOISE_TYPES = ("gaussian", "laplacian", "uniform", "skewed", "input-dependent", "none")
 
@@ -116,6 +116,12 @@ def default_peak_width(num_ranks: int) -> tuple[float, float]:
     return PEAK_FRACTION * span, WIDTH_FRACTION * span
 
 
+def input_dependent_scale(clean_ranks: np.ndarray, s: float, peak: float, width: float) -> np.ndarray:
+    """``[N]`` std of ``input-dependent`` noise at each clean rank: ``s (1 + exp(-(r - peak)^2 / (2 width^2)))``."""
+    clean_ranks = np.asarray(clean_ranks, dtype=np.float64)
+    return s * (1.0 + np.exp(-((clean_ranks - peak) ** 2) / (2.0 * width**2)))
+
+
 def _draw(kind: str, rng: np.random.Generator, clean: np.ndarray, s: float,
           peak: float, width: float) -> np.ndarray:
     """One noise value per sample ``[N]`` float64, in rank units."""
@@ -133,8 +139,7 @@ def _draw(kind: str, rng: np.random.Generator, clean: np.ndarray, s: float,
         u = rng.standard_normal(size=(2, n))
         return s * (delta * np.abs(u[0]) + math.sqrt(1.0 - delta**2) * u[1])
     if kind == "input-dependent":
-        per_sample = s * (1.0 + np.exp(-((clean - peak) ** 2) / (2.0 * width**2)))
-        return rng.standard_normal(size=n) * per_sample
+        return rng.standard_normal(size=n) * input_dependent_scale(clean, s, peak, width)
     raise AssertionError(kind)  # unreachable: _check_noise filtered the name
 
 

@@ -12,6 +12,7 @@ from sol_ext.noise import (
     WIDTH_FRACTION,
     add_label_noise,
     default_peak_width,
+    input_dependent_scale,
     noise_scale,
     noise_statistics,
 )
@@ -86,6 +87,11 @@ def test_input_dependent_defaults_reproduce_the_paper_on_morph():
     assert peak == pytest.approx(24.0)
     assert width == pytest.approx(15.0)
     assert default_peak_width(29) == pytest.approx((PEAK_FRACTION * 28, WIDTH_FRACTION * 28))
+
+
+def test_input_dependent_scale_doubles_at_the_peak():
+    scale = input_dependent_scale(np.array([24.0, 24.0 + 15.0, 1000.0]), 0.5, 24.0, 15.0)
+    assert scale == pytest.approx([1.0, 0.5 * (1 + math.exp(-0.5)), 0.5])
 
 
 @pytest.mark.parametrize("noise", NOISE_TYPES)

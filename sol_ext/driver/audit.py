@@ -39,8 +39,8 @@ __all__ = ["AuditReport", "audit_run", "write_audit", "AUDIT_COLUMNS", "DEFAULT_
            "OutOfSample", "cross_validated_probabilities", "fold_of_rows"]
 
 # Folds of `sol-ext audit`: benchmarks/bench_label_issues.py found 3 and 5 folds equal within their
-# spread over seeds in AUROC and flags on abalone, wine-red and VADER, at 2.0-2.4 and 3.2-5.0 times
-# one run's time.
+# spread over seeds in AUROC and flags on abalone, wine-red and VADER; 3 cost 1.6-2.7 times one run's
+# time at torch's default thread count, 5 cost 3.2-5.0 times.
 DEFAULT_FOLDS = 3
 
 AUDIT_COLUMNS = ("index", "given_label", "current_label", "predicted_label", "deviation",
