@@ -22,12 +22,15 @@ run of the same run), the table says "skipped". It also says which algorithm "au
 (sol_ext.grouped.grouped_is_faster) and whether that was the faster one. Everything runs at torch's
 default thread count (or --threads); on the CPU grouped is also timed on one thread, in rounds that
 alternate with the default's, and the table gives the ratio (default / one thread; above 1 the extra
-threads cost time). --busy runs one spinning process
+threads cost time). On CUDA grouped is also timed with the other implementation of its op
+(SOL_EXT_CUDA_GROUPED=fused, csrc/cuda/grouped_order_loss_kernel.cu); --profile adds a torch.profiler table
+of grouped's step per size (on CUDA, of each implementation). --busy runs one spinning process
 beside the measurement, as a DataLoader worker or another job would; the header gives the load average.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -199,12 +202,13 @@ def _fmt_bytes(count):
     return "—" if count is None else f"{count / 2**20:.1f} MB"
 
 
-def profile_kernels(B: int, n: int, d: int, device: str, rows: int = 12) -> str:
-    """The fused forward+backward under torch.profiler: which kernels hold the time."""
+def profile_kernels(B: int, n: int, d: int, device: str, rows: int = 12, criterion=None) -> str:
+    """The forward+backward of ``criterion`` (default: the fused pairwise loss) under torch.profiler: which
+    kernels and operations hold the time."""
     from torch.profiler import ProfilerActivity, profile
 
     h, mu, labels = make_inputs(B, n, d, device)
-    criterion = make_loss(n, "fused")
+    criterion = criterion or make_loss(n, "fused")
     for _ in range(3):
         torch.autograd.grad(criterion(h, labels, mu), (h, mu))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
@@ -273,6 +277,23 @@ ALGORITHM_RUNS = {  # name -> StochasticOrderLoss arguments
     "pairwise": dict(backend="fused", algorithm="pairwise"),
     "reference": dict(backend="reference", algorithm="pairwise"),
 }
+# On CUDA grouped is also timed with the op's other implementation (csrc/cuda/grouped_order_loss_kernel.cu,
+# SOL_EXT_CUDA_GROUPED), as "grouped_fused".
+CUDA_GROUPED_SETTING = "SOL_EXT_CUDA_GROUPED"
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str):
+    """``os.environ[name] = value`` inside the block (the CUDA op reads it at each call)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
 
 
 def _sync(device: str) -> None:
@@ -331,7 +352,8 @@ def _time_on_both_thread_counts(B: int, n: int, d: int, how: str, min_run_time: 
     return sorted(default)[rounds // 2], sorted(one)[rounds // 2]
 
 
-def run_algorithms(device: str, sizes, min_run_time: float, budget: float, memory: bool = True) -> list:
+def run_algorithms(device: str, sizes, min_run_time: float, budget: float, memory: bool = True,
+                   profile: bool = False) -> list:
     rows = []
     for B, n, d in sizes:
         agreement = check_algorithms_agree(min(B, 300), n, d, device)
@@ -355,29 +377,42 @@ def run_algorithms(device: str, sizes, min_run_time: float, budget: float, memor
             result[how] = time_forward_backward(B, n, d, device, how, min_run_time)
         if device == "cpu":
             result["grouped"], result["grouped_1_thread"] = _time_on_both_thread_counts(B, n, d, "grouped", min_run_time)
+        else:
+            with _environment(CUDA_GROUPED_SETTING, "fused"):
+                result["grouped_fused"] = time_forward_backward(B, n, d, device, "grouped", min_run_time)
         if memory:
             result["grouped_memory"] = peak_extra_memory(B, n, d, device, "auto", "grouped")
+        if profile:
+            settings = ["separate", "fused"] if device == "cuda" else ["default"]
+            result["profile"] = {}
+            for setting in settings:
+                criterion = sol_ext.StochasticOrderLoss(n, check_values=CHECK_VALUES, **ALGORITHM_RUNS["grouped"])
+                with _environment(CUDA_GROUPED_SETTING, setting) if device == "cuda" else contextlib.nullcontext():
+                    result["profile"][setting] = profile_kernels(B, n, d, device, criterion=criterion)
         rows.append(result)
         print(f"  done {device} {(B, n, d)}", file=sys.stderr, flush=True)
     return rows
 
 
 def print_algorithm_table(rows: list) -> None:
-    print("| device | B, n, d | grouped | grouped, 1 thread | grouped / 1 thread | pairwise (fused) | reference |"
-          " pairwise / grouped | reference / grouped | auto picks | auto's pick is the faster | grouped extra memory |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| device | B, n, d | grouped | grouped, 1 thread | grouped / 1 thread | grouped, fused CUDA kernels |"
+          " pairwise (fused) | reference | pairwise / grouped | pairwise / grouped (fused CUDA kernels) |"
+          " reference / grouped | auto picks | auto's pick is the faster | grouped extra memory |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         cells = []
         for how in ALGORITHM_RUNS:
             cells.append(_fmt_time(r[how]) if r[how] is not None else f"skipped ({r[how + '_why']})")
+        fused = r.get("grouped_fused")
         ratios = [f"{r[how] / r['grouped']:.1f}×" if r[how] is not None else "—" for how in ("pairwise", "reference")]
+        ratios[1:1] = [f"{r['pairwise'] / fused:.1f}×" if fused and r["pairwise"] is not None else "—"]
         if r["pairwise"] is None:
             faster = "grouped"
         else:
             faster = "grouped" if r["grouped"] <= r["pairwise"] else "pairwise"
         ok = "yes" if r["auto"] == faster else f"no ({faster} is)"
         one = r.get("grouped_1_thread")
-        cells[1:1] = [_fmt_time(one), f"{r['grouped'] / one:.2f}" if one else "—"]
+        cells[1:1] = [_fmt_time(one), f"{r['grouped'] / one:.2f}" if one else "—", _fmt_time(fused)]
         print(f"| {r['device']} | {r['B']}, {r['n']}, {r['d']} | {' | '.join(cells)} | {' | '.join(ratios)} | "
               f"{r['auto']} | {ok} | {_fmt_bytes(r.get('grouped_memory'))} |")
 
@@ -391,7 +426,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-check-values", action="store_true",
                         help="StochasticOrderLoss(check_values=False): no host-device synchronization per call")
     parser.add_argument("--profile", action="store_true",
-                        help="also print a torch.profiler table of the fused forward+backward per size (5 steps)")
+                        help="also print a torch.profiler table of the fused forward+backward per size (5 steps); "
+                             "with --algorithms of grouped's (on CUDA with each implementation of its op)")
     parser.add_argument("--algorithms", action="store_true",
                         help="time algorithm='grouped' vs 'pairwise' (fused) vs the reference instead (d = 64)")
     parser.add_argument("--budget", type=float, default=30.0,
@@ -421,7 +457,8 @@ def _measure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error("no CUDA GPU, or this build of sol_ext has no CUDA kernels")
         devices.remove("cuda")
     if args.algorithms:
-        measure, default_sizes = functools.partial(run_algorithms, budget=args.budget), ALGORITHM_SIZES
+        measure = functools.partial(run_algorithms, budget=args.budget, profile=args.profile)
+        default_sizes = ALGORITHM_SIZES
     else:
         measure, default_sizes = run, DEFAULT_SIZES
     rows = []
@@ -439,6 +476,11 @@ def _measure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
           + (f", {torch.cuda.get_device_name()}" if "cuda" in devices else ""))
     if args.algorithms:
         print_algorithm_table(rows)
+        for r in rows:
+            for setting, table in r.get("profile", {}).items():
+                print(f"\n### profile: grouped ({setting}) {r['device']} B={r['B']} n={r['n']} d={r['d']}, "
+                      "5 x (forward + backward)")
+                print(table)
         return 0
     print_table(rows)
     if args.profile:

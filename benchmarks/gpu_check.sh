@@ -38,7 +38,7 @@ PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the benchmark imports sol_ext from this folder too
 LOG=${OUT:-${TMPDIR:-/tmp}/sol_ext_gpu_check}
 BUDGET_S=${BUDGET_S:-500}
-STEPS=(deps build kernels test_cuda bench bench_unchecked sweep fuzz bench_algorithms driver bench_images tests driver_amp)
+STEPS=(deps build kernels test_cuda bench bench_unchecked bench_algorithms sweep fuzz driver bench_images tests driver_amp)
 mkdir -p "$LOG"
 declare -A STATUS SECONDS_TAKEN
 
@@ -229,6 +229,14 @@ run_step bench 180 "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0
 # shellcheck disable=SC2086
 run_step bench_unchecked 200 "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0.3 --no-check-values \
   --json "$LOG/bench-unchecked.json" --sizes $SIZES
+# grouped (sorting) vs pairwise vs reference on a grid of (B, n): the crossovers of algorithm="auto" on this
+# GPU (docs/performance.md, "All pairs by sorting"), grouped with each implementation of its CUDA op
+# (SOL_EXT_CUDA_GROUPED=separate, the default, and =fused) and a torch.profiler table of each per size; sizes
+# where a pairwise call would take over --budget seconds are skipped
+ALGORITHM_SIZES=${ALGORITHM_SIZES:-$(for B in 1024 4096 16384; do for n in 5 20 60; do printf '%s,%s,64 ' $B $n; done; done; echo 65536,7,64 1000000,5,64)}
+# shellcheck disable=SC2086
+run_step bench_algorithms 200 "$PY" benchmarks/bench_loss.py --algorithms --device cuda --budget 10 --min-run-time 0.2 \
+  --profile --json "$LOG/bench-algorithms.json" --sizes $ALGORITHM_SIZES
 sweep() {  # the all-pairs backward's kernels (and any other setting of the environment) against each other
   for setting in $SWEEP; do
     env "$setting" "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0.3 --no-check-values \
@@ -248,13 +256,6 @@ export SWEEP_SIZES=${SWEEP_SIZES:-1024,101,512 2048,217,512 4096,217,512 8192,20
 [ -n "$SWEEP" ] || SKIP="${SKIP:-} sweep"
 run_step sweep 150 bash -c sweep
 run_step fuzz 240 bash -c fuzz
-# grouped (sorting) vs pairwise vs reference on a grid of (B, n): the crossovers of algorithm="auto" on this
-# GPU (docs/performance.md, "All pairs by sorting"); sizes where a pairwise call would take over --budget seconds are
-# skipped
-ALGORITHM_SIZES=${ALGORITHM_SIZES:-$(for B in 1024 4096 16384; do for n in 5 20 60; do printf '%s,%s,64 ' $B $n; done; done; echo 65536,7,64 1000000,5,64)}
-# shellcheck disable=SC2086
-run_step bench_algorithms 150 "$PY" benchmarks/bench_loss.py --algorithms --device cuda --budget 10 --min-run-time 0.2 \
-  --json "$LOG/bench-algorithms.json" --sizes $ALGORITHM_SIZES
 # the default training (abalone, 20 epochs) in float32 and mixed precision (float16 + GradScaler);
 # compare with `sol-ext train --device cpu --seed 0|1|2` of the same configuration
 run_step driver 120 "$PY" -m sol_ext train --device cuda --no-plots --output "$LOG/run-fp32" --overwrite

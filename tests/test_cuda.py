@@ -770,6 +770,13 @@ def test_unchecked_out_of_range_labels_stop_on_a_device_assertion():
 # -------------------------------------------------------------------------------------------------
 
 
+@pytest.fixture(params=["separate", "fused"])
+def grouped_kernels(request, monkeypatch):
+    """Each test of the op under both of its implementations (SOL_EXT_CUDA_GROUPED, read at each call)."""
+    monkeypatch.setenv("SOL_EXT_CUDA_GROUPED", request.param)
+    return request.param
+
+
 def grouped_inputs(B: int, n: int, dtype: torch.dtype, ties: bool, seed: int):
     """D on a coarse grid (ties, differences exactly equal to the margin, -0.0 beside +0.0) or random."""
     gen = torch.Generator().manual_seed(seed)
@@ -797,7 +804,7 @@ GROUPED_CASES = [
 
 
 @pytest.mark.parametrize("case", GROUPED_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_grouped_op_matches_the_cpu_op(case):
+def test_grouped_op_matches_the_cpu_op(case, grouped_kernels):
     """The CUDA grouped_order_sum against the CPU op: the same hinge decisions, sums in float64 in another
     order, so total and gradient agree to 1e-12 (relative to their largest magnitude)."""
     B, n, margin, convention, dtype, ties, ranks = case
@@ -815,7 +822,7 @@ def test_grouped_op_matches_the_cpu_op(case):
     assert torch.equal(total_only, total_cuda) and empty.numel() == 0
 
 
-def test_grouped_op_is_bitwise_reproducible_and_runs_in_a_cuda_graph():
+def test_grouped_op_is_bitwise_reproducible_and_runs_in_a_cuda_graph(grouped_kernels):
     """No host synchronization inside the op: captured in a CUDA graph and replayed, it gives bitwise the
     eager result, which is the same on every call."""
     D, labels = grouped_inputs(5000, 9, torch.float32, False, seed=4)
@@ -838,7 +845,7 @@ def test_grouped_op_is_bitwise_reproducible_and_runs_in_a_cuda_graph():
     assert torch.equal(captured[0], first[0]) and torch.equal(captured[1], first[1])
 
 
-def test_grouped_op_gives_nan_for_a_column_holding_nan():
+def test_grouped_op_gives_nan_for_a_column_holding_nan(grouped_kernels):
     D, labels = grouped_inputs(50, 4, torch.float64, False, seed=5)
     D[7, 2] = float("nan")
     total, grad = ops.grouped_order_sum(D.cuda(), labels.cuda(), 1.0, 1, 0.25, "paper", 0, 4, True)
@@ -846,13 +853,13 @@ def test_grouped_op_gives_nan_for_a_column_holding_nan():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_grouped_op_opcheck_on_cuda(dtype):
+def test_grouped_op_opcheck_on_cuda(dtype, grouped_kernels):
     D, labels = grouped_inputs(30, 5, dtype, True, seed=6)
     D = D.cuda().requires_grad_(dtype == torch.float64)
     opcheck(torch.ops.sol_ext.grouped_order_sum.default, (D, labels.cuda(), 1.0, 2, 0.25, "official", 1, 4, True))
 
 
-def test_grouped_loss_on_cuda_runs_the_fused_op(monkeypatch):
+def test_grouped_loss_on_cuda_runs_the_fused_op(monkeypatch, grouped_kernels):
     """CUDA float32/float64: StochasticOrderLoss(algorithm="grouped") runs the CUDA op, not the torch path."""
     from sol_ext import grouped
 
@@ -865,3 +872,25 @@ def test_grouped_loss_on_cuda_runs_the_fused_op(monkeypatch):
     loss = sol_ext.StochasticOrderLoss(7, algorithm="grouped")(h, torch.randint(0, 7, (3000,), device="cuda"), mu)
     loss.backward()
     assert torch.isfinite(h.grad).all()
+
+
+def test_grouped_op_implementations_agree_at_a_million_rows(monkeypatch):
+    """(1,000,000, 5), the size of the speed target, in two chunks of ranks: the two implementations give the
+    same hinge decisions and float64 sums in other orders."""
+    D, labels = grouped_inputs(1_000_000, 5, torch.float32, False, seed=8)
+    D, labels = D.cuda(), labels.cuda()
+    args = (1.0, 3, 0.25, "paper", 0, 5, True)
+    results = {}
+    for setting in ("separate", "fused"):
+        monkeypatch.setenv("SOL_EXT_CUDA_GROUPED", setting)
+        results[setting] = ops.grouped_order_sum(D, labels, *args)
+    (total_a, grad_a), (total_b, grad_b) = results.values()
+    assert abs(total_a.item() - total_b.item()) <= 1e-12 * abs(total_a.item())
+    assert_rel_close(grad_b, grad_a, 1e-12, "grouped dD, fused against separate")
+
+
+def test_grouped_op_refuses_an_unknown_implementation(monkeypatch):
+    monkeypatch.setenv("SOL_EXT_CUDA_GROUPED", "fastest")
+    D, labels = grouped_inputs(10, 3, torch.float32, False, seed=7)
+    with pytest.raises(RuntimeError, match="SOL_EXT_CUDA_GROUPED must be separate or fused, got 'fastest'"):
+        ops.grouped_order_sum(D.cuda(), labels.cuda(), 1.0, 1, 0.25, "paper", 0, 3, True)

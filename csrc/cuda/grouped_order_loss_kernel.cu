@@ -4,18 +4,27 @@
 // The ranks of the range go in chunks of K columns, K set by the shape alone so that the label-count
 // table of a chunk stays under kCountsBudgetBytes. Per chunk:
 //   1. one stable sort of each column of D (torch's segmented sort), and the labels along it;
-//   2. counts[k, a, p] = #{j < p : lab[k, j] = a}, the prefix counts of the labels (int32: exact), a scan
-//      along the innermost dimension (a scan along B with K * n rows beside it would run on K * n threads);
-//   3. per hinge family with constant c (threshold t = -c, in D's dtype): pos[k, i] = #{p : s[i] - s[p] > t}
+//   2. counts[k, a, p] = #{j < p : lab[k, j] = a}, the prefix counts of the labels (int32: exact);
+//   3. per hinge family with constant c (threshold t = -c, in D's dtype): below[k, i] = #{p : s[i] - s[p] > t}
 //      by a binary search (the difference, rounded to D's dtype as the pairwise kernels round it, does
-//      not grow with p, so the active p are a prefix), and first_above[k, i] = #{x : pos[k, x] <= i} by a
-//      second one (pos does not decrease along the sorted column);
-//   4. one thread per (k, i) adds x's side, sum_b W_q(r_x, b) counts[pos_i, b], to the gradient at i and
-//      subtracts y's side, sum_a W_q(a, r_y) (per_label[a] - counts[first_above_i, a]).
+//      not grow with p, so the active p are a prefix), and passed[k, i] = #{x : the hinge of (x, i) is
+//      inactive} by a second one (a prefix of x for the same reason);
+//   4. one thread per (k, i) adds x's side, sum_b W_q(r_x, b) counts[below_i, b], to the gradient at i and
+//      subtracts y's side, sum_a W_q(a, r_y) (per_label[a] - counts[passed_i, a]).
 // The value follows from the gradient as on the CPU (§13.3). Every sum is a per-thread loop in a fixed
 // order or a torch reduction (no atomics): the result is bitwise reproducible. Nothing is read back to the host, so
 // the op runs inside CUDA graphs. A column that holds a NaN gives a NaN value and a NaN gradient column,
 // as the pairwise kernels and the CPU op do (torch's sort puts NaN last).
+//
+// Two implementations of steps 2-4, chosen by SOL_EXT_CUDA_GROUPED (read at each call):
+//   "separate" (the default): the counts by torch's scan along each row of B + 1 counts, which runs one
+//       thread block per row (K * n blocks, each walking its row in turn); passed from the array of
+//       below; one launch per step and family, the pair weights and the value's parts in torch operations;
+//   "fused": the counts by one scan of the whole table (cub's device-wide scan, every block busy; each
+//       row is then offset by the total of the rows before it, which the readers subtract), and one
+//       kernel per chunk for steps 3-4 of every family, the gradient's scatter and the value's parts,
+//       the pair weights read from the ordering table: about 8 launches per chunk instead of about 35.
+// "fused" becomes the only one once it has run on a GPU (benchmarks/gpu_check.sh tests and times both).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -25,7 +34,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include "../sol_ext.h"
@@ -156,6 +167,134 @@ unsigned grid_for(int64_t count) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cuda::ceil_div(count, kThreads), 65535)));
 }
 
+// ---- "fused" (see the top of the file) ------------------------------------------------------------------
+
+// W_q(a, b) of a family read from the ordering table [n, n, 3] (lt, eq, gt of labels (a, b)): the same
+// float64 sums as PairWeights' L = lt + gt^T, U = gt + lt^T, E2 = eq + eq^T.
+struct TableWeights {
+  const double* __restrict__ table;
+  int64_t n;
+  bool official;
+
+  __device__ __forceinline__ double p(int64_t a, int64_t b, int j) const { return table[(a * n + b) * 3 + j]; }
+
+  __device__ __forceinline__ double operator()(int family, int64_t q, int64_t a, int64_t b) const {
+    if (family == kApart) return p(a, b, 1) + p(b, a, 1);
+    const bool lower = official ? q < a : q <= a;
+    double w = (lower ? p(a, b, 0) + p(b, a, 2) : 0.0) + (q >= a ? p(a, b, 2) + p(b, a, 0) : 0.0);
+    if (family == kPlusWithE2) w += p(a, b, 1) + p(b, a, 1);
+    return w;
+  }
+};
+
+// One hinge family of the sum: its constant c (0: no part in the value), its threshold -c in D's dtype,
+// and whether x's own hinge is active (delta = 0 > threshold), so that the pairs x = x come out of the value.
+template <typename scalar_t>
+struct FusedTerm {
+  int family;
+  double c;
+  scalar_t threshold;
+  bool diagonal;
+};
+
+// counts[k, a, p] = [labels[order[k, p - 1]] == a] for p >= 1 and 0 at p = 0: the labels along each sorted
+// column as indicators. Their prefix sum over the whole table is offset(k, a) + #{j < p : lab[k, j] = a},
+// with offset(k, a) = counts[k, a, 0] (position 0 adds nothing to its own row). One thread per (k, p)
+// writes its n entries: neighbouring threads write neighbouring p.
+__global__ void label_indicator_kernel(const int64_t* __restrict__ labels, const int64_t* __restrict__ order,
+                                       int64_t rows, int64_t B, int64_t n, int32_t* __restrict__ counts) {
+  const int64_t stride = B + 1;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < rows * stride;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t k = idx / stride, p = idx % stride;
+    const int64_t r = p == 0 ? -1 : labels[order[k * B + p - 1]];
+    CUDA_KERNEL_ASSERT(p == 0 || (r >= 0 && r < n));
+    int32_t* column = counts + k * n * stride + p;
+    for (int64_t a = 0; a < n; ++a) column[a * stride] = r == a;
+  }
+}
+
+// Every family of one chunk at sorted position (k, i): the gradient (x's side minus y's side, summed over
+// the families; NaN for a column holding a NaN), scattered to grad_out[order[k, i], q] at half weight
+// (the unordered pairs carry half of the ordered ones; skipped when grad_out is null), and
+// value_parts[k, i], whose sum over i is the rank's share of the sum (§13.3):
+//   gradient * (s[i] - mid) + sum_families c * x_side, minus at i = 0 c * sum_a per_label[a] W_q(a, a).
+// counts holds the prefix counts offset per row (label_indicator_kernel): every read subtracts its row's
+// first entry or is a difference of two entries of one row.
+template <typename scalar_t>
+__global__ void grouped_sides_kernel(const scalar_t* __restrict__ sorted, const int64_t* __restrict__ order,
+                                     const int64_t* __restrict__ labels, const int32_t* __restrict__ counts,
+                                     TableWeights weights, FusedTerm<scalar_t> first, FusedTerm<scalar_t> second,
+                                     int term_count, int64_t q_begin, int64_t rows, int64_t B,
+                                     double* __restrict__ value_parts, double* __restrict__ grad_out) {
+  const int64_t n = weights.n, stride = B + 1;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < rows * B;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t k = idx / B, i = idx % B, q = q_begin + k;
+    const scalar_t* row = sorted + k * B;
+    const int32_t* table = counts + k * n * stride;
+    const int64_t r = labels[order[idx]];
+    CUDA_KERNEL_ASSERT(r >= 0 && r < n);
+    const scalar_t x = row[i];
+    double gradient = 0, value = 0;
+    for (int t = 0; t < term_count; ++t) {
+      const FusedTerm<scalar_t>& term = t == 0 ? first : second;
+      // below: the y active with x, positions 0 .. below - 1 (the predicate holds on a prefix of p)
+      int64_t lo = 0, hi = B;
+      while (lo < hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if (static_cast<scalar_t>(x - row[mid]) > term.threshold) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      const int64_t below = lo;
+      // passed: the x' not active with y = i, positions 0 .. passed - 1 (a prefix of x' likewise)
+      lo = 0, hi = B;
+      while (lo < hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if (!(static_cast<scalar_t>(row[mid] - x) > term.threshold)) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      const int64_t passed = lo;
+      double x_side = 0, y_side = 0;
+      for (int64_t b = 0; b < n; ++b) {
+        const int32_t* label_counts = table + b * stride;
+        x_side += weights(term.family, q, r, b) * (label_counts[below] - label_counts[0]);
+        y_side += weights(term.family, q, b, r) * (label_counts[B] - label_counts[passed]);
+      }
+      gradient += x_side - y_side;
+      if (term.c == 0) continue;
+      value += term.c * x_side;
+      if (term.diagonal && i == 0) {
+        double diagonal = 0;
+        for (int64_t a = 0; a < n; ++a) {
+          const int32_t* label_counts = table + a * stride;
+          diagonal += (label_counts[B] - label_counts[0]) * weights(term.family, q, a, a);
+        }
+        value -= term.c * diagonal;
+      }
+    }
+    if (isnan(static_cast<double>(row[B - 1]))) gradient = NAN;  // NaN sorts last
+    const double middle = 0.5 * (static_cast<double>(row[0]) + static_cast<double>(row[B - 1]));
+    value_parts[idx] = value + gradient * (static_cast<double>(x) - middle);
+    if (grad_out != nullptr) grad_out[order[idx] * n + q] = 0.5 * gradient;
+  }
+}
+
+// SOL_EXT_CUDA_GROUPED: "separate" (the default) or "fused" (see the top of the file).
+bool fused_kernels_chosen() {
+  const char* text = std::getenv("SOL_EXT_CUDA_GROUPED");
+  const std::string value = text == nullptr ? "" : text;
+  if (value.empty() || value == "separate") return false;
+  TORCH_CHECK(value == "fused", "SOL_EXT_CUDA_GROUPED must be separate or fused, got '", value, "'");
+  return true;
+}
+
 std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cuda(
     const at::Tensor& D_in,
     const at::Tensor& labels_in,
@@ -177,13 +316,18 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cuda(
 
   const at::Tensor D = D_in.contiguous();
   const at::Tensor labels = labels_in.contiguous();
-  // L = lt + gt^T, U = gt + lt^T, E2 = eq + eq^T (docs/math.md §13.1), [n, n] float64 each
-  const at::Tensor table = ordering_table(n, sigma, tau, conv, at::kDouble, D.device());
+  const at::Tensor table = ordering_table(n, sigma, tau, conv, at::kDouble, D.device()).contiguous();
   cuda::record_use(table, at::cuda::getCurrentCUDAStream());
-  const at::Tensor lt = table.select(2, 0), eq = table.select(2, 1), gt = table.select(2, 2);
-  const at::Tensor L = (lt + gt.t()).contiguous(), U = (gt + lt.t()).contiguous(), E2 = (eq + eq.t()).contiguous();
-  const PairWeights weights{L.data_ptr<double>(), U.data_ptr<double>(), E2.data_ptr<double>(), n,
-                            conv == Convention::Official};
+  const bool fused = fused_kernels_chosen();
+  // "separate": L = lt + gt^T, U = gt + lt^T, E2 = eq + eq^T (docs/math.md §13.1), [n, n] float64 each
+  at::Tensor L, U, E2;
+  if (!fused) {
+    const at::Tensor lt = table.select(2, 0), eq = table.select(2, 1), gt = table.select(2, 2);
+    L = (lt + gt.t()).contiguous(), U = (gt + lt.t()).contiguous(), E2 = (eq + eq.t()).contiguous();
+  }
+  const PairWeights weights{fused ? nullptr : L.data_ptr<double>(), fused ? nullptr : U.data_ptr<double>(),
+                            fused ? nullptr : E2.data_ptr<double>(), n, conv == Convention::Official};
+  const TableWeights table_weights{table.data_ptr<double>(), n, conv == Convention::Official};
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t chunk = std::max<int64_t>(
       1, std::min<int64_t>(ranks, kCountsBudgetBytes / (static_cast<int64_t>(sizeof(int32_t)) * (B + 1) * n)));
@@ -193,15 +337,11 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cuda(
     // The hinge of constant c is active when D_x - D_y, rounded to scalar_t, exceeds -c held in scalar_t
     // (docs/math.md §13.4), as on the CPU.
     const scalar_t gamma = static_cast<scalar_t>(margin);
-    struct Term {
-      int family;
-      double c;
-      scalar_t threshold;
-    };
     const bool one_hinge = gamma == scalar_t(0);  // [delta]+ and the positive half of [|delta|]+ (§13.1)
-    const Term terms[2] = {{one_hinge ? kPlusWithE2 : kPlus, one_hinge ? 0.0 : static_cast<double>(gamma),
-                            static_cast<scalar_t>(-gamma)},
-                           {kApart, -static_cast<double>(gamma), gamma}};
+    const FusedTerm<scalar_t> terms[2] = {
+        {one_hinge ? kPlusWithE2 : kPlus, one_hinge ? 0.0 : static_cast<double>(gamma), static_cast<scalar_t>(-gamma),
+         !one_hinge && scalar_t(0) > static_cast<scalar_t>(-gamma)},
+        {kApart, -static_cast<double>(gamma), gamma, scalar_t(0) > gamma}};
     const int term_count = one_hinge ? 1 : 2;
     for (int64_t q0 = rank_begin; q0 < rank_end; q0 += chunk) {
       const int64_t K = std::min(chunk, rank_end - q0);
@@ -209,8 +349,26 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cuda(
       // std::optional<bool>: a plain `true` would pick the overload sort(self, dim, descending)
       auto [sorted, order] = at::sort(D.narrow(1, q0, K).t().contiguous(), std::optional<bool>(true), /*dim=*/1,
                                       /*descending=*/false);
+      if (fused) {
+        at::Tensor counts = at::empty({K, n, B + 1}, D.options().dtype(at::kInt));
+        label_indicator_kernel<<<grid_for(K * (B + 1)), kThreads, 0, stream>>>(
+            labels.data_ptr<int64_t>(), order.data_ptr<int64_t>(), K, B, n, counts.data_ptr<int32_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        counts.view({-1}).cumsum_(0);  // one device-wide scan (cub), not one thread block per row
+        at::Tensor value_parts = at::empty({K, B}, options);
+        grouped_sides_kernel<scalar_t><<<grid_for(size), kThreads, 0, stream>>>(
+            sorted.data_ptr<scalar_t>(), order.data_ptr<int64_t>(), labels.data_ptr<int64_t>(),
+            counts.data_ptr<int32_t>(), table_weights, terms[0], terms[1], term_count, q0, K, B,
+            value_parts.data_ptr<double>(), need_grad ? grad_out.data_ptr<double>() : nullptr);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        at::Tensor chunk_shares = shares.narrow(0, q0 - rank_begin, K);
+        at::sum_out(chunk_shares, value_parts, {1});
+        continue;
+      }
       const at::Tensor lab = labels.index_select(0, order.reshape(-1)).view({K, B});
       const at::Tensor column_has_nan = sorted.select(1, B - 1).isnan();  // NaN sorts last
+      // counts of a scan along each row (torch's scan of the innermost dimension; a scan along B with
+      // K * n rows beside it would run on K * n threads)
       at::Tensor counts = at::zeros({K, n, B + 1}, D.options().dtype(at::kInt));
       counts.narrow(2, 1, B).scatter_(1, lab.unsqueeze(1), 1);
       counts.cumsum_(2);
@@ -223,7 +381,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cuda(
       // <gradient, D> with each column taken about the middle of its range (§13.3), plus c dF/dc per family
       at::Tensor share = at::zeros({K}, options);
       for (int t = 0; t < term_count; ++t) {
-        const Term& term = terms[t];
+        const FusedTerm<scalar_t>& term = terms[t];
         count_active_kernel<scalar_t><<<grid_for(size), kThreads, 0, stream>>>(
             sorted.data_ptr<scalar_t>(), K, B, term.threshold, pos.data_ptr<int32_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -237,7 +395,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cuda(
         C10_CUDA_KERNEL_LAUNCH_CHECK();
         if (term.c == 0) continue;
         share.add_(x_sides.sum(1), term.c);
-        if (scalar_t(0) > term.threshold) {  // x's own hinge is active (delta = 0): take the pairs x = x out
+        if (term.diagonal) {  // x's own hinge is active (delta = 0): take the pairs x = x out
           family_diagonal_kernel<<<grid_for(K), kThreads, 0, stream>>>(counts.data_ptr<int32_t>(), weights,
                                                                       term.family, q0, K, B,
                                                                       diagonal.data_ptr<double>());
