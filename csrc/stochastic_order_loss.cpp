@@ -7,12 +7,14 @@
 //
 //   grouped_stochastic_order_loss(h, mu, labels, ..., check_values, need_grad) -> (loss, D, grad_order)
 //   _grouped_stochastic_order_loss_backward(grad_loss, h, mu, D, labels, grad_order, ...) -> (grad_h, grad_mu)
-//       The same loss over all pairs by the grouped algorithm (docs/math.md §13), CPU only: the order
-//       term by grouped_order_sum, whose gradient grad_order (d sum / dD, float64) the forward keeps for
-//       the backward. The whole step runs its parallel regions on the calling thread (SerialRegions,
-//       sol_ext.h) and only the dissimilarity's row blocks and the per-rank sorts on helpers that it
-//       never waits for to start (cpu/tasks.h), so that it forms no OpenMP team, whose barrier would
-//       wait for a descheduled thread on a busy machine; the value checks are loops inside it.
+//       The same loss over all pairs by the grouped algorithm (docs/math.md §13): the order term by
+//       grouped_order_sum, whose gradient grad_order (d sum / dD, float64) the forward keeps for the
+//       backward. On the CPU the whole step runs its parallel regions on the calling thread
+//       (SerialRegions, sol_ext.h) and only the dissimilarity's row blocks and the per-rank sorts on
+//       helpers that it never waits for to start (cpu/tasks.h), so that it forms no OpenMP team, whose
+//       barrier would wait for a descheduled thread on a busy machine; the value checks are loops inside
+//       it. On CUDA (StochasticOrderLoss takes it with SOL_EXT_CUDA_GROUPED=fused, see
+//       cuda/grouped_order_loss_kernel.cu) the caller checks the values: check_values must be false.
 //
 // They call the device ops of sol_ext.h through the dispatcher, so they serve every backend those ops
 // have. A training step then crosses from Python into C++ once per direction, and autograd keeps one C++
@@ -26,6 +28,7 @@
 #include <algorithm>
 #include <initializer_list>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -201,8 +204,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_stochastic_order_loss(
       "sol_ext::grouped_order_sum");
   static const auto disc_op = op<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>("sol_ext::disc_loss");
   TORCH_CHECK(disc_weight >= 0, "disc_weight must be >= 0, got ", disc_weight);
+  TORCH_CHECK(!check_values || h.is_cpu(), "grouped_stochastic_order_loss: check_values=True reads the values "
+              "on the CPU; on ", h.device(), " check them before the call, as StochasticOrderLoss does, and pass False");
   const bool mean = parse_mean(reduction);
-  const SerialRegions serial;
+  std::optional<SerialRegions> serial;  // the CPU's parallel regions on this thread (see the top of the file)
+  if (h.is_cpu()) serial.emplace();
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   if (check_values) {
     check_finite("mu", mu);  // [n, d]: cheap
@@ -234,7 +240,8 @@ std::tuple<at::Tensor, at::Tensor> grouped_stochastic_order_loss_backward(
               "grad_order must be the float64 [B, n] = ", D.sizes(), " gradient that "
               "grouped_stochastic_order_loss returns with need_grad=True, got ", grad_order.scalar_type(), " ",
               grad_order.sizes());
-  const SerialRegions serial;
+  std::optional<SerialRegions> serial;
+  if (h.is_cpu()) serial.emplace();
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   const at::Tensor grad_disc = grad_of_reduction(grad_loss.mul(disc_weight), B, mean, D.scalar_type());
   const at::Tensor grad_D = grad_loss.to(at::kDouble)
@@ -427,6 +434,8 @@ TORCH_LIBRARY_IMPL(sol_ext, CPU, m) {
 TORCH_LIBRARY_IMPL(sol_ext, CUDA, m) {
   m.impl("stochastic_order_loss", &stochastic_order_loss);
   m.impl("_stochastic_order_loss_backward", &stochastic_order_loss_backward);
+  m.impl("grouped_stochastic_order_loss", &grouped_stochastic_order_loss);
+  m.impl("_grouped_stochastic_order_loss_backward", &grouped_stochastic_order_loss_backward);
 }
 #endif
 

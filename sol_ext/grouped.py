@@ -11,7 +11,8 @@ the hinges' decisions (which pairs contribute, ties included) are the same (docs
 
 On the CPU, :class:`sol_ext.StochasticOrderLoss` runs its whole step with this algorithm as one op per
 direction, ``torch.ops.sol_ext.grouped_stochastic_order_loss`` (csrc/stochastic_order_loss.cpp), so that a
-busy machine does not stall it (docs/math.md §13.6).
+busy machine does not stall it (docs/math.md §13.6); on CUDA too with ``SOL_EXT_CUDA_GROUPED=fused``
+(:func:`fused_cuda_step`; off by default until that path has run on a GPU).
 
 ``algorithm`` of :class:`sol_ext.StochasticOrderLoss` and :func:`sol_ext.order_loss` picks between the
 two; :func:`grouped_is_faster` holds the measured rule of ``"auto"`` (applied by
@@ -20,6 +21,7 @@ two; :func:`grouped_is_faster` holds the measured rule of ``"auto"`` (applied by
 from __future__ import annotations
 
 import functools
+import os
 from typing import Optional
 
 import torch
@@ -275,6 +277,13 @@ def _uses_fused_op(D: torch.Tensor) -> bool:
     if D.device.type == "cpu":
         return _CPU_KERNEL
     return _CUDA_KERNEL and D.device.type == "cuda" and _cuda_op_available()
+
+
+def fused_cuda_step(h: torch.Tensor) -> bool:
+    """Whether :class:`sol_ext.StochasticOrderLoss` runs its grouped step on ``h`` (CUDA) as one op per
+    direction with the fused kernels of the CUDA op: only with ``SOL_EXT_CUDA_GROUPED=fused`` until that
+    path has run on a GPU (csrc/cuda/grouped_order_loss_kernel.cu says what differs)."""
+    return os.environ.get("SOL_EXT_CUDA_GROUPED") == "fused" and h.device.type == "cuda" and _uses_fused_op(h)
 
 
 @functools.lru_cache(maxsize=1)

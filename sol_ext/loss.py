@@ -9,7 +9,7 @@ from torch import nn
 from . import _validation as check
 from ._dispatch import computing, prepare, route
 from ._reduction import reduce_losses
-from .grouped import grouped_order_loss
+from .grouped import fused_cuda_step, grouped_order_loss
 from .ops import (
     _check_dissimilarities_finite,
     _disc_losses,
@@ -94,14 +94,17 @@ class StochasticOrderLoss(nn.Module):
             num_ranks=self.num_ranks, pairs=pairs, reduction=self.reduction,
         )
         with computing(h.device):
-            if how.fused and how.algorithm == "grouped" and on_cpu:
-                # one op per direction, value checks included, that forms no OpenMP team: on a busy
-                # machine a team waits for a descheduled thread (csrc/stochastic_order_loss.cpp)
+            if how.fused and how.algorithm == "grouped" and (on_cpu or fused_cuda_step(h)):
+                # one op per direction (csrc/stochastic_order_loss.cpp); on the CPU with the value checks
+                # inside and no OpenMP team, which on a busy machine waits for a descheduled thread
                 need_grad = torch.is_grad_enabled() and (h.requires_grad or mu.requires_grad)
-                return torch.ops.sol_ext.grouped_stochastic_order_loss(
+                loss, D, _ = torch.ops.sol_ext.grouped_stochastic_order_loss(
                     h, mu, labels, self.sigma, self.tau, self.margin, self.T, self.disc_weight, self.convention,
-                    self.reduction, self.check_values, need_grad,
-                )[0]
+                    self.reduction, self.check_values and on_cpu, need_grad,
+                )
+                if self.check_values and not on_cpu:
+                    _check_dissimilarities_finite(D, h, mu)
+                return loss
             if self.check_values and on_cpu:
                 self._check_values(h, labels, mu, pairs)
             if how.fused and how.algorithm == "pairwise":

@@ -860,18 +860,62 @@ def test_grouped_op_opcheck_on_cuda(dtype, grouped_kernels):
 
 
 def test_grouped_loss_on_cuda_runs_the_fused_op(monkeypatch, grouped_kernels):
-    """CUDA float32/float64: StochasticOrderLoss(algorithm="grouped") runs the CUDA op, not the torch path."""
+    """CUDA float32/float64: StochasticOrderLoss(algorithm="grouped") runs the CUDA op, not the torch path;
+    with SOL_EXT_CUDA_GROUPED=fused as one op per direction (grouped_stochastic_order_loss), not the
+    Python composition."""
     from sol_ext import grouped
+    from sol_ext import loss as loss_module
 
     def refuse(*args, **kwargs):
-        raise AssertionError("the torch path ran")
+        raise AssertionError("the torch path ran" if args[0].dim() == 2 else "the Python composition ran")
 
     monkeypatch.setattr(grouped, "_torch_order_sum", refuse)
+    if grouped_kernels == "fused":
+        monkeypatch.setattr(loss_module, "grouped_order_loss", refuse)
     h = torch.randn(3000, 8, device="cuda", requires_grad=True)
     mu = torch.randn(7, 8, device="cuda")
     loss = sol_ext.StochasticOrderLoss(7, algorithm="grouped")(h, torch.randint(0, 7, (3000,), device="cuda"), mu)
     loss.backward()
     assert torch.isfinite(h.grad).all()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("check_values", [True, False])
+def test_grouped_loss_one_op_step_matches_the_composition(monkeypatch, reduction, check_values):
+    """StochasticOrderLoss(algorithm="grouped") on CUDA, float64: the one-op step (SOL_EXT_CUDA_GROUPED=fused)
+    and the Python composition (separate) give the loss and both gradients to 1e-12."""
+    gen = torch.Generator().manual_seed(9)
+    h0 = torch.randn(2000, 16, generator=gen, dtype=torch.float64)
+    mu0 = torch.randn(9, 16, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 9, (2000,), generator=gen).cuda()
+    results = {}
+    for setting in ("separate", "fused"):
+        monkeypatch.setenv("SOL_EXT_CUDA_GROUPED", setting)
+        h, mu = h0.cuda().requires_grad_(True), mu0.cuda().requires_grad_(True)
+        criterion = sol_ext.StochasticOrderLoss(9, algorithm="grouped", reduction=reduction, check_values=check_values)
+        loss = criterion(h, labels, mu)
+        results[setting] = (loss, *torch.autograd.grad(loss, (h, mu)))
+    for name, a, b in zip(("loss", "dh", "dmu"), results["separate"], results["fused"]):
+        assert_rel_close(b, a, 1e-12, f"{name}, one op against the composition")
+
+
+def test_grouped_loss_one_op_step_checks_values_on_cuda(monkeypatch):
+    """The one-op step on CUDA checks the values before the op (which reads them only on the CPU): a NaN
+    in h, a label out of range and an overflowing D are named as on the other paths."""
+    monkeypatch.setenv("SOL_EXT_CUDA_GROUPED", "fused")
+    criterion = sol_ext.StochasticOrderLoss(5, algorithm="grouped")
+    h, mu = torch.randn(40, 4, device="cuda"), torch.randn(5, 4, device="cuda")
+    labels = torch.arange(40, device="cuda") % 5
+    bad_h = h.clone()
+    bad_h[3, 1] = float("nan")
+    with pytest.raises(ValueError, match="h contains 1 NaN or inf"):
+        criterion(bad_h, labels, mu)
+    with pytest.raises(ValueError, match="labels must lie in 0"):
+        criterion(h, labels + 1, mu)
+    with pytest.raises(ValueError, match="overflow"):
+        criterion(h * 1e20, labels, mu)
+    with pytest.raises(RuntimeError, match="check_values=True reads the values on the CPU"):
+        torch.ops.sol_ext.grouped_stochastic_order_loss(h, mu, labels, 1.0, 3, 0.25, 1, 1.0, "paper", "mean", True, True)
 
 
 def test_grouped_op_implementations_agree_at_a_million_rows(monkeypatch):

@@ -24,6 +24,8 @@
 //       row is then offset by the total of the rows before it, which the readers subtract), and one
 //       kernel per chunk for steps 3-4 of every family, the gradient's scatter and the value's parts,
 //       the pair weights read from the ordering table: about 8 launches per chunk instead of about 35.
+//       StochasticOrderLoss then also runs its grouped step as one op per direction
+//       (grouped_stochastic_order_loss, csrc/stochastic_order_loss.cpp) instead of Python's composition.
 // "fused" becomes the only one once it has run on a GPU (benchmarks/gpu_check.sh tests and times both).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
