@@ -866,12 +866,15 @@ def test_grouped_loss_on_cuda_runs_the_fused_op(monkeypatch, grouped_kernels):
     from sol_ext import grouped
     from sol_ext import loss as loss_module
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("the torch path ran" if args[0].dim() == 2 else "the Python composition ran")
+    def refuse(what):
+        def refused(*args, **kwargs):
+            raise AssertionError(f"{what} ran")
 
-    monkeypatch.setattr(grouped, "_torch_order_sum", refuse)
+        return refused
+
+    monkeypatch.setattr(grouped, "_torch_order_sum", refuse("the torch path"))
     if grouped_kernels == "fused":
-        monkeypatch.setattr(loss_module, "grouped_order_loss", refuse)
+        monkeypatch.setattr(loss_module, "grouped_order_loss", refuse("the Python composition"))
     h = torch.randn(3000, 8, device="cuda", requires_grad=True)
     mu = torch.randn(7, 8, device="cuda")
     loss = sol_ext.StochasticOrderLoss(7, algorithm="grouped")(h, torch.randint(0, 7, (3000,), device="cuda"), mu)
@@ -900,9 +903,16 @@ def test_grouped_loss_one_op_step_matches_the_composition(monkeypatch, reduction
 
 
 def test_grouped_loss_one_op_step_checks_values_on_cuda(monkeypatch):
-    """The one-op step on CUDA checks the values before the op (which reads them only on the CPU): a NaN
-    in h, a label out of range and an overflowing D are named as on the other paths."""
+    """The one-op step on CUDA checks h, mu and the labels before the op and D after it, as the pairwise
+    path does (the op reads values only on the CPU): a NaN in h, a label out of range and an overflowing D
+    are named as on the other paths, and the op itself refuses check_values=True on CUDA."""
+    from sol_ext import loss as loss_module
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the Python composition ran")
+
     monkeypatch.setenv("SOL_EXT_CUDA_GROUPED", "fused")
+    monkeypatch.setattr(loss_module, "grouped_order_loss", refused)
     criterion = sol_ext.StochasticOrderLoss(5, algorithm="grouped")
     h, mu = torch.randn(40, 4, device="cuda"), torch.randn(5, 4, device="cuda")
     labels = torch.arange(40, device="cuda") % 5

@@ -240,7 +240,7 @@ __global__ void grouped_sides_kernel(const scalar_t* __restrict__ sorted, const 
     const scalar_t x = row[i];
     double gradient = 0, value = 0;
     for (int t = 0; t < term_count; ++t) {
-      const FusedTerm<scalar_t>& term = t == 0 ? first : second;
+      const FusedTerm<scalar_t> term = t == 0 ? first : second;  // a copy: a reference would put both in local memory
       // below: the y active with x, positions 0 .. below - 1 (the predicate holds on a prefix of p)
       int64_t lo = 0, hi = B;
       while (lo < hi) {
