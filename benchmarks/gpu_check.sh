@@ -24,9 +24,11 @@
 #                  processes side by side (default 6); FUZZ_ONE_PASS more with the all-pairs backward forced
 #                  to its one-pass kernel (default 1000; 0 skips them)
 #   PYTEST_ARGS    arguments of the suite step (default "-k cuda": its CUDA cases; "" for all of it)
-#   SWEEP          VAR=value settings to time SWEEP_SIZES under, one bench_loss.py run each (default: the
-#                  all-pairs backward's two kernels, SOL_EXT_CUDA_ALL_PAIRS_BACKWARD=two_pass and =one_pass;
-#                  e.g. SOL_EXT_CUDA_BACKWARD_WARPS=2048 tunes the two-pass kernel's grid; "" skips the step)
+#   SWEEP          VAR=value settings to time SWEEP_SIZES under, one bench_loss.py run each, beside
+#                  bench_unchecked's default (default: SOL_EXT_CUDA_DISSIMILARITY=fused, the dissimilarity's
+#                  fused centroid side; SOL_EXT_CUDA_ALL_PAIRS_BACKWARD=two_pass / =one_pass force the all-pairs
+#                  backward's kernels, SOL_EXT_CUDA_BACKWARD_WARPS=2048 tunes the two-pass kernel's grid; ""
+#                  skips the step)
 #   IMAGES, IMAGE_WORKERS  images and DataLoader processes of the image throughput benchmark (default 1000, 8)
 #   SKIP           names of steps to leave out, e.g. "driver driver_amp"
 # Needs no network. A prebuilt sol_ext/_C*.so for this interpreter (e.g. $OUT/_C*.so of an earlier run,
@@ -237,22 +239,25 @@ ALGORITHM_SIZES=${ALGORITHM_SIZES:-$(for B in 1024 4096 16384; do for n in 5 20 
 # shellcheck disable=SC2086
 run_step bench_algorithms 200 "$PY" benchmarks/bench_loss.py --algorithms --device cuda --budget 10 --min-run-time 0.2 \
   --profile --json "$LOG/bench-algorithms.json" --sizes $ALGORITHM_SIZES
-sweep() {  # the all-pairs backward's kernels (and any other setting of the environment) against each other
+sweep() {  # settings of the environment (the kernels' alternatives) against bench_unchecked's default
   for setting in $SWEEP; do
     env "$setting" "$PY" benchmarks/bench_loss.py --device cuda --min-run-time 0.3 --no-check-values \
-      --json "$LOG/sweep-${setting##*=}.json" --sizes $SWEEP_SIZES >/dev/null || return 1
+      --json "$LOG/sweep-${setting%%=*}-${setting##*=}.json" --sizes $SWEEP_SIZES >/dev/null || return 1
     "$PY" -c "
 import json, sys
 for r in json.load(open(sys.argv[1])):
     f = r['fused']
+    graph = '-' if f.get('graph') is None else f\"{f['graph']*1e3:.3f} ms\"
     print(f\"sweep {sys.argv[2]:>40}: B={r['B']} n={r['n']}  fwd {f['forward']*1e3:.3f} ms  bwd {f['backward']*1e3:.3f} ms  \"
-          f\"fwd+bwd {f['both']*1e3:.3f} ms  extra {f['memory']/2**20:.1f} MB\")" "$LOG/sweep-${setting##*=}.json" "$setting"
+          f\"fwd+bwd {f['both']*1e3:.3f} ms  graph {graph}  extra {f['memory']/2**20:.1f} MB\")" \
+      "$LOG/sweep-${setting%%=*}-${setting##*=}.json" "$setting"
   done
 }
 export -f sweep
-# one_pass / two_pass: the all-pairs backward's two kernels at the sizes where "auto" chooses between them
-export SWEEP=${SWEEP-SOL_EXT_CUDA_ALL_PAIRS_BACKWARD=two_pass SOL_EXT_CUDA_ALL_PAIRS_BACKWARD=one_pass}
-export SWEEP_SIZES=${SWEEP_SIZES:-1024,101,512 2048,217,512 4096,217,512 8192,20,512}
+# the fused centroid side of the dissimilarity at the three targets' sizes (bench_unchecked: the default);
+# the all-pairs backward's two kernels were last swept on an H100 (benchmarks/results/gpu/h100-backward-*.json)
+export SWEEP=${SWEEP-SOL_EXT_CUDA_DISSIMILARITY=fused}
+export SWEEP_SIZES=${SWEEP_SIZES:-64,60,512 1024,101,512 4096,217,512}
 [ -n "$SWEEP" ] || SKIP="${SKIP:-} sweep"
 run_step sweep 150 bash -c sweep
 run_step fuzz 240 bash -c fuzz

@@ -53,6 +53,14 @@ def assert_within_2x_of_torch(fused, torch_half, exact, dtype, what):
     assert fused_err <= allowed, f"{what} ({dtype}): fused error {fused_err:.3e} > 2 x torch's {torch_err:.3e} (+eps)"
 
 
+@pytest.fixture(params=["separate", "fused"])
+def centroid_kernels(request, monkeypatch):
+    """A dissimilarity test under both implementations of the centroid side of the CUDA dissimilarity
+    (SOL_EXT_CUDA_DISSIMILARITY, read at each call)."""
+    monkeypatch.setenv("SOL_EXT_CUDA_DISSIMILARITY", request.param)
+    return request.param
+
+
 # -------------------------------------------------------------------------------------------------
 # float16 / bfloat16 accuracy
 # -------------------------------------------------------------------------------------------------
@@ -60,7 +68,7 @@ def assert_within_2x_of_torch(fused, torch_half, exact, dtype, what):
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("B,n,d", [(37, 11, 64), (64, 60, 512), (5, 300, 33)])
-def test_half_dissimilarity_accuracy(dtype, B, n, d):
+def test_half_dissimilarity_accuracy(dtype, B, n, d, centroid_kernels):
     gen = torch.Generator().manual_seed(B * n + d)
     h = (torch.randn(B, d, generator=gen, dtype=torch.float64) / d**0.5).to("cuda", dtype)
     mu = (torch.randn(n, d, generator=gen, dtype=torch.float64) / d**0.5).to("cuda", dtype)
@@ -151,7 +159,7 @@ def test_cpu_and_cuda_agree(B, n, explicit, convention):
 
 
 @pytest.mark.parametrize("B,n,d", [(1, 1, 1), (33, 7, 100), (129, 300, 40)])
-def test_cpu_and_cuda_agree_dissimilarity(B, n, d):
+def test_cpu_and_cuda_agree_dissimilarity(B, n, d, centroid_kernels):
     gen = torch.Generator().manual_seed(B + n + d)
     h = torch.randn(B, d, generator=gen, dtype=torch.float64)
     mu = torch.randn(n, d, generator=gen, dtype=torch.float64)
@@ -243,12 +251,56 @@ def test_explicit_pairs_deterministic_mode_is_bitwise_reproducible(dtype):
         assert_rel_close(first.cpu(), cpu, tol, "deterministic vs CPU")
 
 
+def _cuda_kernel_names(step) -> set:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return {event.key for event in prof.key_averages()}
+
+
+@pytest.mark.parametrize("n,d,fused_runs", [(1, 5, True), (60, 512, True), (217, 256, True), (300, 200, False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_fused_centroid_side_matches_the_separate_one(monkeypatch, n, d, fused_runs, dtype):
+    """SOL_EXT_CUDA_DISSIMILARITY=fused: D and both gradients as with the torch operations (sums in another
+    order: to 1e-12 in float64, 2e-5 in float32), its two kernels run where n^2 d <= 2^24 and not beyond,
+    and a NaN in a column of mu reaches D as it does there."""
+    gen = torch.Generator().manual_seed(n + d)
+    h = (torch.randn(70, d, generator=gen, dtype=torch.float64) / d**0.5 + 3).to("cuda", dtype)
+    mu = (torch.randn(n, d, generator=gen, dtype=torch.float64) / d**0.5 + 3).to("cuda", dtype)
+    upstream = torch.randn(70, n, generator=gen, dtype=torch.float64).to("cuda", dtype)
+    results, kernels = {}, {}
+    for setting in ("separate", "fused"):
+        monkeypatch.setenv("SOL_EXT_CUDA_DISSIMILARITY", setting)
+        D = ops.stochastic_dissimilarity(h, mu, 1.3)
+        results[setting] = (D, *ops._stochastic_dissimilarity_backward(upstream, h, mu, 1.3, True, True))
+        kernels[setting] = _cuda_kernel_names(lambda: ops._stochastic_dissimilarity_backward(upstream, h, mu, 1.3, True,
+                                                                                             True))
+    tol = {torch.float64: 1e-12, torch.float32: 2e-5, torch.bfloat16: 1e-2}[dtype]
+    for what, got, want in zip(("D", "dh", "dmu"), results["fused"], results["separate"]):
+        assert_rel_close(got, want, tol, what)
+    ran = any("smooth_centroids_kernel" in k for k in kernels["fused"])
+    assert ran == fused_runs and not any("smooth_centroids_kernel" in k for k in kernels["separate"])
+    if n > 1:
+        bad = mu.clone()
+        bad[1, 0] = float("nan")
+        monkeypatch.setenv("SOL_EXT_CUDA_DISSIMILARITY", "fused")
+        assert torch.isnan(ops.stochastic_dissimilarity(h, bad, 1.3)).all()
+
+
+def test_unknown_centroid_side_choice_is_refused(monkeypatch):
+    monkeypatch.setenv("SOL_EXT_CUDA_DISSIMILARITY", "fastest")
+    with pytest.raises(RuntimeError, match="SOL_EXT_CUDA_DISSIMILARITY must be separate or fused, got 'fastest'"):
+        ops.stochastic_dissimilarity(torch.randn(4, 3, device="cuda"), torch.randn(2, 3, device="cuda"), 1.0)
+
+
 # -------------------------------------------------------------------------------------------------
 # gradcheck and opcheck on the GPU
 # -------------------------------------------------------------------------------------------------
 
 
-def test_gradcheck_cuda_dissimilarity():
+def test_gradcheck_cuda_dissimilarity(centroid_kernels):
     gen = torch.Generator().manual_seed(0)
     h = torch.randn(5, 4, generator=gen, dtype=torch.float64).cuda().requires_grad_()
     mu = torch.randn(3, 4, generator=gen, dtype=torch.float64).cuda().requires_grad_()
@@ -443,7 +495,7 @@ def test_half_margin_is_not_rounded_to_the_input_dtype(dtype, margin, explicit):
     assert torch.equal(results["fused"][1], results["reference"][1])
 
 
-def test_float32_dissimilarity_ignores_the_tf32_settings():
+def test_float32_dissimilarity_ignores_the_tf32_settings(centroid_kernels):
     """D and its gradients are the same bits with TF32 allowed and forbidden, and float32-accurate."""
     gen = torch.Generator().manual_seed(8)
     h = torch.randn(64, 512, generator=gen).cuda().requires_grad_()
@@ -675,7 +727,7 @@ def test_value_checks_are_what_synchronizes():
 
 
 @pytest.mark.parametrize("explicit", [False, True])
-def test_training_step_captured_in_a_cuda_graph_replays_the_eager_gradients(explicit):
+def test_training_step_captured_in_a_cuda_graph_replays_the_eager_gradients(explicit, centroid_kernels):
     """With check_values=False the loss's forward and backward can be captured in a CUDA graph (no host
     synchronization, no host-side allocation that capture forbids); a replay gives the eager gradients."""
     torch.manual_seed(0)

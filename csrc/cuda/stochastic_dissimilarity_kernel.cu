@@ -18,6 +18,13 @@
 // mantissa bits, and the losses compare entries of D that differ by far less than that resolves.
 //
 // Deterministic: cuBLAS products and the warp reductions below have a fixed summation order.
+//
+// The centroid side of both passes (the centering shift, mu - shift, and nu, a, c) is about 11 torch
+// operations per pass, each a launch whose host cost dominates a small batch. SOL_EXT_CUDA_DISSIMILARITY
+// chooses (read at each call): "separate" (the default), those operations; "fused", two kernels
+// (center_centroids_kernel, smooth_centroids_kernel: plain loops, used where n^2 d is at most
+// kFusedCentroidsMaxWork, else the operations). "fused" becomes the only one once it has run on a GPU
+// (benchmarks/gpu_check.sh's tests cover both, its sweep times it).
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/Dispatch.h>
@@ -25,6 +32,10 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "../sol_ext.h"
 #include "cuda_common.cuh"
@@ -95,6 +106,105 @@ __global__ void __launch_bounds__(kThreads) dissimilarity_grad_h_epilogue_kernel
   }
 }
 
+// ---- the centroid side, fused (see the top of the file) ---------------------------------------------
+
+constexpr int64_t kFusedCentroidsMaxWork = int64_t(1) << 24;  // n^2 d: the smoothing's multiply-adds
+constexpr int64_t kFusedCentroidsMaxDim = 8192;                // d: one block per rank loops over it
+constexpr int kCentroidThreads = 256;
+
+// Per column k of mu [n,d] (n >= 1): shift[k] = min_j mu[j,k] / 2 + max_j mu[j,k] / 2 (centering_shift's
+// halves; a NaN in the column gives a NaN, as torch's amin/amax do) and mu_c[j,k] = mu[j,k] - shift[k].
+template <typename acc_t>
+__global__ void center_centroids_kernel(const acc_t* __restrict__ mu, int64_t n, int64_t d, acc_t* __restrict__ shift,
+                                        acc_t* __restrict__ mu_c) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < d;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    acc_t lowest = mu[k], highest = mu[k];
+    for (int64_t j = 1; j < n; ++j) {
+      const acc_t value = mu[j * d + k];
+      if (isnan(value) || value < lowest) lowest = isnan(lowest) ? lowest : value;
+      if (isnan(value) || value > highest) highest = isnan(highest) ? highest : value;
+    }
+    const acc_t center = lowest * acc_t(0.5) + highest * acc_t(0.5);
+    shift[k] = center;
+    for (int64_t j = 0; j < n; ++j) mu_c[j * d + k] = mu[j * d + k] - center;
+  }
+}
+
+// One block per rank q: nu[q,k] = sum_j P[q,j] mu_c[j,k], a[q] = sum_j P[q,j] and
+// c[q] = sum_k sum_j P[q,j] mu_c[j,k]^2 (= sum_j P[q,j] ||mu_c[j]||^2), every sum in a fixed order (the
+// threads' parts of c by a tree in shared memory).
+template <typename acc_t>
+__global__ void __launch_bounds__(kCentroidThreads) smooth_centroids_kernel(
+    const acc_t* __restrict__ P, const acc_t* __restrict__ mu_c, int64_t n, int64_t d, acc_t* __restrict__ nu,
+    acc_t* __restrict__ a, acc_t* __restrict__ c) {
+  __shared__ acc_t parts[kCentroidThreads];
+  const int64_t q = blockIdx.x;
+  const acc_t* P_row = P + q * n;
+  acc_t squares = acc_t(0);
+  for (int64_t k = threadIdx.x; k < d; k += kCentroidThreads) {
+    acc_t total = acc_t(0), column_squares = acc_t(0);
+    for (int64_t j = 0; j < n; ++j) {
+      const acc_t weight = P_row[j], value = mu_c[j * d + k];
+      total += weight * value;
+      column_squares += weight * (value * value);
+    }
+    nu[q * d + k] = total;
+    squares += column_squares;
+  }
+  parts[threadIdx.x] = squares;
+  __syncthreads();
+  for (int stride = kCentroidThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) parts[threadIdx.x] += parts[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    acc_t row_sum = acc_t(0);
+    for (int64_t j = 0; j < n; ++j) row_sum += P_row[j];
+    a[q] = row_sum;
+    c[q] = parts[0];
+  }
+}
+
+bool fused_centroids_chosen(int64_t n, int64_t d) {
+  const char* text = std::getenv("SOL_EXT_CUDA_DISSIMILARITY");
+  const std::string value = text == nullptr ? "" : text;
+  if (value.empty() || value == "separate") return false;
+  TORCH_CHECK(value == "fused", "SOL_EXT_CUDA_DISSIMILARITY must be separate or fused, got '", value, "'");
+  return n >= 1 && d >= 1 && d <= kFusedCentroidsMaxDim && n * n * d <= kFusedCentroidsMaxWork;
+}
+
+// The centroid side of both passes: the shift s [1,d] (centering_shift), mu - s [n,d] and
+// smooth_centroids(mu - s), from mu in the compute dtype.
+struct CentroidSide {
+  at::Tensor shift, mu;
+  SmoothedCentroids s;
+};
+
+CentroidSide centroid_side(const at::Tensor& mu_acc, double sigma, cudaStream_t stream) {
+  const int64_t n = mu_acc.size(0), d = mu_acc.size(1);
+  if (!fused_centroids_chosen(n, d)) {
+    const at::Tensor shift = centering_shift(mu_acc);
+    const at::Tensor mu = (mu_acc - shift).contiguous();
+    return {shift, mu, smooth_centroids(mu, sigma)};
+  }
+  const at::Tensor mu = mu_acc.contiguous();
+  const at::Tensor P = noise_kernel(n, sigma, mu.scalar_type(), mu.device());
+  at::Tensor shift = at::empty({1, d}, mu.options()), centered = at::empty({n, d}, mu.options());
+  at::Tensor nu = at::empty({n, d}, mu.options()), a = at::empty({n}, mu.options()), c = at::empty({n}, mu.options());
+  AT_DISPATCH_FLOATING_TYPES(mu.scalar_type(), "centroid_side", [&] {
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(cuda::ceil_div(d, kCentroidThreads), 65535));
+    center_centroids_kernel<scalar_t><<<blocks, kCentroidThreads, 0, stream>>>(
+        mu.data_ptr<scalar_t>(), n, d, shift.data_ptr<scalar_t>(), centered.data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    smooth_centroids_kernel<scalar_t><<<static_cast<unsigned>(n), kCentroidThreads, 0, stream>>>(
+        P.data_ptr<scalar_t>(), centered.data_ptr<scalar_t>(), n, d, nu.data_ptr<scalar_t>(), a.data_ptr<scalar_t>(),
+        c.data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {shift, centered, SmoothedCentroids{P, nu, a, c}};
+}
+
 // The dtype every product runs in: float32 for float16/bfloat16 inputs, else the input dtype.
 at::ScalarType compute_dtype(at::ScalarType dtype) {
   return (dtype == at::kHalf || dtype == at::kBFloat16) ? at::kFloat : dtype;
@@ -109,10 +219,10 @@ at::Tensor stochastic_dissimilarity_cuda(const at::Tensor& h_in, const at::Tenso
   const at::ScalarType acc_dtype = compute_dtype(dtype);
   const int64_t B = h_in.size(0), d = h_in.size(1), n = mu_in.size(0);
   if (B == 0) return at::empty({0, n}, h_in.options());
-  const CenteredInputs centered = center_on_centroids(h_in.to(acc_dtype), mu_in.to(acc_dtype));
-  const at::Tensor h = centered.h.contiguous();
-  const SmoothedCentroids s = smooth_centroids(centered.mu.contiguous(), sigma);
   const c10::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream();
+  const CentroidSide side = centroid_side(mu_in.to(acc_dtype), sigma, stream);
+  const SmoothedCentroids& s = side.s;
+  const at::Tensor h = (h_in.to(acc_dtype) - side.shift).contiguous();  // centered (center_on_centroids)
   cuda::record_use(s.P, stream);
   at::Tensor G = at::mm(h, s.nu.t()).contiguous();  // h_x . nu_q, [B,n]
   at::Tensor D = acc_dtype == dtype ? G : at::empty({B, n}, h_in.options());
@@ -154,12 +264,12 @@ std::tuple<at::Tensor, at::Tensor> stochastic_dissimilarity_backward_cuda(
   at::Tensor grad_mu = at::empty({0}, mu_in.options());
   if (!need_grad_h && !need_grad_mu) return {grad_h, grad_mu};
 
-  const CenteredInputs centered = center_on_centroids(h_in.to(acc_dtype), mu_in.to(acc_dtype));
-  const at::Tensor h = centered.h.contiguous();
-  const at::Tensor mu = centered.mu.contiguous();
-  const at::Tensor grad = grad_in.to(acc_dtype).contiguous();
-  const SmoothedCentroids s = smooth_centroids(mu, sigma);
   const c10::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream();
+  const CentroidSide side = centroid_side(mu_in.to(acc_dtype), sigma, stream);
+  const SmoothedCentroids& s = side.s;
+  const at::Tensor h = (h_in.to(acc_dtype) - side.shift).contiguous();  // centered (center_on_centroids)
+  const at::Tensor& mu = side.mu;
+  const at::Tensor grad = grad_in.to(acc_dtype).contiguous();
   cuda::record_use(s.P, stream);
 
   if (need_grad_h) {
