@@ -22,7 +22,8 @@
 #                  65536,7 and 1000000,5; d 64)
 #   FUZZ_CONFIGS   random configurations of the differential fuzz (default 10000), run in FUZZ_SHARDS
 #                  processes side by side (default 6); FUZZ_ONE_PASS more with the all-pairs backward forced
-#                  to its one-pass kernel (default 1000; 0 skips them)
+#                  to its one-pass kernel (default 1000; 0 skips them); FUZZ_FUSED_CENTROIDS of the first
+#                  again with SOL_EXT_CUDA_DISSIMILARITY=fused (default 1000; 0 skips them)
 #   PYTEST_ARGS    arguments of the suite step (default "-k cuda": its CUDA cases; "" for all of it)
 #   SWEEP          VAR=value settings to time SWEEP_SIZES under, one bench_loss.py run each, beside
 #                  bench_unchecked's default (default: SOL_EXT_CUDA_DISSIMILARITY=fused, the dissimilarity's
@@ -205,6 +206,12 @@ fuzz() {
       --first "$configs" --configs "${FUZZ_ONE_PASS:-1000}" --json "$LOG/fuzz-one-pass.json" >"$LOG/fuzz-one-pass.log" 2>&1 &
     pids+=($!)
   fi
+  if [ "${FUZZ_FUSED_CENTROIDS:-1000}" -gt 0 ]; then
+    SOL_EXT_CUDA_DISSIMILARITY=fused OMP_NUM_THREADS=2 "$PY" benchmarks/fuzz_kernels.py --device cuda \
+      --first 0 --configs "${FUZZ_FUSED_CENTROIDS:-1000}" --json "$LOG/fuzz-fused-centroids.json" \
+      >"$LOG/fuzz-fused-centroids.log" 2>&1 &
+    pids+=($!)
+  fi
   for pid in "${pids[@]}"; do wait "$pid" || status=1; done
   grep -h MISMATCH "$LOG"/fuzz-*.log
   "$PY" benchmarks/fuzz_kernels.py --merge "${files[@]}" --json "$LOG/fuzz.json" || status=1
@@ -220,6 +227,10 @@ print(','.join(sorted({str(i) for c in checks for i in c.get('mismatched_configs
   if [ -f "$LOG/fuzz-one-pass.json" ]; then
     echo "one-pass backward forced (SOL_EXT_CUDA_ALL_PAIRS_BACKWARD=one_pass):"
     "$PY" benchmarks/fuzz_kernels.py --merge "$LOG/fuzz-one-pass.json" | sed 's/^fuzz:/fuzz one_pass:/'
+  fi
+  if [ -f "$LOG/fuzz-fused-centroids.json" ]; then
+    echo "the dissimilarity's fused centroid side (SOL_EXT_CUDA_DISSIMILARITY=fused), the first configurations again:"
+    "$PY" benchmarks/fuzz_kernels.py --merge "$LOG/fuzz-fused-centroids.json" | sed 's/^fuzz:/fuzz fused_centroids:/'
   fi
   return $status
 }
