@@ -193,6 +193,7 @@ run_step test_cuda 200 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py
 fuzz() {
   local shards=${FUZZ_SHARDS:-6} configs=${FUZZ_CONFIGS:-10000} pids=() files=() status=0
   local per=$(((configs + shards - 1) / shards))
+  rm -f "$LOG"/fuzz*.json "$LOG"/fuzz-*.log  # no stale results of an earlier run in the same $OUT
   for ((i = 0; i < shards; i++)); do
     local first=$((i * per)) count=$per
     [ $((first + count)) -gt "$configs" ] && count=$((configs - first))
@@ -213,7 +214,7 @@ fuzz() {
     pids+=($!)
   fi
   for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-  grep -h MISMATCH "$LOG"/fuzz-*.log
+  grep MISMATCH "$LOG"/fuzz-*.log  # each line with the run it came from
   "$PY" benchmarks/fuzz_kernels.py --merge "${files[@]}" --json "$LOG/fuzz.json" || status=1
   local mismatched
   mismatched=$("$PY" -c "
@@ -231,6 +232,16 @@ print(','.join(sorted({str(i) for c in checks for i in c.get('mismatched_configs
   if [ -f "$LOG/fuzz-fused-centroids.json" ]; then
     echo "the dissimilarity's fused centroid side (SOL_EXT_CUDA_DISSIMILARITY=fused), the first configurations again:"
     "$PY" benchmarks/fuzz_kernels.py --merge "$LOG/fuzz-fused-centroids.json" | sed 's/^fuzz:/fuzz fused_centroids:/'
+    mismatched=$("$PY" -c "
+import json, sys
+checks = json.load(open(sys.argv[1]))['checks'].values()
+print(','.join(sorted({str(i) for c in checks for i in c.get('mismatched_configs', [])}, key=int)[:10]))" \
+      "$LOG/fuzz-fused-centroids.json")
+    if [ -n "$mismatched" ]; then
+      echo "tracing configurations $mismatched (SOL_EXT_CUDA_DISSIMILARITY=fused):"
+      SOL_EXT_CUDA_DISSIMILARITY=fused "$PY" benchmarks/fuzz_kernels.py --device cuda --only "$mismatched" --explain |
+        grep '^config'
+    fi
   fi
   return $status
 }

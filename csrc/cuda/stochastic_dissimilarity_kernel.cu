@@ -22,8 +22,8 @@
 // The centroid side of both passes (the centering shift, mu - shift, and nu, a, c) is about 11 torch
 // operations per pass, each a launch whose host cost dominates a small batch. SOL_EXT_CUDA_DISSIMILARITY
 // chooses (read at each call): "separate" (the default), those operations; "fused", two kernels
-// (center_centroids_kernel, smooth_centroids_kernel: plain loops, used where n^2 d is at most
-// kFusedCentroidsMaxWork, else the operations). "fused" becomes the only one once it has run on a GPU
+// (center_centroids_kernel, smooth_centroids_kernel: plain loops, used up to kFusedCentroidsMaxSteps
+// per thread, else the operations). "fused" becomes the only one once it has run on a GPU
 // (benchmarks/gpu_check.sh's tests cover both, its sweep times it).
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -33,6 +33,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -108,9 +109,15 @@ __global__ void __launch_bounds__(kThreads) dissimilarity_grad_h_epilogue_kernel
 
 // ---- the centroid side, fused (see the top of the file) ---------------------------------------------
 
-constexpr int64_t kFusedCentroidsMaxWork = int64_t(1) << 24;  // n^2 d: the smoothing's multiply-adds
-constexpr int64_t kFusedCentroidsMaxDim = 8192;                // d: one block per rank loops over it
 constexpr int kCentroidThreads = 256;
+// smooth_centroids_kernel's longest loop, n ceil(d / kCentroidThreads) multiply-adds per thread; beyond
+// it (many ranks, or very wide embeddings) cuBLAS's product is the faster.
+constexpr int64_t kFusedCentroidsMaxSteps = 1024;
+
+// x * 0.5 rounded on its own: nvcc would otherwise fuse one of centering_shift's two halves into the
+// addition (an FMA), which rounds differently when the half is subnormal.
+__device__ __forceinline__ float half_of(float x) { return __fmul_rn(x, 0.5f); }
+__device__ __forceinline__ double half_of(double x) { return __dmul_rn(x, 0.5); }
 
 // Per column k of mu [n,d] (n >= 1): shift[k] = min_j mu[j,k] / 2 + max_j mu[j,k] / 2 (centering_shift's
 // halves; a NaN in the column gives a NaN, as torch's amin/amax do) and mu_c[j,k] = mu[j,k] - shift[k].
@@ -125,7 +132,7 @@ __global__ void center_centroids_kernel(const acc_t* __restrict__ mu, int64_t n,
       if (isnan(value) || value < lowest) lowest = isnan(lowest) ? lowest : value;
       if (isnan(value) || value > highest) highest = isnan(highest) ? highest : value;
     }
-    const acc_t center = lowest * acc_t(0.5) + highest * acc_t(0.5);
+    const acc_t center = half_of(lowest) + half_of(highest);
     shift[k] = center;
     for (int64_t j = 0; j < n; ++j) mu_c[j * d + k] = mu[j * d + k] - center;
   }
@@ -133,15 +140,16 @@ __global__ void center_centroids_kernel(const acc_t* __restrict__ mu, int64_t n,
 
 // One block per rank q: nu[q,k] = sum_j P[q,j] mu_c[j,k], a[q] = sum_j P[q,j] and
 // c[q] = sum_k sum_j P[q,j] mu_c[j,k]^2 (= sum_j P[q,j] ||mu_c[j]||^2), every sum in a fixed order (the
-// threads' parts of c by a tree in shared memory).
+// threads' parts of a and c by a tree in shared memory).
 template <typename acc_t>
 __global__ void __launch_bounds__(kCentroidThreads) smooth_centroids_kernel(
     const acc_t* __restrict__ P, const acc_t* __restrict__ mu_c, int64_t n, int64_t d, acc_t* __restrict__ nu,
     acc_t* __restrict__ a, acc_t* __restrict__ c) {
-  __shared__ acc_t parts[kCentroidThreads];
+  __shared__ acc_t row_sums[kCentroidThreads], squares[kCentroidThreads];
   const int64_t q = blockIdx.x;
   const acc_t* P_row = P + q * n;
-  acc_t squares = acc_t(0);
+  acc_t row_sum = acc_t(0), square_sum = acc_t(0);
+  for (int64_t j = threadIdx.x; j < n; j += kCentroidThreads) row_sum += P_row[j];
   for (int64_t k = threadIdx.x; k < d; k += kCentroidThreads) {
     acc_t total = acc_t(0), column_squares = acc_t(0);
     for (int64_t j = 0; j < n; ++j) {
@@ -150,19 +158,21 @@ __global__ void __launch_bounds__(kCentroidThreads) smooth_centroids_kernel(
       column_squares += weight * (value * value);
     }
     nu[q * d + k] = total;
-    squares += column_squares;
+    square_sum += column_squares;
   }
-  parts[threadIdx.x] = squares;
+  row_sums[threadIdx.x] = row_sum;
+  squares[threadIdx.x] = square_sum;
   __syncthreads();
   for (int stride = kCentroidThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) parts[threadIdx.x] += parts[threadIdx.x + stride];
+    if (threadIdx.x < stride) {
+      row_sums[threadIdx.x] += row_sums[threadIdx.x + stride];
+      squares[threadIdx.x] += squares[threadIdx.x + stride];
+    }
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    acc_t row_sum = acc_t(0);
-    for (int64_t j = 0; j < n; ++j) row_sum += P_row[j];
-    a[q] = row_sum;
-    c[q] = parts[0];
+    a[q] = row_sums[0];
+    c[q] = squares[0];
   }
 }
 
@@ -171,7 +181,7 @@ bool fused_centroids_chosen(int64_t n, int64_t d) {
   const std::string value = text == nullptr ? "" : text;
   if (value.empty() || value == "separate") return false;
   TORCH_CHECK(value == "fused", "SOL_EXT_CUDA_DISSIMILARITY must be separate or fused, got '", value, "'");
-  return n >= 1 && d >= 1 && d <= kFusedCentroidsMaxDim && n * n * d <= kFusedCentroidsMaxWork;
+  return n >= 1 && d >= 1 && n * cuda::ceil_div(d, int64_t(kCentroidThreads)) <= kFusedCentroidsMaxSteps;
 }
 
 // The centroid side of both passes: the shift s [1,d] (centering_shift), mu - s [n,d] and
