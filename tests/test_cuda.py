@@ -265,7 +265,8 @@ def _cuda_kernel_names(step) -> set:
 def test_fused_centroid_side_matches_the_separate_one(monkeypatch, n, d, fused_runs, dtype):
     """SOL_EXT_CUDA_DISSIMILARITY=fused: D and both gradients as with the torch operations (sums in another
     order: to 1e-12 in float64, 2e-5 in float32), its two kernels run in both passes up to 1024
-    multiply-adds per thread (n ceil(d / 256)) and not beyond, and a NaN in mu gives a NaN D with both."""
+    multiply-adds per thread (n ceil(d / 256)) and not beyond (checked on the float32 cases), and a NaN in
+    mu gives a NaN D with both."""
     gen = torch.Generator().manual_seed(n + d)
     h = (torch.randn(70, d, generator=gen, dtype=torch.float64) / d**0.5 + 3).to("cuda", dtype)
     mu = (torch.randn(n, d, generator=gen, dtype=torch.float64) / d**0.5 + 3).to("cuda", dtype)
@@ -275,10 +276,11 @@ def test_fused_centroid_side_matches_the_separate_one(monkeypatch, n, d, fused_r
         monkeypatch.setenv("SOL_EXT_CUDA_DISSIMILARITY", setting)
         D = ops.stochastic_dissimilarity(h, mu, 1.3)
         results[setting] = (D, *ops._stochastic_dissimilarity_backward(upstream, h, mu, 1.3, True, True))
-        kernels[setting] = [
-            _cuda_kernel_names(lambda: ops.stochastic_dissimilarity(h, mu, 1.3)),
-            _cuda_kernel_names(lambda: ops._stochastic_dissimilarity_backward(upstream, h, mu, 1.3, True, True)),
-        ]
+        if dtype == torch.float32:  # which kernels run depends on (n, d) alone: profiled once per shape
+            kernels[setting] = [
+                _cuda_kernel_names(lambda: ops.stochastic_dissimilarity(h, mu, 1.3)),
+                _cuda_kernel_names(lambda: ops._stochastic_dissimilarity_backward(upstream, h, mu, 1.3, True, True)),
+            ]
         if n > 1:
             bad = mu.clone()
             bad[1, 0] = float("nan")
@@ -286,7 +288,7 @@ def test_fused_centroid_side_matches_the_separate_one(monkeypatch, n, d, fused_r
     tol = {torch.float64: 1e-12, torch.float32: 2e-5, torch.bfloat16: 1e-2}[dtype]
     for what, got, want in zip(("D", "dh", "dmu"), results["fused"], results["separate"]):
         assert_rel_close(got, want, tol, what)
-    for forward_or_backward in range(2):
+    for forward_or_backward in range(2 if kernels else 0):
         assert any("smooth_centroids_kernel" in k for k in kernels["fused"][forward_or_backward]) == fused_runs
         assert not any("smooth_centroids_kernel" in k for k in kernels["separate"][forward_or_backward])
 
