@@ -833,6 +833,14 @@ def grouped_kernels(request, monkeypatch):
     return request.param
 
 
+def _refuse(what: str):
+    """A stand-in for a function a test says must not run."""
+    def refused(*args, **kwargs):
+        raise AssertionError(f"{what} ran")
+
+    return refused
+
+
 def grouped_inputs(B: int, n: int, dtype: torch.dtype, ties: bool, seed: int):
     """D on a coarse grid (ties, differences exactly equal to the margin, -0.0 beside +0.0) or random."""
     gen = torch.Generator().manual_seed(seed)
@@ -922,15 +930,9 @@ def test_grouped_loss_on_cuda_runs_the_fused_op(monkeypatch, grouped_kernels):
     from sol_ext import grouped
     from sol_ext import loss as loss_module
 
-    def refuse(what):
-        def refused(*args, **kwargs):
-            raise AssertionError(f"{what} ran")
-
-        return refused
-
-    monkeypatch.setattr(grouped, "_torch_order_sum", refuse("the torch path"))
+    monkeypatch.setattr(grouped, "_torch_order_sum", _refuse("the torch path"))
     if grouped_kernels == "fused":
-        monkeypatch.setattr(loss_module, "grouped_order_loss", refuse("the Python composition"))
+        monkeypatch.setattr(loss_module, "grouped_order_loss", _refuse("the Python composition"))
     h = torch.randn(3000, 8, device="cuda", requires_grad=True)
     mu = torch.randn(7, 8, device="cuda")
     loss = sol_ext.StochasticOrderLoss(7, algorithm="grouped")(h, torch.randint(0, 7, (3000,), device="cuda"), mu)
@@ -964,11 +966,8 @@ def test_grouped_loss_one_op_step_checks_values_on_cuda(monkeypatch):
     are named as on the other paths, and the op itself refuses check_values=True on CUDA."""
     from sol_ext import loss as loss_module
 
-    def refused(*args, **kwargs):
-        raise AssertionError("the Python composition ran")
-
     monkeypatch.setenv("SOL_EXT_CUDA_GROUPED", "fused")
-    monkeypatch.setattr(loss_module, "grouped_order_loss", refused)
+    monkeypatch.setattr(loss_module, "grouped_order_loss", _refuse("the Python composition"))
     criterion = sol_ext.StochasticOrderLoss(5, algorithm="grouped")
     h, mu = torch.randn(40, 4, device="cuda"), torch.randn(5, 4, device="cuda")
     labels = torch.arange(40, device="cuda") % 5

@@ -8,6 +8,8 @@
 #include <c10/macros/Macros.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 namespace sol_ext {
 namespace cuda {
@@ -21,6 +23,17 @@ using acc_type = at::opmath_type<scalar_t>;
 
 inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
+}
+
+// Whether the environment variable `name` chooses a kernel's "fused" implementation over its
+// "separate" one (the default, also when unset or empty); any other value is an error. Read at each call
+// (a getenv is cheap beside a launch), so that tests and benchmarks can switch between the two.
+inline bool fused_chosen(const char* name) {
+  const char* text = std::getenv(name);
+  const std::string value = text == nullptr ? "" : text;
+  if (value.empty() || value == "separate") return false;
+  TORCH_CHECK(value == "fused", name, " must be separate or fused, got '", value, "'");
+  return true;
 }
 
 // The cached tables of tables.cpp live as long as the cache keeps them, which may end (cache.clear())

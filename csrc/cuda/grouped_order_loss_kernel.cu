@@ -36,9 +36,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <optional>
-#include <string>
 #include <tuple>
 
 #include "../sol_ext.h"
@@ -288,15 +286,6 @@ __global__ void grouped_sides_kernel(const scalar_t* __restrict__ sorted, const 
   }
 }
 
-// SOL_EXT_CUDA_GROUPED: "separate" (the default) or "fused" (see the top of the file).
-bool fused_kernels_chosen() {
-  const char* text = std::getenv("SOL_EXT_CUDA_GROUPED");
-  const std::string value = text == nullptr ? "" : text;
-  if (value.empty() || value == "separate") return false;
-  TORCH_CHECK(value == "fused", "SOL_EXT_CUDA_GROUPED must be separate or fused, got '", value, "'");
-  return true;
-}
-
 std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cuda(
     const at::Tensor& D_in,
     const at::Tensor& labels_in,
@@ -320,7 +309,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cuda(
   const at::Tensor labels = labels_in.contiguous();
   const at::Tensor table = ordering_table(n, sigma, tau, conv, at::kDouble, D.device()).contiguous();
   cuda::record_use(table, at::cuda::getCurrentCUDAStream());
-  const bool fused = fused_kernels_chosen();
+  const bool fused = cuda::fused_chosen("SOL_EXT_CUDA_GROUPED");  // see the top of the file
   // "separate": L = lt + gt^T, U = gt + lt^T, E2 = eq + eq^T (docs/math.md §13.1), [n, n] float64 each
   at::Tensor L, U, E2;
   if (!fused) {

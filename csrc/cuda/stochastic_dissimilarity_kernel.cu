@@ -35,8 +35,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <string>
 
 #include "../sol_ext.h"
 #include "cuda_common.cuh"
@@ -177,11 +175,8 @@ __global__ void __launch_bounds__(kCentroidThreads) smooth_centroids_kernel(
 }
 
 bool fused_centroids_chosen(int64_t n, int64_t d) {
-  const char* text = std::getenv("SOL_EXT_CUDA_DISSIMILARITY");
-  const std::string value = text == nullptr ? "" : text;
-  if (value.empty() || value == "separate") return false;
-  TORCH_CHECK(value == "fused", "SOL_EXT_CUDA_DISSIMILARITY must be separate or fused, got '", value, "'");
-  return n >= 1 && d >= 1 && n * cuda::ceil_div(d, int64_t(kCentroidThreads)) <= kFusedCentroidsMaxSteps;
+  return cuda::fused_chosen("SOL_EXT_CUDA_DISSIMILARITY") && n >= 1 && d >= 1 &&
+         n * cuda::ceil_div(d, int64_t(kCentroidThreads)) <= kFusedCentroidsMaxSteps;
 }
 
 // The centroid side of both passes: the shift s [1,d] (centering_shift), mu - s [n,d] and
