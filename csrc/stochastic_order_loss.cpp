@@ -174,6 +174,20 @@ void check_dissimilarities_finite(const at::Tensor& D, const at::Tensor& h, cons
   TORCH_CHECK_VALUE(false, message.str());
 }
 
+// sol_ext/_validation.py's check_loss_finite with the advice of StochasticOrderLoss._check_finite, same
+// message: finite but huge h and mu can overflow the loss.
+void check_loss_finite(const at::Tensor& loss, const at::Tensor& h, const at::Tensor& mu, double margin) {
+  if (std::isfinite(loss.item<double>())) return;
+  const double largest = std::max(h.abs().max().item<double>(), mu.abs().max().item<double>());
+  std::ostringstream message;
+  message << std::setprecision(3) << "the loss overflows torch."
+          << (loss.scalar_type() == at::kDouble ? "float64" : "float32")
+          << " although its inputs are finite: the largest |value| of h and mu is " << largest
+          << " and margin=" << margin << ", and a pair's order loss adds up to 2n hinge terms of about |D| + "
+          << "margin each; scale them down or compute in float64";
+  TORCH_CHECK_VALUE(false, message.str());
+}
+
 // sol_ext/_validation.py's check_ranks for the labels, same message.
 void check_label_range(const at::Tensor& labels, int64_t batch_size, int64_t num_ranks) {
   TORCH_CHECK(labels.scalar_type() == at::kLong, "labels must be int64, got ", labels.scalar_type());
@@ -225,7 +239,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_stochastic_order_loss(
   const auto [total, grad_order] = grouped_op.call(D, labels, sigma, tau, margin, convention, 0, n, need_grad);
   const at::Tensor order = total.mul(grouped_scale(B, mean)).to(reduced_dtype(D.scalar_type()));
   const at::Tensor disc = reduce(disc_op.call(D, labels, T), mean);
-  return {order.add(disc.mul(disc_weight)), D, grad_order};
+  const at::Tensor loss = order.add(disc.mul(disc_weight));
+  if (check_values) check_loss_finite(loss, h, mu, margin);
+  return {loss, D, grad_order};
 }
 
 std::tuple<at::Tensor, at::Tensor> grouped_stochastic_order_loss_backward(

@@ -8,6 +8,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -54,12 +55,23 @@ at::Tensor cached(const CacheKey& key, Make make) {
   return cache.emplace(key, value).first->second;
 }
 
+// A zeroed float64 buffer of `size` values for the tables of num_ranks = n, refused by name where the
+// machine cannot hold it.
+std::vector<double> table_buffer(int64_t size, int64_t n) {
+  try {
+    return std::vector<double>(size, 0.0);
+  } catch (const std::bad_alloc&) {
+    C10_THROW_ERROR(ValueError, c10::str("num_ranks=", n, " needs probability tables of ", size,
+                                         " float64 values, more memory than could be allocated"));
+  }
+}
+
 // P [n,n] in float64 on the CPU. The exponent is written as -((j - q) / sigma)^2 / 2 so that every
 // finite sigma > 0 gives a kernel: a tiny sigma makes (j - q) / sigma infinite off the diagonal and 0 on
 // it (the identity: plain order learning), a huge sigma makes it 0 everywhere (the uniform kernel).
 // 1 / (2 sigma^2) would overflow below sigma ~ 1e-154 and give 0 * inf = NaN on the diagonal.
 std::vector<double> noise_kernel_values(int64_t n, double sigma) {
-  std::vector<double> P(n * n);
+  std::vector<double> P = table_buffer(n * n, n);
   for (int64_t q = 0; q < n; ++q) {
     double row_sum = 0.0;
     for (int64_t j = 0; j < n; ++j) {
@@ -108,8 +120,14 @@ at::Tensor to_tensor(const std::vector<double>& values, at::IntArrayRef sizes) {
   return at::from_blob(const_cast<double*>(values.data()), sizes, at::kDouble).clone();
 }
 
+// The tables hold n^2 (the ordering table 3n^2) float64 values: past this bound their sizes overflow
+// int64 long before any machine could hold them.
+constexpr int64_t kMaxRanks = int64_t{1} << 24;
+
 void check_table_args(int64_t n, double sigma) {
   TORCH_CHECK(n >= 1, "num_ranks must be >= 1, got ", n);
+  TORCH_CHECK_VALUE(n <= kMaxRanks, "num_ranks must be <= ", kMaxRanks,
+                    " (the noise kernel and the ordering table are [num_ranks, num_ranks] float64 tables), got ", n);
   TORCH_CHECK(std::isfinite(sigma) && sigma > 0, "sigma must be a finite number > 0, got ", sigma);
 }
 
@@ -142,7 +160,7 @@ at::Tensor ordering_table(
   return cached(key, [&] {
     const std::vector<double> P = noise_kernel_values(n, sigma);
     // tail[b][k] = sum_{k' >= k} P[b,k'], for k in 0..n (tail[b][n] = 0).
-    std::vector<double> tail(n * (n + 1), 0.0);
+    std::vector<double> tail = table_buffer(n * (n + 1), n);
     for (int64_t b = 0; b < n; ++b) {
       for (int64_t k = n - 1; k >= 0; --k) tail[b * (n + 1) + k] = tail[b * (n + 1) + k + 1] + P[b * n + k];
     }
@@ -154,7 +172,7 @@ at::Tensor ordering_table(
       for (int64_t j = 0; j < n; ++j) total += P[a * n + j] * tail[b * (n + 1) + std::min(last_start, j + far)];
       return total;
     };
-    std::vector<double> table(n * n * 3);
+    std::vector<double> table = table_buffer(n * n * 3, n);
     at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
       for (int64_t a = begin; a < end; ++a) {
         for (int64_t b = 0; b < n; ++b) {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -76,6 +76,12 @@ def check_int(name: str, value, minimum: int) -> int:
     return int(value)
 
 
+def check_float_dtype(dtype) -> None:
+    """The ``dtype`` of a returned table: an integer one would round its probabilities to 0."""
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+
+
 def check_tensor(name: str, value) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
@@ -93,11 +99,29 @@ def check_floating(name: str, t: torch.Tensor, ndim: int, shape_text: str) -> No
 def check_finite(name: str, t: torch.Tensor) -> None:
     if _values_hidden(t) or t.numel() == 0:
         return
+    extremes(name, t)
+
+
+def extremes(name: str, t: torch.Tensor) -> tuple:
+    """``(min, max)`` of a non-empty ``t`` whose values can be read, refusing NaN and inf."""
     # min and max propagate NaN and expose +-inf: one cheap reduction (and one device sync) instead
     # of an elementwise isfinite over the whole tensor on every call.
-    if not all(math.isfinite(v) for v in torch.stack(torch.aminmax(t)).tolist()):
+    lowest, highest = torch.stack(torch.aminmax(t)).tolist()
+    if not (math.isfinite(lowest) and math.isfinite(highest)):
         bad = int((~torch.isfinite(t)).sum())
         raise ValueError(f"{name} contains {bad} NaN or inf value(s); expected finite numbers")
+    return lowest, highest
+
+
+def check_loss_finite(loss: torch.Tensor, advice: Callable[[], str]) -> None:
+    """Finite inputs can still overflow the loss: a pair's order loss adds up to ``2n`` hinge terms of
+    about ``|D| + margin`` each (docs/math.md §6). Refuse the inf (or NaN, as 0 * inf) instead of
+    returning it; ``advice()`` says which inputs were that large and what to do."""
+    if _values_hidden(loss) or loss.numel() == 0:
+        return
+    if all(math.isfinite(v) for v in torch.stack(torch.aminmax(loss.detach().reshape(-1))).tolist()):
+        return
+    raise ValueError(f"the loss overflows {loss.dtype} although its inputs are finite: {advice()}")
 
 
 def check_same_device(**tensors) -> None:
@@ -126,11 +150,14 @@ def check_embeddings(h: torch.Tensor, mu: torch.Tensor, values: bool = True) -> 
         check_finite("mu", mu)
 
 
-def check_dissimilarities(D: torch.Tensor) -> None:
-    check_floating("D", D, 2, "[B, n]")
+def check_dissimilarities(D: torch.Tensor, name: str = "D") -> float:
+    """``D [B, n]``, floating and finite; returns its largest ``|value|`` (0 where values cannot be read)."""
+    check_floating(name, D, 2, "[B, n]")
     if D.shape[1] < 1:
-        raise ValueError(f"D must have at least one rank column (shape [B, n], n >= 1), got {tuple(D.shape)}")
-    check_finite("D", D)
+        raise ValueError(f"{name} must have at least one rank column (shape [B, n], n >= 1), got {tuple(D.shape)}")
+    if _values_hidden(D) or D.numel() == 0:
+        return 0.0
+    return max(abs(v) for v in extremes(name, D))
 
 
 def check_ranks(
@@ -184,6 +211,18 @@ def check_pairs(pairs, batch_size: int, values: bool = True) -> Optional[torch.T
                 f"got values in {lowest} … {highest}"
             )
     return pairs.long()
+
+
+def check_indices_on_cpu(labels: torch.Tensor, num_ranks: int, pairs=None, batch_size: Optional[int] = None) -> None:
+    """For the paths in plain torch operations (the reference, the grouped composition), which index with
+    ``labels`` and ``pairs`` where a negative index silently wraps around. With ``check_values=False`` only
+    the kernels check indices on the CPU, so these paths check them themselves there: on the CPU that costs
+    no host-device synchronization (a GPU asserts them on the device, :func:`assert_in_range`)."""
+    if labels.device.type != "cpu" or _values_hidden(labels):
+        return
+    check_ranks("labels", labels, num_ranks)
+    if pairs is not None:
+        check_pairs(pairs, batch_size)
 
 
 def assert_in_range(name: str, indices: torch.Tensor, size: int) -> None:

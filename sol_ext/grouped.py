@@ -334,10 +334,11 @@ def _torch_order_sum(
     positions of a chunk in blocks (see the constants above)."""
     B, n = D.shape
     device = D.device
+    check.check_indices_on_cpu(labels, n)
     cdtype = _compute_dtype(device)
     q_begin, q_end = (0, n) if ranks is None else ranks
     total = torch.zeros((), dtype=cdtype, device=device)
-    if B < 2 or q_end <= q_begin:
+    if B < 2 or q_end <= q_begin or device.type == "meta":  # meta tensors: shapes only
         return total, torch.zeros((B, n), dtype=cdtype, device=device) if need_grad else None
     # The gradient, transposed: each rank's row is written whole (a permutation of the sorted positions).
     grad_t = None

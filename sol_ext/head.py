@@ -101,8 +101,8 @@ class SOLHead(nn.Module):
             convention=convention, backend=backend, check_values=check_values)
         self.num_ranks = self.criterion.num_ranks
         self.embedding_dim = check.check_int("embedding_dim", embedding_dim, 1)
-        self.momentum = float(momentum)
-        if not (math.isfinite(self.momentum) and 0.0 <= self.momentum < 1.0):
+        self.momentum = check.check_nonnegative_float("momentum", momentum)
+        if self.momentum >= 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
         if not isinstance(normalize, bool):
             raise TypeError(f"normalize must be True or False, got {normalize!r}")

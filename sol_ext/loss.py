@@ -12,6 +12,7 @@ from ._reduction import reduce_losses
 from .grouped import fused_cuda_step, grouped_order_loss
 from .ops import (
     _check_dissimilarities_finite,
+    overflow_advice,
     _disc_losses,
     _dissimilarity,
     _order_losses,
@@ -43,7 +44,8 @@ class StochasticOrderLoss(nn.Module):
             ``backend="reference"``. The same value and gradients up to rounding. On a GPU, grouped reads
             one flag per chunk of ranks back to the host (its tie checks), also with ``check_values=False``.
         check_values: read the inputs' values to refuse NaN/inf embeddings and out-of-range labels or
-            pairs with a ``ValueError`` (default). On a GPU that costs a host-device synchronization per
+            pairs with a ``ValueError`` (default), and the loss's to refuse an overflow to inf or NaN from
+            finite but huge embeddings. On a GPU that costs host-device synchronizations per
             call; ``False`` skips the finiteness checks and asserts the index ranges on the device
             instead, so that a CUDA training step never waits for the host (see docs/performance.md).
 
@@ -104,7 +106,8 @@ class StochasticOrderLoss(nn.Module):
                 )
                 if self.check_values and not on_cpu:
                     _check_dissimilarities_finite(D, h, mu)
-                return loss
+                    self._check_finite(loss, h, mu)
+                return loss  # on the CPU the op checked it
             if self.check_values and on_cpu:
                 self._check_values(h, labels, mu, pairs)
             if how.fused and how.algorithm == "pairwise":
@@ -116,6 +119,7 @@ class StochasticOrderLoss(nn.Module):
                 )
                 if self.check_values:
                     _check_dissimilarities_finite(D, h, mu)
+                    self._check_finite(loss, h, mu)
                 return loss
             D = self._dissimilarities(h, mu, how.fused)
             if how.algorithm == "grouped":  # D by the kernels (or the reference), the all-pairs sum by sorting
@@ -125,7 +129,10 @@ class StochasticOrderLoss(nn.Module):
                     _order_losses(D, labels, pairs, self.sigma, self.tau, self.margin, self.convention, how.fused),
                     self.reduction,
                 )
-            return order + self.disc_weight * self._disc_term(D, labels, how.fused, self.reduction)
+            loss = order + self.disc_weight * self._disc_term(D, labels, how.fused, self.reduction)
+            if self.check_values:
+                self._check_finite(loss, h, mu)
+            return loss
 
     # The steps of forward, also run by DistributedStochasticOrderLoss on this loss's settings.
 
@@ -149,6 +156,12 @@ class StochasticOrderLoss(nn.Module):
         check.check_finite("mu", mu)
         check.check_ranks("labels", labels, self.num_ranks)
         check.check_pairs(pairs, h.shape[0])
+
+    def _check_finite(self, loss: torch.Tensor, h: torch.Tensor, mu: torch.Tensor) -> None:
+        """Finite but huge ``h`` and ``mu`` can overflow the loss (csrc/stochastic_order_loss.cpp checks
+        the grouped op's on the CPU, with the same message)."""
+        largest = lambda: max(h.detach().abs().max().item(), mu.detach().abs().max().item())  # noqa: E731
+        check.check_loss_finite(loss, overflow_advice("h and mu", largest, self.margin))
 
     def _dissimilarities(self, h: torch.Tensor, mu: torch.Tensor, fused: bool) -> torch.Tensor:
         D = _dissimilarity(h, mu, self.sigma, fused)

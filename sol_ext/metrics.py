@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import _validation as check
+
 __all__ = ["mae", "cumulative_score", "cs_curve", "pearson", "spearman", "quadratic_weighted_kappa", "qwk",
            "macro_mae", "per_rank_mae", "summarize"]
 
@@ -71,10 +73,9 @@ def _within(err: np.ndarray, theta: float) -> np.ndarray:
 
 def cumulative_score(pred: ArrayLike, true: ArrayLike, theta: float) -> float:
     """CS@theta: the percentage (0–100) of samples with ``|pred - true| <= theta``."""
-    if not np.isfinite(theta) or theta < 0:
-        raise ValueError(f"theta must be a finite number >= 0, got {theta}")
+    theta = check.check_nonnegative_float("theta", theta)
     p, t = _as_pair(pred, true)
-    return float(100.0 * np.mean(_within(np.abs(p - t), float(theta))))
+    return float(100.0 * np.mean(_within(np.abs(p - t), theta)))
 
 
 def cs_curve(pred: ArrayLike, true: ArrayLike, thetas: Iterable[float]) -> list[float]:
@@ -83,9 +84,7 @@ def cs_curve(pred: ArrayLike, true: ArrayLike, thetas: Iterable[float]) -> list[
     err = np.abs(p - t)
     out = []
     for theta in thetas:
-        theta = float(theta)
-        if not np.isfinite(theta) or theta < 0:
-            raise ValueError(f"every theta must be a finite number >= 0, got {theta}")
+        theta = check.check_nonnegative_float("every theta of thetas", theta)
         out.append(float(100.0 * np.mean(_within(err, theta))))
     return out
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -226,10 +226,17 @@ def _check_dissimilarities_finite(D: torch.Tensor, h: torch.Tensor, mu: torch.Te
         )
 
 
+def overflow_advice(name: str, largest: Callable[[], float], margin: float) -> Callable[[], str]:
+    """What :func:`sol_ext._validation.check_loss_finite` says of an overflowing loss (``largest`` read then)."""
+    return lambda: (f"the largest |value| of {name} is {largest():.3g} and margin={margin:.3g}, and a pair's order "
+                    "loss adds up to 2n hinge terms of about |D| + margin each; scale them down or compute in float64")
+
+
 def _order_losses(D, labels, pairs, sigma, tau, margin, convention, fused: bool):
     """Per-pair losses ``[M]``."""
     if fused:
         return _OrderLoss.apply(D, labels, pairs, sigma, tau, margin, convention)
+    check.check_indices_on_cpu(labels, D.shape[1], pairs, D.shape[0])
     return reference.order_loss(D, labels, pairs, sigma, tau, margin, convention, reduction="none")
 
 
@@ -237,6 +244,8 @@ def _order_loss_block_rows(D, labels, D_all, labels_all, offset, sigma, tau, mar
     """Per-row sums ``[B]`` of the block's pair losses."""
     if fused:
         return _OrderLossBlock.apply(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention)
+    check.check_indices_on_cpu(labels, D.shape[1])
+    check.check_indices_on_cpu(labels_all, D.shape[1])
     return reference.order_loss_block(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention)
 
 
@@ -244,7 +253,9 @@ def _disc_losses(D, labels, T, fused: bool):
     """Per-sample losses ``[B]``."""
     if fused:
         return _DiscLoss.apply(D, labels, T)
+    check.check_indices_on_cpu(labels, D.shape[1])
     return reference.disc_loss(D, labels, T, reduction="none")
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,8 +319,7 @@ def ordering_probabilities(
     sigma = check.check_positive_float("sigma", sigma)
     tau = check.check_int("tau", tau, 0)
     check.check_choice("convention", convention, check.CONVENTIONS)
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    check.check_float_dtype(dtype)
     if route("ordering_probabilities", backend, r_x.device, torch.float64).fused:
         return _ops.ordering_probabilities(r_x, r_y, num_ranks, sigma, tau, convention, dtype)
     return reference.ordering_probabilities(r_x, r_y, num_ranks, sigma, tau, convention, dtype)
@@ -379,7 +389,7 @@ def order_loss(
     supported with float32 accumulation; the result comes back in ``D``'s dtype.
     """
     (D,) = prepare({"D": D}, labels=labels, pairs=pairs)
-    check.check_dissimilarities(D)
+    largest = check.check_dissimilarities(D)
     batch_size, num_ranks = D.shape
     labels = check.check_ranks("labels", labels, num_ranks, length=batch_size)
     pairs = check.check_pairs(pairs, batch_size)
@@ -394,8 +404,11 @@ def order_loss(
     )
     with computing(D.device):
         if how.algorithm == "grouped":
-            return grouped.grouped_order_loss(D, labels, sigma, tau, margin, convention, reduction)
-        return reduce_losses(_order_losses(D, labels, pairs, sigma, tau, margin, convention, how.fused), reduction)
+            loss = grouped.grouped_order_loss(D, labels, sigma, tau, margin, convention, reduction)
+        else:
+            loss = reduce_losses(_order_losses(D, labels, pairs, sigma, tau, margin, convention, how.fused), reduction)
+    check.check_loss_finite(loss, overflow_advice("D", lambda: largest, margin))
+    return loss
 
 
 def order_loss_block(
@@ -430,8 +443,7 @@ def order_loss_block(
     is summed by one worker in a fixed order, no atomics).
     """
     D, D_all = prepare({"D": D, "D_all": D_all}, labels=labels, labels_all=labels_all)
-    check.check_dissimilarities(D)
-    check.check_dissimilarities(D_all)
+    largest = max(check.check_dissimilarities(D), check.check_dissimilarities(D_all, "D_all"))
     batch_size, num_ranks = D.shape
     if D_all.shape[1] != num_ranks:
         raise ValueError(f"D_all must have {num_ranks} rank columns like D, got shape {tuple(D_all.shape)}")
@@ -449,7 +461,9 @@ def order_loss_block(
     check.check_choice("convention", convention, check.CONVENTIONS)
     how = route("order_loss_block", backend, D.device, D.dtype)
     with computing(D.device):
-        return _order_loss_block_rows(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention, how.fused)
+        rows = _order_loss_block_rows(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention, how.fused)
+    check.check_loss_finite(rows, overflow_advice("D and D_all", lambda: largest, margin))
+    return rows
 
 
 def disc_loss(
@@ -480,5 +494,6 @@ def noise_kernel(
     """The noise kernel ``P [n, n]`` (docs/math.md §2): row ``q`` is the distribution of the true rank given noisy rank ``q``."""
     num_ranks = check.check_int("num_ranks", num_ranks, 1)
     sigma = check.check_positive_float("sigma", sigma)
+    check.check_float_dtype(dtype)
     return reference.noise_kernel(num_ranks, sigma, dtype=dtype, device=device)
 

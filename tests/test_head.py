@@ -98,6 +98,10 @@ def test_bad_use_raises_clear_errors():
         head.update_centroids(torch.zeros(3, 5), torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="momentum"):
         sol_ext.SOLHead(4, 2, momentum=1.0)
+    with pytest.raises(TypeError, match="momentum must be a real number, got None"):
+        sol_ext.SOLHead(4, 2, momentum=None)
+    with pytest.raises(TypeError, match="momentum must be a real number, got '0.5'"):
+        sol_ext.SOLHead(4, 2, momentum="0.5")
     with pytest.raises(ValueError, match="readout"):
         sol_ext.SOLHead(4, 2, readout="mode")
     head.update(torch.randn(8, 2, dtype=torch.float64), torch.arange(8) % 4)

@@ -235,3 +235,12 @@ def test_bad_theta():
         cumulative_score([1.0], [1.0], -1)
     with pytest.raises(ValueError, match="theta"):
         cs_curve([1.0], [1.0], [0, float("nan")])
+
+
+def test_cumulative_scores_refuse_a_bad_theta_by_name():
+    with pytest.raises(TypeError, match="theta must be a real number, got None"):
+        cumulative_score([1, 2], [1, 2], None)
+    with pytest.raises(ValueError, match="theta must be a finite number >= 0, got -1"):
+        cumulative_score([1, 2], [1, 2], -1)
+    with pytest.raises(ValueError, match="every theta of thetas must be a finite number >= 0, got nan"):
+        cs_curve([1, 2], [1, 2], [1, float("nan")])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -81,6 +82,21 @@ def test_bad_num_ranks(num_ranks, error):
         sol_ext.StochasticOrderLoss(num_ranks)
     with pytest.raises(error, match="num_ranks must be an integer"):
         sol_ext.ordering_probabilities(torch.tensor([0]), torch.tensor([0]), num_ranks)
+
+
+@pytest.mark.parametrize("num_ranks", [2**24 + 1, 2**32, 2**40])
+def test_num_ranks_whose_tables_could_not_exist_are_refused(num_ranks):
+    """[num_ranks, num_ranks] float64 tables: past 2**24 ranks their sizes would overflow int64 (2**32
+    once wrapped to an empty table and wrote past it)."""
+    with pytest.raises(ValueError, match=rf"num_ranks must be <= {2**24} .* got {num_ranks}"):
+        sol_ext.ordering_probabilities(torch.tensor([0]), torch.tensor([1]), num_ranks)
+
+
+def test_integer_table_dtypes_are_refused():
+    with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype, got torch.int64"):
+        sol_ext.noise_kernel(3, 1.0, dtype=torch.int64)
+    with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype, got torch.int32"):
+        sol_ext.ordering_probabilities(torch.tensor([0]), torch.tensor([1]), 3, dtype=torch.int32)
 
 
 def test_functional_forms_validate_too():
@@ -191,3 +207,65 @@ def test_without_value_checks_the_cpu_kernels_still_refuse_out_of_range_labels()
     assert torch.isfinite(criterion(h, torch.arange(8) % 5, mu))
     with pytest.raises(RuntimeError, match="labels must lie in 0..4"):
         criterion(h, torch.full((8,), 7), mu)
+
+
+@pytest.mark.parametrize("algorithm", ["pairwise", "grouped"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
+@pytest.mark.parametrize("bad", ["negative label", "label past the last rank", "negative pair index"])
+def test_without_value_checks_the_reference_still_refuses_out_of_range_indices(algorithm, dtype, bad):
+    """The paths in plain torch (the reference; CPU float16, which the kernels do not take) index with
+    labels and pairs, where -1 would silently wrap around to the last rank or row."""
+    if algorithm == "grouped" and bad == "negative pair index":
+        pytest.skip("the grouped algorithm takes all pairs, no explicit pairs")
+    labels, pairs = torch.tensor([4, 0, 1, 2, 3, 4]), None
+    if bad == "negative label":
+        labels[0] = -1
+    elif bad == "label past the last rank":
+        labels[0] = N
+    else:
+        pairs = torch.tensor([[0, -1]])
+    torch.manual_seed(0)
+    h, mu = torch.randn(B, DIM, dtype=dtype), torch.randn(N, DIM, dtype=dtype)
+    backends = ["reference"] + (["auto"] if dtype == torch.float16 else [])  # auto: the reference for float16
+    for backend in backends:
+        criterion = sol_ext.StochasticOrderLoss(N, backend=backend, algorithm=algorithm, check_values=False)
+        name = "pairs" if pairs is not None else "labels"
+        # a ValueError from the Python checks, or the RuntimeError of a kernel (grouped float64 sums by the CPU op)
+        with warnings.catch_warnings(), pytest.raises((ValueError, RuntimeError),
+                                                      match=rf"{name} must (lie in|hold batch indices)"):
+            warnings.simplefilter("ignore")  # float16 on the CPU: "using the plain PyTorch reference"
+            criterion(h, labels, mu, pairs)
+
+
+@pytest.mark.parametrize("algorithm", ["pairwise", "grouped"])
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_a_loss_that_overflows_from_finite_inputs_is_refused(algorithm, backend):
+    """Embeddings near 1e19 give a finite D near float32's largest value, and a pair's loss adds 2n such
+    terms: an error naming the cause, not a NaN or inf loss (the module and the functional form)."""
+    torch.manual_seed(0)
+    mu, h = torch.randn(N, 2), torch.randn(B, 2) * 1e19
+    labels = torch.tensor([0, 4, 0, 4, 2, 1])
+    D = sol_ext.stochastic_dissimilarity(h, mu, 1e-3)
+    assert torch.isfinite(D).all()
+    with pytest.raises(ValueError, match=r"the loss overflows torch.float32 although its inputs are finite: "
+                                         r"the largest \|value\| of D is 3.\d+e\+38"):
+        sol_ext.order_loss(D, labels, sigma=1e-3, algorithm=algorithm, backend=backend)
+    with pytest.raises(ValueError, match=r"the loss overflows .* of h and mu is 1.\d+e\+19 .* compute in float64"):
+        sol_ext.StochasticOrderLoss(N, sigma=1e-3, algorithm=algorithm, backend=backend)(h, labels, mu)
+    with pytest.raises(ValueError, match=r"margin=1e\+308"):
+        sol_ext.order_loss(torch.rand(B, N), labels, margin=1e308, algorithm=algorithm, backend=backend)
+    # In float64 the same embeddings are fine.
+    loss = sol_ext.StochasticOrderLoss(N, sigma=1e-3, algorithm=algorithm, backend=backend)(h.double(), labels,
+                                                                                            mu.double())
+    assert torch.isfinite(loss)
+
+
+def test_the_grouped_algorithm_gives_shapes_on_meta_tensors():
+    h = torch.empty(B, DIM, device="meta", requires_grad=True)
+    mu, labels = torch.empty(N, DIM, device="meta"), torch.empty(B, dtype=torch.long, device="meta")
+    loss = sol_ext.StochasticOrderLoss(N, algorithm="grouped")(h, labels, mu)
+    assert loss.device.type == "meta" and loss.shape == () and loss.dtype == torch.float32
+    loss.backward()
+    assert h.grad.device.type == "meta" and h.grad.shape == (B, DIM)
+    D = torch.empty(B, N, device="meta")
+    assert sol_ext.order_loss(D, labels, algorithm="grouped").shape == ()
