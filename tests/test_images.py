@@ -289,3 +289,21 @@ def test_an_image_run_keeps_the_papers_weight_decay(tmp_path):
     out, _ = _train(tmp_path, _image_list(tmp_path / "data"), "run")
     groups = load_checkpoint(out / "checkpoint.pt")["optimizer"]["param_groups"]
     assert {g["weight_decay"] for g in groups} == {BASELINE_WEIGHT_DECAY}
+
+
+def test_outputs_are_refused_inside_an_image_folder_the_run_read(tmp_path, capsys):
+    """--data FOLDER: its labels.csv and images are the run's data, and no output replaces them."""
+    folder = _image_list(tmp_path / "imgs").parent
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(folder), "--image-size", "16", "--epochs", "1", "--batch-size", "8",
+                 "--embedding-dim", "4", "--method", "l1", "--workers", "0", "--output", str(out),
+                 "--quiet", "--no-plots"]) == 0
+    before = (folder / "labels.csv").read_bytes()
+    target = str(folder / "labels.csv")
+    for argv, flag in ((["predict", str(out), "--data", str(folder), "--workers", "0", "--output"], "--output"),
+                       (["audit", str(out), "--in-sample", "--csv"], "--csv"),
+                       (["export", str(out), "--output"], "--output")):
+        assert main([*argv, target, "--overwrite"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"sol-ext: error: {flag} {target}: is inside") and len(err.strip().splitlines()) == 1
+    assert (folder / "labels.csv").read_bytes() == before

@@ -81,6 +81,40 @@ def test_predict_refuses_to_write_over_the_runs_training_data(run, capsys):
     assert data.read_bytes() == before
 
 
+def test_the_runs_data_are_kept_and_found_from_any_working_folder(tmp_path, monkeypatch, capsys):
+    """A run saves its data paths as typed: a relative one is read from the folder training ran in."""
+    monkeypatch.chdir(tmp_path)
+    data = tiny_csv(tmp_path / "d.csv")
+    shutil.copy(data, tmp_path / "other.csv")
+    assert main(["train", "--data", "d.csv", "--output", "run", *FAST]) == 0
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    before = data.read_bytes()
+    for argv, flag in ((["predict", "../run", "--data", "../other.csv", "--output"], "--output"),
+                       (["audit", "../run", "--in-sample", "--csv"], "--csv"),
+                       (["export", "../run", "--output"], "--output")):
+        expect_error(capsys, [*argv, "../d.csv", "--overwrite"], f"{flag} ../d.csv", "is the training data of ../run")
+    assert data.read_bytes() == before
+    # the out-of-sample audit retrains on the run's data, read from where training ran
+    assert main(["audit", "../run", "--folds", "2", "--csv", "audit.csv"]) == 0, capsys.readouterr().err
+    assert (tmp_path / "sub" / "audit.csv").read_text().startswith("index,")
+
+
+def test_nothing_is_written_into_an_input_folder(tmp_path):
+    """An image folder holds the images and their labels.csv: a file in it, existing or new, is data."""
+    from sol_ext.driver.errors import UsageError
+    from sol_ext.driver.outputs import check_output
+
+    folder = tmp_path / "imgs"
+    (folder / "img").mkdir(parents=True)
+    (folder / "labels.csv").write_text("path,label\n")
+    inputs = [("the training data of run", str(folder))]
+    for target in (folder / "labels.csv", folder / "new.csv", folder / "img" / "0.png"):
+        with pytest.raises(UsageError, match=rf"--output {target}: is inside the training data of run \({folder}\)"):
+            check_output(str(target), "--output", inputs=inputs, overwrite=True)
+    assert check_output(str(tmp_path / "out.csv"), "--output", inputs=inputs) == tmp_path / "out.csv"
+
+
 def test_the_default_output_is_never_the_input(own_run, capsys):
     out, data = own_run
     shutil.copy(data, out / "predictions.csv")  # data kept where predict writes by default

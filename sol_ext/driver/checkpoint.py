@@ -67,9 +67,10 @@ def epoch_state(*, config: TrainConfig, fingerprint: dict[str, Any], epoch: int,
     (:func:`predictor_record`); the training labels trained on (``labels``), the run's corrected
     ones, the given and (when known) clean ones; the data-file rows of the fitted samples and of
     the validation split; predicted training and test ranks; the epoch's validation MAE; the
-    sigma search's outcome; the relabeling rule's noise std."""
+    sigma search's outcome; the relabeling rule's noise std. ``working_dir``, the folder training
+    runs in, is where the config's relative data paths lead (:func:`run_data_paths`)."""
     return {
-        "config": config.to_dict(), "fingerprint": fingerprint, "epoch": epoch,
+        "config": config.to_dict(), "working_dir": os.getcwd(), "fingerprint": fingerprint, "epoch": epoch,
         "world_size": world_size, "model": model.state_dict(),
         "head": None if head is None else {k: v.cpu() for k, v in head.state_dict().items()},
         "predictor": predictor,
@@ -108,6 +109,21 @@ def load_run_state(run_dir: Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     best = run_dir / BEST_NAME
     return load_checkpoint(best if best.is_file() else run_dir / CHECKPOINT_NAME)
+
+
+def run_data_paths(state: dict[str, Any]) -> dict[str, Optional[str]]:
+    """``data`` and ``test_data`` of the run whose state this is, as that run read them: the config
+    keeps them as typed, so a relative path is taken from the folder training ran in
+    (``working_dir``) where that file or folder still is; a built-in data set's name stays a name."""
+    config, where = state.get("config", {}), state.get("working_dir")
+
+    def located(given: Optional[str]) -> Optional[str]:
+        if not given or where is None or Path(given).is_absolute():
+            return given
+        there = Path(where) / given
+        return str(there) if there.exists() else given
+
+    return {key: located(config.get(key)) for key in ("data", "test_data")}
 
 
 class CheckpointMismatch(ValueError):

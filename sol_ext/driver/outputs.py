@@ -5,8 +5,9 @@ A command's output file (``predict --output``, ``export --output`` and its ``.js
 ``audit --csv``, ``compare``'s tables, ``train``'s run files) is refused, with one line naming the
 flag and the file, when it would replace
 
-* an input of the command (``--data``, ``--test-data``, or the training data a run was made from),
-  always;
+* an input of the command (``--data``, ``--test-data``, or the training data a run was made from,
+  found from any working folder), or a file in an input folder (an image folder and its
+  ``labels.csv``), always;
 * a file sol-ext wrote into a run folder (``best.pt``, ``checkpoint.pt``, ``results.json``,
   ``config.toml``, the plots, ``predictions.csv``, ``audit.csv``, ``model.pt2``/``model.json`` of an export, anything
   under ``sigma-search/``) or a comparison's ``compare.json``/``compare.md``, always, unless it is
@@ -69,24 +70,33 @@ def _same_file(a: Path, b: Path) -> bool:
         return _real(a) == _real(b)
 
 
-def _input_named(path: Path, inputs: Iterable[Input]) -> Optional[Input]:
-    """The entry of ``inputs`` that is the file ``path``, if any (built-in names never are)."""
-    for flag, given in inputs:
-        if given and Path(given).exists() and _same_file(path, Path(given)):
-            return flag, given
+def _input_holding(path: Path, inputs: Iterable[Input]) -> Optional[Tuple[str, str, bool]]:
+    """``(what, path given, inside)`` of the entry of ``inputs`` that is the file ``path`` or, for an
+    input folder (images and their labels.csv), holds it; None if none does (built-in names never do)."""
+    for what, given in inputs:
+        if not given or not Path(given).exists():
+            continue
+        if _same_file(path, Path(given)):
+            return what, given, False
+        if Path(given).is_dir() and _real(given) in _real(path).parents:
+            return what, given, True
     return None
 
 
 def check_inputs_kept(path: Path | str, flag: str, inputs: Iterable[Input]) -> None:
-    """Refuse ``path`` (an output of ``flag``) when it is one of ``inputs``.
+    """Refuse ``path`` (an output of ``flag``) when it is one of ``inputs`` or lies in an input folder.
 
     Raises:
         UsageError: naming ``flag``, the file and the input's flag.
     """
-    hit = _input_named(Path(path), inputs)
-    if hit is not None:
-        raise UsageError(f"{flag} {path}: is {hit[0]} ({hit[1]}); writing there would replace it: "
-                         f"choose another file.")
+    hit = _input_holding(Path(path), inputs)
+    if hit is None:
+        return
+    what, given, inside = hit
+    if inside:
+        raise UsageError(f"{flag} {path}: is inside {what} ({given}), a folder of data; writing there would "
+                         f"change the data: choose a file outside it.")
+    raise UsageError(f"{flag} {path}: is {what} ({given}); writing there would replace it: choose another file.")
 
 
 def check_output(text: str, flag: str, *, inputs: Sequence[Input] = (),
