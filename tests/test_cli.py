@@ -383,6 +383,8 @@ COMPARE_FAST = ["--epochs", "1", "--batch-size", "16", "--embedding-dim", "4", "
     (["--methods", "sol,l1,sol"], "--methods"),
     (["--seeds", "0,0"], "--seeds"),
     (["--noises", "laplacian,none"], "--noises"),
+    (["--noises", "laplacian,Laplacian"], "--noises lists laplacian more than once"),  # one type, two spellings
+    (["--noises", "gaussian"], "--noises gaussian: Gaussian noise and clean labels are the --kappas columns"),
 ])
 def test_compare_refuses_empty_or_repeated_lists_and_keeps_compare_md(tmp_path, capsys, option,
                                                                        flag):

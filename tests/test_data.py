@@ -605,9 +605,9 @@ def test_damaged_data_files_are_named_in_one_clear_error(tmp_path):
         assert len(message.splitlines()) == 1
 
 
-def test_label_column_applies_to_csv_files_and_image_folders_only(tmp_path):
+def test_label_column_applies_to_tables_and_image_folders_only(tmp_path):
     q = tmp_path / "e.npz"
     np.savez(q, embeddings=np.zeros((2, 4)), labels=np.array([5, 7]))
     for spec in ("abalone", str(q)):
-        with pytest.raises(ValueError, match="label_column='age' applies to CSV files"):
+        with pytest.raises(ValueError, match=r"label_column='age' applies to tables \(CSV, Parquet, Feather\) and image folders"):
             load_dataset(spec, label_column="age")

@@ -230,6 +230,12 @@ def test_absurd_epoch_count_is_refused(tmp_path, capsys):
                  absent=("nope.csv",))
 
 
+@pytest.mark.parametrize("seed", ["-1", str(2**63), str(2**64 - 1)])
+def test_a_seed_outside_int64_is_refused_by_name(tmp_path, capsys, seed):
+    expect_error(capsys, train_argv(tmp_path / "nope.csv", tmp_path / "o", "--seed", seed),
+                 f"seed must be in 0 … 2**63 - 1, got {seed}", absent=("nope.csv", "Overflow"))
+
+
 @pytest.mark.parametrize("flag,value", [("--weight-decay", "inf"), ("--lr", "inf"),
                                         ("--margin", "inf"), ("--disc-weight", "nan"),
                                         ("--cs-theta", "inf"), ("--lr", "nan")])

@@ -67,12 +67,13 @@ def _add_data_options(p: argparse.ArgumentParser) -> None:
                         "fashion-mnist-noise) or a .csv/.csv.gz/.npz file or image folder "
                         "(default: %(default)s)")
     g.add_argument("--delimiter", default=None,
-                   help="cell separator of a CSV file: one character, or comma, semicolon, tab "
-                        "(default: sniffed from the file)")
+                   help="cell separator of the CSV files (--data and --test-data): one character, or "
+                        "comma, semicolon, tab (default: sniffed from each file)")
     g.add_argument("--test-data", default=None,
                    help="separate test file with clean labels; --data is then the whole training "
                         "set with labels as given (already noisy: no noise is added by default)")
-    g.add_argument("--label-column", default=None, help="label column of a CSV file (default: label)")
+    g.add_argument("--label-column", default=None,
+                   help="label column of a table (CSV, Parquet, Feather) or image list (default: label)")
     g.add_argument("--test-fraction", type=float, default=None,
                    help="test share when --data is split; not with --test-data (default: "
                         f"{_DEFAULT.test_fraction})")

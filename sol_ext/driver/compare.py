@@ -50,8 +50,18 @@ def noise_settings(kappas: Sequence[float] | None = None,
     """(noise, kappa) columns: Gaussian at each of ``kappas``, then each other type of ``noises``
     at kappa 0.3 (the paper's layout)."""
     kappas = DEFAULT_KAPPAS if kappas is None else tuple(kappas)
-    noises = OTHER_NOISE if noises is None else tuple(noises)
+    noises = OTHER_NOISE if noises is None else tuple(_noise_key(t) for t in noises)
+    for noise in noises:
+        if noise in ("gaussian", "none"):
+            raise ValueError(f"--noises {noise}: Gaussian noise and clean labels are the --kappas columns "
+                             f"(--kappas 0 for clean labels, --kappas 0.3 for Gaussian noise at kappa 0.3); "
+                             f"--noises takes the other types, e.g. {','.join(OTHER_NOISE)}.")
     return [("gaussian", float(k)) for k in kappas] + [(t, 0.3) for t in noises]
+
+
+def _noise_key(name: str) -> str:
+    """A noise type as add_label_noise reads it: "Laplacian" and "laplacian" are one column."""
+    return name.strip().lower().replace("_", "-")
 
 
 def check_comparison(base: TrainConfig, methods: Sequence[str],
@@ -84,8 +94,7 @@ def check_comparison(base: TrainConfig, methods: Sequence[str],
     if others:
         once(others, "--noises", ",".join(OTHER_NOISE))
     for noise in others:
-        key = noise.strip().lower().replace("_", "-")  # as add_label_noise reads it
-        if key not in NOISE_TYPES or key in ("gaussian", "none"):
+        if _noise_key(noise) not in NOISE_TYPES or _noise_key(noise) == "none":
             known = [t for t in NOISE_TYPES if t not in ("gaussian", "none")]
             raise ValueError(f"--noises: unknown noise type {noise!r}; expected some of "
                              f"{', '.join(known)} (Gaussian noise and clean labels are the "

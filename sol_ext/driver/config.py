@@ -324,7 +324,7 @@ class TrainConfig:
         need(all(h >= 1 for h in self.hidden), f"hidden widths must be >= 1, got {self.hidden}.")
         need(self.pairs_per_class >= 1,
              f"pairs per class must be >= 1, got {self.pairs_per_class}.")
-        need(self.seed >= 0, f"seed must be >= 0, got {self.seed}.")
+        need(0 <= self.seed <= 2**63 - 1, f"seed must be in 0 … 2**63 - 1, got {self.seed}.")
         need(self.cs_theta is None or self.cs_theta >= 0,
              f"CS threshold must be >= 0, got {self.cs_theta}.")
         need(self.weights is None or is_pretrainable(self.encoder),

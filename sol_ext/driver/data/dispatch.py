@@ -56,8 +56,8 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
         raise ValueError(f"delimiter={delimiter!r} applies to CSV files only; {key!r} is not one: leave "
                          "delimiter out")
     if options.get("label_column") is not None and (key.lower() in _NAMED or key.lower().endswith(".npz")):
-        raise ValueError(f"label_column={options['label_column']!r} applies to CSV files and image folders; "
-                         f"{key!r} is neither, so do not pass label_column=")
+        raise ValueError(f"label_column={options['label_column']!r} applies to tables (CSV, Parquet, Feather) and "
+                         f"image folders; {key!r} is neither, so do not pass label_column=")
     if "image_size" in options and key.lower() in ("abalone", "wine-red"):
         raise ValueError(f"image_size={options['image_size']} applies to images; {key!r} is a table")
     if key.lower() == "abalone":
