@@ -119,7 +119,10 @@ def check_loss_finite(loss: torch.Tensor, advice: Callable[[], str]) -> None:
     returning it; ``advice()`` says which inputs were that large and what to do."""
     if _values_hidden(loss) or loss.numel() == 0:
         return
-    if all(math.isfinite(v) for v in torch.stack(torch.aminmax(loss.detach().reshape(-1))).tolist()):
+    if loss.dim() == 0:  # the reduced loss: one read (one dispatched operation per step)
+        if math.isfinite(loss.item()):
+            return
+    elif all(math.isfinite(v) for v in torch.stack(torch.aminmax(loss.detach().reshape(-1))).tolist()):
         return
     raise ValueError(f"the loss overflows {loss.dtype} although its inputs are finite: {advice()}")
 
