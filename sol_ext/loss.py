@@ -12,10 +12,10 @@ from ._reduction import reduce_losses
 from .grouped import fused_cuda_step, grouped_order_loss
 from .ops import (
     _check_dissimilarities_finite,
-    overflow_advice,
     _disc_losses,
     _dissimilarity,
     _order_losses,
+    overflow_advice,
 )
 
 

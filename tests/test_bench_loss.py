@@ -6,6 +6,7 @@ import json
 import subprocess
 
 import pytest
+
 from common import load_benchmark
 
 
