@@ -120,8 +120,8 @@ at::Tensor to_tensor(const std::vector<double>& values, at::IntArrayRef sizes) {
   return at::from_blob(const_cast<double*>(values.data()), sizes, at::kDouble).clone();
 }
 
-// The tables hold n^2 (the ordering table 3n^2) float64 values: past this bound their sizes overflow
-// int64 long before any machine could hold them.
+// The tables hold n^2 (the ordering table 3n^2) float64 values: past this bound (2-6 PiB) no machine
+// could hold them, and far past it their sizes would overflow int64 (sol_ext/_validation.py's MAX_RANKS).
 constexpr int64_t kMaxRanks = int64_t{1} << 24;
 
 void check_table_args(int64_t n, double sigma) {

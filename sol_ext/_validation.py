@@ -82,6 +82,19 @@ def check_float_dtype(dtype) -> None:
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
 
 
+# The noise kernel and the ordering table are [num_ranks, num_ranks] float64 tables: past this many ranks
+# (2-6 PiB) no machine could hold them (csrc/tables.cpp refuses the same).
+MAX_RANKS = 2**24
+
+
+def check_num_ranks(value) -> int:
+    num_ranks = check_int("num_ranks", value, 1)
+    if num_ranks > MAX_RANKS:
+        raise ValueError(f"num_ranks must be <= {MAX_RANKS} (the noise kernel and the ordering table are "
+                         f"[num_ranks, num_ranks] float64 tables), got {num_ranks}")
+    return num_ranks
+
+
 def check_tensor(name: str, value) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
@@ -113,10 +126,10 @@ def extremes(name: str, t: torch.Tensor) -> tuple:
     return lowest, highest
 
 
-def check_loss_finite(loss: torch.Tensor, advice: Callable[[], str]) -> None:
+def check_loss_finite(loss: torch.Tensor, dtype: torch.dtype, advice: Callable[[], str]) -> None:
     """Finite inputs can still overflow the loss: a pair's order loss adds up to ``2n`` hinge terms of
-    about ``|D| + margin`` each (docs/math.md §6). Refuse the inf (or NaN, as 0 * inf) instead of
-    returning it; ``advice()`` says which inputs were that large and what to do."""
+    about ``|D| + margin`` each (docs/math.md §6), in the inputs' ``dtype``. Refuse the inf (or NaN, as
+    0 * inf) instead of returning it; ``advice()`` says which inputs were that large and what to do."""
     if _values_hidden(loss) or loss.numel() == 0:
         return
     if loss.dim() == 0:  # the reduced loss: one read (one dispatched operation per step)
@@ -124,7 +137,7 @@ def check_loss_finite(loss: torch.Tensor, advice: Callable[[], str]) -> None:
             return
     elif all(math.isfinite(v) for v in torch.stack(torch.aminmax(loss.detach().reshape(-1))).tolist()):
         return
-    raise ValueError(f"the loss overflows {loss.dtype} although its inputs are finite: {advice()}")
+    raise ValueError(f"the loss overflows {dtype} although its inputs are finite: {advice()}")
 
 
 def check_same_device(**tensors) -> None:
@@ -217,10 +230,10 @@ def check_pairs(pairs, batch_size: int, values: bool = True) -> Optional[torch.T
 
 
 def check_indices_on_cpu(labels: torch.Tensor, num_ranks: int, pairs=None, batch_size: Optional[int] = None) -> None:
-    """For the paths in plain torch operations (the reference, the grouped composition), which index with
-    ``labels`` and ``pairs`` where a negative index silently wraps around. With ``check_values=False`` only
-    the kernels check indices on the CPU, so these paths check them themselves there: on the CPU that costs
-    no host-device synchronization (a GPU asserts them on the device, :func:`assert_in_range`)."""
+    """With ``check_values=False``, before the paths in plain torch operations (the reference, the grouped
+    composition), which index with ``labels`` and ``pairs`` where a negative index silently wraps around:
+    on the CPU only the kernels check indices, so these paths are checked here, which costs no host-device
+    synchronization (a GPU asserts them on the device, :func:`assert_in_range`)."""
     if labels.device.type != "cpu" or _values_hidden(labels):
         return
     check_ranks("labels", labels, num_ranks)

@@ -54,6 +54,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import _validation as check
 from ._dispatch import computing, route
 from ._reduction import reduce_losses
 from .grouped import grouped_order_loss
@@ -199,6 +200,8 @@ class DistributedStochasticOrderLoss(nn.Module):
         h, labels, mu, _ = c._prepare(h, labels, mu, None)
         where = "DistributedStochasticOrderLoss"
         fused = route(where, c.backend, h.device, h.dtype).fused
+        if not (c.check_values or fused):
+            check.check_indices_on_cpu(labels, c.num_ranks)  # as StochasticOrderLoss.forward
         with computing(h.device):
             D = c._dissimilarities(h, mu, fused)
             D_cat, labels_cat, _, sizes = gather_rows(D, labels, self.group)
@@ -229,6 +232,8 @@ class DistributedStochasticOrderLoss(nn.Module):
             share = order + c.disc_weight * disc
             value = share.detach().clone()
             dist.all_reduce(value, group=self.group)
+            if c.check_values:  # on the global value: every process raises, none waits in a collective
+                c._check_finite(value, h, mu)
             return _GlobalValue.apply(share * world, value)
 
     def extra_repr(self) -> str:

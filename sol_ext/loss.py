@@ -71,7 +71,7 @@ class StochasticOrderLoss(nn.Module):
         algorithm: str = "auto",
     ) -> None:
         super().__init__()
-        self.num_ranks = check.check_int("num_ranks", num_ranks, 1)
+        self.num_ranks = check.check_num_ranks(num_ranks)
         self.sigma = check.check_positive_float("sigma", sigma)
         self.tau = check.check_int("tau", tau, 0)
         self.margin = check.check_nonnegative_float("margin", margin)
@@ -95,6 +95,8 @@ class StochasticOrderLoss(nn.Module):
             "StochasticOrderLoss", self.backend, h.device, h.dtype, algorithm=self.algorithm, batch_size=h.shape[0],
             num_ranks=self.num_ranks, pairs=pairs, reduction=self.reduction,
         )
+        if not (self.check_values or how.fused):
+            check.check_indices_on_cpu(labels, self.num_ranks, pairs, h.shape[0])
         with computing(h.device):
             if how.fused and how.algorithm == "grouped" and (on_cpu or fused_cuda_step(h)):
                 # one op per direction (csrc/stochastic_order_loss.cpp); on the CPU with the value checks
@@ -161,7 +163,7 @@ class StochasticOrderLoss(nn.Module):
         """Finite but huge ``h`` and ``mu`` can overflow the loss (csrc/stochastic_order_loss.cpp checks
         the grouped op's on the CPU, with the same message)."""
         largest = lambda: max(h.detach().abs().max().item(), mu.detach().abs().max().item())  # noqa: E731
-        check.check_loss_finite(loss, overflow_advice("h and mu", largest, self.margin))
+        check.check_loss_finite(loss, h.dtype, overflow_advice("h and mu", largest, self.margin))
 
     def _dissimilarities(self, h: torch.Tensor, mu: torch.Tensor, fused: bool) -> torch.Tensor:
         D = _dissimilarity(h, mu, self.sigma, fused)

@@ -82,8 +82,13 @@ def _as_ranks(clean_ranks: Any, num_ranks: int) -> torch.Tensor:
     return r
 
 
+def noise_key(noise: str) -> str:
+    """A noise type as :func:`add_label_noise` reads it: "Laplacian" and "laplacian" are one type."""
+    return str(noise).strip().lower().replace("_", "-")
+
+
 def _check_noise(noise: str) -> str:
-    key = str(noise).strip().lower().replace("_", "-")
+    key = noise_key(noise)
     if key not in NOISE_TYPES:
         raise ValueError(f"unknown noise type {noise!r}; expected one of {', '.join(NOISE_TYPES)}")
     return key

@@ -182,6 +182,18 @@ def test_distributed_loss_reads_values_only_when_the_wrapped_loss_does(one_proce
     assert torch.isnan(DistributedStochasticOrderLoss(lenient)(h, labels, mu))
 
 
+def test_distributed_loss_refuses_what_the_wrapped_loss_refuses(one_process_group):
+    """An overflow from finite but huge embeddings (check_values=True, on the global value), and a label
+    outside the ranks on the CPU's reference path with check_values=False (-1 would wrap around)."""
+    torch.manual_seed(0)
+    mu, h, labels = torch.randn(5, 2), torch.randn(6, 2) * 1e19, torch.tensor([0, 4, 0, 4, 2, 1])
+    with pytest.raises(ValueError, match=r"the loss overflows torch.float32 .* of h and mu is 1.\d+e\+19"):
+        DistributedStochasticOrderLoss(sol_ext.StochasticOrderLoss(5, sigma=1e-3))(h, labels, mu)
+    lenient = sol_ext.StochasticOrderLoss(5, backend="reference", check_values=False)
+    with pytest.raises(ValueError, match=r"labels must lie in 0 … 4"):
+        DistributedStochasticOrderLoss(lenient)(torch.randn(6, 2), torch.tensor([-1, 4, 0, 4, 2, 1]), mu)
+
+
 # ------------------------------------------------------------------------------------------------
 # Spawned processes: one DDP step on W processes against one process on the concatenated batch.
 # ------------------------------------------------------------------------------------------------

@@ -305,5 +305,5 @@ def test_outputs_are_refused_inside_an_image_folder_the_run_read(tmp_path, capsy
                        (["export", str(out), "--output"], "--output")):
         assert main([*argv, target, "--overwrite"]) == 2
         err = capsys.readouterr().err
-        assert err.startswith(f"sol-ext: error: {flag} {target}: is inside") and len(err.strip().splitlines()) == 1
+        assert err.startswith(f"sol-ext: error: {flag} {target}: is a file of") and len(err.strip().splitlines()) == 1
     assert (folder / "labels.csv").read_bytes() == before

@@ -100,19 +100,39 @@ def test_the_runs_data_are_kept_and_found_from_any_working_folder(tmp_path, monk
     assert (tmp_path / "sub" / "audit.csv").read_text().startswith("index,")
 
 
-def test_nothing_is_written_into_an_input_folder(tmp_path):
-    """An image folder holds the images and their labels.csv: a file in it, existing or new, is data."""
+def test_a_runs_paths_are_read_from_where_it_was_trained(tmp_path):
+    from sol_ext.driver.checkpoint import run_paths
+
+    (tmp_path / "d.csv").write_text("a,label\n1,2\n")
+    (tmp_path / "abalone").mkdir()  # a folder named like a built-in data set: the name still means the set
+    config = {"data": "d.csv", "test_data": "abalone", "weights": "gone.pt"}
+    assert run_paths(config, str(tmp_path)) == {"data": str(tmp_path / "d.csv"), "test_data": "abalone",
+                                                "weights": "gone.pt"}  # a file no longer there: as typed
+    assert run_paths(config, None) == config  # a run saved before the folder was recorded
+    assert run_paths({"data": str(tmp_path / "d.csv")}, "/elsewhere")["data"] == str(tmp_path / "d.csv")
+
+
+def test_the_files_of_an_input_folder_are_kept(tmp_path):
+    """An image folder's data are its labels.csv and images: neither is written over, even with
+    --overwrite; a new file there, or a run folder kept inside it, changes no data."""
     from sol_ext.driver.errors import UsageError
-    from sol_ext.driver.outputs import check_output
+    from sol_ext.driver.outputs import check_output, check_run_inputs
 
     folder = tmp_path / "imgs"
     (folder / "img").mkdir(parents=True)
-    (folder / "labels.csv").write_text("path,label\n")
+    (folder / "labels.csv").write_text("path,label\nimg/0.png,3\n")
+    (folder / "img" / "0.png").write_bytes(b"an image")
     inputs = [("the training data of run", str(folder))]
-    for target in (folder / "labels.csv", folder / "new.csv", folder / "img" / "0.png"):
-        with pytest.raises(UsageError, match=rf"--output {target}: is inside the training data of run \({folder}\)"):
+    for target in (folder / "labels.csv", folder / "img" / "0.png"):
+        with pytest.raises(UsageError, match=rf"--output {target}: is a file of the training data of run "
+                                             rf"\({folder}\), a folder of data"):
             check_output(str(target), "--output", inputs=inputs, overwrite=True)
-    assert check_output(str(tmp_path / "out.csv"), "--output", inputs=inputs) == tmp_path / "out.csv"
+    assert check_output(str(folder / "new.csv"), "--output", inputs=inputs) == folder / "new.csv"
+    run = folder / "runs" / "mine"
+    run.mkdir(parents=True)
+    (run / "best.pt").write_bytes(b"a run's file")
+    check_run_inputs(run, "--output", inputs)  # train --output inside the data folder, rerun
+    assert check_output(str(run / "predictions.csv"), "--output", inputs=inputs) == run / "predictions.csv"
 
 
 def test_the_default_output_is_never_the_input(own_run, capsys):

@@ -86,10 +86,25 @@ def test_bad_num_ranks(num_ranks, error):
 
 @pytest.mark.parametrize("num_ranks", [2**24 + 1, 2**32, 2**40])
 def test_num_ranks_whose_tables_could_not_exist_are_refused(num_ranks):
-    """[num_ranks, num_ranks] float64 tables: past 2**24 ranks their sizes would overflow int64 (2**32
-    once wrapped to an empty table and wrote past it)."""
-    with pytest.raises(ValueError, match=rf"num_ranks must be <= {2**24} .* got {num_ranks}"):
+    """[num_ranks, num_ranks] float64 tables: past 2**24 ranks they could never be held (at 2**32 the
+    kernels' table size once wrapped to 0 and they wrote past an empty buffer)."""
+    pattern = rf"num_ranks must be <= {2**24} .* got {num_ranks}"
+    with pytest.raises(ValueError, match=pattern):
         sol_ext.ordering_probabilities(torch.tensor([0]), torch.tensor([1]), num_ranks)
+    with pytest.raises(ValueError, match=pattern):
+        sol_ext.noise_kernel(num_ranks)
+    with pytest.raises(ValueError, match=pattern):
+        sol_ext.StochasticOrderLoss(num_ranks)
+    with pytest.raises(ValueError, match=pattern):  # the kernels' own check, called directly
+        torch.ops.sol_ext.ordering_probabilities(torch.tensor([0]), torch.tensor([1]), num_ranks, 1.0, 3, "paper",
+                                                 torch.float64)
+
+
+def test_tables_too_large_to_allocate_are_refused_by_name():
+    """2**24 ranks pass the bound, but their 2 PiB tables exceed any address space."""
+    with pytest.raises(ValueError, match=r"num_ranks=16777216 needs probability tables of \d+ float64 values, "
+                                         r"more memory than could be allocated"):
+        sol_ext.ordering_probabilities(torch.tensor([0]), torch.tensor([1]), 2**24)
 
 
 def test_integer_table_dtypes_are_refused():
@@ -258,6 +273,18 @@ def test_a_loss_that_overflows_from_finite_inputs_is_refused(algorithm, backend)
     loss = sol_ext.StochasticOrderLoss(N, sigma=1e-3, algorithm=algorithm, backend=backend)(h.double(), labels,
                                                                                             mu.double())
     assert torch.isfinite(loss)
+    # float16 on the CPU: the pairwise reference sums in float16 and overflows at far smaller embeddings,
+    # and says so (grouped sums in float64 and returns float32: no overflow)
+    half_h = torch.zeros(B, 2, dtype=torch.float16)
+    half_h[0, 0] = 150  # D about 150**2, finite in float16 (below 65504); 2n such terms are not
+    half = sol_ext.StochasticOrderLoss(N, algorithm=algorithm, backend=backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "using the plain PyTorch reference"
+        if algorithm == "grouped":
+            assert torch.isfinite(half(half_h, labels, mu.half()))
+        else:
+            with pytest.raises(ValueError, match="the loss overflows torch.float16"):
+                half(half_h, labels, mu.half())
 
 
 def test_the_grouped_algorithm_gives_shapes_on_meta_tensors():

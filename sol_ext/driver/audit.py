@@ -27,7 +27,7 @@ import torch
 from ..centroids import label_noise_kernel, median_ranks
 from ..label_issues import DEFAULT_MIN_SCORE, find_label_issues, label_issue_scores, sharpen_through_noise
 from ..refine import refine_labels
-from .checkpoint import atomic_write_text, load_run_state, run_data_paths
+from .checkpoint import atomic_write_text, load_run_state, run_paths
 from .config import TrainConfig
 from .loader import RunInputs, embedding_batch_size
 from .methods import head_probabilities
@@ -122,7 +122,9 @@ def audit_run(run_dir: Path, folds: int | None = DEFAULT_FOLDS, log: Callable[[s
                          "follows the run's own rule")
     run_dir = Path(run_dir)
     state = load_run_state(run_dir)
-    config = dataclasses.replace(TrainConfig.from_dict(state["config"]), **run_data_paths(state))
+    # its data and encoder weights, read again from where the run read them
+    located = run_paths(state["config"], (state.get("predictor") or {}).get("read_from"))
+    config = dataclasses.replace(TrainConfig.from_dict(state["config"]), **located)
     fp = state["fingerprint"]
     n, lo, step = int(fp["num_ranks"]), float(fp["min_value"]), float(fp["step"])
     audit = state.get("audit")

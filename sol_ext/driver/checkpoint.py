@@ -48,9 +48,10 @@ def _cpu(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 def predictor_record(config: TrainConfig, data: PreparedData) -> dict[str, Any]:
     """What :func:`sol_ext.load_run` needs beside the weights to predict on new data: the method
-    and encoder settings (sigma resolved), the input shape, and the data's preprocessing."""
+    and encoder settings (sigma resolved), the input shape, and the data's preprocessing; and the
+    folder the config's relative paths were read from (:func:`run_paths`)."""
     return {"config": config.to_dict(), "input_shape": list(data.input_shape), "kind": data.kind,
-            "preprocessing": data.preprocessing}
+            "preprocessing": data.preprocessing, "read_from": data.read_from}
 
 
 def epoch_state(*, config: TrainConfig, fingerprint: dict[str, Any], epoch: int, world_size: int,
@@ -67,10 +68,9 @@ def epoch_state(*, config: TrainConfig, fingerprint: dict[str, Any], epoch: int,
     (:func:`predictor_record`); the training labels trained on (``labels``), the run's corrected
     ones, the given and (when known) clean ones; the data-file rows of the fitted samples and of
     the validation split; predicted training and test ranks; the epoch's validation MAE; the
-    sigma search's outcome; the relabeling rule's noise std. ``working_dir``, the folder training
-    runs in, is where the config's relative data paths lead (:func:`run_data_paths`)."""
+    sigma search's outcome; the relabeling rule's noise std."""
     return {
-        "config": config.to_dict(), "working_dir": os.getcwd(), "fingerprint": fingerprint, "epoch": epoch,
+        "config": config.to_dict(), "fingerprint": fingerprint, "epoch": epoch,
         "world_size": world_size, "model": model.state_dict(),
         "head": None if head is None else {k: v.cpu() for k, v in head.state_dict().items()},
         "predictor": predictor,
@@ -111,19 +111,20 @@ def load_run_state(run_dir: Path) -> dict[str, Any]:
     return load_checkpoint(best if best.is_file() else run_dir / CHECKPOINT_NAME)
 
 
-def run_data_paths(state: dict[str, Any]) -> dict[str, Optional[str]]:
-    """``data`` and ``test_data`` of the run whose state this is, as that run read them: the config
-    keeps them as typed, so a relative path is taken from the folder training ran in
-    (``working_dir``) where that file or folder still is; a built-in data set's name stays a name."""
-    config, where = state.get("config", {}), state.get("working_dir")
+def run_paths(config: dict[str, Any], read_from: Optional[str]) -> dict[str, Optional[str]]:
+    """``data``, ``test_data`` and ``weights`` of a run's ``config`` (a dict) as that run read them:
+    the config keeps them as typed, so a relative path is taken from ``read_from``, the working folder
+    of the run (:func:`predictor_record`), where that file or folder still is. A built-in data set's
+    name stays a name, and a run saved before this record keeps its paths as typed."""
+    from .data import is_builtin
 
     def located(given: Optional[str]) -> Optional[str]:
-        if not given or where is None or Path(given).is_absolute():
+        if not given or read_from is None or is_builtin(given) or Path(given).is_absolute():
             return given
-        there = Path(where) / given
+        there = Path(read_from) / given
         return str(there) if there.exists() else given
 
-    return {key: located(config.get(key)) for key in ("data", "test_data")}
+    return {key: located(config.get(key)) for key in ("data", "test_data", "weights")}
 
 
 class CheckpointMismatch(ValueError):

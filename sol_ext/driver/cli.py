@@ -427,12 +427,17 @@ def _data_inputs(cfg: TrainConfig) -> list:
     return [("the --data file", cfg.data), ("the --test-data file", cfg.test_data)]
 
 
-def _run_data(run_dir: Path) -> list:
-    """The data files the run in ``run_dir`` was trained on, found from any working folder, as
-    inputs no output may replace."""
-    from .checkpoint import load_run_state, run_data_paths
+def _run_data(run_dir: Path, model=None) -> list:
+    """The data files the run in ``run_dir`` was trained on (from its loaded ``model`` where given),
+    found from any working folder, as inputs no output may replace."""
+    from .checkpoint import load_run_state, run_paths
 
-    paths = run_data_paths(load_run_state(run_dir))
+    if model is not None:
+        config, read_from = dataclasses.asdict(model.config), model.read_from
+    else:
+        state = load_run_state(run_dir)
+        config, read_from = state.get("config", {}), (state.get("predictor") or {}).get("read_from")
+    paths = run_paths(config, read_from)
     return [(f"the training data of {run_dir}", paths["data"]),
             (f"the test data of {run_dir}", paths["test_data"])]
 
@@ -619,7 +624,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     model = load_run(args.run_dir, device=resolve_device(args.device),
                      workers=auto_workers() if args.workers is None else args.workers)
     default = args.run_dir / "predictions.csv"  # a rerun replaces it
-    inputs = [("the --data file", args.data), *_run_data(args.run_dir)]
+    inputs = [("the --data file", args.data), *_run_data(args.run_dir, model)]
     path = None if to_stdout else check_output(
         str(default) if args.output is None else args.output, "--output", inputs=inputs,
         replaceable=[default], overwrite=args.overwrite)
@@ -652,7 +657,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     model = load_run(args.run_dir)
     default = args.run_dir / "model.pt2"
     own = [default, sidecar_path(default)]  # a rerun replaces the default export
-    inputs = _run_data(args.run_dir)
+    inputs = _run_data(args.run_dir, model)
     text = str(default) if args.output is None else args.output
     if text and sidecar_path(text) == Path(text):
         raise UsageError(f"--output {text}: the program would share its name with its .json "

@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..noise import NOISE_TYPES
+from ..noise import NOISE_TYPES, noise_key
 from .checkpoint import atomic_write_text
 from .config import COMPARE_METHODS, METHODS, PAPER_SETTINGS, TrainConfig
 from .prepare import prepare_data
@@ -50,7 +50,7 @@ def noise_settings(kappas: Sequence[float] | None = None,
     """(noise, kappa) columns: Gaussian at each of ``kappas``, then each other type of ``noises``
     at kappa 0.3 (the paper's layout)."""
     kappas = DEFAULT_KAPPAS if kappas is None else tuple(kappas)
-    noises = OTHER_NOISE if noises is None else tuple(_noise_key(t) for t in noises)
+    noises = OTHER_NOISE if noises is None else tuple(noise_key(t) for t in noises)
     for noise in noises:
         if noise in ("gaussian", "none"):
             raise ValueError(f"--noises {noise}: Gaussian noise and clean labels are the --kappas columns "
@@ -58,10 +58,6 @@ def noise_settings(kappas: Sequence[float] | None = None,
                              f"--noises takes the other types, e.g. {','.join(OTHER_NOISE)}.")
     return [("gaussian", float(k)) for k in kappas] + [(t, 0.3) for t in noises]
 
-
-def _noise_key(name: str) -> str:
-    """A noise type as add_label_noise reads it: "Laplacian" and "laplacian" are one column."""
-    return name.strip().lower().replace("_", "-")
 
 
 def check_comparison(base: TrainConfig, methods: Sequence[str],
@@ -94,7 +90,7 @@ def check_comparison(base: TrainConfig, methods: Sequence[str],
     if others:
         once(others, "--noises", ",".join(OTHER_NOISE))
     for noise in others:
-        if _noise_key(noise) not in NOISE_TYPES or _noise_key(noise) == "none":
+        if noise_key(noise) not in NOISE_TYPES or noise_key(noise) in ("gaussian", "none"):
             known = [t for t in NOISE_TYPES if t not in ("gaussian", "none")]
             raise ValueError(f"--noises: unknown noise type {noise!r}; expected some of "
                              f"{', '.join(known)} (Gaussian noise and clean labels are the "

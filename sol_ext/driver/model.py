@@ -112,6 +112,7 @@ class TrainedModel:
         self.model = model.to(self.device).eval()
         self.head = None if head is None else head.to(self.device)
         self.preprocessing = record["preprocessing"]
+        self.read_from = record.get("read_from")  # where the run's relative data paths lead
         self.kind = record["kind"]
         self.input_shape = tuple(record["input_shape"])
         grid = self.preprocessing["grid"]
@@ -245,7 +246,7 @@ class TrainedModel:
         """The entries of ``best.pt`` that :func:`model_from_state` rebuilds this model from (CPU)."""
         return {
             "predictor": {"config": self.config.to_dict(), "input_shape": list(self.input_shape),
-                          "kind": self.kind, "preprocessing": self.preprocessing},
+                          "kind": self.kind, "preprocessing": self.preprocessing, "read_from": self.read_from},
             "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "head": None if self.head is None else {k: v.detach().cpu()
                                                     for k, v in self.head.state_dict().items()},

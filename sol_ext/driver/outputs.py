@@ -6,8 +6,8 @@ A command's output file (``predict --output``, ``export --output`` and its ``.js
 flag and the file, when it would replace
 
 * an input of the command (``--data``, ``--test-data``, or the training data a run was made from,
-  found from any working folder), or a file in an input folder (an image folder and its
-  ``labels.csv``), always;
+  found from any working folder), or a file of an input folder (an image folder's ``labels.csv``
+  and images), always;
 * a file sol-ext wrote into a run folder (``best.pt``, ``checkpoint.pt``, ``results.json``,
   ``config.toml``, the plots, ``predictions.csv``, ``audit.csv``, ``model.pt2``/``model.json`` of an export, anything
   under ``sigma-search/``) or a comparison's ``compare.json``/``compare.md``, always, unless it is
@@ -72,14 +72,19 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def _input_holding(path: Path, inputs: Iterable[Input]) -> Optional[Tuple[str, str, bool]]:
     """``(what, path given, inside)`` of the entry of ``inputs`` that is the file ``path`` or, for an
-    input folder (images and their labels.csv), holds it; None if none does (built-in names never do)."""
+    input folder (an image folder), holds it as data: its ``labels.csv``, or any existing file there
+    that sol-ext did not write (the images); None if none does (built-in names never do). A new file,
+    or a run folder kept inside the data folder, changes no data."""
     for what, given in inputs:
         if not given or not Path(given).exists():
             continue
         if _same_file(path, Path(given)):
             return what, given, False
-        if Path(given).is_dir() and _real(given) in _real(path).parents:
-            return what, given, True
+        folder = Path(given)
+        if folder.is_dir() and _real(folder) in _real(path).parents:
+            listing = _real(path) == _real(folder / "labels.csv")
+            if listing or ((path.exists() or path.is_symlink()) and package_file_owner(path) is None):
+                return what, given, True
     return None
 
 
@@ -94,8 +99,8 @@ def check_inputs_kept(path: Path | str, flag: str, inputs: Iterable[Input]) -> N
         return
     what, given, inside = hit
     if inside:
-        raise UsageError(f"{flag} {path}: is inside {what} ({given}), a folder of data; writing there would "
-                         f"change the data: choose a file outside it.")
+        raise UsageError(f"{flag} {path}: is a file of {what} ({given}), a folder of data; writing there would "
+                         f"change the data: choose another file.")
     raise UsageError(f"{flag} {path}: is {what} ({given}); writing there would replace it: choose another file.")
 
 

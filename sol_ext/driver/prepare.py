@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -54,6 +55,7 @@ class PreparedData:
     test_ranks: torch.Tensor
     train_rows: Optional[torch.Tensor] = None
     preprocessing: Optional[dict[str, Any]] = None
+    read_from: Optional[str] = None  # the working folder the config's relative data paths were read from
 
     @property
     def num_ranks(self) -> int:
@@ -141,4 +143,4 @@ def prepare_data(config: TrainConfig) -> PreparedData:
         train_x=_float(train.features), train_given=noisy.noisy.long(),
         train_clean=noisy.clean.long() if labels_known_clean else None,
         test_x=_float(test.features), test_ranks=test.ranks.long(), train_rows=rows,
-        preprocessing=preprocessing)
+        preprocessing=preprocessing, read_from=os.getcwd())
