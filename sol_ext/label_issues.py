@@ -268,11 +268,12 @@ def sharpen_through_noise(labels: ArrayLike, pred_probs: ArrayLike, noise_kernel
 def confident_joint_counts(labels: ArrayLike, pred_probs: ArrayLike) -> np.ndarray:
     """``[n]`` int64: how many samples of each given rank the confident joint counts off its diagonal.
 
-    Confident learning's count (Northcutt et al., 2021; cleanlab's ``compute_confident_joint`` before
-    its calibration): rank ``j``'s threshold ``t_j`` is the mean ``p_j`` over the samples labeled
-    ``j``; a sample counts toward the rank of largest ``p_j`` among those with ``p_j >= t_j``, and
-    off the diagonal when that rank is not its label. The thresholds come from the data, so the
-    count follows how well the model fits each rank.
+    Confident learning's count (Northcutt et al., 2021), as cleanlab's ``compute_confident_joint``
+    computes it before its calibration: rank ``j``'s threshold ``t_j`` is the mean ``p_j`` over the
+    samples labeled ``j``; a sample with one rank at ``p_j >= t_j`` counts toward that rank, one with
+    several toward the rank of largest ``p`` overall (cleanlab's rule, which may differ from the
+    largest among those above their thresholds), and off the diagonal when that rank is not its label.
+    The thresholds come from the data, so the count follows how well the model fits each rank.
     """
     lab, probs, _ = _validate(labels, pred_probs, None)
     return _off_diagonal(lab, probs)[1]
@@ -286,8 +287,10 @@ def _off_diagonal(labels: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tens
     # A rank nobody carries has no threshold: no sample counts toward it (cleanlab: the same).
     threshold = torch.where(counts > 0, sums / counts.clamp_min(1), torch.full_like(sums, 2.0))
     above = probs >= threshold[None, :] - CONFIDENT_SLACK
-    best = torch.where(above, probs, torch.full_like(probs, -1.0)).argmax(dim=1)
-    off = above.any(dim=1) & (best != labels)
+    confident = above.sum(dim=1)
+    # one rank above its threshold: that one; several: the largest p of all (both first on ties, as numpy)
+    best = torch.where(confident > 1, probs.argmax(dim=1), above.to(torch.uint8).argmax(dim=1))
+    off = (confident > 0) & (best != labels)
     return off, np.bincount(labels[off].numpy(), minlength=n).astype(np.int64)
 
 

@@ -205,8 +205,14 @@ class SOLModule(pl.LightningModule):
         self.log_dict(scores, prog_bar=True, sync_dist=True)
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
-        """``[B]`` ranks of a batch ``(inputs, ranks)`` or of a batch of inputs alone."""
-        inputs = self.split_batch(batch)[0] if isinstance(batch, (tuple, list)) and len(batch) == 2 else batch
+        """``[B]`` ranks of a batch ``(inputs, ranks)`` or of a batch of inputs alone (a ``TensorDataset(x)``
+        gives it as the 1-tuple ``[x]``)."""
+        if isinstance(batch, (tuple, list)) and len(batch) == 2:
+            inputs = self.split_batch(batch)[0]
+        elif isinstance(batch, (tuple, list)) and len(batch) == 1:
+            inputs = batch[0]
+        else:
+            inputs = batch
         return self.predict_ranks(inputs)
 
     @torch.no_grad()

@@ -37,6 +37,7 @@ except ImportError as exc:  # validate_data is scikit-learn >= 1.6
 
 import contextlib
 import numbers
+import re
 import tempfile
 import warnings
 from pathlib import Path
@@ -295,7 +296,9 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         try:
             encoder = RankEncoder.fit(values)
         except ValueError as err:  # e.g. continuous labels: no grid
-            raise ValueError(f"SOLRanker: {err}") from None
+            # SOLRanker takes no step=: its advice is to round y, not the RankEncoder's own options
+            advice = re.sub(r" \(in Python: [^)]*\)", "", str(err))
+            raise ValueError(f"SOLRanker: {advice}") from None
         ranks = encoder.encode(values)
         if config.val_fraction > 0:
             try:

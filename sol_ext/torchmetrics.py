@@ -22,8 +22,10 @@ integer ranks ``0 … K-1`` (map labels with :class:`sol_ext.driver.data.RankEnc
 ``pred`` and ``true`` are 1-D tensors ``[N]`` (``[N, 1]`` is accepted) of any real or integer dtype;
 they are moved to the metric's device. With ``validate_args=True`` (the default) non-finite values
 and ranks out of range are refused with a ``ValueError``; on a GPU that check waits for the batch
-(one host-device synchronization per ``update``), ``validate_args=False`` skips it. The states are
-float64 or int64, so the metrics run where float64 does (CPU, CUDA).
+(one host-device synchronization per ``update``). ``validate_args=False`` skips the finiteness check;
+the ranks are still checked, on the CPU as by default and on a GPU by a device-side assertion (a wrong
+rank stops the program at the next synchronization instead of counting in another rank's cell). The
+states are float64 or int64, so the metrics run where float64 does (CPU, CUDA).
 
 This module needs torchmetrics (``pip install 'sol_ext[torchmetrics]'``); the rest of the package
 does not.
@@ -38,6 +40,7 @@ except ImportError as exc:
                       "(or pip install torchmetrics).") from exc
 
 import math
+import numbers
 from typing import Any
 
 import torch
@@ -46,9 +49,9 @@ __all__ = ["MAE", "MacroMAE", "QuadraticWeightedKappa", "QWK", "CumulativeScore"
 
 
 def _check_num_ranks(num_ranks: Any) -> int:
-    if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or num_ranks < 1:
+    if isinstance(num_ranks, bool) or not isinstance(num_ranks, numbers.Integral) or num_ranks < 1:
         raise ValueError(f"num_ranks must be an integer >= 1 (the number of ranks K), got {num_ranks!r}")
-    return num_ranks
+    return int(num_ranks)
 
 
 def _as_vector(x: Any, name: str, device: torch.device) -> torch.Tensor:
@@ -87,15 +90,28 @@ class _PairMetric(Metric):
         return p, t
 
     def _check_ranks(self, a: torch.Tensor, name: str, num_ranks: int) -> None:
-        """Refuse values of ``a`` that are not integer ranks ``0 … num_ranks-1`` (when validating)."""
-        if not self.validate_args:
+        """Refuse values of ``a`` that are not integer ranks ``0 … num_ranks-1``: they would land in
+        another rank's cell. Without ``validate_args`` on a GPU the device asserts it (no waiting for
+        the batch); on the CPU there is no synchronization to save, so it is always checked."""
+        wrong = (a != torch.round(a)) | (a < 0) | (a >= num_ranks)
+        if not self.validate_args and a.device.type != "cpu":
+            torch._assert_async(~wrong.any(), f"{name} must hold integer ranks 0 … {num_ranks - 1}")
             return
-        off = torch.nonzero((a != torch.round(a)) | (a < 0) | (a >= num_ranks))
+        off = torch.nonzero(wrong)
         if off.numel():
             i = int(off[0, 0])
             raise ValueError(f"{name} must hold integer ranks 0 … num_ranks-1 = 0 … {num_ranks - 1}, "
                              f"got {float(a[i])} at index {i}; map label values to ranks first "
                              f"(rank = round((value - min) / step))")
+
+    def forward(self, pred: Any, true: Any) -> torch.Tensor:
+        """The value on this batch alone, the batch also added to the state (torchmetrics' ``forward``).
+        A batch without samples has no value: refused before the state is touched (torchmetrics would
+        reset the state for the batch and lose it when ``compute`` raised); ``update`` takes it."""
+        if torch.as_tensor(pred).numel() == 0:
+            raise ValueError("forward(pred, true) got a batch without samples, which has no value of its own; "
+                             "add it with update(pred, true) (a no-op) and read compute() for the samples so far")
+        return super().forward(pred, true)
 
     @staticmethod
     def _need_samples(count: torch.Tensor) -> None:
@@ -136,14 +152,14 @@ class CumulativeScore(_PairMetric):
     Args:
         theta: the threshold, finite and >= 0, in the units of the inputs (e.g. 1 for "within one rank").
 
-    States: ``within`` and ``count`` (int64), summed over processes.
+    States: ``within`` and ``count`` (int64), summed over processes, and ``threshold`` (``theta``).
     """
 
     higher_is_better = True
 
     def __init__(self, theta: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) \
+        if isinstance(theta, bool) or not isinstance(theta, numbers.Real) or not math.isfinite(theta) \
                 or theta < 0:
             raise ValueError(f"theta must be a finite number >= 0, got {theta!r}")
         self.theta = float(theta)
@@ -151,6 +167,10 @@ class CumulativeScore(_PairMetric):
         self._limit = self.theta + 1e-9 * max(1.0, abs(self.theta))
         self.add_state("within", default=torch.tensor(0, dtype=torch.int64), dist_reduce_fx="sum")
         self.add_state("count", default=torch.tensor(0, dtype=torch.int64), dist_reduce_fx="sum")
+        # theta as a state too: a MetricCollection shares one compute group between metrics whose states
+        # are equal after the first update, whatever their arguments, and two thresholds that counted
+        # alike on that batch would then report one value for good
+        self.add_state("threshold", default=torch.tensor(self.theta, dtype=torch.float64), dist_reduce_fx="max")
 
     def update(self, pred: torch.Tensor, true: torch.Tensor) -> None:
         """Add the samples ``pred [N]``, ``true [N]`` (N may be 0)."""

@@ -81,6 +81,9 @@ def test_one_process_trains_as_the_plain_solhead_loop(tmp_path):
         sol_ext.metrics.quadratic_weighted_kappa(expected, y[:80], NUM_RANKS), abs=1e-6)
     predicted = trainer.predict(module, _loader(x[:80], y[:80], shuffle=False))
     assert torch.equal(torch.cat(predicted), expected)
+    # inputs alone: a TensorDataset(x) gives each batch as the 1-tuple [x]
+    inputs_only = trainer.predict(module, DataLoader(TensorDataset(x[:80]), batch_size=32))
+    assert torch.equal(torch.cat(inputs_only), expected)
 
 
 def test_checkpoints_save_the_head_and_resume_with_it(tmp_path):

@@ -167,8 +167,9 @@ def test_string_labels_are_refused(labels):
 def test_bad_labels_and_parameters_are_refused_in_fit():
     X = np.random.default_rng(0).normal(size=(40, 3))
     y = np.arange(40) % 4
-    with pytest.raises(ValueError, match="continuous"):
+    with pytest.raises(ValueError, match="continuous") as refused:
         SOLRanker(**SMALL).fit(X, np.random.default_rng(1).normal(size=40))
+    assert "step=" not in str(refused.value)  # SOLRanker has no step parameter to advise
     with pytest.raises(ValueError, match="one class"):
         SOLRanker(**SMALL).fit(X, np.ones(40))
     with pytest.raises(ValueError, match="val_fraction"):

@@ -136,6 +136,45 @@ def test_bad_samples_are_refused(make, pred, true, message):
         make().update(torch.tensor(pred), torch.tensor(true))
 
 
+def test_numpy_settings_are_accepted():
+    np = pytest.importorskip("numpy")
+    assert CumulativeScore(theta=np.int64(1)).theta == 1.0 and CumulativeScore(np.float32(0.5)).theta == 0.5
+    assert MacroMAE(np.int64(5)).num_ranks == 5 and QWK(np.int32(4)).num_ranks == 4
+
+
+@pytest.mark.parametrize(("make", "pred", "true"), [
+    (lambda: QWK(3, validate_args=False), [3, 0, 1], [0, 0, 1]),   # pred 3 once counted as (true 1, pred 0)
+    (lambda: MacroMAE(3, validate_args=False), [0.0, 1.0], [0, 1.5]),  # 1.5 once truncated to rank 1
+])
+def test_ranks_out_of_range_are_refused_on_the_cpu_also_without_validate_args(make, pred, true):
+    with pytest.raises(ValueError, match="must hold integer ranks"):
+        make().update(torch.tensor(pred), torch.tensor(true))
+
+
+def test_cumulative_scores_at_two_thetas_in_one_collection_keep_their_own_values():
+    """A MetricCollection groups metrics whose states are equal after the first update; two thresholds
+    that count alike on that batch (here: none within either) must still compute apart."""
+    from torchmetrics import MetricCollection
+
+    scores = MetricCollection({"cs1": CumulativeScore(theta=1), "cs3": CumulativeScore(theta=3)})
+    true = torch.tensor([0, 1, 2, 3])
+    scores.update(torch.full((4,), 9), true)
+    scores.update(true + 2, true)  # every error is 2: within 3, not within 1
+    assert {k: float(v) for k, v in scores.compute().items()} == {"cs1": 0.0, "cs3": 50.0}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_forward_of_an_empty_batch_is_refused_and_keeps_the_state(name):
+    make, function, _ = CASES[name]
+    metric = make()
+    pred, true = torch.tensor([0.0, 2.0, 1.0]), torch.tensor([1, 2, 1])
+    metric(pred, true)
+    with pytest.raises(ValueError, match="forward.*got a batch without samples"):
+        metric(torch.zeros(0), torch.zeros(0, dtype=torch.long))
+    expected = function(pred.numpy(), true.numpy())
+    assert float(metric.compute()) == pytest.approx(expected, nan_ok=True)
+
+
 def test_compute_without_samples_is_refused():
     metric = MacroMAE(3)
     metric.update(torch.zeros(0), torch.zeros(0, dtype=torch.long))
