@@ -59,7 +59,6 @@ def noise_settings(kappas: Sequence[float] | None = None,
     return [("gaussian", float(k)) for k in kappas] + [(t, 0.3) for t in noises]
 
 
-
 def check_comparison(base: TrainConfig, methods: Sequence[str],
                      settings: Sequence[tuple[str, float]], seeds: Sequence[int]) -> None:
     """Refuse, before anything trains, a comparison that would stop half-way or say nothing: an

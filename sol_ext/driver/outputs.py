@@ -89,7 +89,7 @@ def _input_holding(path: Path, inputs: Iterable[Input]) -> Optional[Tuple[str, s
 
 
 def check_inputs_kept(path: Path | str, flag: str, inputs: Iterable[Input]) -> None:
-    """Refuse ``path`` (an output of ``flag``) when it is one of ``inputs`` or lies in an input folder.
+    """Refuse ``path`` (an output of ``flag``) when it is one of ``inputs`` or a file of an input folder.
 
     Raises:
         UsageError: naming ``flag``, the file and the input's flag.
