@@ -85,7 +85,7 @@ def test_encoder_keeps_input_shape():
 
 def test_encoder_out_of_range_names_the_value():
     enc = RankEncoder(1.0, 1.0, 29)
-    with pytest.raises(ValueError, match="label value 31 .*outside the rank grid 1 … 29"):
+    with pytest.raises(ValueError, match=r"label value 31 \(index 1\) is outside the rank grid 1 … 29"):
         enc.encode([3, 31])
     with pytest.raises(ValueError, match="outside"):
         RankEncoder.fit([1, 5, 9], min_value=2)
@@ -219,11 +219,11 @@ def test_shared_encoder_for_train_and_test_files(tmp_path):
     assert te.ranks.tolist() == [2, 3]
     # the same through load_dataset with encoder=
     assert load_dataset(test, encoder=tr.encoder).ranks.tolist() == [2, 3]
-    wide = _write(tmp_path / "wide.csv", "x,label\n5,30\n")
-    with pytest.raises(ValueError, match="label value 30 .*outside"):
+    wide = _write(tmp_path / "wide.csv", "x,label\n5,12\n5,30\n")
+    with pytest.raises(ValueError, match=r"label value 30 \(data row 2\) is outside"):  # rows as the other errors
         load_train_test(train, wide)
     tr2, te2 = load_train_test(train, wide, min_value=0, max_value=40)
-    assert te2.ranks.tolist() == [30]
+    assert te2.ranks.tolist() == [12, 30]
     with pytest.raises(ValueError, match="either encoder= or step"):
         load_csv(test, encoder=tr.encoder, step=1)
 

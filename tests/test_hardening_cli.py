@@ -396,3 +396,17 @@ def test_a_negative_disc_weight_is_refused_before_the_data_is_read(tmp_path, cap
         TrainConfig(disc_weight=-1.0).validate()
     expect_error(capsys, train_argv(tmp_path / "nope.csv", tmp_path / "o", "--disc-weight", "-1"),
                  "disc weight must be >= 0", absent=("nope.csv",))
+
+
+def test_predict_refuses_a_delimiter_for_a_file_that_is_not_csv(finished, tmp_path, capsys):
+    """As train refuses it: a Parquet file has no cell separator to set."""
+    import pyarrow.csv
+    import pyarrow.parquet
+
+    out, data = finished
+    table = tmp_path / "d.parquet"
+    pyarrow.parquet.write_table(pyarrow.csv.read_csv(data), table)
+    expect_error(capsys, ["predict", str(out), "--data", str(table), "--delimiter", ";", "--output", "-"],
+                 f"--delimiter ; applies to CSV files only; {table} is not one")
+    assert main(["predict", str(out), "--data", str(data), "--delimiter", ",",
+                 "--output", str(tmp_path / "p.csv")]) == 0

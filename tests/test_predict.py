@@ -229,6 +229,12 @@ def test_npz_labels_of_another_length_are_refused(tmp_path):
     with pytest.raises(ValueError, match="one label per row"):
         sol_ext.load_run(out).predict(tmp_path / "bad.npz")
     assert sol_ext.load_run(out).predict(tmp_path / "d.npz").shape == (40,)
+    x[[7, 9], 1] = np.nan  # rows with a NaN feature: the file and the first row named
+    np.savez(tmp_path / "nan.npz", embeddings=x, labels=y)
+    with pytest.raises(ValueError, match=r"nan.npz: 2 row\(s\) have NaN or infinite features, the first row 7"):
+        sol_ext.load_run(out).predict(tmp_path / "nan.npz")
+    with pytest.raises(ValueError, match=r"^data: 2 row\(s\) have NaN or infinite features, the first row 7"):
+        sol_ext.load_run(out).predict(x)
 
 
 def test_the_cuts_read_out_is_fitted_saved_predicted_and_exported(user_files, tmp_path):

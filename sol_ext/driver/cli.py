@@ -629,6 +629,12 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         str(default) if args.output is None else args.output, "--output", inputs=inputs,
         replaceable=[default], overwrite=args.overwrite)
     if args.delimiter is not None:
+        from .data.tables import table_format
+
+        read = Path(args.data) / "labels.csv" if Path(args.data).is_dir() else Path(args.data)
+        if table_format(read) != "csv":  # as train refuses it
+            raise UsageError(f"--delimiter {args.delimiter} applies to CSV files only; {args.data} is not one: "
+                             f"leave --delimiter out.")
         model.preprocessing = {**model.preprocessing, "delimiter": args.delimiter}
     prediction = model.predict_table(args.data)
     csv_bytes = prediction_csv(prediction)

@@ -169,8 +169,12 @@ class TrainedModel:
                              f"{list(self.input_shape)}{detail}")
         if isinstance(x, ImageFiles):
             return x, ids, values
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError("data has NaN or infinite features; drop or impute such rows first")
+        finite = torch.isfinite(x).flatten(1).all(dim=1)
+        if not bool(finite.all()):
+            rows = (~finite).nonzero().flatten()
+            where = str(data) if isinstance(data, (str, Path)) else "data"
+            raise ValueError(f"{where}: {rows.numel()} row(s) have NaN or infinite features, the first row "
+                             f"{int(rows[0])} (0-based); drop or impute such rows first")
         return apply_scaling(x, self.scaling), ids, values
 
     def _frame_features(self, data: Any) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,10 +191,11 @@ class RankEncoder:
             _refuse_merged_labels(v, enc)
         return enc
 
-    def encode(self, values: Any) -> torch.Tensor:
+    def encode(self, values: Any, position: Callable[[int], str] = "index {}".format) -> torch.Tensor:
         """Label values (any shape) -> int64 ranks of the same shape.
 
-        Raises ValueError naming the first value whose rank falls outside ``0 … n-1``.
+        Raises ValueError naming the first value whose rank falls outside ``0 … n-1``, at
+        ``position(i)`` of the flattened values ("index 3"; "data row 4" for a file's rows).
         """
         shape = tuple(values.shape) if hasattr(values, "shape") else np.shape(values)
         v = _float_vector(values, "label values")
@@ -203,7 +204,7 @@ class RankEncoder:
         if bad.size:
             i = int(bad[0])
             raise ValueError(
-                f"label value {v[i]:g} (index {i}) is outside the rank grid {self.min_value:g} … "
+                f"label value {v[i]:g} ({position(i)}) is outside the rank grid {self.min_value:g} … "
                 f"{self.max_value:g} (step {self.step:g}, {self.num_ranks} ranks); {bad.size} value(s) are. "
                 "Fix or drop such labels, or train on data whose labels cover them (in Python: or fit "
                 "the encoder on all labels, or pass min_value=/max_value= that cover them).")
@@ -322,8 +323,10 @@ def _make_dataset(features: torch.Tensor, values: np.ndarray, *, name: str, kind
             encoder = RankEncoder.fit(values, step=step, min_value=min_value, max_value=max_value)
         except ValueError as err:
             raise ValueError(f"{_labels_of(source or name, schema)}: {err}") from None
+    # a file's labels are every data row in order (a row without one is refused when read)
+    in_file = (schema or {}).get("format") in ("csv", "table", "images")
     try:
-        ranks = encoder.encode(values)
+        ranks = encoder.encode(values, (lambda i: f"data row {i + 1}") if in_file else "index {}".format)
     except ValueError as err:
         raise ValueError(f"{_labels_of(source or name, schema)}: {err}") from None
     return OrdinalDataset(features=features, ranks=ranks, encoder=encoder, name=name, kind=kind,
