@@ -174,8 +174,8 @@ void check_dissimilarities_finite(const at::Tensor& D, const at::Tensor& h, cons
   TORCH_CHECK_VALUE(false, message.str());
 }
 
-// sol_ext/_validation.py's check_loss_finite with the advice of StochasticOrderLoss._check_finite, same
-// message: finite but huge h and mu can overflow the loss.
+// sol_ext/_validation.py's check_loss_finite for h and mu, same message: finite but huge h and mu can
+// overflow the loss.
 void check_loss_finite(const at::Tensor& loss, const at::Tensor& h, const at::Tensor& mu, double margin) {
   if (std::isfinite(loss.item<double>())) return;
   const double largest = std::max(h.abs().max().item<double>(), mu.abs().max().item<double>());

@@ -126,10 +126,12 @@ def extremes(name: str, t: torch.Tensor) -> tuple:
     return lowest, highest
 
 
-def check_loss_finite(loss: torch.Tensor, dtype: torch.dtype, advice: Callable[[], str]) -> None:
+def check_loss_finite(loss: torch.Tensor, dtype: torch.dtype, inputs: str, largest: Callable[[], float],
+                      margin: float) -> None:
     """Finite inputs can still overflow the loss: a pair's order loss adds up to ``2n`` hinge terms of
     about ``|D| + margin`` each (docs/math.md §6), in the inputs' ``dtype``. Refuse the inf (or NaN, as
-    0 * inf) instead of returning it; ``advice()`` says which inputs were that large and what to do."""
+    0 * inf) instead of returning it, naming the ``inputs`` and their ``largest()`` |value| (read only
+    then). csrc/stochastic_order_loss.cpp says the same of the CPU grouped op's loss."""
     if _values_hidden(loss) or loss.numel() == 0:
         return
     if loss.dim() == 0:  # the reduced loss: one read (one dispatched operation per step)
@@ -137,7 +139,9 @@ def check_loss_finite(loss: torch.Tensor, dtype: torch.dtype, advice: Callable[[
             return
     elif all(math.isfinite(v) for v in torch.stack(torch.aminmax(loss.detach().reshape(-1))).tolist()):
         return
-    raise ValueError(f"the loss overflows {dtype} although its inputs are finite: {advice()}")
+    raise ValueError(f"the loss overflows {dtype} although its inputs are finite: the largest |value| of {inputs} "
+                     f"is {largest():.3g} and margin={margin:.3g}, and a pair's order loss adds up to 2n hinge "
+                     "terms of about |D| + margin each; scale them down or compute in float64")
 
 
 def check_same_device(**tensors) -> None:

@@ -15,7 +15,6 @@ from .ops import (
     _disc_losses,
     _dissimilarity,
     _order_losses,
-    overflow_advice,
 )
 
 
@@ -160,10 +159,9 @@ class StochasticOrderLoss(nn.Module):
         check.check_pairs(pairs, h.shape[0])
 
     def _check_finite(self, loss: torch.Tensor, h: torch.Tensor, mu: torch.Tensor) -> None:
-        """Finite but huge ``h`` and ``mu`` can overflow the loss (csrc/stochastic_order_loss.cpp checks
-        the grouped op's on the CPU, with the same message)."""
-        largest = lambda: max(h.detach().abs().max().item(), mu.detach().abs().max().item())  # noqa: E731
-        check.check_loss_finite(loss, h.dtype, overflow_advice("h and mu", largest, self.margin))
+        """Finite but huge ``h`` and ``mu`` can overflow the loss (the CPU grouped op checks its own)."""
+        check.check_loss_finite(loss, h.dtype, "h and mu", lambda: max(h.detach().abs().max().item(),
+                                                                       mu.detach().abs().max().item()), self.margin)
 
     def _dissimilarities(self, h: torch.Tensor, mu: torch.Tensor, fused: bool) -> torch.Tensor:
         D = _dissimilarity(h, mu, self.sigma, fused)

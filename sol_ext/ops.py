@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -226,12 +226,6 @@ def _check_dissimilarities_finite(D: torch.Tensor, h: torch.Tensor, mu: torch.Te
         )
 
 
-def overflow_advice(name: str, largest: Callable[[], float], margin: float) -> Callable[[], str]:
-    """What :func:`sol_ext._validation.check_loss_finite` says of an overflowing loss (``largest`` read then)."""
-    return lambda: (f"the largest |value| of {name} is {largest():.3g} and margin={margin:.3g}, and a pair's order "
-                    "loss adds up to 2n hinge terms of about |D| + margin each; scale them down or compute in float64")
-
-
 def _order_losses(D, labels, pairs, sigma, tau, margin, convention, fused: bool):
     """Per-pair losses ``[M]``."""
     if fused:
@@ -402,7 +396,7 @@ def order_loss(
             loss = grouped.grouped_order_loss(D, labels, sigma, tau, margin, convention, reduction)
         else:
             loss = reduce_losses(_order_losses(D, labels, pairs, sigma, tau, margin, convention, how.fused), reduction)
-    check.check_loss_finite(loss, D.dtype, overflow_advice("D", lambda: largest, margin))
+    check.check_loss_finite(loss, D.dtype, "D", lambda: largest, margin)
     return loss
 
 
@@ -457,7 +451,7 @@ def order_loss_block(
     how = route("order_loss_block", backend, D.device, D.dtype)
     with computing(D.device):
         rows = _order_loss_block_rows(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention, how.fused)
-    check.check_loss_finite(rows, D.dtype, overflow_advice("D and D_all", lambda: largest, margin))
+    check.check_loss_finite(rows, D.dtype, "D and D_all", lambda: largest, margin)
     return rows
 
 
