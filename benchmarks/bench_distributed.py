@@ -8,7 +8,7 @@
 One step is what a DDP training loop runs: an MLP encoder (64 -> 128 -> d = 64) wrapped in
 ``DistributedDataParallel``, ``DistributedStochasticOrderLoss(StochasticOrderLoss(n))`` against fixed
 centroids ``mu [n, d]``, forward, backward and an SGD step. For each global batch ``N`` the processes are
-spawned with ``torch.multiprocessing`` (gloo on 127.0.0.1 with a free port, one intra-op thread each, so
+spawned with ``torch.multiprocessing`` (gloo on the loopback interface, one intra-op thread each, so
 W = 1 and W = 2 use the same core per process): W = 1 runs all ``N`` samples in one process, W = 2 gives
 each process ``N / 2``; at W = 1 the plain ``StochasticOrderLoss`` without a process group or DDP is timed
 too. Every timed step starts after a barrier (not timed), and the setups take turns step by step, so that
@@ -41,7 +41,6 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -317,11 +316,13 @@ def measure_process(rank: int, world_size: int, global_batch: int, num_ranks: in
             "plain": records.get("plain")}
 
 
-def _worker(rank: int, world_size: int, port: int, config: dict, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+def _worker(rank: int, world_size: int, config: dict, out_dir: str) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)  # one core per process, at W = 1 as at W = 2
-    dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    # The group meets in a file of the run's folder: a TCP port picked in advance could be taken by
+    # another program before the processes bind it.
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(out_dir, 'store')}", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=TIMEOUT_S))
     try:
         results = [
             measure_process(rank, world_size, global_batch, config["num_ranks"], config["steps"],
@@ -339,17 +340,11 @@ def _worker(rank: int, world_size: int, port: int, config: dict, out_dir: str) -
     os._exit(0)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def spawn(world_size: int, config: dict) -> list:
     """Runs the measurements in world_size spawned processes; their results, per rank."""
     with tempfile.TemporaryDirectory() as out_dir:
         context = torch.multiprocessing.start_processes(
-            _worker, args=(world_size, _free_port(), config, out_dir), nprocs=world_size, join=False,
+            _worker, args=(world_size, config, out_dir), nprocs=world_size, join=False,
             start_method="spawn",
         )
         deadline = time.monotonic() + TIMEOUT_S

@@ -5,8 +5,9 @@ import csv
 import datetime
 import importlib.util
 import os
-import socket
+import shutil
 import sys
+import tempfile
 import time
 
 import pytest
@@ -65,22 +66,27 @@ def random_pairs(batch_size: int, count: int, generator: torch.Generator, device
     return pairs.to(device)
 
 
-def free_port() -> int:
-    """A free TCP port on the loopback interface."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Every test that starts several processes (spawned gloo groups, torchrun, Lightning DDP) waits this
+# long for them: a hang is still caught, and a machine whose cores are busy with another job (CI right
+# after other work) has room to import torch in each process and finish.
+MULTIPROCESS_TIMEOUT_S = 600
 
 
-def _in_process_group(rank: int, worker, world_size: int, port: int, timeout_s: float, *args) -> None:
-    """``worker(rank, world_size, *args)`` inside a gloo process group on the loopback port ``port``
-    (one thread per process); then the process ends without the interpreter's shutdown: torch's gloo
-    can abort there after DistributedDataParallel ("terminate called without an active exception",
-    about one run in twelve with plain torch), which would fail a test whose work is done."""
+def multiprocess_env() -> dict:
+    """The environment for a subprocess that starts a process group: loopback only, one thread each
+    (two processes on two cores, beside whatever else runs)."""
+    return {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+
+
+def _in_process_group(rank: int, worker, world_size: int, store_path: str, timeout_s: float, *args) -> None:
+    """``worker(rank, world_size, *args)`` inside a gloo process group that meets in the file
+    ``store_path`` (one thread per process); then the process ends without the interpreter's shutdown:
+    torch's gloo can abort there after DistributedDataParallel ("terminate called without an active
+    exception", about one run in twelve with plain torch), which would fail a test whose work is done."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
     torch.distributed.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s))
     try:
         worker(rank, world_size, *args)
@@ -91,12 +97,16 @@ def _in_process_group(rank: int, worker, world_size: int, port: int, timeout_s: 
     os._exit(0)
 
 
-def spawn_processes(worker, world_size: int, args: tuple, timeout_s: float) -> None:
-    """Run ``worker(rank, world_size, *args)`` in ``world_size`` spawned processes, each in a gloo
-    process group on a free loopback port; fail the test if they do not finish in ``timeout_s``."""
+def spawn_processes(worker, world_size: int, args: tuple, timeout_s: float = MULTIPROCESS_TIMEOUT_S) -> None:
+    """Run ``worker(rank, world_size, *args)`` in ``world_size`` spawned processes, each in one gloo
+    process group; fail the test if they do not finish in ``timeout_s``.
+
+    The group meets in a file of a fresh folder rather than on a TCP port picked in advance: a port
+    found free here can be taken by another program before the processes bind it."""
+    rendezvous = tempfile.mkdtemp(prefix="sol_ext_group_")
     context = torch.multiprocessing.start_processes(
-        _in_process_group, args=(worker, world_size, free_port(), timeout_s, *args), nprocs=world_size,
-        join=False, start_method="spawn")
+        _in_process_group, args=(worker, world_size, os.path.join(rendezvous, "store"), timeout_s, *args),
+        nprocs=world_size, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
     try:
         while not context.join(timeout=max(1.0, deadline - time.monotonic())):
@@ -106,6 +116,7 @@ def spawn_processes(worker, world_size: int, args: tuple, timeout_s: float) -> N
         for process in context.processes:
             if process.is_alive():
                 process.kill()
+        shutil.rmtree(rendezvous, ignore_errors=True)
 
 
 def write_csv(path, rows, header=("a", "b", "label")):

@@ -1,6 +1,6 @@
 """Smoke test of benchmarks/bench_distributed.py: its --quick mode runs W = 1 and W = 2 gloo processes.
 
-The benchmark spawns its own processes on the loopback interface with a free port; this test only runs
+The benchmark spawns its own gloo processes on the loopback interface; this test only runs
 it in a subprocess under a timeout and checks that it finished and printed its table.
 """
 from __future__ import annotations
@@ -12,7 +12,8 @@ import sys
 import pytest
 import torch
 
-TIMEOUT_S = 120
+from common import MULTIPROCESS_TIMEOUT_S
+
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
                       "bench_distributed.py")
 TABLE_HEADER = "| global batch N | processes | per process B | step (median) |"
@@ -22,7 +23,7 @@ TABLE_HEADER = "| global batch N | processes | per process B | step (median) |"
                     reason="needs torch.distributed with the gloo backend")
 def test_quick_benchmark_runs_and_prints_its_table():
     result = subprocess.run(
-        [sys.executable, SCRIPT, "--quick"], capture_output=True, text=True, timeout=TIMEOUT_S,
+        [sys.executable, SCRIPT, "--quick"], capture_output=True, text=True, timeout=MULTIPROCESS_TIMEOUT_S,
         cwd=os.path.dirname(os.path.dirname(SCRIPT)),
     )
     assert result.returncode == 0, result.stderr[-4000:]

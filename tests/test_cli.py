@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -357,11 +357,24 @@ def test_ctrl_c_while_starting_prints_no_traceback(tmp_path):
     """The ``sol-ext`` command as installed: a Ctrl-C while torch loads ends it quietly."""
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root)}
+    # The launcher as installed, which says on stdout when its Ctrl-C handler is in place: the signal
+    # is sent then, while the package (torch) still loads, however long the interpreter took to start.
+    launcher = textwrap.dedent("""
+        import signal, sys
+        import sol_ext_launcher
+        install = signal.signal
+        def announce(signum, handler):
+            previous = install(signum, handler)
+            if handler is sol_ext_launcher._quit_while_starting:
+                print("handler installed", flush=True)
+            return previous
+        signal.signal = announce
+        sys.exit(sol_ext_launcher.main())
+    """)
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from sol_ext_launcher import main; sys.exit(main())",
-         "train", "--output", str(tmp_path / "o")],
+        [sys.executable, "-c", launcher, "train", "--output", str(tmp_path / "o")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-    time.sleep(0.5)  # importing torch takes seconds
+    assert proc.stdout.readline() == "handler installed\n"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

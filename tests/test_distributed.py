@@ -17,7 +17,15 @@ import torch
 from torch.library import opcheck
 
 import sol_ext
-from common import REL_TOL, assert_rel_close, cpu_and_cuda, random_labels, spawn_processes
+from common import (
+    MULTIPROCESS_TIMEOUT_S,
+    REL_TOL,
+    assert_rel_close,
+    cpu_and_cuda,
+    multiprocess_env,
+    random_labels,
+    spawn_processes,
+)
 from sol_ext import reference
 from sol_ext.distributed import DistributedStochasticOrderLoss
 
@@ -199,7 +207,6 @@ def test_distributed_loss_refuses_what_the_wrapped_loss_refuses(one_process_grou
 # ------------------------------------------------------------------------------------------------
 
 IN_DIM, DIM, NUM_RANKS = 5, 4, 9
-TIMEOUT_S = 120
 
 
 class _Model(torch.nn.Module):
@@ -274,7 +281,7 @@ def test_ddp_step_equals_one_process_on_the_concatenated_batch(world_size, tmp_p
     """Loss value on every process and DDP-averaged parameter gradients (encoder and centroids) equal the
     single-process ones on the concatenated batch, with unequal and empty process batches."""
     cases = SPAWN_CASES[world_size]
-    spawn_processes(_worker, world_size, (cases, str(tmp_path)), TIMEOUT_S)
+    spawn_processes(_worker, world_size, (cases, str(tmp_path)))
     per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
     for seed, case in enumerate(cases):
         sizes, dtype = case[0], case[1]
@@ -359,7 +366,7 @@ def test_update_head_across_processes_equals_one_process_on_all_the_data(tmp_pat
     """Every process ends with the head of SOLHead.update_centroids/update on the whole training set:
     the centroids to float64 rounding (the sums are added in another order), the read-out exactly."""
     world_size = 3  # 23 samples: shares of 8, 8 and 7
-    spawn_processes(_head_worker, world_size, (str(tmp_path),), TIMEOUT_S)
+    spawn_processes(_head_worker, world_size, (str(tmp_path),))
     h, labels, val_h, val_labels = _head_data()
     expected = _head_updates(h, labels, val_h, val_labels, (slice(None), slice(None)), slice(None),
                              lambda head, *a: head.update_centroids(*a), lambda head, *a: head.update(*a))
@@ -427,9 +434,9 @@ def test_the_readme_ddp_script_is_the_example_file():
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
 def test_the_ddp_example_runs_under_torchrun_on_the_cpu(tmp_path):
     """examples/ddp_train.py (the DDP script of docs/distributed.md) runs as written with 2 gloo processes."""
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(EXAMPLE)], capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
+                           str(EXAMPLE)], capture_output=True, text=True, timeout=MULTIPROCESS_TIMEOUT_S,
+                          cwd=tmp_path, env=multiprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     match = re.search(r"2 processes: test MAE ([0-9.]+)", proc.stdout)
     assert match and float(match.group(1)) < 1.0, proc.stdout  # ranks 0…9: it learned

@@ -718,7 +718,7 @@ def test_distributed_grouped_splits_the_ranks_over_two_processes(tmp_path):
     the gradients summed over the processes (what DDP's averaging of W times the share gives) equal one
     process's pairwise loss on the concatenated batch."""
     cases = [([6, 5], 9, "mean"), ([7, 0], 4, "sum"), ([3, 4], 1, "mean")]
-    spawn_processes(_worker, 2, (cases, str(tmp_path)), 120)
+    spawn_processes(_worker, 2, (cases, str(tmp_path)))
     per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for seed, (sizes, n, reduction) in enumerate(cases):
         h, mu, labels = _global_batch(sizes, n, seed)

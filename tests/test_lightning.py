@@ -2,7 +2,6 @@
 the same head on every process under ``strategy="ddp"`` (2 gloo processes under torchrun)."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ import lightning as L  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import sol_ext  # noqa: E402
+from common import MULTIPROCESS_TIMEOUT_S, multiprocess_env  # noqa: E402
 from sol_ext.lightning import SOLModule  # noqa: E402
 
 NUM_RANKS, DIM, EPOCHS = 8, 8, 2
@@ -169,9 +169,9 @@ os._exit(0)  # torch's gloo can abort in the interpreter's shutdown after DDP (t
 def test_ddp_processes_hold_the_same_head_as_one_process_on_all_the_data(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(DDP_SCRIPT))
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(script), str(tmp_path)], capture_output=True, text=True, timeout=180, env=env)
+                           str(script), str(tmp_path)], capture_output=True, text=True,
+                          timeout=MULTIPROCESS_TIMEOUT_S, env=multiprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     for key in ("centroids", "temperature", "log_prior"):

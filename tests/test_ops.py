@@ -193,7 +193,9 @@ def test_huge_T_costs_what_T_equal_to_n_costs(backend):
         elapsed = time.perf_counter() - start
         assert_rel_close(loss, base + (T - (n - 1)) * step, 1e-12, f"loss, T={T}")
         assert_rel_close(grad, grad_base + (T - (n - 1)) * grad_step, 1e-12, f"dD, T={T}")
-        assert elapsed < 1.0, f"T={T} took {elapsed:.2f} s"
+        # term by term, 2**62 terms would never end: the bound separates that from "at once" with room
+        # for a machine busy with other work
+        assert elapsed < 10.0, f"T={T} took {elapsed:.2f} s"
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())

@@ -25,8 +25,34 @@ from sol_ext.sklearn import CONFIG_PARAMS, EXPECTED_FAILED_CHECKS, SOLRanker  # 
 SMALL = dict(epochs=2, sigma=1.0, hidden=(16,), embedding_dim=4)
 
 
-@parametrize_with_checks([SOLRanker(**SMALL)], expected_failed_checks=lambda _est: EXPECTED_FAILED_CHECKS)
-def test_sklearn_estimator_checks(estimator, check):
+SUBSET_INVARIANCE = "check_methods_subset_invariance"
+
+
+def float32_products_depend_on_batch_size() -> bool:
+    """Whether this machine's float32 ``Linear`` gives a row other bits in a batch than alone, at the
+    layer sizes of ``SMALL`` on the estimator checks' data (20 rows of 3 features). BLAS libraries pick
+    their kernel by the batch size, and whether those kernels round alike depends on the CPU: it is the
+    condition ``EXPECTED_FAILED_CHECKS`` gives for check_methods_subset_invariance."""
+    gen = torch.Generator().manual_seed(0)
+    x = 3 * torch.rand(20, 3, generator=gen)
+    for width_in, width_out in ((3, SMALL["hidden"][0]), (SMALL["hidden"][0], SMALL["embedding_dim"])):
+        weight, bias = torch.randn(width_out, width_in, generator=gen), torch.randn(width_out, generator=gen)
+        whole = torch.nn.functional.linear(x, weight, bias)
+        alone = torch.cat([torch.nn.functional.linear(row[None], weight, bias) for row in x])
+        if not torch.equal(whole, alone):
+            return True
+        x = whole.relu()
+    return False
+
+
+# The subset-invariance check is expected to fail only where its condition holds, and then strictly
+# (below): an unexpected pass there means the reason given to users is no longer true.
+@parametrize_with_checks([SOLRanker(**SMALL)], expected_failed_checks=lambda _est: {
+    name: reason for name, reason in EXPECTED_FAILED_CHECKS.items() if name != SUBSET_INVARIANCE})
+def test_sklearn_estimator_checks(estimator, check, request):
+    name = getattr(check, "func", check).__name__
+    if name == SUBSET_INVARIANCE and float32_products_depend_on_batch_size():
+        request.applymarker(pytest.mark.xfail(reason=EXPECTED_FAILED_CHECKS[name], strict=True))
     check(estimator)
 
 

@@ -21,7 +21,6 @@ from sol_ext import metrics  # noqa: E402
 from sol_ext.torchmetrics import MAE, QWK, CumulativeScore, MacroMAE, QuadraticWeightedKappa  # noqa: E402
 
 NUM_RANKS = 9
-TIMEOUT_S = 120
 # (torchmetrics metric, the sol_ext.metrics function it must equal, whether predictions are real)
 CASES = {
     "mae": (lambda: MAE(), metrics.mae, True),
@@ -221,7 +220,7 @@ def _ddp_worker(rank, world_size, out_dir):
 def test_ddp_value_equals_one_process_on_the_concatenated_samples(tmp_path):
     """Two gloo processes with unequal shards: every process's compute() equals the one-process value
     (and the sol_ext.metrics function) on all the samples."""
-    spawn_processes(_ddp_worker, len(DDP_SHARDS), (str(tmp_path),), TIMEOUT_S)
+    spawn_processes(_ddp_worker, len(DDP_SHARDS), (str(tmp_path),))
     for name, (make, function, real) in CASES.items():
         pred, true = _samples(sum(map(sum, DDP_SHARDS)), seed=7, real=real)
         single = make()
