@@ -4,12 +4,17 @@ The extension is compiled against the torch installed in the environment it goes
 `pip install .` finds that torch through the in-tree build backend (build_backend/), and
 `pip install --no-build-isolation .` imports it directly. No torch is downloaded for the build.
 
+The CUDA kernels are compiled, as torchvision's are, when this machine can run them: a GPU is visible
+to a CUDA build of torch and a CUDA toolkit is found. They are then built for the visible GPU's
+architecture. Compiling them for other GPUs on a machine without one takes minutes; ask for it.
+
 Switches (environment variables):
-  SOL_EXT_FORCE_CUDA=1   compile the CUDA kernels even when auto-detection says no (fails if it can't)
+  SOL_EXT_FORCE_CUDA=1   compile the CUDA kernels without a visible GPU too (fails if it can't)
   SOL_EXT_CPU_ONLY=1     never compile the CUDA kernels
   SOL_EXT_DEBUG=1        -O0 -g host code, -G -lineinfo device code
   SOL_EXT_NVCC_FLAGS     extra nvcc flags, space separated
-  TORCH_CUDA_ARCH_LIST   GPU architectures (default "8.0;9.0", i.e. A100 and H100/H200)
+  TORCH_CUDA_ARCH_LIST   GPU architectures (default: the visible GPU's; "8.0;9.0", i.e. A100 and
+                         H100/H200, when forced without one)
   CUDA_HOME              CUDA toolkit root (default /usr/local/cuda when it exists)
   MAX_JOBS               parallel compile jobs
 """
@@ -64,10 +69,16 @@ def _want_cuda() -> bool:
             )
         _say("CUDA kernels: on (SOL_EXT_FORCE_CUDA=1)")
         return True
-    if has_toolkit and has_cuda_torch:
-        _say(f"CUDA kernels: on (toolkit at {CUDA_HOME}, torch built with CUDA {torch.version.cuda})")
+    if has_toolkit and has_cuda_torch and torch.cuda.is_available():
+        _say(f"CUDA kernels: on ({torch.cuda.get_device_name(0)} visible, toolkit at {CUDA_HOME}, "
+             f"torch built with CUDA {torch.version.cuda})")
         return True
-    why = "no CUDA toolkit found (set CUDA_HOME)" if not has_toolkit else f"torch {torch.__version__} is a CPU build"
+    if not has_cuda_torch:
+        why = f"torch {torch.__version__} is a CPU build"
+    elif not has_toolkit:
+        why = "no CUDA toolkit found (set CUDA_HOME)"
+    else:
+        why = "no GPU visible; SOL_EXT_FORCE_CUDA=1 compiles them anyway"
     _say(f"CUDA kernels: off ({why})")
     return False
 
@@ -100,8 +111,12 @@ def _extension():
     extension = CppExtension
     if with_cuda:
         if not os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip():
-            # Without a GPU to query, an empty list makes torch's build helper fail.
-            os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0"
+            # torch's build helper compiles for the visible GPUs; without one to query it fails.
+            if torch.cuda.is_available():
+                capabilities = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+                os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(f"{major}.{minor}" for major, minor in capabilities)
+            else:
+                os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0"
         _say(f"CUDA architectures: {os.environ['TORCH_CUDA_ARCH_LIST']}")
         sources += sorted(glob.glob("csrc/cuda/*.cu") + glob.glob("csrc/cuda/*.cpp"))
         nvcc_flags = ["-G", "-lineinfo"] if debug else ["-O3", "-lineinfo"]

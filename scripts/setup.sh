@@ -5,7 +5,8 @@
 #   TORCHVISION_SPEC  the torchvision that matches it, for the VGG16-BN encoder (default:
 #                torchvision==0.29.1; "" to skip)
 #   PYTHON       interpreter for the environment (default: python3)
-#   SOL_EXT_CPU_ONLY=1 / SOL_EXT_FORCE_CUDA=1, TORCH_CUDA_ARCH_LIST, MAX_JOBS: see setup.py
+#   The CUDA kernels are compiled when a GPU is visible; SOL_EXT_FORCE_CUDA=1 compiles them without
+#   one too, SOL_EXT_CPU_ONLY=1 never. TORCH_CUDA_ARCH_LIST, MAX_JOBS: see setup.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -109,3 +109,33 @@ def test_py_typed_is_shipped():
                         for k in node.keywords if k.arg == "package_data")
     assert "py.typed" in ast.literal_eval(package_data)["sol_ext"]
     assert "include sol_ext/py.typed" in (ROOT / "MANIFEST.in").read_text().splitlines()
+
+
+def _build_decision(**switches) -> str:
+    """What setup.py prints it decided about the CUDA kernels, under the given environment switches."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SOL_EXT_FORCE_CUDA", "SOL_EXT_CPU_ONLY", "TORCH_CUDA_ARCH_LIST")}
+    proc = subprocess.run([sys.executable, "setup.py", "--name"], cwd=ROOT, env={**env, **switches},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return "\n".join(line for line in proc.stderr.splitlines() if "CUDA" in line)
+
+
+def test_cuda_kernels_are_built_where_a_gpu_can_run_them_or_when_forced():
+    """As torchvision: no GPU visible, no CUDA kernels (minutes of compiling saved) unless forced; forced,
+    they are built for the A100 and H100/H200 architectures unless TORCH_CUDA_ARCH_LIST says others."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the kernels are built by default")
+    default = _build_decision()
+    assert "CUDA kernels: off" in default and "SOL_EXT_FORCE_CUDA=1" in default, default
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if torch.version.cuda is None or CUDA_HOME is None:
+        return  # without a CUDA build of torch and a toolkit, forcing fails (and says why)
+    forced = _build_decision(SOL_EXT_FORCE_CUDA="1")
+    assert "CUDA kernels: on (SOL_EXT_FORCE_CUDA=1)" in forced and "CUDA architectures: 8.0;9.0" in forced, forced
+    chosen = _build_decision(SOL_EXT_FORCE_CUDA="1", TORCH_CUDA_ARCH_LIST="9.0")
+    assert "CUDA architectures: 9.0" in chosen, chosen
+    assert "CUDA kernels: off (SOL_EXT_CPU_ONLY=1)" in _build_decision(SOL_EXT_CPU_ONLY="1")
