@@ -101,8 +101,12 @@ def _refuse_repeated_names(names: Sequence[str], what: str) -> None:
 # Columns out
 
 
-def _column(table: pa.Table, name: str, origin: TableOrigin, role: str) -> pa.ChunkedArray:
-    if name not in table.column_names:
+def _column(table: pa.Table, name: str, origin: TableOrigin, role: str,
+            positions: Optional[Mapping[str, int]] = None) -> pa.ChunkedArray:
+    """The column ``name`` of ``table``; ``positions`` (name -> index, built once) keeps a lookup of each
+    of many columns from costing a list of every name."""
+    position = (positions if positions is not None else _positions(table)).get(name)
+    if position is None:
         names = table.column_names
         hint = (" The header was read as one column: if its cells are separated by some other character, "
                 "pass it as delimiter=." if len(names) == 1 and origin.file else "")
@@ -112,7 +116,11 @@ def _column(table: pa.Table, name: str, origin: TableOrigin, role: str) -> pa.Ch
                }.get(role, f"Pass the right name with {role}_column=")
         raise ValueError(f"{origin.name} has no {role} column {name!r}; its columns are {names}.{hint} "
                          f"{fix}")
-    return table.column(name)
+    return table.column(position)
+
+
+def _positions(table: pa.Table) -> dict[str, int]:
+    return {name: k for k, name in enumerate(table.column_names)}
 
 
 def _is_text(t: pa.DataType) -> bool:
@@ -287,7 +295,8 @@ def table_features(table: pa.Table, columns: Sequence[str], categorical: Mapping
     Raises ValueError naming ``origin``, the column and the first bad row for a missing column, a
     missing, non-numeric, infinite or float32-overflowing value, or an unknown category.
     """
-    cols = {name: _column(table, name, origin, "feature") for name in columns}
+    positions = _positions(table)
+    cols = {name: _column(table, name, origin, "feature", positions) for name in columns}
     encoded: dict[str, tuple[pa.ChunkedArray, list[str]]] = {}
     width = 0
     for name in columns:

@@ -326,8 +326,9 @@ def read_table_features(path: str | Path, columns: Sequence[str], categorical: M
     path = Path(path)
     header = table_columns(path, delimiter)
     origin = TableOrigin(where or str(path))
+    present = set(header)
     for name in columns:
-        if name not in header:  # before reading any row: the message lists the file's columns
+        if name not in present:  # before reading any row: the message lists the file's columns
             table_features(pa.table({c: pa.array([], pa.string()) for c in header}), [name], {}, origin)
     has_label = label_column is not None and label_column in header
     if label_column is not None and not has_label and not label_optional:
