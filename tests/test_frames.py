@@ -132,8 +132,9 @@ def test_predict_file_with_an_empty_label_column_has_no_labels(numeric, tmp_path
 
 
 def frames(columns):
-    """The same columns as a pyarrow.Table, a pandas and a polars DataFrame (each when installed)."""
-    out = [pa.table(columns)]
+    """The same columns as a pyarrow.Table and RecordBatch, a pandas and a polars DataFrame (each when
+    installed)."""
+    out = [pa.table(columns), pa.record_batch(columns)]
     try:
         import pandas as pd
         out.append(pd.DataFrame(columns))

@@ -51,8 +51,9 @@ def _module(obj: Any) -> str:
 
 
 def is_table_like(obj: Any) -> bool:
-    """Whether ``obj`` is a ``pyarrow.Table``, a pandas DataFrame or a polars DataFrame."""
-    if isinstance(obj, pa.Table):
+    """Whether ``obj`` is a ``pyarrow.Table`` or ``RecordBatch``, a pandas or a polars DataFrame: data
+    whose columns are named, and taken by name."""
+    if isinstance(obj, (pa.Table, pa.RecordBatch)):
         return True
     return _module(obj) in ("pandas", "polars") and type(obj).__name__ == "DataFrame"
 
@@ -68,6 +69,8 @@ def as_arrow_table(obj: Any, what: str = "data") -> pa.Table:
     DataFrame is left out. Column names must be strings (names are what columns are matched by)."""
     if isinstance(obj, pa.Table):
         table = obj
+    elif isinstance(obj, pa.RecordBatch):
+        table = pa.Table.from_batches([obj])
     elif _module(obj) == "polars":
         table = obj.to_arrow()
     elif _module(obj) == "pandas":
@@ -81,7 +84,7 @@ def as_arrow_table(obj: Any, what: str = "data") -> pa.Table:
             raise ValueError(f"{what}: a column cannot be read as one type ({err}); give each column "
                              "numbers only (or text only, for a categorical column)") from None
     else:
-        raise TypeError(f"{what}: expected a pyarrow.Table, a pandas or a polars DataFrame, got "
+        raise TypeError(f"{what}: expected a pyarrow.Table or RecordBatch, a pandas or a polars DataFrame, got "
                         f"{type(obj).__name__}")
     _refuse_repeated_names(table.column_names, what)
     return table
