@@ -20,6 +20,7 @@ from sol_ext.driver.data import (
     load_fashion_mnist_degradation,
     load_image_folder,
     load_npz,
+    load_table,
     load_train_test,
     split_indices,
     standardize,
@@ -611,3 +612,55 @@ def test_label_column_applies_to_tables_and_image_folders_only(tmp_path):
     for spec in ("abalone", str(q)):
         with pytest.raises(ValueError, match=r"label_column='age' applies to tables \(CSV, Parquet, Feather\) and image folders"):
             load_dataset(spec, label_column="age")
+
+
+# --------------------------------------------------------------------------------------------------
+# CSV files as spreadsheets save them
+
+
+def _spreadsheet_rows(n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    a, b, flag = rng.normal(size=n).round(4), rng.normal(size=n).round(4), rng.random(n) > 0.5
+    return a, b, flag, np.clip(np.round(2 * a + flag + 4), 0, 8).astype(int)
+
+
+def test_true_false_columns_read_as_one_and_zero_as_from_parquet(tmp_path):
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    a, b, flag, y = _spreadsheet_rows()
+    lines = ["a,b,flag,label"] + [f"{a[i]},{b[i]},{'True' if flag[i] else 'false'},{y[i]}" for i in range(len(y))]
+    (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
+    pq.write_table(pa.table({"a": a, "b": b, "flag": flag, "label": y}), tmp_path / "t.parquet")
+    from_csv, from_parquet = load_table(tmp_path / "t.csv"), load_table(tmp_path / "t.parquet")
+    assert torch.equal(from_csv.features[:, 2], torch.tensor(flag, dtype=torch.float32))
+    assert torch.equal(from_csv.features, from_parquet.features)
+    # a missing cell among them is still named as missing, not as a non-number
+    (tmp_path / "gap.csv").write_text("\n".join(lines[:3] + [lines[3].replace(",True,", ",,").replace(",false,", ",,")]
+                                                + lines[4:]) + "\n")
+    with pytest.raises(ValueError, match="'flag' has a missing value .* data row 3"):
+        load_table(tmp_path / "gap.csv")
+
+
+def test_decimal_commas_read_in_files_whose_delimiter_is_not_a_comma(tmp_path):
+    a, b, _, y = _spreadsheet_rows()
+    dots = ["a;b;label"] + [f"{a[i]};{b[i]};{y[i]}" for i in range(len(y))]
+    (tmp_path / "dots.csv").write_text("\n".join(dots) + "\n")
+    (tmp_path / "commas.csv").write_text("\n".join(line.replace(".", ",") for line in dots) + "\n")
+    assert torch.equal(load_table(tmp_path / "commas.csv").features, load_table(tmp_path / "dots.csv").features)
+    # in a comma-separated file "1,5" (quoted) may be a thousands separator: refused, as before
+    quoted = ["a,b,label"] + [f'"{str(a[i]).replace(".", ",")}",{b[i]},{y[i]}' for i in range(len(y))]
+    (tmp_path / "quoted.csv").write_text("\n".join(quoted) + "\n")
+    with pytest.raises(ValueError, match="feature column 'a' has a non-numeric value"):
+        load_table(tmp_path / "quoted.csv")
+
+
+def test_a_trailing_delimiter_is_no_column_and_gz_suffixes_in_any_case(tmp_path):
+    a, b, _, y = _spreadsheet_rows()
+    plain = ["a,b,label"] + [f"{a[i]},{b[i]},{y[i]}" for i in range(len(y))]
+    (tmp_path / "plain.csv").write_text("\n".join(plain) + "\n")
+    (tmp_path / "trailing.csv").write_text("\n".join(line + "," for line in plain) + "\n")
+    with gzip.open(tmp_path / "upper.CSV.GZ", "wt") as fh:
+        fh.write("\n".join(plain) + "\n")
+    expected = load_table(tmp_path / "plain.csv")
+    for name in ("trailing.csv", "upper.CSV.GZ"):
+        got = load_table(tmp_path / name)
+        assert list(got.feature_names) == ["a", "b"] and torch.equal(got.features, expected.features), name

@@ -28,6 +28,11 @@ MISSING_CELLS = ("", "na", "nan", "n/a", "null", "none", "?")
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 # A number as Python's float() reads it (no underscores): what a text cell must look like.
 _NUMBER = r"(?i)^[+-]?((\d+\.?\d*|\.\d+)(e[+-]?\d+)?|inf|infinity|nan)$"
+# A number written with a decimal comma, as spreadsheets in German or French save CSV files (with ";"
+# between the cells): read so in files whose delimiter is not a comma.
+_DECIMAL_COMMA = r"(?i)^[+-]?(\d+,\d*|,\d+)(e[+-]?\d+)?$"
+# How spreadsheets write a boolean: a feature column of these cells reads as 1 and 0.
+BOOLEAN_CELLS = ("true", "false")
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ class TableOrigin:
 
     name: str
     file: bool = True
+    decimal_comma: bool = False  # cells such as "0,25" are numbers (a CSV whose delimiter is not ",")
 
     def row(self, i: int) -> str:
         return f"data row {i + 1}" if self.file else f"row {i}"
@@ -193,6 +199,15 @@ def _numbers_from_text(col: pa.ChunkedArray, name: str, origin: TableOrigin, rol
     col = _text(col)
     missing = pc.fill_null(_missing_text(col), True)
     number = pc.fill_null(pc.match_substring_regex(col, _NUMBER), False)
+    if origin.decimal_comma:
+        comma = pc.fill_null(pc.match_substring_regex(col, _DECIMAL_COMMA), False)
+        if pc.any(comma).as_py():
+            col, number = pc.replace_substring(col, ",", "."), pc.or_(number, comma)
+    booleans = None
+    if role == "feature":
+        truth = pc.fill_null(pc.is_in(pc.utf8_lower(col), string_array(BOOLEAN_CELLS)), False)
+        if pc.any(truth).as_py() and pc.all(pc.or_(truth, missing)).as_py():
+            booleans, number = pc.equal(pc.utf8_lower(col), "true"), truth
     bad = _first(pc.or_(missing, pc.invert(number)))
     if bad is not None:
         cell = col[bad].as_py() or ""
@@ -206,6 +221,8 @@ def _numbers_from_text(col: pa.ChunkedArray, name: str, origin: TableOrigin, rol
                   "encode it as numbers, or train with it as a categorical column")
         raise ValueError(f"{origin.name}: feature column {name!r} has a non-numeric value {cell!r} in "
                          f"{origin.row(bad)}; {advice}")
+    if booleans is not None:
+        return _to_numpy(pc.cast(booleans, pa.float64()))
     # "inf"/"infinity"/"nan" in any case, as float() reads them; the rest is plain decimal notation
     return _to_numpy(pc.cast(pc.utf8_lower(col), pa.float64()))
 

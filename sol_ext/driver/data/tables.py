@@ -56,7 +56,7 @@ def _require_file(path: Path, missing: str) -> None:
 
 
 def _open_text(path: Path) -> io.TextIOBase:
-    if path.suffix == ".gz":
+    if path.suffix.lower() == ".gz":
         return gzip.open(path, "rt", newline="", encoding="utf-8-sig")
     return open(path, newline="", encoding="utf-8-sig")
 
@@ -191,6 +191,8 @@ def _csv_header(path: Path, delimiter: str | None) -> tuple[list[str], str]:
     if first is None:
         raise ValueError(f"{path} is empty: expected a header row and at least one data row")
     raw = next(csv.reader([first], delimiter=delimiter))
+    if len(raw) > 1 and not raw[-1].strip():  # "a,b,label,": a trailing delimiter, not an unnamed column
+        raw = raw[:-1]
     _refuse_repeated_names([c.strip() for c in raw], str(path))
     return raw, delimiter
 
@@ -292,7 +294,7 @@ def _read_csv_typed(path: Path, delimiter: str, types: Mapping[str, pa.DataType]
     parse = pacsv.ParseOptions(delimiter=delimiter, invalid_row_handler=lambda row: (
         "skip" if not row.text.replace(delimiter, "").replace('"', "").strip() else "error"))  # ",,": no row
     try:
-        with data_file_errors(path), (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as fh:
+        with data_file_errors(path), (gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")) as fh:
             table = pacsv.read_csv(fh, parse_options=parse, convert_options=convert,
                                    read_options=pacsv.ReadOptions(use_threads=True))
     except pa.ArrowInvalid as err:
@@ -325,7 +327,8 @@ def read_table_features(path: str | Path, columns: Sequence[str], categorical: M
     ``where`` names the data in errors (default the path)."""
     path = Path(path)
     header = table_columns(path, delimiter)
-    origin = TableOrigin(where or str(path))
+    decimal_comma = (table_format(path) or "csv") == "csv" and _csv_header(path, _check_delimiter(delimiter))[1] != ","
+    origin = TableOrigin(where or str(path), decimal_comma=decimal_comma)
     present = set(header)
     for name in columns:
         if name not in present:  # before reading any row: the message lists the file's columns
