@@ -1,6 +1,7 @@
 """Rank encoder, loaders on tiny temporary files, the shipped Abalone data, splitting and scaling."""
 
 import gzip
+import re
 import struct
 
 import numpy as np
@@ -664,3 +665,31 @@ def test_a_trailing_delimiter_is_no_column_and_gz_suffixes_in_any_case(tmp_path)
     for name in ("trailing.csv", "upper.CSV.GZ"):
         got = load_table(tmp_path / name)
         assert list(got.feature_names) == ["a", "b"] and torch.equal(got.features, expected.features), name
+
+
+# --------------------------------------------------------------------------------------------------
+# A label scale that rests on a few labels
+
+
+GRADES = np.repeat(np.arange(3, 10), 50)  # grades 3 … 9, 50 labels each
+
+
+@pytest.mark.parametrize("typo, named, ranks", [(60, "label 60 (1 of 351 labels) lies 50 ranks", 58),
+                                                 (5.5, "label 5.5 (1 of 351 labels) is the only value off", 13)])
+def test_one_typo_label_that_changes_the_scale_is_named(typo, named, ranks):
+    from sol_ext.driver.data.encoding import LabelScaleWarning
+
+    with pytest.warns(LabelScaleWarning, match=re.escape(named)):
+        enc = RankEncoder.fit(np.r_[GRADES, typo])
+    assert enc.num_ranks == ranks  # the scale is the labels' own, as before: the warning says so
+
+
+def test_a_scale_the_labels_fill_or_the_user_gives_warns_nothing():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert RankEncoder.fit(GRADES).num_ranks == 7
+        assert RankEncoder.fit(np.r_[GRADES, 60], min_value=0, max_value=60).num_ranks == 61  # given: meant
+        assert RankEncoder.fit(np.r_[GRADES, 5.5], step=0.5).num_ranks == 13
+        load_abalone()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,13 +19,24 @@ import torch
 
 from .image_files import ImageFiles
 
-__all__ = ["RankEncoder", "OrdinalDataset", "infer_step", "MAX_INFERRED_RANKS", "KINDS"]
+__all__ = ["RankEncoder", "OrdinalDataset", "infer_step", "LabelScaleWarning", "MAX_INFERRED_RANKS", "KINDS"]
 
 # Above this many ranks an inferred step is almost surely wrong (continuous labels such as mean ratings):
 # ask for an explicit step instead of building a huge grid.
 MAX_INFERRED_RANKS = 1000
 
 KINDS = ("tabular", "embeddings", "images")
+
+# A label scale inferred from the labels is questioned when values holding at most this share of the
+# labels decide it: they alone make the step finer, or lie beyond a stretch of empty ranks.
+RARE_LABEL_SHARE = 0.01
+# ... a stretch of at least this many ranks, and of a third of the scale, without a label.
+EMPTY_STRETCH_RANKS = 5
+
+
+class LabelScaleWarning(UserWarning):
+    """The label scale inferred from the labels rests on a few of them: a typo (``60`` among grades
+    3 … 9, ``5.5`` among whole numbers) changes the number of ranks the model learns."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -119,6 +131,49 @@ def _refuse_merged_labels(v: np.ndarray, enc: "RankEncoder") -> None:
         f"round-off. Fix or drop the outlier label {top:g} (in Python: or give the grid with step=)")
 
 
+def _warn_if_a_few_labels_set_the_step(v: np.ndarray, enc: "RankEncoder") -> None:
+    """A :class:`LabelScaleWarning` when one rare value alone makes the inferred step finer."""
+    values, counts = np.unique(v, return_counts=True)
+    if values.size < 3:
+        return
+    rare = np.flatnonzero(counts <= RARE_LABEL_SHARE * v.size)
+    for k in rare[np.argsort(counts[rare], kind="stable")][:20]:  # the rarest first; a few tries at most
+        rest = np.delete(values, k)
+        coarser = infer_step(rest)
+        if coarser > enc.step * (1 + 1e-9) and not _on_grid(values[k: k + 1], float(rest[0]), coarser):
+            n = int(_round_half_up(np.float64((rest[-1] - rest[0]) / coarser))) + 1
+            warnings.warn(
+                f"label {values[k]:g} ({counts[k]} of {v.size} labels) is the only value off a scale of step "
+                f"{coarser:g}: it makes the inferred step {enc.step:g} and the scale {enc.num_ranks} ranks "
+                f"instead of {n}. If it is a typo, fix or drop it; otherwise give the scale's step.",
+                LabelScaleWarning, stacklevel=3)
+            return
+
+
+def _warn_if_a_few_labels_stretch_the_scale(v: np.ndarray, enc: "RankEncoder") -> None:
+    """A :class:`LabelScaleWarning` when rare values lie beyond a long stretch of ranks no label has."""
+    values, counts = np.unique(v, return_counts=True)
+    ranks = enc.encode(values).numpy()
+    empty = np.diff(ranks) - 1  # ranks without a label between neighbouring values
+    if empty.size == 0:
+        return
+    j = int(np.argmax(empty))
+    if empty[j] < max(EMPTY_STRETCH_RANKS, enc.num_ranks / 3):
+        return
+    low, high = counts[: j + 1].sum(), counts[j + 1:].sum()
+    few, rest = (values[: j + 1], values[j + 1:]) if low <= high else (values[j + 1:], values[: j + 1])
+    share = min(low, high)
+    if share > RARE_LABEL_SHARE * v.size:
+        return
+    span = f"{few[0]:g}" if few.size == 1 else f"{few[0]:g} … {few[-1]:g}"
+    warnings.warn(
+        f"label{'s' if few.size > 1 else ''} {span} ({share} of {v.size} labels) {'lie' if few.size > 1 else 'lies'} "
+        f"{int(empty[j])} ranks "
+        f"without a label away from the rest ({rest[0]:g} … {rest[-1]:g}): the inferred scale has "
+        f"{enc.num_ranks} ranks, {int((empty[empty > 0]).sum())} of them without a label. If they are typos, "
+        "fix or drop them; otherwise give the scale's min and max.", LabelScaleWarning, stacklevel=3)
+
+
 @dataclass(frozen=True)
 class RankEncoder:
     """The grid between label values and 0-based ranks (docs/math.md section 1).
@@ -189,6 +244,9 @@ class RankEncoder:
         enc.encode(v)  # every label must fall on the grid's range (raises naming the first that does not)
         if inferred:
             _refuse_merged_labels(v, enc)
+            _warn_if_a_few_labels_set_the_step(v, enc)
+        if min_value is None and max_value is None:
+            _warn_if_a_few_labels_stretch_the_scale(v, enc)
         return enc
 
     def encode(self, values: Any, position: Callable[[int], str] = "index {}".format) -> torch.Tensor:
