@@ -371,3 +371,24 @@ def test_arrow_columns_reach_numpy_exactly_without_importing_pandas():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"  # importing pandas is a fifth of a 200,000-row predict
+
+
+def test_an_id_column_one_hot_encoded_is_named_and_its_errors_stay_short():
+    """A unique text id among the features: a warning when it is one-hot encoded, and a prediction
+    on new ids refused in a message that lists a few of them, not every category."""
+    pytest.importorskip("sklearn")
+    from sol_ext.driver.data.frames import ManyCategoriesWarning
+    from sol_ext.sklearn import SOLRanker
+
+    rng = np.random.default_rng(0)
+    n = 300
+    x = rng.normal(size=n)
+    table = pa.table({"wine_id": [f"w{i:04d}" for i in range(n)], "x": x,
+                      "quality": np.clip(np.round(2 * x + 5), 3, 8).astype(int)})
+    ranker = SOLRanker(epochs=1, sigma=1.0, hidden=(8,), embedding_dim=4)
+    with pytest.warns(ManyCategoriesWarning, match="'wine_id' has 300 distinct values in 300 rows"):
+        ranker.fit(table.drop_columns(["quality"]), table["quality"].to_numpy())
+    new = pa.table({"wine_id": [f"n{i:04d}" for i in range(n)], "x": x})
+    with pytest.raises(ValueError, match="'wine_id' has values .* \\(300 in all\\) outside") as caught:
+        ranker.predict(new)
+    assert len(str(caught.value)) < 500

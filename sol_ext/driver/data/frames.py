@@ -12,6 +12,7 @@ with its own ``to_arrow``/``from_pandas`` route.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -123,7 +124,7 @@ def _column(table: pa.Table, name: str, origin: TableOrigin, role: str,
                "feature": ("Give the file that column (in Python: or choose others with feature_columns=)"
                            if origin.file else "Give the data that column, by that name"),
                }.get(role, f"Pass the right name with {role}_column=")
-        raise ValueError(f"{origin.name} has no {role} column {name!r}; its columns are {names}.{hint} "
+        raise ValueError(f"{origin.name} has no {role} column {name!r}; its columns are {listed(names)}.{hint} "
                          f"{fix}")
     return table.column(position)
 
@@ -290,6 +291,24 @@ def _refuse_non_finite(values: np.ndarray, out: np.ndarray, name: str, origin: T
                      f"overflows float32 (largest magnitude {FLOAT32_MAX:.4g}); rescale the column")
 
 
+def listed(values: Sequence[Any], limit: int = 10) -> str:
+    """``values`` for a message: all of a short list, the first ``limit`` of a long one and how many
+    there are (a column list of a 5,000-column file, the categories of an id column)."""
+    values = list(values)
+    if len(values) <= limit:
+        return repr(values)
+    return f"[{', '.join(map(repr, values[:limit]))}, …] ({len(values):,} in all)"
+
+
+class ManyCategoriesWarning(UserWarning):
+    """A text column one-hot encoded into about as many features as it has rows: an id, most likely."""
+
+
+# A text column with more distinct values than this share of its rows (and than MANY_CATEGORIES) tells
+# little about new rows when one-hot encoded: an id or a free-text column.
+MANY_CATEGORIES, MANY_CATEGORIES_SHARE = 50, 0.5
+
+
 def _categories(col: pa.ChunkedArray, name: str, origin: TableOrigin,
                 given: Sequence[str]) -> tuple[pa.ChunkedArray, list[str]]:
     cells = _text(col)
@@ -298,11 +317,16 @@ def _categories(col: pa.ChunkedArray, name: str, origin: TableOrigin,
         raise ValueError(f"{origin.name}: categorical column {name!r} has a missing value in "
                          f"{origin.row(i)}; drop or impute such rows before loading")
     cats = [str(c) for c in given] or sorted(pc.unique(cells).to_pylist())
+    if not given and len(cats) > max(MANY_CATEGORIES, MANY_CATEGORIES_SHARE * len(cells)):
+        warnings.warn(f"{origin.name}: text column {name!r} has {len(cats):,} distinct values in {len(cells):,} "
+                      f"rows; one-hot encoded, it makes {len(cats):,} features that say little about new "
+                      "rows. If it is an id or free text, leave it out of the features.",
+                      ManyCategoriesWarning, stacklevel=2)
     unknown = pc.invert(pc.is_in(cells, string_array(cats)))
     if _first(unknown) is not None:
         found = sorted(set(pc.filter(cells, unknown).to_pylist()))
-        raise ValueError(f"{origin.name}: categorical column {name!r} has values {found} outside its "
-                         f"categories {cats}")
+        raise ValueError(f"{origin.name}: categorical column {name!r} has values {listed(found)} outside its "
+                         f"categories {listed(cats)}")
     return cells, cats
 
 

@@ -28,7 +28,7 @@ import torch
 
 from ..errors import DataFileError, data_file_errors
 from .encoding import OrdinalDataset, RankEncoder, _make_dataset
-from .frames import TableOrigin, _refuse_repeated_names, table_features, table_labels
+from .frames import TableOrigin, _refuse_repeated_names, listed, table_features, table_labels
 
 __all__ = ["load_table", "load_csv", "load_npz", "read_table", "read_table_features", "table_columns",
            "table_format", "TABLE_SUFFIXES", "SNIFFED_DELIMITERS"]
@@ -143,7 +143,7 @@ def _column(header: list[str], name: str, path: Path, role: str) -> int:
                "feature": "Give the file that column (in Python: or choose others with feature_columns=)",
                "path": f"Name the column of image paths {name!r} (in Python: or pass path_column=)",
                }.get(role, f"Pass the right name with {role}_column=")
-        raise ValueError(f"{path} has no {role} column {name!r}; its columns are {header}.{hint} {fix}")
+        raise ValueError(f"{path} has no {role} column {name!r}; its columns are {listed(header)}.{hint} {fix}")
     return header.index(name)
 
 
