@@ -2,6 +2,8 @@
 checks made before anything in the folder changes, and what an interrupted run says."""
 
 import os
+import stat
+import threading
 
 import pytest
 import torch
@@ -143,3 +145,24 @@ def test_run_folder_turns_ctrl_c_into_a_note_and_releases_the_lock(tmp_path):
         with run_folder(out, note=lambda: "compare.md was not written"):
             raise KeyboardInterrupt
     assert not out.exists()  # created here, nothing written: removed with its lock
+
+
+def test_atomic_writes_follow_links_and_write_into_what_is_not_a_regular_file(tmp_path):
+    """A symbolic link keeps pointing at the file, which gets the new text; a named pipe (as
+    /dev/null or a terminal) is written into, not replaced by a file."""
+    target = tmp_path / "real.csv"
+    target.write_text("old")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    atomic_write_text(link, "new")
+    assert link.is_symlink() and target.read_text() == "new"
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(pipe.read_text()), daemon=True)
+    reader.start()
+    atomic_write_text(pipe, "through the pipe")
+    reader.join(timeout=60)
+    assert received == ["through the pipe"] and stat.S_ISFIFO(pipe.stat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.csv", "pipe", "real.csv"]  # no temporary

@@ -151,9 +151,32 @@ def _write_error(path: Path, exc: OSError) -> OSError:
     return new
 
 
+def _written_in_place(path: Path) -> bool:
+    """Whether ``path`` leads to something other than a regular file (``/dev/null``, a named pipe, a
+    terminal): that is written into, as a shell's ``>`` would; renaming a file over it would remove a
+    device node or a pipe."""
+    target = Path(os.path.realpath(path))
+    return target.exists() and not target.is_file()
+
+
+def _write_in_place(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    try:
+        with open(path, "wb") as f:
+            write(f)
+    except OSError as exc:
+        raise _write_error(path, exc) from None
+
+
 def _replace_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write`` on a fresh temporary file, flush it to disk and rename it to ``path``; a
-    reader sees the old file or the new one, never a part. The temporary goes on failure."""
+    reader sees the old file or the new one, never a part. The temporary goes on failure.
+
+    A symbolic link is followed (its target is replaced, not the link), and a path that is not a
+    regular file is written in place (:func:`_written_in_place`)."""
+    if _written_in_place(path):
+        _write_in_place(path, write)
+        return
+    path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
     tmp = _temporary_name(path)
     try:
         # O_EXCL: never write through a file someone else made; the umask sets the mode
@@ -187,6 +210,10 @@ def atomic_write_files(contents: dict[Path, bytes]) -> None:
     written: list[tuple[Path, Path]] = []
     try:
         for path, data in contents.items():
+            if _written_in_place(Path(path)):
+                _write_in_place(Path(path), lambda f, data=data: f.write(data))
+                continue
+            path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
             tmp = _temporary_name(Path(path))
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
