@@ -42,6 +42,9 @@ from .centroids import (
     median_ranks,
     rank_posterior,
 )
+from .intervals import SCORES as INTERVAL_SCORES
+from .intervals import TARGETS as INTERVAL_TARGETS
+from .intervals import IntervalCalibration, LabelNoise, calibrate_intervals, rank_intervals
 from .loss import StochasticOrderLoss
 from .ops import noise_kernel
 
@@ -60,6 +63,9 @@ SETTINGS = ("num_ranks", "embedding_dim", "sigma", "tau", "margin", "T", "disc_w
             "momentum", "normalize", "readout")
 # nn.Module's key of get_extra_state() in a state dict
 _EXTRA_STATE = "_extra_state"
+# The buffers of a calibration of predict_interval, present once calibrate_intervals ran: the sorted
+# scores, their cumulative weights, and (score, target, count) as int64 codes.
+_INTERVAL_BUFFERS = ("interval_scores", "interval_weights", "interval_codes")
 
 
 class SOLHead(nn.Module):
@@ -325,6 +331,49 @@ class SOLHead(nn.Module):
         """``[B]`` float64 mean rank ``sum_q q p(q | x)``."""
         return expected_ranks(self.predict_proba(h))
 
+    # -- intervals -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def calibrate_intervals(self, h: torch.Tensor, labels: torch.Tensor, *, score: str = "hpd",
+                            target: str = "labels", label_noise: LabelNoise = None) -> IntervalCalibration:
+        """Calibrate :meth:`predict_interval` by split conformal prediction on held-out embeddings
+        ``h [M, d]`` (rows the encoder and the head did not train on) and their labels as ranks ``[M]``.
+        The calibration is kept in the head's buffers, so it is saved with ``state_dict()``.
+
+        ``score``: ``"hpd"``, ``"cumulative"`` or ``"absolute"``; ``target="clean"`` with ``label_noise``
+        (the labels' noise std in ranks, or a matrix) aims the coverage at the clean rank
+        (:mod:`sol_ext.intervals`, docs/intervals.md).
+        """
+        labels = self._check_labels("labels", labels, "h", h)
+        calibration = calibrate_intervals(self.predict_proba(h), labels, score=score, target=target,
+                                          label_noise=label_noise)
+        codes = torch.tensor([INTERVAL_SCORES.index(calibration.score), INTERVAL_TARGETS.index(calibration.target),
+                              calibration.count])
+        device = self.centroids.device
+        for name, value in zip(_INTERVAL_BUFFERS, (calibration.scores, calibration.cumulative_weights, codes)):
+            self.register_buffer(name, value.to(device))
+        return calibration
+
+    @property
+    def interval_calibration(self) -> Optional[IntervalCalibration]:
+        """The calibration of :meth:`predict_interval` (None before :meth:`calibrate_intervals`)."""
+        if not hasattr(self, "interval_codes"):
+            return None
+        score, target, count = (int(c) for c in self.interval_codes)
+        return IntervalCalibration(score=INTERVAL_SCORES[score], target=INTERVAL_TARGETS[target],
+                                   scores=self.interval_scores.cpu(), cumulative_weights=self.interval_weights.cpu(),
+                                   count=count)
+
+    @torch.no_grad()
+    def predict_interval(self, h: torch.Tensor, coverage: float = 0.9) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(lower, upper)``: ``[B]`` int64 ranks of a contiguous interval per row of embeddings
+        ``h [B, d]`` that holds the label (or the clean rank, by the calibration's target) with
+        probability ``coverage``, after :meth:`calibrate_intervals`."""
+        calibration = self.interval_calibration
+        if calibration is None:
+            raise RuntimeError("SOLHead.predict_interval: the head has no interval calibration yet; call "
+                               "calibrate_intervals() on held-out embeddings and labels first.")
+        return rank_intervals(self.predict_proba(h), calibration, coverage)
+
     # -- saving --------------------------------------------------------------------------------
     def get_extra_state(self) -> torch.Tensor:
         """The :meth:`settings` as JSON text in a uint8 tensor (the state dict's ``_extra_state``)."""
@@ -363,6 +412,13 @@ class SOLHead(nn.Module):
         saved = state_dict.get(prefix + "centroids")
         if isinstance(saved, torch.Tensor) and saved.shape == self.centroids.shape:
             self.centroids = torch.empty_like(saved, device=self.centroids.device)
+        # an interval calibration is part of the state it was saved with: take it, or drop this head's
+        for name in _INTERVAL_BUFFERS:
+            saved = state_dict.get(prefix + name)
+            if isinstance(saved, torch.Tensor):
+                self.register_buffer(name, torch.empty_like(saved, device=self.centroids.device))
+            elif hasattr(self, name):
+                delattr(self, name)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
         if settings_key not in state_dict and settings_key in missing_keys:

@@ -1,0 +1,231 @@
+"""Rank intervals with a coverage guarantee: split conformal prediction on rank probabilities.
+
+A model's rank probabilities ``p [N, n]`` become contiguous rank intervals ``[lower, upper]`` that hold
+the label with a requested probability (the coverage), calibrated on data the model did not train on
+(docs/intervals.md). Split conformal: each calibration row gets a nonconformity score ``s(x, y)``, an
+interval is every rank whose score is at most a threshold, and the threshold is the
+``ceil((M + 1) * coverage)``-th smallest of the ``M`` calibration scores, which guarantees the coverage
+on new rows drawn as the calibration rows were (exchangeable), whatever the model.
+
+Three scores, each giving nested contiguous intervals:
+
+- ``"hpd"``: the highest-posterior contiguous set (COPOC-style). From the most probable rank the set
+  grows one rank at a time towards the more probable neighbour; a rank's score is the probability mass
+  of the first set that holds it.
+- ``"cumulative"``: central intervals of the cumulative distribution ``F`` (median-centred, as the
+  ranked probability score reads ``F``): a rank's score is ``max(1 - 2 F(y), 2 F(y - 1) - 1)``.
+- ``"absolute"``: the distance ``|y - E[rank]|`` to the expected rank.
+
+Clean-rank target: labels that are themselves noisy make the guarantee about the *noisy* label. With the
+label noise known (``label_noise``: the std of a discrete Gaussian on the ranks, SOL's noise model, or a
+matrix ``L [n, n]`` whose row ``c`` is the distribution of a label given clean rank ``c``), the
+calibration weighs every rank ``c`` of a calibration row by the clean-rank posterior
+``q(c) ∝ p(c | x) L[c, y]`` instead of counting the label alone. This assumes the model's probabilities
+are the clean rank's (SOL's are: its loss is built on the same noise model) and the noise is as given;
+then the intervals cover the clean rank at the requested rate in expectation.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Union
+
+import torch
+
+from . import _validation as check
+from .ops import noise_kernel
+
+__all__ = ["SCORES", "TARGETS", "IntervalCalibration", "calibrate_intervals", "nonconformity_scores",
+           "rank_intervals"]
+
+SCORES = ("hpd", "cumulative", "absolute")
+TARGETS = ("labels", "clean")
+
+LabelNoise = Union[float, torch.Tensor, None]
+
+
+# --------------------------------------------------------------------------------------------------
+# Scores: s[i, k] for every rank k of every row (smaller = more conforming)
+
+
+def _hpd_scores(p: torch.Tensor) -> torch.Tensor:
+    """The mass of the first growing set (from the mode, towards the more probable neighbour) that
+    holds each rank; ties go left."""
+    rows, n = p.shape
+    index = torch.arange(rows, device=p.device)
+    lo = hi = p.argmax(dim=1)
+    scores = torch.empty_like(p)
+    mass = p[index, lo]
+    scores[index, lo] = mass
+    for _ in range(n - 1):
+        left = torch.where(lo > 0, p[index, (lo - 1).clamp(min=0)], p.new_full((rows,), -1.0))
+        right = torch.where(hi < n - 1, p[index, (hi + 1).clamp(max=n - 1)], p.new_full((rows,), -1.0))
+        go_left = left >= right
+        lo = torch.where(go_left, lo - 1, lo)
+        hi = torch.where(go_left, hi, hi + 1)
+        added = torch.where(go_left, lo, hi)
+        mass = mass + p[index, added]
+        scores[index, added] = mass
+    return scores
+
+
+def _cumulative_scores(p: torch.Tensor) -> torch.Tensor:
+    upto = p.cumsum(dim=1)  # F(k)
+    below = upto - p  # F(k - 1)
+    return torch.maximum(1 - 2 * upto, 2 * below - 1).clamp(min=0)
+
+
+def _absolute_scores(p: torch.Tensor) -> torch.Tensor:
+    ranks = torch.arange(p.shape[1], dtype=p.dtype, device=p.device)
+    expected = p @ ranks
+    return (ranks[None, :] - expected[:, None]).abs()
+
+
+_SCORE_FUNCTIONS = {"hpd": _hpd_scores, "cumulative": _cumulative_scores, "absolute": _absolute_scores}
+
+
+def nonconformity_scores(probabilities: torch.Tensor, score: str = "hpd") -> torch.Tensor:
+    """``[N, n]`` float64: the nonconformity score of every rank of every row of ``probabilities
+    [N, n]`` (rows summing to 1); an interval at threshold ``t`` is the ranks whose score is ``<= t``,
+    always contiguous."""
+    score = check.check_choice("score", score, SCORES)
+    return _SCORE_FUNCTIONS[score](_checked_probabilities(probabilities))
+
+
+# --------------------------------------------------------------------------------------------------
+# Calibration
+
+
+@dataclass(frozen=True)
+class IntervalCalibration:
+    """What prediction needs of a calibration set: its scores, sorted, with the cumulative weight of
+    each (1 a row for the labels target; the clean-rank posterior's mass for the clean target), and
+    the number of calibration rows ``count``. Any coverage is read from it at prediction time."""
+
+    score: str
+    target: str
+    scores: torch.Tensor  # [M] float64, ascending
+    cumulative_weights: torch.Tensor  # [M] float64, ascending, the last = count
+    count: int
+
+    def threshold(self, coverage: float) -> float:
+        """The conformal threshold: the smallest score ``t`` whose calibration weight at or below it
+        reaches ``coverage * (count + 1)`` (``inf``, every rank, when no score does)."""
+        coverage = _check_coverage(coverage)
+        needed = coverage * (self.count + 1)
+        if needed > self.count * (1 + 1e-12):
+            return math.inf
+        k = int(torch.searchsorted(self.cumulative_weights, torch.tensor([needed * (1 - 1e-12)],
+                                                                        dtype=torch.float64)))
+        return float(self.scores[min(k, self.scores.numel() - 1)])
+
+    def to_state(self) -> dict[str, Any]:
+        """A state of tensors and plain values (``torch.save``, ``weights_only=True``)."""
+        return {"score": self.score, "target": self.target, "scores": self.scores,
+                "cumulative_weights": self.cumulative_weights, "count": self.count}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "IntervalCalibration":
+        return cls(score=check.check_choice("score", state["score"], SCORES),
+                   target=check.check_choice("target", state["target"], TARGETS),
+                   scores=state["scores"].to(torch.float64).cpu(),
+                   cumulative_weights=state["cumulative_weights"].to(torch.float64).cpu(),
+                   count=int(state["count"]))
+
+
+def calibrate_intervals(probabilities: torch.Tensor, ranks: torch.Tensor, *, score: str = "hpd",
+                        target: str = "labels", label_noise: LabelNoise = None) -> IntervalCalibration:
+    """Calibrate rank intervals on held-out rows: ``probabilities [M, n]`` of a model that did not
+    train on them, and their labels as ranks ``[M]`` in ``0 … n-1``.
+
+    ``target="clean"`` aims the coverage at the clean rank behind noisy labels and needs
+    ``label_noise`` (module docstring); ``target="labels"`` covers the labels as given.
+    """
+    p = _checked_probabilities(probabilities)
+    score = check.check_choice("score", score, SCORES)
+    target = check.check_choice("target", target, TARGETS)
+    n = p.shape[1]
+    ranks = check.check_ranks("ranks", torch.as_tensor(ranks, device=p.device), n, length=p.shape[0])
+    if p.shape[0] == 0:
+        raise ValueError("probabilities: no calibration rows; calibrate on at least one held-out row")
+    all_scores = _SCORE_FUNCTIONS[score](p)
+    if target == "labels":
+        if label_noise is not None:
+            raise ValueError("label_noise applies to target='clean' only; leave it out for target='labels'")
+        scores = all_scores.gather(1, ranks[:, None].long())[:, 0]
+        weights = torch.ones_like(scores)
+    else:
+        likelihood = _label_likelihood(label_noise, n).to(p.device)
+        posterior = p * likelihood[:, ranks.long()].T  # q(c) ∝ p(c | x) L[c, y]
+        total = posterior.sum(dim=1, keepdim=True)
+        if bool((total <= 0).any()):
+            i = int((total[:, 0] <= 0).nonzero()[0])
+            raise ValueError(f"row {i}: the model gives no probability to any clean rank that could give its "
+                             f"label {int(ranks[i])} under label_noise; the noise given is too narrow")
+        scores, weights = all_scores.flatten(), (posterior / total).flatten()
+    order = torch.argsort(scores, stable=True)
+    return IntervalCalibration(score=score, target=target, scores=scores[order].cpu(),
+                               cumulative_weights=weights[order].cumsum(0).cpu(), count=int(p.shape[0]))
+
+
+def rank_intervals(probabilities: torch.Tensor, calibration: IntervalCalibration,
+                   coverage: float = 0.9) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lower, upper)`` int64 ranks ``[N]``: the contiguous interval of each row of ``probabilities
+    [N, n]`` at ``coverage``, by the calibration's score and threshold. An interval is never empty:
+    where no rank scores under the threshold (``"absolute"`` at small thresholds) it is the rank
+    nearest the expected rank."""
+    if not isinstance(calibration, IntervalCalibration):
+        raise TypeError(f"calibration must be an IntervalCalibration (calibrate_intervals), got "
+                        f"{type(calibration).__name__}")
+    p = _checked_probabilities(probabilities)
+    inside = _SCORE_FUNCTIONS[calibration.score](p) <= calibration.threshold(coverage)
+    n = p.shape[1]
+    ranks = torch.arange(n, device=p.device)
+    fallback = _absolute_scores(p).argmin(dim=1)
+    lower = torch.where(inside, ranks, n).min(dim=1).values
+    upper = torch.where(inside, ranks, -1).max(dim=1).values
+    empty = upper < 0
+    return torch.where(empty, fallback, lower), torch.where(empty, fallback, upper)
+
+
+# --------------------------------------------------------------------------------------------------
+# Checks
+
+
+def _check_coverage(coverage: Any) -> float:
+    if isinstance(coverage, bool) or not isinstance(coverage, (int, float)) or not 0 < float(coverage) < 1:
+        raise ValueError(f"coverage must be a probability strictly between 0 and 1 (e.g. 0.9), got {coverage!r}")
+    return float(coverage)
+
+
+def _checked_probabilities(probabilities: Any) -> torch.Tensor:
+    if not isinstance(probabilities, torch.Tensor):
+        raise TypeError(f"probabilities must be a torch.Tensor [N, n] of rank probabilities, got "
+                        f"{type(probabilities).__name__}")
+    if probabilities.dim() != 2 or probabilities.shape[1] < 1:
+        raise ValueError(f"probabilities must be [N, n] (one row of rank probabilities per sample), got "
+                         f"{tuple(probabilities.shape)}")
+    p = probabilities.detach().to(torch.float64)
+    if not bool(torch.isfinite(p).all()) or bool((p < 0).any()):
+        raise ValueError("probabilities must be finite and non-negative")
+    if p.shape[0] and not torch.allclose(p.sum(dim=1), torch.ones((), dtype=torch.float64), atol=1e-4):
+        raise ValueError("probabilities: every row must sum to 1 (rank probabilities, e.g. predict_proba)")
+    return p
+
+
+def _label_likelihood(label_noise: LabelNoise, n: int) -> torch.Tensor:
+    """``L [n, n]``: row ``c`` the distribution of a label given clean rank ``c``."""
+    if label_noise is None:
+        raise ValueError("target='clean' needs label_noise: the std of the labels' noise in ranks (SOL's "
+                         "sigma), or a matrix [n, n] whose row c is the distribution of a label given clean rank c")
+    if isinstance(label_noise, torch.Tensor):
+        if label_noise.shape != (n, n):
+            raise ValueError(f"label_noise as a matrix must be [n, n] = [{n}, {n}], got {tuple(label_noise.shape)}")
+        likelihood = label_noise.detach().to(torch.float64).cpu()
+        if (not bool(torch.isfinite(likelihood).all()) or bool((likelihood < 0).any())
+                or not torch.allclose(likelihood.sum(dim=1), torch.ones((), dtype=torch.float64), atol=1e-6)):
+            raise ValueError("label_noise as a matrix must hold finite non-negative rows that sum to 1")
+        return likelihood
+    sigma = check.check_positive_float("label_noise", label_noise)
+    # SOL's discrete Gaussian: the kernel is symmetric in form, row c normalized over the labels
+    return noise_kernel(n, sigma)

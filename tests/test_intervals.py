@@ -1,0 +1,127 @@
+"""sol_ext.intervals and SOLHead.predict_interval: split conformal rank intervals.
+
+A model that is calibrated by construction (labels drawn from its own probabilities) has a known answer:
+each score's intervals hold the label at the requested rate, and the clean-rank target holds the clean
+rank at that rate where the labels carry exactly the noise it is told.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import sol_ext
+from sol_ext.intervals import SCORES, calibrate_intervals, nonconformity_scores, rank_intervals
+from sol_ext.ops import noise_kernel
+
+N_RANKS = 12
+
+
+def calibrated_model(rows: int, seed: int):
+    """Rank probabilities of peaked, unequally wide rows, and a label drawn from each row."""
+    gen = torch.Generator().manual_seed(seed)
+    centre = torch.randint(0, N_RANKS, (rows,), generator=gen).double()
+    width = 0.5 + 2 * torch.rand(rows, generator=gen, dtype=torch.float64)
+    p = (-((torch.arange(N_RANKS)[None] - centre[:, None]) ** 2) / (2 * width[:, None] ** 2)).softmax(dim=1)
+    return p, torch.multinomial(p, 1, generator=gen)[:, 0]
+
+
+def covered(lower, upper, ranks) -> float:
+    return ((ranks >= lower) & (ranks <= upper)).double().mean().item()
+
+
+@pytest.mark.parametrize("score", SCORES)
+@pytest.mark.parametrize("coverage", [0.8, 0.9])
+def test_intervals_hold_the_label_at_the_requested_rate(score, coverage):
+    calibration = calibrate_intervals(*calibrated_model(3000, seed=0), score=score)
+    p, labels = calibrated_model(30000, seed=1)
+    lower, upper = rank_intervals(p, calibration, coverage)
+    assert bool((lower <= upper).all()) and lower.min() >= 0 and upper.max() <= N_RANKS - 1
+    # split conformal's guarantee is in expectation over calibration sets: +-2 points at these sizes
+    assert abs(covered(lower, upper, labels) - coverage) <= 0.02
+
+
+@pytest.mark.parametrize("score", SCORES)
+def test_intervals_are_contiguous_and_nested_in_the_coverage(score):
+    p, _ = calibrated_model(500, seed=2)
+    scores = nonconformity_scores(p, score)
+    for t in (0.1, 0.5, 0.9, 2.0):
+        inside = scores <= t
+        first = torch.where(inside, torch.arange(N_RANKS), N_RANKS).min(dim=1).values
+        last = torch.where(inside, torch.arange(N_RANKS), -1).max(dim=1).values
+        counted = inside.sum(dim=1)
+        assert bool(((counted == 0) | (counted == last - first + 1)).all()), t  # no hole in any interval
+    calibration = calibrate_intervals(*calibrated_model(500, seed=3), score=score)
+    narrow, wide = rank_intervals(p, calibration, 0.5), rank_intervals(p, calibration, 0.95)
+    assert bool(((wide[0] <= narrow[0]) & (narrow[1] <= wide[1])).all())
+
+
+def test_the_threshold_is_the_finite_sample_quantile():
+    p, labels = calibrated_model(9, seed=4)
+    calibration = calibrate_intervals(p, labels, score="absolute")
+    scores = nonconformity_scores(p, "absolute").gather(1, labels[:, None])[:, 0].sort().values
+    assert calibration.threshold(0.9) == pytest.approx(float(scores[8]))  # ceil(10 * 0.9) = 9th of 9
+    assert calibration.threshold(0.5) == pytest.approx(float(scores[4]))  # ceil(10 * 0.5) = 5th
+    assert math.isinf(calibration.threshold(0.95))  # ceil(10 * 0.95) = 10 > 9 rows: every rank
+    lower, upper = rank_intervals(p, calibration, 0.95)
+    assert bool((lower == 0).all() and (upper == N_RANKS - 1).all())
+
+
+@pytest.mark.parametrize("score", SCORES)
+def test_the_clean_target_covers_the_clean_rank_where_the_noise_is_the_models(score):
+    """The model's probabilities are the clean rank's; the labels are the clean rank with SOL's discrete
+    Gaussian noise: calibrated on the noisy labels, the clean target covers the clean rank at the
+    requested rate, with narrower intervals than plain split conformal on those labels."""
+    sigma = 1.5
+    p_cal, clean_cal = calibrated_model(3000, seed=5)
+    noisy_cal = torch.multinomial(noise_kernel(N_RANKS, sigma)[clean_cal], 1,
+                                  generator=torch.Generator().manual_seed(6))[:, 0]
+    p, clean = calibrated_model(30000, seed=7)
+    plain = rank_intervals(p, calibrate_intervals(p_cal, noisy_cal, score=score), 0.9)
+    aimed = rank_intervals(p, calibrate_intervals(p_cal, noisy_cal, score=score, target="clean",
+                                                  label_noise=sigma), 0.9)
+    assert abs(covered(*aimed, clean) - 0.9) <= 0.02
+    assert covered(*plain, clean) > 0.93  # calibrated on noisier labels: wider than it needs to be
+    assert (aimed[1] - aimed[0]).double().mean() < (plain[1] - plain[0]).double().mean()
+
+
+@pytest.mark.parametrize("call, error, names", [
+    (lambda p, y: calibrate_intervals(p, y, score="widest"), ValueError, "score"),
+    (lambda p, y: calibrate_intervals(p, y, target="clean"), ValueError, "label_noise"),
+    (lambda p, y: calibrate_intervals(p, y, label_noise=1.0), ValueError, "label_noise"),
+    (lambda p, y: calibrate_intervals(p, y, target="clean", label_noise=torch.eye(3)), ValueError, "label_noise"),
+    (lambda p, y: calibrate_intervals(p * 2, y), ValueError, "probabilities"),
+    (lambda p, y: calibrate_intervals(p, y + N_RANKS), ValueError, "ranks"),
+    (lambda p, y: rank_intervals(p, calibrate_intervals(p, y), coverage=1.0), ValueError, "coverage"),
+    (lambda p, y: rank_intervals(p, "0.9"), TypeError, "calibration"),
+])
+def test_bad_arguments_are_refused_by_name(call, error, names):
+    p, labels = calibrated_model(20, seed=8)
+    with pytest.raises(error, match=names):
+        call(p, labels)
+
+
+def test_a_head_calibrates_predicts_intervals_and_saves_the_calibration():
+    gen = torch.Generator().manual_seed(9)
+    n, d = 8, 6
+    x = torch.nn.functional.normalize(torch.randn(900, d, generator=gen, dtype=torch.float64), dim=1)
+    labels = ((x[:, 0] + 1) / 2 * (n - 1)).round().long()
+    head = sol_ext.SOLHead(n, d, sigma=1.0)
+    head.update(x[:600], labels[:600])
+    with pytest.raises(RuntimeError, match="calibrate_intervals"):
+        head.predict_interval(x[600:])
+    calibration = head.calibrate_intervals(x[600:750], labels[600:750], score="cumulative")
+    lower, upper = head.predict_interval(x[750:], coverage=0.9)
+    expected = rank_intervals(head.predict_proba(x[750:]), calibration, 0.9)
+    assert torch.equal(lower, expected[0]) and torch.equal(upper, expected[1])
+
+    restored = sol_ext.SOLHead(n, d, sigma=1.0)
+    restored.load_state_dict(head.state_dict())
+    assert restored.interval_calibration.score == "cumulative" and restored.interval_calibration.count == 150
+    assert all(torch.equal(a, b) for a, b in zip(restored.predict_interval(x[750:]), (lower, upper)))
+    # a state saved before calibrating leaves a calibrated head without one
+    plain = sol_ext.SOLHead(n, d, sigma=1.0)
+    plain.update(x[:600], labels[:600])
+    restored.load_state_dict(plain.state_dict())
+    assert restored.interval_calibration is None
