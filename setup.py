@@ -164,6 +164,8 @@ setup(
                     "torchmetrics": ["torchmetrics"],   # sol_ext.torchmetrics
                     "lightning": ["lightning>=2.0"],    # sol_ext.lightning.SOLModule
                     "hf": ["transformers>=4.46", "accelerate"],   # sol_ext.hf.SOLTrainer
+                    # export to ONNX (onnx, onnxscript) and run it without torch (onnxruntime)
+                    "onnx": ["onnx>=1.17", "onnxscript>=0.3", "onnxruntime>=1.20"],
                     # the documentation site: mkdocs build --strict (mkdocs.yml)
                     "docs": ["mkdocs-material>=9.6", "mkdocstrings[python]>=1.0", "mkdocstrings-python>=2.0"]},
     ext_modules=[_extension()],

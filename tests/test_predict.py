@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 import sol_ext
 from sol_ext.driver.cli import main
@@ -168,6 +169,42 @@ np.savez({str(tmp_path / 'out.npz')!r}, prediction=prediction.numpy(), expected=
     assert got["one"][0] == table.prediction[0]
     np.testing.assert_allclose(got["probabilities"], table.probabilities, rtol=0, atol=1e-6)
     np.testing.assert_allclose(got["expected"], table.expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["sol", "l1"])
+def test_onnx_model_runs_without_torch_as_the_exported_program(user_files, tmp_path, method):
+    """export_onnx writes a model that onnxruntime runs where importing torch (or sol_ext) fails: ranks
+    equal to the torch.export program's, probabilities within 1e-5, any batch size."""
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("onnxruntime")
+    from sol_ext.driver.export import export_onnx, export_run
+
+    root, train, test, x, _ = user_files
+    out, _ = train_run(root, train, test, method)
+    model = sol_ext.load_run(out)
+    export_run(model, tmp_path / "model.pt2")
+    side = export_onnx(model, tmp_path / "model.onnx")
+    assert side == tmp_path / "model.json"
+    np.save(tmp_path / "x.npy", x.astype(np.float32))
+    script = f"""
+import sys
+sys.modules["torch"] = None  # importing torch (and so sol_ext) now fails: the model must not need it
+sys.modules["sol_ext"] = None
+import numpy as np, onnxruntime
+session = onnxruntime.InferenceSession({str(tmp_path / 'model.onnx')!r}, providers=["CPUExecutionProvider"])
+x = np.load({str(tmp_path / 'x.npy')!r})
+prediction, expected, probabilities = session.run(None, {{"x": x}})
+one = session.run(None, {{"x": x[:1]}})[0]
+np.savez({str(tmp_path / 'onnx.npz')!r}, prediction=prediction, expected=expected, probabilities=probabilities,
+         one=one)
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+    got = np.load(tmp_path / "onnx.npz")
+    program = torch.export.load(tmp_path / "model.pt2").module()
+    prediction, expected, probabilities = program(torch.from_numpy(x.astype(np.float32)))
+    assert np.array_equal(got["prediction"], prediction.numpy()) and got["one"][0] == prediction[0].item()
+    np.testing.assert_allclose(got["probabilities"], probabilities.numpy(), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got["expected"], expected.numpy(), rtol=1e-5)
 
 
 def test_own_files_get_no_added_noise_unless_asked(user_files, tmp_path):

@@ -17,6 +17,11 @@ program's own guard (``Guard failed: x.size()[1] == F``); the sidecar's ``inputs
 Beside the program goes its sidecar, the same path with the suffix ``.json`` (``model.pt2`` ->
 ``model.json``; :func:`sidecar_path`): the columns, the one-hot categories of each categorical
 column, and the label value of each probability column.
+
+:func:`export_onnx` writes the same computation as an ONNX model (``model.onnx``, with the same
+sidecar), which onnxruntime runs without torch or sol_ext: input ``x``, outputs ``prediction``,
+``expected`` and ``probabilities``, a dynamic batch dimension. It needs the extra ``onnx``
+(``pip install 'sol_ext[onnx]'``: onnx, onnxscript and onnxruntime).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from .checkpoint import atomic_write_files
 from .methods import head_probabilities, head_ranks
 from .model import TrainedModel
 
-__all__ = ["ExportedPredictor", "export_run", "sidecar_path", "SIDECAR_SUFFIX"]
+__all__ = ["ExportedPredictor", "export_run", "export_onnx", "sidecar_path", "SIDECAR_SUFFIX"]
 
 SIDECAR_SUFFIX = ".json"
 
@@ -143,22 +148,58 @@ def export_run(trained: TrainedModel, output: Path, example: Optional[torch.Tens
         ValueError: ``output`` ends in ``.json`` (the program and its sidecar would be one file).
         OSError: a file cannot be written (one line naming it).
     """
+    output, side = _output_and_sidecar(output, "model.pt2")
+    module, example, batch = _exported_module(trained, example)
+    with torch.no_grad():
+        program = torch.export.export(module, (example,), dynamic_shapes=({0: batch},))
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    _write_with_sidecar(trained, output, side, buffer.getvalue())
+    return side
+
+
+def export_onnx(trained: TrainedModel, output: Path, example: Optional[torch.Tensor] = None) -> Path:
+    """Write ``output`` (an ONNX model, ``.onnx``) of the same computation as :func:`export_run`'s
+    program, and its sidecar; return the sidecar's path. The batch dimension is dynamic.
+
+    Raises:
+        ImportError: onnx or onnxscript is not installed (the extra ``onnx``).
+        ValueError, OSError: as :func:`export_run`.
+    """
+    for name in ("onnx", "onnxscript"):
+        try:
+            __import__(name)
+        except ImportError:
+            raise ImportError(f"exporting to ONNX needs {name}: pip install 'sol_ext[onnx]'") from None
+    output, side = _output_and_sidecar(output, "model.onnx")
+    module, example, batch = _exported_module(trained, example)
+    with torch.no_grad():
+        program = torch.onnx.export(module, (example,), dynamo=True, dynamic_shapes=({0: batch},),
+                                    input_names=["x"], output_names=["prediction", "expected", "probabilities"],
+                                    verbose=False)
+    _write_with_sidecar(trained, output, side, program.model_proto.SerializeToString())
+    return side
+
+
+def _output_and_sidecar(output: Path, example_name: str) -> tuple[Path, Path]:
     output = Path(output)
     side = sidecar_path(output)
     if side == output:
         raise ValueError(f"output {output}: the program would share its name with its .json "
-                         f"sidecar; choose a name that does not end in .json, e.g. model.pt2.")
+                         f"sidecar; choose a name that does not end in .json, e.g. {example_name}.")
+    return output, side
+
+
+def _exported_module(trained: TrainedModel, example: Optional[torch.Tensor]):
+    """The module to export, an example input (float32) and the dynamic batch dimension."""
     module = ExportedPredictor(trained).eval().requires_grad_(False)  # outputs need no graph
     if example is None:
         example = torch.rand(2, *trained.input_shape)
-    batch = torch.export.Dim("batch", min=1, max=2**31 - 2)
-    with torch.no_grad():
-        program = torch.export.export(module, (example.to(torch.float32),),
-                                      dynamic_shapes=({0: batch},))
-    buffer = io.BytesIO()
-    torch.export.save(program, buffer)
+    return module, example.to(torch.float32), torch.export.Dim("batch", min=1, max=2**31 - 2)
+
+
+def _write_with_sidecar(trained: TrainedModel, output: Path, side: Path, program: bytes) -> None:
     text = json.dumps(sidecar(trained), indent=2, allow_nan=False) + "\n"
     output.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_files({output: buffer.getvalue(), side: text.encode("utf-8")})
-    return side
+    atomic_write_files({output: program, side: text.encode("utf-8")})
 
