@@ -150,7 +150,8 @@ setup(
                     "lightning": ["lightning>=2.0"],    # sol_ext.lightning.SOLModule
                     "hf": ["transformers>=4.46", "accelerate"],   # sol_ext.hf.SOLTrainer
                     # the documentation site: mkdocs build --strict (mkdocs.yml)
-                    "docs": ["mkdocs-material>=9.6", "mkdocstrings[python]>=1.0", "mkdocstrings-python>=2.0"]},
+                    "docs": ["mkdocs-material>=9.6", "mkdocstrings[python]>=1.0", "mkdocstrings-python>=2.0",
+                             "latex2mathml>=3.77"]},   # the math, rendered to MathML as the site builds
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension},
     entry_points={"console_scripts": ["sol-ext = sol_ext_launcher:main"]},
