@@ -49,20 +49,16 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, Subset
 
 try:
-    from transformers import (
-        AutoConfig,
-        AutoModel,
-        EvalPrediction,
-        PreTrainedConfig,
-        PreTrainedModel,
-        Trainer,
-        TrainerCallback,
-    )
+    from transformers import AutoConfig, AutoModel, EvalPrediction, PreTrainedModel, Trainer, TrainerCallback
     from transformers.trainer_utils import PredictionOutput
     from transformers.utils import ModelOutput
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("sol_ext.hf needs Hugging Face transformers: pip install 'sol_ext[hf]' "
                       "(or pip install transformers accelerate)") from error
+try:
+    from transformers import PreTrainedConfig
+except ImportError:  # transformers 4 spells it PretrainedConfig
+    from transformers import PretrainedConfig as PreTrainedConfig
 
 from . import metrics
 from .centroids import _log_posterior, cut_ranks, expected_ranks, median_ranks
