@@ -167,7 +167,8 @@ setup(
                     # export to ONNX (onnx, onnxscript) and run it without torch (onnxruntime)
                     "onnx": ["onnx>=1.17", "onnxscript>=0.3", "onnxruntime>=1.20"],
                     # the documentation site: mkdocs build --strict (mkdocs.yml)
-                    "docs": ["mkdocs-material>=9.6", "mkdocstrings[python]>=1.0", "mkdocstrings-python>=2.0"]},
+                    "docs": ["mkdocs-material>=9.6", "mkdocstrings[python]>=1.0", "mkdocstrings-python>=2.0",
+                             "latex2mathml>=3.77"]},   # the math, rendered to MathML as the site builds
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension},
     entry_points={"console_scripts": ["sol-ext = sol_ext_launcher:main"]},

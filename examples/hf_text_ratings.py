@@ -58,7 +58,7 @@ def main() -> None:
                             epochs=options.epochs)
     trainer.train()
     print(trainer.evaluate())  # eval_mae, eval_macro_mae, eval_qwk of the head's ranks (0…4)
-    trainer.save_model(options.output)   # encoder and head; SOLTextModel.load_state_dict restores them
+    trainer.save_model(options.output)   # config.json and weights: SOLTextModel.from_pretrained(output) loads them
 
 
 if __name__ == "__main__":

@@ -37,10 +37,12 @@ give the same probabilities as labels the features predict well plus added noise
 know (``noise_kernel``) settles it; without one, only labels beyond the model's own tails are
 flagged: few false flags, and, where the noise is dense, low recall.
 
-``"min_score"`` with another ``min_score`` flags a sample when ``score >= min_score`` and the median of
-``p`` is not ``r``; at ``min_score = 0.5`` that is exactly "the model's median rank differs from the
-label" (``"predicted_neq_given"``; the median condition only matters at a tie of exactly 0.5 above
-``r``, where the lower median is ``r`` itself). ``"prune_by_class"`` takes per-rank thresholds from
+``"min_score"`` with another ``min_score`` flags a sample when ``score >= min_score`` and ``r`` is not
+a median of ``p``; at ``min_score = 0.5`` that is exactly "the label is not a median rank of the
+model" (``"predicted_neq_given"``). A label is a median when at most half of the mass lies on either
+side of it, so where the cumulative mass reaches exactly 0.5 at one rank (a 0.5/0.5 row of two ranks)
+both that rank and the next are medians and neither is flagged, as cleanlab flags no label at a tied
+argmax. ``"prune_by_class"`` takes per-rank thresholds from
 the data, as confident learning does (Northcutt et al., 2021): the confident joint counts how many
 samples of each given rank the model confidently puts at another rank
 (:func:`confident_joint_counts`), and each rank flags that many of its samples, those of largest
@@ -62,7 +64,8 @@ rank given the features and the label, ``p(q | x, r) ∝ p(q | x) P[q, r]``: the
 a sample is a suspect only where the model outweighs it, and with a kernel the default rule is
 ``"predicted_neq_given"`` on that posterior. This is the rule of
 :func:`sol_ext.refine.posterior_relabel`, computed the same way: its ``flagged`` are the
-``"min_score"`` suspects at ``min_score = mass``, and its ``confidence`` is this score. Without a kernel the probabilities are used
+``"min_score"`` suspects at ``min_score = mass`` (but for an exact tie at ``mass = 0.5``, where it moves
+a label at the upper of two medians to the lower one), and its ``confidence`` is this score. Without a kernel the probabilities are used
 as they are (the label is not evidence; cleanlab does the same).
 """
 
@@ -178,10 +181,10 @@ def _one_sided(labels: torch.Tensor, post: torch.Tensor) -> tuple[torch.Tensor, 
     return below, above, median
 
 
-def _scores(labels: torch.Tensor, post: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    below, above, median = _one_sided(labels, post)
+def _scores(labels: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
+    below, above, _ = _one_sided(labels, post)
     # 1 - cum can land an ulp outside [0, 1] where a row's sum rounds off 1.
-    return torch.maximum(below, above).clamp(0.0, 1.0), median
+    return torch.maximum(below, above).clamp(0.0, 1.0)
 
 
 def label_issue_scores(labels: ArrayLike, pred_probs: ArrayLike,
@@ -202,7 +205,7 @@ def label_issue_scores(labels: ArrayLike, pred_probs: ArrayLike,
         (0: the model is sure the label is right; near 1: sure it is wrong).
     """
     lab, probs, kernel = _validate(labels, pred_probs, noise_kernel)
-    score, _ = _scores(lab, _posterior(lab, probs, kernel))
+    score = _scores(lab, _posterior(lab, probs, kernel))
     return score.numpy()
 
 
@@ -320,10 +323,10 @@ def find_label_issues(labels: ArrayLike, pred_probs: ArrayLike, *, filter_by: Op
             ``"predicted_neq_given"`` with a ``noise_kernel``):
 
             - ``"min_score"``: at least ``min_score`` of the probability lies strictly on one side of
-              the label (and the label is not the median). At the default 0.9975, at most 0.5 % of
+              the label (and the label is not a median). At the default 0.9975, at most 0.5 % of
               correct labels are flagged where ``p`` is calibrated (see the module docstring).
-            - ``"predicted_neq_given"``: the label is not the median rank of ``p`` (cleanlab: not the
-              argmax). With a ``noise_kernel``, of ``p(q | x, r)``: the rule of
+            - ``"predicted_neq_given"``: the label is not a median rank of ``p`` (more than half of
+              the mass lies on one side of it; cleanlab: not an argmax). With a ``noise_kernel``, of ``p(q | x, r)``: the rule of
               :func:`sol_ext.refine.posterior_relabel` for a known noise.
             - ``"prune_by_class"``: in each given rank, the ``k`` samples of largest ordinal score, ``k``
               the rank's count off the confident joint's diagonal (:func:`confident_joint_counts`:
@@ -361,10 +364,10 @@ def find_label_issues(labels: ArrayLike, pred_probs: ArrayLike, *, filter_by: Op
     if min_score is None:
         min_score = DEFAULT_MIN_SCORE
     post = _posterior(lab, probs, kernel)
-    score, median = _scores(lab, post)
+    score = _scores(lab, post)
     distance = (post * (torch.arange(post.shape[1], dtype=torch.float64)[None, :]
                         - lab[:, None].to(torch.float64)).abs()).sum(dim=1)
-    flagged = _flags(filter_by, lab, post, score, median, distance, min_score)
+    flagged = _flags(filter_by, lab, post, score, distance, min_score)
     if return_indices_ranked_by is None:
         return flagged
     idx = np.flatnonzero(flagged)
@@ -383,10 +386,12 @@ def _suspicious_first(score: np.ndarray, distance: np.ndarray) -> np.ndarray:
 
 
 def _flags(filter_by: str, labels: torch.Tensor, post: torch.Tensor, score: torch.Tensor,
-           median: torch.Tensor, distance: torch.Tensor, min_score: float) -> np.ndarray:
+           distance: torch.Tensor, min_score: float) -> np.ndarray:
     """``[N]`` bool flags of one ``filter_by`` rule (see :func:`find_label_issues`)."""
-    # A label at the model's median is never flagged (cleanlab: never one at the argmax).
-    off_median = (median != labels).numpy()
+    # A label at a median of the model is never flagged (cleanlab: never one at an argmax). More than
+    # half of the mass on one side is what puts r off every median: exactly half (a tie between r and
+    # its neighbour) leaves r a median, where the lower median alone would be the neighbour.
+    off_median = (score > 0.5).numpy()
     if filter_by == "predicted_neq_given":
         return off_median
     if filter_by == "min_score":

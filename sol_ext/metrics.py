@@ -1,5 +1,6 @@
 """Evaluation metrics for rank estimation: MAE, cumulative score, Pearson and Spearman, and the ordinal
-metrics quadratic weighted kappa, macro-averaged MAE and per-rank MAE.
+metrics quadratic weighted kappa, macro-averaged MAE (AMAE), the worst per-rank MAE (MMAE), per-rank MAE
+and the ranked probability score of predicted probabilities.
 
 Every function takes two 1-D sequences of the same length ``N`` (torch tensors, numpy arrays or lists),
 predictions first and ground truth second, in the same units (label units when the predictions were
@@ -12,8 +13,12 @@ depend on the device or the input dtype.
   labels=range(K))``. Quadratic weighting makes it unchanged by a common shift and scale of both inputs,
   so label values on a grid ``min + step * rank`` give the same kappa as their ranks; :func:`summarize`
   relies on that.
-* :func:`macro_mae` averages the MAE of each true value's samples (Baccianella et al., 2009), so a rare
-  rank weighs as much as a common one; :func:`per_rank_mae` gives those per-value MAEs.
+* :func:`macro_mae` (alias :func:`amae`, its name in the ordinal-regression literature) averages the
+  MAE of each true value's samples (Baccianella et al., 2009), so a rare rank weighs as much as a common
+  one; :func:`maximum_mae` (alias :func:`mmae`) is the largest of them, and :func:`per_rank_mae` gives
+  them all.
+* :func:`ranked_probability_score` (alias :func:`rps`) scores probabilities ``[N, K]`` rather than
+  point predictions: the squared distance between the predicted and the true cumulative distribution.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ import torch
 from . import _validation as check
 
 __all__ = ["mae", "cumulative_score", "cs_curve", "pearson", "spearman", "quadratic_weighted_kappa", "qwk",
-           "macro_mae", "per_rank_mae", "summarize"]
+           "macro_mae", "amae", "maximum_mae", "mmae", "per_rank_mae", "ranked_probability_score", "rps",
+           "summarize"]
 
 ArrayLike = Any  # torch.Tensor | np.ndarray | Sequence[float]
 
@@ -203,6 +209,22 @@ def macro_mae(pred: ArrayLike, true: ArrayLike) -> float:
     return float(np.mean(per_value))
 
 
+amae = macro_mae
+
+
+def maximum_mae(pred: ArrayLike, true: ArrayLike) -> float:
+    """The worst per-value MAE: the largest, over the distinct values of ``true``, of the MAE of their
+    samples (MMAE, Cruz-Ramírez et al., 2014; dlordinal's ``mmae``). Works in any units.
+
+    A predictor that is good on average but bad on one rank scores that rank's error here.
+    """
+    _, per_value = _per_value_mae(*_as_pair(pred, true))
+    return float(np.max(per_value))
+
+
+mmae = maximum_mae
+
+
 def per_rank_mae(pred: ArrayLike, true: ArrayLike) -> dict[float, float]:
     """``{true value: MAE of the samples with that true value}`` for every distinct value of ``true``.
 
@@ -213,6 +235,50 @@ def per_rank_mae(pred: ArrayLike, true: ArrayLike) -> dict[float, float]:
     values, per_value = _per_value_mae(p, t)
     key = int if np.all(values == np.round(values)) else float
     return {key(v): float(m) for v, m in zip(values, per_value)}
+
+
+def ranked_probability_score(probs: ArrayLike, true: ArrayLike) -> float:
+    """Ranked probability score of rank probabilities: lower is better, 0 for a sure right answer.
+
+    ``RPS = mean_i sum_k (F_i(k) - [true_i <= k])^2``, with ``F_i(k) = sum_{j <= k} probs[i, j]`` the
+    predicted cumulative distribution (Epstein, 1969; the unnormalized sum of Janitza et al., 2016, as
+    dlordinal's ``ranked_probability_score``; divide by ``K - 1`` for the version in ``[0, 1]``). Unlike
+    a log-loss it counts how far off the probability mass is: mass one rank off costs less than mass
+    three ranks off.
+
+    Args:
+        probs: ``[N, K]`` probabilities of the ranks ``0 … K-1`` (finite, >= 0, each row summing to 1
+            within 1e-3), e.g. :meth:`sol_ext.SOLHead.predict_proba`.
+        true: ``[N]`` true integer ranks in ``0 … K-1``.
+
+    Returns:
+        the mean over the samples, a float in ``[0, K - 1]``.
+    """
+    if isinstance(probs, torch.Tensor):
+        probs = probs.detach().to("cpu", torch.float64).numpy()
+    p = np.asarray(probs, dtype=np.float64)
+    if p.ndim != 2 or p.shape[1] < 1:
+        raise ValueError(f"probs must be a 2-D array [N, K] of rank probabilities, got shape {tuple(p.shape)}")
+    t = _as_vector(true, "true")
+    if t.shape[0] != p.shape[0]:
+        raise ValueError(f"probs and true must have the same number of samples, got {p.shape[0]} and {t.shape[0]}")
+    if t.size == 0:
+        raise ValueError("metrics need at least one sample, got empty probs and true")
+    _check_ranks(t, "true")
+    if t.max() >= p.shape[1]:
+        raise ValueError(f"true holds rank {int(t.max())}, outside the K = {p.shape[1]} columns of probs "
+                         f"(ranks 0 … {p.shape[1] - 1})")
+    bad_rows = ~np.all(np.isfinite(p) & (p >= 0), axis=1) | (np.abs(p.sum(axis=1) - 1.0) > 1e-3)
+    if bad_rows.any():
+        i = int(np.flatnonzero(bad_rows)[0])
+        raise ValueError(f"probs must hold finite probabilities >= 0 whose rows sum to 1; row {i} is "
+                         f"{p[i].tolist()} (pass a softmax, not logits)")
+    predicted = np.cumsum(p, axis=1)
+    observed = (np.arange(p.shape[1])[None, :] >= t[:, None]).astype(np.float64)
+    return float(np.mean(np.sum((predicted - observed) ** 2, axis=1)))
+
+
+rps = ranked_probability_score
 
 
 def summarize(pred: ArrayLike, true: ArrayLike, theta: float) -> dict[str, float]:

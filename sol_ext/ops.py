@@ -421,8 +421,10 @@ def order_loss_block(
     to exactly one process and the pair losses equal those of :func:`order_loss` on ``D_all``.
 
     Args:
-        D: local dissimilarities ``[B, n]``. labels: their ranks ``[B]``, any integer dtype.
-        D_all: dissimilarities of the whole batch ``[N, n]``, same dtype and device. labels_all: ``[N]``.
+        D: local dissimilarities ``[B, n]``.
+        labels: their ranks ``[B]``, any integer dtype.
+        D_all: dissimilarities of the whole batch ``[N, n]``, same dtype and device.
+        labels_all: the ranks of the whole batch ``[N]``.
         offset: index of ``D``'s first row in ``D_all``, ``0 <= offset <= N - B``.
         sigma, tau, margin, convention: as in :func:`order_loss`.
 

@@ -13,10 +13,13 @@ Lightning: accumulate with ``update(pred, true)`` over batches, read with ``comp
 Each metric gives the value of its :mod:`sol_ext.metrics` function on all the samples passed to
 ``update`` (the same definitions, float64 sums): :class:`MAE` = :func:`~sol_ext.metrics.mae`,
 :class:`CumulativeScore` = :func:`~sol_ext.metrics.cumulative_score` (percent within ``theta``),
-:class:`MacroMAE` = :func:`~sol_ext.metrics.macro_mae` and :class:`QuadraticWeightedKappa` =
-:func:`~sol_ext.metrics.quadratic_weighted_kappa`. Their states are sums (``dist_reduce_fx="sum"``),
-so under DDP ``compute()`` gives the value on the samples of every process together. The last two
-keep per-rank sums or a ``K x K`` confusion matrix and take ``num_ranks`` ``K``; true values are then
+:class:`MacroMAE` (alias :class:`AMAE`) = :func:`~sol_ext.metrics.macro_mae`, :class:`MaximumMAE` (alias
+:class:`MMAE`) = :func:`~sol_ext.metrics.maximum_mae`, :class:`QuadraticWeightedKappa` =
+:func:`~sol_ext.metrics.quadratic_weighted_kappa` and :class:`RankedProbabilityScore` (alias :class:`RPS`)
+= :func:`~sol_ext.metrics.ranked_probability_score`, which takes probabilities ``[N, K]`` in place of
+predictions. Their states are sums (``dist_reduce_fx="sum"``), so under DDP ``compute()`` gives the
+value on the samples of every process together. All but :class:`MAE` and :class:`CumulativeScore` keep
+per-rank sums or a ``K x K`` confusion matrix and take ``num_ranks`` ``K``; true values are then
 integer ranks ``0 … K-1`` (map labels with :class:`sol_ext.driver.data.RankEncoder` first).
 
 ``pred`` and ``true`` are 1-D tensors ``[N]`` (``[N, 1]`` is accepted) of any real or integer dtype;
@@ -25,7 +28,8 @@ and ranks out of range are refused with a ``ValueError``; on a GPU that check wa
 (one host-device synchronization per ``update``). ``validate_args=False`` skips the finiteness check;
 the ranks are still checked, on the CPU as by default and on a GPU by a device-side assertion (a wrong
 rank stops the program at the next synchronization instead of counting in another rank's cell). The
-states are float64 or int64, so the metrics run where float64 does (CPU, CUDA).
+states are float64 or int64, so the metrics run where float64 does (CPU, CUDA); a metric on the
+``meta`` device has no values to count and refuses ``update``.
 
 This module needs torchmetrics (``pip install 'sol_ext[torchmetrics]'``); the rest of the package
 does not.
@@ -45,13 +49,21 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAE", "MacroMAE", "QuadraticWeightedKappa", "QWK", "CumulativeScore"]
+__all__ = ["MAE", "MacroMAE", "AMAE", "MaximumMAE", "MMAE", "QuadraticWeightedKappa", "QWK", "CumulativeScore",
+           "RankedProbabilityScore", "RPS"]
 
 
 def _check_num_ranks(num_ranks: Any) -> int:
     if isinstance(num_ranks, bool) or not isinstance(num_ranks, numbers.Integral) or num_ranks < 1:
         raise ValueError(f"num_ranks must be an integer >= 1 (the number of ranks K), got {num_ranks!r}")
     return int(num_ranks)
+
+
+def _check_device(metric: Metric, device: torch.device) -> None:
+    """A metric moved to the meta device holds no numbers: counting samples there cannot work."""
+    if device.type == "meta":
+        raise RuntimeError(f"{type(metric).__name__}.update needs a device that holds data (cpu, cuda), got the "
+                           f"meta device; move the metric with .to('cpu') or .to('cuda') before updating it")
 
 
 def _as_vector(x: Any, name: str, device: torch.device) -> torch.Tensor:
@@ -77,6 +89,7 @@ class _PairMetric(Metric):
         self.validate_args = bool(validate_args)
 
     def _pair(self, pred: Any, true: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_device(self, device)
         p = _as_vector(pred, "pred", device)
         t = _as_vector(true, "true", device)
         if p.shape != t.shape:
@@ -225,6 +238,30 @@ class MacroMAE(_PairMetric):
         return (self.sum_abs_error[present] / self.count[present]).mean()
 
 
+AMAE = MacroMAE  # its name in the ordinal-regression literature (average MAE)
+
+
+class MaximumMAE(MacroMAE):
+    """The worst per-rank MAE (MMAE): the largest, over the true ranks present, of the MAE of their
+    samples (= :func:`sol_ext.metrics.maximum_mae`).
+
+    Args:
+        num_ranks: ``K``; true values must be integer ranks ``0 … K-1``. Predictions may be any real
+            numbers in rank units.
+
+    States: those of :class:`MacroMAE`, per true rank.
+    """
+
+    def compute(self) -> torch.Tensor:
+        """The largest per-rank MAE of every sample so far, a float64 scalar tensor."""
+        self._need_samples(self.count.sum())
+        present = self.count > 0
+        return (self.sum_abs_error[present] / self.count[present]).max()
+
+
+MMAE = MaximumMAE
+
+
 class QuadraticWeightedKappa(_PairMetric):
     """Cohen's kappa with quadratic weights between integer ranks: 1 for perfect agreement, 0 for
     chance (= :func:`sol_ext.metrics.quadratic_weighted_kappa`, and so scikit-learn's
@@ -276,3 +313,56 @@ class QuadraticWeightedKappa(_PairMetric):
 
 
 QWK = QuadraticWeightedKappa
+
+
+class RankedProbabilityScore(_PairMetric):
+    """The ranked probability score of rank probabilities, lower is better (=
+    :func:`sol_ext.metrics.ranked_probability_score`): the mean over the samples of
+    ``sum_k (F(k) - [true <= k])^2``, ``F`` the predicted cumulative distribution.
+
+    Args:
+        num_ranks: ``K``; ``update(probs [N, K], true [N])`` with true integer ranks ``0 … K-1``.
+
+    States: ``sum_score`` (float64) and ``count`` (int64), summed over processes.
+    """
+
+    higher_is_better = False
+
+    def __init__(self, num_ranks: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_ranks = _check_num_ranks(num_ranks)
+        self.add_state("sum_score", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", default=torch.tensor(0, dtype=torch.int64), dist_reduce_fx="sum")
+
+    def update(self, probs: torch.Tensor, true: torch.Tensor) -> None:
+        """Add the samples ``probs [N, K]`` (rows of probabilities) and ``true [N]`` (integer ranks)."""
+        device = self.count.device
+        _check_device(self, device)
+        p = torch.as_tensor(probs)
+        if p.dtype == torch.bool or p.is_complex() or p.ndim != 2 or p.shape[1] != self.num_ranks:
+            raise ValueError(f"probs must be rank probabilities [N, num_ranks] = [N, {self.num_ranks}] of a "
+                             f"real dtype, got shape {tuple(p.shape)} and dtype {p.dtype}")
+        p = p.to(device=device, dtype=torch.float64)
+        t = _as_vector(true, "true", device)
+        if t.shape[0] != p.shape[0]:
+            raise ValueError(f"probs and true must have the same number of samples, got {p.shape[0]} and "
+                             f"{t.shape[0]}")
+        self._check_ranks(t, "true", self.num_ranks)
+        if self.validate_args:
+            bad = torch.nonzero(~(torch.isfinite(p) & (p >= 0)).all(dim=1) | ((p.sum(dim=1) - 1.0).abs() > 1e-3))
+            if bad.numel():
+                i = int(bad[0, 0])
+                raise ValueError(f"probs must hold finite probabilities >= 0 whose rows sum to 1; row {i} is "
+                                 f"{p[i].tolist()} (pass a softmax, not logits)")
+        ranks = torch.arange(self.num_ranks, device=device, dtype=torch.float64)
+        observed = (ranks[None, :] >= t[:, None]).to(torch.float64)
+        self.sum_score += ((p.cumsum(dim=1) - observed) ** 2).sum()
+        self.count += p.shape[0]
+
+    def compute(self) -> torch.Tensor:
+        """The mean ranked probability score of every sample so far, a float64 scalar tensor."""
+        self._need_samples(self.count)
+        return self.sum_score / self.count
+
+
+RPS = RankedProbabilityScore

@@ -4,13 +4,16 @@ A page marks each code block a test runs with a comment on the line before it th
 
     <!-- docs snippet: tests/test_docs.py runs it -->
 
-This file runs the blocks marked so, page by page, in order, in a fresh folder and one namespace per
-page, so a block may use the files and names of the blocks above it: ``python`` blocks as they are,
-and ``bash`` blocks line by line, each line a ``sol-ext`` command. A marker that names another test
+This file runs the blocks marked so, page by page, in order, in a fresh folder per page: ``python``
+blocks as they are, each in a namespace of its own (a block defines every name it uses, so it runs
+as shown when copied alone), and ``bash`` blocks line by line, each line a ``sol-ext`` command. The
+files a block writes stay for the blocks below it, as in a reader's working folder (a page that
+trains a run with one block and loads it with the next). A marker that names another test
 (``tests/test_docs.py::test_name``, or another file) leaves the block to that test.
 """
 from __future__ import annotations
 
+import html
 import importlib.util
 import json
 import os
@@ -69,21 +72,24 @@ def commands(code: str) -> list[list[str]]:
 
 
 def run_blocks(blocks: list[tuple[str, str, int]], where: str, capsys) -> dict:
-    """Runs ``blocks`` in order in one namespace (the current folder is the caller's); returns it."""
+    """Runs ``blocks`` in order, each python block in a fresh namespace (the current folder is the
+    caller's); returns the names they defined, all blocks' together, for the checks."""
     from sol_ext.driver.cli import main
 
-    scope: dict = {"__name__": "__docs__"}
+    defined: dict = {}
     for language, code, line in blocks:
         if language == "python":
+            scope: dict = {"__name__": "__docs__"}
             # blank lines in front, so that a traceback gives the line of the page
             exec(compile("\n" * (line - 1) + code, where, "exec"), scope)
+            defined.update(scope)
         elif language == "bash":
             for command in commands(code):
                 assert command[0] == "sol-ext", f"{where}:{line}: a bash snippet runs sol-ext commands only"
                 assert main(command[1:]) == 0, (where, command, capsys.readouterr().err)
         else:
             pytest.fail(f"{where}:{line}: no runner for {language} blocks")
-    return scope
+    return defined
 
 
 def _slow_if_it_trains(page: Path):
@@ -117,7 +123,9 @@ def _check_use(scope: dict, folder: Path) -> None:
     exported = [code for language, code, _ in blocks_for((DOCS / "use.md").read_text(encoding="utf-8"))
                 if "torch.export.load" in code]
     with pytest.raises(ValueError, match=r"expected \['N', 4\] \(a, b, c, d\), got \[1, 3\]"):
-        exec(compile(exported[0], "docs/use.md", "exec"), {**scope, "rows": [[0.1, 0.2, 0.3]]})
+        three_features = exported[0].replace("rows = [[0.1, -1.2, 0.3, 0.0]]", "rows = [[0.1, 0.2, 0.3]]")
+        assert three_features != exported[0]
+        exec(compile(three_features, "docs/use.md", "exec"), {})
     side = json.loads((run / "model.json").read_text())
     keys = re.findall(r"sidecar's\s+`([\w.]+)`", (DOCS / "use.md").read_text(encoding="utf-8"))
     assert {"inputs.feature_names", "label_values", "inputs.shape"} <= set(keys), keys
@@ -138,8 +146,9 @@ NEEDS = {"sklearn.md": "sklearn"}  # the optional package a page's snippets impo
 
 
 @pytest.mark.parametrize("page", PAGES_WITH_SNIPPETS)
-def test_the_snippets_of_a_page_run_in_order(page: Path, tmp_path, monkeypatch, capsys):
-    """In a fresh folder, every block the page marks for this file, top to bottom, as written."""
+def test_the_snippets_of_a_page_run_on_their_own(page: Path, tmp_path, monkeypatch, capsys):
+    """In a fresh folder, every block the page marks for this file, top to bottom, as written, each
+    python block in a namespace of its own."""
     name = page_name(page)
     if name in NEEDS:
         pytest.importorskip(NEEDS[name])
@@ -265,23 +274,18 @@ def test_the_hugging_face_snippet_trains_a_tiny_model(tmp_path, monkeypatch):
 # Label issues: the calls of the page on probabilities of a model that is sure of the true rank.
 
 
-def test_the_label_issues_snippet_runs():
-    """The page's calls, where a third of the labels are two ranks off the rank the probabilities
-    favour: a mask that finds them, their indices most suspicious first, a quality per row."""
-    import sol_ext
-
+def test_the_label_issues_snippet_runs(capsys):
+    """The page's block on its own, where a third of the labels are two ranks off the rank the
+    probabilities favour: a mask that finds them, their indices most suspicious first, a quality per
+    row."""
     (block,) = blocks_for((DOCS / "label-issues.md").read_text(encoding="utf-8"), "test_the_label_issues_snippet_runs")
-    rng = np.random.default_rng(0)
-    truth = rng.integers(0, 5, 300)
-    wrong = np.arange(300) % 3 == 0
-    y_ranks = np.where(wrong, (truth + 2) % 5, truth)
-    pred_probs = np.exp(-2.0 * (np.arange(5)[None, :] - truth[:, None]) ** 2)
-    pred_probs /= pred_probs.sum(axis=1, keepdims=True)
-    scope = {"sol_ext": sol_ext, "y_ranks": y_ranks, "pred_probs": pred_probs}
+    scope: dict = {}
     exec(compile("\n" * (block[2] - 1) + block[1], "docs/label-issues.md", "exec"), scope)
+    wrong = np.arange(300) % 3 == 0
     assert scope["mask"].dtype == bool and np.array_equal(scope["mask"], wrong)
-    assert sorted(scope["ranked"]) == list(np.flatnonzero(wrong))
+    assert sorted(scope["ranked"]) == list(np.flatnonzero(wrong))     # the flagged ones, not every label
     assert scope["quality"].shape == (300,) and scope["quality"][wrong].max() < scope["quality"][~wrong].min()
+    assert capsys.readouterr().out.startswith("100 ")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -367,10 +371,28 @@ def test_the_docstrings_sphinx_roles_become_optional_links():
         "<code>:class:</code> alone stays.</p>")
 
 
+def test_the_math_of_a_page_becomes_mathml():
+    """docs/hooks.py: what pymdownx.arithmatex keeps of $…$ and $$…$$ is rendered to MathML, so the
+    site shows its equations with no script and no network."""
+    pytest.importorskip("latex2mathml")
+    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    page = ('<p>With <span class="arithmatex">\\(\\sigma^2 &lt; 1\\)</span>:</p>'
+            '<div class="arithmatex">\\[\\sum_j P[q, j] = 1\\]</div><p><code>x^2</code></p>')
+    rendered = hooks.render_math(page)
+    assert "\\(" not in rendered and "\\[" not in rendered
+    assert '<span class="arithmatex"><math' in rendered
+    assert "<msup><mi>σ</mi><mn>2</mn></msup>" in html.unescape(rendered)
+    assert "<mo><</mo>" in html.unescape(rendered)              # the page's &lt; read as the operator
+    assert '<div class="arithmatex"><math' in rendered and 'display="block"' in rendered
+    assert rendered.endswith("<p><code>x^2</code></p>")        # code stays code
+
+
 @pytest.mark.slow
 def test_the_site_builds_with_no_warning(tmp_path):
     """``mkdocs build --strict``: every page, link, anchor, included part and API entry resolves."""
-    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python"):
+    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "latex2mathml"):
         if importlib.util.find_spec(module.split(".")[0]) is None:
             pytest.skip(f"{module} is not installed (pip install .[docs])")
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
@@ -378,3 +400,44 @@ def test_the_site_builds_with_no_warning(tmp_path):
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stderr[-4000:]
     assert (tmp_path / "site" / "index.html").is_file()
+    check_the_built_site(tmp_path / "site")
+
+
+def _visible_text(page: str) -> str:
+    """A built page's text outside code and rendered math (no tags)."""
+    for element in ("pre", "code", "math", "script", "style"):
+        page = re.sub(rf"<{element}\b.*?</{element}>", " ", page, flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", " ", page))
+
+
+def check_the_built_site(site: Path) -> None:
+    """What a reader sees: the math typeset (MathML, no formula left as code or plain text), at
+    least three figures whose files are there, the install command and the quickstart on the home
+    page, and API entries one per parameter without torch's hooks."""
+    math_page = (site / "math" / "index.html").read_text(encoding="utf-8")
+    assert math_page.count("<math") >= 60, math_page.count("<math")
+    assert "^2" not in _visible_text(math_page)
+    formulas_as_code = [c for c in re.findall(r"<code>(.*?)</code>", math_page, re.S) if re.search(r"\^|sum_", c)]
+    assert not formulas_as_code, formulas_as_code[:5]
+    assert "\\sum" not in _visible_text(math_page)            # no LaTeX left unrendered
+    assert (site / "api" / "loss" / "index.html").read_text(encoding="utf-8").count("<math") >= 3
+
+    figures = set()
+    for page in site.rglob("*.html"):
+        for source in re.findall(r'<img [^>]*src="([^"]+\.png)"', page.read_text(encoding="utf-8")):
+            image = (page.parent / source).resolve()
+            assert image.is_file(), (page, source)
+            figures.add(image)
+    assert len(figures) >= 3, figures
+    assert all(image.stat().st_size < 150_000 for image in figures)
+
+    home = html.unescape(re.sub(r"<[^>]+>", "", (site / "index.html").read_text(encoding="utf-8")))
+    assert "pip install torch" in home and "sol_ext.SOLHead(" in home and "head.update(" in home
+
+    head_api = (site / "api" / "head" / "index.html").read_text(encoding="utf-8")
+    assert "get_extra_state" not in head_api and "set_extra_state" not in head_api
+    for page in site.joinpath("api").rglob("*.html"):
+        assert "required" not in _visible_text(page.read_text(encoding="utf-8")), page
+    # order_loss_block's labels in an entry of their own, not folded into D's
+    ops_api = html.unescape(re.sub(r"<[^>]+>", "", (site / "api" / "ops" / "index.html").read_text(encoding="utf-8")))
+    assert re.search(r"\blabels\s*\(\s*Tensor\s*\)\s*–\s*their ranks", ops_api)

@@ -73,13 +73,13 @@ def test_label_at_the_median_is_not_flagged_however_wide():
     assert _ranked(labels, probs, min_score=0.7)[0].size == 0
 
 
-def test_exact_half_uses_the_lower_median():
-    # Half the mass on each of ranks 0 and 1: the (lower) median is 0, as in posterior_relabel, so
-    # label 1 is a suspect at min_score 0.5 and label 0 is not, though both have score 0.5.
+def test_exact_half_flags_neither_median():
+    # Half the mass on each of ranks 0 and 1: both are medians (posterior_relabel would move label 1
+    # to the lower one), so neither label is a suspect at min_score 0.5, though both have score 0.5.
     probs = np.array([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]])
     labels = np.array([0, 1])
     assert label_issue_scores(labels, probs).tolist() == [0.5, 0.5]
-    assert _ranked(labels, probs)[0].tolist() == [1]
+    assert _ranked(labels, probs)[0].tolist() == []
 
 
 def test_min_score_threshold_and_bounds():
@@ -384,6 +384,23 @@ def test_two_ranks_agree_with_cleanlab(seed):
         theirs = cl_filter.find_label_issues(labels, probs, filter_by="predicted_neq_given",
                                              return_indices_ranked_by="self_confidence")
         assert np.array_equal(ours, theirs), ranking
+
+
+def test_a_label_at_either_of_two_tied_medians_is_not_flagged():
+    """0.5/0.5 over two ranks: both are medians (cleanlab: both argmaxes), so neither label is flagged,
+    by any rule; a label beyond the tie is."""
+    probs = np.array([[0.5, 0.5], [0.5, 0.5], [0.9, 0.1], [0.2, 0.8]])
+    labels = np.array([0, 1, 1, 0])
+    for filter_by in ("predicted_neq_given", "confident_learning", "prune_by_class"):
+        assert find_label_issues(labels, probs, filter_by=filter_by)[:2].tolist() == [False, False], filter_by
+    assert find_label_issues(labels, probs, filter_by="predicted_neq_given").tolist() == [False, False, True, True]
+    assert find_label_issues(labels, probs, min_score=0.5).tolist() == [False, False, True, True]
+    wide = np.array([[0.25, 0.25, 0.5, 0.0]] * 4)   # the cumulative mass reaches 0.5 at rank 1: medians 1, 2
+    assert find_label_issues([0, 1, 2, 3], wide, filter_by="predicted_neq_given").tolist() == \
+        [True, False, False, True]
+    cl_filter = pytest.importorskip("cleanlab.filter")
+    assert np.array_equal(find_label_issues(labels, probs, filter_by="predicted_neq_given"),
+                          cl_filter.find_label_issues(labels, probs, filter_by="predicted_neq_given"))
 
 
 @pytest.mark.parametrize("n", [2, 3, 7])

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import sol_ext  # noqa: E402
 from common import MULTIPROCESS_TIMEOUT_S, multiprocess_env  # noqa: E402
-from sol_ext.lightning import SOLModule  # noqa: E402
+from sol_ext.lightning import SOLModule, SOLPrediction  # noqa: E402
 
 NUM_RANKS, DIM, EPOCHS = 8, 8, 2
 
@@ -79,11 +79,11 @@ def test_one_process_trains_as_the_plain_solhead_loop(tmp_path):
     assert {"val_macro_mae", "val_qwk", "train_loss"} <= set(logged)
     assert float(logged["val_qwk"]) == pytest.approx(
         sol_ext.metrics.quadratic_weighted_kappa(expected, y[:80], NUM_RANKS), abs=1e-6)
-    predicted = trainer.predict(module, _loader(x[:80], y[:80], shuffle=False))
-    assert torch.equal(torch.cat(predicted), expected)
+    predicted = SOLPrediction.cat(trainer.predict(module, _loader(x[:80], y[:80], shuffle=False)))
+    assert torch.equal(predicted.ranks, expected)
     # inputs alone: a TensorDataset(x) gives each batch as the 1-tuple [x]
     inputs_only = trainer.predict(module, DataLoader(TensorDataset(x[:80]), batch_size=32))
-    assert torch.equal(torch.cat(inputs_only), expected)
+    assert torch.equal(SOLPrediction.cat(inputs_only).ranks, expected)
 
 
 def test_checkpoints_save_the_head_and_resume_with_it(tmp_path):
@@ -131,6 +131,124 @@ def test_bad_arguments_are_refused_by_name():
         SOLModule(_encoder(), NUM_RANKS, DIM, embed_batch_size=0)
     with pytest.raises(ValueError, match="momentum"):
         SOLModule(_encoder(), NUM_RANKS, DIM, momentum=1.5)
+    with pytest.raises(ValueError, match="label_values must be finite numbers in strictly increasing order"):
+        SOLModule(_encoder(), None, DIM, label_values=[1, 3, 2])
+    with pytest.raises(ValueError, match=r"num_ranks \(4\) must equal the number of label_values \(3\)"):
+        SOLModule(_encoder(), 4, DIM, label_values=[1, 2, 3])
+    with pytest.raises(ValueError, match="needs num_ranks"):
+        SOLModule(_encoder(), None, DIM)
+
+
+class OwnValidation(SOLModule):
+    """A validation step of a user's own, with no guard for a head before training."""
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("my_val_mae", (self.predict_ranks(x) - y).abs().float().mean(), batch_size=len(y))
+
+
+def test_a_validation_step_of_ones_own_runs_in_the_sanity_check(tmp_path):
+    """The sanity check (2 batches before the first epoch) finds a head with a read-out, and training
+    goes as it does without the check: the first head starts from the same centroids."""
+    x, y = _data()
+    module = OwnValidation(_encoder(), NUM_RANKS, DIM)
+    seen = []
+    module.on_validation_end = lambda: seen.append((module.trainer.sanity_checking, module.head.centroids.clone()))
+    trainer = _trainer(tmp_path, num_sanity_val_steps=2)
+    trainer.fit(module, _loader(x, y), _loader(x[:80], y[:80], shuffle=False))
+    assert [checking for checking, _ in seen] == [True, False, False]
+    first = sol_ext.SOLHead(NUM_RANKS, DIM)
+    with torch.no_grad():
+        first.update_centroids(F.normalize(_encoder()(x), dim=1), y)
+    torch.testing.assert_close(seen[0][1], first.centroids, rtol=1e-5, atol=1e-6)
+    assert "my_val_mae" in trainer.callback_metrics
+
+    unchecked = SOLModule(_encoder(), NUM_RANKS, DIM)
+    _trainer(tmp_path, num_sanity_val_steps=0).fit(unchecked, _loader(x, y), _loader(x[:80], y[:80], shuffle=False))
+    for name, param in unchecked.encoder.state_dict().items():
+        torch.testing.assert_close(module.encoder.state_dict()[name], param, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(module.head.centroids, unchecked.head.centroids, rtol=1e-6, atol=1e-7)
+
+
+def test_every_epoch_logs_losses_and_metrics_of_train_val_and_test(tmp_path):
+    """metrics.csv holds one row per epoch with train_loss (8 steps an epoch, fewer than the logging
+    interval), train/val MAE, macro-MAE and QWK, and val_loss; trainer.test gives the test_* values
+    of the head's predictions."""
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    x, y = _data()
+    module = SOLModule(_encoder(), NUM_RANKS, DIM)
+    trainer = _trainer(tmp_path, logger=CSVLogger(tmp_path, name="log", version=0))
+    trainer.fit(module, _loader(x, y), _loader(x[:80], y[:80], shuffle=False))
+    rows = list(csv.DictReader(open(tmp_path / "log" / "version_0" / "metrics.csv")))
+    per_epoch = {}
+    for row in rows:
+        per_epoch.setdefault(int(row["epoch"]), {}).update({k: v for k, v in row.items() if v != ""})
+    assert sorted(per_epoch) == list(range(EPOCHS))
+    for stage in ("train", "val"):
+        for name in ("loss", "mae", "macro_mae", "qwk"):
+            assert all(f"{stage}_{name}" in logged for logged in per_epoch.values()), (stage, name)
+    with torch.no_grad():
+        h = F.normalize(module.encoder(x), dim=1)
+    train_ranks = module.head.predict(h)
+    assert float(per_epoch[EPOCHS - 1]["train_mae"]) == pytest.approx(sol_ext.metrics.mae(train_ranks, y), abs=1e-6)
+    # the mean over the batches of 32, 32 and 16, each weighed by its size
+    val_loss = sum(len(part) * float(module.head.loss(h_part, part))
+                   for h_part, part in zip(h[:80].split(32), y[:80].split(32))) / 80
+    assert float(per_epoch[EPOCHS - 1]["val_loss"]) == pytest.approx(val_loss, rel=1e-5)
+
+    (tested,) = trainer.test(module, _loader(x[80:], y[80:], shuffle=False), verbose=False)
+    ranks = module.head.predict(h[80:])
+    assert tested["test_mae"] == pytest.approx(sol_ext.metrics.mae(ranks, y[80:]), abs=1e-6)
+    assert tested["test_macro_mae"] == pytest.approx(sol_ext.metrics.macro_mae(ranks, y[80:]), abs=1e-6)
+    assert tested["test_qwk"] == pytest.approx(sol_ext.metrics.qwk(ranks, y[80:], NUM_RANKS), abs=1e-6)
+    assert "test_loss" in tested
+
+
+def test_testing_or_predicting_an_untrained_module_is_refused(tmp_path):
+    x, y = _data(40)
+    module = SOLModule(_encoder(), NUM_RANKS, DIM)
+    with pytest.raises(RuntimeError, match="test needs a trained head"):
+        _trainer(tmp_path).test(module, _loader(x, y, shuffle=False), verbose=False)
+    with pytest.raises(RuntimeError, match="predict needs a trained head"):
+        module.predict(x)
+
+
+def test_predictions_give_probabilities_expected_values_and_labels_on_the_grid(tmp_path):
+    """With label_values the batches hold label values (ages 20, 22, …): training is that of their
+    ranks, and predictions come back in ranks, labels, probabilities and expected label."""
+    x, y = _data()
+    grid = [20.0 + 2 * r for r in range(NUM_RANKS)]
+    by_value = SOLModule(_encoder(), None, DIM, label_values=grid)
+    _trainer(tmp_path).fit(by_value, _loader(x, 20.0 + 2 * y), _loader(x[:80], 20.0 + 2 * y[:80], shuffle=False))
+    by_rank = SOLModule(_encoder(), NUM_RANKS, DIM)
+    _trainer(tmp_path).fit(by_rank, _loader(x, y), _loader(x[:80], y[:80], shuffle=False))
+    torch.testing.assert_close(by_value.head.centroids, by_rank.head.centroids, rtol=1e-6, atol=1e-7)
+
+    out = by_value.predict(x[:10])
+    assert isinstance(out, SOLPrediction)
+    assert torch.equal(out.ranks, by_rank.predict_ranks(x[:10]))
+    assert torch.equal(out.labels, 20.0 + 2 * out.ranks.double())
+    assert out.probabilities.shape == (10, NUM_RANKS)
+    torch.testing.assert_close(out.probabilities.sum(dim=1), torch.ones(10, dtype=torch.float64))
+    torch.testing.assert_close(out.expected, 20.0 + 2 * by_value.head.expected_rank(out.embeddings))
+    assert out.embeddings.shape == (10, DIM)
+    plain = by_rank.predict(x[:10])
+    assert torch.equal(plain.labels, plain.ranks)   # no grid: labels are the ranks
+    with pytest.raises(ValueError, match=r"labels must be values of label_values \(20, 22, 24, …, 34\), got 21.0"):
+        by_value.to_ranks(torch.tensor([20.0, 21.0]))
+
+
+def test_float_validation_labels_are_refused_as_in_training(tmp_path):
+    x, y = _data(120)
+    module = SOLModule(_encoder(), 7, DIM)
+    halves = y[:40].clamp(max=5).float() + 0.5
+    with pytest.raises(TypeError, match=r"val labels must be integer ranks 0 … 6 .*got dtype torch.float32 \(\d.5 at"):
+        _trainer(tmp_path).fit(module, _loader(x[40:], y[40:].clamp(max=6)), _loader(x[:40], halves, shuffle=False))
+    with pytest.raises(TypeError, match="labels must be integer ranks"):
+        _trainer(tmp_path, num_sanity_val_steps=0).fit(SOLModule(_encoder(), 7, DIM), _loader(x, y.float() + 0.5))
 
 
 DDP_SCRIPT = """
@@ -193,5 +311,5 @@ def test_the_readme_snippet_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the trainer's logs and checkpoints
     scope: dict = {}
     exec(compile(code, "docs/lightning.md", "exec"), scope)
-    assert scope["ranks"].shape == (5,)
-    assert float(scope["trainer"].callback_metrics["val_mae"]) < 1.0
+    assert scope["ranks"].shape == (5,) and scope["out"].probabilities.shape == (5, 10)
+    assert float(scope["trainer"].callback_metrics["test_mae"]) < 1.0   # trainer.test on the validation set

@@ -8,15 +8,21 @@ import numpy as np
 import pytest
 import torch
 
+from sol_ext import metrics
 from sol_ext.metrics import (
+    amae,
     cs_curve,
     cumulative_score,
     macro_mae,
     mae,
+    maximum_mae,
+    mmae,
     pearson,
     per_rank_mae,
     quadratic_weighted_kappa,
     qwk,
+    ranked_probability_score,
+    rps,
     spearman,
     summarize,
 )
@@ -244,3 +250,64 @@ def test_cumulative_scores_refuse_a_bad_theta_by_name():
         cumulative_score([1, 2], [1, 2], -1)
     with pytest.raises(ValueError, match="every theta of thetas must be a finite number >= 0, got nan"):
         cs_curve([1, 2], [1, 2], [1, float("nan")])
+
+
+def test_amae_is_macro_mae_and_mmae_the_worst_rank():
+    true = np.array([0, 0, 0, 1, 2, 2])
+    pred = np.array([0, 0, 1, 3, 2, 1])   # per rank: 1/3, 2, 1/2
+    assert amae is macro_mae and mmae is maximum_mae
+    assert macro_mae(pred, true) == pytest.approx((1 / 3 + 2 + 0.5) / 3)
+    assert maximum_mae(pred, true) == 2.0
+    assert maximum_mae(pred, true) == max(per_rank_mae(pred, true).values())
+    assert maximum_mae(true, true) == 0.0
+
+
+def test_maximum_mae_refuses_what_macro_mae_refuses():
+    with pytest.raises(ValueError, match="same length, got 2 and 1"):
+        maximum_mae([1.0, 2.0], [1.0])
+
+
+def test_ranked_probability_score_hand_cases():
+    # sure and right: 0; sure and one rank off: one step of the cumulative distribution wrong by 1
+    assert ranked_probability_score([[0.0, 1.0, 0.0]], [1]) == 0.0
+    assert ranked_probability_score([[1.0, 0.0, 0.0]], [1]) == 1.0
+    # mass three ranks off costs more than mass one rank off (a log-loss would not tell them apart)
+    one_off = ranked_probability_score([[0.0, 0.0, 0.5, 0.5]], [3])
+    three_off = ranked_probability_score([[0.5, 0.0, 0.0, 0.5]], [3])
+    assert one_off == pytest.approx(0.25) and three_off == pytest.approx(0.75)
+    probs = np.array([[0.2, 0.5, 0.3], [0.6, 0.3, 0.1]])
+    true = np.array([2, 0])
+    by_hand = ((0.2 - 0) ** 2 + (0.7 - 0) ** 2 + 0 + (0.6 - 1) ** 2 + (0.9 - 1) ** 2 + 0) / 2
+    assert rps is ranked_probability_score
+    assert ranked_probability_score(probs, true) == pytest.approx(by_hand)
+    assert ranked_probability_score(torch.tensor(probs, dtype=torch.float32), torch.tensor(true)) == \
+        pytest.approx(by_hand, abs=1e-6)
+
+
+def test_ranked_probability_score_is_dlordinals_sum():
+    """The unnormalized sum of dlordinal's ranked_probability_score, written out as it computes it."""
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(6), size=50)
+    true = rng.integers(0, 6, 50)
+    onehot = np.zeros_like(probs)
+    onehot[np.arange(50), true] = 1
+    expected = np.mean(np.sum((probs.cumsum(axis=1) - onehot.cumsum(axis=1)) ** 2, axis=1))
+    assert ranked_probability_score(probs, true) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(("probs", "true", "match"), [
+    ([0.5, 0.5], [0], r"probs must be a 2-D array \[N, K\]"),
+    ([[0.5, 0.5]], [0, 1], "same number of samples, got 1 and 2"),
+    ([[0.5, 0.5]], [2], "true holds rank 2, outside the K = 2 columns"),
+    ([[0.5, 0.5]], [0.5], "true must hold integer ranks"),
+    ([[2.0, -1.0]], [0], "row 0 is"),
+    ([[0.2, 0.2]], [0], "rows sum to 1"),
+    (np.zeros((0, 3)), [], "at least one sample"),
+])
+def test_ranked_probability_score_bad_inputs(probs, true, match):
+    with pytest.raises(ValueError, match=match):
+        ranked_probability_score(probs, true)
+
+
+def test_every_public_name_is_exported():
+    assert {"amae", "mmae", "maximum_mae", "rps", "ranked_probability_score"} <= set(metrics.__all__)

@@ -18,7 +18,18 @@ pytest.importorskip("torchmetrics")
 
 from common import spawn_processes  # noqa: E402
 from sol_ext import metrics  # noqa: E402
-from sol_ext.torchmetrics import MAE, QWK, CumulativeScore, MacroMAE, QuadraticWeightedKappa  # noqa: E402
+from sol_ext.torchmetrics import (  # noqa: E402
+    AMAE,
+    MAE,
+    MMAE,
+    QWK,
+    RPS,
+    CumulativeScore,
+    MacroMAE,
+    MaximumMAE,
+    QuadraticWeightedKappa,
+    RankedProbabilityScore,
+)
 
 NUM_RANKS = 9
 # (torchmetrics metric, the sol_ext.metrics function it must equal, whether predictions are real)
@@ -27,6 +38,7 @@ CASES = {
     "cs": (lambda: CumulativeScore(theta=1.0), lambda p, t: metrics.cumulative_score(p, t, 1.0), True),
     "cs-decimal": (lambda: CumulativeScore(theta=0.25), lambda p, t: metrics.cumulative_score(p, t, 0.25), True),
     "macro_mae": (lambda: MacroMAE(NUM_RANKS), metrics.macro_mae, True),
+    "mmae": (lambda: MaximumMAE(NUM_RANKS), metrics.maximum_mae, True),
     "qwk": (lambda: QuadraticWeightedKappa(NUM_RANKS), metrics.quadratic_weighted_kappa, False),
 }
 
@@ -88,6 +100,46 @@ def test_macro_mae_per_rank_is_per_rank_mae():
     expected = metrics.per_rank_mae(pred, true)
     assert math.isnan(per_rank[8])  # no sample of rank 8
     assert {r: float(per_rank[r]) for r in range(NUM_RANKS) if r in expected} == pytest.approx(expected)
+
+
+def test_literature_names_are_the_same_metrics():
+    assert AMAE is MacroMAE and MMAE is MaximumMAE and RPS is RankedProbabilityScore and QWK is QuadraticWeightedKappa
+
+
+@pytest.mark.parametrize("splits", [[60], [1, 29, 0, 30]])
+def test_rps_over_updates_is_the_function_on_all_samples(splits):
+    gen = torch.Generator().manual_seed(len(splits))
+    probs = torch.softmax(torch.randn(60, NUM_RANKS, generator=gen, dtype=torch.float64), dim=1)
+    true = torch.randint(0, NUM_RANKS, (60,), generator=gen)
+    metric = RankedProbabilityScore(NUM_RANKS)
+    start = 0
+    for size in splits:
+        metric.update(probs[start : start + size], true[start : start + size])
+        start += size
+    value = metric.compute()
+    assert value.dtype == torch.float64
+    assert float(value) == pytest.approx(metrics.ranked_probability_score(probs, true), rel=1e-12)
+    assert float(RPS(NUM_RANKS)(probs[:5].float(), true[:5])) == pytest.approx(
+        metrics.rps(probs[:5], true[:5]), rel=1e-6)
+
+
+@pytest.mark.parametrize(("probs", "true", "message"), [
+    (torch.full((2, 3), 1 / 3), torch.tensor([0, 1]), r"probs must be rank probabilities \[N, num_ranks\] = \[N, 4\]"),
+    (torch.full((2, 4), 0.25), torch.tensor([0]), "same number of samples, got 2 and 1"),
+    (torch.full((1, 4), 0.25), torch.tensor([4]), "true must hold integer ranks 0 … num_ranks-1 = 0 … 3"),
+    (torch.full((1, 4), 1.0), torch.tensor([0]), "rows sum to 1; row 0 is"),
+])
+def test_rps_refuses_bad_samples(probs, true, message):
+    with pytest.raises(ValueError, match=message):
+        RPS(4).update(probs, true)
+
+
+@pytest.mark.parametrize("make", [lambda: QWK(3), lambda: MAE(), lambda: MacroMAE(3), lambda: RPS(3)])
+def test_a_metric_on_the_meta_device_refuses_update_by_name(make):
+    metric = make().to("meta")
+    with pytest.raises(RuntimeError, match=r"update needs a device that holds data \(cpu, cuda\), got the meta device"):
+        metric.update(torch.tensor([[1.0, 0.0, 0.0]]) if isinstance(metric, RPS) else torch.tensor([0]),
+                      torch.tensor([0]))
 
 
 def test_qwk_of_constant_inputs_is_that_of_sol_ext_metrics():
