@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import random
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -139,6 +142,10 @@ def test_option_spelling_and_whole_numbers_are_accepted(tmp_path):
     ("paper = \"yes\"\n", ["key 'paper' must be true or false"]),
     ("embedding_dim = 8\nembedding-dim = 8\n", ["'embedding_dim' and 'embedding-dim' are the same"]),
     ("lr = -1\n", ["learning rate must be > 0, got -1.0"]),
+    ('data = ""\n', ["key 'data' is an empty string", "expected a path or a built-in data set's name"]),
+    ('test_data = ""\n', ["key 'test_data' is an empty string", "expected a path."]),
+    ('output = ""\n', ["key 'output' is an empty string"]),
+    ('threads = "4"\n', ["key 'threads' must be an integer"]),
 ])
 def test_bad_settings_are_refused_naming_the_file_and_key(text, words, tmp_path, capsys):
     path = tmp_path / "bad.toml"
@@ -193,3 +200,134 @@ def test_a_run_trains_with_the_file_and_keeps_its_settings(tmp_path, capsys):
     expected = resolved(["--config", str(path), "--seed", "1"])
     assert TrainConfig.from_dict(json.loads((out / "results.json").read_text())["config"]) == expected
     assert resolved(["--config", str(out / CONFIG_FILE_NAME)]) == expected
+
+
+# --------------------------------------------------------------------------------------------------
+# Every option, every Unicode plane, and a run's file from another folder
+
+# Two command lines that set, between them, every TrainConfig field to a value other than its
+# default (--test-data and --test-fraction exclude each other, as a label noise std and the outlier
+# rule do), and the command's own options --paper, --output and --threads.
+EVERY_OPTION = [
+    ["--data", "x\U0001F600.csv", "--test-data", "t.csv", "--label-column", "age", "--delimiter", ";",
+     "--noise", "uniform", "--kappa", "0.5", "--noise-fraction", "0.5", "--encoder", "resnet18",
+     "--embedding-dim", "8", "--hidden", "64,32", "--weights", "w.pth", "--image-size", "32",
+     "--augment", "crop", "--workers", "1", "--no-normalize", "--sigma", "0.5", "--tau", "2",
+     "--margin", "0.5", "--T", "2", "--disc-weight", "0.5", "--beta", "0.8", "--convention",
+     "official", "--pairs", "balanced", "--pairs-per-class", "8", "--refine", "--relabel-mass", "0.9",
+     "--label-noise", "1.5", "--inference", "nearest", "--centroid-momentum", "0.25",
+     "--val-fraction", "0.2", "--patience", "3", "--lr", "0.01", "--weight-decay", "0.001",
+     "--weight-ema", "0.99", "--epochs", "7", "--batch-size", "32", "--seed", "5", "--device", "cuda",
+     "--amp", "--backend", "reference", "--cs-theta", "1.5", "--output", "out dir", "--threads", "1"],
+    ["--paper", "--method", "l1", "--test-fraction", "0.3", "--relabel", "outlier", "--no-refine"],
+]
+
+
+def test_every_option_round_trips_through_print_config(tmp_path, capsys):
+    default = TrainConfig()
+    changed = {f.name for argv in EVERY_OPTION for f in dataclasses.fields(TrainConfig)
+               if getattr(resolved(argv), f.name) != getattr(default, f.name)}
+    assert changed == {f.name for f in dataclasses.fields(TrainConfig)}  # the test covers them all
+    for number, argv in enumerate(EVERY_OPTION):
+        text = printed(argv, capsys)
+        path = tmp_path / f"every{number}.toml"
+        path.write_text(text, encoding="utf-8")
+        assert resolved(["--config", str(path)]) == resolved(argv)
+        assert printed(["--config", str(path)], capsys) == text
+    assert 'output = "out dir"\nthreads = 1\n' in printed(EVERY_OPTION[0], capsys)
+
+
+def _plane_string(plane: int, count: int = 40) -> str:
+    """``count`` characters drawn from the Unicode plane ``plane`` (0 … 16), controls and
+    quotes among them in plane 0; no surrogate (not a character on its own)."""
+    rng = random.Random(plane)
+    chars = []
+    while len(chars) < count:
+        code = plane * 0x10000 + rng.randrange(0x10000)
+        if not 0xD800 <= code <= 0xDFFF:
+            chars.append(chr(code))
+    if plane == 0:
+        chars += ['"', "\\", "'", "\n", "\t", "\x7f", "\x1b", "\u2028"]
+    return "".join(chars)
+
+
+@pytest.mark.parametrize("plane", range(17))
+def test_strings_of_every_unicode_plane_round_trip(plane, tmp_path, capsys):
+    """A column name and a data path of characters from any plane (an emoji is outside the BMP)
+    are written as TOML and read back to the same strings."""
+    text = _plane_string(plane)
+    argv = ["--data", f"{text}.csv", "--label-column", text, "--delimiter", text[0]]
+    printed_text = printed(argv, capsys)
+    path = tmp_path / "run.toml"
+    path.write_bytes(printed_text.encode("utf-8"))
+    assert resolved(["--config", str(path)]) == resolved(argv)
+    assert resolved(argv).label_column == text
+    assert printed(["--config", str(path)], capsys) == printed_text
+
+
+def test_a_run_s_config_repeats_it_from_another_folder(tmp_path, capsys, monkeypatch):
+    """config.toml of a run trained on a relative path trains on that run's file when read from
+    another folder that has a file of the same name with other data."""
+    first, other = tmp_path / "first", tmp_path / "other"
+    first.mkdir()
+    other.mkdir()
+    tiny_csv(first / "d.csv", seed=0)
+    tiny_csv(other / "d.csv", seed=1, num_ranks=6)  # same name, other data
+    fast = ["--epochs", "2", "--batch-size", "16", "--embedding-dim", "4", "--hidden", "16",
+            "--lr", "0.01", "--sigma", "1", "--quiet", "--no-plots"]
+    monkeypatch.chdir(first)
+    assert main(["train", "--data", "d.csv", "--output", "run", *fast]) == 0
+    monkeypatch.chdir(other)
+    config = first / "run" / CONFIG_FILE_NAME
+    assert resolved(["--config", str(config)]).data == str(first / "d.csv")
+    assert main(["train", "--config", str(config), "--output", "again", "--quiet", "--no-plots"]) == 0
+    before = json.loads((first / "run" / "results.json").read_text())
+    again = json.loads((other / "again" / "results.json").read_text())
+    assert again["test"] == before["test"] and again["data"] == before["data"]
+    # from the folder it was trained in, the path stays as typed
+    monkeypatch.chdir(first)
+    assert resolved(["--config", str(config)]).data == "d.csv"
+
+
+def test_a_run_s_config_names_where_its_data_was_when_the_file_is_gone(tmp_path, capsys,
+                                                                        monkeypatch):
+    path = tmp_path / "run.toml"
+    path.write_text(f"relative_to = {json.dumps(str(tmp_path / 'gone'))}\ndata = \"d.csv\"\n")
+    (tmp_path / "d.csv").write_text("a,label\n1,2\n")  # a file of that name here is not the run's
+    monkeypatch.chdir(tmp_path)
+    assert resolved(["--config", str(path)]).data == str(tmp_path / "gone" / "d.csv")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_named_pipe_as_config_is_refused_without_waiting(tmp_path):
+    pipe = tmp_path / "run.toml"
+    os.mkfifo(pipe)
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "sol_ext", "train", "--config", str(pipe)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 2, proc.stderr
+    assert f"--config {pipe}: not a regular file (a named pipe" in proc.stderr
+
+
+def test_a_file_with_a_byte_order_mark_is_read(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + "epochs = 3\nlabel_column = \"\u00e2ge\"\n".encode("utf-8"))
+    cfg = resolved(["--config", str(path)])
+    assert (cfg.epochs, cfg.label_column) == (3, "\u00e2ge")
+
+
+def test_output_and_threads_are_read_from_the_file(tmp_path, capsys):
+    data = tiny_csv(tmp_path / "d.csv")
+    out = tmp_path / "from file"
+    path = tmp_path / "run.toml"
+    path.write_text(f"data = {json.dumps(str(data))}\noutput = {json.dumps(str(out))}\nthreads = 1\n"
+                    f"epochs = 1\nbatch_size = 16\nhidden = [16]\nembedding_dim = 4\nsigma = 1\n")
+    text = printed(["--config", str(path)], capsys)
+    assert f"output = {json.dumps(str(out))}" in text and "threads = 1" in text
+    assert "threads = 2" in printed(["--config", str(path), "--threads", "2"], capsys)  # typed wins
+    assert main(["train", "--config", str(path), "--quiet", "--no-plots"]) == 0
+    assert (out / "results.json").is_file()
+    path.write_text("threads = -1\n")
+    err = one_error_line(["--config", str(path), "--print-config"], capsys)
+    assert "--threads must be >= 0, got -1" in err

@@ -239,8 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no per-epoch lines, no progress bar")
     t.add_argument("--config", default=None, metavar="FILE",
                    help="TOML file of settings, one 'key = value' line each, keys as the options "
-                        "above (epochs = 40, label_column = \"age\"); options given here override it "
-                        "(Python < 3.11 needs the tomli package)")
+                        "above (epochs = 40, label_column = \"age\"); options given here override it. "
+                        "A run's config.toml repeats it from any folder: its relative data paths "
+                        "are read from the folder it was trained in (Python < 3.11 needs the tomli "
+                        "package)")
     t.add_argument("--print-config", action="store_true",
                    help="print the run's settings as TOML (what --config reads) and exit without "
                         "training")
@@ -347,6 +349,10 @@ def _config(args: argparse.Namespace, **override) -> TrainConfig:
         from_file = read_config_file(args.config)
         args.paper = from_file.pop("paper", False) or args.paper  # also names the output folder
         given = options_given(build_parser(), args.argv)
+        for option in ("output", "threads"):  # options of the command, not of the training
+            if option in from_file and option not in given:
+                setattr(args, option, from_file[option])
+            from_file.pop(option, None)
     values = dict(PAPER_SETTINGS) if getattr(args, "paper", False) else {}
     values.update(from_file or {})
     values.update({k: v for k, v in vars(args).items()
@@ -509,11 +515,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite exclude each other: --resume continues the run "
                          "in --output, --overwrite discards it; pass one of them.")
-    _check_threads(args.threads)
     cfg = _config(args)  # without --noise: gaussian on a built-in set, else none (TrainConfig)
+    _check_threads(args.threads)  # after the --config file, which may set it
     _check_test_data(args, cfg)
     if args.print_config:
-        sys.stdout.write(config_toml(cfg, paper=args.paper))
+        sys.stdout.write(config_toml(cfg, paper=args.paper, output=args.output, threads=args.threads))
         return 0
     par = Parallel.from_environment()  # torchrun: one of several processes
     device = resolve_device(cfg.device, par)
@@ -567,7 +573,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
                             progress=not args.quiet and sys.stdout.isatty(), log=say, parallel=par)
             if par.is_main:
                 # the settings as --config reads them, then the results (written last)
-                atomic_write_text(out / CONFIG_FILE_NAME, config_toml(cfg, paper=args.paper))
+                atomic_write_text(out / CONFIG_FILE_NAME, config_toml(
+                    cfg, paper=args.paper, threads=args.threads, relative_to=data.read_from))
                 path = write_outputs(outcome, data, out, plots=args.plots)
                 print(format_table([outcome.results]))
                 print(f"{time.perf_counter() - start:.1f} s; results in {path}")
