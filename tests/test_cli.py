@@ -426,3 +426,30 @@ def test_a_config_with_a_test_file_adds_no_noise_unless_asked():
     assert TrainConfig(data="train.csv", test_data="test.csv", noise="laplacian").noise == "laplacian"
     assert TrainConfig().noise == "gaussian"
     assert TrainConfig.from_dict(TrainConfig(test_data="t.csv").to_dict()).noise == "none"
+
+
+# ---------------------------------------------------------------------------------------------
+# --traceback: the full traceback behind the one error line
+
+
+@pytest.mark.parametrize("how", [["--traceback", "train"], ["train", "--traceback"], "environment"])
+def test_traceback_is_printed_above_the_error_line_when_asked(how, tmp_path, capsys, monkeypatch):
+    argv = ["train", "--data", str(tmp_path / "missing.csv"), "--output", str(tmp_path / "o")]
+    if how == "environment":
+        monkeypatch.setenv("SOL_EXT_TRACEBACK", "1")
+    else:
+        argv = [*how, *argv[1:]]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):"), err
+    assert "FileNotFoundError" in err  # the error behind the line, where it was raised
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("sol-ext: error: ") and "missing.csv" in last, err
+
+
+@pytest.mark.parametrize("value", ["", "0"])
+def test_no_traceback_without_the_option(value, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SOL_EXT_TRACEBACK", value)
+    expect_error(capsys, ["train", "--data", str(tmp_path / "missing.csv"), "--output",
+                          str(tmp_path / "o")], "missing.csv")

@@ -1,7 +1,8 @@
 """The ``sol-ext`` command: ``train``, ``predict``, ``export``, ``audit`` and ``compare``.
 
 Errors in the input (a bad data file, an unknown option value, a checkpoint of another run)
-print one line ``sol-ext: error: ...`` and exit with status 2. Every output path is checked by
+print one line ``sol-ext: error: ...`` and exit with status 2; ``--traceback`` (or the environment
+variable ``SOL_EXT_TRACEBACK=1``) prints the full traceback above it. Every output path is checked by
 :mod:`sol_ext.driver.outputs` before anything is computed; Ctrl-C prints ``sol-ext: interrupted``
 and exits with status 130, leaving no partial file.
 """
@@ -41,6 +42,10 @@ __all__ = ["main", "build_parser"]
 _DEFAULT = TrainConfig()
 EXIT_USAGE = 2
 THREADS_PER_CORE = 4  # --threads beyond this many per CPU core is a typo (torch fails on 100000)
+# The environment variable that shows the traceback behind an error line, as --traceback does.
+TRACEBACK_VARIABLE = "SOL_EXT_TRACEBACK"
+TRACEBACK_HELP = (f"print the full traceback above an error's one line (also "
+                  f"{TRACEBACK_VARIABLE}=1): for debugging your data or the package")
 
 
 def _positive_list(text: str, kind=float) -> list:
@@ -207,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sol-ext", description="Stochastic Order Learning: rank estimation from noisy labels.")
     parser.add_argument("-V", "--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--traceback", action="store_true", default=False, help=TRACEBACK_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     t = sub.add_parser("train", help="train one model and report test MAE/CS",
@@ -328,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(c, with_method=False)
     c.add_argument("--output", default="runs/compare",
                    help="folder of the runs and of compare.md (default: %(default)s)")
+    for command in (t, pr, ex, a, c):  # also after the command's name; SUPPRESS keeps one given before
+        command.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
+                             help=TRACEBACK_HELP)
     return parser
 
 
@@ -767,17 +776,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # a run says what its output folder holds (rundir.RunInterrupted); elsewhere, nothing
         # was written
         # (a bare KeyboardInterrupt has an empty message, but is true as an object)
+        _print_traceback_if_asked(args)
         print(f"sol-ext: {str(exc) or 'interrupted; nothing was written.'}", file=sys.stderr)
         return 130
     except Exception as exc:
         # bad input: the message says what and how to fix it, with the command's flags; no
-        # traceback. Anything else is a bug and keeps its traceback.
+        # traceback unless asked for. Anything else is a bug and keeps its traceback.
         message = user_error_message(exc, command_line_flags(parser))
         if message is None:
             raise
+        _print_traceback_if_asked(args)
         where = _process_label()
         print(f"sol-ext: error{where}: {message}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def traceback_asked(args: argparse.Namespace) -> bool:
+    """Whether ``--traceback`` was given or ``SOL_EXT_TRACEBACK`` is set to a true value."""
+    value = os.environ.get(TRACEBACK_VARIABLE, "").strip().lower()
+    return bool(getattr(args, "traceback", False)) or value not in ("", "0", "false", "no", "off")
+
+
+def _print_traceback_if_asked(args: argparse.Namespace) -> None:
+    """The traceback of the exception being handled, on stderr, where :func:`traceback_asked`."""
+    if traceback_asked(args):
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover
