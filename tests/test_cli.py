@@ -212,14 +212,14 @@ def test_vgg_weights_without_vgg_encoder(tmp_path, capsys):
                  "vgg16bn")
 
 
-def test_posterior_inference_option(tmp_path, capsys):
+def test_posterior_readout_option(tmp_path, capsys):
     data = tiny_csv(tmp_path / "d.csv")
     out = tmp_path / "run"
     assert main(["train", "--data", str(data), "--epochs", "1", "--batch-size", "16",
-                 "--embedding-dim", "4", "--hidden", "16", "--inference", "posterior",
+                 "--embedding-dim", "4", "--hidden", "16", "--readout", "posterior",
                  "--output", str(out), "--no-plots", "--quiet"]) == 0
     saved = json.loads((out / "results.json").read_text())
-    assert saved["config"]["inference"] == "posterior"
+    assert saved["config"]["readout"] == "posterior"
 
 
 def test_label_noise_option_reaches_the_run_and_bad_values_are_refused(tmp_path, capsys):

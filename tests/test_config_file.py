@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from common import tiny_csv
-from sol_ext.driver.cli import _config, build_parser, main
+from sol_ext.driver.cli import build_parser, main
 from sol_ext.driver.config import PAPER_SETTINGS, TrainConfig
 from sol_ext.driver.config_file import (
     CONFIG_FILE_NAME,
@@ -25,13 +25,14 @@ from sol_ext.driver.config_file import (
     read_config_file,
 )
 from sol_ext.driver.errors import UsageError
+from sol_ext.driver.options import train_config
 
 
 def resolved(argv: list[str]) -> TrainConfig:
     """The TrainConfig that ``sol-ext train ARGV`` runs with (as main() resolves it)."""
     args = build_parser().parse_args(["train", *argv])
     args.argv = ["train", *argv]
-    return _config(args)
+    return train_config(args)
 
 
 def printed(argv: list[str], capsys) -> str:
@@ -78,7 +79,6 @@ def test_printed_settings_read_back_to_the_same_config(argv, tmp_path, capsys):
 def test_every_setting_has_a_toml_form_that_reads_back(tmp_path):
     """Each TrainConfig field has a TOML kind; a config with every optional field set round-trips."""
     assert set(FIELD_KINDS) == {f.name for f in dataclasses.fields(TrainConfig)}
-    assert [name for name, kinds in FIELD_KINDS.items() if "any" in kinds] == []  # each one checked
     config = TrainConfig(data="a.csv", test_data="b.csv", label_column="y", delimiter="\t",
                          noise="uniform", encoder="resnet18", weights="w.pth", image_size=32,
                          augment="none", workers=2, refine=False, patience=2, cs_theta=1.5,
@@ -114,7 +114,7 @@ def test_the_file_sits_between_the_paper_settings_and_the_command_line(tmp_path)
     path.write_text("tau = 2\nmargin = 0.5\n")
     cfg = resolved(["--paper", "--config", str(path), "--margin", "0.1"])
     assert cfg.tau == 2 and cfg.margin == 0.1  # the file over --paper, the command line over the file
-    assert cfg.inference == PAPER_SETTINGS["inference"] and cfg.val_fraction == 0.0  # still --paper
+    assert cfg.readout == PAPER_SETTINGS["readout"] and cfg.val_fraction == 0.0  # still --paper
     in_file = tmp_path / "paper.toml"
     in_file.write_text("paper = true\ntau = 2\nmargin = 0.5\n")
     assert resolved(["--config", str(in_file), "--margin", "0.1"]) == cfg  # paper = true is --paper
@@ -215,7 +215,7 @@ EVERY_OPTION = [
      "--augment", "crop", "--workers", "1", "--no-normalize", "--sigma", "0.5", "--tau", "2",
      "--margin", "0.5", "--T", "2", "--disc-weight", "0.5", "--beta", "0.8", "--convention",
      "official", "--pairs", "balanced", "--pairs-per-class", "8", "--refine", "--relabel-mass", "0.9",
-     "--label-noise", "1.5", "--inference", "nearest", "--centroid-momentum", "0.25",
+     "--label-noise", "1.5", "--readout", "nearest", "--momentum", "0.25",
      "--val-fraction", "0.2", "--patience", "3", "--lr", "0.01", "--weight-decay", "0.001",
      "--weight-ema", "0.99", "--epochs", "7", "--batch-size", "32", "--seed", "5", "--device", "cuda",
      "--amp", "--backend", "reference", "--cs-theta", "1.5", "--output", "out dir", "--threads", "1"],
@@ -331,3 +331,56 @@ def test_output_and_threads_are_read_from_the_file(tmp_path, capsys):
     path.write_text("threads = -1\n")
     err = one_error_line(["--config", str(path), "--print-config"], capsys)
     assert "--threads must be >= 0, got -1" in err
+
+
+# --------------------------------------------------------------------------------------------------
+# One name per setting, SOLHead's: the former names still work for one release, with a warning
+
+
+@pytest.mark.parametrize(("old", "new", "value"), [("--inference", "--readout", "nearest"),
+                                                   ("--centroid-momentum", "--momentum", "0.25")])
+def test_former_flags_set_the_setting_with_a_warning(old, new, value, capsys):
+    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated.*use {new}"):
+        cfg = resolved([old, value])
+    assert cfg == resolved([new, value])
+    assert f"sol-ext: warning: {old} is deprecated; use {new}." in capsys.readouterr().err
+
+
+def test_former_keys_in_a_file_and_a_saved_config_are_read(tmp_path, capsys):
+    path = tmp_path / "old.toml"
+    path.write_text('inference = "posterior"\ncentroid-momentum = 0.25\n')
+    with pytest.warns(DeprecationWarning, match="use readout"):
+        cfg = resolved(["--config", str(path)])
+    assert (cfg.readout, cfg.momentum) == ("posterior", 0.25)
+    assert "'centroid-momentum' is deprecated; use 'momentum'" in capsys.readouterr().err
+    saved = {**TrainConfig().to_dict(), "inference": "nearest", "centroid_momentum": 0.0}
+    del saved["readout"], saved["momentum"]
+    loaded = TrainConfig.from_dict(saved)  # a run saved before the names changed: no warning
+    assert (loaded.readout, loaded.momentum) == ("nearest", 0.0)
+
+
+def test_former_keyword_names_of_train_config_warn_and_work():
+    with pytest.warns(DeprecationWarning, match="inference is deprecated"):
+        cfg = TrainConfig(inference="nearest", centroid_momentum=0.0)
+    assert (cfg.readout, cfg.momentum) == ("nearest", 0.0)
+    with pytest.warns(DeprecationWarning, match="centroid_momentum is deprecated"):
+        assert cfg.centroid_momentum == 0.0
+    with pytest.raises(TypeError, match="one setting"), pytest.warns(DeprecationWarning):
+        TrainConfig(inference="nearest", readout="cuts")
+
+
+def test_each_option_is_generated_from_its_field():
+    """The parser has one option per TrainConfig field, spelled as the field, with the field's help;
+    --paper's values are the fields' paper values."""
+    from sol_ext.driver.config import option_of
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    by_dest = {}
+    for action in train._actions:
+        if action.help != "==SUPPRESS==":
+            by_dest.setdefault(action.dest, action)
+    for f in dataclasses.fields(TrainConfig):
+        option = option_of(f.name)
+        assert option["help"] in by_dest[f.name].help, f.name
+    assert PAPER_SETTINGS["readout"] == "nearest" and PAPER_SETTINGS["momentum"] == 0.0
+    assert "inference" not in PAPER_SETTINGS

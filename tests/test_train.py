@@ -160,13 +160,13 @@ def test_defaults_differ_from_the_paper_only_where_paper_settings_say():
     """`--paper` (PAPER_SETTINGS) restores Algorithm 1: eq. 6, the outlier rule every epoch,
     undamped centroids, no validation split (last epoch), and the paper's loss settings."""
     ours, paper = TrainConfig(), dataclasses.replace(TrainConfig(), **PAPER_SETTINGS)
-    assert (ours.inference, paper.inference) == ("cuts", "nearest")
+    assert (ours.readout, paper.readout) == ("cuts", "nearest")
     assert (ours.relabel, paper.relabel) == ("posterior", "outlier")
-    assert paper.centroid_momentum == 0 and paper.val_fraction == 0 and paper.patience is None
+    assert paper.momentum == 0 and paper.val_fraction == 0 and paper.patience is None
     assert (paper.sigma, paper.tau, paper.margin, paper.T, paper.beta) == (1.0, 3, 0.25, 1, 0.9)
     assert not paper.selects_model and ours.selects_model
-    with pytest.raises(ValueError, match="inference"):
-        dataclasses.replace(BASE, inference="mean").validate()
+    with pytest.raises(ValueError, match="readout"):
+        dataclasses.replace(BASE, readout="mean").validate()
     with pytest.raises(ValueError, match="relabel"):
         dataclasses.replace(BASE, relabel="always").validate()
 
@@ -225,7 +225,7 @@ def test_damped_centroids_do_not_oscillate_between_epochs(tmp_path):
     from sol_ext.driver.prepare import prepare_data
 
     def alternations(momentum: float) -> int:
-        cfg = TrainConfig(epochs=7, centroid_momentum=momentum, refine=False, seed=0, sigma=1.0,
+        cfg = TrainConfig(epochs=7, momentum=momentum, refine=False, seed=0, sigma=1.0,
                           weight_ema=0.0)
         torch.set_num_threads(1)
         hist = train(cfg, prepare_data(cfg), tmp_path / str(momentum), log=quiet).results["history"]

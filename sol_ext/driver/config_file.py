@@ -26,7 +26,6 @@ or the ``tomli`` package; it is written by ``tomli-w``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
 import json
 import os
@@ -35,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .config import TrainConfig
+from .config import RENAMED_SETTINGS, TrainConfig, setting_kinds, warn_renamed
 from .errors import UsageError
 
 __all__ = ["read_config_file", "config_toml", "options_given", "FIELD_KINDS", "CONFIG_FILE_NAME"]
@@ -58,29 +57,8 @@ DATA_PATH_KEYS = ("data", "test_data", "weights")
 UTF8_BOM = b"\xef\xbb\xbf"
 
 
-def _field_kinds() -> dict[str, tuple[str, ...]]:
-    """TrainConfig field -> the kinds of value it takes, read from its annotation: ``"str"``,
-    ``"int"``, ``"float"`` (an integer is taken as a float), ``"bool"``, ``"int list"``, ``"auto"``
-    (the string "auto"), or ``"any"`` for an annotation not listed here (the value is then checked
-    by :meth:`TrainConfig.validate` alone; a test asks for every field to have a kind)."""
-    named = {"str": "str", "int": "int", "float": "float", "bool": "bool", "tuple[int, ...]": "int list"}
-    kinds = {}
-    for f in dataclasses.fields(TrainConfig):
-        annotation = str(f.type)
-        if annotation.startswith("Optional[") and annotation.endswith("]"):
-            annotation = annotation[len("Optional["):-1]
-        parts = [p.strip() for p in annotation.split("|")]
-        if parts == ["float", "str"]:  # a number or "auto" (sigma, label_noise, weight_decay, ...)
-            kinds[f.name] = ("float", "auto")
-        elif len(parts) == 1 and parts[0] in named:
-            kinds[f.name] = (named[parts[0]],)
-        else:
-            kinds[f.name] = ("any",)
-    return kinds
-
-
-# TrainConfig field -> the kinds of TOML value it takes (see _field_kinds)
-FIELD_KINDS = _field_kinds()
+# TrainConfig field -> the kinds of TOML value it takes, from its type hint
+FIELD_KINDS = setting_kinds()
 _WORDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
           "int list": "a list of integers, e.g. [128, 128]", "auto": '"auto"'}
 
@@ -136,8 +114,6 @@ def _converted(value: Any, kinds: Sequence[str]) -> tuple[bool, Any]:
     """``(True, value as TrainConfig holds it)`` when ``value`` is of one of ``kinds``, else ``(False, None)``."""
     is_int = isinstance(value, int) and not isinstance(value, bool)
     for kind in kinds:
-        if kind == "any":
-            return True, value
         if kind == "str" and isinstance(value, str):
             return True, value
         if kind == "auto" and value == "auto":
@@ -170,6 +146,11 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     spelled: dict[str, str] = {}
     for key, value in _load_toml(path).items():
         name = key.replace("-", "_")
+        if name in RENAMED_SETTINGS:  # a file written before the settings took SOLHead's names
+            warn_renamed(key, RENAMED_SETTINGS[name], where=f"--config {path}")
+            print(f"sol-ext: warning: --config {path}: '{key}' is deprecated; use "
+                  f"'{RENAMED_SETTINGS[name]}'.", file=sys.stderr)
+            name = RENAMED_SETTINGS[name]
         if name not in FIELD_KINDS and name not in OPTION_KINDS:
             if isinstance(value, dict):
                 raise UsageError(f"--config {path}: unknown table [{key}]; the settings are "

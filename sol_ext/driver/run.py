@@ -6,9 +6,9 @@ The entry point is :func:`sol_ext.driver.train.train`, which picks sigma first w
 Per epoch:
 1. train the encoder on shuffled batches of the current labels, with the centroids fixed;
 2. (SOL) the centroid rule over the whole training set (eval mode, no gradient), damped with
-   the previous centroids (``centroid_momentum``; 0 is the paper's wholesale replacement);
+   the previous centroids (``momentum``; 0 is the paper's wholesale replacement);
 3. read out ranks (the expected rank against cuts fitted to the training labels by default, the
-   posterior median with ``inference="posterior"``, eq. 6 with ``inference="nearest"``) and
+   posterior median with ``readout="posterior"``, eq. 6 with ``readout="nearest"``) and
    (SOL) relabel training labels: by the posterior rule from the given labels (default; its
    corrected labels are the run's output, and the encoder keeps training on the given labels),
    or by the paper's outlier rule, whose relabels are trained on and accumulate;
@@ -69,6 +69,7 @@ from .checkpoint import (
 )
 from .config import WEIGHT_EMA_SHARE, TrainConfig
 from .data import split_indices
+from .device import resolve_device
 from .loader import RunInputs, auto_workers, embedding_batch_size, training_transform
 from .methods import RankModel, build_model, encoder_name, head_ranks, make_sol_head, training_loss
 from .parallel import Parallel
@@ -96,37 +97,6 @@ class RunOutcome:
     test_pred: torch.Tensor
     train_pred: torch.Tensor
     labels: torch.Tensor
-
-
-def resolve_device(name: str, parallel: Optional[Parallel] = None) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; anything else must exist. Under torchrun a GPU
-    run uses one GPU per process: ``cuda:LOCAL_RANK``."""
-    if parallel is not None and parallel.enabled:
-        dev = resolve_device(name)
-        if dev.type != "cuda":
-            return dev
-        if name not in ("auto", "cuda"):
-            raise ValueError(f"device={name!r}: under torchrun each process trains on its own GPU, "
-                             f"cuda:LOCAL_RANK; pass --device cuda (or auto).")
-        if parallel.local_rank >= torch.cuda.device_count():
-            raise ValueError(f"process {parallel.local_rank} on this machine has no GPU of its own: "
-                             f"{torch.cuda.device_count()} GPU(s) visible; start at most that many "
-                             f"processes per machine (torchrun --nproc-per-node).")
-        return torch.device("cuda", parallel.local_rank)
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device={name!r} is not a device; expected cpu, cuda, cuda:N or auto.")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available; use --device cpu.")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"device {name!r} requested but there are {torch.cuda.device_count()} "
-                         f"CUDA devices (cuda:0 … cuda:{torch.cuda.device_count() - 1}).")
-    return dev
 
 
 def cs_theta_of(config: TrainConfig, data: PreparedData) -> float:
@@ -308,7 +278,7 @@ def _sol_readout(config: TrainConfig, head: SOLHead, model: RankModel,
         probabilities.update(
             noise=noise, fit_rank_probabilities=rank_posterior(d_fit, noise.posterior),
             val_rank_probabilities=None if d_val is None else rank_posterior(d_val, noise.posterior))
-    # the head's read-out (config.inference): posterior median, eq. 6, or cuts
+    # the head's read-out (config.readout): posterior median, eq. 6, or cuts
     return _Readout(fit_pred=head.ranks(d_fit, p_fit),
                     val_pred=None if d_val is None else head.ranks(d_val, p_val),
                     test_pred=head.ranks(d_test), test_h=test_h, **probabilities)
