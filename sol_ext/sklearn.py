@@ -38,9 +38,7 @@ except ImportError as exc:  # validate_data is scikit-learn >= 1.6
 import contextlib
 import numbers
 import re
-import tempfile
 import warnings
-from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -56,7 +54,7 @@ from .driver.data.frames import (
     table_features,
     text_columns,
 )
-from .driver.model import load_run, model_from_state
+from .driver.model import model_from_state
 from .driver.prepare import PreparedData, preprocessing_record
 from .driver.train import train, validation_split
 
@@ -331,9 +329,9 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         dataset = OrdinalDataset(torch.tensor(X, dtype=torch.float32), ranks, encoder, "array",
                                  "tabular", feature_names=tuple(names), schema=schema)
         data = _prepared(dataset)
-        with _torch_threads(threads), tempfile.TemporaryDirectory(prefix="sol-ext-sklearn-") as tmp:
-            outcome = train(config, data, Path(tmp), log=print if verbose else lambda _line: None)
-            model = load_run(tmp, device=config.device)
+        with _torch_threads(threads):  # in memory: nothing is written, not even to a temp dir
+            outcome = train(config, data, None, log=print if verbose else lambda _line: None)
+            model = model_from_state(outcome.best_state, device=config.device)
         self.model_ = model
         self.classes_ = _classes(encoder, label_dtype)
         self.history_ = outcome.results

@@ -234,3 +234,23 @@ def test_former_names_of_readout_and_momentum_warn_and_apply():
     assert (config.readout, config.momentum) == ("nearest", 0.0)
     with pytest.raises(ValueError, match="one setting"), pytest.warns(FutureWarning):
         SOLRanker(inference="nearest", readout="posterior").train_config()
+
+
+@pytest.mark.parametrize("sigma", [1.0, "auto"])
+def test_fit_trains_in_memory_and_writes_nothing(sigma, problem, tmp_path, monkeypatch):
+    """fit in a working folder it must not write to, with no usable temp dir and torch.save refused:
+    it trains (a sigma search too), predicts as a fit that could write, and the folder stays empty."""
+    X, y, X_test, _ = problem
+    expected = SOLRanker(**{**SMALL, "sigma": sigma}).fit(X, y).predict_proba(X_test)
+    work = tmp_path / "read-only"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "no-such-temp-dir"))
+
+    def refused(*args, **kwargs):
+        raise PermissionError("this test allows no file to be written")
+
+    monkeypatch.setattr(torch, "save", refused)
+    ranker = SOLRanker(**{**SMALL, "sigma": sigma}).fit(X, y)
+    np.testing.assert_array_equal(ranker.predict_proba(X_test), expected)
+    assert list(work.iterdir()) == []

@@ -352,3 +352,36 @@ def test_the_default_estimates_the_label_noise_and_moves_only_labels_it_is_sure_
     moved = audit["suggested"] != audit["given"]
     assert bool((audit["confidence"][moved] >= cfg.relabel_mass).all())
     assert out.results["label_noise_final"]["mae"] <= out.results["label_noise_given"]["mae"]
+
+
+@pytest.mark.parametrize("sigma", [0.5, "auto"])
+def test_a_run_in_memory_writes_nothing_and_equals_the_run_in_a_folder(sigma, tmp_path, monkeypatch):
+    """train(..., out_dir=None): the same selected epoch, bit for bit, as a run with a folder, its
+    state in the outcome (best.pt's), and no file written anywhere (a sigma search included)."""
+    data = tiny_data()
+    cfg = dataclasses.replace(BASE, sigma=sigma)
+    on_disk = train(cfg, data, tmp_path / "run", log=quiet)
+    saved = load_checkpoint(tmp_path / "run" / BEST_NAME)
+    assert on_disk.best_state is None
+    writes = []
+    monkeypatch.setattr(torch, "save", lambda *a, **k: writes.append(a[1]))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "no-such-temp-dir"))
+    in_memory = train(cfg, data, None, log=quiet)
+    assert writes == []
+    state = in_memory.best_state
+    assert state["epoch"] == saved["epoch"] and state["sigma_choice"] == saved["sigma_choice"]
+    assert state["config"] == saved["config"] and state["predictor"] == saved["predictor"]
+    for part in ("model", "head"):
+        assert state[part].keys() == saved[part].keys()
+        for k in saved[part]:
+            assert torch.equal(state[part][k], saved[part][k]), (part, k)
+    assert in_memory.results["test"] == on_disk.results["test"]
+    def untimed(history):
+        return [{k: v for k, v in epoch.items() if k != "seconds"} for epoch in history]
+
+    assert untimed(in_memory.results["history"]) == untimed(on_disk.results["history"])
+
+
+def test_a_run_in_memory_cannot_resume():
+    with pytest.raises(ValueError, match="in memory"):
+        train(dataclasses.replace(BASE, sigma=0.5), tiny_data(), None, resume=True, log=quiet)

@@ -90,6 +90,9 @@ class RunOutcome:
         train_pred: ``[N]`` predicted training ranks (final model and centroids).
         labels: ``[N]`` the run's corrected training ranks: the posterior rule's corrections
             (the encoder trained on the given labels), or the outlier rule's relabeled labels.
+        best_state: the selected epoch's state, what ``best.pt`` holds, for a run trained in
+            memory (no output folder; :func:`sol_ext.driver.model.model_from_state` makes it a
+            model); ``None`` for a run with a folder, which has it in ``best.pt``.
     """
 
     results: dict[str, Any]
@@ -97,6 +100,7 @@ class RunOutcome:
     test_pred: torch.Tensor
     train_pred: torch.Tensor
     labels: torch.Tensor
+    best_state: Optional[dict[str, Any]] = None
 
 
 def cs_theta_of(config: TrainConfig, data: PreparedData) -> float:
@@ -379,12 +383,13 @@ def _check_same_state(par: Parallel, epoch: int, labels: torch.Tensor,
                            f"epoch {epoch}; the data-parallel run is out of step.")
 
 
-def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool = False,
+def train_run(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resume: bool = False,
               progress: bool = False, log: Callable[[str], None] = print,
               parallel: Optional[Parallel] = None,
               sigma_choice: Optional[dict[str, Any]] = None) -> RunOutcome:
     """One training run of ``config.method`` on ``data`` (Algorithm 1 for SOL); checkpoint to
-    ``out_dir/checkpoint.pt`` every epoch and the best epoch so far to ``out_dir/best.pt``.
+    ``out_dir/checkpoint.pt`` every epoch and the best epoch so far to ``out_dir/best.pt``; with
+    ``out_dir=None`` nothing is written and the outcome holds the selected epoch's state.
 
     :func:`sol_ext.driver.train.train` is the entry point: it validates ``config``, picks sigma
     ``"auto"`` (:mod:`sol_ext.driver.tuning`) and calls this function. Here ``config`` is the run's
@@ -396,9 +401,12 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
     par = parallel or Parallel()
     run_config = config if sigma_choice is None else dataclasses.replace(config, sigma=sigma_choice["sigma"])
     device = resolve_device(config.device, par)
-    if par.is_main:
+    in_memory = out_dir is None
+    if resume and in_memory:
+        raise ValueError("a run trained in memory (no output folder) has no checkpoint to resume.")
+    if par.is_main and not in_memory:
         out_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_path = out_dir / CHECKPOINT_NAME
+    ckpt_path = None if in_memory else out_dir / CHECKPOINT_NAME
     n = data.num_ranks
     eval_bs = embedding_batch_size(data.kind, config.batch_size)
     start = time.perf_counter()
@@ -513,9 +521,11 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
         if improved:
             best = selected_state(snapshot, test_embeddings=out.test_h,
                                   audit=_audit_arrays(config, data, split, out, suggestion))
-            if par.is_main:
+            if in_memory:  # the state holds the live weights: keep the selected epoch's
+                best = _copied(best)
+            elif par.is_main:
                 save_checkpoint(out_dir / BEST_NAME, best)
-        if par.is_main:
+        if par.is_main and not in_memory:
             save_checkpoint(ckpt_path, resumable_state(
                 snapshot, optimizer=optimizer, history=history, best_epoch=best["epoch"],
                 generator=gen, elapsed_s=elapsed_before + time.perf_counter() - start,
@@ -526,7 +536,18 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
                        elapsed_before + time.perf_counter() - start, par.world_size)
     return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
                       test_pred=best["test_pred"], train_pred=best["train_pred"],
-                      labels=corrected_labels(best))
+                      labels=corrected_labels(best), best_state=best if in_memory else None)
+
+
+def _copied(value: Any) -> Any:
+    """``value`` with every tensor in it (nested dicts and lists) cloned."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copied(v) for v in value)
+    return value
 
 
 def _learner(config: TrainConfig, data: PreparedData, device: torch.device, par: Parallel):

@@ -45,7 +45,7 @@ from .prepare import PreparedData, prepare_data
 from .report import clear_results, format_table, noise_label, write_outputs
 from .run import RunOutcome, cs_theta_of, resolve_device, train_run, validation_split
 from .rundir import check_output_folder, run_folder
-from .tuning import search_sigma, trial_config, trial_dir
+from .tuning import search_in_memory, search_sigma, trial_config, trial_dir
 
 __all__ = ["train", "train_command", "RunOutcome", "resolve_device", "cs_theta_of", "validation_split",
            "BEST_NAME", "SIGMA_SEARCH_NAME", "fitted_samples", "check_resume", "searches_sigma"]
@@ -101,7 +101,7 @@ def check_resume(out_dir: Path, config: TrainConfig, fingerprint: dict[str, Any]
     return done
 
 
-def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool = False,
+def train(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resume: bool = False,
           progress: bool = False, log: Callable[[str], None] = print,
           parallel: Optional[Parallel] = None) -> RunOutcome:
     """Train ``config.method`` on ``data``; checkpoint to ``out_dir/checkpoint.pt`` every epoch
@@ -111,7 +111,8 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
         config: the run's settings (validated here). ``sigma="auto"`` is resolved first by
             :func:`sol_ext.driver.tuning.select_sigma` on the validation split.
         data: from :func:`sol_ext.driver.prepare.prepare_data`.
-        out_dir: folder of the checkpoints (created).
+        out_dir: folder of the checkpoints (created); ``None``: train in memory, write nothing
+            (the outcome's ``best_state`` is the selected epoch's state, ``best.pt``'s content).
         resume: continue from the checkpoint in ``out_dir``, or the trials of an interrupted sigma
             search there (same configuration and data, else
             :class:`sol_ext.driver.checkpoint.CheckpointMismatch`); ``config.epochs`` may be
@@ -126,6 +127,8 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
         validation labels, or the last epoch without a validation split).
     """
     started = time.perf_counter()
+    if resume and out_dir is None:
+        raise ValueError("a run trained in memory (no output folder) has no checkpoint to resume.")
     config.validate()
     par = parallel or Parallel()
     if par.enabled and config.pairs == "balanced":
@@ -154,6 +157,8 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
             sigma_choice = {"sigma": FALLBACK_SIGMA, "val_mae": None}
             log(f"sigma auto needs a validation split (--val-fraction > 0); using sigma "
                 f"{FALLBACK_SIGMA:g}, the paper's")
+        elif out_dir is None:
+            return search_in_memory(config, data, par, log)
         else:
             return search_sigma(config, data, out_dir, par, log, time.perf_counter() - started)
     return train_run(config, data, out_dir, resume=resume, progress=progress, log=log,
