@@ -5,8 +5,9 @@ The entry point is :func:`sol_ext.driver.train.train`, which picks sigma first w
 
 Per epoch:
 1. train the encoder on shuffled batches of the current labels, with the centroids fixed;
-2. (SOL) the centroid rule over the whole training set (eval mode, no gradient), damped with
-   the previous centroids (``momentum``; 0 is the paper's wholesale replacement);
+2. (SOL) the head's own end-of-epoch update (:meth:`sol_ext.SOLHead.update`): the centroid rule
+   over the whole training set (eval mode, no gradient), damped with the previous centroids
+   (``momentum``; 0 is the paper's wholesale replacement), then its read-out fitted;
 3. read out ranks (the expected rank against cuts fitted to the training labels by default, the
    posterior median with ``readout="posterior"``, eq. 6 with ``readout="nearest"``) and
    (SOL) relabel training labels: by the posterior rule from the given labels (default; its
@@ -22,10 +23,13 @@ paper) there is no split and the last epoch is the model.
 Under ``torchrun`` (:class:`sol_ext.driver.parallel.Parallel`) each of the ``W`` processes trains on its
 share of every global batch of ``W * batch_size`` samples through ``DistributedDataParallel`` and
 :class:`sol_ext.distributed.DistributedStochasticOrderLoss`, so a step is that of one process on the
-global batch. Whole-training-set passes are split the same way: each process embeds its shard, the
-centroid rule all-reduces the per-label sums and counts, and the read-out runs on the gathered
-embeddings; rank 0's labels and model-selection decisions are broadcast, so every process holds the
-same state after every epoch. Rank 0 alone logs and writes checkpoints.
+global batch. Whole-training-set passes are split the same way, by the library's own helpers: each
+process embeds its :func:`sol_ext.distributed.shard` (gathered by
+:func:`~sol_ext.distributed.gather_all`), and :func:`sol_ext.distributed.update_head` runs
+``SOLHead.update`` over the shards (the centroid rule all-reduces the per-label sums and counts, the
+read-out is fitted on the gathered embeddings); rank 0's labels and model-selection decisions are
+broadcast, so every process holds the same state after every epoch. Rank 0 alone logs and writes
+checkpoints.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from .. import distributed
 from ..centroids import (
     LabelNoiseFit,
     centroid_span,
@@ -254,24 +259,26 @@ def _sol_readout(config: TrainConfig, head: SOLHead, model: RankModel,
                  fit_h: torch.Tensor, fit_labels: torch.Tensor, val_x: Optional[RunInputs],
                  val_labels: Optional[torch.Tensor], test_x: RunInputs,
                  device: torch.device, batch_size: int, par: Parallel) -> _Readout:
-    """Rank read-out of the SOL methods (``head``, its centroids updated): the expected rank
-    against cuts (default), the posterior median, or eq. 6."""
+    """The end of an epoch of the SOL methods: the head's own update (centroid rule, then the
+    read-out, :meth:`sol_ext.SOLHead.update`; :func:`sol_ext.distributed.update_head` under
+    torchrun), then its rank read-out of every sample: the expected rank against cuts (default),
+    the posterior median, or eq. 6."""
     n = head.num_ranks
     val_h = None if val_x is None else _embed_all(model, val_x, batch_size, device, par)
     test_h = _embed_all(model, test_x, batch_size, device, par)
     # The temperature is fitted on held-out samples when there are any: on the samples the
     # encoder was fitted to, the posterior comes out over-confident. The prior is the rank
-    # frequency of the training labels.
-    if val_h is None:
-        head.fit_readout(fit_h, fit_labels)
-    else:
-        head.fit_readout(val_h, val_labels, prior_labels=fit_labels, cuts=False)
+    # frequency of the training labels; the cuts are fitted on the training split, never the
+    # validation's. Under torchrun each process passes its shard, and the update gathers them.
+    fit_part = distributed.shard(fit_h.shape[0])
+    val_part = None if val_h is None else distributed.shard(val_h.shape[0])
+    distributed.update_head(head, fit_h[fit_part], fit_labels[fit_part],
+                            None if val_h is None else val_h[val_part],
+                            None if val_h is None else val_labels[val_part])
     d_fit = head.dissimilarity(fit_h)
     d_val = None if val_h is None else head.dissimilarity(val_h)
     d_test = head.dissimilarity(test_h)
     p_fit = head.probabilities(d_fit)
-    if val_h is not None:  # "--inference cuts": on the training split, never the validation's
-        head.fit_cuts(fit_h, fit_labels, probabilities=p_fit)
     p_val = None if d_val is None else head.probabilities(d_val)
     probabilities = dict(fit_probabilities=p_fit, val_probabilities=p_val)
     if config.refines and config.relabel == "posterior":
@@ -333,11 +340,11 @@ def _embed_all(model: RankModel, inputs: RunInputs, batch_size: int, device: tor
         return embed(model, torch.zeros(1, *inputs.sample_shape), batch_size, device)[:0]
     if not par.enabled:
         return inputs.embed(model, batch_size)
-    shard = par.shard(count)
+    shard = distributed.shard(count)
     size = shard.stop - shard.start
     # an empty shard (fewer rows than processes) still needs the width d for the gather
     local = inputs.embed(model, batch_size, shard if size else slice(0, 1))[:size]
-    return par.gather_shards(local, count)
+    return distributed.gather_all(local)
 
 
 def _run_inputs(config: TrainConfig, data: PreparedData, split: _Split, device: torch.device,
@@ -453,7 +460,7 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], 
         best = par.broadcast_object(load_checkpoint(out_dir / BEST_NAME) if par.is_main else None)
         log(f"resuming {out_dir} after epoch {state['epoch']}")
     elif head is not None:
-        _centroid_rule(head, _embed_all(eval_model, fit_x, eval_bs, device, par), labels, par)
+        _centroid_rule(head, _embed_all(eval_model, fit_x, eval_bs, device, par), labels)
 
     for epoch in range(first_epoch, config.epochs + 1):
         if best is not None and config.patience is not None \
@@ -467,13 +474,13 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], 
         record: dict[str, Any] = {"epoch": epoch, "train_loss": loss}
         steps_done = time.perf_counter()
 
-        # 2. centroid rule; 3. read-out and relabeling
+        # 2. the head's update (centroid rule, read-out); 3. read-out and relabeling
         fit_h = _embed_all(eval_model, fit_x, eval_bs, device, par)
         if head is not None:
-            centroids = _centroid_rule(head, fit_h, labels, par)
-            record["centroid_span"] = centroid_span(centroids)
             out = _sol_readout(run_config, head, eval_model, fit_h, labels, val_x, val_labels,
                                test_x, device, eval_bs, par)
+            centroids = head.centroids
+            record["centroid_span"] = centroid_span(centroids)
         else:
             out = _head_readout(run_config, eval_model, n, fit_h, val_x, test_x, device, eval_bs, par)
         record["train_mae_vs_labels"] = _rank_mae(out.fit_pred, labels)
@@ -586,16 +593,12 @@ def _check_same_world(state: dict[str, Any], par: Parallel, ckpt_path: Path) -> 
             + f"{saved_world} process(es), or choose another --output.")
 
 
-def _centroid_rule(head: SOLHead, fit_h: torch.Tensor, labels: torch.Tensor,
-                   par: Optional[Parallel] = None) -> torch.Tensor:
-    """The head's damped centroid rule (docs/math.md §8, §12) over the training set; returns the
-    new centroids ``[n, d]``. In a torchrun run each process adds up its shard of the training set
-    and the per-label sums and counts are all-reduced."""
-    all_reduce = None
-    if par is not None and par.enabled:
-        shard = par.shard(fit_h.shape[0])
-        fit_h, labels, all_reduce = fit_h[shard], labels[shard], par.sum
-    return head.update_centroids(fit_h, labels.to(fit_h.device), all_reduce=all_reduce)
+def _centroid_rule(head: SOLHead, fit_h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The head's damped centroid rule (docs/math.md §8, §12) over the training set, before the
+    first epoch; returns the new centroids ``[n, d]``. Under torchrun each process passes its
+    shard (:func:`sol_ext.distributed.update_centroids` all-reduces the per-label sums)."""
+    part = distributed.shard(fit_h.shape[0])
+    return distributed.update_centroids(head, fit_h[part], labels[part].to(fit_h.device))
 
 
 def _rows(data: PreparedData, index: torch.Tensor) -> torch.Tensor:
@@ -659,7 +662,7 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
     for idx in _batches(labels.numel(), config.batch_size * world, gen, smallest=2 * world):
         global_count = idx.numel()
         if par.enabled:
-            idx = idx[par.shard(global_count)]
+            idx = idx[distributed.shard(global_count)]
         rows = idx
         if config.pairs == "balanced":
             ref = sample_references(labels[idx.to(device)], labels, config.tau, gen).cpu()
@@ -701,7 +704,8 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
         bar.update(float(shown))
     bar.close()
     if par.enabled and sol_loss is None:
-        total = float(par.sum(torch.tensor([total], dtype=torch.float64, device=device)))
+        total = float(distributed.all_reduce_sum()(torch.tensor([total], dtype=torch.float64,
+                                                                device=device)))
     # the last step may have blown up the weights: say so here, not as NaN centroids or metrics
     if not bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all()):
         raise FloatingPointError(_diverged(config, epoch, "the weights"))
