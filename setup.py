@@ -155,7 +155,8 @@ setup(
     install_requires=[f"torch=={torch.__version__.split('+')[0]}", "numpy", "matplotlib", "tqdm",
                       "pillow",
                       "pyarrow>=16",  # table files (CSV, Parquet, Feather) and data frames
-                      "tomli; python_version < '3.11'"],  # --config files before Python 3.11
+                      "tomli; python_version < '3.11'",  # reads --config files before Python 3.11
+                      "tomli-w"],  # writes them (a run's config.toml, --print-config)
     extras_require={"vision": ["torchvision"],
                     "test": ["pytest", "pytest-benchmark", "scikit-learn"],
                     "sklearn": ["scikit-learn>=1.6"],   # sol_ext.sklearn.SOLRanker

@@ -214,7 +214,7 @@ def main(argv=None) -> int:
     p.add_argument("--output", type=Path, default=Path("benchmarks/results/accuracy"))
     p.add_argument("--quick", action="store_true", help="abalone, one seed, 2 epochs (a smoke run)")
     p.add_argument("--sol-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a TrainConfig field set on the sol rows (repeatable), e.g. inference=cuts")
+                   help="a TrainConfig field set on the sol rows (repeatable), e.g. readout=cuts")
     p.add_argument("--from-json", type=Path, nargs="+", default=None,
                    help="no training: write the tables and figure from the accuracy.json of "
                         "earlier runs (e.g. data sets run in parallel processes)")

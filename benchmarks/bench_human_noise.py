@@ -28,7 +28,7 @@ the test rows are also read out with the other read-outs of the same model (``ne
 ``expected``: the rounded expected rank; ``sqrt-prior`` and ``flat``: the posterior median with the
 square root of the training labels' frequencies, or a uniform prior, as the prior instead of the
 frequencies; ``cuts``: the expected rank against the run's cuts, fitted to its training split's
-labels, which is the driver's default read-out, ``--inference cuts``), for the diagnosis. Before
+labels, which is the driver's default read-out, ``--readout cuts``), for the diagnosis. Before
 the driver had it, ``cuts`` in the result files of the second round was fitted after training to
 every training sentence.
 
@@ -170,7 +170,7 @@ def readout_metrics(run_dir: Path, x_test: np.ndarray, y_test: np.ndarray) -> di
         prior = RankPosterior(log_prior=power * fitted.log_prior.double(), temperature=fitted.temperature)
         return median_ranks(rank_posterior(d, prior))
 
-    # "cuts": the run's own cuts, fitted to its training split's labels whatever its --inference
+    # "cuts": the run's own cuts, fitted to its training split's labels whatever its --readout
     ranks = {"posterior": head.ranks(d, readout="posterior"), "nearest": head.ranks(d, readout="nearest"),
              "expected": head.expected_rank(h).round().long(), "sqrt-prior": median_with_prior(0.5),
              "flat": median_with_prior(0.0), "cuts": head.ranks(d, readout="cuts")}

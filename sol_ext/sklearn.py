@@ -38,15 +38,13 @@ except ImportError as exc:  # validate_data is scikit-learn >= 1.6
 import contextlib
 import numbers
 import re
-import tempfile
 import warnings
-from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
 
-from .driver.config import PAPER_SETTINGS, TrainConfig
+from .driver.config import PAPER_SETTINGS, RENAMED_SETTINGS, TrainConfig
 from .driver.data import OrdinalDataset, RankEncoder, apply_scaling, feature_scaling
 from .driver.data.frames import (
     TableOrigin,
@@ -56,7 +54,7 @@ from .driver.data.frames import (
     table_features,
     text_columns,
 )
-from .driver.model import load_run, model_from_state
+from .driver.model import model_from_state
 from .driver.prepare import PreparedData, preprocessing_record
 from .driver.train import train, validation_split
 
@@ -71,8 +69,8 @@ __all__ = ["SOLRanker", "EXPECTED_FAILED_CHECKS", "CONFIG_PARAMS"]
 CONFIG_PARAMS = (
     "method", "epochs", "batch_size", "lr", "weight_decay", "embedding_dim", "hidden", "sigma",
     "tau", "margin", "val_fraction", "device", "T", "disc_weight", "beta", "convention",
-    "pairs", "pairs_per_class", "refine", "relabel", "relabel_mass", "label_noise", "inference",
-    "centroid_momentum", "patience", "normalize", "amp", "backend", "weight_ema",
+    "pairs", "pairs_per_class", "refine", "relabel", "relabel_mass", "label_noise", "readout",
+    "momentum", "patience", "normalize", "amp", "backend", "weight_ema",
 )
 
 # sklearn.utils.estimator_checks checks that SOLRanker cannot pass, with the reason; the tests
@@ -156,10 +154,12 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             The default posterior rule leaves the model as it is (the encoder trains on the given
             labels; ``history_`` counts the labels it would correct); the paper's ``"outlier"``
             rule trains on its relabels.
-        inference: ``"cuts"`` (the expected rank under ``p(q|x)`` against cuts fitted to the
+        readout: ``"cuts"`` (the expected rank under ``p(q|x)`` against cuts fitted to the
             training labels; the default, as ``sol-ext train``'s), ``"posterior"`` (median of
             ``p(q|x)``) or ``"nearest"`` (paper eq. 6).
-        centroid_momentum, patience, normalize, amp, backend: as ``sol-ext train``.
+        momentum, patience, normalize, amp, backend: as ``sol-ext train``.
+        inference, centroid_momentum: deprecated names of ``readout`` and ``momentum`` (a
+            ``FutureWarning``); they will be removed.
         threads: torch CPU threads during ``fit`` and prediction (restored after): 0 is 1 thread,
             as ``sol-ext train --threads 0`` uses for the MLP (its small products lose more to
             thread hand-offs than they gain).
@@ -189,10 +189,11 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
                  beta: float = 0.9, convention: str = "paper", pairs: str = "all",
                  pairs_per_class: int = 32, refine: Optional[bool] = None,
                  relabel: str = "posterior", relabel_mass: float = 0.98,
-                 label_noise: float | str = "auto", inference: str = "cuts",
-                 centroid_momentum: float = 0.5, patience: Optional[int] = None,
+                 label_noise: float | str = "auto", readout: str = "cuts",
+                 momentum: float = 0.5, patience: Optional[int] = None,
                  normalize: bool = True, amp: bool = False, backend: str = "auto", threads: int = 0,
-                 weight_ema: float | str = "auto", verbose: int = 0, seed: Optional[int] = None):
+                 weight_ema: float | str = "auto", verbose: int = 0, seed: Optional[int] = None,
+                 inference: Optional[str] = None, centroid_momentum: Optional[float] = None):
         self.method = method
         self.epochs = epochs
         self.batch_size = batch_size
@@ -218,8 +219,8 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         self.relabel = relabel
         self.relabel_mass = relabel_mass
         self.label_noise = label_noise
-        self.inference = inference
-        self.centroid_momentum = centroid_momentum
+        self.readout = readout
+        self.momentum = momentum
         self.patience = patience
         self.normalize = normalize
         self.amp = amp
@@ -227,11 +228,20 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         self.threads = threads
         self.verbose = verbose
         self.seed = seed
+        self.inference = inference
+        self.centroid_momentum = centroid_momentum
 
     # -- configuration ---------------------------------------------------------------------
     def train_config(self) -> TrainConfig:
         """The driver configuration of these parameters, checked (``ValueError`` naming a bad one)."""
         values = {name: getattr(self, name) for name in CONFIG_PARAMS}
+        for old, new in RENAMED_SETTINGS.items():  # the deprecated names, where given
+            if getattr(self, old) is not None:
+                warnings.warn(f"SOLRanker's {old} is deprecated and will be removed; use {new}, "
+                              f"its name in SOLHead", FutureWarning, stacklevel=2)
+                if not _same(values[new], getattr(TrainConfig(), new)):
+                    raise ValueError(f"SOLRanker got {old}= and {new}=, one setting; pass {new} only.")
+                values[new] = getattr(self, old)
         if self.paper:
             defaults = TrainConfig()
             for name, value in PAPER_SETTINGS.items():
@@ -319,9 +329,9 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         dataset = OrdinalDataset(torch.tensor(X, dtype=torch.float32), ranks, encoder, "array",
                                  "tabular", feature_names=tuple(names), schema=schema)
         data = _prepared(dataset)
-        with _torch_threads(threads), tempfile.TemporaryDirectory(prefix="sol-ext-sklearn-") as tmp:
-            outcome = train(config, data, Path(tmp), log=print if verbose else lambda _line: None)
-            model = load_run(tmp, device=config.device)
+        with _torch_threads(threads):  # in memory: nothing is written, not even to a temp dir
+            outcome = train(config, data, None, log=print if verbose else lambda _line: None)
+            model = model_from_state(outcome.best_state, device=config.device)
         self.model_ = model
         self.classes_ = _classes(encoder, label_dtype)
         self.history_ = outcome.results

@@ -66,7 +66,7 @@ def test_a_variant_names_training_fields_and_bad_ones_are_refused():
     bench = _bench()
     assert bench.parse_variant("wd=weight_decay=5e-4,sigma=0.5") == (
         "sol+wd", {"weight_decay": 5e-4, "sigma": 0.5})
-    assert bench.parse_variant("post=inference=nearest") == ("sol+post", {"inference": "nearest"})
+    assert bench.parse_variant("post=readout=nearest") == ("sol+post", {"readout": "nearest"})
     for bad, needle in (("wd", "expected NAME=KEY=VALUE"), ("x=nonsense=1", "'nonsense=1' is not"),
                         ("e=weight_ema=2", "weight EMA decay")):
         with pytest.raises(ValueError, match=needle):

@@ -114,7 +114,7 @@ def test_eq6_inference_ignores_the_label_prior_and_the_posterior_option_does_not
     1-D embedding that *is* the clean rank plus noise, ranks bunched around the middle.
     argmin_q D (paper eq. 6) reads the likelihood only, so it predicts rare ranks far more
     often than they occur; the posterior median with the label-frequency prior
-    (``--inference posterior``) does not, and has a lower MAE."""
+    (``--readout posterior``) does not, and has a lower MAE."""
     from sol_ext.centroids import dissimilarities, fit_rank_posterior, posterior_median_ranks
 
     g = torch.Generator().manual_seed(0)

@@ -212,14 +212,14 @@ def test_vgg_weights_without_vgg_encoder(tmp_path, capsys):
                  "vgg16bn")
 
 
-def test_posterior_inference_option(tmp_path, capsys):
+def test_posterior_readout_option(tmp_path, capsys):
     data = tiny_csv(tmp_path / "d.csv")
     out = tmp_path / "run"
     assert main(["train", "--data", str(data), "--epochs", "1", "--batch-size", "16",
-                 "--embedding-dim", "4", "--hidden", "16", "--inference", "posterior",
+                 "--embedding-dim", "4", "--hidden", "16", "--readout", "posterior",
                  "--output", str(out), "--no-plots", "--quiet"]) == 0
     saved = json.loads((out / "results.json").read_text())
-    assert saved["config"]["inference"] == "posterior"
+    assert saved["config"]["readout"] == "posterior"
 
 
 def test_label_noise_option_reaches_the_run_and_bad_values_are_refused(tmp_path, capsys):
@@ -439,3 +439,30 @@ def test_a_config_with_a_test_file_adds_no_noise_unless_asked():
     assert TrainConfig(data="train.csv", test_data="test.csv", noise="laplacian").noise == "laplacian"
     assert TrainConfig().noise == "gaussian"
     assert TrainConfig.from_dict(TrainConfig(test_data="t.csv").to_dict()).noise == "none"
+
+
+# ---------------------------------------------------------------------------------------------
+# --traceback: the full traceback behind the one error line
+
+
+@pytest.mark.parametrize("how", [["--traceback", "train"], ["train", "--traceback"], "environment"])
+def test_traceback_is_printed_above_the_error_line_when_asked(how, tmp_path, capsys, monkeypatch):
+    argv = ["train", "--data", str(tmp_path / "missing.csv"), "--output", str(tmp_path / "o")]
+    if how == "environment":
+        monkeypatch.setenv("SOL_EXT_TRACEBACK", "1")
+    else:
+        argv = [*how, *argv[1:]]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):"), err
+    assert "FileNotFoundError" in err  # the error behind the line, where it was raised
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("sol-ext: error: ") and "missing.csv" in last, err
+
+
+@pytest.mark.parametrize("value", ["", "0"])
+def test_no_traceback_without_the_option(value, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SOL_EXT_TRACEBACK", value)
+    expect_error(capsys, ["train", "--data", str(tmp_path / "missing.csv"), "--output",
+                          str(tmp_path / "o")], "missing.csv")

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import random
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from common import tiny_csv
-from sol_ext.driver.cli import _config, build_parser, main
+from sol_ext.driver.cli import build_parser, main
 from sol_ext.driver.config import PAPER_SETTINGS, TrainConfig
 from sol_ext.driver.config_file import (
     CONFIG_FILE_NAME,
@@ -22,13 +25,14 @@ from sol_ext.driver.config_file import (
     read_config_file,
 )
 from sol_ext.driver.errors import UsageError
+from sol_ext.driver.options import train_config
 
 
 def resolved(argv: list[str]) -> TrainConfig:
     """The TrainConfig that ``sol-ext train ARGV`` runs with (as main() resolves it)."""
     args = build_parser().parse_args(["train", *argv])
     args.argv = ["train", *argv]
-    return _config(args)
+    return train_config(args)
 
 
 def printed(argv: list[str], capsys) -> str:
@@ -75,7 +79,6 @@ def test_printed_settings_read_back_to_the_same_config(argv, tmp_path, capsys):
 def test_every_setting_has_a_toml_form_that_reads_back(tmp_path):
     """Each TrainConfig field has a TOML kind; a config with every optional field set round-trips."""
     assert set(FIELD_KINDS) == {f.name for f in dataclasses.fields(TrainConfig)}
-    assert [name for name, kinds in FIELD_KINDS.items() if "any" in kinds] == []  # each one checked
     config = TrainConfig(data="a.csv", test_data="b.csv", label_column="y", delimiter="\t",
                          noise="uniform", encoder="resnet18", weights="w.pth", image_size=32,
                          augment="none", workers=2, refine=False, patience=2, cs_theta=1.5,
@@ -111,7 +114,7 @@ def test_the_file_sits_between_the_paper_settings_and_the_command_line(tmp_path)
     path.write_text("tau = 2\nmargin = 0.5\n")
     cfg = resolved(["--paper", "--config", str(path), "--margin", "0.1"])
     assert cfg.tau == 2 and cfg.margin == 0.1  # the file over --paper, the command line over the file
-    assert cfg.inference == PAPER_SETTINGS["inference"] and cfg.val_fraction == 0.0  # still --paper
+    assert cfg.readout == PAPER_SETTINGS["readout"] and cfg.val_fraction == 0.0  # still --paper
     in_file = tmp_path / "paper.toml"
     in_file.write_text("paper = true\ntau = 2\nmargin = 0.5\n")
     assert resolved(["--config", str(in_file), "--margin", "0.1"]) == cfg  # paper = true is --paper
@@ -139,6 +142,10 @@ def test_option_spelling_and_whole_numbers_are_accepted(tmp_path):
     ("paper = \"yes\"\n", ["key 'paper' must be true or false"]),
     ("embedding_dim = 8\nembedding-dim = 8\n", ["'embedding_dim' and 'embedding-dim' are the same"]),
     ("lr = -1\n", ["learning rate must be > 0, got -1.0"]),
+    ('data = ""\n', ["key 'data' is an empty string", "expected a path or a built-in data set's name"]),
+    ('test_data = ""\n', ["key 'test_data' is an empty string", "expected a path."]),
+    ('output = ""\n', ["key 'output' is an empty string"]),
+    ('threads = "4"\n', ["key 'threads' must be an integer"]),
 ])
 def test_bad_settings_are_refused_naming_the_file_and_key(text, words, tmp_path, capsys):
     path = tmp_path / "bad.toml"
@@ -193,3 +200,187 @@ def test_a_run_trains_with_the_file_and_keeps_its_settings(tmp_path, capsys):
     expected = resolved(["--config", str(path), "--seed", "1"])
     assert TrainConfig.from_dict(json.loads((out / "results.json").read_text())["config"]) == expected
     assert resolved(["--config", str(out / CONFIG_FILE_NAME)]) == expected
+
+
+# --------------------------------------------------------------------------------------------------
+# Every option, every Unicode plane, and a run's file from another folder
+
+# Two command lines that set, between them, every TrainConfig field to a value other than its
+# default (--test-data and --test-fraction exclude each other, as a label noise std and the outlier
+# rule do), and the command's own options --paper, --output and --threads.
+EVERY_OPTION = [
+    ["--data", "x\U0001F600.csv", "--test-data", "t.csv", "--label-column", "age", "--delimiter", ";",
+     "--noise", "uniform", "--kappa", "0.5", "--noise-fraction", "0.5", "--encoder", "resnet18",
+     "--embedding-dim", "8", "--hidden", "64,32", "--weights", "w.pth", "--image-size", "32",
+     "--augment", "crop", "--workers", "1", "--no-normalize", "--sigma", "0.5", "--tau", "2",
+     "--margin", "0.5", "--T", "2", "--disc-weight", "0.5", "--beta", "0.8", "--convention",
+     "official", "--pairs", "balanced", "--pairs-per-class", "8", "--refine", "--relabel-mass", "0.9",
+     "--label-noise", "1.5", "--readout", "nearest", "--momentum", "0.25",
+     "--val-fraction", "0.2", "--patience", "3", "--lr", "0.01", "--weight-decay", "0.001",
+     "--weight-ema", "0.99", "--epochs", "7", "--batch-size", "32", "--seed", "5", "--device", "cuda",
+     "--amp", "--backend", "reference", "--cs-theta", "1.5", "--output", "out dir", "--threads", "1"],
+    ["--paper", "--method", "l1", "--test-fraction", "0.3", "--relabel", "outlier", "--no-refine"],
+]
+
+
+def test_every_option_round_trips_through_print_config(tmp_path, capsys):
+    default = TrainConfig()
+    changed = {f.name for argv in EVERY_OPTION for f in dataclasses.fields(TrainConfig)
+               if getattr(resolved(argv), f.name) != getattr(default, f.name)}
+    assert changed == {f.name for f in dataclasses.fields(TrainConfig)}  # the test covers them all
+    for number, argv in enumerate(EVERY_OPTION):
+        text = printed(argv, capsys)
+        path = tmp_path / f"every{number}.toml"
+        path.write_text(text, encoding="utf-8")
+        assert resolved(["--config", str(path)]) == resolved(argv)
+        assert printed(["--config", str(path)], capsys) == text
+    assert 'output = "out dir"\nthreads = 1\n' in printed(EVERY_OPTION[0], capsys)
+
+
+def _plane_string(plane: int, count: int = 40) -> str:
+    """``count`` characters drawn from the Unicode plane ``plane`` (0 … 16), controls and
+    quotes among them in plane 0; no surrogate (not a character on its own)."""
+    rng = random.Random(plane)
+    chars = []
+    while len(chars) < count:
+        code = plane * 0x10000 + rng.randrange(0x10000)
+        if not 0xD800 <= code <= 0xDFFF:
+            chars.append(chr(code))
+    if plane == 0:
+        chars += ['"', "\\", "'", "\n", "\t", "\x7f", "\x1b", "\u2028"]
+    return "".join(chars)
+
+
+@pytest.mark.parametrize("plane", range(17))
+def test_strings_of_every_unicode_plane_round_trip(plane, tmp_path, capsys):
+    """A column name and a data path of characters from any plane (an emoji is outside the BMP)
+    are written as TOML and read back to the same strings."""
+    text = _plane_string(plane)
+    argv = ["--data", f"{text}.csv", "--label-column", text, "--delimiter", text[0]]
+    printed_text = printed(argv, capsys)
+    path = tmp_path / "run.toml"
+    path.write_bytes(printed_text.encode("utf-8"))
+    assert resolved(["--config", str(path)]) == resolved(argv)
+    assert resolved(argv).label_column == text
+    assert printed(["--config", str(path)], capsys) == printed_text
+
+
+def test_a_run_s_config_repeats_it_from_another_folder(tmp_path, capsys, monkeypatch):
+    """config.toml of a run trained on a relative path trains on that run's file when read from
+    another folder that has a file of the same name with other data."""
+    first, other = tmp_path / "first", tmp_path / "other"
+    first.mkdir()
+    other.mkdir()
+    tiny_csv(first / "d.csv", seed=0)
+    tiny_csv(other / "d.csv", seed=1, num_ranks=6)  # same name, other data
+    fast = ["--epochs", "2", "--batch-size", "16", "--embedding-dim", "4", "--hidden", "16",
+            "--lr", "0.01", "--sigma", "1", "--quiet", "--no-plots"]
+    monkeypatch.chdir(first)
+    assert main(["train", "--data", "d.csv", "--output", "run", *fast]) == 0
+    monkeypatch.chdir(other)
+    config = first / "run" / CONFIG_FILE_NAME
+    assert resolved(["--config", str(config)]).data == str(first / "d.csv")
+    assert main(["train", "--config", str(config), "--output", "again", "--quiet", "--no-plots"]) == 0
+    before = json.loads((first / "run" / "results.json").read_text())
+    again = json.loads((other / "again" / "results.json").read_text())
+    assert again["test"] == before["test"] and again["data"] == before["data"]
+    # from the folder it was trained in, the path stays as typed
+    monkeypatch.chdir(first)
+    assert resolved(["--config", str(config)]).data == "d.csv"
+
+
+def test_a_run_s_config_names_where_its_data_was_when_the_file_is_gone(tmp_path, capsys,
+                                                                        monkeypatch):
+    path = tmp_path / "run.toml"
+    path.write_text(f"relative_to = {json.dumps(str(tmp_path / 'gone'))}\ndata = \"d.csv\"\n")
+    (tmp_path / "d.csv").write_text("a,label\n1,2\n")  # a file of that name here is not the run's
+    monkeypatch.chdir(tmp_path)
+    assert resolved(["--config", str(path)]).data == str(tmp_path / "gone" / "d.csv")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_named_pipe_as_config_is_refused_without_waiting(tmp_path):
+    pipe = tmp_path / "run.toml"
+    os.mkfifo(pipe)
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "sol_ext", "train", "--config", str(pipe)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 2, proc.stderr
+    assert f"--config {pipe}: not a regular file (a named pipe" in proc.stderr
+
+
+def test_a_file_with_a_byte_order_mark_is_read(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + "epochs = 3\nlabel_column = \"\u00e2ge\"\n".encode("utf-8"))
+    cfg = resolved(["--config", str(path)])
+    assert (cfg.epochs, cfg.label_column) == (3, "\u00e2ge")
+
+
+def test_output_and_threads_are_read_from_the_file(tmp_path, capsys):
+    data = tiny_csv(tmp_path / "d.csv")
+    out = tmp_path / "from file"
+    path = tmp_path / "run.toml"
+    path.write_text(f"data = {json.dumps(str(data))}\noutput = {json.dumps(str(out))}\nthreads = 1\n"
+                    f"epochs = 1\nbatch_size = 16\nhidden = [16]\nembedding_dim = 4\nsigma = 1\n")
+    text = printed(["--config", str(path)], capsys)
+    assert f"output = {json.dumps(str(out))}" in text and "threads = 1" in text
+    assert "threads = 2" in printed(["--config", str(path), "--threads", "2"], capsys)  # typed wins
+    assert main(["train", "--config", str(path), "--quiet", "--no-plots"]) == 0
+    assert (out / "results.json").is_file()
+    path.write_text("threads = -1\n")
+    err = one_error_line(["--config", str(path), "--print-config"], capsys)
+    assert "--threads must be >= 0, got -1" in err
+
+
+# --------------------------------------------------------------------------------------------------
+# One name per setting, SOLHead's: the former names still work for one release, with a warning
+
+
+@pytest.mark.parametrize(("old", "new", "value"), [("--inference", "--readout", "nearest"),
+                                                   ("--centroid-momentum", "--momentum", "0.25")])
+def test_former_flags_set_the_setting_with_a_warning(old, new, value, capsys):
+    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated.*use {new}"):
+        cfg = resolved([old, value])
+    assert cfg == resolved([new, value])
+    assert f"sol-ext: warning: {old} is deprecated; use {new}." in capsys.readouterr().err
+
+
+def test_former_keys_in_a_file_and_a_saved_config_are_read(tmp_path, capsys):
+    path = tmp_path / "old.toml"
+    path.write_text('inference = "posterior"\ncentroid-momentum = 0.25\n')
+    with pytest.warns(DeprecationWarning, match="use readout"):
+        cfg = resolved(["--config", str(path)])
+    assert (cfg.readout, cfg.momentum) == ("posterior", 0.25)
+    assert "'centroid-momentum' is deprecated; use 'momentum'" in capsys.readouterr().err
+    saved = {**TrainConfig().to_dict(), "inference": "nearest", "centroid_momentum": 0.0}
+    del saved["readout"], saved["momentum"]
+    loaded = TrainConfig.from_dict(saved)  # a run saved before the names changed: no warning
+    assert (loaded.readout, loaded.momentum) == ("nearest", 0.0)
+
+
+def test_former_keyword_names_of_train_config_warn_and_work():
+    with pytest.warns(DeprecationWarning, match="inference is deprecated"):
+        cfg = TrainConfig(inference="nearest", centroid_momentum=0.0)
+    assert (cfg.readout, cfg.momentum) == ("nearest", 0.0)
+    with pytest.warns(DeprecationWarning, match="centroid_momentum is deprecated"):
+        assert cfg.centroid_momentum == 0.0
+    with pytest.raises(TypeError, match="one setting"), pytest.warns(DeprecationWarning):
+        TrainConfig(inference="nearest", readout="cuts")
+
+
+def test_each_option_is_generated_from_its_field():
+    """The parser has one option per TrainConfig field, spelled as the field, with the field's help;
+    --paper's values are the fields' paper values."""
+    from sol_ext.driver.config import option_of
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    by_dest = {}
+    for action in train._actions:
+        if action.help != "==SUPPRESS==":
+            by_dest.setdefault(action.dest, action)
+    for f in dataclasses.fields(TrainConfig):
+        option = option_of(f.name)
+        assert option["help"] in by_dest[f.name].help, f.name
+    assert PAPER_SETTINGS["readout"] == "nearest" and PAPER_SETTINGS["momentum"] == 0.0
+    assert "inference" not in PAPER_SETTINGS

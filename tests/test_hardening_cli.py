@@ -332,8 +332,8 @@ def test_default_output_names_paper_and_no_noise(tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [
         "train-sol-none-seed0", "train-sol-paper-none-seed0"]
 
-    from sol_ext.driver.cli import _default_output
     from sol_ext.driver.config import TrainConfig
+    from sol_ext.driver.options import default_output as _default_output
 
     assert _default_output(TrainConfig(), paper=True) == Path("runs/abalone-sol-paper-gaussian0.3-seed0")
     assert _default_output(TrainConfig(), paper=False) == Path("runs/abalone-sol-gaussian0.3-seed0")

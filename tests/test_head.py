@@ -134,7 +134,7 @@ def test_a_plain_training_loop_with_the_head_matches_the_driver(tmp_path):
                                      nn.Linear(128, config.embedding_dim)))
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
                                  weight_decay=config.weight_decay_for(data.num_ranks, "mlp"))
-    head = sol_ext.SOLHead(data.num_ranks, config.embedding_dim, sigma=1.0, readout=config.inference)
+    head = sol_ext.SOLHead(data.num_ranks, config.embedding_dim, sigma=1.0, readout=config.readout)
     x, labels = data.train_x, data.train_given
     head.update_centroids(embed(model, x, 256), labels)
     for _epoch in range(config.epochs):

@@ -282,11 +282,11 @@ def test_the_cuts_read_out_is_fitted_saved_predicted_and_exported(user_files, tm
     root, train, test, x, y = user_files
     out = tmp_path / "run-cuts"
     assert main(["train", "--data", str(train), "--test-data", str(test), "--label-column", "score",
-                 "--sigma", "1", "--inference", "cuts", "--val-fraction", "0.2", "--output", str(out),
+                 "--sigma", "1", "--readout", "cuts", "--val-fraction", "0.2", "--output", str(out),
                  *FAST]) == 0
     results = json.loads((out / "results.json").read_text())
     model = sol_ext.load_run(out)
-    assert model.head.readout == "cuts" and results["config"]["inference"] == "cuts"
+    assert model.head.readout == "cuts" and results["config"]["readout"] == "cuts"
     table = model.predict_table(test)
     assert np.mean(np.abs(table.prediction - y)) == results["test"]["mae"]  # the run's own figure
     h = model.embed(x)

@@ -238,9 +238,9 @@ def test_paper_settings(problem):
     config = SOLRanker(paper=True, tau=2, margin=0.5).train_config()
     assert config.tau == 2 and config.margin == 0.5 and config.relabel == "outlier"
     # ... and one set to its default value counts as unchanged (documented)
-    assert SOLRanker(paper=True, inference="cuts").train_config().inference == "nearest"
+    assert SOLRanker(paper=True, readout="cuts").train_config().readout == "nearest"
     ranker = SOLRanker(**{**SMALL, "paper": True}).fit(X, y)
-    assert ranker.model_.config.inference == "nearest" and ranker.history_["data"]["n_val"] == 0
+    assert ranker.model_.config.readout == "nearest" and ranker.history_["data"]["n_val"] == 0
 
 
 def test_core_does_not_import_sklearn_and_the_module_says_how_to_get_it():
@@ -251,3 +251,32 @@ def test_core_does_not_import_sklearn_and_the_module_says_how_to_get_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "pip install 'sol_ext[sklearn]'" in out.stdout
+
+
+def test_former_names_of_readout_and_momentum_warn_and_apply():
+    ranker = SOLRanker(inference="nearest", centroid_momentum=0.0)
+    with pytest.warns(FutureWarning, match="inference is deprecated"):
+        config = ranker.train_config()
+    assert (config.readout, config.momentum) == ("nearest", 0.0)
+    with pytest.raises(ValueError, match="one setting"), pytest.warns(FutureWarning):
+        SOLRanker(inference="nearest", readout="posterior").train_config()
+
+
+@pytest.mark.parametrize("sigma", [1.0, "auto"])
+def test_fit_trains_in_memory_and_writes_nothing(sigma, problem, tmp_path, monkeypatch):
+    """fit in a working folder it must not write to, with no usable temp dir and torch.save refused:
+    it trains (a sigma search too), predicts as a fit that could write, and the folder stays empty."""
+    X, y, X_test, _ = problem
+    expected = SOLRanker(**{**SMALL, "sigma": sigma}).fit(X, y).predict_proba(X_test)
+    work = tmp_path / "read-only"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "no-such-temp-dir"))
+
+    def refused(*args, **kwargs):
+        raise PermissionError("this test allows no file to be written")
+
+    monkeypatch.setattr(torch, "save", refused)
+    ranker = SOLRanker(**{**SMALL, "sigma": sigma}).fit(X, y)
+    np.testing.assert_array_equal(ranker.predict_proba(X_test), expected)
+    assert list(work.iterdir()) == []

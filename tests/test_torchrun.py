@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from common import MULTIPROCESS_TIMEOUT_S, multiprocess_env, spawn_processes
+from sol_ext import distributed
 from sol_ext.centroids import compute_centroids, embed
 from sol_ext.driver.loader import RunInputs
 from sol_ext.driver.parallel import Parallel
@@ -34,14 +35,8 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="ne
 N, DIM, NUM_RANKS = 23, 6, 7  # 23 rows: unequal shards for 2 and 3 processes
 
 
-def test_shards_cover_every_row_once_in_order():
-    for world in (1, 2, 3, 5):
-        for count in (0, 1, 4, 23):
-            shards = [Parallel(world_size=world, rank=r).shard(count) for r in range(world)]
-            covered = [i for s in shards for i in range(count)[s]]
-            assert covered == list(range(count)), (world, count)
-            sizes = [s.stop - s.start for s in shards]
-            assert max(sizes) - min(sizes) <= 1
+# The driver's shards are sol_ext.distributed.shard's: tests/test_distributed.py
+# (test_shards_cover_every_sample_once) covers them.
 
 
 def test_environment_of_a_single_process_and_of_torchrun(monkeypatch):
@@ -97,9 +92,9 @@ def _worker(rank, world_size, out_dir):
     model = _encoder()
     # batches of 4 rows: several per shard
     h = _embed_all(model, RunInputs(x, torch.device("cpu")), 4, torch.device("cpu"), par)
-    shard = par.shard(N)
+    shard = distributed.shard(N)
     kernel = noise_kernel(NUM_RANKS, 1.0, dtype=torch.float64)
-    centroids = compute_centroids(h[shard], labels[shard], kernel, all_reduce=par.sum)
+    centroids = compute_centroids(h[shard], labels[shard], kernel, all_reduce=distributed.all_reduce_sum())
     torch.save({"h": h, "centroids": centroids}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 

@@ -160,13 +160,13 @@ def test_defaults_differ_from_the_paper_only_where_paper_settings_say():
     """`--paper` (PAPER_SETTINGS) restores Algorithm 1: eq. 6, the outlier rule every epoch,
     undamped centroids, no validation split (last epoch), and the paper's loss settings."""
     ours, paper = TrainConfig(), dataclasses.replace(TrainConfig(), **PAPER_SETTINGS)
-    assert (ours.inference, paper.inference) == ("cuts", "nearest")
+    assert (ours.readout, paper.readout) == ("cuts", "nearest")
     assert (ours.relabel, paper.relabel) == ("posterior", "outlier")
-    assert paper.centroid_momentum == 0 and paper.val_fraction == 0 and paper.patience is None
+    assert paper.momentum == 0 and paper.val_fraction == 0 and paper.patience is None
     assert (paper.sigma, paper.tau, paper.margin, paper.T, paper.beta) == (1.0, 3, 0.25, 1, 0.9)
     assert not paper.selects_model and ours.selects_model
-    with pytest.raises(ValueError, match="inference"):
-        dataclasses.replace(BASE, inference="mean").validate()
+    with pytest.raises(ValueError, match="readout"):
+        dataclasses.replace(BASE, readout="mean").validate()
     with pytest.raises(ValueError, match="relabel"):
         dataclasses.replace(BASE, relabel="always").validate()
 
@@ -225,7 +225,7 @@ def test_damped_centroids_do_not_oscillate_between_epochs(tmp_path):
     from sol_ext.driver.prepare import prepare_data
 
     def alternations(momentum: float) -> int:
-        cfg = TrainConfig(epochs=7, centroid_momentum=momentum, refine=False, seed=0, sigma=1.0,
+        cfg = TrainConfig(epochs=7, momentum=momentum, refine=False, seed=0, sigma=1.0,
                           weight_ema=0.0)
         torch.set_num_threads(1)
         hist = train(cfg, prepare_data(cfg), tmp_path / str(momentum), log=quiet).results["history"]
@@ -352,3 +352,36 @@ def test_the_default_estimates_the_label_noise_and_moves_only_labels_it_is_sure_
     moved = audit["suggested"] != audit["given"]
     assert bool((audit["confidence"][moved] >= cfg.relabel_mass).all())
     assert out.results["label_noise_final"]["mae"] <= out.results["label_noise_given"]["mae"]
+
+
+@pytest.mark.parametrize("sigma", [0.5, "auto"])
+def test_a_run_in_memory_writes_nothing_and_equals_the_run_in_a_folder(sigma, tmp_path, monkeypatch):
+    """train(..., out_dir=None): the same selected epoch, bit for bit, as a run with a folder, its
+    state in the outcome (best.pt's), and no file written anywhere (a sigma search included)."""
+    data = tiny_data()
+    cfg = dataclasses.replace(BASE, sigma=sigma)
+    on_disk = train(cfg, data, tmp_path / "run", log=quiet)
+    saved = load_checkpoint(tmp_path / "run" / BEST_NAME)
+    assert on_disk.best_state is None
+    writes = []
+    monkeypatch.setattr(torch, "save", lambda *a, **k: writes.append(a[1]))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "no-such-temp-dir"))
+    in_memory = train(cfg, data, None, log=quiet)
+    assert writes == []
+    state = in_memory.best_state
+    assert state["epoch"] == saved["epoch"] and state["sigma_choice"] == saved["sigma_choice"]
+    assert state["config"] == saved["config"] and state["predictor"] == saved["predictor"]
+    for part in ("model", "head"):
+        assert state[part].keys() == saved[part].keys()
+        for k in saved[part]:
+            assert torch.equal(state[part][k], saved[part][k]), (part, k)
+    assert in_memory.results["test"] == on_disk.results["test"]
+    def untimed(history):
+        return [{k: v for k, v in epoch.items() if k != "seconds"} for epoch in history]
+
+    assert untimed(in_memory.results["history"]) == untimed(on_disk.results["history"])
+
+
+def test_a_run_in_memory_cannot_resume():
+    with pytest.raises(ValueError, match="in memory"):
+        train(dataclasses.replace(BASE, sigma=0.5), tiny_data(), None, resume=True, log=quiet)

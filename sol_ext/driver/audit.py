@@ -36,7 +36,7 @@ from .prepare import PreparedData, prepare_data
 from .train import train
 
 __all__ = ["AuditReport", "audit_run", "write_audit", "AUDIT_COLUMNS", "DEFAULT_FOLDS",
-           "OutOfSample", "cross_validated_probabilities", "fold_of_rows"]
+           "OutOfSample", "cross_validated_probabilities", "fold_of_rows", "audit_command"]
 
 # Folds of `sol-ext audit`: benchmarks/bench_label_issues.py found 3 and 5 folds equal within their
 # spread over seeds in AUROC and flags on abalone, wine-red and VADER; 3 cost 1.6-2.7 times one run's
@@ -303,3 +303,39 @@ def _probabilities(model: TrainedModel, x: torch.Tensor) -> torch.Tensor:
         p = head_probabilities(model.method, model.model, h, model.num_ranks)
     p = p.detach().to("cpu", torch.float64)
     return p / p.sum(dim=1, keepdim=True)
+
+
+def audit_command(args) -> int:
+    """``sol-ext audit``: the audit of the run in ``args.run_dir`` as CSV (a file or stdout) and
+    its summary."""
+    import sys
+
+    from .errors import UsageError
+    from .options import run_data
+    from .outputs import check_output
+
+    to_stdout = args.csv == "-"
+    default = args.run_dir / "audit.csv"  # a rerun replaces it
+    path = None if to_stdout else check_output(
+        str(default) if args.csv is None else args.csv, "--csv", inputs=run_data(args.run_dir),
+        replaceable=[default], overwrite=args.overwrite)
+    if args.in_sample and args.folds is not None:
+        raise UsageError("--folds and --in-sample exclude each other: --folds K judges out of "
+                         "sample, --in-sample by the run's own model")
+    if args.folds is not None and args.folds < 2:
+        raise UsageError(f"--folds must be >= 2 (each row is judged by a model trained on the other "
+                         f"folds), got {args.folds}")
+    if args.label_noise is not None and (args.in_sample or not 0 <= args.label_noise < float("inf")):
+        raise UsageError(f"--label-noise {args.label_noise:g}: expected a std in ranks >= 0, for the "
+                         f"out-of-sample audit (not with --in-sample)")
+    folds = None if args.in_sample else DEFAULT_FOLDS if args.folds is None else args.folds
+    report = audit_run(args.run_dir, folds=folds, label_noise=args.label_noise,
+                       log=(lambda line: print(line, file=sys.stderr)) if to_stdout else print)
+    if to_stdout:
+        sys.stdout.write(report.to_csv())
+        print(report.summary(), file=sys.stderr)
+        return 0
+    write_audit(report, path)
+    print(report.summary())
+    print(f"per-sample audit: {path}")
+    return 0

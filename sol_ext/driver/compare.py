@@ -21,7 +21,7 @@ from .train import resolve_device, train
 __all__ = ["DEFAULT_SETTINGS", "COMPARE_METHODS", "default_methods", "method_config",
            "noise_settings", "check_comparison", "run_comparison", "markdown_tables",
            "mean_std", "mean_std_table",
-           "write_comparison"]
+           "write_comparison", "compare_command"]
 
 def default_methods() -> list[str]:
     """Every method but ``sol-paper``; ``corn`` only where coral-pytorch is installed."""
@@ -210,3 +210,39 @@ def write_comparison(records: Sequence[dict[str, Any]], table: str, out_dir: Pat
     """``compare.json`` (every run) and ``compare.md`` (the tables), the markdown last."""
     atomic_write_text(out_dir / "compare.json", json.dumps(list(records), indent=2) + "\n")
     atomic_write_text(out_dir / "compare.md", table)
+
+
+def compare_command(args) -> int:
+    """``sol-ext compare``: every option checked, then every run, then the tables."""
+    from .data import is_builtin
+    from .options import (
+        check_test_data,
+        check_threads,
+        data_inputs,
+        data_kind,
+        output_folder,
+        say,
+        set_threads,
+        train_config,
+    )
+    from .outputs import check_compare_folder
+    from .rundir import run_folder
+
+    check_threads(args.threads)
+    base = train_config(args, noise="gaussian")
+    check_test_data(args, base)
+    out = output_folder(args.output)
+    settings = noise_settings(args.kappas, args.noises)
+    methods = default_methods() if args.methods is None else args.methods
+    check_comparison(base, methods, settings, args.seeds)  # every option before the first run
+    check_compare_folder(out, "--output", data_inputs(base))  # before the lock file is made
+    set_threads(args.threads, base, "images" if args.encoder not in ("auto", "mlp") else data_kind(base))
+    with run_folder(out, note=lambda: f"interrupted; {out / 'compare.md'} was not updated."):
+        records = run_comparison(base, methods, settings, args.seeds, out, log=say)
+        data_name = Path(base.data).name.split(".")[0]
+        # a user's own labels are as given (their truth unknown), with or without a test file
+        labels_given = base.test_data is not None or not is_builtin(base.data)
+        table = markdown_tables(records, data_name, labels_given=labels_given)
+        write_comparison(records, table, out)
+        print(table)
+        return 0

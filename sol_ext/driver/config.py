@@ -14,18 +14,22 @@ in ~20 epochs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import typing
+import warnings
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence, Tuple, Union
 
 from ..pairs import PAIR_MODES
 from .data.dispatch import is_builtin
-from .encoders import check_encoder_name, is_pretrainable
+from .encoders import TORCHVISION_ENCODERS, check_encoder_name, is_pretrainable
 from .loader import AUGMENTATIONS
 
 __all__ = ["METHODS", "COMPARE_METHODS", "INFERENCE_MODES", "RELABEL_RULES", "PAPER_SETTINGS", "SIGMA_GRID", "FALLBACK_SIGMA",
            "NO_NOISE_SIGMA", "WEIGHT_EMA_SHARE", "SOL_WEIGHT_DECAY_PER_RANK", "BASELINE_WEIGHT_DECAY",
-           "MAX_IMAGE_SIZE", "MAX_EPOCHS", "TrainConfig", "CONFIG_FIELDS_FREE_ON_RESUME", "config_mismatches"]
+           "MAX_IMAGE_SIZE", "MAX_EPOCHS", "TrainConfig", "CONFIG_FIELDS_FREE_ON_RESUME", "config_mismatches",
+           "OPTION_GROUPS", "setting", "option_of", "setting_kinds", "RENAMED_SETTINGS"]
 
 METHODS = ("sol", "sol-no-noise", "l1", "ce", "corn")
 
@@ -34,20 +38,12 @@ COMPARE_METHODS = (*METHODS, "sol-paper")
 
 # Rank read-out of the SOL methods: the posterior median with a label-frequency prior, the paper's
 # nearest expectation (eq. 6), or the expected rank against cuts fitted to the training labels (the
-# default; neither it nor the median is in the paper); see TrainConfig.inference.
+# default; neither it nor the median is in the paper); see TrainConfig.readout.
 INFERENCE_MODES = ("posterior", "nearest", "cuts")
 
 # Relabeling rule of "sol": "posterior" (default, not in the paper) or the paper's "outlier"
 # rule (docs/math.md §8); see sol_ext.refine.
 RELABEL_RULES = ("posterior", "outlier")
-
-# The settings of the paper's Algorithm 1 (docs/math.md §8, §11) where our defaults differ; `--paper`
-# applies them, so the published procedure is reproduced with one switch.
-PAPER_SETTINGS: dict[str, Any] = {
-    "sigma": 1.0, "tau": 3, "margin": 0.25, "T": 1, "disc_weight": 1.0, "beta": 0.9,
-    "inference": "nearest", "relabel": "outlier", "centroid_momentum": 0.0,
-    "val_fraction": 0.0, "patience": None, "weight_ema": 0.0, "weight_decay": 5e-4,
-}
 
 # sigma of the noise kernel for "sol-no-noise": P[q, j] = exp(-(j-q)^2 / 2e-6) / ... is the
 # identity to float64 precision (the first off-diagonal term is exp(-5e5) = 0), so the loss is
@@ -100,85 +96,184 @@ MAX_IMAGE_SIZE = 4096
 CONFIG_FIELDS_FREE_ON_RESUME = frozenset({"epochs", "patience", "device", "backend", "workers"})
 
 
+# Where each setting shows in `sol-ext train --help` (and `compare --help`), in this order: the
+# option groups' titles and descriptions. None: the command's own options.
+OPTION_GROUPS: dict[str, Optional[str]] = {
+    "data": None,
+    "images": None,
+    "label noise added to the training labels": None,
+    "method and encoder": None,
+    "SOL settings": "defaults: ours; --paper restores the paper's Algorithm 1 (docs/math.md §8, "
+                    "§11), and options given beside it still apply",
+    "optimization": None,
+}
+
+# A setting whose value --paper leaves alone.
+_NOT_IN_PAPER = object()
+
+
+def setting(default: Any, help: str, group: Optional[str], *, paper: Any = _NOT_IN_PAPER,
+            choices: Optional[Sequence[str]] = None, metavar: Optional[str] = None,
+            flag: Optional[str] = None, aliases: Sequence[str] = (),
+            deprecated: Sequence[str] = ()) -> Any:
+    """A :class:`TrainConfig` field with everything its command-line option needs, so that the
+    option, its help, the ``--config`` file's key and ``--paper``'s value are defined here only
+    (:mod:`sol_ext.driver.options` builds the parser from them).
+
+    Args:
+        default: the field's default (shown in the help where it is not None).
+        help: the option's help; say in words what a None default means.
+        group: the help's option group (:data:`OPTION_GROUPS`); None: a command's own option.
+        paper: the value of the paper's Algorithm 1, applied by ``--paper`` (:data:`PAPER_SETTINGS`).
+        choices, metavar: as argparse's.
+        flag: the option's spelling; default ``--`` and the field's name with dashes.
+        aliases: other spellings, kept as they are.
+        deprecated: former spellings, accepted with a warning for one release.
+    """
+    metadata = {"help": help, "group": group, "paper": paper, "choices": choices,
+                "metavar": metavar, "flag": flag, "aliases": tuple(aliases),
+                "deprecated": tuple(deprecated)}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
 @dataclass
 class TrainConfig:
-    """Everything that determines a run. Units: ranks unless said otherwise."""
+    """Everything that determines a run. Units: ranks unless said otherwise.
 
-    # data
-    data: str = "abalone"                   # data set name or file path (sol_ext.driver.data.load_dataset)
-    test_data: Optional[str] = None         # separate test file: then `data` is used whole for training
-    label_column: Optional[str] = None      # label column of a CSV file
-    delimiter: Optional[str] = None         # cell separator of a CSV file; None: sniffed
-    test_fraction: float = 0.2
-    # label noise added to the training labels (docs/math.md §9); None: "gaussian" on a built-in data set
-    # (whose labels are clean: the noise shows what SOL recovers), "none" on a user's own file or
-    # folder, whose labels are as noisy as they are
-    noise: Optional[str] = None
-    kappa: float = 0.3
-    noise_fraction: float = 1.0
-    # method and encoder
-    method: str = "sol"
-    # auto: mlp for vectors, cnn for images; or vgg16bn, or a torchvision classification model by
-    # name (resnet18, resnet50, vgg16_bn, efficientnet_b0, convnext_tiny, vit_b_16, ...)
-    encoder: str = "auto"
-    embedding_dim: int = 16
-    hidden: tuple[int, ...] = (128, 128)   # MLP widths
-    weights: Optional[str] = None           # local state dict of a pretrained encoder (ImageNet)
-    # images: side in pixels every image is resized to; None: 64 for image lists, 28 for Fashion-MNIST
-    image_size: Optional[int] = None
-    # training augmentation of images (sol_ext.driver.loader.AUGMENTATIONS); None: "flip" for images
-    augment: Optional[str] = None
-    workers: Optional[int] = None           # DataLoader processes for images; None: the free cores
-    normalize: bool = True                  # L2-normalize embeddings and centroids (docs/math.md §10.4)
-    # SOL hyperparameters (docs/math.md §1, §8, §11)
-    sigma: float | str = "auto"            # picked from SIGMA_GRID on the validation split, or a number
-    tau: int = 1                            # the paper's 3 lumps most pairs together on few ranks
-    margin: float = 0.25
-    T: int = 1
-    disc_weight: float = 1.0
-    beta: float = 0.9
-    convention: str = "paper"               # "official" also floors the relabel step (docs/math.md §10.5)
-    pairs: str = "all"                      # "all" pairs of a batch or the authors' "balanced" sampler
-    pairs_per_class: int = 32
-    refine: Optional[bool] = None           # relabeling of training labels; None: on for "sol" only
-    # "posterior" (default, not in the paper): correct a given label from p(rank | x, label) (see
-    # label_noise); "outlier": the paper's rule, every epoch, relabels trained on (docs/math.md §8)
-    relabel: str = "posterior"
-    relabel_mass: float = 0.98
-    # std of the label error in ranks for the posterior rule: "auto" estimates it on the
-    # validation split (centroids.fit_label_noise) and moves a label where `relabel_mass` of its
-    # posterior lies on one side; a number is a std the user knows (e.g. from doubly annotated
-    # samples), and every label moves to its posterior median. Either way the corrected labels
-    # are the run's output and the encoder trains on the given ones.
-    label_noise: float | str = "auto"
-    # "cuts" (default, not in the paper): the expected rank under the posterior p(q|x) ∝ freq(q)
-    # exp(-D/t) against a cut per rank fitted each epoch to the training split's labels for least
-    # MAE (SOLHead.fit_cuts; docs/math.md §12.4a). "posterior": the median of that posterior, prior
-    # and t fitted each epoch. "nearest": argmin_q D[x, q] (paper eq. 6)
-    inference: str = "cuts"
-    # centroids <- normalize(m * old + (1 - m) * rule) after each epoch; 0 is the paper's rule
-    centroid_momentum: float = 0.5
+    Each field is a ``sol-ext train`` option (:func:`setting`): its help text is the field's
+    documentation."""
+
+    # -- data
+    data: str = setting(
+        "abalone", "built-in name (abalone, wine-red, fashion-mnist-blur, fashion-mnist-noise) or a "
+        ".csv/.csv.gz/.npz file or image folder", "data")
+    test_data: Optional[str] = setting(
+        None, "separate test file with clean labels; --data is then the whole training set with "
+        "labels as given (already noisy: no noise is added by default)", "data")
+    label_column: Optional[str] = setting(
+        None, "label column of a table (CSV, Parquet, Feather) or image list (default: label)", "data")
+    delimiter: Optional[str] = setting(
+        None, "cell separator of the CSV files (--data and --test-data): one character, or comma, "
+        "semicolon, tab (default: sniffed from each file)", "data")
+    test_fraction: float = setting(
+        0.2, "test share when --data is split; not with --test-data", "data")
+    # label noise added to the training labels (docs/math.md §9)
+    noise: Optional[str] = setting(
+        None, "gaussian, laplacian, uniform, skewed, input-dependent or none (default: gaussian on "
+        "the built-in data sets, to show what SOL recovers; none on your own file or folder, whose "
+        "labels are used as given)", "label noise added to the training labels")
+    kappa: float = setting(
+        0.3, "noise ratio: std of the noise / std of the ranks",
+        "label noise added to the training labels")
+    noise_fraction: float = setting(
+        1.0, "share of training samples that get noise", "label noise added to the training labels")
+    # -- method and encoder
+    method: str = setting(
+        "sol", "sol; sol-no-noise (P = identity: plain order learning); l1 regression; ce "
+        "classification; corn (coral-pytorch)", "method and encoder", choices=METHODS)
+    encoder: str = setting(
+        "auto", "auto (mlp for vectors, cnn for images), mlp, cnn, vgg16bn (the paper's: "
+        "VGG16-BN's convolutional part), or a torchvision classification model: "
+        + ", ".join(TORCHVISION_ENCODERS) + ", ... (its last layer becomes the embedding layer)",
+        "method and encoder", metavar="NAME")
+    embedding_dim: int = setting(16, "embedding size d", "method and encoder")
+    hidden: Tuple[int, ...] = setting((128, 128), "MLP hidden widths, e.g. 128,128", "method and encoder")
+    weights: Optional[str] = setting(
+        None, "local .pth state dict of the torchvision model (e.g. torchvision's "
+        "resnet18-f37072fd.pth; vgg16_bn's for vgg16bn); nothing is downloaded. Images are then "
+        "normalized with ImageNet's mean and std, inside the model", "method and encoder",
+        metavar="FILE", aliases=("--vgg-weights",))
+    # -- images
+    image_size: Optional[int] = setting(
+        None, "side every image is resized to (default: 64 for an image list, 28 for "
+        "fashion-mnist-*)", "images", metavar="PIXELS")
+    augment: Optional[str] = setting(
+        None, "training augmentation: 'flip' flips at random, left to right; 'crop' also pads by 1/8 "
+        "of the side and crops back at a random offset (the content keeps its scale); "
+        "'resized-crop' is torchvision's RandomResizedCrop (scale 0.5-1) and a flip, which rescales "
+        "blur and grain; 'none' (default: flip)", "images", choices=AUGMENTATIONS)
+    workers: Optional[int] = setting(
+        None, "DataLoader processes decoding and augmenting images; 0: in the training process "
+        "(default: the free CPU cores, at most 8). The results do not depend on it", "images")
+    normalize: bool = setting(
+        True, "do not L2-normalize embeddings and centroids (SOL methods)", "method and encoder")
+    # -- SOL hyperparameters (docs/math.md §1, §8, §11)
+    sigma: Union[float, str] = setting(
+        "auto", "noise-model std in ranks, or 'auto': picked from "
+        + ", ".join(f"{s:g}" for s in SIGMA_GRID) + " by validation MAE, one training each",
+        "SOL settings", paper=1.0)
+    tau: int = setting(1, "similarity threshold in ranks (the paper's 3 lumps most pairs together "
+                          "on few ranks)", "SOL settings", paper=3)
+    margin: float = setting(0.25, "margin gamma", "SOL settings", paper=0.25)
+    T: int = setting(1, "neighbour range of the discriminative loss", "SOL settings", paper=1)
+    disc_weight: float = setting(1.0, "weight lambda of the discriminative loss", "SOL settings",
+                                 paper=1.0)
+    beta: float = setting(0.9, "outlier threshold of the 'outlier' rule", "SOL settings", paper=0.9)
+    convention: str = setting(
+        "paper", "loss convention; 'official' also floors the relabel step (docs/math.md §10.5)",
+        "SOL settings", choices=("paper", "official"))
+    pairs: str = setting("all", "all pairs of a batch, or the authors' balanced sampler",
+                         "SOL settings", choices=PAIR_MODES)
+    pairs_per_class: int = setting(32, "pairs kept per order relation with --pairs balanced",
+                                   "SOL settings")
+    refine: Optional[bool] = setting(
+        None, "relabel training labels after each epoch (--refine: default for sol) or never "
+        "(--no-refine: default for sol-no-noise)", "SOL settings")
+    relabel: str = setting(
+        "posterior", "relabeling rule: 'posterior' moves a given label to the median of "
+        "p(rank | x, label) where that puts --relabel-mass on one side of it (not in the paper); "
+        "'outlier' = the paper's outlier rule, relabels accumulate", "SOL settings",
+        choices=RELABEL_RULES, paper="outlier")
+    relabel_mass: float = setting(0.98, "posterior mass needed to move a label", "SOL settings")
+    # Either way the corrected labels are the run's output and the encoder trains on the given ones.
+    label_noise: Union[float, str] = setting(
+        "auto", "std of the label error in ranks for 'posterior' relabeling: 'auto' estimates it on "
+        "the validation split and moves a label where --relabel-mass of p(rank | x, label) lies on "
+        "one side of it; a known std (e.g. from labels annotated twice: std of their difference / "
+        "sqrt 2) moves every label to that posterior's median. The encoder trains on the given "
+        "labels either way", "SOL settings", metavar="STD")
+    readout: str = setting(
+        "cuts", "rank read-out (SOLHead's readout=): 'posterior' = posterior median of p(q|x) ~ freq(q) exp(-D[x,q]/t) "
+        "(not in the paper); 'nearest' = argmin_q D[x,q] (paper eq. 6); 'cuts' = the expected rank "
+        "under p(q|x) against a cut per rank, fitted to the training labels for least MAE (not in "
+        "the paper; docs/math.md §12.4a)", "SOL settings", choices=INFERENCE_MODES, paper="nearest",
+        deprecated=("--inference",))
+    momentum: float = setting(
+        0.5, "centroid momentum m (SOLHead's momentum=): centroids <- normalize(m*old + "
+        "(1-m)*rule) each epoch; 0 = the paper", "SOL settings", paper=0.0,
+        deprecated=("--centroid-momentum",))
     # model selection: the epoch of best MAE on a stratified split of the (noisy) training data
-    val_fraction: float = 0.1               # 0: no split, the last epoch is the model (paper)
-    patience: Optional[int] = None          # stop after this many epochs without improvement
-    # optimization
-    lr: float = 1e-3
-    # Adam's L2 weight decay; "auto": SOL_WEIGHT_DECAY_PER_RANK x the number of ranks for the SOL
-    # methods with the MLP encoder, else BASELINE_WEIGHT_DECAY (weight_decay_for)
-    weight_decay: float | str = "auto"
-    # exponential moving average of the weights over the training steps, this decay per step: the
-    # averaged weights are the model every pass over the data uses (centroids, read-out, model
-    # selection, checkpoints); training steps update the trained weights. 0: no average; "auto":
-    # over the last WEIGHT_EMA_SHARE of the steps so far for the SOL methods, none for the baselines
-    weight_ema: float | str = "auto"
-    epochs: int = 20
-    batch_size: int = 64
-    seed: int = 0
-    device: str = "cpu"
-    amp: bool = False                       # autocast: float16 + loss scaling on CUDA, bfloat16 on CPU
-    backend: str = "auto"
-    # evaluation
-    cs_theta: Optional[float] = None        # CS threshold in label units; None: 2 rank steps
+    val_fraction: float = setting(
+        0.1, "share of the training data (noisy labels) held out to pick the best epoch; 0: the "
+        "last epoch is the model (the paper)", "data", paper=0.0)
+    patience: Optional[int] = setting(
+        None, "stop after this many epochs without a better validation MAE (default: train every "
+        "epoch)", "optimization", paper=None)
+    # -- optimization
+    lr: float = setting(1e-3, "Adam learning rate (the paper's 1e-4 fine-tunes a pretrained VGG16; "
+                              "a small encoder from scratch needs more)", "optimization")
+    weight_decay: Union[float, str] = setting(
+        "auto", f"Adam's L2 weight decay; 'auto': {SOL_WEIGHT_DECAY_PER_RANK:g} x the number of "
+        f"ranks for sol with the mlp encoder, else {BASELINE_WEIGHT_DECAY:g}", "optimization",
+        paper=5e-4)
+    weight_ema: Union[float, str] = setting(
+        "auto", "evaluate, select and save an exponential moving average of the weights (this decay "
+        "per training step; 0: the trained weights; 'auto': over the last "
+        f"{WEIGHT_EMA_SHARE * 100:g} %% of the steps so far for sol, none for the baselines)",
+        "optimization", metavar="DECAY", paper=0.0)
+    epochs: int = setting(20, "passes over the training data", "optimization")
+    batch_size: int = setting(64, "samples per training step (per process under torchrun)",
+                              "optimization")
+    seed: int = setting(0, "seed of the noise, the split, the initialization and the batches", None)
+    device: str = setting("cpu", "cpu, cuda, cuda:1 or auto", "optimization")
+    amp: bool = setting(
+        False, "mixed precision: autocast to float16 with loss scaling on a GPU (bfloat16 on the "
+        "CPU); the loss itself computes in float32", "optimization")
+    backend: str = setting("auto", "kernel backend of the loss", "optimization",
+                           choices=("auto", "fused", "reference"))
+    # -- evaluation
+    cs_theta: Optional[float] = setting(
+        None, "CS threshold in label units (default: 2 rank steps)", "optimization")
 
     def __post_init__(self) -> None:
         self.hidden = tuple(int(h) for h in self.hidden)  # a list after a JSON round trip
@@ -267,8 +362,8 @@ class TrainConfig:
         check_encoder_name(self.encoder)
         need(self.pairs in PAIR_MODES,
              f"unknown pair set {self.pairs!r}; expected one of {', '.join(PAIR_MODES)}.")
-        need(self.inference in INFERENCE_MODES,
-             f"unknown inference {self.inference!r}; expected one of {', '.join(INFERENCE_MODES)}.")
+        need(self.readout in INFERENCE_MODES,
+             f"unknown readout {self.readout!r}; expected one of {', '.join(INFERENCE_MODES)}.")
         need(self.convention in ("paper", "official"),
              f"unknown convention {self.convention!r}; expected 'paper' or 'official'.")
         need(math.isfinite(self.kappa) and self.kappa >= 0,
@@ -291,8 +386,8 @@ class TrainConfig:
         need(self.label_noise == "auto" or self.relabel == "posterior",
              "a label noise std is used by the posterior relabeling rule; it does not apply to "
              f"relabel rule {self.relabel!r}.")
-        need(0.0 <= self.centroid_momentum < 1.0,
-             f"centroid momentum must be in [0, 1), got {self.centroid_momentum}.")
+        need(0.0 <= self.momentum < 1.0,
+             f"momentum must be in [0, 1), got {self.momentum}.")
         need(0.0 <= self.val_fraction < 1.0,
              f"validation fraction must be in [0, 1), got {self.val_fraction}.")
         need(self.patience is None or self.patience >= 1,
@@ -349,6 +444,9 @@ class TrainConfig:
         d = dict(d)
         if "vgg_weights" in d:  # the name before torchvision backbones took weights too
             d["weights"] = d.pop("vgg_weights")
+        for old, new in RENAMED_SETTINGS.items():  # saved before the settings took SOLHead's names
+            if old in d:
+                d[new] = d.pop(old)
         if "augment" not in d:  # a run from before augmentation existed trained without it
             d["augment"] = "none"
         known = {f.name for f in dataclasses.fields(cls)}
@@ -357,6 +455,84 @@ class TrainConfig:
             raise ValueError(f"unknown configuration keys {sorted(unknown)}; the checkpoint was "
                              f"written by another version of sol_ext.")
         return cls(**d)
+
+
+# Former names of settings -> their names now, SOLHead's (readout=, momentum=). Runs saved with the
+# former names load as they are; a TrainConfig built or read with them warns, for one release.
+RENAMED_SETTINGS = {"inference": "readout", "centroid_momentum": "momentum"}
+
+
+def warn_renamed(old: str, new: str, where: str = "TrainConfig") -> None:
+    """The DeprecationWarning of a setting used by its former name."""
+    warnings.warn(f"{where}: {old} is deprecated and will be removed; use {new}, its name in "
+                  f"SOLHead", DeprecationWarning, stacklevel=3)
+
+
+def _accept_renamed(init):
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        for old, new in RENAMED_SETTINGS.items():
+            if old in kwargs:
+                warn_renamed(old, new)
+                if new in kwargs:
+                    raise TypeError(f"TrainConfig got {old}= and {new}=, one setting; pass {new}=.")
+                kwargs[new] = kwargs.pop(old)
+        init(self, *args, **kwargs)
+    return __init__
+
+
+def _renamed_property(old: str, new: str) -> property:
+    def get(self):
+        warn_renamed(old, new)
+        return getattr(self, new)
+
+    def set_(self, value):
+        warn_renamed(old, new)
+        setattr(self, new, value)
+    return property(get, set_, doc=f"Deprecated name of :attr:`{new}`.")
+
+
+TrainConfig.__init__ = _accept_renamed(TrainConfig.__init__)
+for _old, _new in RENAMED_SETTINGS.items():
+    setattr(TrainConfig, _old, _renamed_property(_old, _new))
+
+# The settings of the paper's Algorithm 1 (docs/math.md §8, §11) where our defaults differ, from each
+# field's setting(paper=...); `--paper` applies them, so the published procedure is reproduced with
+# one switch.
+PAPER_SETTINGS: dict[str, Any] = {f.name: f.metadata["paper"] for f in dataclasses.fields(TrainConfig)
+                                  if f.metadata["paper"] is not _NOT_IN_PAPER}
+
+
+def option_of(name: str) -> dict[str, Any]:
+    """The command-line option of the TrainConfig field ``name``: :func:`setting`'s arguments, the
+    field's ``default`` and the ``flag`` it is spelled with."""
+    field = {f.name: f for f in dataclasses.fields(TrainConfig)}[name]
+    return {**field.metadata, "default": field.default,
+            "flag": field.metadata["flag"] or "--" + name.replace("_", "-")}
+
+
+def setting_kinds() -> dict[str, tuple[str, ...]]:
+    """TrainConfig field -> the kinds of value it takes, from its type hint: ``"str"``, ``"int"``,
+    ``"float"`` (an integer is taken as a float), ``"bool"``, ``"int list"``, and ``"auto"`` (the
+    string "auto") beside ``"float"`` for a number or "auto". Optional fields take the same kinds
+    (None is "unset", which the command line and the file leave out)."""
+    hints = typing.get_type_hints(TrainConfig)
+    simple = {str: "str", int: "int", float: "float", bool: "bool"}
+    kinds = {}
+    for f in dataclasses.fields(TrainConfig):
+        hint = hints[f.name]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if typing.get_origin(hint) is Union and len(args) == 1:  # Optional[X]
+            hint = args[0]
+        if hint in simple:
+            kinds[f.name] = (simple[hint],)
+        elif hint == Union[float, str]:  # a number or "auto" (sigma, label_noise, weight_decay, ...)
+            kinds[f.name] = ("float", "auto")
+        elif hint == Tuple[int, ...]:
+            kinds[f.name] = ("int list",)
+        else:  # a new kind of field: say so where it is declared, not as a wrong file later
+            raise TypeError(f"TrainConfig.{f.name}: no command-line form for {hint}")
+    return kinds
 
 
 def config_mismatches(saved: TrainConfig, current: TrainConfig) -> list[str]:

@@ -3,7 +3,7 @@ writes a run's resolved settings in the same form.
 
 The file is flat ``key = value`` lines; a key is a :class:`~sol_ext.driver.config.TrainConfig` field
 (``embedding_dim``) or its option's spelling (``embedding-dim``), plus ``paper = true`` for the
-paper's settings (``--paper``)::
+paper's settings (``--paper``), ``output`` and ``threads`` (``--output``, ``--threads``)::
 
     data = "ages.csv"
     label_column = "age"
@@ -14,22 +14,27 @@ paper's settings (``--paper``)::
 A run's settings are, from the lowest to the highest priority: the defaults (or the paper's
 settings), the file, the options on the command line. A setting left out of the file keeps its
 default; there is no TOML value for "unset" (``--print-config`` leaves unset settings out).
-Relative paths are relative to the working folder, as on the command line.
+Relative paths are relative to the working folder, as on the command line, except the data paths
+(``data``, ``test_data``, ``weights``) of a file with ``relative_to = "FOLDER"``: they are read from
+that folder. A run's ``config.toml`` and ``--print-config`` name the working folder so, and the
+file repeats the run on the same files from any folder (as ``predict`` and ``audit`` find them).
 
-Reading TOML needs Python >= 3.11 (``tomllib``) or the ``tomli`` package.
+The file may start with a UTF-8 byte order mark. Reading TOML needs Python >= 3.11 (``tomllib``)
+or the ``tomli`` package; it is written by ``tomli-w``.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
 import json
+import os
+import stat
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
-from .config import TrainConfig
+from .config import RENAMED_SETTINGS, TrainConfig, setting_kinds, warn_renamed
 from .errors import UsageError
 
 __all__ = ["read_config_file", "config_toml", "options_given", "FIELD_KINDS", "CONFIG_FILE_NAME"]
@@ -39,31 +44,21 @@ CONFIG_FILE_NAME = "config.toml"
 
 # The file's switch for the paper's settings: a command-line option, not a TrainConfig field.
 PAPER_KEY = "paper"
+# The folder the file's relative data paths are read from (a run's working folder).
+RELATIVE_TO_KEY = "relative_to"
+# Keys of the file beside the TrainConfig fields: options of `sol-ext train` that are not settings
+# of the training itself, and the folder of the data paths; name -> the kinds of value it takes.
+OPTION_KINDS: dict[str, tuple[str, ...]] = {PAPER_KEY: ("bool",), "output": ("str",),
+                                            "threads": ("int",), RELATIVE_TO_KEY: ("str",)}
+# Settings that are paths: an empty string would silently mean the working folder.
+PATH_KEYS = ("data", "test_data", "weights", "output", RELATIVE_TO_KEY)
+# The data paths, which `relative_to` applies to (as predict and audit locate a run's data).
+DATA_PATH_KEYS = ("data", "test_data", "weights")
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
-def _field_kinds() -> dict[str, tuple[str, ...]]:
-    """TrainConfig field -> the kinds of value it takes, read from its annotation: ``"str"``,
-    ``"int"``, ``"float"`` (an integer is taken as a float), ``"bool"``, ``"int list"``, ``"auto"``
-    (the string "auto"), or ``"any"`` for an annotation not listed here (the value is then checked
-    by :meth:`TrainConfig.validate` alone; a test asks for every field to have a kind)."""
-    named = {"str": "str", "int": "int", "float": "float", "bool": "bool", "tuple[int, ...]": "int list"}
-    kinds = {}
-    for f in dataclasses.fields(TrainConfig):
-        annotation = str(f.type)
-        if annotation.startswith("Optional[") and annotation.endswith("]"):
-            annotation = annotation[len("Optional["):-1]
-        parts = [p.strip() for p in annotation.split("|")]
-        if parts == ["float", "str"]:  # a number or "auto" (sigma, label_noise, weight_decay, ...)
-            kinds[f.name] = ("float", "auto")
-        elif len(parts) == 1 and parts[0] in named:
-            kinds[f.name] = (named[parts[0]],)
-        else:
-            kinds[f.name] = ("any",)
-    return kinds
-
-
-# TrainConfig field -> the kinds of TOML value it takes (see _field_kinds)
-FIELD_KINDS = _field_kinds()
+# TrainConfig field -> the kinds of TOML value it takes, from its type hint
+FIELD_KINDS = setting_kinds()
 _WORDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
           "int list": "a list of integers, e.g. [128, 128]", "auto": '"auto"'}
 
@@ -79,12 +74,19 @@ def _load_toml(path: Path) -> dict[str, Any]:
                              f"{sys.version_info[0]}.{sys.version_info[1]} needs the tomli "
                              f"package (pip install tomli); Python >= 3.11 has it built in.") from None
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        mode = os.stat(path).st_mode
     except FileNotFoundError:
         raise UsageError(f"--config {path}: no such file.") from None
-    except IsADirectoryError:
-        raise UsageError(f"--config {path}: a folder; expected a TOML file.") from None
+    if stat.S_ISDIR(mode):
+        raise UsageError(f"--config {path}: a folder; expected a TOML file.")
+    if not stat.S_ISREG(mode):  # reading a named pipe would wait for a writer, for ever
+        raise UsageError(f"--config {path}: not a regular file (a named pipe, socket or device); "
+                         f"expected a TOML file saved on disk.")
+    try:
+        raw = path.read_bytes()
+        # a byte order mark (Windows editors write one) is no TOML statement
+        text = raw[len(UTF8_BOM):] if raw.startswith(UTF8_BOM) else raw
+        return tomllib.loads(text.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise UsageError(f"--config {path}: not UTF-8 text ({exc.reason}); save it as UTF-8.") from None
     except tomllib.TOMLDecodeError as exc:
@@ -112,8 +114,6 @@ def _converted(value: Any, kinds: Sequence[str]) -> tuple[bool, Any]:
     """``(True, value as TrainConfig holds it)`` when ``value`` is of one of ``kinds``, else ``(False, None)``."""
     is_int = isinstance(value, int) and not isinstance(value, bool)
     for kind in kinds:
-        if kind == "any":
-            return True, value
         if kind == "str" and isinstance(value, str):
             return True, value
         if kind == "auto" and value == "auto":
@@ -131,25 +131,31 @@ def _converted(value: Any, kinds: Sequence[str]) -> tuple[bool, Any]:
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The settings of the TOML file ``path``: ``{TrainConfig field: value}``, and ``"paper": bool``
-    where the file sets it.
+    """The settings of the TOML file ``path``: ``{TrainConfig field: value}``, and ``"paper": bool``,
+    ``"output": str``, ``"threads": int`` where the file sets them. Relative data paths are taken
+    from the file's ``relative_to`` folder where it names one (:func:`_located`).
 
     Raises:
         UsageError: one line naming the file, for a file that cannot be read or is not TOML, and
             naming the key too for an unknown key, a key given twice (``embedding_dim`` and
-            ``embedding-dim``) or a value of the wrong type. Values in range are checked later, with
-            the command line's (:meth:`TrainConfig.validate`).
+            ``embedding-dim``), a value of the wrong type or an empty path. Values in range are
+            checked later, with the command line's (:meth:`TrainConfig.validate`).
     """
     path = Path(path)
     settings: dict[str, Any] = {}
     spelled: dict[str, str] = {}
     for key, value in _load_toml(path).items():
         name = key.replace("-", "_")
-        if name not in FIELD_KINDS and name != PAPER_KEY:
+        if name in RENAMED_SETTINGS:  # a file written before the settings took SOLHead's names
+            warn_renamed(key, RENAMED_SETTINGS[name], where=f"--config {path}")
+            print(f"sol-ext: warning: --config {path}: '{key}' is deprecated; use "
+                  f"'{RENAMED_SETTINGS[name]}'.", file=sys.stderr)
+            name = RENAMED_SETTINGS[name]
+        if name not in FIELD_KINDS and name not in OPTION_KINDS:
             if isinstance(value, dict):
                 raise UsageError(f"--config {path}: unknown table [{key}]; the settings are "
                                  f"'key = value' lines at the top of the file, without a [table].")
-            close = difflib.get_close_matches(name, [*FIELD_KINDS, PAPER_KEY], n=1)
+            close = difflib.get_close_matches(name, [*FIELD_KINDS, *OPTION_KINDS], n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""
             raise UsageError(f"--config {path}: unknown key '{key}'; {hint}expected the name of a "
                              f"'sol-ext train' option, e.g. epochs, sigma, label_column.")
@@ -157,42 +163,86 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             raise UsageError(f"--config {path}: '{spelled[name]}' and '{key}' are the same "
                              f"setting; keep one.")
         spelled[name] = key
-        kinds = ("bool",) if name == PAPER_KEY else FIELD_KINDS[name]
+        kinds = OPTION_KINDS[name] if name in OPTION_KINDS else FIELD_KINDS[name]
         ok, converted = _converted(value, kinds)
         if not ok:
             expected = " or ".join(_WORDS[k] for k in kinds)
             shown = json.dumps(value) if isinstance(value, str) else repr(value)
             raise UsageError(f"--config {path}: key '{key}' must be {expected}, got {shown} "
                              f"({_kind_of(value)}).")
+        if name in PATH_KEYS and converted == "":
+            raise UsageError(f"--config {path}: key '{key}' is an empty string, which would mean "
+                             f"the working folder; expected a path"
+                             + (" or a built-in data set's name." if name == "data" else "."))
         settings[name] = converted
+    return _located(settings, settings.pop(RELATIVE_TO_KEY, None))
+
+
+def _located(settings: dict[str, Any], relative_to: Optional[str]) -> dict[str, Any]:
+    """``settings`` with each relative data path taken from the folder ``relative_to`` (the working
+    folder of the run the file was written for), unless that is the working folder now. The path is
+    taken from there whether or not the file is still there: a file of the same name in another
+    folder is other data (a missing one is then refused naming where it was looked for)."""
+    from .data import is_builtin
+
+    if relative_to is None or _same_folder(relative_to, os.getcwd()):
+        return settings
+    for key in DATA_PATH_KEYS:
+        given = settings.get(key)
+        if given and not Path(given).is_absolute() and not (key == "data" and is_builtin(given)):
+            settings[key] = str(Path(relative_to) / given)
     return settings
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, float):
-        return repr(value)  # "0.001", "1e-05", "inf": the float itself, read back exactly
-    if isinstance(value, int):
-        return str(value)
+def _same_folder(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def _toml_line(name: str, value: Any) -> str:
+    """``name = value`` as TOML (``tomli-w``: any string, every Unicode plane, escaped as TOML
+    escapes it; a float read back exactly); a list of integers on one line."""
+    import tomli_w
+
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"no TOML form for {value!r}")  # pragma: no cover - FIELD_KINDS rules it out
+        return f"{name} = [" + ", ".join(str(int(v)) for v in value) + "]"
+    return tomli_w.dumps({name: value}).rstrip("\n")
 
 
-def config_toml(config: TrainConfig, paper: bool = False) -> str:
+def _relative_data_paths(config: TrainConfig) -> bool:
+    """Whether ``config`` has a data path that is relative to the working folder."""
+    from .data import is_builtin
+
+    return any(value and not Path(value).is_absolute() and not (key == "data" and is_builtin(value))
+               for key, value in ((k, getattr(config, k)) for k in DATA_PATH_KEYS))
+
+
+def config_toml(config: TrainConfig, paper: bool = False, output: Optional[str] = None,
+                threads: int = 0, relative_to: Optional[str] = None) -> str:
     """``config`` as the TOML text that :func:`read_config_file` reads back to the same
     configuration: one ``key = value`` line per setting, in TrainConfig's order; unset (None)
     settings are left out, and ``paper = true`` comes first where the run has ``--paper`` (its
-    settings are written out too; it also names the default output folder)."""
+    settings are written out too; it also names the default output folder). ``output`` and
+    ``threads`` (where not the default 0) follow the settings.
+
+    ``relative_to``, the working folder the relative data paths were given in (default: the
+    current one), is written where the configuration has such a path, so that the file finds the
+    same data from any folder."""
     lines = ["# sol-ext train settings; sol-ext train --config FILE reads them back"]
     if paper:
-        lines.append(f"{PAPER_KEY} = true")
+        lines.append(_toml_line(PAPER_KEY, True))
+    if _relative_data_paths(config):
+        lines.append("# the folder the relative data paths are read from")
+        lines.append(_toml_line(RELATIVE_TO_KEY, os.getcwd() if relative_to is None else relative_to))
     for name, value in config.to_dict().items():
         if value is not None:
-            lines.append(f"{name} = {_toml_value(value)}")
+            lines.append(_toml_line(name, value))
+    if output is not None:
+        lines.append(_toml_line("output", output))
+    if threads:
+        lines.append(_toml_line("threads", threads))
     return "\n".join(lines) + "\n"
 
 

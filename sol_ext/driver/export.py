@@ -39,7 +39,8 @@ from .checkpoint import atomic_write_files
 from .methods import head_probabilities, head_ranks
 from .model import TrainedModel
 
-__all__ = ["ExportedPredictor", "export_run", "export_onnx", "sidecar_path", "SIDECAR_SUFFIX"]
+__all__ = ["ExportedPredictor", "export_run", "export_onnx", "sidecar_path", "SIDECAR_SUFFIX",
+           "export_command"]
 
 SIDECAR_SUFFIX = ".json"
 
@@ -203,3 +204,27 @@ def _write_with_sidecar(trained: TrainedModel, output: Path, side: Path, program
     output.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_files({output: program, side: text.encode("utf-8")})
 
+
+def export_command(args) -> int:
+    """``sol-ext export``: the run in ``args.run_dir`` as a torch.export program and its sidecar."""
+    from .errors import UsageError
+    from .model import load_run
+    from .options import run_data
+    from .outputs import check_output
+
+    model = load_run(args.run_dir)
+    default = args.run_dir / "model.pt2"
+    own = [default, sidecar_path(default)]  # a rerun replaces the default export
+    inputs = run_data(args.run_dir, model)
+    text = str(default) if args.output is None else args.output
+    if text and sidecar_path(text) == Path(text):
+        raise UsageError(f"--output {text}: the program would share its name with its .json "
+                         f"sidecar; choose a name that does not end in .json, e.g. model.pt2.")
+    path = check_output(text, "--output", inputs=inputs, replaceable=own, overwrite=args.overwrite,
+                        stdout_ok=False)
+    check_output(str(sidecar_path(path)), f"--output {text} (its sidecar)", inputs=inputs,
+                 replaceable=own, overwrite=args.overwrite, stdout_ok=False)
+    side = export_run(model, path)
+    print(f"exported {model.method} -> {path} (torch.export; needs plain torch only), "
+          f"inputs and label values -> {side}")
+    return 0

@@ -78,8 +78,8 @@ def make_sol_head(config: TrainConfig, num_ranks: int) -> SOLHead:
     damped centroid rule and read-out. ``config.sigma`` must be resolved (not ``"auto"``)."""
     return SOLHead(num_ranks, config.embedding_dim, sigma=config.kernel_sigma, tau=config.tau,
                    margin=config.margin, T=config.T, disc_weight=config.disc_weight,
-                   convention=config.convention, momentum=config.centroid_momentum,
-                   normalize=config.normalize, readout=config.inference, backend=config.backend)
+                   convention=config.convention, momentum=config.momentum,
+                   normalize=config.normalize, readout=config.readout, backend=config.backend)
 
 
 def training_loss(config: TrainConfig, model: RankModel, embeddings: torch.Tensor,

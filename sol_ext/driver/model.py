@@ -24,9 +24,9 @@ from .checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from .config import TrainConfig
 from .data import ImageFiles, RankEncoder, apply_scaling, read_inputs
 from .data.frames import FLOAT32_MAX, TableOrigin, as_arrow_table, is_table_like, table_features
+from .device import resolve_device
 from .loader import RunInputs, embedding_batch_size
 from .methods import RankModel, build_model, head_probabilities, head_ranks, make_sol_head
-from .run import resolve_device
 
 __all__ = ["TrainedModel", "Prediction", "load_run", "model_from_state"]
 

@@ -7,7 +7,10 @@ collectives Algorithm 1 needs beyond DDP's gradient averaging.
 Without torchrun, :class:`Parallel` is the single process and every collective returns its input.
 
 The driver runs one process's share of each step and of each whole-training-set pass (embedding,
-centroid sums), then combines the shares here, so every process holds the same centroids, labels and
+the head's update), and combines the shares with the library's own helpers
+(:func:`sol_ext.distributed.shard`, :func:`~sol_ext.distributed.gather_all`,
+:func:`~sol_ext.distributed.all_reduce_sum`, :func:`~sol_ext.distributed.update_head`); rank 0's
+labels and decisions are broadcast here, so every process holds the same centroids, labels and
 decisions after every epoch.
 """
 
@@ -83,40 +86,8 @@ class Parallel:
             gc.collect()
             dist.destroy_process_group()
 
-    # ---- sharding ----------------------------------------------------------------------------
-
-    def shard_sizes(self, count: int) -> list[int]:
-        """Sizes of the ``world_size`` contiguous shards of ``count`` items (differing by at most 1,
-        the first ones larger), as :func:`torch.tensor_split` makes them."""
-        base, extra = divmod(count, self.world_size)
-        return [base + (r < extra) for r in range(self.world_size)]
-
-    def shard(self, count: int) -> slice:
-        """This process's contiguous share of ``range(count)``."""
-        sizes = self.shard_sizes(count)
-        start = sum(sizes[: self.rank])
-        return slice(start, start + sizes[self.rank])
-
-    # ---- collectives (identity on one process) -----------------------------------------------
-
-    def gather_shards(self, local: torch.Tensor, count: int) -> torch.Tensor:
-        """The rows of every process's :meth:`shard` of ``count`` rows, in order: ``[count, ...]``."""
-        if not self.enabled:
-            return local
-        sizes = self.shard_sizes(count)
-        padded = max(sizes[0], 1)  # no collective on empty tensors
-        rows = local
-        if local.shape[0] < padded:
-            rows = torch.cat([local, local.new_zeros((padded - local.shape[0], *local.shape[1:]))])
-        parts = [torch.empty_like(rows) for _ in range(self.world_size)]
-        dist.all_gather(parts, rows.contiguous())
-        return torch.cat([p[:s] for p, s in zip(parts, sizes)])
-
-    def sum(self, t: torch.Tensor) -> torch.Tensor:
-        """All-reduced sum of ``t`` (in place), the same on every process."""
-        if self.enabled:
-            dist.all_reduce(t)
-        return t
+    # ---- collectives (identity on one process); shards, gathers and sums are the library's
+    # (sol_ext.distributed.shard, gather_all, all_reduce_sum) --------------------------------------
 
     def broadcast(self, t: torch.Tensor) -> torch.Tensor:
         """Rank 0's ``t`` on every process (in place)."""

@@ -1,9 +1,12 @@
-"""``sol-ext predict``: the prediction CSV and the scores against labels the data carry."""
+"""``sol-ext predict``: the prediction CSV and the scores against labels the data carry. Nothing of
+the training loop is imported here."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
@@ -15,7 +18,7 @@ from ..metrics import macro_mae, mae, quadratic_weighted_kappa
 from .data.frames import string_array
 from .model import Prediction, TrainedModel
 
-__all__ = ["prediction_csv", "score_prediction", "format_scores"]
+__all__ = ["prediction_csv", "score_prediction", "format_scores", "predict_command"]
 
 
 _NEEDS_QUOTES = re.compile(r'[,"\r\n]')
@@ -110,3 +113,51 @@ def format_scores(scores: dict[str, float]) -> str:
     qwk = "n/a (labels off the run's grid)" if np.isnan(scores["qwk"]) else f"{scores['qwk']:.4f}"
     return (f"against the data's labels ({int(scores['n'])} rows): MAE {scores['mae']:.4f}, "
             f"macro-MAE {scores['macro_mae']:.4f}, QWK {qwk}")
+
+
+def predict_command(args: argparse.Namespace) -> int:
+    """``sol-ext predict``: the prediction CSV of ``--data`` by the run in ``args.run_dir`` (to a
+    file or stdout), and its scores where the data carry labels."""
+    from pathlib import Path
+
+    from .checkpoint import atomic_write_bytes
+    from .device import resolve_device
+    from .errors import UsageError
+    from .loader import auto_workers
+    from .model import load_run
+    from .options import run_data
+    from .outputs import check_output
+
+    if args.workers is not None and args.workers < 0:
+        raise UsageError(f"--workers must be >= 0, got {args.workers}.")
+    to_stdout = args.output == "-"
+    model = load_run(args.run_dir, device=resolve_device(args.device),
+                     workers=auto_workers() if args.workers is None else args.workers)
+    default = args.run_dir / "predictions.csv"  # a rerun replaces it
+    inputs = [("the --data file", args.data), *run_data(args.run_dir, model)]
+    path = None if to_stdout else check_output(
+        str(default) if args.output is None else args.output, "--output", inputs=inputs,
+        replaceable=[default], overwrite=args.overwrite)
+    if args.delimiter is not None:
+        from .data.tables import table_format
+
+        read = Path(args.data) / "labels.csv" if Path(args.data).is_dir() else Path(args.data)
+        if table_format(read) != "csv":  # as train refuses it
+            raise UsageError(f"--delimiter {args.delimiter} applies to CSV files only; {args.data} is not one: "
+                             f"leave --delimiter out.")
+        model.preprocessing = {**model.preprocessing, "delimiter": args.delimiter}
+    prediction = model.predict_table(args.data)
+    csv_bytes = prediction_csv(prediction)
+    scores = score_prediction(model, prediction)
+    if to_stdout:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(csv_bytes)
+        sys.stdout.buffer.flush()
+        if scores is not None:
+            print(format_scores(scores), file=sys.stderr)
+        return 0
+    atomic_write_bytes(path, csv_bytes)
+    print(f"{len(prediction.ids)} predictions ({model.method}) -> {path}")
+    if scores is not None:
+        print(format_scores(scores))
+    return 0

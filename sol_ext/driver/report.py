@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from .checkpoint import atomic_write_text
 from .prepare import PreparedData
-from .run import RunOutcome
+
+if TYPE_CHECKING:  # the names of the run files are needed without the training loop (outputs.py)
+    from .run import RunOutcome
 
 __all__ = ["RESULTS_NAME", "PLOT_NAMES", "write_outputs", "clear_results", "format_table"]
 

@@ -5,10 +5,11 @@ The entry point is :func:`sol_ext.driver.train.train`, which picks sigma first w
 
 Per epoch:
 1. train the encoder on shuffled batches of the current labels, with the centroids fixed;
-2. (SOL) the centroid rule over the whole training set (eval mode, no gradient), damped with
-   the previous centroids (``centroid_momentum``; 0 is the paper's wholesale replacement);
+2. (SOL) the head's own end-of-epoch update (:meth:`sol_ext.SOLHead.update`): the centroid rule
+   over the whole training set (eval mode, no gradient), damped with the previous centroids
+   (``momentum``; 0 is the paper's wholesale replacement), then its read-out fitted;
 3. read out ranks (the expected rank against cuts fitted to the training labels by default, the
-   posterior median with ``inference="posterior"``, eq. 6 with ``inference="nearest"``) and
+   posterior median with ``readout="posterior"``, eq. 6 with ``readout="nearest"``) and
    (SOL) relabel training labels: by the posterior rule from the given labels (default; its
    corrected labels are the run's output, and the encoder keeps training on the given labels),
    or by the paper's outlier rule, whose relabels are trained on and accumulate;
@@ -22,10 +23,13 @@ paper) there is no split and the last epoch is the model.
 Under ``torchrun`` (:class:`sol_ext.driver.parallel.Parallel`) each of the ``W`` processes trains on its
 share of every global batch of ``W * batch_size`` samples through ``DistributedDataParallel`` and
 :class:`sol_ext.distributed.DistributedStochasticOrderLoss`, so a step is that of one process on the
-global batch. Whole-training-set passes are split the same way: each process embeds its shard, the
-centroid rule all-reduces the per-label sums and counts, and the read-out runs on the gathered
-embeddings; rank 0's labels and model-selection decisions are broadcast, so every process holds the
-same state after every epoch. Rank 0 alone logs and writes checkpoints.
+global batch. Whole-training-set passes are split the same way, by the library's own helpers: each
+process embeds its :func:`sol_ext.distributed.shard` (gathered by
+:func:`~sol_ext.distributed.gather_all`), and :func:`sol_ext.distributed.update_head` runs
+``SOLHead.update`` over the shards (the centroid rule all-reduces the per-label sums and counts, the
+read-out is fitted on the gathered embeddings); rank 0's labels and model-selection decisions are
+broadcast, so every process holds the same state after every epoch. Rank 0 alone logs and writes
+checkpoints.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from .. import distributed
 from ..centroids import (
     LabelNoiseFit,
     centroid_span,
@@ -69,6 +74,7 @@ from .checkpoint import (
 )
 from .config import WEIGHT_EMA_SHARE, TrainConfig
 from .data import split_indices
+from .device import resolve_device
 from .loader import RunInputs, auto_workers, embedding_batch_size, training_transform
 from .methods import RankModel, build_model, encoder_name, head_ranks, make_sol_head, training_loss
 from .parallel import Parallel
@@ -89,6 +95,9 @@ class RunOutcome:
         train_pred: ``[N]`` predicted training ranks (final model and centroids).
         labels: ``[N]`` the run's corrected training ranks: the posterior rule's corrections
             (the encoder trained on the given labels), or the outlier rule's relabeled labels.
+        best_state: the selected epoch's state, what ``best.pt`` holds, for a run trained in
+            memory (no output folder; :func:`sol_ext.driver.model.model_from_state` makes it a
+            model); ``None`` for a run with a folder, which has it in ``best.pt``.
     """
 
     results: dict[str, Any]
@@ -96,37 +105,7 @@ class RunOutcome:
     test_pred: torch.Tensor
     train_pred: torch.Tensor
     labels: torch.Tensor
-
-
-def resolve_device(name: str, parallel: Optional[Parallel] = None) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; anything else must exist. Under torchrun a GPU
-    run uses one GPU per process: ``cuda:LOCAL_RANK``."""
-    if parallel is not None and parallel.enabled:
-        dev = resolve_device(name)
-        if dev.type != "cuda":
-            return dev
-        if name not in ("auto", "cuda"):
-            raise ValueError(f"device={name!r}: under torchrun each process trains on its own GPU, "
-                             f"cuda:LOCAL_RANK; pass --device cuda (or auto).")
-        if parallel.local_rank >= torch.cuda.device_count():
-            raise ValueError(f"process {parallel.local_rank} on this machine has no GPU of its own: "
-                             f"{torch.cuda.device_count()} GPU(s) visible; start at most that many "
-                             f"processes per machine (torchrun --nproc-per-node).")
-        return torch.device("cuda", parallel.local_rank)
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device={name!r} is not a device; expected cpu, cuda, cuda:N or auto.")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available; use --device cpu.")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"device {name!r} requested but there are {torch.cuda.device_count()} "
-                         f"CUDA devices (cuda:0 … cuda:{torch.cuda.device_count() - 1}).")
-    return dev
+    best_state: Optional[dict[str, Any]] = None
 
 
 def cs_theta_of(config: TrainConfig, data: PreparedData) -> float:
@@ -280,24 +259,26 @@ def _sol_readout(config: TrainConfig, head: SOLHead, model: RankModel,
                  fit_h: torch.Tensor, fit_labels: torch.Tensor, val_x: Optional[RunInputs],
                  val_labels: Optional[torch.Tensor], test_x: RunInputs,
                  device: torch.device, batch_size: int, par: Parallel) -> _Readout:
-    """Rank read-out of the SOL methods (``head``, its centroids updated): the expected rank
-    against cuts (default), the posterior median, or eq. 6."""
+    """The end of an epoch of the SOL methods: the head's own update (centroid rule, then the
+    read-out, :meth:`sol_ext.SOLHead.update`; :func:`sol_ext.distributed.update_head` under
+    torchrun), then its rank read-out of every sample: the expected rank against cuts (default),
+    the posterior median, or eq. 6."""
     n = head.num_ranks
     val_h = None if val_x is None else _embed_all(model, val_x, batch_size, device, par)
     test_h = _embed_all(model, test_x, batch_size, device, par)
     # The temperature is fitted on held-out samples when there are any: on the samples the
     # encoder was fitted to, the posterior comes out over-confident. The prior is the rank
-    # frequency of the training labels.
-    if val_h is None:
-        head.fit_readout(fit_h, fit_labels)
-    else:
-        head.fit_readout(val_h, val_labels, prior_labels=fit_labels, cuts=False)
+    # frequency of the training labels; the cuts are fitted on the training split, never the
+    # validation's. Under torchrun each process passes its shard, and the update gathers them.
+    fit_part = distributed.shard(fit_h.shape[0])
+    val_part = None if val_h is None else distributed.shard(val_h.shape[0])
+    distributed.update_head(head, fit_h[fit_part], fit_labels[fit_part],
+                            None if val_h is None else val_h[val_part],
+                            None if val_h is None else val_labels[val_part])
     d_fit = head.dissimilarity(fit_h)
     d_val = None if val_h is None else head.dissimilarity(val_h)
     d_test = head.dissimilarity(test_h)
     p_fit = head.probabilities(d_fit)
-    if val_h is not None:  # "--inference cuts": on the training split, never the validation's
-        head.fit_cuts(fit_h, fit_labels, probabilities=p_fit)
     p_val = None if d_val is None else head.probabilities(d_val)
     probabilities = dict(fit_probabilities=p_fit, val_probabilities=p_val)
     if config.refines and config.relabel == "posterior":
@@ -308,7 +289,7 @@ def _sol_readout(config: TrainConfig, head: SOLHead, model: RankModel,
         probabilities.update(
             noise=noise, fit_rank_probabilities=rank_posterior(d_fit, noise.posterior),
             val_rank_probabilities=None if d_val is None else rank_posterior(d_val, noise.posterior))
-    # the head's read-out (config.inference): posterior median, eq. 6, or cuts
+    # the head's read-out (config.readout): posterior median, eq. 6, or cuts
     return _Readout(fit_pred=head.ranks(d_fit, p_fit),
                     val_pred=None if d_val is None else head.ranks(d_val, p_val),
                     test_pred=head.ranks(d_test), test_h=test_h, **probabilities)
@@ -359,11 +340,11 @@ def _embed_all(model: RankModel, inputs: RunInputs, batch_size: int, device: tor
         return embed(model, torch.zeros(1, *inputs.sample_shape), batch_size, device)[:0]
     if not par.enabled:
         return inputs.embed(model, batch_size)
-    shard = par.shard(count)
+    shard = distributed.shard(count)
     size = shard.stop - shard.start
     # an empty shard (fewer rows than processes) still needs the width d for the gather
     local = inputs.embed(model, batch_size, shard if size else slice(0, 1))[:size]
-    return par.gather_shards(local, count)
+    return distributed.gather_all(local)
 
 
 def _run_inputs(config: TrainConfig, data: PreparedData, split: _Split, device: torch.device,
@@ -409,12 +390,13 @@ def _check_same_state(par: Parallel, epoch: int, labels: torch.Tensor,
                            f"epoch {epoch}; the data-parallel run is out of step.")
 
 
-def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool = False,
+def train_run(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resume: bool = False,
               progress: bool = False, log: Callable[[str], None] = print,
               parallel: Optional[Parallel] = None,
               sigma_choice: Optional[dict[str, Any]] = None) -> RunOutcome:
     """One training run of ``config.method`` on ``data`` (Algorithm 1 for SOL); checkpoint to
-    ``out_dir/checkpoint.pt`` every epoch and the best epoch so far to ``out_dir/best.pt``.
+    ``out_dir/checkpoint.pt`` every epoch and the best epoch so far to ``out_dir/best.pt``; with
+    ``out_dir=None`` nothing is written and the outcome holds the selected epoch's state.
 
     :func:`sol_ext.driver.train.train` is the entry point: it validates ``config``, picks sigma
     ``"auto"`` (:mod:`sol_ext.driver.tuning`) and calls this function. Here ``config`` is the run's
@@ -426,9 +408,12 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
     par = parallel or Parallel()
     run_config = config if sigma_choice is None else dataclasses.replace(config, sigma=sigma_choice["sigma"])
     device = resolve_device(config.device, par)
-    if par.is_main:
+    in_memory = out_dir is None
+    if resume and in_memory:
+        raise ValueError("a run trained in memory (no output folder) has no checkpoint to resume.")
+    if par.is_main and not in_memory:
         out_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_path = out_dir / CHECKPOINT_NAME
+    ckpt_path = None if in_memory else out_dir / CHECKPOINT_NAME
     n = data.num_ranks
     eval_bs = embedding_batch_size(data.kind, config.batch_size)
     start = time.perf_counter()
@@ -475,7 +460,7 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
         best = par.broadcast_object(load_checkpoint(out_dir / BEST_NAME) if par.is_main else None)
         log(f"resuming {out_dir} after epoch {state['epoch']}")
     elif head is not None:
-        _centroid_rule(head, _embed_all(eval_model, fit_x, eval_bs, device, par), labels, par)
+        _centroid_rule(head, _embed_all(eval_model, fit_x, eval_bs, device, par), labels)
 
     for epoch in range(first_epoch, config.epochs + 1):
         if best is not None and config.patience is not None \
@@ -489,13 +474,13 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
         record: dict[str, Any] = {"epoch": epoch, "train_loss": loss}
         steps_done = time.perf_counter()
 
-        # 2. centroid rule; 3. read-out and relabeling
+        # 2. the head's update (centroid rule, read-out); 3. read-out and relabeling
         fit_h = _embed_all(eval_model, fit_x, eval_bs, device, par)
         if head is not None:
-            centroids = _centroid_rule(head, fit_h, labels, par)
-            record["centroid_span"] = centroid_span(centroids)
             out = _sol_readout(run_config, head, eval_model, fit_h, labels, val_x, val_labels,
                                test_x, device, eval_bs, par)
+            centroids = head.centroids
+            record["centroid_span"] = centroid_span(centroids)
         else:
             out = _head_readout(run_config, eval_model, n, fit_h, val_x, test_x, device, eval_bs, par)
         record["train_mae_vs_labels"] = _rank_mae(out.fit_pred, labels)
@@ -543,9 +528,11 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
         if improved:
             best = selected_state(snapshot, test_embeddings=out.test_h,
                                   audit=_audit_arrays(config, data, split, out, suggestion))
-            if par.is_main:
+            if in_memory:  # the state holds the live weights: keep the selected epoch's
+                best = _copied(best)
+            elif par.is_main:
                 save_checkpoint(out_dir / BEST_NAME, best)
-        if par.is_main:
+        if par.is_main and not in_memory:
             save_checkpoint(ckpt_path, resumable_state(
                 snapshot, optimizer=optimizer, history=history, best_epoch=best["epoch"],
                 generator=gen, elapsed_s=elapsed_before + time.perf_counter() - start,
@@ -556,7 +543,18 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bo
                        elapsed_before + time.perf_counter() - start, par.world_size)
     return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
                       test_pred=best["test_pred"], train_pred=best["train_pred"],
-                      labels=corrected_labels(best))
+                      labels=corrected_labels(best), best_state=best if in_memory else None)
+
+
+def _copied(value: Any) -> Any:
+    """``value`` with every tensor in it (nested dicts and lists) cloned."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copied(v) for v in value)
+    return value
 
 
 def _learner(config: TrainConfig, data: PreparedData, device: torch.device, par: Parallel):
@@ -595,16 +593,12 @@ def _check_same_world(state: dict[str, Any], par: Parallel, ckpt_path: Path) -> 
             + f"{saved_world} process(es), or choose another --output.")
 
 
-def _centroid_rule(head: SOLHead, fit_h: torch.Tensor, labels: torch.Tensor,
-                   par: Optional[Parallel] = None) -> torch.Tensor:
-    """The head's damped centroid rule (docs/math.md §8, §12) over the training set; returns the
-    new centroids ``[n, d]``. In a torchrun run each process adds up its shard of the training set
-    and the per-label sums and counts are all-reduced."""
-    all_reduce = None
-    if par is not None and par.enabled:
-        shard = par.shard(fit_h.shape[0])
-        fit_h, labels, all_reduce = fit_h[shard], labels[shard], par.sum
-    return head.update_centroids(fit_h, labels.to(fit_h.device), all_reduce=all_reduce)
+def _centroid_rule(head: SOLHead, fit_h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The head's damped centroid rule (docs/math.md §8, §12) over the training set, before the
+    first epoch; returns the new centroids ``[n, d]``. Under torchrun each process passes its
+    shard (:func:`sol_ext.distributed.update_centroids` all-reduces the per-label sums)."""
+    part = distributed.shard(fit_h.shape[0])
+    return distributed.update_centroids(head, fit_h[part], labels[part].to(fit_h.device))
 
 
 def _rows(data: PreparedData, index: torch.Tensor) -> torch.Tensor:
@@ -668,7 +662,7 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
     for idx in _batches(labels.numel(), config.batch_size * world, gen, smallest=2 * world):
         global_count = idx.numel()
         if par.enabled:
-            idx = idx[par.shard(global_count)]
+            idx = idx[distributed.shard(global_count)]
         rows = idx
         if config.pairs == "balanced":
             ref = sample_references(labels[idx.to(device)], labels, config.tau, gen).cpu()
@@ -710,7 +704,8 @@ def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.O
         bar.update(float(shown))
     bar.close()
     if par.enabled and sol_loss is None:
-        total = float(par.sum(torch.tensor([total], dtype=torch.float64, device=device)))
+        total = float(distributed.all_reduce_sum()(torch.tensor([total], dtype=torch.float64,
+                                                                device=device)))
     # the last step may have blown up the weights: say so here, not as NaN centroids or metrics
     if not bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all()):
         raise FloatingPointError(_diverged(config, epoch, "the weights"))

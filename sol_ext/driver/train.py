@@ -8,7 +8,10 @@ run: epochs, read-outs, relabeling) → ``checkpoint`` (the run folder's format)
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -17,18 +20,35 @@ from .checkpoint import (
     BEST_NAME,
     CHECKPOINT_NAME,
     SIGMA_SEARCH_NAME,
+    atomic_write_text,
     check_resumable,
     load_checkpoint,
     sigma_search_progress,
 )
 from .config import FALLBACK_SIGMA, SIGMA_GRID, TrainConfig
+from .config_file import CONFIG_FILE_NAME, config_toml
+from .errors import UsageError
+from .options import (
+    check_test_data,
+    check_threads,
+    data_inputs,
+    default_output,
+    output_folder,
+    say,
+    set_threads,
+    train_config,
+    warn,
+)
+from .outputs import check_run_inputs
 from .parallel import Parallel
-from .prepare import PreparedData
+from .prepare import PreparedData, prepare_data
+from .report import clear_results, format_table, noise_label, write_outputs
 from .run import RunOutcome, cs_theta_of, resolve_device, train_run, validation_split
-from .tuning import search_sigma, trial_config, trial_dir
+from .rundir import check_output_folder, run_folder
+from .tuning import search_in_memory, search_sigma, trial_config, trial_dir
 
-__all__ = ["train", "RunOutcome", "resolve_device", "cs_theta_of", "validation_split", "BEST_NAME",
-           "SIGMA_SEARCH_NAME", "fitted_samples", "check_resume", "searches_sigma"]
+__all__ = ["train", "train_command", "RunOutcome", "resolve_device", "cs_theta_of", "validation_split",
+           "BEST_NAME", "SIGMA_SEARCH_NAME", "fitted_samples", "check_resume", "searches_sigma"]
 
 
 def searches_sigma(config: TrainConfig) -> bool:
@@ -81,7 +101,7 @@ def check_resume(out_dir: Path, config: TrainConfig, fingerprint: dict[str, Any]
     return done
 
 
-def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool = False,
+def train(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resume: bool = False,
           progress: bool = False, log: Callable[[str], None] = print,
           parallel: Optional[Parallel] = None) -> RunOutcome:
     """Train ``config.method`` on ``data``; checkpoint to ``out_dir/checkpoint.pt`` every epoch
@@ -91,7 +111,8 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
         config: the run's settings (validated here). ``sigma="auto"`` is resolved first by
             :func:`sol_ext.driver.tuning.select_sigma` on the validation split.
         data: from :func:`sol_ext.driver.prepare.prepare_data`.
-        out_dir: folder of the checkpoints (created).
+        out_dir: folder of the checkpoints (created); ``None``: train in memory, write nothing
+            (the outcome's ``best_state`` is the selected epoch's state, ``best.pt``'s content).
         resume: continue from the checkpoint in ``out_dir``, or the trials of an interrupted sigma
             search there (same configuration and data, else
             :class:`sol_ext.driver.checkpoint.CheckpointMismatch`); ``config.epochs`` may be
@@ -106,6 +127,8 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
         validation labels, or the last epoch without a validation split).
     """
     started = time.perf_counter()
+    if resume and out_dir is None:
+        raise ValueError("a run trained in memory (no output folder) has no checkpoint to resume.")
     config.validate()
     par = parallel or Parallel()
     if par.enabled and config.pairs == "balanced":
@@ -134,7 +157,111 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Path, resume: bool =
             sigma_choice = {"sigma": FALLBACK_SIGMA, "val_mae": None}
             log(f"sigma auto needs a validation split (--val-fraction > 0); using sigma "
                 f"{FALLBACK_SIGMA:g}, the paper's")
+        elif out_dir is None:
+            return search_in_memory(config, data, par, log)
         else:
             return search_sigma(config, data, out_dir, par, log, time.perf_counter() - started)
     return train_run(config, data, out_dir, resume=resume, progress=progress, log=log,
                      parallel=par, sigma_choice=sigma_choice)
+
+
+# -- the `sol-ext train` command -------------------------------------------------------------------
+
+def train_command(args: argparse.Namespace) -> int:
+    """``sol-ext train``: resolve the configuration, check the output folder, train, write the
+    run's files (``config.toml`` and the results last). Under torchrun rank 0 checks and writes."""
+    if args.resume and args.overwrite:
+        raise UsageError("--resume and --overwrite exclude each other: --resume continues the run "
+                         "in --output, --overwrite discards it; pass one of them.")
+    cfg = train_config(args)  # without --noise: gaussian on a built-in set, else none (TrainConfig)
+    check_threads(args.threads)  # after the --config file, which may set it
+    check_test_data(args, cfg)
+    if args.print_config:
+        sys.stdout.write(config_toml(cfg, paper=args.paper, output=args.output, threads=args.threads))
+        return 0
+    par = Parallel.from_environment()  # torchrun: one of several processes
+    device = resolve_device(cfg.device, par)
+    out = (output_folder(args.output) if args.output is not None
+           else default_output(cfg, paper=args.paper))
+    par.start(device)
+    try:
+        if par.is_main:  # before the lock file: a folder that is not a run's stays untouched
+            check_output_folder(out)
+            check_run_inputs(out, "--output", data_inputs(cfg))
+        # one run at a time in `out` (rank 0 holds it for all); a Ctrl-C says what it holds
+        with run_folder(out) if par.is_main else contextlib.nullcontext(out):
+            if par.is_main:
+                _check_run_folder(args, cfg, out)
+            _train_into(args, cfg, out, par)
+            # every process leaves the group together: one that tore its gloo connections down
+            # while rank 0 still wrote the outputs sometimes aborted ("terminate called without
+            # an active exception")
+            par.barrier()
+            return 0
+    finally:
+        par.stop()
+
+
+def _check_run_folder(args: argparse.Namespace, cfg: TrainConfig, out: Path) -> None:
+    """A folder holding a run (or an unfinished sigma search) needs --resume or --overwrite;
+    --resume needs something to continue."""
+    has_run = (out / CHECKPOINT_NAME).exists()
+    search = None if has_run else sigma_search_progress(out)
+    if (has_run or search) and not (args.resume or args.overwrite):
+        what = "a run" if has_run else "an unfinished sigma search (--sigma auto)"
+        raise UsageError(f"{out} already holds {what}; pass --resume to continue it, "
+                         f"--overwrite to start afresh, or another --output.")
+    if args.resume and search and not searches_sigma(cfg):
+        raise UsageError(f"--resume: {out} holds an unfinished sigma search, which "
+                         f"continues with the options it started with (--sigma auto); "
+                         f"or pass --overwrite to start afresh.")
+    if args.resume and not (has_run or search):
+        raise UsageError(f"--resume: no checkpoint in {out}; train without --resume first.")
+
+
+def _train_into(args: argparse.Namespace, cfg: TrainConfig, out: Path, par: Parallel) -> None:
+    """Load the data, check a resume or clear an overwritten run, train, and (rank 0) write the
+    run's settings, results and plots into ``out`` and print the table."""
+    say_line = (lambda _line: None) if args.quiet or not par.is_main else say
+    start = time.perf_counter()
+    data = prepare_data(cfg)
+    n_fit = fitted_samples(cfg, data)  # a too small validation split names --val-fraction
+    if par.is_main:
+        _warn_if_few_fitted(cfg, int(data.train_given.numel()), n_fit, par.world_size)
+    set_threads(args.threads, cfg, data.kind)
+    processes = f", {par.world_size} processes x batch {cfg.batch_size}" if par.enabled else ""
+    say_line(f"{data.name}: {data.train_x.shape[0]} training / {data.test_x.shape[0]} test "
+             f"samples, {data.num_ranks} ranks; {cfg.method}, noise "
+             f"{noise_label(cfg.noise, cfg.kappa)}{processes} -> {out}")
+    if par.is_main and args.resume:
+        # refuse other settings or data, or fewer epochs, before anything changes; the last
+        # results stay until the resumed run writes its own
+        check_resume(out, cfg, data.fingerprint())
+    elif par.is_main and args.overwrite:
+        # the old run goes: predict/export/audit must not find its model or results
+        clear_results(out)
+        for name in (CHECKPOINT_NAME, BEST_NAME, CONFIG_FILE_NAME):
+            (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / SIGMA_SEARCH_NAME, ignore_errors=True)
+    outcome = train(cfg, data, out, resume=args.resume,
+                    progress=not args.quiet and sys.stdout.isatty(), log=say_line, parallel=par)
+    if par.is_main:
+        # the settings as --config reads them, then the results (written last)
+        atomic_write_text(out / CONFIG_FILE_NAME, config_toml(
+            cfg, paper=args.paper, threads=args.threads, relative_to=data.read_from))
+        path = write_outputs(outcome, data, out, plots=args.plots)
+        print(format_table([outcome.results]))
+        print(f"{time.perf_counter() - start:.1f} s; results in {path}")
+
+
+def _warn_if_few_fitted(cfg: TrainConfig, n_train: int, n_fit: int, world_size: int) -> None:
+    """One warning line when the encoder fits fewer than two (global) batches of samples."""
+    batch = cfg.batch_size * world_size
+    if n_fit >= 2 * batch:
+        return
+    held = (f" (--val-fraction {cfg.val_fraction:g} holds out {n_train - n_fit} of {n_train})"
+            if n_fit < n_train else "")
+    samples = "sample" if n_fit == 1 else "samples"
+    warn(f"the encoder fits only {n_fit} training {samples}{held}, fewer than two batches of "
+         f"{batch}: its results mean little; lower --val-fraction or --batch-size, or use more "
+         f"data.")

@@ -10,11 +10,9 @@ one full training run per candidate.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -34,7 +32,7 @@ from .parallel import Parallel
 from .prepare import PreparedData
 from .run import RunOutcome, corrected_labels, run_results, train_run
 
-__all__ = ["select_sigma", "search_sigma", "trial_dir", "trial_config"]
+__all__ = ["select_sigma", "search_sigma", "search_in_memory", "trial_dir", "trial_config"]
 
 
 def trial_dir(work_dir: Path, sigma: float) -> Path:
@@ -60,7 +58,8 @@ def select_sigma(config: TrainConfig, data: PreparedData, grid: Sequence[float] 
     """Train ``config`` once per ``sigma`` in ``grid``; return the one of best validation MAE.
 
     The trials are written to :func:`trial_dir` of ``work_dir`` (kept, so that the winner's run
-    can be used as it is, and an interrupted search resumed), or to a temporary folder; each
+    can be used as it is, and an interrupted search resumed), or, without ``work_dir``, trained in
+    memory (nothing is written; :func:`search_in_memory` keeps the winner's outcome); each
     finished trial is added to the record ``work_dir/search.json``. With ``resume``, a trial with
     a checkpoint in ``work_dir`` continues from it (a finished one only reports its outcome, or
     trains on to more epochs) and the others train afresh: the outcome is that of an
@@ -72,37 +71,62 @@ def select_sigma(config: TrainConfig, data: PreparedData, grid: Sequence[float] 
         epoch). Ties go to the earlier candidate. Under torchrun (``parallel``, a
         :class:`sol_ext.driver.parallel.Parallel`) every trial runs on all processes.
     """
+    return _search(config, data, grid, log, parallel, work_dir, resume)[0]
+
+
+def _search(config: TrainConfig, data: PreparedData, grid: Sequence[float],
+            log: Callable[[str], None], parallel, work_dir: Optional[Path],
+            resume: bool) -> tuple[dict[str, Any], RunOutcome]:
+    """:func:`select_sigma`'s choice, and the outcome of the winner's trial."""
     if not config.selects_model:
         raise ValueError("sigma 'auto' is picked on the validation split; it needs a validation "
                          "fraction > 0.")
     par = parallel or Parallel()
     scores: dict[float, float] = {}
-    with contextlib.ExitStack() as stack:
-        if work_dir is None:
-            work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sol-ext-sigma-")))
-            resume = False
-        record = read_search_record(work_dir) if resume and par.is_main else {"finished": {}}
-        record.update(config=config.to_dict(), grid=[float(s) for s in grid])
-        for number, sigma in enumerate(grid, start=1):
-            trial = trial_config(config, sigma)
-            trial.validate()
-            where = trial_dir(work_dir, sigma)
-            # rank 0 alone reads the folder: every process must take the same branch
-            again = resume and par.broadcast_object(
-                (where / CHECKPOINT_NAME).is_file() if par.is_main else None)
-            outcome = train_run(trial, data, where, resume=again,
-                                log=_trial_log(log, sigma, number, len(grid)), parallel=parallel)
-            scores[float(sigma)] = float(outcome.results["val_mae"])
-            if par.is_main:
-                record["finished"][f"{sigma:g}"] = {
-                    "val_mae": scores[float(sigma)], "selected_epoch": outcome.results["selected_epoch"],
-                    "epochs_run": outcome.results["epochs_run"]}
-                atomic_write_text(Path(work_dir) / SIGMA_SEARCH_RECORD, json.dumps(record, indent=2) + "\n")
-            log(f"sigma {sigma:g}: validation MAE {scores[float(sigma)]:.3f} "
-                f"(epoch {outcome.results['selected_epoch']})")
+    outcomes: dict[float, RunOutcome] = {}
+    resume = resume and work_dir is not None
+    record = read_search_record(work_dir) if resume and par.is_main else {"finished": {}}
+    record.update(config=config.to_dict(), grid=[float(s) for s in grid])
+    for number, sigma in enumerate(grid, start=1):
+        trial = trial_config(config, sigma)
+        trial.validate()
+        where = None if work_dir is None else trial_dir(work_dir, sigma)
+        # rank 0 alone reads the folder: every process must take the same branch
+        again = resume and par.broadcast_object(
+            (where / CHECKPOINT_NAME).is_file() if par.is_main else None)
+        outcome = train_run(trial, data, where, resume=again,
+                            log=_trial_log(log, sigma, number, len(grid)), parallel=parallel)
+        scores[float(sigma)] = float(outcome.results["val_mae"])
+        if work_dir is None:  # in memory: the winner's outcome is the run's
+            outcomes[float(sigma)] = outcome
+        elif par.is_main:
+            record["finished"][f"{sigma:g}"] = {
+                "val_mae": scores[float(sigma)], "selected_epoch": outcome.results["selected_epoch"],
+                "epochs_run": outcome.results["epochs_run"]}
+            atomic_write_text(Path(work_dir) / SIGMA_SEARCH_RECORD, json.dumps(record, indent=2) + "\n")
+        log(f"sigma {sigma:g}: validation MAE {scores[float(sigma)]:.3f} "
+            f"(epoch {outcome.results['selected_epoch']})")
     best = min(scores, key=lambda s: scores[s])
     log(f"sigma auto -> {best:g}")
-    return {"sigma": best, "val_mae": {f"{s:g}": v for s, v in scores.items()}}
+    choice = {"sigma": best, "val_mae": {f"{s:g}": v for s, v in scores.items()}}
+    return choice, outcomes.get(best)
+
+
+def search_in_memory(config: TrainConfig, data: PreparedData, par: Parallel,
+                     log: Callable[[str], None]) -> RunOutcome:
+    """The run of ``config`` (``sigma="auto"``) trained in memory: every candidate is trained,
+    nothing is written, and the winner's training is the run, relabeled as the run of ``config``
+    with its sigma choice (as :func:`search_sigma` adopts the winner's folder)."""
+    import time
+
+    started = time.perf_counter()
+    sigma_choice, winner = _search(config, data, SIGMA_GRID, log, par, None, False)
+    best = {**winner.best_state, "config": config.to_dict(), "sigma_choice": sigma_choice}
+    results = run_results(config, data, winner.results["history"], best, sigma_choice,
+                          time.perf_counter() - started, par.world_size)
+    return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
+                      test_pred=best["test_pred"], train_pred=best["train_pred"],
+                      labels=corrected_labels(best), best_state=best)
 
 
 def search_sigma(config: TrainConfig, data: PreparedData, out_dir: Path, par: Parallel,
