@@ -183,8 +183,9 @@ def test_onnx_model_runs_without_torch_as_the_exported_program(user_files, tmp_p
     out, _ = train_run(root, train, test, method)
     model = sol_ext.load_run(out)
     export_run(model, tmp_path / "model.pt2")
-    side = export_onnx(model, tmp_path / "model.onnx")
-    assert side == tmp_path / "model.json"
+    assert main(["export", str(out), "--format", "onnx"]) == 0  # RUN/model.onnx, as export_onnx writes it
+    assert export_onnx(model, tmp_path / "model.onnx") == tmp_path / "model.json"
+    assert (out / "model.onnx").read_bytes() == (tmp_path / "model.onnx").read_bytes()
     np.save(tmp_path / "x.npy", x.astype(np.float32))
     script = f"""
 import sys

@@ -122,6 +122,10 @@ def _add_export(sub) -> argparse.ArgumentParser:
                          "--overwrite")
     ex.add_argument("--overwrite", action="store_true",
                     help="replace an existing program or sidecar that is not sol-ext's run files")
+    ex.add_argument("--format", choices=("pt2", "onnx"), default=None,
+                    help="pt2: a torch.export program; onnx: an ONNX model that onnxruntime runs without "
+                         "torch (input x, outputs prediction, expected, probabilities; needs the extra "
+                         "onnx). Default: onnx when --output ends in .onnx, else pt2")
 
     return ex
 

@@ -212,19 +212,27 @@ def export_command(args) -> int:
     from .options import run_data
     from .outputs import check_output
 
+    form = args.format or ("onnx" if str(args.output or "").lower().endswith(".onnx") else "pt2")
     model = load_run(args.run_dir)
-    default = args.run_dir / "model.pt2"
+    default = args.run_dir / f"model.{form}"
     own = [default, sidecar_path(default)]  # a rerun replaces the default export
     inputs = run_data(args.run_dir, model)
     text = str(default) if args.output is None else args.output
     if text and sidecar_path(text) == Path(text):
         raise UsageError(f"--output {text}: the program would share its name with its .json "
-                         f"sidecar; choose a name that does not end in .json, e.g. model.pt2.")
+                         f"sidecar; choose a name that does not end in .json, e.g. model.{form}.")
     path = check_output(text, "--output", inputs=inputs, replaceable=own, overwrite=args.overwrite,
                         stdout_ok=False)
     check_output(str(sidecar_path(path)), f"--output {text} (its sidecar)", inputs=inputs,
                  replaceable=own, overwrite=args.overwrite, stdout_ok=False)
-    side = export_run(model, path)
-    print(f"exported {model.method} -> {path} (torch.export; needs plain torch only), "
-          f"inputs and label values -> {side}")
+    if form == "onnx":
+        try:
+            side = export_onnx(model, path)
+        except ImportError as err:
+            raise UsageError(f"--format onnx: {err}") from None
+        needs = "ONNX; onnxruntime runs it without torch"
+    else:
+        side = export_run(model, path)
+        needs = "torch.export; needs plain torch only"
+    print(f"exported {model.method} -> {path} ({needs}), inputs and label values -> {side}")
     return 0
