@@ -19,6 +19,8 @@ depend on the device or the input dtype.
   them all.
 * :func:`ranked_probability_score` (alias :func:`rps`) scores probabilities ``[N, K]`` rather than
   point predictions: the squared distance between the predicted and the true cumulative distribution.
+* :func:`expected_calibration_error` and :func:`reliability_curve` say how far the probability of the
+  most probable rank is from how often that rank is right.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from . import _validation as check
 
 __all__ = ["mae", "cumulative_score", "cs_curve", "pearson", "spearman", "quadratic_weighted_kappa", "qwk",
            "macro_mae", "amae", "maximum_mae", "mmae", "per_rank_mae", "ranked_probability_score", "rps",
-           "summarize"]
+           "expected_calibration_error", "reliability_curve", "summarize"]
 
 ArrayLike = Any  # torch.Tensor | np.ndarray | Sequence[float]
 
@@ -254,6 +256,53 @@ def ranked_probability_score(probs: ArrayLike, true: ArrayLike) -> float:
     Returns:
         the mean over the samples, a float in ``[0, K - 1]``.
     """
+    p, t = _as_probabilities(probs, true)
+    predicted = np.cumsum(p, axis=1)
+    observed = (np.arange(p.shape[1])[None, :] >= t[:, None]).astype(np.float64)
+    return float(np.mean(np.sum((predicted - observed) ** 2, axis=1)))
+
+
+rps = ranked_probability_score
+
+
+def reliability_curve(probs: ArrayLike, true: ArrayLike, bins: int = 15) -> dict[str, np.ndarray]:
+    """The reliability diagram of rank probabilities: rows binned by the probability of their most
+    probable rank (the confidence, ``bins`` equal-width bins of ``[0, 1]``), and in each bin the mean
+    confidence, the fraction of rows whose most probable rank is the true one (the accuracy), and the
+    number of rows. A calibrated model has accuracy = confidence in every bin.
+
+    Args:
+        probs, true: as :func:`ranked_probability_score`.
+        bins: the number of bins (>= 1).
+
+    Returns:
+        ``{"confidence", "accuracy", "count"}``, arrays ``[bins]`` (NaN confidence and accuracy in an
+        empty bin).
+    """
+    p, t = _as_probabilities(probs, true)
+    bins = check.check_int("bins", bins, 1)
+    confidence = p.max(axis=1)
+    correct = (p.argmax(axis=1) == t).astype(np.float64)
+    which = np.minimum((confidence * bins).astype(np.int64), bins - 1)
+    count = np.bincount(which, minlength=bins).astype(np.int64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_confidence = np.bincount(which, weights=confidence, minlength=bins) / count
+        accuracy = np.bincount(which, weights=correct, minlength=bins) / count
+    return {"confidence": mean_confidence, "accuracy": accuracy, "count": count}
+
+
+def expected_calibration_error(probs: ArrayLike, true: ArrayLike, bins: int = 15) -> float:
+    """The expected calibration error (Guo et al., 2017) of rank probabilities: the mean over the rows
+    of ``|accuracy - confidence|`` of their bin of :func:`reliability_curve`, in ``[0, 1]``; 0 for a
+    calibrated model."""
+    curve = reliability_curve(probs, true, bins)
+    filled = curve["count"] > 0
+    gaps = np.abs(curve["accuracy"][filled] - curve["confidence"][filled])
+    return float(np.sum(gaps * curve["count"][filled]) / np.sum(curve["count"]))
+
+
+def _as_probabilities(probs: ArrayLike, true: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """Rank probabilities ``[N, K]`` and true ranks ``[N]`` as float64 numpy arrays, checked."""
     if isinstance(probs, torch.Tensor):
         probs = probs.detach().to("cpu", torch.float64).numpy()
     p = np.asarray(probs, dtype=np.float64)
@@ -273,12 +322,7 @@ def ranked_probability_score(probs: ArrayLike, true: ArrayLike) -> float:
         i = int(np.flatnonzero(bad_rows)[0])
         raise ValueError(f"probs must hold finite probabilities >= 0 whose rows sum to 1; row {i} is "
                          f"{p[i].tolist()} (pass a softmax, not logits)")
-    predicted = np.cumsum(p, axis=1)
-    observed = (np.arange(p.shape[1])[None, :] >= t[:, None]).astype(np.float64)
-    return float(np.mean(np.sum((predicted - observed) ** 2, axis=1)))
-
-
-rps = ranked_probability_score
+    return p, t
 
 
 def summarize(pred: ArrayLike, true: ArrayLike, theta: float) -> dict[str, float]:

@@ -311,3 +311,41 @@ def test_ranked_probability_score_bad_inputs(probs, true, match):
 
 def test_every_public_name_is_exported():
     assert {"amae", "mmae", "maximum_mae", "rps", "ranked_probability_score"} <= set(metrics.__all__)
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration of rank probabilities
+
+
+def test_reliability_and_ece_of_a_model_calibrated_by_construction_and_of_an_overconfident_one():
+    """Labels drawn from the probabilities: accuracy equals confidence up to sampling, ECE near 0.
+    The same rows sharpened (overconfident): ECE is the gap, and each filled bin's numbers are its rows'."""
+    from sol_ext.metrics import expected_calibration_error, reliability_curve
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(scale=2.0, size=(40000, 6))
+    probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    true = np.array([rng.choice(6, p=row) for row in probs])
+    assert expected_calibration_error(probs, true) < 0.01
+    sharp = np.exp(3 * logits) / np.exp(3 * logits).sum(axis=1, keepdims=True)
+    assert expected_calibration_error(sharp, true) > 0.1
+    curve = reliability_curve(sharp, true, bins=10)
+    assert curve["count"].sum() == len(true)
+    confidence = sharp.max(axis=1)
+    top = confidence >= 0.9  # the last bin
+    assert curve["count"][-1] == top.sum()
+    assert curve["confidence"][-1] == pytest.approx(confidence[top].mean())
+    assert curve["accuracy"][-1] == pytest.approx((sharp.argmax(axis=1) == true)[top].mean())
+    assert np.isnan(curve["accuracy"][0]) and curve["count"][0] == 0  # no row is that unsure of 6 ranks
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda m: m.expected_calibration_error([[0.5, 0.5]], [0], bins=0), "bins"),
+    (lambda m: m.reliability_curve([[2.0, -1.0]], [0]), "probs"),
+    (lambda m: m.expected_calibration_error([[0.5, 0.5]], [2]), "true"),
+])
+def test_calibration_metrics_refuse_bad_input_by_name(call, names):
+    import sol_ext.metrics as m
+
+    with pytest.raises(ValueError, match=names):
+        call(m)
