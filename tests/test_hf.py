@@ -167,7 +167,7 @@ def test_save_pretrained_and_from_pretrained_keep_the_encoder_and_the_head(tmp_p
     import json
 
     model = SOLTextModel(_encoder(), NUM_RANKS, sigma=0.7, readout="cuts")
-    _trainer(model, tmp_path, epochs=1, save_strategy="no").train()
+    _trainer(model, tmp_path, epochs=1, save_strategy="no").update_head()   # a head with centroids and read-out
     model.save_pretrained(tmp_path / "saved")
     config = json.loads((tmp_path / "saved" / "config.json").read_text())
     assert config["model_type"] == "sol_text" and config["encoder_config"]["model_type"] == "bert"
@@ -197,7 +197,7 @@ def test_forward_gives_logits_that_a_compute_metrics_of_ones_own_can_use(tmp_pat
 
     trainer = _trainer(model, tmp_path, epochs=1, save_strategy="no")
     trainer.compute_metrics = accuracy
-    trainer.train()
+    trainer.update_head()   # SOL's end-of-epoch step without training: the head gets its read-out
     assert "eval_accuracy" in trainer.evaluate() and seen == [(32, NUM_RANKS)]
     model.eval()
     out = model(**batch)
