@@ -171,6 +171,11 @@ TABLE_SUFFIXES = CSV_SUFFIXES + PARQUET_SUFFIXES + FEATHER_SUFFIXES
 _FORMAT_NAMES = {"csv": "CSV", "parquet": "Parquet", "feather": "Feather/Arrow"}
 # pandas writes its index as such a column into Parquet/Feather: never a feature by default
 _PANDAS_INDEX = re.compile(r"^__index_level_\d+__$")
+# pyarrow reads a CSV from this size on with its thread pool (3x faster on 2 cores at 94 MB). Below it,
+# on one thread: a process that has imported torch and used that pool aborts now and then as it exits
+# ("terminate called without an active exception", 3 runs in 30 here; apache/arrow#34314), after its
+# work is done, which a small table's read is not worth.
+THREADED_CSV_BYTES = 32 * 2**20
 
 
 def table_format(path: str | Path) -> str | None:
@@ -247,7 +252,7 @@ def _read_ipc(path: Path, columns: Sequence[str]) -> pa.Table:
 def read_table(path: str | Path, types: Mapping[str, pa.DataType], delimiter: str | None = None) -> pa.Table:
     """The columns ``types`` names of a table file, as a ``pyarrow.Table`` with those names.
 
-    CSV/TSV (``.gz`` too) is read by pyarrow's multi-threaded reader, each column straight to its type in
+    CSV/TSV (``.gz`` too) is read by pyarrow's reader (on its threads from THREADED_CSV_BYTES on), each column straight to its type in
     ``types`` (float32 features: no float64 copy); a file where some cell does not convert, or a float is
     not finite, is read again as text, so that :func:`~.frames.table_features` names the cell. Parquet
     and Feather columns keep their stored types. Columns ``types`` names must exist.
@@ -295,8 +300,9 @@ def _read_csv_typed(path: Path, delimiter: str, types: Mapping[str, pa.DataType]
         "skip" if not row.text.replace(delimiter, "").replace('"', "").strip() else "error"))  # ",,": no row
     try:
         with data_file_errors(path), (gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")) as fh:
+            threads = path.stat().st_size >= THREADED_CSV_BYTES
             table = pacsv.read_csv(fh, parse_options=parse, convert_options=convert,
-                                   read_options=pacsv.ReadOptions(use_threads=True))
+                                   read_options=pacsv.ReadOptions(use_threads=threads))
     except pa.ArrowInvalid as err:
         text = str(err)
         if "conversion error" in text:
