@@ -43,7 +43,7 @@ from .outputs import check_run_inputs
 from .parallel import Parallel
 from .prepare import PreparedData, prepare_data
 from .report import clear_results, format_table, noise_label, write_outputs
-from .run import RunOutcome, cs_theta_of, resolve_device, train_run, validation_split
+from .run import FitContext, RunOutcome, cs_theta_of, resolve_device, train_run, validation_split
 from .rundir import check_output_folder, run_folder
 from .tuning import search_in_memory, search_sigma, trial_config, trial_dir
 
@@ -161,8 +161,8 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resu
             return search_in_memory(config, data, par, log)
         else:
             return search_sigma(config, data, out_dir, par, log, time.perf_counter() - started)
-    return train_run(config, data, out_dir, resume=resume, progress=progress, log=log,
-                     parallel=par, sigma_choice=sigma_choice)
+    return train_run(config, data, out_dir, resume=resume, sigma_choice=sigma_choice,
+                     context=FitContext(par, log, progress))
 
 
 # -- the `sol-ext train` command -------------------------------------------------------------------

@@ -30,7 +30,7 @@ from .checkpoint import (
 from .config import SIGMA_GRID, TrainConfig
 from .parallel import Parallel
 from .prepare import PreparedData
-from .run import RunOutcome, corrected_labels, run_results, train_run
+from .run import FitContext, RunOutcome, corrected_labels, run_results, train_run
 
 __all__ = ["select_sigma", "search_sigma", "search_in_memory", "trial_dir", "trial_config"]
 
@@ -94,8 +94,8 @@ def _search(config: TrainConfig, data: PreparedData, grid: Sequence[float],
         # rank 0 alone reads the folder: every process must take the same branch
         again = resume and par.broadcast_object(
             (where / CHECKPOINT_NAME).is_file() if par.is_main else None)
-        outcome = train_run(trial, data, where, resume=again,
-                            log=_trial_log(log, sigma, number, len(grid)), parallel=parallel)
+        outcome = train_run(trial, data, where, resume=again, context=FitContext(
+            parallel, _trial_log(log, sigma, number, len(grid))))
         scores[float(sigma)] = float(outcome.results["val_mae"])
         if work_dir is None:  # in memory: the winner's outcome is the run's
             outcomes[float(sigma)] = outcome
