@@ -298,20 +298,22 @@ def test_a_resumed_sigma_auto_run_keeps_its_pick(tmp_path, monkeypatch):
 
     cfg = dataclasses.replace(BASE, epochs=1, sigma="auto")
     first = train(cfg, tiny_data(), tmp_path, log=quiet).results
-    monkeypatch.setattr(sol_ext.driver.tuning, "select_sigma", lambda *a, **k: pytest.fail("searched again"))
+    monkeypatch.setattr(sol_ext.driver.tuning.SigmaSearch, "trials",
+                        lambda *a, **k: pytest.fail("searched again"))
     again = train(dataclasses.replace(cfg, epochs=2), tiny_data(), tmp_path, resume=True,
                   log=quiet).results
     assert again["sigma_selected"] == first["sigma_selected"] and again["epochs_run"] == 2
 
 
 def test_a_failed_sigma_search_leaves_no_trials_behind(tmp_path, monkeypatch):
-    import sol_ext.driver.tuning
+    import sol_ext.driver.run
 
-    def fail_in_the_search(*args, work_dir, **kwargs):
-        (work_dir / "sigma0.25").mkdir(parents=True)  # a trial had started
+    def fail_in_the_search(fit, epoch):
+        assert (fit.out_dir.parent.name, fit.out_dir.name) == (SIGMA_SEARCH_NAME, "sigma0.25")
+        assert fit.out_dir.is_dir()  # a trial had started
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sol_ext.driver.tuning, "select_sigma", fail_in_the_search)
+    monkeypatch.setattr(sol_ext.driver.run.Fit, "train_one_epoch", fail_in_the_search)
     with pytest.raises(KeyboardInterrupt):
         train(dataclasses.replace(BASE, epochs=1), tiny_data(), tmp_path, log=quiet)
     assert not (tmp_path / SIGMA_SEARCH_NAME).exists()

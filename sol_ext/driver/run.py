@@ -1,7 +1,8 @@
-"""One training run of SOL (paper Algorithm 1) or of a baseline, with checkpoints.
+"""One training run of SOL (paper Algorithm 1) or of a baseline, with checkpoints: a :class:`Fit`.
 
-The entry point is :func:`sol_ext.driver.train.train`, which picks sigma first where it is
-``"auto"`` (:mod:`sol_ext.driver.tuning`, a run per candidate) and then calls :func:`train_run`.
+The entry point is :func:`sol_ext.driver.train.train`, which checks the settings, plans the fits
+(one per sigma candidate where sigma is ``"auto"``, :mod:`sol_ext.driver.tuning`) and trains each,
+epoch by epoch; :func:`train_run` trains one whole fit.
 
 Per epoch:
 1. train the encoder on shuffled batches of the current labels, with the centroids fixed;
