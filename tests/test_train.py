@@ -387,3 +387,21 @@ def test_a_run_in_memory_writes_nothing_and_equals_the_run_in_a_folder(sigma, tm
 def test_a_run_in_memory_cannot_resume():
     with pytest.raises(ValueError, match="in memory"):
         train(dataclasses.replace(BASE, sigma=0.5), tiny_data(), None, resume=True, log=quiet)
+
+
+def test_a_checkpoint_is_one_state_record_and_old_ones_are_migrated_in_one_place(tmp_path):
+    from sol_ext.driver.checkpoint import FORMAT_VERSION, EpochState, migrated, save_checkpoint
+
+    train(dataclasses.replace(BASE, sigma=0.5), tiny_data(), tmp_path, log=quiet)
+    best = load_checkpoint(tmp_path / BEST_NAME)
+    record = EpochState.from_dict(best)
+    assert record.epoch == best["epoch"] and torch.equal(record.labels, best["labels"])
+    assert list(record.to_dict()) == [k for k in best if k in record.to_dict()]  # the saved order
+    # a checkpoint saved before the corrected labels were kept apart: they are the labels
+    old = {k: v for k, v in best.items() if k not in ("corrected_labels", "format_version")}
+    save_checkpoint(tmp_path / "old.pt", old)
+    assert torch.equal(load_checkpoint(tmp_path / "old.pt")["corrected_labels"], best["labels"])
+    with pytest.raises(CheckpointMismatch, match="format 1"):
+        migrated({"format_version": 1}, tmp_path / "x.pt")
+    with pytest.raises(CheckpointMismatch, match=f"format {FORMAT_VERSION}"):
+        migrated([], tmp_path / "x.pt")

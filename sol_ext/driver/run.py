@@ -66,7 +66,7 @@ from .checkpoint import (
     BEST_NAME,
     CHECKPOINT_NAME,
     CheckpointMismatch,
-    epoch_state,
+    EpochState,
     load_checkpoint,
     predictor_record,
     resumable_state,
@@ -654,13 +654,14 @@ class Fit:
         corrected, suggestion = relabeled
         improved = par.agree(self.best is None or record["val_mae"] is None
                              or record["val_mae"] < self.best["val_mae"], self.device)
-        snapshot = epoch_state(
-            config=config, fingerprint=self.fingerprint, epoch=epoch, world_size=par.world_size,
-            model=self.eval_model, head=self.head, predictor=predictor_record(self.run_config, data),
-            labels=self.labels, corrected=corrected, given=self.given, clean=self.clean,
-            train_rows=_rows(data, split.fit), val_rows=None if split.val is None else _rows(data, split.val),
-            train_pred=out.fit_pred, test_pred=out.test_pred, val_mae=record["val_mae"],
-            sigma_choice=self.sigma_choice, label_noise_std=record.get("label_noise_std"))
+        snapshot = EpochState.of_epoch(
+            config, self.eval_model, self.head, fingerprint=self.fingerprint, epoch=epoch,
+            world_size=par.world_size, predictor=predictor_record(self.run_config, data),
+            labels=self.labels, corrected_labels=corrected, given_labels=self.given,
+            clean_labels=self.clean, train_rows=_rows(data, split.fit),
+            val_rows=None if split.val is None else _rows(data, split.val), train_pred=out.fit_pred,
+            test_pred=out.test_pred, val_mae=record["val_mae"], sigma_choice=self.sigma_choice,
+            label_noise_std=record.get("label_noise_std")).to_dict()
         if improved:
             self.best = selected_state(snapshot, test_embeddings=out.test_h,
                                        audit=_audit_arrays(config, data, split, out, suggestion))
@@ -805,8 +806,9 @@ def _epoch_line(r: dict[str, Any], epochs: int) -> str:
 
 def corrected_labels(state: dict[str, Any]) -> torch.Tensor:
     """The run's corrected training labels: the posterior rule's corrections, or the labels
-    trained on (the outlier rule's relabels; checkpoints of earlier versions have no key)."""
-    return state.get("corrected_labels", state["labels"])
+    trained on (the outlier rule's relabels; :func:`~sol_ext.driver.checkpoint.migrated` fills
+    them in for checkpoints saved before they were kept apart)."""
+    return state["corrected_labels"]
 
 
 def run_results(config: TrainConfig, data: PreparedData, history: list[dict[str, Any]],
