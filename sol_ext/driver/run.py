@@ -256,17 +256,14 @@ class _Readout:
     val_rank_probabilities: Optional[torch.Tensor] = None
 
 
-def _sol_readout(config: TrainConfig, head: SOLHead, model: RankModel,
-                 fit_h: torch.Tensor, fit_labels: torch.Tensor, val_x: Optional[RunInputs],
-                 val_labels: Optional[torch.Tensor], test_x: RunInputs,
-                 device: torch.device, batch_size: int, par: Parallel) -> _Readout:
+def _sol_readout(config: TrainConfig, head: SOLHead, fit_h: torch.Tensor, fit_labels: torch.Tensor,
+                 val: Optional[tuple[torch.Tensor, torch.Tensor]], test_h: torch.Tensor) -> _Readout:
     """The end of an epoch of the SOL methods: the head's own update (centroid rule, then the
     read-out, :meth:`sol_ext.SOLHead.update`; :func:`sol_ext.distributed.update_head` under
     torchrun), then its rank read-out of every sample: the expected rank against cuts (default),
-    the posterior median, or eq. 6."""
+    the posterior median, or eq. 6. ``val``: the validation split's embeddings and labels."""
     n = head.num_ranks
-    val_h = None if val_x is None else _embed_all(model, val_x, batch_size, device, par)
-    test_h = _embed_all(model, test_x, batch_size, device, par)
+    val_h, val_labels = (None, None) if val is None else val
     # The temperature is fitted on held-out samples when there are any: on the samples the
     # encoder was fitted to, the posterior comes out over-confident. The prior is the rank
     # frequency of the training labels; the cuts are fitted on the training split, never the
@@ -314,11 +311,8 @@ def _relabel(config: TrainConfig, given: torch.Tensor, probabilities: torch.Tens
 
 
 def _head_readout(config: TrainConfig, model: RankModel, n: int, fit_h: torch.Tensor,
-                  val_x: Optional[RunInputs], test_x: RunInputs, device: torch.device,
-                  batch_size: int, par: Parallel) -> _Readout:
+                  val_h: Optional[torch.Tensor], test_h: torch.Tensor) -> _Readout:
     """Predictions of the baselines with an output head (l1, ce, corn)."""
-    val_h = None if val_x is None else _embed_all(model, val_x, batch_size, device, par)
-    test_h = _embed_all(model, test_x, batch_size, device, par)
 
     def pred(h: torch.Tensor) -> torch.Tensor:
         return head_ranks(config.method, model, h, n)
@@ -598,14 +592,15 @@ class Fit:
     def _read_out(self, record: dict[str, Any]) -> _Readout:
         """2. the head's update (centroid rule, read-out); 3. the read-out of every sample."""
         fit_h = self._embed(self.fit_x)
+        val_h = None if self.val_x is None else self._embed(self.val_x)
+        test_h = self._embed(self.test_x)
         config, n = self.run_config, self.data.num_ranks
         if self.head is not None:
-            out = _sol_readout(config, self.head, self.eval_model, fit_h, self.labels, self.val_x,
-                               self.val_labels, self.test_x, self.device, self.eval_bs, self.par)
+            out = _sol_readout(config, self.head, fit_h, self.labels,
+                               None if val_h is None else (val_h, self.val_labels), test_h)
             record["centroid_span"] = centroid_span(self.head.centroids)
         else:
-            out = _head_readout(config, self.eval_model, n, fit_h, self.val_x, self.test_x,
-                                self.device, self.eval_bs, self.par)
+            out = _head_readout(config, self.eval_model, n, fit_h, val_h, test_h)
         record["train_mae_vs_labels"] = _rank_mae(out.fit_pred, self.labels)
         record["labels_before"] = _label_stats(self.labels.cpu(), self.clean)
         return out

@@ -147,7 +147,7 @@ class SigmaSearch:
         self.log(f"sigma auto -> {best:g}")
         choice = {"sigma": best, "val_mae": {f"{s:g}": v for s, v in self.scores.items()}}
         if self.work is not None:
-            return _adopt_trial(self.config, data, self.out_dir, self.work, choice, self.par, seconds)
+            return self._adopt(data, choice, seconds)
         winner = self.outcomes[best]
         state = {**winner.best_state, "config": self.config.to_dict(), "sigma_choice": choice}
         results = run_results(self.config, data, winner.results["history"], state, choice, seconds,
@@ -156,26 +156,25 @@ class SigmaSearch:
                           test_pred=state["test_pred"], train_pred=state["train_pred"],
                           labels=corrected_labels(state), best_state=state)
 
-
-def _adopt_trial(config: TrainConfig, data: PreparedData, out_dir: Path, search: Path,
-                 sigma_choice: dict[str, Any], par: Parallel, seconds: float) -> RunOutcome:
-    """The run of the picked sigma from ``search`` as this run's: its checkpoints, relabeled as the
-    run of ``config`` (``sigma="auto"``) with its ``sigma_choice``, move into ``out_dir``."""
-    states = None
-    if par.is_main:
-        winner = trial_dir(search, sigma_choice["sigma"])
-        states = {}
-        # best.pt first: checkpoint.pt marks the search as done (a Ctrl-C between the two leaves
-        # the search, which --resume adopts again)
-        for name in (BEST_NAME, CHECKPOINT_NAME):
-            state = load_checkpoint(winner / name)
-            state.update(config=config.to_dict(), sigma_choice=sigma_choice)
-            save_checkpoint(out_dir / name, state)
-            states[name] = state
-        shutil.rmtree(search, ignore_errors=True)
-    states = par.broadcast_object(states)
-    best, history = states[BEST_NAME], states[CHECKPOINT_NAME]["history"]
-    results = run_results(config, data, history, best, sigma_choice, seconds, par.world_size)
-    return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
-                      test_pred=best["test_pred"], train_pred=best["train_pred"],
-                      labels=corrected_labels(best))
+    def _adopt(self, data: PreparedData, sigma_choice: dict[str, Any], seconds: float) -> RunOutcome:
+        """The run of the picked sigma from the search folder as this run's: its checkpoints,
+        relabeled as the run of ``config`` (``sigma="auto"``) with its ``sigma_choice``, move into
+        ``out_dir``."""
+        config, par, states = self.config, self.par, None
+        if par.is_main:
+            winner = trial_dir(self.work, sigma_choice["sigma"])
+            states = {}
+            # best.pt first: checkpoint.pt marks the search as done (a Ctrl-C between the two
+            # leaves the search, which --resume adopts again)
+            for name in (BEST_NAME, CHECKPOINT_NAME):
+                state = load_checkpoint(winner / name)
+                state.update(config=config.to_dict(), sigma_choice=sigma_choice)
+                save_checkpoint(self.out_dir / name, state)
+                states[name] = state
+            shutil.rmtree(self.work, ignore_errors=True)
+        states = par.broadcast_object(states)
+        best, history = states[BEST_NAME], states[CHECKPOINT_NAME]["history"]
+        results = run_results(config, data, history, best, sigma_choice, seconds, par.world_size)
+        return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
+                          test_pred=best["test_pred"], train_pred=best["train_pred"],
+                          labels=corrected_labels(best))
