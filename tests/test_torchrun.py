@@ -192,7 +192,7 @@ def test_one_failing_process_ends_the_run_instead_of_hanging(tmp_path):
         if os.environ["RANK"] == "1":
             def broken_epoch(*args, **kwargs):
                 raise ValueError("batch 7 holds a label outside 0..28")
-            sol_ext.driver.run._train_epoch = broken_epoch
+            sol_ext.driver.run.Fit.train_one_epoch = broken_epoch
         sys.exit(main(sys.argv[1:]))
     """))
     # the driver's process group waits 30 minutes in a collective: a rank 0 left waiting would outlast

@@ -298,20 +298,22 @@ def test_a_resumed_sigma_auto_run_keeps_its_pick(tmp_path, monkeypatch):
 
     cfg = dataclasses.replace(BASE, epochs=1, sigma="auto")
     first = train(cfg, tiny_data(), tmp_path, log=quiet).results
-    monkeypatch.setattr(sol_ext.driver.tuning, "select_sigma", lambda *a, **k: pytest.fail("searched again"))
+    monkeypatch.setattr(sol_ext.driver.tuning.SigmaSearch, "trials",
+                        lambda *a, **k: pytest.fail("searched again"))
     again = train(dataclasses.replace(cfg, epochs=2), tiny_data(), tmp_path, resume=True,
                   log=quiet).results
     assert again["sigma_selected"] == first["sigma_selected"] and again["epochs_run"] == 2
 
 
 def test_a_failed_sigma_search_leaves_no_trials_behind(tmp_path, monkeypatch):
-    import sol_ext.driver.tuning
+    import sol_ext.driver.run
 
-    def fail_in_the_search(*args, work_dir, **kwargs):
-        (work_dir / "sigma0.25").mkdir(parents=True)  # a trial had started
+    def fail_in_the_search(fit, epoch):
+        assert (fit.out_dir.parent.name, fit.out_dir.name) == (SIGMA_SEARCH_NAME, "sigma0.25")
+        assert fit.out_dir.is_dir()  # a trial had started
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sol_ext.driver.tuning, "select_sigma", fail_in_the_search)
+    monkeypatch.setattr(sol_ext.driver.run.Fit, "train_one_epoch", fail_in_the_search)
     with pytest.raises(KeyboardInterrupt):
         train(dataclasses.replace(BASE, epochs=1), tiny_data(), tmp_path, log=quiet)
     assert not (tmp_path / SIGMA_SEARCH_NAME).exists()
@@ -385,3 +387,21 @@ def test_a_run_in_memory_writes_nothing_and_equals_the_run_in_a_folder(sigma, tm
 def test_a_run_in_memory_cannot_resume():
     with pytest.raises(ValueError, match="in memory"):
         train(dataclasses.replace(BASE, sigma=0.5), tiny_data(), None, resume=True, log=quiet)
+
+
+def test_a_checkpoint_is_one_state_record_and_old_ones_are_migrated_in_one_place(tmp_path):
+    from sol_ext.driver.checkpoint import FORMAT_VERSION, EpochState, migrated, save_checkpoint
+
+    train(dataclasses.replace(BASE, sigma=0.5), tiny_data(), tmp_path, log=quiet)
+    best = load_checkpoint(tmp_path / BEST_NAME)
+    record = EpochState.from_dict(best)
+    assert record.epoch == best["epoch"] and torch.equal(record.labels, best["labels"])
+    assert list(record.to_dict()) == [k for k in best if k in record.to_dict()]  # the saved order
+    # a checkpoint saved before the corrected labels were kept apart: they are the labels
+    old = {k: v for k, v in best.items() if k not in ("corrected_labels", "format_version")}
+    save_checkpoint(tmp_path / "old.pt", old)
+    assert torch.equal(load_checkpoint(tmp_path / "old.pt")["corrected_labels"], best["labels"])
+    with pytest.raises(CheckpointMismatch, match="format 1"):
+        migrated({"format_version": 1}, tmp_path / "x.pt")
+    with pytest.raises(CheckpointMismatch, match=f"format {FORMAT_VERSION}"):
+        migrated([], tmp_path / "x.pt")

@@ -18,9 +18,11 @@ A run folder (``sol-ext train --output``) holds
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Optional
 
@@ -30,7 +32,7 @@ from .config import TrainConfig, config_mismatches
 from .prepare import PreparedData
 
 __all__ = ["CHECKPOINT_NAME", "BEST_NAME", "SIGMA_SEARCH_NAME", "SIGMA_SEARCH_RECORD",
-           "sigma_search_progress", "read_search_record", "epoch_state", "selected_state",
+           "sigma_search_progress", "read_search_record", "EpochState", "migrated", "selected_state",
            "resumable_state", "predictor_record", "load_run_state", "CheckpointMismatch", "save_checkpoint", "load_checkpoint",
            "check_resumable", "checkpoint_epoch", "atomic_write_bytes", "atomic_write_text",
            "atomic_write_files"]
@@ -54,14 +56,11 @@ def predictor_record(config: TrainConfig, data: PreparedData) -> dict[str, Any]:
             "preprocessing": data.preprocessing, "read_from": data.read_from}
 
 
-def epoch_state(*, config: TrainConfig, fingerprint: dict[str, Any], epoch: int, world_size: int,
-                model: torch.nn.Module, head: Optional[torch.nn.Module], predictor: dict[str, Any],
-                labels: torch.Tensor, corrected: torch.Tensor, given: torch.Tensor,
-                clean: Optional[torch.Tensor], train_rows: torch.Tensor,
-                val_rows: Optional[torch.Tensor], train_pred: torch.Tensor, test_pred: torch.Tensor,
-                val_mae: Optional[float], sigma_choice: Optional[dict[str, Any]],
-                label_noise_std: Optional[float]) -> dict[str, Any]:
-    """What both files hold after an epoch (tensors on the CPU).
+@dataclass
+class EpochState:
+    """What both files hold after an epoch (tensors on the CPU), as one record: :meth:`to_dict` is
+    the dict saved (``best.pt`` adds :func:`selected_state`'s entries, ``checkpoint.pt``
+    :func:`resumable_state`'s), :meth:`from_dict` reads one back after :func:`migrated`.
 
     ``config`` as given (sigma possibly ``"auto"``) and the data's ``fingerprint`` (checked on
     resume); the encoder's ``model`` and the SOL ``head`` state dicts; ``predictor``
@@ -69,21 +68,72 @@ def epoch_state(*, config: TrainConfig, fingerprint: dict[str, Any], epoch: int,
     ones, the given and (when known) clean ones; the data-file rows of the fitted samples and of
     the validation split; predicted training and test ranks; the epoch's validation MAE; the
     sigma search's outcome; the relabeling rule's noise std."""
-    return {
-        "config": config.to_dict(), "fingerprint": fingerprint, "epoch": epoch,
-        "world_size": world_size, "model": model.state_dict(),
-        "head": None if head is None else {k: v.cpu() for k, v in head.state_dict().items()},
-        "predictor": predictor,
-        "labels": _cpu(labels), "corrected_labels": _cpu(corrected), "given_labels": _cpu(given),
-        "clean_labels": _cpu(clean), "train_rows": _cpu(train_rows), "val_rows": _cpu(val_rows),
-        "train_pred": _cpu(train_pred), "test_pred": _cpu(test_pred), "val_mae": val_mae,
-        "sigma_choice": sigma_choice, "label_noise_std": label_noise_std,
-    }
+
+    config: dict[str, Any]
+    fingerprint: dict[str, Any]
+    epoch: int
+    world_size: int
+    model: dict[str, torch.Tensor]
+    head: Optional[dict[str, torch.Tensor]]
+    predictor: dict[str, Any]
+    labels: torch.Tensor
+    corrected_labels: torch.Tensor
+    given_labels: torch.Tensor
+    clean_labels: Optional[torch.Tensor]
+    train_rows: torch.Tensor
+    val_rows: Optional[torch.Tensor]
+    train_pred: torch.Tensor
+    test_pred: torch.Tensor
+    val_mae: Optional[float]
+    sigma_choice: Optional[dict[str, Any]]
+    label_noise_std: Optional[float]
+
+    @classmethod
+    def of_epoch(cls, config: TrainConfig, model: torch.nn.Module, head: Optional[torch.nn.Module],
+                 **entries: Any) -> "EpochState":
+        """The record of an epoch: ``config``, the ``model``'s and ``head``'s state dicts, and the
+        other fields as they are given (tensors moved to the CPU)."""
+        tensors = {k: _cpu(v) if isinstance(v, torch.Tensor) or v is None else v for k, v in entries.items()}
+        return cls(config=config.to_dict(), model=model.state_dict(),
+                   head=None if head is None else {k: v.cpu() for k, v in head.state_dict().items()},
+                   **tensors)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The saved dict, in the order of the fields (not a deep copy: the tensors are shared)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> "EpochState":
+        """The record of a saved dict of the current format (extra entries of ``best.pt`` or
+        ``checkpoint.pt`` are left out)."""
+        return cls(**{f.name: state[f.name] for f in dataclasses.fields(cls)})
+
+
+def migrated(state: Any, path: Path) -> dict[str, Any]:
+    """The state read from ``path`` in the current format: the one place a format change is
+    handled. Format 2 is current (the SOL head and the predictor record replaced format 1's
+    "centroids"); a state without ``corrected_labels`` (saved before the posterior rule kept them
+    apart) has them in ``labels``.
+
+    Raises:
+        CheckpointMismatch: format 1, which cannot be resumed or predicted with, or no sol_ext
+            checkpoint.
+    """
+    if isinstance(state, dict) and state.get("format_version") == 1:
+        raise CheckpointMismatch(f"{str(path)!r} was written by an earlier version of sol_ext (checkpoint "
+                                 f"format 1), which this one cannot resume or predict with; train the "
+                                 f"run again, or with another --output.")
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        raise CheckpointMismatch(f"{str(path)!r} is not a sol_ext checkpoint of format "
+                                 f"{FORMAT_VERSION}.")
+    if "labels" in state and "corrected_labels" not in state:
+        state["corrected_labels"] = state["labels"]
+    return state
 
 
 def selected_state(state: dict[str, Any], *, test_embeddings: torch.Tensor,
                    audit: Optional[dict[str, torch.Tensor]]) -> dict[str, Any]:
-    """``best.pt``: an :func:`epoch_state` plus the selected epoch's test embeddings and the
+    """``best.pt``: an :class:`EpochState` plus the selected epoch's test embeddings and the
     audit's per-sample arrays (``[N, n]`` probabilities: for the selected epoch only)."""
     return {**state, "test_embeddings": _cpu(test_embeddings), "audit": audit}
 
@@ -92,7 +142,7 @@ def resumable_state(state: dict[str, Any], *, optimizer: torch.optim.Optimizer,
                     history: list[dict[str, Any]], best_epoch: int, generator: torch.Generator,
                     elapsed_s: float, trained_model: Optional[torch.nn.Module] = None,
                     averaged_steps: Optional[int] = None) -> dict[str, Any]:
-    """``checkpoint.pt``: an :func:`epoch_state` plus what resuming needs (the optimizer, the
+    """``checkpoint.pt``: an :class:`EpochState` plus what resuming needs (the optimizer, the
     per-epoch history, the selected epoch so far, torch's and the shuffling generator's random
     states, the time spent; with ``weight_ema``, whose averaged weights are the state's "model",
     the ``trained_model``'s own weights as "trained_model" and the average's step count as
@@ -266,13 +316,7 @@ def load_checkpoint(path: Path, config: TrainConfig | None = None,
     except Exception as exc:  # a truncated or foreign file: say which file, not the pickle detail
         raise CheckpointMismatch(f"cannot read checkpoint {str(path)!r} ({type(exc).__name__}); "
                                  f"it is damaged or not a sol_ext checkpoint.") from exc
-    if isinstance(state, dict) and state.get("format_version") == 1:
-        raise CheckpointMismatch(f"{str(path)!r} was written by an earlier version of sol_ext (checkpoint "
-                                 f"format 1), which this one cannot resume or predict with; train the "
-                                 f"run again, or with another --output.")
-    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
-        raise CheckpointMismatch(f"{str(path)!r} is not a sol_ext checkpoint of format "
-                                 f"{FORMAT_VERSION}.")
+    state = migrated(state, path)
     if config is not None:
         saved = TrainConfig.from_dict(state["config"])
         diff = config_mismatches(saved, config)

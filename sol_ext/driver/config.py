@@ -318,7 +318,7 @@ class TrainConfig:
         if self.method == "sol-no-noise":
             return NO_NOISE_SIGMA
         if self.sigma == "auto":
-            raise ValueError("sigma 'auto' must be resolved (sol_ext.driver.tuning.select_sigma) before "
+            raise ValueError("sigma 'auto' must be resolved (sol_ext.driver.tuning.SigmaSearch) before "
                              "the noise kernel is built.")
         return float(self.sigma)
 

@@ -1,7 +1,8 @@
-"""One training run of SOL (paper Algorithm 1) or of a baseline, with checkpoints.
+"""One training run of SOL (paper Algorithm 1) or of a baseline, with checkpoints: a :class:`Fit`.
 
-The entry point is :func:`sol_ext.driver.train.train`, which picks sigma first where it is
-``"auto"`` (:mod:`sol_ext.driver.tuning`, a run per candidate) and then calls :func:`train_run`.
+The entry point is :func:`sol_ext.driver.train.train`, which checks the settings, plans the fits
+(one per sigma candidate where sigma is ``"auto"``, :mod:`sol_ext.driver.tuning`) and trains each,
+epoch by epoch; :func:`train_run` trains one whole fit.
 
 Per epoch:
 1. train the encoder on shuffled batches of the current labels, with the centroids fixed;
@@ -40,7 +41,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -65,7 +66,7 @@ from .checkpoint import (
     BEST_NAME,
     CHECKPOINT_NAME,
     CheckpointMismatch,
-    epoch_state,
+    EpochState,
     load_checkpoint,
     predictor_record,
     resumable_state,
@@ -80,8 +81,8 @@ from .methods import RankModel, build_model, encoder_name, head_ranks, make_sol_
 from .parallel import Parallel
 from .prepare import PreparedData
 
-__all__ = ["RunOutcome", "train_run", "resolve_device", "cs_theta_of", "validation_split",
-           "run_results", "WeightAverage"]
+__all__ = ["RunOutcome", "Fit", "FitContext", "train_run", "resolve_device", "cs_theta_of",
+           "validation_split", "run_results", "WeightAverage"]
 
 
 @dataclass
@@ -255,17 +256,14 @@ class _Readout:
     val_rank_probabilities: Optional[torch.Tensor] = None
 
 
-def _sol_readout(config: TrainConfig, head: SOLHead, model: RankModel,
-                 fit_h: torch.Tensor, fit_labels: torch.Tensor, val_x: Optional[RunInputs],
-                 val_labels: Optional[torch.Tensor], test_x: RunInputs,
-                 device: torch.device, batch_size: int, par: Parallel) -> _Readout:
+def _sol_readout(config: TrainConfig, head: SOLHead, fit_h: torch.Tensor, fit_labels: torch.Tensor,
+                 val: Optional[tuple[torch.Tensor, torch.Tensor]], test_h: torch.Tensor) -> _Readout:
     """The end of an epoch of the SOL methods: the head's own update (centroid rule, then the
     read-out, :meth:`sol_ext.SOLHead.update`; :func:`sol_ext.distributed.update_head` under
     torchrun), then its rank read-out of every sample: the expected rank against cuts (default),
-    the posterior median, or eq. 6."""
+    the posterior median, or eq. 6. ``val``: the validation split's embeddings and labels."""
     n = head.num_ranks
-    val_h = None if val_x is None else _embed_all(model, val_x, batch_size, device, par)
-    test_h = _embed_all(model, test_x, batch_size, device, par)
+    val_h, val_labels = (None, None) if val is None else val
     # The temperature is fitted on held-out samples when there are any: on the samples the
     # encoder was fitted to, the posterior comes out over-confident. The prior is the rank
     # frequency of the training labels; the cuts are fitted on the training split, never the
@@ -313,11 +311,8 @@ def _relabel(config: TrainConfig, given: torch.Tensor, probabilities: torch.Tens
 
 
 def _head_readout(config: TrainConfig, model: RankModel, n: int, fit_h: torch.Tensor,
-                  val_x: Optional[RunInputs], test_x: RunInputs, device: torch.device,
-                  batch_size: int, par: Parallel) -> _Readout:
+                  val_h: Optional[torch.Tensor], test_h: torch.Tensor) -> _Readout:
     """Predictions of the baselines with an output head (l1, ce, corn)."""
-    val_h = None if val_x is None else _embed_all(model, val_x, batch_size, device, par)
-    test_h = _embed_all(model, test_x, batch_size, device, par)
 
     def pred(h: torch.Tensor) -> torch.Tensor:
         return head_ranks(config.method, model, h, n)
@@ -390,104 +385,233 @@ def _check_same_state(par: Parallel, epoch: int, labels: torch.Tensor,
                            f"epoch {epoch}; the data-parallel run is out of step.")
 
 
-def train_run(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resume: bool = False,
-              progress: bool = False, log: Callable[[str], None] = print,
-              parallel: Optional[Parallel] = None,
-              sigma_choice: Optional[dict[str, Any]] = None) -> RunOutcome:
-    """One training run of ``config.method`` on ``data`` (Algorithm 1 for SOL); checkpoint to
-    ``out_dir/checkpoint.pt`` every epoch and the best epoch so far to ``out_dir/best.pt``; with
-    ``out_dir=None`` nothing is written and the outcome holds the selected epoch's state.
+@dataclass
+class FitContext:
+    """How a fit runs beside its settings: its place in a torchrun run (default one process), where
+    its per-epoch lines go, and whether it shows a progress bar per epoch."""
 
-    :func:`sol_ext.driver.train.train` is the entry point: it validates ``config``, picks sigma
-    ``"auto"`` (:mod:`sol_ext.driver.tuning`) and calls this function. Here ``config`` is the run's
-    configuration as given (saved in the checkpoints); with ``sigma="auto"``, ``sigma_choice``
-    (``{"sigma": value, "val_mae": ...}``) says which sigma the run trains with.
+    parallel: Optional[Parallel] = None
+    log: Callable[[str], None] = print
+    progress: bool = False
 
-    The other arguments and the outcome are those of :func:`sol_ext.driver.train.train`.
+
+class Fit:
+    """One training run of ``config.method`` on ``data`` (Algorithm 1 for SOL), an epoch at a time::
+
+        fit = Fit(config, data, out_dir)
+        fit.start(resume=False)
+        for epoch in fit.epochs():
+            fit.end_of_epoch(epoch, fit.train_one_epoch(epoch))
+        outcome = fit.outcome()
+
+    It checkpoints to ``out_dir/checkpoint.pt`` every epoch and the best epoch so far to
+    ``out_dir/best.pt``; with ``out_dir=None`` nothing is written and the outcome holds the selected
+    epoch's state. ``config`` is the run's configuration as given (saved in the checkpoints); with
+    ``sigma="auto"``, ``sigma_choice`` (``{"sigma": value, "val_mae": ...}``) says which sigma the
+    run trains with. :func:`sol_ext.driver.train.train` checks the settings and picks sigma first.
     """
-    par = parallel or Parallel()
-    run_config = config if sigma_choice is None else dataclasses.replace(config, sigma=sigma_choice["sigma"])
-    device = resolve_device(config.device, par)
-    in_memory = out_dir is None
-    if resume and in_memory:
-        raise ValueError("a run trained in memory (no output folder) has no checkpoint to resume.")
-    if par.is_main and not in_memory:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_path = None if in_memory else out_dir / CHECKPOINT_NAME
-    n = data.num_ranks
-    eval_bs = embedding_batch_size(data.kind, config.batch_size)
-    start = time.perf_counter()
 
-    split = validation_split(data.train_given, config.val_fraction, config.seed)
-    fit_x, val_x, test_x = _run_inputs(config, data, split, device, par, progress)
-    given = data.train_given[split.fit].to(device)
-    clean = None if data.train_clean is None else data.train_clean[split.fit]
-    val_labels = None if split.val is None else data.train_given[split.val].to(device)
+    def __init__(self, config: TrainConfig, data: PreparedData, out_dir: Optional[Path],
+                 sigma_choice: Optional[dict[str, Any]] = None, context: Optional[FitContext] = None):
+        context = context or FitContext()
+        self.config, self.data, self.out_dir, self.sigma_choice = config, data, out_dir, sigma_choice
+        self.run_config = (config if sigma_choice is None
+                           else dataclasses.replace(config, sigma=sigma_choice["sigma"]))
+        self.par = context.parallel or Parallel()
+        self.log, self.progress = context.log, context.progress
+        self.in_memory = out_dir is None
 
-    torch.manual_seed(config.seed)
-    gen = torch.Generator().manual_seed(config.seed + 1)  # shuffling and pair sampling
-    model, step_model, optimizer, head, sol_loss, scaler = _learner(run_config, data, device, par)
-    # the weights every pass over the data uses (embedding, centroids, read-out, checkpoints'
-    # "model"): the trained ones, or their moving average (weight_ema)
-    averaged = _weight_average(config, model)
-    eval_model = model if averaged is None else averaged.model
-    fingerprint = data.fingerprint()
+    # -- setup ---------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """The split, the inputs, the model, optimizer and head, and the epoch-0 state."""
+        config, data, par = self.config, self.data, self.par
+        self.device = resolve_device(config.device, par)
+        if par.is_main and not self.in_memory:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.eval_bs = embedding_batch_size(data.kind, config.batch_size)
+        self.started = time.perf_counter()
+        self.split = validation_split(data.train_given, config.val_fraction, config.seed)
+        self.fit_x, self.val_x, self.test_x = _run_inputs(config, data, self.split, self.device, par,
+                                                          self.progress)
+        self.given = data.train_given[self.split.fit].to(self.device)
+        self.clean = None if data.train_clean is None else data.train_clean[self.split.fit]
+        self.val_labels = (None if self.split.val is None
+                           else data.train_given[self.split.val].to(self.device))
+        torch.manual_seed(config.seed)
+        self.gen = torch.Generator().manual_seed(config.seed + 1)  # shuffling and pair sampling
+        (self.model, self.step_model, self.optimizer, self.head, self.sol_loss,
+         self.scaler) = _learner(self.run_config, data, self.device, par)
+        # the weights every pass over the data uses (embedding, centroids, read-out, checkpoints'
+        # "model"): the trained ones, or their moving average (weight_ema)
+        self.averaged = _weight_average(config, self.model)
+        self.eval_model = self.model if self.averaged is None else self.averaged.model
+        self.fingerprint = data.fingerprint()
+        self.history: list[dict[str, Any]] = []
+        self.labels = self.given.clone()
+        self.first_epoch, self.elapsed_before = 1, 0.0
+        self.best: Optional[dict[str, Any]] = None
 
-    history: list[dict[str, Any]] = []
-    labels = given.clone()
-    first_epoch = 1
-    elapsed_before = 0.0
-    best: Optional[dict[str, Any]] = None
-    if resume:
-        state = par.broadcast_object(load_checkpoint(ckpt_path, config, fingerprint)
+    def resume(self) -> None:
+        """Continue from ``out_dir/checkpoint.pt`` (checked against the configuration and data)."""
+        if self.in_memory:
+            raise ValueError("a run trained in memory (no output folder) has no checkpoint to resume.")
+        par, ckpt_path = self.par, self.out_dir / CHECKPOINT_NAME
+        state = par.broadcast_object(load_checkpoint(ckpt_path, self.config, self.fingerprint)
                                      if par.is_main else None)
         _check_same_world(state, par, ckpt_path)
         # with weight_ema, "model" holds the averaged weights and "trained_model" the trained ones
-        model.load_state_dict(state.get("trained_model", state["model"]))
-        if averaged is not None:
-            averaged.model.load_state_dict(state["model"])
-            averaged.steps = int(state["weight_ema_steps"])
-        optimizer.load_state_dict(state["optimizer"])
-        if head is not None:
-            head.load_state_dict(state["head"])
-        labels = state["labels"].to(device)
-        history = state["history"]
-        first_epoch = state["epoch"] + 1
-        elapsed_before = float(state.get("elapsed_s", 0.0))
-        sigma_choice = state.get("sigma_choice", sigma_choice)
+        self.model.load_state_dict(state.get("trained_model", state["model"]))
+        if self.averaged is not None:
+            self.averaged.model.load_state_dict(state["model"])
+            self.averaged.steps = int(state["weight_ema_steps"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.head is not None:
+            self.head.load_state_dict(state["head"])
+        self.labels = state["labels"].to(self.device)
+        self.history = state["history"]
+        self.first_epoch = state["epoch"] + 1
+        self.elapsed_before = float(state.get("elapsed_s", 0.0))
+        self.sigma_choice = state.get("sigma_choice", self.sigma_choice)
         torch.set_rng_state(state["torch_rng"])
-        gen.set_state(state["generator_rng"])
-        best = par.broadcast_object(load_checkpoint(out_dir / BEST_NAME) if par.is_main else None)
-        log(f"resuming {out_dir} after epoch {state['epoch']}")
-    elif head is not None:
-        _centroid_rule(head, _embed_all(eval_model, fit_x, eval_bs, device, par), labels)
+        self.gen.set_state(state["generator_rng"])
+        self.best = par.broadcast_object(load_checkpoint(self.out_dir / BEST_NAME) if par.is_main else None)
+        self.log(f"resuming {self.out_dir} after epoch {state['epoch']}")
 
-    for epoch in range(first_epoch, config.epochs + 1):
-        if best is not None and config.patience is not None \
-                and epoch - 1 - best["epoch"] >= config.patience:
-            break  # a resumed run that had already stopped early
-        # 1. network training, centroids fixed
-        epoch_start = time.perf_counter()
-        centroids = None if head is None else head.centroids
-        loss = _train_epoch(run_config, model, optimizer, fit_x, labels, n, centroids, sol_loss,
-                            gen, progress, epoch, scaler, step_model, par, averaged)
-        record: dict[str, Any] = {"epoch": epoch, "train_loss": loss}
-        steps_done = time.perf_counter()
+    def start(self, resume: bool = False) -> None:
+        """:meth:`setup`, then :meth:`resume`, or (SOL) the centroids of the untrained encoder."""
+        self.setup()
+        if resume:
+            self.resume()
+        elif self.head is not None:
+            _centroid_rule(self.head, self._embed(self.fit_x), self.labels)
 
-        # 2. the head's update (centroid rule, read-out); 3. read-out and relabeling
-        fit_h = _embed_all(eval_model, fit_x, eval_bs, device, par)
-        if head is not None:
-            out = _sol_readout(run_config, head, eval_model, fit_h, labels, val_x, val_labels,
-                               test_x, device, eval_bs, par)
-            centroids = head.centroids
-            record["centroid_span"] = centroid_span(centroids)
+    def epochs(self) -> Iterator[int]:
+        """The epochs still to train; ``patience`` epochs without a better one end them early."""
+        for epoch in range(self.first_epoch, self.config.epochs + 1):
+            if self.best is not None and self.config.patience is not None \
+                    and epoch - 1 - self.best["epoch"] >= self.config.patience:
+                return  # also a resumed run that had already stopped early
+            yield epoch
+
+    def _embed(self, inputs: RunInputs) -> torch.Tensor:
+        return _embed_all(self.eval_model, inputs, self.eval_bs, self.device, self.par)
+
+    # -- an epoch ------------------------------------------------------------------------------
+    def _batch_plan(self) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+        """``(rows of this process's share, rows with the references, global batch size)`` of each
+        step of an epoch, drawn from the shuffling generator (and, with ``--pairs balanced``, the
+        reference samples)."""
+        config, labels, world = self.run_config, self.labels, self.par.world_size
+        plan = []
+        for idx in _batches(labels.numel(), config.batch_size * world, self.gen, smallest=2 * world):
+            global_count = idx.numel()
+            if self.par.enabled:
+                idx = idx[distributed.shard(global_count)]
+            rows = idx
+            if config.pairs == "balanced":
+                ref = sample_references(labels[idx.to(labels.device)], labels, config.tau, self.gen).cpu()
+                rows = torch.cat([idx, ref])
+            plan.append((idx, rows, global_count))
+        return plan
+
+    def train_one_epoch(self, epoch: int) -> float:
+        """One pass over shuffled batches of the current labels with the centroids fixed; returns
+        the mean batch loss. With ``amp`` the forward passes run under autocast (float16 with loss
+        scaling on CUDA, bfloat16 on the CPU); the loss computes in float32 either way.
+
+        Under torchrun, batches are global batches of ``W * batch_size`` samples drawn as one
+        process would draw them, each process taking its contiguous share through DDP; a last
+        global batch of fewer than ``2 W`` samples is dropped, so no process steps on fewer than
+        two. With ``weight_ema``, the moving average follows every step."""
+        self._epoch_started = time.perf_counter()
+        config, par, labels, model = self.run_config, self.par, self.labels, self.model
+        model.train()
+        device = labels.device
+        amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+        centroids = None if self.head is None else self.head.centroids
+        plan = self._batch_plan()
+        inputs = self.fit_x.training_batches([rows for _, rows, _ in plan], self.gen)
+        bar = _Progress(self.progress, len(plan), f"epoch {epoch}/{config.epochs}")
+        total = 0.0
+        for (idx, rows, global_count), x in zip(plan, inputs):
+            y, pairs = labels[rows.to(device)], None
+            if config.pairs == "balanced":
+                pairs = balanced_pairs(y, config.tau, config.pairs_per_class, self.gen)
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=config.amp):
+                out = self.step_model(x)
+                if not bool(torch.isfinite(out).all()):  # weights blown up by the previous step
+                    raise FloatingPointError(_diverged(config, epoch, "the network's outputs"))
+                loss = training_loss(config, model, out, y, self.data.num_ranks, centroids,
+                                     self.sol_loss, pairs)
+            value = self._step(loss, idx.numel() / global_count, epoch)
+            total += float(value)
+            bar.update(float(loss.detach()))  # the bar shows this process's batch loss
+        bar.close()
+        if par.enabled and self.sol_loss is None:
+            total = float(distributed.all_reduce_sum()(torch.tensor([total], dtype=torch.float64,
+                                                                    device=device)))
+        # the last step may have blown up the weights: say so here, not as NaN centroids or metrics
+        if not bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all()):
+            raise FloatingPointError(_diverged(config, epoch, "the weights"))
+        return total / max(len(plan), 1)
+
+    def _step(self, loss: torch.Tensor, share: float, epoch: int) -> torch.Tensor:
+        """One optimizer step on ``loss``; returns the value the epoch's mean adds up."""
+        value = loss.detach()
+        if self.par.enabled and self.sol_loss is None:
+            # a head's loss is the mean over this process's samples: weighted so that DDP's
+            # average over the processes is the mean over the global batch; the logged value is
+            # this process's share of that mean, summed over the processes once per epoch
+            value = value.float() * share
+            loss = loss * (share * self.par.world_size)
+        if not torch.isfinite(value):
+            raise FloatingPointError(_diverged(self.run_config, epoch, f"the loss ({float(value)})"))
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:  # float16: scale the loss so small gradients do not flush to 0
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         else:
-            out = _head_readout(run_config, eval_model, n, fit_h, val_x, test_x, device, eval_bs, par)
-        record["train_mae_vs_labels"] = _rank_mae(out.fit_pred, labels)
-        record["labels_before"] = _label_stats(labels.cpu(), clean)
+            loss.backward()
+            self.optimizer.step()
+        if self.averaged is not None:
+            self.averaged.update(self.model)
+        return value
+
+    def end_of_epoch(self, epoch: int, loss: float) -> None:
+        """After the steps: the head's update and the read-out, relabeling, :meth:`evaluate` and
+        :meth:`save`."""
+        steps_done = time.perf_counter()
+        record: dict[str, Any] = {"epoch": epoch, "train_loss": loss}
+        out = self._read_out(record)
+        corrected, suggestion = self._relabel(record, out)
+        record["labels_after"] = _label_stats(corrected.cpu(), self.clean)
+        self.evaluate(record, out, steps_done)
+        self.save(epoch, record, out, (corrected, suggestion))
+
+    def _read_out(self, record: dict[str, Any]) -> _Readout:
+        """2. the head's update (centroid rule, read-out); 3. the read-out of every sample."""
+        fit_h = self._embed(self.fit_x)
+        val_h = None if self.val_x is None else self._embed(self.val_x)
+        test_h = self._embed(self.test_x)
+        config, n = self.run_config, self.data.num_ranks
+        if self.head is not None:
+            out = _sol_readout(config, self.head, fit_h, self.labels,
+                               None if val_h is None else (val_h, self.val_labels), test_h)
+            record["centroid_span"] = centroid_span(self.head.centroids)
+        else:
+            out = _head_readout(config, self.eval_model, n, fit_h, val_h, test_h)
+        record["train_mae_vs_labels"] = _rank_mae(out.fit_pred, self.labels)
+        record["labels_before"] = _label_stats(self.labels.cpu(), self.clean)
+        return out
+
+    def _relabel(self, record: dict[str, Any], out: _Readout):
+        """The relabeling rule of the run; returns the corrected labels and the posterior rule's
+        suggestion (``None`` for the other rules). Every process ends with rank 0's labels."""
+        config, par = self.config, self.par
         suggestion = None
         if config.refines and config.relabel == "posterior":
-            suggestion = _relabel(config, given, out.fit_rank_probabilities, out.noise)
+            suggestion = _relabel(config, self.given, out.fit_rank_probabilities, out.noise)
             # The corrected labels are the run's output; the encoder keeps training on the given
             # ones. Trained on, corrections would teach it its own predictions (abalone, kappa 1,
             # told the noise: test MAE 1.53 -> 1.66 while the label MAE fell 2.51 -> 1.63).
@@ -495,55 +619,79 @@ def train_run(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], 
             record.update(outliers=suggestion.num_relabeled, relabeled=suggestion.num_relabeled,
                           step=0.0, label_noise_std=out.noise.std)
         elif config.refines:
-            ref = refine_labels(labels, out.fit_pred, n, config.beta,
+            ref = refine_labels(self.labels, out.fit_pred, self.data.num_ranks, config.beta,
                                 floor_step=config.convention == "official")
-            labels = ref.labels
+            self.labels = ref.labels
             record.update(outliers=ref.num_outliers, relabeled=ref.num_relabeled, step=ref.step)
         else:
             record.update(outliers=0, relabeled=0, step=0.0)
-        labels = par.broadcast(labels.contiguous())  # every process trains on rank 0's labels
-        corrected = labels if suggestion is None else par.broadcast(corrected.contiguous())
-        _check_same_state(par, epoch, corrected, centroids)
-        record["labels_after"] = _label_stats(corrected.cpu(), clean)
+        self.labels = par.broadcast(self.labels.contiguous())  # every process trains on rank 0's labels
+        corrected = self.labels if suggestion is None else par.broadcast(corrected.contiguous())
+        _check_same_state(par, record["epoch"], corrected,
+                          None if self.head is None else self.head.centroids)
+        return corrected, suggestion
 
-        # 4. model selection on the validation split; test metrics (reported only)
-        record["val_mae"] = None if out.val_pred is None else _rank_mae(out.val_pred, val_labels)
-        record["test"] = _test_metrics(config, data, out.test_pred)
+    def evaluate(self, record: dict[str, Any], out: _Readout, steps_done: float) -> None:
+        """4. the validation MAE (model selection) and the test metrics (reported only); the
+        epoch's record joins the history and its line is logged."""
+        record["val_mae"] = None if out.val_pred is None else _rank_mae(out.val_pred, self.val_labels)
+        record["test"] = _test_metrics(self.config, self.data, out.test_pred)
         # the training steps, and the passes over every sample that follow them (embedding,
         # centroid rule, read-out, relabeling, validation and test)
-        record["seconds"] = {"steps": steps_done - epoch_start,
+        record["seconds"] = {"steps": steps_done - self._epoch_started,
                              "end_of_epoch": time.perf_counter() - steps_done}
-        history.append(record)
-        log(_epoch_line(record, config.epochs))
+        self.history.append(record)
+        self.log(_epoch_line(record, self.config.epochs))
 
-        improved = par.agree(best is None or record["val_mae"] is None
-                             or record["val_mae"] < best["val_mae"], device)
-        snapshot = epoch_state(
-            config=config, fingerprint=fingerprint, epoch=epoch, world_size=par.world_size,
-            model=eval_model, head=head, predictor=predictor_record(run_config, data), labels=labels,
-            corrected=corrected, given=given, clean=clean, train_rows=_rows(data, split.fit),
-            val_rows=None if split.val is None else _rows(data, split.val),
-            train_pred=out.fit_pred, test_pred=out.test_pred, val_mae=record["val_mae"],
-            sigma_choice=sigma_choice, label_noise_std=record.get("label_noise_std"))
+    def save(self, epoch: int, record: dict[str, Any], out: _Readout, relabeled) -> None:
+        """The best epoch so far (``best.pt``, or kept in memory) and the checkpoint."""
+        config, data, par, split = self.config, self.data, self.par, self.split
+        corrected, suggestion = relabeled
+        improved = par.agree(self.best is None or record["val_mae"] is None
+                             or record["val_mae"] < self.best["val_mae"], self.device)
+        snapshot = EpochState.of_epoch(
+            config, self.eval_model, self.head, fingerprint=self.fingerprint, epoch=epoch,
+            world_size=par.world_size, predictor=predictor_record(self.run_config, data),
+            labels=self.labels, corrected_labels=corrected, given_labels=self.given,
+            clean_labels=self.clean, train_rows=_rows(data, split.fit),
+            val_rows=None if split.val is None else _rows(data, split.val), train_pred=out.fit_pred,
+            test_pred=out.test_pred, val_mae=record["val_mae"], sigma_choice=self.sigma_choice,
+            label_noise_std=record.get("label_noise_std")).to_dict()
         if improved:
-            best = selected_state(snapshot, test_embeddings=out.test_h,
-                                  audit=_audit_arrays(config, data, split, out, suggestion))
-            if in_memory:  # the state holds the live weights: keep the selected epoch's
-                best = _copied(best)
+            self.best = selected_state(snapshot, test_embeddings=out.test_h,
+                                       audit=_audit_arrays(config, data, split, out, suggestion))
+            if self.in_memory:  # the state holds the live weights: keep the selected epoch's
+                self.best = _copied(self.best)
             elif par.is_main:
-                save_checkpoint(out_dir / BEST_NAME, best)
-        if par.is_main and not in_memory:
-            save_checkpoint(ckpt_path, resumable_state(
-                snapshot, optimizer=optimizer, history=history, best_epoch=best["epoch"],
-                generator=gen, elapsed_s=elapsed_before + time.perf_counter() - start,
-                trained_model=None if averaged is None else model,
+                save_checkpoint(self.out_dir / BEST_NAME, self.best)
+        if par.is_main and not self.in_memory:
+            averaged = self.averaged
+            save_checkpoint(self.out_dir / CHECKPOINT_NAME, resumable_state(
+                snapshot, optimizer=self.optimizer, history=self.history, best_epoch=self.best["epoch"],
+                generator=self.gen, elapsed_s=self.elapsed_before + time.perf_counter() - self.started,
+                trained_model=None if averaged is None else self.model,
                 averaged_steps=None if averaged is None else averaged.steps))
 
-    results = run_results(config, data, history, best, sigma_choice,
-                       elapsed_before + time.perf_counter() - start, par.world_size)
-    return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
-                      test_pred=best["test_pred"], train_pred=best["train_pred"],
-                      labels=corrected_labels(best), best_state=best if in_memory else None)
+    def outcome(self) -> RunOutcome:
+        """The selected epoch's outcome (the best validation MAE, or the last epoch)."""
+        best = self.best
+        results = run_results(self.config, self.data, self.history, best, self.sigma_choice,
+                              self.elapsed_before + time.perf_counter() - self.started,
+                              self.par.world_size)
+        return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
+                          test_pred=best["test_pred"], train_pred=best["train_pred"],
+                          labels=corrected_labels(best), best_state=best if self.in_memory else None)
+
+
+def train_run(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resume: bool = False,
+              sigma_choice: Optional[dict[str, Any]] = None,
+              context: Optional[FitContext] = None) -> RunOutcome:
+    """A whole :class:`Fit`: every epoch of one training run (see there)."""
+    fit = Fit(config, data, out_dir, sigma_choice, context)
+    fit.start(resume)
+    for epoch in fit.epochs():
+        fit.end_of_epoch(epoch, fit.train_one_epoch(epoch))
+    return fit.outcome()
 
 
 def _copied(value: Any) -> Any:
@@ -632,86 +780,6 @@ def _audit_arrays(config: TrainConfig, data: PreparedData, split: _Split, out: _
             "probabilities": cat(lambda p: p[1]).float()}
 
 
-def _train_epoch(config: TrainConfig, model: RankModel, optimizer: torch.optim.Optimizer,
-                 train_x: RunInputs, labels: torch.Tensor, n: int,
-                 centroids: Optional[torch.Tensor], sol_loss: Optional[torch.nn.Module],
-                 gen: torch.Generator, progress: bool, epoch: int,
-                 scaler: Optional[torch.amp.GradScaler] = None,
-                 step_model: Optional[torch.nn.Module] = None,
-                 par: Optional[Parallel] = None,
-                 averaged: Optional["WeightAverage"] = None) -> float:
-    """One pass over shuffled batches of the current ``labels`` ``[N]`` with the centroids
-    fixed; returns the mean batch loss. With ``config.amp`` the forward passes run under
-    autocast (float16 with ``scaler`` on CUDA, bfloat16 on the CPU); the loss computes in
-    float32 either way.
-
-    The batches (and, with ``--pairs balanced``, their reference samples) are drawn from ``gen``
-    first, then loaded (:meth:`RunInputs.training_batches`, which draws the augmentation seeds).
-
-    Under torchrun (``par``), batches are global batches of ``W * batch_size`` samples drawn as
-    one process would draw them, each process taking its contiguous share through ``step_model``
-    (DDP); a last global batch of fewer than ``2 W`` samples is dropped, so no process steps on
-    fewer than two. With ``averaged`` (``weight_ema``), the moving average follows every step."""
-    par = par or Parallel()
-    step_model = step_model or model
-    model.train()
-    device = labels.device
-    amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
-    world = par.world_size
-    plan = []  # (rows of this process's share, rows with the references, size of the global batch)
-    for idx in _batches(labels.numel(), config.batch_size * world, gen, smallest=2 * world):
-        global_count = idx.numel()
-        if par.enabled:
-            idx = idx[distributed.shard(global_count)]
-        rows = idx
-        if config.pairs == "balanced":
-            ref = sample_references(labels[idx.to(device)], labels, config.tau, gen).cpu()
-            rows = torch.cat([idx, ref])
-        plan.append((idx, rows, global_count))
-    inputs = train_x.training_batches([rows for _, rows, _ in plan], gen)
-    bar = _Progress(progress, len(plan), f"epoch {epoch}/{config.epochs}")
-    total = 0.0
-    for (idx, rows, global_count), x in zip(plan, inputs):
-        y, pairs = labels[rows.to(device)], None
-        if config.pairs == "balanced":
-            pairs = balanced_pairs(y, config.tau, config.pairs_per_class, gen)
-        with torch.autocast(device.type, dtype=amp_dtype, enabled=config.amp):
-            out = step_model(x)
-            if not bool(torch.isfinite(out).all()):  # weights blown up by the previous step
-                raise FloatingPointError(_diverged(config, epoch, "the network's outputs"))
-            loss = training_loss(config, model, out, y, n, centroids, sol_loss, pairs)
-        value = shown = loss.detach()  # the bar shows this process's batch loss
-        if par.enabled and sol_loss is None:
-            # a head's loss is the mean over this process's samples: weighted so that DDP's
-            # average over the processes is the mean over the global batch; the logged value is
-            # this process's share of that mean, summed over the processes once per epoch
-            share = idx.numel() / global_count
-            value = value.float() * share
-            loss = loss * (share * world)
-        if not torch.isfinite(value):
-            raise FloatingPointError(_diverged(config, epoch, f"the loss ({float(value)})"))
-        optimizer.zero_grad(set_to_none=True)
-        if scaler is not None:  # float16: scale the loss so small gradients do not flush to 0
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            loss.backward()
-            optimizer.step()
-        if averaged is not None:
-            averaged.update(model)
-        total += float(value)
-        bar.update(float(shown))
-    bar.close()
-    if par.enabled and sol_loss is None:
-        total = float(distributed.all_reduce_sum()(torch.tensor([total], dtype=torch.float64,
-                                                                device=device)))
-    # the last step may have blown up the weights: say so here, not as NaN centroids or metrics
-    if not bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all()):
-        raise FloatingPointError(_diverged(config, epoch, "the weights"))
-    return total / max(len(plan), 1)
-
-
 def _diverged(config: TrainConfig, epoch: int, what: str) -> str:
     return (f"training diverged in epoch {epoch}: {what} became NaN or infinite at learning "
             f"rate {config.lr:g}; lower --lr, or keep embeddings normalized (the default).")
@@ -733,8 +801,9 @@ def _epoch_line(r: dict[str, Any], epochs: int) -> str:
 
 def corrected_labels(state: dict[str, Any]) -> torch.Tensor:
     """The run's corrected training labels: the posterior rule's corrections, or the labels
-    trained on (the outlier rule's relabels; checkpoints of earlier versions have no key)."""
-    return state.get("corrected_labels", state["labels"])
+    trained on (the outlier rule's relabels; :func:`~sol_ext.driver.checkpoint.migrated` fills
+    them in for checkpoints saved before they were kept apart)."""
+    return state["corrected_labels"]
 
 
 def run_results(config: TrainConfig, data: PreparedData, history: list[dict[str, Any]],

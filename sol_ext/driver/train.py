@@ -1,9 +1,11 @@
-"""``train``: the driver's entry point. It checks the configuration, picks sigma where it is
-``"auto"`` (:mod:`sol_ext.driver.tuning`: one training run per candidate, the winner's is the run)
-and otherwise trains once (:func:`sol_ext.driver.run.train_run`, the epoch loop of Algorithm 1).
+"""``train`` and the ``sol-ext train`` command: the driver's entry point. It checks the settings
+once, decides the plan once (one :class:`~sol_ext.driver.run.Fit`, or one per sigma candidate where
+sigma is ``"auto"``: :class:`sol_ext.driver.tuning.SigmaSearch`, the winner's is the run; resumed or
+not), and trains every fit of the plan, epoch by epoch, in its own loop.
 
-Module layers, top to bottom, without an import circle: ``train`` → ``tuning`` → ``run`` (one
-run: epochs, read-outs, relabeling) → ``checkpoint`` (the run folder's format) and ``methods``.
+Module layers, top to bottom, without an import circle: ``train`` → ``tuning`` (the plans) → ``run``
+(:class:`~sol_ext.driver.run.Fit`: epochs, read-outs, relabeling) → ``checkpoint`` (the run folder's
+format) and ``methods``.
 """
 
 from __future__ import annotations
@@ -43,11 +45,11 @@ from .outputs import check_run_inputs
 from .parallel import Parallel
 from .prepare import PreparedData, prepare_data
 from .report import clear_results, format_table, noise_label, write_outputs
-from .run import RunOutcome, cs_theta_of, resolve_device, train_run, validation_split
+from .run import Fit, FitContext, RunOutcome, cs_theta_of, resolve_device, validation_split
 from .rundir import check_output_folder, run_folder
-from .tuning import search_in_memory, search_sigma, trial_config, trial_dir
+from .tuning import SigmaSearch, SingleRun, Trial, trial_config, trial_dir
 
-__all__ = ["train", "train_command", "RunOutcome", "resolve_device", "cs_theta_of", "validation_split",
+__all__ = ["train", "check_run", "plan_run", "train_command", "RunOutcome", "resolve_device", "cs_theta_of", "validation_split",
            "BEST_NAME", "SIGMA_SEARCH_NAME", "fitted_samples", "check_resume", "searches_sigma"]
 
 
@@ -107,9 +109,13 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resu
     """Train ``config.method`` on ``data``; checkpoint to ``out_dir/checkpoint.pt`` every epoch
     and the best epoch so far to ``out_dir/best.pt``.
 
+    The settings are checked once, here (:func:`check_run`), and the plan decided once
+    (:func:`plan_run`: one fit, or one per sigma candidate with ``sigma="auto"``; resumed or not);
+    then every :class:`~sol_ext.driver.run.Fit` of the plan trains, epoch by epoch, in this loop.
+
     Args:
-        config: the run's settings (validated here). ``sigma="auto"`` is resolved first by
-            :func:`sol_ext.driver.tuning.select_sigma` on the validation split.
+        config: the run's settings. ``sigma="auto"`` is picked on the validation split
+            (:class:`sol_ext.driver.tuning.SigmaSearch`).
         data: from :func:`sol_ext.driver.prepare.prepare_data`.
         out_dir: folder of the checkpoints (created); ``None``: train in memory, write nothing
             (the outcome's ``best_state`` is the selected epoch's state, ``best.pt``'s content).
@@ -127,42 +133,63 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resu
         validation labels, or the last epoch without a validation split).
     """
     started = time.perf_counter()
+    par = parallel or Parallel()
+    if not par.is_main:  # rank 0 speaks for the run
+        log, progress = (lambda _line: None), False
+    check_run(config, data, out_dir, resume, par)
+    plan = plan_run(config, out_dir, resume, par, log)
+    try:
+        for trial in plan.trials():
+            fit = Fit(trial.config, data, trial.out_dir, trial.sigma_choice,
+                      FitContext(par, trial.log, progress))
+            fit.start(trial.resume)
+            for epoch in fit.epochs():
+                fit.end_of_epoch(epoch, fit.train_one_epoch(epoch))
+            plan.finished(trial, fit.outcome())
+    except BaseException:
+        plan.abandon()
+        raise
+    return plan.outcome(data, time.perf_counter() - started)
+
+
+def check_run(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resume: bool,
+              par: Parallel) -> None:
+    """Every check of a run's settings against the data, the processes and (resuming) the run in
+    ``out_dir``, before anything trains."""
     if resume and out_dir is None:
         raise ValueError("a run trained in memory (no output folder) has no checkpoint to resume.")
     config.validate()
-    par = parallel or Parallel()
     if par.enabled and config.pairs == "balanced":
         raise ValueError("--pairs balanced is not supported under torchrun: the distributed loss "
                          "covers all pairs of the global batch (--pairs all).")
-    if not par.is_main:  # rank 0 speaks for the run
-        log, progress = (lambda _line: None), False
     config.check_ranks(data.num_ranks)  # tau and sigma against the data's ranks
     fitted_samples(config, data)  # a validation split too small for the data says so here
     if resume and par.is_main:
         check_resume(out_dir, config, data.fingerprint())
-    sigma_choice: Optional[dict[str, Any]] = None
-    if config.method == "sol" and config.sigma == "auto":  # sol-no-noise has no sigma to pick
-        # interrupted in the search: its trials continue
-        if resume and searches_sigma(config) and par.broadcast_object(
-                not (out_dir / CHECKPOINT_NAME).is_file() if par.is_main else None):
-            return search_sigma(config, data, out_dir, par, log, time.perf_counter() - started,
-                                resume=True)
-        if resume and par.is_main:  # the search was adopted (checkpoint.pt is written last)
+
+
+def plan_run(config: TrainConfig, out_dir: Optional[Path], resume: bool, par: Parallel,
+             log: Callable[[str], None]):
+    """What the run trains, decided once: a sigma search (fresh, resumed, or in memory), or one fit
+    (resumed or not) with the sigma it keeps: a resumed run keeps its pick, a run without a
+    validation split the paper's."""
+    if not (config.method == "sol" and config.sigma == "auto"):  # sol-no-noise has no sigma to pick
+        return SingleRun(Trial(config, out_dir, resume, log=log))
+    # interrupted in the search: its trials continue (checkpoint.pt is written last, on adoption)
+    if resume and searches_sigma(config) and par.broadcast_object(
+            not (out_dir / CHECKPOINT_NAME).is_file() if par.is_main else None):
+        return SigmaSearch(config, out_dir, par, log, resume=True)
+    if resume:
+        if par.is_main:  # the search was adopted
             shutil.rmtree(out_dir / SIGMA_SEARCH_NAME, ignore_errors=True)
-        if resume:  # a resumed run keeps its pick
-            saved = par.broadcast_object(load_checkpoint(out_dir / CHECKPOINT_NAME, config)
-                                         if par.is_main else None)
-            sigma_choice = saved["sigma_choice"]
-        elif not config.selects_model:
-            sigma_choice = {"sigma": FALLBACK_SIGMA, "val_mae": None}
-            log(f"sigma auto needs a validation split (--val-fraction > 0); using sigma "
-                f"{FALLBACK_SIGMA:g}, the paper's")
-        elif out_dir is None:
-            return search_in_memory(config, data, par, log)
-        else:
-            return search_sigma(config, data, out_dir, par, log, time.perf_counter() - started)
-    return train_run(config, data, out_dir, resume=resume, progress=progress, log=log,
-                     parallel=par, sigma_choice=sigma_choice)
+        saved = par.broadcast_object(load_checkpoint(out_dir / CHECKPOINT_NAME, config)
+                                     if par.is_main else None)
+        return SingleRun(Trial(config, out_dir, True, saved["sigma_choice"], log))
+    if not config.selects_model:
+        log(f"sigma auto needs a validation split (--val-fraction > 0); using sigma "
+            f"{FALLBACK_SIGMA:g}, the paper's")
+        return SingleRun(Trial(config, out_dir, False, {"sigma": FALLBACK_SIGMA, "val_mae": None}, log))
+    return SigmaSearch(config, out_dir, par, log)
 
 
 # -- the `sol-ext train` command -------------------------------------------------------------------
@@ -192,7 +219,11 @@ def train_command(args: argparse.Namespace) -> int:
         with run_folder(out) if par.is_main else contextlib.nullcontext(out):
             if par.is_main:
                 _check_run_folder(args, cfg, out)
-            _train_into(args, cfg, out, par)
+            data, say_line, start = _prepare_run(args, cfg, out, par)
+            outcome = train(cfg, data, out, resume=args.resume,
+                            progress=not args.quiet and sys.stdout.isatty(), log=say_line, parallel=par)
+            if par.is_main:
+                _write_run(args, cfg, data, outcome, out, start)
             # every process leaves the group together: one that tore its gloo connections down
             # while rank 0 still wrote the outputs sometimes aborted ("terminate called without
             # an active exception")
@@ -219,9 +250,9 @@ def _check_run_folder(args: argparse.Namespace, cfg: TrainConfig, out: Path) -> 
         raise UsageError(f"--resume: no checkpoint in {out}; train without --resume first.")
 
 
-def _train_into(args: argparse.Namespace, cfg: TrainConfig, out: Path, par: Parallel) -> None:
-    """Load the data, check a resume or clear an overwritten run, train, and (rank 0) write the
-    run's settings, results and plots into ``out`` and print the table."""
+def _prepare_run(args: argparse.Namespace, cfg: TrainConfig, out: Path, par: Parallel):
+    """Load the data, say what trains, and check a resume or clear an overwritten run; returns the
+    data, the per-epoch log and the start time."""
     say_line = (lambda _line: None) if args.quiet or not par.is_main else say
     start = time.perf_counter()
     data = prepare_data(cfg)
@@ -243,15 +274,17 @@ def _train_into(args: argparse.Namespace, cfg: TrainConfig, out: Path, par: Para
         for name in (CHECKPOINT_NAME, BEST_NAME, CONFIG_FILE_NAME):
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / SIGMA_SEARCH_NAME, ignore_errors=True)
-    outcome = train(cfg, data, out, resume=args.resume,
-                    progress=not args.quiet and sys.stdout.isatty(), log=say_line, parallel=par)
-    if par.is_main:
-        # the settings as --config reads them, then the results (written last)
-        atomic_write_text(out / CONFIG_FILE_NAME, config_toml(
-            cfg, paper=args.paper, threads=args.threads, relative_to=data.read_from))
-        path = write_outputs(outcome, data, out, plots=args.plots)
-        print(format_table([outcome.results]))
-        print(f"{time.perf_counter() - start:.1f} s; results in {path}")
+    return data, say_line, start
+
+
+def _write_run(args: argparse.Namespace, cfg: TrainConfig, data: PreparedData, outcome: RunOutcome,
+               out: Path, start: float) -> None:
+    """The settings as --config reads them, then the results (written last) and plots; the table."""
+    atomic_write_text(out / CONFIG_FILE_NAME, config_toml(
+        cfg, paper=args.paper, threads=args.threads, relative_to=data.read_from))
+    path = write_outputs(outcome, data, out, plots=args.plots)
+    print(format_table([outcome.results]))
+    print(f"{time.perf_counter() - start:.1f} s; results in {path}")
 
 
 def _warn_if_few_fitted(cfg: TrainConfig, n_train: int, n_fit: int, world_size: int) -> None:

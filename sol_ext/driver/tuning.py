@@ -1,5 +1,6 @@
-"""Hyperparameters picked from the data: ``--sigma auto``, one training run per candidate above
-the single run (:func:`sol_ext.driver.run.train_run`).
+"""Hyperparameters picked from the data: ``--sigma auto``, one :class:`~sol_ext.driver.run.Fit` per
+candidate, trained by the outer loop of :func:`sol_ext.driver.train.train` (:class:`SigmaSearch` says
+which fits, records them and makes the winner's the run; :class:`SingleRun` is the plan of one fit).
 
 The noise-model width ``sigma`` (in ranks) says how far a label may lie from the truth; how much
 the centroid rule may smooth across ranks depends on the data (how many ranks, how far apart their
@@ -13,8 +14,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from .checkpoint import (
     BEST_NAME,
@@ -30,13 +33,13 @@ from .checkpoint import (
 from .config import SIGMA_GRID, TrainConfig
 from .parallel import Parallel
 from .prepare import PreparedData
-from .run import RunOutcome, corrected_labels, run_results, train_run
+from .run import RunOutcome, corrected_labels, run_results
 
-__all__ = ["select_sigma", "search_sigma", "search_in_memory", "trial_dir", "trial_config"]
+__all__ = ["Trial", "SingleRun", "SigmaSearch", "trial_dir", "trial_config"]
 
 
 def trial_dir(work_dir: Path, sigma: float) -> Path:
-    """Where :func:`select_sigma` trains the candidate ``sigma`` inside ``work_dir``."""
+    """Where :class:`SigmaSearch` trains the candidate ``sigma`` inside ``work_dir``."""
     return Path(work_dir) / f"sigma{sigma:g}"
 
 
@@ -52,131 +55,126 @@ def _trial_log(log: Callable[[str], None], sigma: float, number: int,
     return lambda line: log(f"sigma {sigma:g} (trial {number}/{trials}): {line}")
 
 
-def select_sigma(config: TrainConfig, data: PreparedData, grid: Sequence[float] = SIGMA_GRID,
-                 log: Callable[[str], None] = print, parallel=None,
-                 work_dir: Optional[Path] = None, resume: bool = False) -> dict[str, Any]:
-    """Train ``config`` once per ``sigma`` in ``grid``; return the one of best validation MAE.
+@dataclass
+class Trial:
+    """One :class:`~sol_ext.driver.run.Fit` of a run: its configuration, its folder (``None``: in
+    memory), whether it continues from its checkpoint there, its sigma choice (a run of
+    ``sigma="auto"`` that trains one sigma) and where its lines go."""
 
-    The trials are written to :func:`trial_dir` of ``work_dir`` (kept, so that the winner's run
-    can be used as it is, and an interrupted search resumed), or, without ``work_dir``, trained in
-    memory (nothing is written; :func:`search_in_memory` keeps the winner's outcome); each
-    finished trial is added to the record ``work_dir/search.json``. With ``resume``, a trial with
-    a checkpoint in ``work_dir`` continues from it (a finished one only reports its outcome, or
-    trains on to more epochs) and the others train afresh: the outcome is that of an
-    uninterrupted search. ``log`` gets each trial's epoch lines, named by the trial's sigma, and
-    one line per finished trial.
-
-    Returns:
-        ``{"sigma": best, "val_mae": {sigma: MAE, ...}}`` (MAE in ranks, at each run's selected
-        epoch). Ties go to the earlier candidate. Under torchrun (``parallel``, a
-        :class:`sol_ext.driver.parallel.Parallel`) every trial runs on all processes.
-    """
-    return _search(config, data, grid, log, parallel, work_dir, resume)[0]
+    config: TrainConfig
+    out_dir: Optional[Path]
+    resume: bool = False
+    sigma_choice: Optional[dict[str, Any]] = None
+    log: Callable[[str], None] = print
 
 
-def _search(config: TrainConfig, data: PreparedData, grid: Sequence[float],
-            log: Callable[[str], None], parallel, work_dir: Optional[Path],
-            resume: bool) -> tuple[dict[str, Any], RunOutcome]:
-    """:func:`select_sigma`'s choice, and the outcome of the winner's trial."""
-    if not config.selects_model:
-        raise ValueError("sigma 'auto' is picked on the validation split; it needs a validation "
-                         "fraction > 0.")
-    par = parallel or Parallel()
-    scores: dict[float, float] = {}
-    outcomes: dict[float, RunOutcome] = {}
-    resume = resume and work_dir is not None
-    record = read_search_record(work_dir) if resume and par.is_main else {"finished": {}}
-    record.update(config=config.to_dict(), grid=[float(s) for s in grid])
-    for number, sigma in enumerate(grid, start=1):
-        trial = trial_config(config, sigma)
-        trial.validate()
-        where = None if work_dir is None else trial_dir(work_dir, sigma)
-        # rank 0 alone reads the folder: every process must take the same branch
-        again = resume and par.broadcast_object(
-            (where / CHECKPOINT_NAME).is_file() if par.is_main else None)
-        outcome = train_run(trial, data, where, resume=again,
-                            log=_trial_log(log, sigma, number, len(grid)), parallel=parallel)
-        scores[float(sigma)] = float(outcome.results["val_mae"])
-        if work_dir is None:  # in memory: the winner's outcome is the run's
-            outcomes[float(sigma)] = outcome
-        elif par.is_main:
-            record["finished"][f"{sigma:g}"] = {
-                "val_mae": scores[float(sigma)], "selected_epoch": outcome.results["selected_epoch"],
+class SingleRun:
+    """The plan of a run that trains once: its one trial's outcome is the run's."""
+
+    def __init__(self, trial: Trial):
+        self.trial, self._outcome = trial, None
+
+    def trials(self) -> Iterator[Trial]:
+        yield self.trial
+
+    def finished(self, trial: Trial, outcome: RunOutcome) -> None:
+        self._outcome = outcome
+
+    def abandon(self) -> None:
+        """Nothing to clean: the run's checkpoint, if any, is for --resume."""
+
+    def outcome(self, data: PreparedData, seconds: float) -> RunOutcome:
+        return self._outcome
+
+
+class SigmaSearch:
+    """The plan of a run of ``config`` (``sigma="auto"``): one trial per candidate of ``grid``, in
+    ``out_dir/sigma-search`` (or in memory without ``out_dir``); the winner's training, to the last
+    bit, becomes the run (kept, not repeated). With ``resume``, a trial with a checkpoint there
+    continues from it (a finished one only reports its outcome, or trains on to more epochs) and the
+    others train afresh: the outcome is that of an uninterrupted search. Each finished trial is added
+    to the record ``sigma-search/search.json``; on an error or Ctrl-C the trials with a checkpoint
+    stay, for ``--resume``, and a search with none leaves nothing behind (:meth:`abandon`).
+
+    The choice is ``{"sigma": best, "val_mae": {sigma: MAE, ...}}`` (MAE in ranks at each trial's
+    selected epoch; ties go to the earlier candidate). Under torchrun every trial runs on all
+    processes; rank 0 alone reads and writes the folder."""
+
+    def __init__(self, config: TrainConfig, out_dir: Optional[Path], par: Parallel,
+                 log: Callable[[str], None], resume: bool = False, grid: Sequence[float] = SIGMA_GRID):
+        self.config, self.out_dir, self.par, self.log, self.grid = config, out_dir, par, log, tuple(grid)
+        self.work = None if out_dir is None else out_dir / SIGMA_SEARCH_NAME
+        self.resume = resume and self.work is not None
+        if self.work is not None and par.is_main and not self.resume:
+            shutil.rmtree(self.work, ignore_errors=True)  # a fresh search reuses no earlier trial
+        if self.resume:
+            log(f"resuming the sigma search in {self.work}")
+        self.record = read_search_record(self.work) if self.resume and par.is_main else {"finished": {}}
+        self.record.update(config=config.to_dict(), grid=[float(s) for s in self.grid])
+        self.scores: dict[float, float] = {}
+        self.outcomes: dict[float, RunOutcome] = {}
+        self.started = time.perf_counter()
+
+    def trials(self) -> Iterator[Trial]:
+        for number, sigma in enumerate(self.grid, start=1):
+            where = None if self.work is None else trial_dir(self.work, sigma)
+            # rank 0 alone reads the folder: every process must take the same branch
+            again = self.resume and self.par.broadcast_object(
+                (where / CHECKPOINT_NAME).is_file() if self.par.is_main else None)
+            yield Trial(trial_config(self.config, sigma), where, again,
+                        log=_trial_log(self.log, sigma, number, len(self.grid)))
+
+    def finished(self, trial: Trial, outcome: RunOutcome) -> None:
+        sigma = float(trial.config.sigma)
+        self.scores[sigma] = float(outcome.results["val_mae"])
+        if self.work is None:  # in memory: the winner's outcome is the run's
+            self.outcomes[sigma] = outcome
+        elif self.par.is_main:
+            self.record["finished"][f"{sigma:g}"] = {
+                "val_mae": self.scores[sigma], "selected_epoch": outcome.results["selected_epoch"],
                 "epochs_run": outcome.results["epochs_run"]}
-            atomic_write_text(Path(work_dir) / SIGMA_SEARCH_RECORD, json.dumps(record, indent=2) + "\n")
-        log(f"sigma {sigma:g}: validation MAE {scores[float(sigma)]:.3f} "
-            f"(epoch {outcome.results['selected_epoch']})")
-    best = min(scores, key=lambda s: scores[s])
-    log(f"sigma auto -> {best:g}")
-    choice = {"sigma": best, "val_mae": {f"{s:g}": v for s, v in scores.items()}}
-    return choice, outcomes.get(best)
+            atomic_write_text(self.work / SIGMA_SEARCH_RECORD, json.dumps(self.record, indent=2) + "\n")
+        self.log(f"sigma {sigma:g}: validation MAE {self.scores[sigma]:.3f} "
+                 f"(epoch {outcome.results['selected_epoch']})")
 
+    def abandon(self) -> None:
+        if self.work is not None and self.par.is_main and sigma_search_progress(self.out_dir) is None:
+            shutil.rmtree(self.work, ignore_errors=True)  # nothing to resume: no half-done trials
 
-def search_in_memory(config: TrainConfig, data: PreparedData, par: Parallel,
-                     log: Callable[[str], None]) -> RunOutcome:
-    """The run of ``config`` (``sigma="auto"``) trained in memory: every candidate is trained,
-    nothing is written, and the winner's training is the run, relabeled as the run of ``config``
-    with its sigma choice (as :func:`search_sigma` adopts the winner's folder)."""
-    import time
+    def outcome(self, data: PreparedData, seconds: float) -> RunOutcome:
+        """The winner's training as the run of ``config``, with its sigma choice."""
+        best = min(self.scores, key=lambda s: self.scores[s])
+        self.log(f"sigma auto -> {best:g}")
+        choice = {"sigma": best, "val_mae": {f"{s:g}": v for s, v in self.scores.items()}}
+        if self.work is not None:
+            return self._adopt(data, choice, seconds)
+        winner = self.outcomes[best]
+        state = {**winner.best_state, "config": self.config.to_dict(), "sigma_choice": choice}
+        results = run_results(self.config, data, winner.results["history"], state, choice, seconds,
+                              self.par.world_size)
+        return RunOutcome(results=results, test_embeddings=state["test_embeddings"],
+                          test_pred=state["test_pred"], train_pred=state["train_pred"],
+                          labels=corrected_labels(state), best_state=state)
 
-    started = time.perf_counter()
-    sigma_choice, winner = _search(config, data, SIGMA_GRID, log, par, None, False)
-    best = {**winner.best_state, "config": config.to_dict(), "sigma_choice": sigma_choice}
-    results = run_results(config, data, winner.results["history"], best, sigma_choice,
-                          time.perf_counter() - started, par.world_size)
-    return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
-                      test_pred=best["test_pred"], train_pred=best["train_pred"],
-                      labels=corrected_labels(best), best_state=best)
-
-
-def search_sigma(config: TrainConfig, data: PreparedData, out_dir: Path, par: Parallel,
-                 log: Callable[[str], None], seconds_before: float = 0.0,
-                 resume: bool = False) -> RunOutcome:
-    """The run of ``config`` (``sigma="auto"``) in ``out_dir``: :func:`select_sigma` trains every
-    candidate in ``out_dir/sigma-search``, and the winner's training, to the last bit, becomes
-    the run (it is kept, not repeated). With ``resume``, the trials of an interrupted search
-    there continue.
-
-    On an error or Ctrl-C the trials with a checkpoint stay, for ``--resume``; a search with none
-    leaves nothing behind."""
-    import time
-
-    started = time.perf_counter()
-    search = out_dir / SIGMA_SEARCH_NAME
-    if par.is_main and not resume:  # a fresh search: no trial of an earlier one is reused
-        shutil.rmtree(search, ignore_errors=True)
-    if resume:
-        log(f"resuming the sigma search in {search}")
-    try:
-        sigma_choice = select_sigma(config, data, log=log, parallel=par, work_dir=search,
-                                    resume=resume)
-    except BaseException:
-        if par.is_main and sigma_search_progress(out_dir) is None:
-            shutil.rmtree(search, ignore_errors=True)  # nothing to resume: no half-done trials
-        raise
-    return _adopt_trial(config, data, out_dir, search, sigma_choice, par,
-                        seconds_before + time.perf_counter() - started)
-
-
-def _adopt_trial(config: TrainConfig, data: PreparedData, out_dir: Path, search: Path,
-                 sigma_choice: dict[str, Any], par: Parallel, seconds: float) -> RunOutcome:
-    """The run of the picked sigma from ``search`` as this run's: its checkpoints, relabeled as the
-    run of ``config`` (``sigma="auto"``) with its ``sigma_choice``, move into ``out_dir``."""
-    states = None
-    if par.is_main:
-        winner = trial_dir(search, sigma_choice["sigma"])
-        states = {}
-        # best.pt first: checkpoint.pt marks the search as done (a Ctrl-C between the two leaves
-        # the search, which --resume adopts again)
-        for name in (BEST_NAME, CHECKPOINT_NAME):
-            state = load_checkpoint(winner / name)
-            state.update(config=config.to_dict(), sigma_choice=sigma_choice)
-            save_checkpoint(out_dir / name, state)
-            states[name] = state
-        shutil.rmtree(search, ignore_errors=True)
-    states = par.broadcast_object(states)
-    best, history = states[BEST_NAME], states[CHECKPOINT_NAME]["history"]
-    results = run_results(config, data, history, best, sigma_choice, seconds, par.world_size)
-    return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
-                      test_pred=best["test_pred"], train_pred=best["train_pred"],
-                      labels=corrected_labels(best))
+    def _adopt(self, data: PreparedData, sigma_choice: dict[str, Any], seconds: float) -> RunOutcome:
+        """The run of the picked sigma from the search folder as this run's: its checkpoints,
+        relabeled as the run of ``config`` (``sigma="auto"``) with its ``sigma_choice``, move into
+        ``out_dir``."""
+        config, par, states = self.config, self.par, None
+        if par.is_main:
+            winner = trial_dir(self.work, sigma_choice["sigma"])
+            states = {}
+            # best.pt first: checkpoint.pt marks the search as done (a Ctrl-C between the two
+            # leaves the search, which --resume adopts again)
+            for name in (BEST_NAME, CHECKPOINT_NAME):
+                state = load_checkpoint(winner / name)
+                state.update(config=config.to_dict(), sigma_choice=sigma_choice)
+                save_checkpoint(self.out_dir / name, state)
+                states[name] = state
+            shutil.rmtree(self.work, ignore_errors=True)
+        states = par.broadcast_object(states)
+        best, history = states[BEST_NAME], states[CHECKPOINT_NAME]["history"]
+        results = run_results(config, data, history, best, sigma_choice, seconds, par.world_size)
+        return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
+                          test_pred=best["test_pred"], train_pred=best["train_pred"],
+                          labels=corrected_labels(best))
