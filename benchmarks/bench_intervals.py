@@ -141,12 +141,14 @@ def run_cell(name: str, noise: str, seed: int, epochs: int | None) -> list[dict]
     pc, pt = torch.from_numpy(p_cal), torch.from_numpy(p_test)
     for score in SCORES:
         labels = calibrate_intervals(pc, torch.from_numpy(noisy[cal]), score=score)
-        clean_cal = (calibrate_intervals(pc, torch.from_numpy(noisy[cal]), score=score, target="clean",
-                                         label_noise=likelihood) if likelihood is not None else None)
+        clean_cals = {} if likelihood is None else {
+            target: calibrate_intervals(pc, torch.from_numpy(noisy[cal]), score=score, target="clean",
+                                        label_noise=likelihood, deconvolve=deconvolve)
+            for target, deconvolve in (("clean", True), ("clean, deconvolve=False", False))}
         for coverage in COVERAGES:
             record(score, "labels", coverage, *(t.numpy() for t in rank_intervals(pt, labels, coverage)))
-            if clean_cal is not None:
-                record(score, "clean", coverage, *(t.numpy() for t in rank_intervals(pt, clean_cal, coverage)))
+            for target, clean_cal in clean_cals.items():
+                record(score, target, coverage, *(t.numpy() for t in rank_intervals(pt, clean_cal, coverage)))
     for kind in ("lac", "aps"):
         for coverage in COVERAGES:
             record(kind, "labels", coverage, *class_set_intervals(p_cal, noisy[cal], p_test, coverage, kind))

@@ -72,8 +72,8 @@ def test_the_threshold_is_the_finite_sample_quantile():
 @pytest.mark.parametrize("learned", ["noisy labels", "clean ranks"])
 def test_the_clean_target_covers_the_clean_rank_where_the_noise_is_the_models(score, learned):
     """The labels are the clean rank with SOL's discrete Gaussian noise, and the model learned either the
-    noisy labels' distribution exactly (``p = π L``: deconvolved, the default) or the clean rank's
-    (``deconvolve=False``). Calibrated on the noisy labels, the clean target covers the clean rank at
+    noisy labels' distribution exactly (``p = π L``: ``deconvolve=True``) or the clean rank's (the
+    default). Calibrated on the noisy labels, the clean target covers the clean rank at
     the requested rate, with narrower intervals than plain split conformal on those labels."""
     sigma = 1.5
     likelihood = noise_kernel(N_RANKS, sigma)
