@@ -15,11 +15,12 @@ import contextlib
 import importlib
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
 from .config import COMPARE_METHODS
-from .errors import UsageError, command_line_flags, user_error_message
+from .errors import UsageError, command_line_flags, user_error_message, with_flags
 from .options import add_settings, comma_list
 
 __all__ = ["main", "build_parser", "end_process"]
@@ -229,7 +230,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise UsageError(f"'sol-ext {args.command}' runs in one process; of the commands only "
                              f"'train' runs under torchrun.")
         module, name = HANDLERS[args.command].split(":")
-        return getattr(importlib.import_module(f".{module}", __package__), name)(args)
+        with _own_warnings_as_lines(command_line_flags(parser)):
+            return getattr(importlib.import_module(f".{module}", __package__), name)(args)
     except KeyboardInterrupt as exc:
         # a run says what its output folder holds (rundir.RunInterrupted); elsewhere, nothing
         # was written
@@ -247,6 +249,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         where = _process_label()
         print(f"sol-ext: error{where}: {message}", file=sys.stderr)
         return EXIT_USAGE
+
+
+# Library argument names in sol_ext's warnings -> the flags that set them on the command line.
+_WARNING_FLAGS = {"step": "--label-step", "min_value": "--label-min", "max_value": "--label-max"}
+
+
+@contextlib.contextmanager
+def _own_warnings_as_lines(flags: dict[str, str]):
+    """Show sol_ext's own warnings (a label scale resting on a typo, an id-like text column) as one
+    line ``sol-ext: warning: ...`` naming the command's flags, not as Python's two-line warning;
+    other warnings keep Python's form."""
+    with warnings.catch_warnings():
+        python_form = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if category.__module__.split(".")[0] != "sol_ext":
+                return python_form(message, category, filename, lineno, file, line)
+            text = with_flags(str(message), {**flags, **_WARNING_FLAGS})
+            print(f"sol-ext: warning: {text}", file=sys.stderr, flush=True)
+
+        warnings.showwarning = show
+        yield
 
 
 def traceback_asked(args: argparse.Namespace) -> bool:

@@ -159,9 +159,9 @@ class TrainConfig:
         0.2, "test share when --data is split; not with --test-data", "data")
     # label noise added to the training labels (docs/math.md §9)
     noise: Optional[str] = setting(
-        None, "gaussian, laplacian, uniform, skewed, input-dependent or none (default: gaussian on "
+        "auto", "gaussian, laplacian, uniform, skewed, input-dependent, none, or auto: gaussian on "
         "the built-in data sets, to show what SOL recovers; none on your own file or folder, whose "
-        "labels are used as given)", "label noise added to the training labels")
+        "labels are used as given", "label noise added to the training labels")
     kappa: float = setting(
         0.3, "noise ratio: std of the noise / std of the ranks",
         "label noise added to the training labels")
@@ -265,7 +265,8 @@ class TrainConfig:
     batch_size: int = setting(64, "samples per training step (per process under torchrun)",
                               "optimization")
     seed: int = setting(0, "seed of the noise, the split, the initialization and the batches", None)
-    device: str = setting("cpu", "cpu, cuda, cuda:1 or auto", "optimization")
+    device: str = setting("auto", "cpu, cuda, cuda:1, or auto: cuda when a GPU is available, else cpu",
+                          "optimization")
     amp: bool = setting(
         False, "mixed precision: autocast to float16 with loss scaling on a GPU (bfloat16 on the "
         "CPU); the loss itself computes in float32", "optimization")
@@ -277,10 +278,18 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.hidden = tuple(int(h) for h in self.hidden)  # a list after a JSON round trip
-        if self.noise is None:
+        # "auto" (or None) resolves by the data; a written configuration says "auto" again, so a
+        # template of the built-in data pointed at a file of one's own adds no noise to its labels
+        self._noise_automatic = self.noise in (None, "auto")
+        if self._noise_automatic:
             self.noise = "gaussian" if self.test_data is None and is_builtin(self.data) else "none"
 
     # -- derived settings -------------------------------------------------------------------
+    @property
+    def noise_automatic(self) -> bool:
+        """Whether ``noise`` was resolved from ``"auto"`` (by the data) rather than given."""
+        return getattr(self, "_noise_automatic", False)
+
     def check_ranks(self, num_ranks: int) -> None:
         """Refuse settings wider than the rank scale of data of ``num_ranks`` ranks: a tau that
         makes every pair "similar" beyond the scale's own width, or a sigma that spreads every

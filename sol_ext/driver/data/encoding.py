@@ -145,7 +145,7 @@ def _warn_if_a_few_labels_set_the_step(v: np.ndarray, enc: "RankEncoder") -> Non
             warnings.warn(
                 f"label {values[k]:g} ({counts[k]} of {v.size} labels) is the only value off a scale of step "
                 f"{coarser:g}: it makes the inferred step {enc.step:g} and the scale {enc.num_ranks} ranks "
-                f"instead of {n}. If it is a typo, fix or drop it; otherwise give the scale's step.",
+                f"instead of {n}. If it is a typo, fix or drop it; otherwise give the scale's step (step=).",
                 LabelScaleWarning, stacklevel=3)
             return
 
@@ -171,7 +171,7 @@ def _warn_if_a_few_labels_stretch_the_scale(v: np.ndarray, enc: "RankEncoder") -
         f"{int(empty[j])} ranks "
         f"without a label away from the rest ({rest[0]:g} … {rest[-1]:g}): the inferred scale has "
         f"{enc.num_ranks} ranks, {int((empty[empty > 0]).sum())} of them without a label. If they are typos, "
-        "fix or drop them; otherwise give the scale's min and max.", LabelScaleWarning, stacklevel=3)
+        "fix or drop them; otherwise give the scale's ends (min_value= and max_value=).", LabelScaleWarning, stacklevel=3)
 
 
 @dataclass(frozen=True)
