@@ -210,6 +210,7 @@ def test_a_run_trains_with_the_file_and_keeps_its_settings(tmp_path, capsys):
 # rule do), and the command's own options --paper, --output and --threads.
 EVERY_OPTION = [
     ["--data", "x\U0001F600.csv", "--test-data", "t.csv", "--label-column", "age", "--delimiter", ";",
+     "--test-label-column", "true age", "--label-min", "0", "--label-max", "30", "--label-step", "0.5",
      "--noise", "uniform", "--kappa", "0.5", "--noise-fraction", "0.5", "--encoder", "resnet18",
      "--embedding-dim", "8", "--hidden", "64,32", "--weights", "w.pth", "--image-size", "32",
      "--augment", "crop", "--workers", "1", "--no-normalize", "--sigma", "0.5", "--tau", "2",

@@ -64,3 +64,41 @@ def test_label_scale_warning_is_one_command_line_warning(tmp_path, capsys):
     assert lines[0].startswith("sol-ext: warning: label 60 (1 of 141 labels)")
     assert "--label-min and --label-max" in lines[0]
     assert "LabelScaleWarning" not in err and "warnings.warn" not in err
+
+
+# -- the label scale ----------------------------------------------------------------------------------
+
+def _grades(path, column="label", n=140):
+    """A table of grades 3 … 9 under ``column``."""
+    return write_csv(path, [(i % 7 * 0.5, i % 3, 3 + i % 7) for i in range(n)], header=("a", "b", column))
+
+
+def test_label_scale_flags_set_the_grid_and_a_test_file_names_its_labels_otherwise(tmp_path, capsys):
+    import json
+
+    data, test = _grades(tmp_path / "train.csv"), _grades(tmp_path / "test.csv", "grade", n=30)
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--test-data", str(test), "--test-label-column", "grade",
+                 "--label-min", "1", "--label-max", "10", "--label-step", "0.5", "--output", str(out),
+                 "--quiet", *FAST]) == 0
+    grid = json.loads((out / "results.json").read_text())["data"]
+    assert (grid["min_value"], grid["step"], grid["num_ranks"]) == (1.0, 0.5, 19)
+    assert grid["n_test"] == 30
+    capsys.readouterr()
+    # without the flag the test file's labels are looked for under --label-column
+    assert main(["train", "--data", str(data), "--test-data", str(test), "--output",
+                 str(tmp_path / "other"), "--quiet", *FAST]) == 2
+    assert "label" in capsys.readouterr().err
+
+
+def test_label_scale_and_test_fraction_errors_name_the_flags(tmp_path, capsys):
+    from common import expect_error
+
+    data = _grades(tmp_path / "d.csv")
+    expect_error(capsys, ["train", "--data", str(data), "--test-fraction", "0", "--print-config"],
+                 "--test-fraction 0", "--test-data")
+    expect_error(capsys, ["train", "--label-step", "2", "--print-config"], "--label-step", "built-in")
+    expect_error(capsys, ["train", "--data", str(data), "--label-min", "9", "--label-max", "3",
+                          "--print-config"], "--label-min 9", "--label-max 3")
+    expect_error(capsys, ["train", "--data", str(data), "--test-label-column", "grade", "--print-config"],
+                 "--test-label-column", "--test-data")

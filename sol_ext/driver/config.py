@@ -156,7 +156,21 @@ class TrainConfig:
         None, "cell separator of the CSV files (--data and --test-data): one character, or comma, "
         "semicolon, tab (default: sniffed from each file)", "data")
     test_fraction: float = setting(
-        0.2, "test share when --data is split; not with --test-data", "data")
+        0.2, "test share when --data is split, above 0 and below 1; not with --test-data (to train "
+        "on every row of --data, give the test rows as --test-data)", "data")
+    test_label_column: Optional[str] = setting(
+        None, "label column of --test-data where it is named otherwise than in --data (default: "
+        "--label-column)", "data")
+    # the label scale (a RankEncoder's grid); each end or step not given is inferred from the labels
+    label_min: Optional[float] = setting(
+        None, "label value of the lowest rank (default: the smallest training label)", "data",
+        metavar="VALUE")
+    label_max: Optional[float] = setting(
+        None, "label value of the highest rank (default: the largest training label)", "data",
+        metavar="VALUE")
+    label_step: Optional[float] = setting(
+        None, "label units between neighbouring ranks, e.g. 1 for whole grades, 0.5 for halves "
+        "(default: inferred from the labels)", "data", metavar="VALUE")
     # label noise added to the training labels (docs/math.md §9)
     noise: Optional[str] = setting(
         "auto", "gaussian, laplacian, uniform, skewed, input-dependent, none, or auto: gaussian on "
@@ -380,7 +394,22 @@ class TrainConfig:
         need(0.0 <= self.noise_fraction <= 1.0,
              f"noise fraction must be in [0, 1], got {self.noise_fraction}.")
         need(0.0 < self.test_fraction < 1.0,
-             f"test fraction must be in (0, 1), got {self.test_fraction}.")
+             f"test_fraction={self.test_fraction:g} is out of range; expected a share above 0 and "
+             "below 1 of the data held out as the test set (to train on every row of the data, "
+             "give the test rows as test_data=).")
+        need(self.test_label_column is None or self.test_data is not None,
+             "test_label_column= names the label column of test_data=; there is no test_data=.")
+        for name in ("label_min", "label_max", "label_step"):
+            value = getattr(self, name)
+            need(value is None or math.isfinite(value),
+                 f"{name}={value} is not a finite number; expected a label value.")
+            need(value is None or not is_builtin(self.data),
+                 f"{name}= sets the label scale of a file of yours; the built-in data set "
+                 f"{self.data!r} has its own: leave {name}= out.")
+        need(self.label_step is None or self.label_step > 0,
+             f"label_step={self.label_step} must be > 0 (label units per rank).")
+        need(self.label_min is None or self.label_max is None or self.label_min < self.label_max,
+             f"label_min={self.label_min} must be below label_max={self.label_max}.")
         need(self.sigma == "auto" or (isinstance(self.sigma, (int, float)) and self.sigma > 0
                                       and math.isfinite(self.sigma)),
              f"sigma must be a finite number > 0 or 'auto', got {self.sigma!r}.")

@@ -102,6 +102,9 @@ def _options(config: TrainConfig) -> dict[str, Any]:
         opts["delimiter"] = config.delimiter
     if config.image_size is not None:
         opts["image_size"] = config.image_size
+    for name, argument in (("label_min", "min_value"), ("label_max", "max_value"), ("label_step", "step")):
+        if getattr(config, name) is not None:
+            opts[argument] = float(getattr(config, name))
     return opts
 
 
@@ -116,7 +119,8 @@ def prepare_data(config: TrainConfig) -> PreparedData:
     unless noise is requested, and the test file is put on the training file's rank grid.
     """
     if config.test_data is not None:
-        train, test = load_train_test(config.data, config.test_data, **_options(config))
+        train, test = load_train_test(config.data, config.test_data, **_options(config),
+                                      test_label_column=config.test_label_column)
         rows = torch.arange(len(train))
     else:
         full = load_dataset(config.data, **_options(config))

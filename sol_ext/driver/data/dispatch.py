@@ -98,16 +98,19 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
                      "(a folder with labels.csv)")
 
 
-def load_train_test(train_spec: str | Path, test_spec: str | Path,
+def load_train_test(train_spec: str | Path, test_spec: str | Path, test_label_column: str | None = None,
                     **options: Any) -> tuple[OrdinalDataset, OrdinalDataset]:
     """A training set with labels as given (possibly noisy) and a test set with clean labels, on one grid.
 
     The grid is fitted on the training labels only (with any ``step``/``min_value``/``max_value`` given)
     and reused for the test file, so test labels never shape training. A test label off that grid is an
-    error: pass ``min_value``/``max_value`` covering both files.
+    error: pass ``min_value``/``max_value`` covering both files. ``test_label_column`` names the test
+    file's label column where it differs from ``label_column``.
     """
     train = load_dataset(train_spec, **options)
     rest = {k: v for k, v in options.items() if k not in ("step", "min_value", "max_value", "encoder")}
+    if test_label_column is not None:
+        rest["label_column"] = test_label_column
     if train.schema.get("format") in TABULAR_FORMATS and not is_builtin(test_spec):
         # the training file's columns, in its order and with its categories: a test file with the
         # same columns in another order must not be scored on swapped features
