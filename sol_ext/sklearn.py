@@ -145,7 +145,8 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             ``numpy.random.RandomState`` draw the driver's seed (from numpy's global generator, or
             from the given one) at each ``fit``; ``history_["config"]["seed"]`` records it.
         seed: deprecated alias of ``random_state`` (a ``FutureWarning``); it will be removed.
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``; the model is kept there.
+        device: ``"auto"`` (the default: CUDA when available, else the CPU), ``"cpu"``, ``"cuda"`` or
+            ``"cuda:N"``; the model is kept there.
         paper: the paper's Algorithm 1 (``sol-ext train --paper``): each setting of
             ``sol_ext.driver.config.PAPER_SETTINGS`` takes the paper's value unless its parameter
             was changed from the default (as options given beside ``--paper`` still apply; a
@@ -185,7 +186,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
                  hidden: tuple[int, ...] = (128, 128), sigma: float | str = "auto", tau: int = 1,
                  margin: float = 0.25, val_fraction: float = 0.1,
                  random_state: int | np.random.RandomState | None = 0,
-                 device: str = "cpu", paper: bool = False, T: int = 1, disc_weight: float = 1.0,
+                 device: str = "auto", paper: bool = False, T: int = 1, disc_weight: float = 1.0,
                  beta: float = 0.9, convention: str = "paper", pairs: str = "all",
                  pairs_per_class: int = 32, refine: Optional[bool] = None,
                  relabel: str = "posterior", relabel_mass: float = 0.98,

@@ -160,7 +160,9 @@ def test_non_numeric_label(tmp_path, capsys):
 
 def test_nan_feature(tmp_path, capsys):
     data = write_csv(tmp_path / "d.csv", [(1, 2, 3), ("nan", 3, 4), (2, 2, 5)])
-    expect_error(capsys, ["train", "--data", str(data), "--output", str(tmp_path / "o")], "NaN")
+    # rows with a missing value are left out by default (--missing skip); --missing error names them
+    expect_error(capsys, ["train", "--data", str(data), "--output", str(tmp_path / "o"), "--missing", "error"],
+                 "NaN", "data row 2")
 
 
 def test_empty_dataset(tmp_path, capsys):

@@ -102,3 +102,144 @@ def test_label_scale_and_test_fraction_errors_name_the_flags(tmp_path, capsys):
                           "--print-config"], "--label-min 9", "--label-max 3")
     expect_error(capsys, ["train", "--data", str(data), "--test-label-column", "grade", "--print-config"],
                  "--test-label-column", "--test-data")
+
+
+# -- text columns and ids ------------------------------------------------------------------------------
+
+def _wine_rows(n=160, seed=0, missing=False):
+    """Rows of a wine-quality-like table: a text id, two text columns (one region "Dão"), numbers, a
+    whole-number column (a cell empty every 37 rows when ``missing``) and quality 3 … 9."""
+    import random
+
+    rng = random.Random(seed)
+    regions = ["Dão", "Douro", "Alentejo", "Minho"]
+    rows = []
+    for i in range(n):
+        quality = 3 + (i * 7919 + seed) % 7
+        vintage = "" if missing and i % 37 == 5 else str(1990 + i % 20)
+        rows.append({"wine_id": f"W{seed}-{i:04d}", "color": ("red", "white")[i % 2],
+                     "region": regions[(quality + i) % 4], "acidity": round(quality * 0.5 + rng.gauss(0, 0.3), 3),
+                     "sugar": round(rng.random() * 5, 2), "vintage": vintage,
+                     "alcohol": round(9 + quality * 0.3 + rng.gauss(0, 0.2), 2), "quality": quality})
+    return rows
+
+
+def _write_rows(path, rows, columns=None):
+    import csv
+
+    columns = columns or list(rows[0])
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def test_text_columns_are_one_hot_and_ids_carried_into_predictions_and_audit(tmp_path, capsys):
+    import csv
+
+    from sol_ext.driver.model import load_run
+
+    data = _write_rows(tmp_path / "wine.csv", _wine_rows())
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
+                 "--output", str(out), "--quiet", *FAST]) == 0
+    model = load_run(out)
+    names = model.feature_names
+    assert "region=Dão" in names and "color=white" in names and "alcohol" in names
+    assert not any(n.startswith("wine_id") for n in names)  # the id is no feature
+    assert main(["predict", str(out), "--data", str(data)]) == 0
+    rows = list(csv.DictReader(open(out / "predictions.csv", encoding="utf-8")))
+    assert list(rows[0])[:3] == ["wine_id", "prediction", "expected"]
+    assert [r["wine_id"] for r in rows] == [f"W0-{i:04d}" for i in range(160)]
+    assert main(["audit", str(out), "--in-sample"]) == 0
+    audit = list(csv.DictReader(open(out / "audit.csv", encoding="utf-8")))
+    assert list(audit[0])[:2] == ["index", "wine_id"]
+    assert all(r["wine_id"] == f"W0-{int(r['index']):04d}" for r in audit)
+
+
+def test_feature_drop_and_categorical_columns(tmp_path, capsys):
+    from common import expect_error
+    from sol_ext.driver.model import load_run
+
+    data = _write_rows(tmp_path / "wine.csv", _wine_rows())
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--drop-columns",
+                 "wine_id,region", "--categorical", "vintage", "--output", str(out), "--quiet", *FAST]) == 0
+    names = load_run(out).feature_names
+    assert "vintage=1990" in names and not any(n.startswith(("region", "wine_id")) for n in names)
+    out2 = tmp_path / "run2"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--feature-columns",
+                 "acidity,alcohol", "--output", str(out2), "--quiet", *FAST]) == 0
+    assert load_run(out2).feature_names == ["acidity", "alcohol"]
+    expect_error(capsys, ["train", "--data", str(data), "--label-column", "quality", "--drop-columns",
+                          "grape", "--output", str(tmp_path / "o"), *FAST], "--drop-columns", "'grape'")
+    expect_error(capsys, ["train", "--id-column", "x", "--print-config"], "--id-column", "built-in")
+
+
+def test_a_data_frame_index_or_id_column_names_the_predictions(tmp_path, capsys):
+    import pandas as pd
+
+    from sol_ext.driver.model import load_run
+
+    data = _write_rows(tmp_path / "wine.csv", _wine_rows())
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
+                 "--output", str(out), "--quiet", *FAST]) == 0
+    model = load_run(out)
+    frame = pd.read_csv(data)
+    assert model.predict_table(frame).ids[:2] == ["W0-0000", "W0-0001"]
+    assert model.predict_table(frame).id_name == "wine_id"
+    by_index = frame.drop(columns="wine_id").set_index(frame["wine_id"].str.lower())
+    assert model.predict_table(by_index).ids[:2] == ["w0-0000", "w0-0001"]
+
+
+# -- missing values ------------------------------------------------------------------------------------
+
+def test_missing_cells_skipped_imputed_or_counted_in_training(tmp_path, capsys):
+    import json
+
+    from common import expect_error
+
+    data = _write_rows(tmp_path / "wine.csv", _wine_rows(missing=True))  # 5 empty vintage cells
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
+                 "--output", str(out), "--quiet", *FAST]) == 0
+    err = capsys.readouterr().err
+    assert "sol-ext: warning: " in err and "5 of 160 rows have a missing feature value" in err
+    assert "--missing skip" in err
+    fitted = json.loads((out / "results.json").read_text())["data"]
+    assert fitted["n_train"] + fitted["n_val"] + fitted["n_test"] == 155
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
+                 "--missing", "impute", "--output", str(tmp_path / "imputed"), "--quiet", *FAST]) == 0
+    assert "filled with their column's median" in capsys.readouterr().err
+    fitted = json.loads((tmp_path / "imputed" / "results.json").read_text())["data"]
+    assert fitted["n_train"] + fitted["n_val"] + fitted["n_test"] == 160
+    expect_error(capsys, ["train", "--data", str(data), "--label-column", "quality", "--missing", "error",
+                          "--output", str(tmp_path / "o"), *FAST],
+                 "feature column 'vintage' has 5 missing values (NaN), the first in data row 6",
+                 "(5 cells in 5 of 160 rows)", "--missing skip")
+
+
+def test_predict_leaves_rows_with_missing_cells_empty_or_out(tmp_path, capsys):
+    import csv
+
+    data = _write_rows(tmp_path / "wine.csv", _wine_rows())
+    new = _write_rows(tmp_path / "new.csv", _wine_rows(seed=1, missing=True))
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
+                 "--output", str(out), "--quiet", *FAST]) == 0
+    capsys.readouterr()
+    assert main(["predict", str(out), "--data", str(new)]) == 0
+    assert "5 of 160 rows have a missing feature value" in capsys.readouterr().err
+    rows = list(csv.DictReader(open(out / "predictions.csv", encoding="utf-8")))
+    assert len(rows) == 160
+    empty = [r["wine_id"] for r in rows if r["prediction"] == ""]
+    assert empty == [f"W1-{i:04d}" for i in range(160) if i % 37 == 5]
+    assert all(r["expected"] == "" and r["p_5"] == "" for r in rows if r["prediction"] == "")
+    assert main(["predict", str(out), "--data", str(new), "--skip-missing", "--output",
+                 str(tmp_path / "kept.csv")]) == 0
+    kept = list(csv.DictReader(open(tmp_path / "kept.csv", encoding="utf-8")))
+    assert [r["wine_id"] for r in kept] == [r["wine_id"] for r in rows if r["prediction"] != ""]
+    assert [r["prediction"] for r in kept] == [r["prediction"] for r in rows if r["prediction"] != ""]
+

@@ -79,7 +79,8 @@ class AuditReport:
         return "\n".join(lines)
 
     def to_csv(self) -> str:
-        cols = list(AUDIT_COLUMNS) + (["clean_label"] if self.clean_known else [])
+        # the id column, where the run has one, follows "index" (as in the rows)
+        cols = list(self.rows[0]) if self.rows else list(AUDIT_COLUMNS)
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
         writer.writeheader()
@@ -187,13 +188,16 @@ def audit_run(run_dir: Path, folds: int | None = DEFAULT_FOLDS, log: Callable[[s
         return [_fmt(lo + step * int(v)) for v in r]
 
     index = range(current.numel()) if rows_in_file is None else rows_in_file.tolist()
-    cols = {"index": [str(i) for i in index],
-            "given_label": value(given), "current_label": value(current),
-            "predicted_label": value(pred),
-            "deviation": [_fmt(step * int(d)) for d in current - pred],
-            "outlier": [str(int(f)) for f in flagged],
-            "score": [f"{float(v):.6f}" for v in score],
-            "suggested_label": value(suggested)}
+    cols = {"index": [str(i) for i in index]}
+    if config.id_column is not None:  # the rows by their ids too, read again from the data
+        row_ids = (data if folds is not None else prepare_data(config)).row_ids
+        cols[config.id_column] = [row_ids[i] for i in index]
+    cols.update({"given_label": value(given), "current_label": value(current),
+                 "predicted_label": value(pred),
+                 "deviation": [_fmt(step * int(d)) for d in current - pred],
+                 "outlier": [str(int(f)) for f in flagged],
+                 "score": [f"{float(v):.6f}" for v in score],
+                 "suggested_label": value(suggested)})
     if clean is not None:
         cols["clean_label"] = value(clean.long())
     rows = [dict(zip(cols, vals)) for vals in zip(*cols.values())]

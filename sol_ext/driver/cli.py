@@ -100,6 +100,9 @@ def _add_predict(sub) -> argparse.ArgumentParser:
     pr.add_argument("--overwrite", action="store_true",
                     help="replace an existing --output file that is neither an input nor sol-ext's")
     pr.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto (default: %(default)s)")
+    pr.add_argument("--skip-missing", action="store_true",
+                    help="leave rows with a missing feature value out of the CSV (default: written "
+                         "with empty predictions)")
     pr.add_argument("--workers", type=int, default=None,
                     help="DataLoader processes decoding image files; 0: this process (default: the "
                          "free CPU cores, at most 8)")

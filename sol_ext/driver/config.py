@@ -161,6 +161,22 @@ class TrainConfig:
     test_label_column: Optional[str] = setting(
         None, "label column of --test-data where it is named otherwise than in --data (default: "
         "--label-column)", "data")
+    # columns of a table: text columns are one-hot encoded with the training file's categories
+    id_column: Optional[str] = setting(
+        None, "column naming each row (an id): left out of the features, and carried into "
+        "predictions.csv and the audit instead of row numbers", "data", metavar="COLUMN")
+    feature_columns: Optional[str] = setting(
+        None, "the feature columns, comma-separated (default: every column but the label, the id and "
+        "--drop-columns)", "data", metavar="A,B,...")
+    drop_columns: Optional[str] = setting(
+        None, "columns left out of the features, comma-separated", "data", metavar="A,B,...")
+    categorical: Optional[str] = setting(
+        None, "columns one-hot encoded, comma-separated, also when they hold numbers (codes such as "
+        "1, 2, 3). Columns of words are one-hot encoded without it", "data", metavar="A,B,...")
+    missing: str = setting(
+        "skip", "rows with a missing feature value (an empty or NaN cell): skip leaves them out, impute "
+        "fills each cell with its column's median (text: its most common value), error stops and "
+        "counts them; a warning says how many", "data", choices=("skip", "impute", "error"))
     # the label scale (a RankEncoder's grid); each end or step not given is inferred from the labels
     label_min: Optional[float] = setting(
         None, "label value of the lowest rank (default: the smallest training label)", "data",
@@ -331,6 +347,11 @@ class TrainConfig:
         # which rescales the blur the ranks measure, was far worse (0.36 vs 0.15 at 5 epochs)
         return "flip" if self.augment is None else self.augment
 
+    def column_list(self, name: str) -> list[str]:
+        """The columns of the comma-separated setting ``name`` (``feature_columns``, ...)."""
+        text = getattr(self, name)
+        return [] if text is None else [c.strip() for c in text.split(",") if c.strip()]
+
     @property
     def uses_centroids(self) -> bool:
         return self.method in ("sol", "sol-no-noise")
@@ -397,6 +418,13 @@ class TrainConfig:
              f"test_fraction={self.test_fraction:g} is out of range; expected a share above 0 and "
              "below 1 of the data held out as the test set (to train on every row of the data, "
              "give the test rows as test_data=).")
+        need(self.feature_columns is None or self.drop_columns is None,
+             "feature_columns= lists the columns to use and drop_columns= those to leave out: pass "
+             "one of them.")
+        for name in ("id_column", "feature_columns", "drop_columns", "categorical"):
+            need(getattr(self, name) is None or not is_builtin(self.data),
+                 f"{name}= applies to a table file of yours; the built-in data set {self.data!r} has "
+                 f"its own columns: leave {name}= out.")
         need(self.test_label_column is None or self.test_data is not None,
              "test_label_column= names the label column of test_data=; there is no test_data=.")
         for name in ("label_min", "label_max", "label_step"):

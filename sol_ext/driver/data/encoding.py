@@ -307,6 +307,7 @@ class OrdinalDataset:
     kind: str
     feature_names: tuple[str, ...] = ()
     schema: dict[str, Any] = dataclasses.field(default_factory=dict)
+    ids: tuple[str, ...] | None = None  # a table's id column, one per sample; None: row numbers
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -359,7 +360,8 @@ class OrdinalDataset:
     def subset(self, index: Any) -> "OrdinalDataset":
         """The samples at ``index`` (indices or a bool mask ``[N]``), same grid."""
         index = torch.as_tensor(np.asarray(index.cpu() if isinstance(index, torch.Tensor) else index))
-        return dataclasses.replace(self, features=self.features[index], ranks=self.ranks[index])
+        ids = None if self.ids is None else tuple(np.asarray(self.ids, dtype=object)[index.numpy()])
+        return dataclasses.replace(self, features=self.features[index], ranks=self.ranks[index], ids=ids)
 
     def with_ranks(self, ranks: Any) -> "OrdinalDataset":
         """The same inputs with other labels ``[N]`` (e.g. ``add_label_noise(...).noisy``)."""
@@ -369,7 +371,8 @@ class OrdinalDataset:
 def _make_dataset(features: torch.Tensor, values: np.ndarray, *, name: str, kind: str,
                   encoder: RankEncoder | None, step: float | None, min_value: float | None,
                   max_value: float | None, feature_names: Sequence[str] = (),
-                  source: str = "", schema: dict[str, Any] | None = None) -> OrdinalDataset:
+                  source: str = "", schema: dict[str, Any] | None = None,
+                  ids: Sequence[str] | None = None) -> OrdinalDataset:
     """Encode label values ``[N]`` (fitting the grid unless ``encoder`` is given) and build the dataset."""
     if values.size == 0:
         raise ValueError(f"{source or name} has no samples")
@@ -388,7 +391,8 @@ def _make_dataset(features: torch.Tensor, values: np.ndarray, *, name: str, kind
     except ValueError as err:
         raise ValueError(f"{_labels_of(source or name, schema)}: {err}") from None
     return OrdinalDataset(features=features, ranks=ranks, encoder=encoder, name=name, kind=kind,
-                          feature_names=tuple(feature_names), schema=dict(schema or {}))
+                          feature_names=tuple(feature_names), schema=dict(schema or {}),
+                          ids=None if ids is None else tuple(ids))
 
 
 def _labels_of(where: str, schema: dict[str, Any] | None) -> str:

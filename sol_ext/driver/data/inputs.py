@@ -45,11 +45,14 @@ class Inputs:
             :class:`ImageFiles`, decoded when a batch needs them).
         ids: one id per row: the data row number (from 0), or the image path as written in the list.
         values: ``[N]`` float64 label values when the data have labels, else ``None``.
+        incomplete: ``[N]`` bool, the rows of a table with a missing feature value (their features
+            filled in so that the model runs; their predictions are not to be trusted), or ``None``.
     """
 
     features: torch.Tensor | ImageFiles
     ids: list[str]
     values: Optional[np.ndarray]
+    incomplete: Optional[np.ndarray] = None  # [N] bool: rows with a missing feature value (filled in)
 
 
 def read_inputs(spec: str | Path, schema: dict[str, Any], delimiter: Optional[str] = None) -> Inputs:
@@ -106,10 +109,11 @@ def _optional_labels(header: list[str], body: list[list[str]], label_column: Opt
 def _read_table(path: Path, schema: dict[str, Any], delimiter: Optional[str], where: Optional[str] = None
                 ) -> Inputs:
     categorical = {k: list(v) for k, v in schema.get("categorical", {}).items()}
-    x, _, _, values, n = read_table_features(path, list(schema["columns"]), categorical,
-                                             schema.get("label_column"), delimiter, label_optional=True,
-                                             where=where)
-    return Inputs(torch.from_numpy(x), [str(i) for i in range(n)], values)
+    # a row with a missing cell is filled so the model can run, and marked: its prediction is left empty
+    x, _, _, values, ids, incomplete = read_table_features(
+        path, list(schema["columns"]), categorical, schema.get("label_column"), delimiter,
+        label_optional=True, where=where, id_column=schema.get("id_column"), missing="mark")
+    return Inputs(torch.from_numpy(x), ids, values, incomplete)
 
 
 def _read_npz(path: Path, schema: dict[str, Any]) -> Inputs:

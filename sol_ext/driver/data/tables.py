@@ -15,6 +15,7 @@ import io
 import itertools
 import math
 import re
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -28,7 +29,18 @@ import torch
 
 from ..errors import DataFileError, data_file_errors
 from .encoding import OrdinalDataset, RankEncoder, _make_dataset
-from .frames import TableOrigin, _refuse_repeated_names, listed, table_features, table_labels
+from .frames import (
+    MissingValuesWarning,
+    TableOrigin,
+    _is_text,
+    _refuse_repeated_names,
+    cell_texts,
+    fill_missing,
+    holds_words,
+    listed,
+    table_features,
+    table_labels,
+)
 
 __all__ = ["load_table", "load_csv", "load_npz", "read_table", "read_table_features", "table_columns",
            "table_format", "TABLE_SUFFIXES", "SNIFFED_DELIMITERS"]
@@ -320,11 +332,17 @@ def _categorical_map(categorical: Sequence[str] | Mapping[str, Sequence[str]]) -
 
 def read_table_features(path: str | Path, columns: Sequence[str], categorical: Mapping[str, Sequence[str]],
                         label_column: str | None, delimiter: str | None = None, label_optional: bool = False,
-                        where: str | None = None
-                        ) -> tuple[np.ndarray, list[str], dict[str, list[str]], np.ndarray | None, int]:
+                        where: str | None = None, one_hot_text: bool = False, id_column: str | None = None,
+                        missing: str = "error"
+                        ) -> tuple[np.ndarray, list[str], dict[str, list[str]], np.ndarray | None, list[str],
+                                   np.ndarray | None]:
     """A table file's features (:func:`~.frames.table_features` of ``columns``), its labels (None when
-    ``label_optional`` and the file has none, or an empty label column) and its number of rows.
-    ``where`` names the data in errors (default the path)."""
+    ``label_optional`` and the file has none, or an empty label column) and the id of each row: the
+    cells of ``id_column``, else the row number from 0. ``one_hot_text``: columns of words
+    (:func:`~.frames.holds_words`) are categorical too, their categories their sorted values.
+    ``where`` names the data in errors (default the path). ``missing``: what rows with a missing
+    feature cell get (:func:`~.frames.fill_missing`); the last item is ``[N]`` bool of those rows of
+    the file (None where none has one), the rest are of the rows kept."""
     path = Path(path)
     header = table_columns(path, delimiter)
     decimal_comma = (table_format(path) or "csv") == "csv" and _csv_header(path, _check_delimiter(delimiter))[1] != ","
@@ -336,27 +354,45 @@ def read_table_features(path: str | Path, columns: Sequence[str], categorical: M
     has_label = label_column is not None and label_column in header
     if label_column is not None and not has_label and not label_optional:
         table_labels(pa.table({c: pa.array([], pa.string()) for c in header}), label_column, origin)
+    if id_column is not None and id_column not in present:
+        table_features(pa.table({c: pa.array([], pa.string()) for c in header}), [id_column], {}, origin)
     types: dict[str, pa.DataType] = {c: (pa.string() if c in categorical else pa.float32()) for c in columns}
     if has_label:  # an optional label column left empty does not convert: the text read sees it
         types[label_column] = pa.float64()
+    if id_column is not None:
+        types[id_column] = pa.string()
     table = read_table(path, types, delimiter)
     if table.num_rows == 0:
         raise ValueError(f"{path} has a header but no data rows: the dataset would be empty")
+    if one_hot_text:
+        words = [c for c in columns if c not in categorical and _text_typed(table.column(c))
+                 and holds_words(table.column(c), origin)]
+        categorical = {**categorical, **{c: [] for c in words}}
+    row_numbers = np.arange(table.num_rows)
+    table, incomplete = fill_missing(table, columns, categorical, origin, missing)
+    if missing == "skip" and incomplete is not None:
+        row_numbers = row_numbers[~incomplete]
     x, names, used = table_features(table, columns, categorical, origin)
     values = table_labels(table, label_column, origin, optional=label_optional) if has_label else None
-    n = table.num_rows
+    ids = cell_texts(table.column(id_column)) if id_column is not None else [str(i) for i in row_numbers]
     del table
     # the table's buffers stay with pyarrow's allocator once freed: hand them back, so that the label
     # encoding after this reuses memory instead of adding to the peak
     pa.default_memory_pool().release_unused()
-    return x, names, used, values, n
+    return x, names, used, values, ids, incomplete
+
+
+def _text_typed(col: pa.ChunkedArray) -> bool:
+    return _is_text(col.type) or pa.types.is_dictionary(col.type)
 
 
 def load_table(path: str | Path, label_column: str = "label", feature_columns: Sequence[str] | None = None,
                step: float | None = None, min_value: float | None = None, max_value: float | None = None,
                *, encoder: RankEncoder | None = None,
                categorical: Sequence[str] | Mapping[str, Sequence[str]] = (),
-               name: str | None = None, delimiter: str | None = None) -> OrdinalDataset:
+               name: str | None = None, delimiter: str | None = None, one_hot_text: bool = False,
+               id_column: str | None = None, drop_columns: Sequence[str] = (),
+               missing: str = "error") -> OrdinalDataset:
     """A tabular dataset from a table file with named columns: CSV/TSV with a header row (``.csv``,
     ``.tsv``, also gzipped ``.gz``), Parquet (``.parquet``) or Feather / Arrow IPC (``.feather``, ``.arrow``),
     read by pyarrow.
@@ -373,6 +409,13 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
         delimiter: the cell separator of a CSV, one character (``","``, ``";"``, ``"\\t"``, ``"|"``, …) or
             ``"comma"``/``"semicolon"``/``"tab"``; default None detects comma, semicolon or tab from the
             header line (quoted names allowed, as in UCI's semicolon files). CSV files only.
+        one_hot_text: one-hot encode every column of words too (categories: its sorted values), as
+            :class:`sol_ext.sklearn.SOLRanker` does a data frame's text columns.
+        id_column: a column naming each row (kept out of the features; the dataset's ``ids``).
+        drop_columns: columns left out of the default feature columns.
+        missing: rows with a missing feature cell: ``"error"`` names every such cell, ``"skip"`` leaves
+            the rows out (with a :class:`~.frames.MissingValuesWarning` counting them), ``"impute"``
+            fills each cell with its column's median or most common category (warned likewise).
 
     Returns:
         ``OrdinalDataset`` of kind "tabular" with raw (unscaled) float32 features ``[N, F]``; scale them
@@ -384,10 +427,21 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
         raise ValueError(f"delimiter={delimiter!r} applies to CSV files only; {path} is a {fmt} file: leave "
                          "delimiter out")
     header = table_columns(path, delimiter)
+    for role, names in (("drop_columns", drop_columns), ("id_column", [] if id_column is None else [id_column])):
+        unknown = [c for c in names if c not in header]
+        if unknown:
+            raise ValueError(f"{path}: {role}= names {listed(unknown)}, not columns of the file; its "
+                             f"columns are {listed(header)}")
     if feature_columns is None:
-        feature_columns = [c for c in header if c != label_column and not _PANDAS_INDEX.match(c)]
+        left_out = {label_column, id_column, *drop_columns}
+        feature_columns = [c for c in header if c not in left_out and not _PANDAS_INDEX.match(c)]
+    elif drop_columns:
+        raise ValueError("pass feature_columns= (the columns to use) or drop_columns= (the columns to "
+                         "leave out), not both")
     elif label_column in feature_columns:
         raise ValueError(f"the label column {label_column!r} cannot also be a feature column")
+    if id_column is not None and id_column in feature_columns:
+        raise ValueError(f"the id column {id_column!r} cannot also be a feature column")
     cats = _categorical_map(categorical)
     for c in cats:
         if c not in feature_columns:
@@ -396,12 +450,24 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
     origin = TableOrigin(str(path))
     if label_column not in header:
         table_labels(pa.table({c: pa.array([], pa.string()) for c in header}), label_column, origin)
-    x, names, used, values, _ = read_table_features(path, list(feature_columns), cats, label_column, delimiter)
+    if missing == "mark":
+        raise ValueError("missing='mark' is for prediction; expected 'error', 'skip' or 'impute'")
+    x, names, used, values, ids, incomplete = read_table_features(
+        path, list(feature_columns), cats, label_column, delimiter, one_hot_text=one_hot_text,
+        id_column=id_column, missing=missing)
+    if incomplete is not None:
+        what = "left out" if missing == "skip" else "filled with their column's median or most common value"
+        warnings.warn(f"{path}: {int(incomplete.sum())} of {incomplete.size} rows have a missing feature "
+                      f"value; they were {what} (missing={missing})", MissingValuesWarning, stacklevel=2)
+    keep_ids = id_column is not None or (missing == "skip" and incomplete is not None)
     schema = {"format": "csv" if fmt == "csv" else "table", "columns": list(feature_columns),
               "categorical": used, "label_column": label_column}
+    if id_column is not None:
+        schema["id_column"] = id_column
     return _make_dataset(torch.from_numpy(x), values, name=name or _stem(path),
                          kind="tabular", encoder=encoder, step=step, min_value=min_value,
-                         max_value=max_value, feature_names=names, source=str(path), schema=schema)
+                         max_value=max_value, feature_names=names, source=str(path), schema=schema,
+                         ids=ids if keep_ids else None)
 
 
 # The name the package has always had: every table file, not only CSV.
