@@ -4,6 +4,7 @@ ids and missing cells."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from common import tiny_csv, write_csv
@@ -243,3 +244,73 @@ def test_predict_leaves_rows_with_missing_cells_empty_or_out(tmp_path, capsys):
     assert [r["wine_id"] for r in kept] == [r["wine_id"] for r in rows if r["prediction"] != ""]
     assert [r["prediction"] for r in kept] == [r["prediction"] for r in rows if r["prediction"] != ""]
 
+
+# -- done when: a wine-quality-like table, start to finish -----------------------------------------------
+
+def _parquet(csv_path, path):
+    """The CSV's table as Parquet, the vintage a nullable integer column."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    table = pacsv.read_csv(csv_path, convert_options=pacsv.ConvertOptions(
+        column_types={"vintage": pa.int64(), "wine_id": pa.string()}))
+    pq.write_table(table, path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_a_wine_table_trains_and_predicts_with_one_command_each(kind, tmp_path, capsys):
+    """A text id, text columns (one region "Dão"), a nullable integer column with a few missing cells,
+    labels 3 … 9, and a predict file with its columns in another order: one `sol-ext train` and one
+    `sol-ext predict`; the predictions match load_run(...).predict(DataFrame), SOLRanker and the
+    exported program, and carry wine_id."""
+    import csv
+
+    import numpy as np
+    import pandas as pd
+
+    from sol_ext.driver.data import read_inputs
+    from sol_ext.driver.model import load_run
+    from sol_ext.sklearn import SOLRanker
+
+    train_rows, new_rows = _wine_rows(missing=True), _wine_rows(n=60, seed=1, missing=True)
+    columns = list(train_rows[0])
+    train = _write_rows(tmp_path / "train.csv", train_rows)
+    new = _write_rows(tmp_path / "new.csv", new_rows, columns[::-1])
+    if kind == "parquet":
+        train, new = _parquet(train, tmp_path / "train.parquet"), _parquet(new, tmp_path / "new.parquet")
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(train), "--label-column", "quality", "--id-column", "wine_id",
+                 "--output", str(out), *FAST]) == 0
+    assert main(["predict", str(out), "--data", str(new)]) == 0
+    written = list(csv.DictReader(open(out / "predictions.csv", encoding="utf-8")))
+    assert [r["wine_id"] for r in written] == [r["wine_id"] for r in new_rows]
+    complete = [r["vintage"] != "" for r in new_rows]
+    assert [r["prediction"] != "" for r in written] == complete
+    predicted = np.array([int(r["prediction"]) for r, ok in zip(written, complete) if ok])
+
+    model = load_run(out)
+    frame = pd.read_csv(tmp_path / "new.csv", dtype={"vintage": "Int64"})  # the nullable integer
+    frame = frame[frame["vintage"].notna()]
+    by_frame = model.predict_table(frame)
+    assert by_frame.ids == [r["wine_id"] for r, ok in zip(new_rows, complete) if ok]
+    np.testing.assert_array_equal(by_frame.prediction, predicted)
+
+    # the exported program, on the raw features of the file as the run reads them
+    import torch
+
+    assert main(["export", str(out)]) == 0
+    program = torch.export.load(str(out / "model.pt2")).module()
+    raw = read_inputs(new, model.preprocessing["schema"]).features[torch.as_tensor(complete)]
+    exported = program(raw.double())[0].numpy()
+    np.testing.assert_array_equal(exported, predicted)
+
+    # SOLRanker on the same rows (the frame's text columns one-hot, the id left out) agrees with itself
+    # and carries the frame's index as ids
+    fit = pd.read_csv(tmp_path / "train.csv", dtype={"vintage": "Int64"}).dropna()
+    ranker = SOLRanker(epochs=1, sigma=1.0, batch_size=16, embedding_dim=4, hidden=(16,))
+    ranker.fit(fit.drop(columns=["quality", "wine_id"]), fit["quality"])
+    features = frame.drop(columns=["wine_id", "quality"]).set_index(frame["wine_id"])
+    assert set(ranker.predict(features)) <= set(range(3, 10))
+    assert ranker.model_.predict_table(features).ids == by_frame.ids
