@@ -301,6 +301,9 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
                      else [f"x{i}" for i in range(X.shape[1])])
             schema = {"format": "array"}
         values, label_dtype = _numeric_labels(y)
+        if values.size == 0:
+            raise ValueError("SOLRanker.fit: X and y have no rows (an empty data set); expected at least "
+                             "two samples of two distinct labels.")
         if np.unique(values).size < 2:
             raise ValueError(f"SOLRanker needs at least two distinct labels (classes) to rank; got "
                              f"one class, {values[0]:g}.")

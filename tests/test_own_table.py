@@ -314,3 +314,43 @@ def test_a_wine_table_trains_and_predicts_with_one_command_each(kind, tmp_path, 
     features = frame.drop(columns=["wine_id", "quality"]).set_index(frame["wine_id"])
     assert set(ranker.predict(features)) <= set(range(3, 10))
     assert ranker.model_.predict_table(features).ids == by_frame.ids
+
+
+# -- the rest: SIGTERM, an empty frame ------------------------------------------------------------------
+
+def test_sigterm_during_train_says_what_the_folder_holds(tmp_path, capsys, monkeypatch):
+    """As a Ctrl-C does: one line naming the checkpoint, exit status 143 (128 + SIGTERM)."""
+    import os
+    import signal
+
+    data = tiny_csv(tmp_path / "d.csv")
+    out = tmp_path / "run"
+    argv = ["train", "--data", str(data), "--output", str(out), "--quiet", *FAST]
+    assert main(argv) == 0  # one epoch, checkpointed
+    capsys.readouterr()
+    calls = []
+    zero_grad = torch.optim.Optimizer.zero_grad
+
+    def terminated_at_the_second_step(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return zero_grad(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Optimizer, "zero_grad", terminated_at_the_second_step)
+    before = signal.getsignal(signal.SIGTERM)
+    code = main([*argv, "--resume", "--epochs", "3"])
+    err = capsys.readouterr().err
+    assert code == 143, err
+    assert err.startswith("sol-ext: interrupted;") and "checkpoint of epoch 1" in err and "--resume" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is the run's only
+
+
+def test_solranker_fit_on_an_empty_frame_names_the_problem():
+    import pandas as pd
+
+    from sol_ext.sklearn import SOLRanker
+
+    with pytest.raises(ValueError, match="no rows"):
+        SOLRanker(epochs=1).fit(pd.DataFrame({"a": pd.Series([], dtype=float)}), pd.Series([], dtype=float))

@@ -241,7 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # (a bare KeyboardInterrupt has an empty message, but is true as an object)
         _print_traceback_if_asked(args)
         print(f"sol-ext: {str(exc) or 'interrupted; nothing was written.'}", file=sys.stderr)
-        return 130
+        return 143 if getattr(exc, "terminated", False) else 130  # 128 + SIGTERM, 128 + SIGINT
     except Exception as exc:
         # bad input: the message says what and how to fix it, with the command's flags; no
         # traceback unless asked for. Anything else is a bug and keeps its traceback.
