@@ -166,6 +166,9 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             thread hand-offs than they gain).
         verbose: 0 or False (default): ``fit`` prints nothing; 1 or more, or True: it prints the
             training driver's progress, one line per epoch, as ``sol-ext train`` does.
+        handle_unknown: a category of a data frame's text column that ``fit`` did not see, at
+            prediction: ``"error"`` (default) names it; ``"ignore"`` encodes it as none of its
+            column's categories (its one-hot features all 0), as ``OneHotEncoder`` does.
 
     Attributes:
         model_: the trained :class:`sol_ext.driver.model.TrainedModel` (it predicts from raw
@@ -194,7 +197,8 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
                  momentum: float = 0.5, patience: Optional[int] = None,
                  normalize: bool = True, amp: bool = False, backend: str = "auto", threads: int = 0,
                  weight_ema: float | str = "auto", verbose: int = 0, seed: Optional[int] = None,
-                 inference: Optional[str] = None, centroid_momentum: Optional[float] = None):
+                 inference: Optional[str] = None, centroid_momentum: Optional[float] = None,
+                 handle_unknown: str = "error"):
         self.method = method
         self.epochs = epochs
         self.batch_size = batch_size
@@ -228,6 +232,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         self.backend = backend
         self.threads = threads
         self.verbose = verbose
+        self.handle_unknown = handle_unknown
         self.seed = seed
         self.inference = inference
         self.centroid_momentum = centroid_momentum
@@ -361,6 +366,9 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
     # -- prediction --------------------------------------------------------------------------
     def _table(self, X: Any):
         check_is_fitted(self, "model_")
+        if self.handle_unknown not in ("error", "ignore"):
+            raise ValueError(f"handle_unknown={self.handle_unknown!r}; expected 'error' or 'ignore'")
+        self.model_.handle_unknown = self.handle_unknown
         schema = self.model_.preprocessing.get("schema", {})
         if is_table_like(X) and has_column_names(X) and "columns" in schema:  # by name, as fitted
             with _torch_threads(self._threads()):

@@ -212,7 +212,7 @@ EVERY_OPTION = [
     ["--data", "x\U0001F600.csv", "--test-data", "t.csv", "--label-column", "age", "--delimiter", ";",
      "--test-label-column", "true age", "--label-min", "0", "--label-max", "30", "--label-step", "0.5",
      "--id-column", "wine id", "--drop-columns", "a,b", "--categorical", "colour, region",
-     "--missing", "impute",
+     "--missing", "impute", "--encoding", "cp1252",
      "--noise", "uniform", "--kappa", "0.5", "--noise-fraction", "0.5", "--encoder", "resnet18",
      "--embedding-dim", "8", "--hidden", "64,32", "--weights", "w.pth", "--image-size", "32",
      "--augment", "crop", "--workers", "1", "--no-normalize", "--sigma", "0.5", "--tau", "2",

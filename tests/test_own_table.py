@@ -354,3 +354,60 @@ def test_solranker_fit_on_an_empty_frame_names_the_problem():
 
     with pytest.raises(ValueError, match="no rows"):
         SOLRanker(epochs=1).fit(pd.DataFrame({"a": pd.Series([], dtype=float)}), pd.Series([], dtype=float))
+
+
+def test_a_windows_1252_csv_reads_with_encoding(tmp_path, capsys):
+    import csv
+
+    from common import expect_error
+    from sol_ext.driver.model import load_run
+
+    rows = _wine_rows()
+    utf8 = _write_rows(tmp_path / "utf8.csv", rows)
+    data = tmp_path / "excel.csv"
+    data.write_bytes(utf8.read_text(encoding="utf-8").encode("cp1252"))
+    argv = ["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id", "--quiet", *FAST]
+    expect_error(capsys, [*argv, "--output", str(tmp_path / "o")], "not UTF-8", "--encoding", "cp1252")
+    out = tmp_path / "run"
+    assert main([*argv, "--encoding", "cp1252", "--output", str(out)]) == 0
+    assert "region=Dão" in load_run(out).feature_names
+    assert main(["predict", str(out), "--data", str(data)]) == 0  # read as the training file was
+    by_run = list(csv.DictReader(open(out / "predictions.csv", encoding="utf-8")))
+    assert main(["predict", str(out), "--data", str(utf8), "--encoding", "utf-8", "--output",
+                 str(tmp_path / "p.csv")]) == 0
+    assert list(csv.DictReader(open(tmp_path / "p.csv", encoding="utf-8"))) == by_run
+    expect_error(capsys, [*argv, "--encoding", "klingon", "--output", str(tmp_path / "o2")],
+                 "--encoding 'klingon'", "cp1252")
+
+
+def test_unseen_categories_are_refused_or_ignored_as_asked(tmp_path, capsys):
+    import numpy as np
+    import pandas as pd
+
+    from sol_ext import load_run
+    from sol_ext.sklearn import SOLRanker
+
+    data = _write_rows(tmp_path / "wine.csv", _wine_rows())
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
+                 "--output", str(out), "--quiet", *FAST]) == 0
+    frame = pd.read_csv(data)
+    novel = frame.assign(region=["Bairrada"] * len(frame))
+    with pytest.raises(ValueError, match="'Bairrada'.*handle_unknown='ignore'"):
+        load_run(out).predict(novel)
+    ignoring = load_run(out, handle_unknown="ignore")
+    none_of_them = frame.copy()
+    x_novel = ignoring.features(novel)[0]
+    names = ignoring.feature_names
+    region = [k for k, n in enumerate(names) if n.startswith("region=")]
+    assert ignoring.predict(novel).shape == (len(frame),)
+    # the unseen region is no region: its one-hot features are those of the mean-centred zero
+    raw_zero = (0 - ignoring.scaling[0]) / ignoring.scaling[1]
+    np.testing.assert_allclose(x_novel[:, region].double(), raw_zero[region].expand(len(frame), -1), atol=1e-6)
+    assert ignoring.features(none_of_them)[0].shape == x_novel.shape
+    X, y = frame.drop(columns=["quality", "wine_id"]), frame["quality"]
+    ranker = SOLRanker(epochs=1, sigma=1.0, batch_size=16, embedding_dim=4, hidden=(16,)).fit(X, y)
+    with pytest.raises(ValueError, match="Bairrada"):
+        ranker.predict(novel.drop(columns=["quality", "wine_id"]))
+    ranker.set_params(handle_unknown="ignore")
+    assert ranker.predict(novel.drop(columns=["quality", "wine_id"])).shape == (len(frame),)

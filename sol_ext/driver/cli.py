@@ -93,6 +93,8 @@ def _add_predict(sub) -> argparse.ArgumentParser:
                          "training data's columns (the label column is optional)")
     pr.add_argument("--delimiter", default=None,
                     help="cell separator of a CSV file (default: the training file's, else sniffed)")
+    pr.add_argument("--encoding", default=None,
+                    help="text encoding of a CSV file, e.g. cp1252 (default: the training file's, else UTF-8)")
     pr.add_argument("--output", default=None,
                     help="where to write the CSV (default: RUN_DIR/predictions.csv, replaced by a "
                          "rerun; '-' for stdout). Never the input file or a file sol-ext wrote into "

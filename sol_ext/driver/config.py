@@ -155,6 +155,9 @@ class TrainConfig:
     delimiter: Optional[str] = setting(
         None, "cell separator of the CSV files (--data and --test-data): one character, or comma, "
         "semicolon, tab (default: sniffed from each file)", "data")
+    encoding: Optional[str] = setting(
+        None, "text encoding of the CSV files (--data and --test-data), e.g. cp1252 for Windows-1252, "
+        "Excel's on Windows (default: UTF-8); a file to predict is read with it too", "data")
     test_fraction: float = setting(
         0.2, "test share when --data is split, above 0 and below 1; not with --test-data (to train "
         "on every row of --data, give the test rows as --test-data)", "data")

@@ -43,7 +43,7 @@ def data_file_errors(path: Path | str) -> Iterator[None]:
     except UnicodeDecodeError as exc:
         raise DataFileError(
             f"{path} is not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset "
-            f"{exc.start}); save it as UTF-8.") from exc
+            f"{exc.start}); save it as UTF-8, or give its encoding= (cp1252 for Windows-1252).") from exc
     except EOFError as exc:
         raise DataFileError(f"{path} is truncated ({exc}); copy or download it again.") from exc
     except (zlib.error, gzip.BadGzipFile) as exc:

@@ -107,8 +107,11 @@ class TrainedModel:
     """
 
     def __init__(self, config: TrainConfig, model: RankModel, head: Optional[SOLHead],
-                 record: dict[str, Any], device: torch.device | str = "cpu", workers: int = 0):
+                 record: dict[str, Any], device: torch.device | str = "cpu", workers: int = 0,
+                 handle_unknown: str = "error"):
         self.config = config
+        # a category of a text column that training did not see: "error", or "ignore" (no category)
+        self.handle_unknown = handle_unknown
         self.device = torch.device(device)
         # DataLoader processes decoding image files for a prediction (0: this process)
         self.workers = int(workers)
@@ -162,7 +165,7 @@ class TrainedModel:
         incomplete = None
         if isinstance(data, (str, Path)):
             inputs = read_inputs(data, self.preprocessing.get("schema", {}),
-                                 delimiter=self.preprocessing.get("delimiter"))
+                                 delimiter=self.preprocessing.get("delimiter"), handle_unknown=self.handle_unknown)
             x, ids, values, incomplete = inputs.features, inputs.ids, inputs.values, inputs.incomplete
         elif is_table_like(data):
             x = self._frame_features(data)
@@ -211,7 +214,8 @@ class TrainedModel:
                              "features in the training order")
         table = as_arrow_table(data)
         categorical = {k: list(v) for k, v in schema.get("categorical", {}).items()}
-        x, _, _ = table_features(table, list(schema["columns"]), categorical, TableOrigin("data", file=False))
+        x, _, _ = table_features(table, list(schema["columns"]), categorical, TableOrigin("data", file=False),
+                                 self.handle_unknown)
         return torch.from_numpy(x)
 
     # -- predictions -------------------------------------------------------------------------
@@ -287,9 +291,14 @@ class TrainedModel:
                 f"({self.encoder.min_value:g} … {self.encoder.max_value:g} step {self.encoder.step:g}))")
 
 
-def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int = 0) -> TrainedModel:
+def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int = 0,
+             handle_unknown: str = "error") -> TrainedModel:
     """The model of a ``sol-ext train`` run folder (its selected epoch, ``best.pt``; the last
     checkpoint where there is none), ready to predict. Runs of every method load.
+
+    ``handle_unknown``: a category of a text column that training did not see is an error
+    (``"error"``, the default) or none of its column's categories (``"ignore"``: its one-hot
+    features all 0, as scikit-learn's ``OneHotEncoder(handle_unknown="ignore")``).
 
     Raises:
         FileNotFoundError: ``path`` holds no run.
@@ -304,7 +313,11 @@ def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int 
     if not file.is_file():
         raise FileNotFoundError(f"no trained run in {str(path)!r}: expected the output folder of "
                                 f"'sol-ext train' (with {BEST_NAME}).")
-    return model_from_state(load_checkpoint(file), device, source=str(file), workers=workers)
+    if handle_unknown not in ("error", "ignore"):
+        raise ValueError(f"handle_unknown={handle_unknown!r}; expected 'error' or 'ignore'")
+    model = model_from_state(load_checkpoint(file), device, source=str(file), workers=workers)
+    model.handle_unknown = handle_unknown
+    return model
 
 
 def model_from_state(state: dict[str, Any], device: torch.device | str = "cpu",

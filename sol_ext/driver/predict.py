@@ -166,6 +166,9 @@ def predict_command(args: argparse.Namespace) -> int:
             raise UsageError(f"--delimiter {args.delimiter} applies to CSV files only; {args.data} is not one: "
                              f"leave --delimiter out.")
         model.preprocessing = {**model.preprocessing, "delimiter": args.delimiter}
+    if args.encoding is not None:
+        schema = model.preprocessing.get("schema", {})
+        model.preprocessing = {**model.preprocessing, "schema": {**schema, "encoding": args.encoding}}
     prediction = model.predict_table(args.data)
     if prediction.incomplete is not None and prediction.incomplete.any():
         n_incomplete = int(prediction.incomplete.sum())

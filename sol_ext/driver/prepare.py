@@ -105,6 +105,8 @@ def _options(config: TrainConfig) -> dict[str, Any]:
         opts["image_size"] = config.image_size
     opts["one_hot_text"] = True  # a table's columns of words, with the training file's categories
     opts["missing"] = config.missing
+    if config.encoding is not None:
+        opts["encoding"] = config.encoding
     if config.id_column is not None:
         opts["id_column"] = config.id_column
     for name in ("feature_columns", "drop_columns", "categorical"):

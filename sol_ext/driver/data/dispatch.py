@@ -60,7 +60,13 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
             raise ValueError(f"{option}= applies to tables (CSV, Parquet, Feather); {key!r} is not one: "
                              f"leave {option}= out")
     delimiter = _check_delimiter(options.pop("delimiter", None))
+    encoding = options.pop("encoding", None)
     csv_options = options if delimiter is None else {**options, "delimiter": delimiter}
+    if encoding is not None:  # CSV tables only (load_table refuses it for Parquet and Feather)
+        if key.lower() in _NAMED or key.lower().endswith(".npz") or Path(key).is_dir():
+            raise ValueError(f"encoding={encoding!r} applies to CSV files only; {key!r} is not one: leave "
+                             "encoding out")
+        csv_options = {**csv_options, "encoding": encoding}
     if delimiter is not None and (key.lower() in _NAMED or key.lower().endswith(".npz")):
         raise ValueError(f"delimiter={delimiter!r} applies to CSV files only; {key!r} is not one: leave "
                          "delimiter out")
@@ -95,9 +101,9 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
     if name.endswith(".npz"):
         return load_npz(path, **options)
     if fmt == "csv":
-        if "path_column" in options or "path" in table_columns(path, delimiter):
-            for option in _TABLE_OPTIONS:
-                if option in options:
+        if "path_column" in options or "path" in table_columns(path, delimiter, encoding):
+            for option in ("encoding", *_TABLE_OPTIONS):
+                if option in csv_options:
                     raise ValueError(f"{option}= applies to tables; {path} is an image list (it has a "
                                      f"'path' column): leave {option}= out")
             return load_image_folder(path, **csv_options)

@@ -182,6 +182,11 @@ def _missing_mask(col: pa.ChunkedArray) -> Optional[np.ndarray]:
     pa.scalar and a boolean column's to_numpy import pandas, a fifth of a large prediction.)"""
     if pa.types.is_null(col.type):
         return np.ones(len(col), bool)
+    if not col.null_count and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
+        return None
+    if not col.null_count and pa.types.is_floating(col.type):  # a CSV's features: numpy, no copy
+        nan = np.isnan(_to_numpy(col))
+        return nan if nan.any() else None
     if _is_text(col.type) or pa.types.is_dictionary(col.type):
         mask = _missing_text(_text(col))
     else:
@@ -418,8 +423,13 @@ class ManyCategoriesWarning(UserWarning):
 MANY_CATEGORIES, MANY_CATEGORIES_SHARE = 50, 0.5
 
 
+# What a category the training data did not have gets when a prediction meets it: an error naming it,
+# or "ignore": no category of its column (all its one-hot features 0), as scikit-learn's OneHotEncoder.
+HANDLE_UNKNOWN = ("error", "ignore")
+
+
 def _categories(col: pa.ChunkedArray, name: str, origin: TableOrigin,
-                given: Sequence[str]) -> tuple[pa.ChunkedArray, list[str]]:
+                given: Sequence[str], handle_unknown: str = "error") -> tuple[pa.ChunkedArray, list[str]]:
     cells = _text(col)
     if cells.null_count:
         i = _first(pc.is_null(cells)) or 0
@@ -432,29 +442,33 @@ def _categories(col: pa.ChunkedArray, name: str, origin: TableOrigin,
                       "rows. If it is an id or free text, leave it out of the features.",
                       ManyCategoriesWarning, stacklevel=2)
     unknown = pc.invert(pc.is_in(cells, string_array(cats)))
-    if _first(unknown) is not None:
+    if handle_unknown != "ignore" and _first(unknown) is not None:
         found = sorted(set(pc.filter(cells, unknown).to_pylist()))
         raise ValueError(f"{origin.name}: categorical column {name!r} has values {listed(found)} outside its "
-                         f"categories {listed(cats)}")
+                         f"categories {listed(cats)}; handle_unknown='ignore' encodes them as none of them")
     return cells, cats
 
 
 def table_features(table: pa.Table, columns: Sequence[str], categorical: Mapping[str, Sequence[str]],
-                   origin: TableOrigin) -> tuple[np.ndarray, list[str], dict[str, list[str]]]:
+                   origin: TableOrigin, handle_unknown: str = "error"
+                   ) -> tuple[np.ndarray, list[str], dict[str, list[str]]]:
     """The features of ``table``: float32 ``[N, F]`` C-ordered, numeric columns as they are and
     categorical ones one-hot, in the order of ``columns``; also the feature names and the categories
     used for each categorical column (empty categories given: the column's sorted distinct values).
 
     Raises ValueError naming ``origin``, the column and the first bad row for a missing column, a
-    missing, non-numeric, infinite or float32-overflowing value, or an unknown category.
+    missing, non-numeric, infinite or float32-overflowing value, or an unknown category (unless
+    ``handle_unknown="ignore"``: its one-hot features are all 0).
     """
+    if handle_unknown not in HANDLE_UNKNOWN:
+        raise ValueError(f"handle_unknown={handle_unknown!r}; expected one of {', '.join(HANDLE_UNKNOWN)}")
     positions = _positions(table)
     cols = {name: _column(table, name, origin, "feature", positions) for name in columns}
     encoded: dict[str, tuple[pa.ChunkedArray, list[str]]] = {}
     width = 0
     for name in columns:
         if name in categorical:
-            encoded[name] = _categories(cols[name], name, origin, categorical[name])
+            encoded[name] = _categories(cols[name], name, origin, categorical[name], handle_unknown)
             width += len(encoded[name][1])
         else:
             width += 1
@@ -467,8 +481,13 @@ def table_features(table: pa.Table, columns: Sequence[str], categorical: Mapping
         k = len(names)
         if name in encoded:
             cells, cats = encoded[name]
-            index = _to_numpy(pc.index_in(cells, string_array(cats)))
-            x[np.arange(table.num_rows), k + index] = 1.0
+            found = pc.index_in(cells, string_array(cats))
+            if found.null_count:  # unknown categories, ignored: no one-hot feature set
+                index = np.array([-1 if i is None else i for i in found.to_pylist()])
+                rows = np.flatnonzero(index >= 0)
+                x[rows, k + index[rows]] = 1.0
+            else:
+                x[np.arange(table.num_rows), k + _to_numpy(found)] = 1.0
             names += [f"{name}={c}" for c in cats]
             used[name] = cats
             continue
