@@ -43,8 +43,13 @@ def test_train_audit_end_to_end(tmp_path, capsys):
     rows = list(csv.DictReader(open(out / "audit.csv")))
     # every training row, the validation split included
     assert len(rows) == results["data"]["n_train"] + results["data"]["n_val"]
-    assert list(rows[0]) == ["index", "given_label", "current_label", "predicted_label",
-                             "deviation", "outlier", "score", "suggested_label", "clean_label"]
+    columns = list(rows[0])
+    assert columns[:9] == ["index", "given_label", "current_label", "predicted_label",
+                           "deviation", "outlier", "score", "suggested_label", "clean_label"]
+    # the out-of-sample probabilities of each label value, one row's summing to 1
+    lowest, ranks = int(results["data"]["min_value"]), results["data"]["num_ranks"]  # whole labels, step 1
+    assert columns[9:] == [f"p_{lowest + q}" for q in range(ranks)]
+    assert all(abs(sum(float(r[c]) for c in columns[9:]) - 1) < 1e-4 for r in rows)
     scores = [float(r["score"]) for r in rows]
     assert scores == sorted(scores, reverse=True), "suspects first"
     flagged = sum(r["outlier"] == "1" for r in rows)

@@ -411,3 +411,30 @@ def test_unseen_categories_are_refused_or_ignored_as_asked(tmp_path, capsys):
         ranker.predict(novel.drop(columns=["quality", "wine_id"]))
     ranker.set_params(handle_unknown="ignore")
     assert ranker.predict(novel.drop(columns=["quality", "wine_id"])).shape == (len(frame),)
+
+
+# -- the audit: train's threads, its out-of-sample probabilities ------------------------------------------
+
+def test_audit_uses_trains_threads_and_writes_its_probabilities(tmp_path, capsys, monkeypatch):
+    import csv
+
+    data = _write_rows(tmp_path / "wine.csv", _wine_rows())
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
+                 "--output", str(out), "--quiet", *FAST]) == 0
+    threads = []
+    set_num_threads = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (threads.append(n), set_num_threads(n)))
+    before = torch.get_num_threads()
+    try:
+        assert main(["audit", str(out), "--folds", "2"]) == 0
+        assert threads and threads[0] == 1  # the MLP encoder's, as sol-ext train picks
+        assert main(["audit", str(out), "--folds", "2", "--threads", "2", "--csv",
+                     str(tmp_path / "two.csv")]) == 0
+        assert 2 in threads
+    finally:
+        set_num_threads(before)
+    rows = list(csv.DictReader(open(out / "audit.csv", encoding="utf-8")))
+    p_columns = [c for c in rows[0] if c.startswith("p_")]
+    assert p_columns == [f"p_{v}" for v in range(3, 10)]
+    assert all(abs(sum(float(r[c]) for c in p_columns) - 1) < 1e-4 for r in rows)

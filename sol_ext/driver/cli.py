@@ -160,6 +160,9 @@ def _add_audit(sub) -> argparse.ArgumentParser:
                         "the median of p(rank | x, label) is another rank (default: the run's "
                         "--label-noise when it is a number, else only labels in a 0.25%% tail of "
                         "p(rank | x): few flags, rarely wrong)")
+    a.add_argument("--threads", type=int, default=0,
+                   help="CPU threads of torch for the fold trainings; 0: as sol-ext train picks them "
+                        "(1 for the MLP encoder)")
 
     return a
 
