@@ -96,7 +96,8 @@ def test_separate_test_file_with_noisy_training_labels(tmp_path, capsys):
     assert results["data"]["n_test"] == 40
     assert main(["audit", str(out), "--csv", "-"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].endswith("suggested_label") and len(lines) == 121
+    assert lines[0].endswith("suggested_label," + ",".join(f"p_{v}" for v in range(20, 30)))
+    assert len(lines) == 121
 
 
 def test_compare_small_grid(tmp_path, capsys):
