@@ -44,13 +44,14 @@ from .ops import (  # noqa: E402
 __version__ = "0.1.0"
 
 
-def load_run(path, device="cpu", workers=0):
+def load_run(path, device="cpu", workers=0, handle_unknown="error"):
     """The model of a ``sol-ext train`` run folder, ready to predict on new data: see
     :func:`sol_ext.driver.model.load_run` (``predict``, ``predict_proba``, ``embed``; ``workers``
-    DataLoader processes decode image files)."""
+    DataLoader processes decode image files; ``handle_unknown="ignore"`` takes a category training
+    did not see as none of its column's)."""
     from .driver.model import load_run as _load_run  # the driver loads only when asked for
 
-    return _load_run(path, device=device, workers=workers)
+    return _load_run(path, device=device, workers=workers, handle_unknown=handle_unknown)
 
 
 __all__ = [

@@ -145,7 +145,8 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             ``numpy.random.RandomState`` draw the driver's seed (from numpy's global generator, or
             from the given one) at each ``fit``; ``history_["config"]["seed"]`` records it.
         seed: deprecated alias of ``random_state`` (a ``FutureWarning``); it will be removed.
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``; the model is kept there.
+        device: ``"auto"`` (the default: CUDA when available, else the CPU), ``"cpu"``, ``"cuda"`` or
+            ``"cuda:N"``; the model is kept there.
         paper: the paper's Algorithm 1 (``sol-ext train --paper``): each setting of
             ``sol_ext.driver.config.PAPER_SETTINGS`` takes the paper's value unless its parameter
             was changed from the default (as options given beside ``--paper`` still apply; a
@@ -165,6 +166,9 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             thread hand-offs than they gain).
         verbose: 0 or False (default): ``fit`` prints nothing; 1 or more, or True: it prints the
             training driver's progress, one line per epoch, as ``sol-ext train`` does.
+        handle_unknown: a category of a data frame's text column that ``fit`` did not see, at
+            prediction: ``"error"`` (default) names it; ``"ignore"`` encodes it as none of its
+            column's categories (its one-hot features all 0), as ``OneHotEncoder`` does.
 
     Attributes:
         model_: the trained :class:`sol_ext.driver.model.TrainedModel` (it predicts from raw
@@ -185,7 +189,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
                  hidden: tuple[int, ...] = (128, 128), sigma: float | str = "auto", tau: int = 1,
                  margin: float = 0.25, val_fraction: float = 0.1,
                  random_state: int | np.random.RandomState | None = 0,
-                 device: str = "cpu", paper: bool = False, T: int = 1, disc_weight: float = 1.0,
+                 device: str = "auto", paper: bool = False, T: int = 1, disc_weight: float = 1.0,
                  beta: float = 0.9, convention: str = "paper", pairs: str = "all",
                  pairs_per_class: int = 32, refine: Optional[bool] = None,
                  relabel: str = "posterior", relabel_mass: float = 0.98,
@@ -193,7 +197,8 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
                  momentum: float = 0.5, patience: Optional[int] = None,
                  normalize: bool = True, amp: bool = False, backend: str = "auto", threads: int = 0,
                  weight_ema: float | str = "auto", verbose: int = 0, seed: Optional[int] = None,
-                 inference: Optional[str] = None, centroid_momentum: Optional[float] = None):
+                 inference: Optional[str] = None, centroid_momentum: Optional[float] = None,
+                 handle_unknown: str = "error"):
         self.method = method
         self.epochs = epochs
         self.batch_size = batch_size
@@ -227,6 +232,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         self.backend = backend
         self.threads = threads
         self.verbose = verbose
+        self.handle_unknown = handle_unknown
         self.seed = seed
         self.inference = inference
         self.centroid_momentum = centroid_momentum
@@ -300,6 +306,9 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
                      else [f"x{i}" for i in range(X.shape[1])])
             schema = {"format": "array"}
         values, label_dtype = _numeric_labels(y)
+        if values.size == 0:
+            raise ValueError("SOLRanker.fit: X and y have no rows (an empty data set); expected at least "
+                             "two samples of two distinct labels.")
         if np.unique(values).size < 2:
             raise ValueError(f"SOLRanker needs at least two distinct labels (classes) to rank; got "
                              f"one class, {values[0]:g}.")
@@ -357,6 +366,9 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
     # -- prediction --------------------------------------------------------------------------
     def _table(self, X: Any):
         check_is_fitted(self, "model_")
+        if self.handle_unknown not in ("error", "ignore"):
+            raise ValueError(f"handle_unknown={self.handle_unknown!r}; expected 'error' or 'ignore'")
+        self.model_.handle_unknown = self.handle_unknown
         schema = self.model_.preprocessing.get("schema", {})
         if is_table_like(X) and has_column_names(X) and "columns" in schema:  # by name, as fitted
             with _torch_threads(self._threads()):

@@ -43,8 +43,13 @@ def test_train_audit_end_to_end(tmp_path, capsys):
     rows = list(csv.DictReader(open(out / "audit.csv")))
     # every training row, the validation split included
     assert len(rows) == results["data"]["n_train"] + results["data"]["n_val"]
-    assert list(rows[0]) == ["index", "given_label", "current_label", "predicted_label",
-                             "deviation", "outlier", "score", "suggested_label", "clean_label"]
+    columns = list(rows[0])
+    assert columns[:9] == ["index", "given_label", "current_label", "predicted_label",
+                           "deviation", "outlier", "score", "suggested_label", "clean_label"]
+    # the out-of-sample probabilities of each label value, one row's summing to 1
+    lowest, ranks = int(results["data"]["min_value"]), results["data"]["num_ranks"]  # whole labels, step 1
+    assert columns[9:] == [f"p_{lowest + q}" for q in range(ranks)]
+    assert all(abs(sum(float(r[c]) for c in columns[9:]) - 1) < 1e-4 for r in rows)
     scores = [float(r["score"]) for r in rows]
     assert scores == sorted(scores, reverse=True), "suspects first"
     flagged = sum(r["outlier"] == "1" for r in rows)
@@ -91,7 +96,8 @@ def test_separate_test_file_with_noisy_training_labels(tmp_path, capsys):
     assert results["data"]["n_test"] == 40
     assert main(["audit", str(out), "--csv", "-"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].endswith("suggested_label") and len(lines) == 121
+    assert lines[0].endswith("suggested_label," + ",".join(f"p_{v}" for v in range(20, 30)))
+    assert len(lines) == 121
 
 
 def test_compare_small_grid(tmp_path, capsys):
@@ -160,7 +166,9 @@ def test_non_numeric_label(tmp_path, capsys):
 
 def test_nan_feature(tmp_path, capsys):
     data = write_csv(tmp_path / "d.csv", [(1, 2, 3), ("nan", 3, 4), (2, 2, 5)])
-    expect_error(capsys, ["train", "--data", str(data), "--output", str(tmp_path / "o")], "NaN")
+    # rows with a missing value are left out by default (--missing skip); --missing error names them
+    expect_error(capsys, ["train", "--data", str(data), "--output", str(tmp_path / "o"), "--missing", "error"],
+                 "NaN", "data row 2")
 
 
 def test_empty_dataset(tmp_path, capsys):

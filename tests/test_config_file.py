@@ -210,6 +210,9 @@ def test_a_run_trains_with_the_file_and_keeps_its_settings(tmp_path, capsys):
 # rule do), and the command's own options --paper, --output and --threads.
 EVERY_OPTION = [
     ["--data", "x\U0001F600.csv", "--test-data", "t.csv", "--label-column", "age", "--delimiter", ";",
+     "--test-label-column", "true age", "--label-min", "0", "--label-max", "30", "--label-step", "0.5",
+     "--id-column", "wine id", "--drop-columns", "a,b", "--categorical", "colour, region",
+     "--missing", "impute", "--encoding", "cp1252",
      "--noise", "uniform", "--kappa", "0.5", "--noise-fraction", "0.5", "--encoder", "resnet18",
      "--embedding-dim", "8", "--hidden", "64,32", "--weights", "w.pth", "--image-size", "32",
      "--augment", "crop", "--workers", "1", "--no-normalize", "--sigma", "0.5", "--tau", "2",
@@ -219,7 +222,8 @@ EVERY_OPTION = [
      "--val-fraction", "0.2", "--patience", "3", "--lr", "0.01", "--weight-decay", "0.001",
      "--weight-ema", "0.99", "--epochs", "7", "--batch-size", "32", "--seed", "5", "--device", "cuda",
      "--amp", "--backend", "reference", "--cs-theta", "1.5", "--output", "out dir", "--threads", "1"],
-    ["--paper", "--method", "l1", "--test-fraction", "0.3", "--relabel", "outlier", "--no-refine"],
+    ["--paper", "--method", "l1", "--test-fraction", "0.3", "--relabel", "outlier", "--no-refine",
+     "--data", "mine.csv", "--feature-columns", "a,b"],
 ]
 
 

@@ -47,7 +47,7 @@ def no_python_only_arguments(message):
     outside = re.sub(r"\(in Python:[^)]*\)", "", message)
     for name in re.findall(r"(?<![\w-])([A-Za-z_]\w*)=", outside):
         assert name in FLAGS, f"{name}= in {message!r}"
-    for name in ("min_value", "max_value", "features_key", "feature_columns", "path_column", "categorical"):
+    for name in ("min_value", "max_value", "features_key", "path_column"):  # (--categorical is a flag)
         assert name not in outside, f"{name} in {message!r}"
 
 
@@ -187,8 +187,11 @@ def test_image_in_pillows_warning_range(tmp_path, capsys, monkeypatch):
 
 
 def test_non_numeric_feature_says_what_to_do_without_python_arguments(tmp_path, capsys):
-    data = write(tmp_path / "d.csv", "sex,label\n" + "".join(f"{'FM'[i % 2]},{i % 3}\n" for i in range(9)))
-    err = cli_error(capsys, tmp_path, data, "'sex'", "non-numeric", "in Python: ")
+    # a column of words is one-hot encoded; a number column with a stray word names the cell
+    data = write(tmp_path / "d.csv", "size,label\n" + "".join(
+        f"{'x' if i == 4 else i * 0.5},{i % 3}\n" for i in range(9)))
+    err = cli_error(capsys, tmp_path, data, "'size'", "non-numeric", "'x'", "data row 5", "--categorical",
+                    "--drop-columns")
     no_python_only_arguments(err)
 
 

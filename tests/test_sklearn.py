@@ -82,7 +82,8 @@ def test_defaults_are_the_drivers():
     left_out = {f.name for f in dataclasses.fields(TrainConfig)} - set(CONFIG_PARAMS)
     assert left_out == {"seed", "data", "test_data", "label_column", "delimiter", "test_fraction", "noise",
                         "kappa", "noise_fraction", "encoder", "weights", "image_size", "augment",
-                        "workers", "cs_theta"}
+                        "workers", "cs_theta", "test_label_column", "label_min", "label_max", "label_step",
+                        "id_column", "feature_columns", "drop_columns", "categorical", "missing", "encoding"}
 
 
 def test_fit_predict_beats_the_median(problem):

@@ -79,7 +79,8 @@ class AuditReport:
         return "\n".join(lines)
 
     def to_csv(self) -> str:
-        cols = list(AUDIT_COLUMNS) + (["clean_label"] if self.clean_known else [])
+        # the id column, where the run has one, follows "index" (as in the rows)
+        cols = list(self.rows[0]) if self.rows else list(AUDIT_COLUMNS)
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
         writer.writeheader()
@@ -111,8 +112,10 @@ def audit_run(run_dir: Path, folds: int | None = DEFAULT_FOLDS, log: Callable[[s
     ``score`` (how wrong it looks, in [0, 1]: for the posterior rule the posterior mass on one side
     of the label, as :func:`sol_ext.find_label_issues` scores; for the outlier rule ``|dev|`` over
     the largest ``|dev|`` of the label's group), ``suggested_label`` (the rule's label for flagged
-    samples, the current label otherwise), and ``clean_label`` when the clean labels are known.
-    Rows are sorted by score, suspects first.
+    samples, the current label otherwise), and ``clean_label`` when the clean labels are known; the
+    run's id column (``--id-column``) after ``index``; out of sample, ``p_<value>`` for each label
+    value: the row's probabilities from the model that did not train on it (what cleanlab's
+    ``pred_probs`` are). Rows are sorted by score, suspects first.
     """
     if label_noise is not None and (isinstance(label_noise, bool) or not isinstance(label_noise, (int, float))
                                     or not label_noise >= 0 or label_noise == float("inf")):
@@ -128,7 +131,7 @@ def audit_run(run_dir: Path, folds: int | None = DEFAULT_FOLDS, log: Callable[[s
     fp = state["fingerprint"]
     n, lo, step = int(fp["num_ranks"]), float(fp["min_value"]), float(fp["step"])
     audit = state.get("audit")
-    probabilities = note = None
+    probabilities = note = out_of_sample = None
     if folds is not None:
         data = prepare_data(config)
         if data.fingerprint() != fp:
@@ -140,7 +143,7 @@ def audit_run(run_dir: Path, folds: int | None = DEFAULT_FOLDS, log: Callable[[s
         oos = cross_validated_probabilities(fold_config, data, folds, log=log)
         given = current = data.train_given.long()
         clean, rows_in_file = data.train_clean, data.train_rows
-        probabilities = oos.probabilities
+        probabilities = out_of_sample = oos.probabilities
         if label_noise is None and config.label_noise != "auto":
             label_noise = float(config.label_noise)
         kernel = None if label_noise is None else label_noise_kernel(n, float(label_noise))
@@ -187,15 +190,24 @@ def audit_run(run_dir: Path, folds: int | None = DEFAULT_FOLDS, log: Callable[[s
         return [_fmt(lo + step * int(v)) for v in r]
 
     index = range(current.numel()) if rows_in_file is None else rows_in_file.tolist()
-    cols = {"index": [str(i) for i in index],
-            "given_label": value(given), "current_label": value(current),
-            "predicted_label": value(pred),
-            "deviation": [_fmt(step * int(d)) for d in current - pred],
-            "outlier": [str(int(f)) for f in flagged],
-            "score": [f"{float(v):.6f}" for v in score],
-            "suggested_label": value(suggested)}
+    cols = {"index": [str(i) for i in index]}
+    if config.id_column is not None:  # the rows by their ids too, read again from the data
+        row_ids = (data if folds is not None else prepare_data(config)).row_ids
+        cols[config.id_column] = [row_ids[i] for i in index]
+    cols.update({"given_label": value(given), "current_label": value(current),
+                 "predicted_label": value(pred),
+                 "deviation": [_fmt(step * int(d)) for d in current - pred],
+                 "outlier": [str(int(f)) for f in flagged],
+                 "score": [f"{float(v):.6f}" for v in score],
+                 "suggested_label": value(suggested)})
     if clean is not None:
         cols["clean_label"] = value(clean.long())
+    if out_of_sample is not None:  # each row's out-of-sample p(label value | x), e.g. for cleanlab
+        for q in range(n):
+            cols[f"p_{_fmt(lo + step * q)}"] = [f"{float(p):.6g}" for p in out_of_sample[:, q]]
+    if folds is None and not bool((score > 0).any()):
+        note = ("In sample every score is 0: the run's model agrees with each label it was trained on, so "
+                "nothing is ranked; the out-of-sample audit (without --in-sample) ranks the labels.")
     rows = [dict(zip(cols, vals)) for vals in zip(*cols.values())]
     # suspects first: by score, the flagged ones before the rest on a tie, then in file order
     order = sorted(range(len(rows)), key=lambda i: (-float(score[i]), not bool(flagged[i]), i))
@@ -329,6 +341,17 @@ def audit_command(args) -> int:
         raise UsageError(f"--label-noise {args.label_noise:g}: expected a std in ranks >= 0, for the "
                          f"out-of-sample audit (not with --in-sample)")
     folds = None if args.in_sample else DEFAULT_FOLDS if args.folds is None else args.folds
+    if folds is not None:  # the fold trainings get train's threads (the MLP's: 1, many times faster)
+        from .checkpoint import load_run_state
+        from .options import set_threads
+
+        state = load_run_state(args.run_dir)
+        set_threads(args.threads, TrainConfig.from_dict(state["config"]),
+                    (state.get("predictor") or {}).get("kind", "tabular"))
+    else:
+        from .options import check_threads
+
+        check_threads(args.threads)
     report = audit_run(args.run_dir, folds=folds, label_noise=args.label_noise,
                        log=(lambda line: print(line, file=sys.stderr)) if to_stdout else print)
     if to_stdout:

@@ -15,11 +15,12 @@ import contextlib
 import importlib
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
 from .config import COMPARE_METHODS
-from .errors import UsageError, command_line_flags, user_error_message
+from .errors import UsageError, command_line_flags, user_error_message, with_flags
 from .options import add_settings, comma_list
 
 __all__ = ["main", "build_parser", "end_process"]
@@ -92,6 +93,8 @@ def _add_predict(sub) -> argparse.ArgumentParser:
                          "training data's columns (the label column is optional)")
     pr.add_argument("--delimiter", default=None,
                     help="cell separator of a CSV file (default: the training file's, else sniffed)")
+    pr.add_argument("--encoding", default=None,
+                    help="text encoding of a CSV file, e.g. cp1252 (default: the training file's, else UTF-8)")
     pr.add_argument("--output", default=None,
                     help="where to write the CSV (default: RUN_DIR/predictions.csv, replaced by a "
                          "rerun; '-' for stdout). Never the input file or a file sol-ext wrote into "
@@ -99,6 +102,9 @@ def _add_predict(sub) -> argparse.ArgumentParser:
     pr.add_argument("--overwrite", action="store_true",
                     help="replace an existing --output file that is neither an input nor sol-ext's")
     pr.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto (default: %(default)s)")
+    pr.add_argument("--skip-missing", action="store_true",
+                    help="leave rows with a missing feature value out of the CSV (default: written "
+                         "with empty predictions)")
     pr.add_argument("--workers", type=int, default=None,
                     help="DataLoader processes decoding image files; 0: this process (default: the "
                          "free CPU cores, at most 8)")
@@ -154,6 +160,9 @@ def _add_audit(sub) -> argparse.ArgumentParser:
                         "the median of p(rank | x, label) is another rank (default: the run's "
                         "--label-noise when it is a number, else only labels in a 0.25%% tail of "
                         "p(rank | x): few flags, rarely wrong)")
+    a.add_argument("--threads", type=int, default=0,
+                   help="CPU threads of torch for the fold trainings; 0: as sol-ext train picks them "
+                        "(1 for the MLP encoder)")
 
     return a
 
@@ -229,14 +238,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise UsageError(f"'sol-ext {args.command}' runs in one process; of the commands only "
                              f"'train' runs under torchrun.")
         module, name = HANDLERS[args.command].split(":")
-        return getattr(importlib.import_module(f".{module}", __package__), name)(args)
+        with _own_warnings_as_lines(command_line_flags(parser)):
+            return getattr(importlib.import_module(f".{module}", __package__), name)(args)
     except KeyboardInterrupt as exc:
         # a run says what its output folder holds (rundir.RunInterrupted); elsewhere, nothing
         # was written
         # (a bare KeyboardInterrupt has an empty message, but is true as an object)
         _print_traceback_if_asked(args)
         print(f"sol-ext: {str(exc) or 'interrupted; nothing was written.'}", file=sys.stderr)
-        return 130
+        return 143 if getattr(exc, "terminated", False) else 130  # 128 + SIGTERM, 128 + SIGINT
     except Exception as exc:
         # bad input: the message says what and how to fix it, with the command's flags; no
         # traceback unless asked for. Anything else is a bug and keeps its traceback.
@@ -247,6 +257,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         where = _process_label()
         print(f"sol-ext: error{where}: {message}", file=sys.stderr)
         return EXIT_USAGE
+
+
+# Library argument names in sol_ext's warnings -> the flags that set them on the command line.
+_WARNING_FLAGS = {"step": "--label-step", "min_value": "--label-min", "max_value": "--label-max"}
+
+
+@contextlib.contextmanager
+def _own_warnings_as_lines(flags: dict[str, str]):
+    """Show sol_ext's own warnings (a label scale resting on a typo, an id-like text column) as one
+    line ``sol-ext: warning: ...`` naming the command's flags, not as Python's two-line warning;
+    other warnings keep Python's form."""
+    with warnings.catch_warnings():
+        python_form = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if category.__module__.split(".")[0] != "sol_ext":
+                return python_form(message, category, filename, lineno, file, line)
+            text = with_flags(str(message), {**flags, **_WARNING_FLAGS})
+            print(f"sol-ext: warning: {text}", file=sys.stderr, flush=True)
+
+        warnings.showwarning = show
+        yield
 
 
 def traceback_asked(args: argparse.Namespace) -> bool:

@@ -155,13 +155,46 @@ class TrainConfig:
     delimiter: Optional[str] = setting(
         None, "cell separator of the CSV files (--data and --test-data): one character, or comma, "
         "semicolon, tab (default: sniffed from each file)", "data")
+    encoding: Optional[str] = setting(
+        None, "text encoding of the CSV files (--data and --test-data), e.g. cp1252 for Windows-1252, "
+        "Excel's on Windows (default: UTF-8); a file to predict is read with it too", "data")
     test_fraction: float = setting(
-        0.2, "test share when --data is split; not with --test-data", "data")
+        0.2, "test share when --data is split, above 0 and below 1; not with --test-data (to train "
+        "on every row of --data, give the test rows as --test-data)", "data")
+    test_label_column: Optional[str] = setting(
+        None, "label column of --test-data where it is named otherwise than in --data (default: "
+        "--label-column)", "data")
+    # columns of a table: text columns are one-hot encoded with the training file's categories
+    id_column: Optional[str] = setting(
+        None, "column naming each row (an id): left out of the features, and carried into "
+        "predictions.csv and the audit instead of row numbers", "data", metavar="COLUMN")
+    feature_columns: Optional[str] = setting(
+        None, "the feature columns, comma-separated (default: every column but the label, the id and "
+        "--drop-columns)", "data", metavar="A,B,...")
+    drop_columns: Optional[str] = setting(
+        None, "columns left out of the features, comma-separated", "data", metavar="A,B,...")
+    categorical: Optional[str] = setting(
+        None, "columns one-hot encoded, comma-separated, also when they hold numbers (codes such as "
+        "1, 2, 3). Columns of words are one-hot encoded without it", "data", metavar="A,B,...")
+    missing: str = setting(
+        "skip", "rows with a missing feature value (an empty or NaN cell): skip leaves them out, impute "
+        "fills each cell with its column's median (text: its most common value), error stops and "
+        "counts them; a warning says how many", "data", choices=("skip", "impute", "error"))
+    # the label scale (a RankEncoder's grid); each end or step not given is inferred from the labels
+    label_min: Optional[float] = setting(
+        None, "label value of the lowest rank (default: the smallest training label)", "data",
+        metavar="VALUE")
+    label_max: Optional[float] = setting(
+        None, "label value of the highest rank (default: the largest training label)", "data",
+        metavar="VALUE")
+    label_step: Optional[float] = setting(
+        None, "label units between neighbouring ranks, e.g. 1 for whole grades, 0.5 for halves "
+        "(default: inferred from the labels)", "data", metavar="VALUE")
     # label noise added to the training labels (docs/math.md §9)
     noise: Optional[str] = setting(
-        None, "gaussian, laplacian, uniform, skewed, input-dependent or none (default: gaussian on "
+        "auto", "gaussian, laplacian, uniform, skewed, input-dependent, none, or auto: gaussian on "
         "the built-in data sets, to show what SOL recovers; none on your own file or folder, whose "
-        "labels are used as given)", "label noise added to the training labels")
+        "labels are used as given", "label noise added to the training labels")
     kappa: float = setting(
         0.3, "noise ratio: std of the noise / std of the ranks",
         "label noise added to the training labels")
@@ -265,7 +298,8 @@ class TrainConfig:
     batch_size: int = setting(64, "samples per training step (per process under torchrun)",
                               "optimization")
     seed: int = setting(0, "seed of the noise, the split, the initialization and the batches", None)
-    device: str = setting("cpu", "cpu, cuda, cuda:1 or auto", "optimization")
+    device: str = setting("auto", "cpu, cuda, cuda:1, or auto: cuda when a GPU is available, else cpu",
+                          "optimization")
     amp: bool = setting(
         False, "mixed precision: autocast to float16 with loss scaling on a GPU (bfloat16 on the "
         "CPU); the loss itself computes in float32", "optimization")
@@ -277,10 +311,18 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.hidden = tuple(int(h) for h in self.hidden)  # a list after a JSON round trip
-        if self.noise is None:
+        # "auto" (or None) resolves by the data; a written configuration says "auto" again, so a
+        # template of the built-in data pointed at a file of one's own adds no noise to its labels
+        self._noise_automatic = self.noise in (None, "auto")
+        if self._noise_automatic:
             self.noise = "gaussian" if self.test_data is None and is_builtin(self.data) else "none"
 
     # -- derived settings -------------------------------------------------------------------
+    @property
+    def noise_automatic(self) -> bool:
+        """Whether ``noise`` was resolved from ``"auto"`` (by the data) rather than given."""
+        return getattr(self, "_noise_automatic", False)
+
     def check_ranks(self, num_ranks: int) -> None:
         """Refuse settings wider than the rank scale of data of ``num_ranks`` ranks: a tau that
         makes every pair "similar" beyond the scale's own width, or a sigma that spreads every
@@ -307,6 +349,11 @@ class TrainConfig:
         # (test MAE 0.091 vs 0.133 at 20 epochs); pad-and-crop did not (0.136), a resized crop,
         # which rescales the blur the ranks measure, was far worse (0.36 vs 0.15 at 5 epochs)
         return "flip" if self.augment is None else self.augment
+
+    def column_list(self, name: str) -> list[str]:
+        """The columns of the comma-separated setting ``name`` (``feature_columns``, ...)."""
+        text = getattr(self, name)
+        return [] if text is None else [c.strip() for c in text.split(",") if c.strip()]
 
     @property
     def uses_centroids(self) -> bool:
@@ -371,7 +418,29 @@ class TrainConfig:
         need(0.0 <= self.noise_fraction <= 1.0,
              f"noise fraction must be in [0, 1], got {self.noise_fraction}.")
         need(0.0 < self.test_fraction < 1.0,
-             f"test fraction must be in (0, 1), got {self.test_fraction}.")
+             f"test_fraction={self.test_fraction:g} is out of range; expected a share above 0 and "
+             "below 1 of the data held out as the test set (to train on every row of the data, "
+             "give the test rows as test_data=).")
+        need(self.feature_columns is None or self.drop_columns is None,
+             "feature_columns= lists the columns to use and drop_columns= those to leave out: pass "
+             "one of them.")
+        for name in ("id_column", "feature_columns", "drop_columns", "categorical"):
+            need(getattr(self, name) is None or not is_builtin(self.data),
+                 f"{name}= applies to a table file of yours; the built-in data set {self.data!r} has "
+                 f"its own columns: leave {name}= out.")
+        need(self.test_label_column is None or self.test_data is not None,
+             "test_label_column= names the label column of test_data=; there is no test_data=.")
+        for name in ("label_min", "label_max", "label_step"):
+            value = getattr(self, name)
+            need(value is None or math.isfinite(value),
+                 f"{name}={value} is not a finite number; expected a label value.")
+            need(value is None or not is_builtin(self.data),
+                 f"{name}= sets the label scale of a file of yours; the built-in data set "
+                 f"{self.data!r} has its own: leave {name}= out.")
+        need(self.label_step is None or self.label_step > 0,
+             f"label_step={self.label_step} must be > 0 (label units per rank).")
+        need(self.label_min is None or self.label_max is None or self.label_min < self.label_max,
+             f"label_min={self.label_min} must be below label_max={self.label_max}.")
         need(self.sigma == "auto" or (isinstance(self.sigma, (int, float)) and self.sigma > 0
                                       and math.isfinite(self.sigma)),
              f"sigma must be a finite number > 0 or 'auto', got {self.sigma!r}.")

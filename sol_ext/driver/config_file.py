@@ -237,6 +237,8 @@ def config_toml(config: TrainConfig, paper: bool = False, output: Optional[str] 
         lines.append("# the folder the relative data paths are read from")
         lines.append(_toml_line(RELATIVE_TO_KEY, os.getcwd() if relative_to is None else relative_to))
     for name, value in config.to_dict().items():
+        if name == "noise" and config.noise_automatic:
+            value = "auto"  # resolved again by the data the file names
         if value is not None:
             lines.append(_toml_line(name, value))
     if output is not None:

@@ -18,7 +18,7 @@ from typing import Iterator, Mapping, Optional
 
 import torch
 
-__all__ = ["UsageError", "DataFileError", "data_file_errors", "user_error_message",
+__all__ = ["UsageError", "DataFileError", "data_file_errors", "user_error_message", "with_flags",
            "command_line_flags"]
 
 
@@ -43,7 +43,7 @@ def data_file_errors(path: Path | str) -> Iterator[None]:
     except UnicodeDecodeError as exc:
         raise DataFileError(
             f"{path} is not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset "
-            f"{exc.start}); save it as UTF-8.") from exc
+            f"{exc.start}); save it as UTF-8, or give its encoding= (cp1252 for Windows-1252).") from exc
     except EOFError as exc:
         raise DataFileError(f"{path} is truncated ({exc}); copy or download it again.") from exc
     except (zlib.error, gzip.BadGzipFile) as exc:
@@ -66,7 +66,7 @@ _INPUT_ERRORS = (UsageError, ValueError, FileNotFoundError, ImportError, OSError
 _ARGUMENT = re.compile(r"(?<![\w-])([A-Za-z_]\w*)=(?=(.?))")
 
 
-def _with_flags(message: str, flags: Mapping[str, str]) -> str:
+def with_flags(message: str, flags: Mapping[str, str]) -> str:
     """``label_column=`` -> ``--label-column``, ``test_fraction=0.5`` -> ``--test-fraction 0.5``
     for each argument name in ``flags`` (argument name -> command-line flag)."""
     def swap(match: re.Match) -> str:
@@ -100,7 +100,7 @@ def user_error_message(exc: BaseException, flags: Optional[Mapping[str, str]] = 
         message = text.splitlines()[0] if text else type(exc).__name__
     else:
         return None
-    return _with_flags(message, flags or {})
+    return with_flags(message, flags or {})
 
 
 def command_line_flags(parser) -> dict[str, str]:

@@ -23,7 +23,7 @@ from ..head import SOLHead
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from .config import TrainConfig
 from .data import ImageFiles, RankEncoder, apply_scaling, read_inputs
-from .data.frames import FLOAT32_MAX, TableOrigin, as_arrow_table, is_table_like, table_features
+from .data.frames import FLOAT32_MAX, TableOrigin, as_arrow_table, cell_texts, is_table_like, table_features
 from .device import resolve_device
 from .loader import RunInputs, embedding_batch_size
 from .methods import RankModel, build_model, head_probabilities, head_ranks, make_sol_head
@@ -74,7 +74,8 @@ class Prediction:
     """Predictions for every row of some data.
 
     Attributes:
-        ids: one id per row (the data row number from 0, or the image path).
+        ids: one id per row: the run's id column (``id_name``), a data frame's own index, or else the
+            data row number from 0, or the image path.
         ranks: ``[N]`` int64 predicted ranks ``0 … n-1``.
         prediction: ``[N]`` predicted labels, in label units: int64 on a grid of whole numbers
             (integer minimum and step), else float64.
@@ -91,6 +92,8 @@ class Prediction:
     probabilities: np.ndarray
     label_values: np.ndarray
     values: Optional[np.ndarray] = None
+    id_name: str = "id"  # the name of the ids: the run's id column, else "id"
+    incomplete: Optional[np.ndarray] = None  # [N] bool: rows with a missing feature value (no prediction)
 
 
 class TrainedModel:
@@ -104,8 +107,11 @@ class TrainedModel:
     """
 
     def __init__(self, config: TrainConfig, model: RankModel, head: Optional[SOLHead],
-                 record: dict[str, Any], device: torch.device | str = "cpu", workers: int = 0):
+                 record: dict[str, Any], device: torch.device | str = "cpu", workers: int = 0,
+                 handle_unknown: str = "error"):
         self.config = config
+        # a category of a text column that training did not see: "error", or "ignore" (no category)
+        self.handle_unknown = handle_unknown
         self.device = torch.device(device)
         # DataLoader processes decoding image files for a prediction (0: this process)
         self.workers = int(workers)
@@ -150,13 +156,20 @@ class TrainedModel:
         categories, a missing column refused by name, other columns ignored; its label column is
         not read. An array must hold exactly the training features ``[N, F]``.
         """
+        x, ids, values, _ = self._inputs(data)
+        return x, ids, values
+
+    def _inputs(self, data: DataLike) -> tuple[torch.Tensor | ImageFiles, list[str], Optional[np.ndarray],
+                                               Optional[np.ndarray]]:
+        """:meth:`features`, and the rows of a file with a missing feature value (or None)."""
+        incomplete = None
         if isinstance(data, (str, Path)):
             inputs = read_inputs(data, self.preprocessing.get("schema", {}),
-                                 delimiter=self.preprocessing.get("delimiter"))
-            x, ids, values = inputs.features, inputs.ids, inputs.values
+                                 delimiter=self.preprocessing.get("delimiter"), handle_unknown=self.handle_unknown)
+            x, ids, values, incomplete = inputs.features, inputs.ids, inputs.values, inputs.incomplete
         elif is_table_like(data):
             x = self._frame_features(data)
-            ids, values = [str(i) for i in range(x.shape[0])], None
+            ids, values = self._frame_ids(data, x.shape[0]), None
         else:
             x = _real_array(data)
             if x.dim() == 1 and len(self.input_shape) == 1:
@@ -168,14 +181,28 @@ class TrainedModel:
             raise ValueError(f"data: rows of shape {list(x.shape[1:])}, but the model was trained on "
                              f"{list(self.input_shape)}{detail}")
         if isinstance(x, ImageFiles):
-            return x, ids, values
+            return x, ids, values, incomplete
         finite = torch.isfinite(x).flatten(1).all(dim=1)
         if not bool(finite.all()):
             rows = (~finite).nonzero().flatten()
             where = str(data) if isinstance(data, (str, Path)) else "data"
             raise ValueError(f"{where}: {rows.numel()} row(s) have NaN or infinite features, the first row "
                              f"{int(rows[0])} (0-based); drop or impute such rows first")
-        return apply_scaling(x, self.scaling), ids, values
+        return apply_scaling(x, self.scaling), ids, values, incomplete
+
+    def _frame_ids(self, data: Any, n: int) -> list[str]:
+        """A data frame's row ids: its cells of the run's id column, else a pandas frame's own
+        index where it is not the default 0 … N-1, else the row numbers."""
+        id_column = self.preprocessing.get("schema", {}).get("id_column")
+        if id_column is not None:
+            table = as_arrow_table(data)
+            if id_column in table.column_names:
+                return cell_texts(table.column(id_column))
+        index = getattr(data, "index", None)
+        if type(data).__module__.startswith("pandas") and index is not None and not (
+                type(index).__name__ == "RangeIndex" and index.start == 0 and index.step == 1):
+            return [str(i) for i in index]
+        return [str(i) for i in range(n)]
 
     def _frame_features(self, data: Any) -> torch.Tensor:
         """A data frame's features by the run's columns (:func:`~.data.frames.table_features`)."""
@@ -187,7 +214,8 @@ class TrainedModel:
                              "features in the training order")
         table = as_arrow_table(data)
         categorical = {k: list(v) for k, v in schema.get("categorical", {}).items()}
-        x, _, _ = table_features(table, list(schema["columns"]), categorical, TableOrigin("data", file=False))
+        x, _, _ = table_features(table, list(schema["columns"]), categorical, TableOrigin("data", file=False),
+                                 self.handle_unknown)
         return torch.from_numpy(x)
 
     # -- predictions -------------------------------------------------------------------------
@@ -214,7 +242,7 @@ class TrainedModel:
     @torch.no_grad()
     def predict_table(self, data: DataLike) -> Prediction:
         """Everything :meth:`predict`, :meth:`predict_proba` and the expected value give, at once."""
-        x, ids, values = self.features(data)
+        x, ids, values, incomplete = self._inputs(data)
         h = self._embed(x)
         if self.head is not None:
             d = self.head.dissimilarity(h)
@@ -230,7 +258,9 @@ class TrainedModel:
             prediction = prediction.round().astype(np.int64)
         return Prediction(ids=ids, ranks=ranks.cpu().numpy(), prediction=prediction,
                           expected=expected.numpy(), probabilities=probabilities.cpu().numpy(),
-                          label_values=label_values.numpy(), values=values)
+                          label_values=label_values.numpy(), values=values,
+                          id_name=self.preprocessing.get("schema", {}).get("id_column") or "id",
+                          incomplete=incomplete)
 
     def predict(self, data: DataLike) -> np.ndarray:
         """``[N]`` predicted labels, in label units (the run's read-out: for SOL by default the
@@ -261,9 +291,14 @@ class TrainedModel:
                 f"({self.encoder.min_value:g} … {self.encoder.max_value:g} step {self.encoder.step:g}))")
 
 
-def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int = 0) -> TrainedModel:
+def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int = 0,
+             handle_unknown: str = "error") -> TrainedModel:
     """The model of a ``sol-ext train`` run folder (its selected epoch, ``best.pt``; the last
     checkpoint where there is none), ready to predict. Runs of every method load.
+
+    ``handle_unknown``: a category of a text column that training did not see is an error
+    (``"error"``, the default) or none of its column's categories (``"ignore"``: its one-hot
+    features all 0, as scikit-learn's ``OneHotEncoder(handle_unknown="ignore")``).
 
     Raises:
         FileNotFoundError: ``path`` holds no run.
@@ -278,7 +313,11 @@ def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int 
     if not file.is_file():
         raise FileNotFoundError(f"no trained run in {str(path)!r}: expected the output folder of "
                                 f"'sol-ext train' (with {BEST_NAME}).")
-    return model_from_state(load_checkpoint(file), device, source=str(file), workers=workers)
+    if handle_unknown not in ("error", "ignore"):
+        raise ValueError(f"handle_unknown={handle_unknown!r}; expected 'error' or 'ignore'")
+    model = model_from_state(load_checkpoint(file), device, source=str(file), workers=workers)
+    model.handle_unknown = handle_unknown
+    return model
 
 
 def model_from_state(state: dict[str, Any], device: torch.device | str = "cpu",

@@ -4,6 +4,7 @@ the training loop is imported here."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import sys
@@ -12,6 +13,7 @@ from typing import Optional
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
 from ..metrics import macro_mae, mae, quadratic_weighted_kappa
@@ -56,7 +58,7 @@ def _ten_digits(values: np.ndarray) -> np.ndarray:
 
 
 def prediction_csv(prediction: Prediction) -> bytes:
-    """One row per input: ``id``, ``prediction`` and ``expected`` (label units), ``label`` when the
+    """One row per input: ``id`` (or the run's id column), ``prediction`` and ``expected`` (label units), ``label`` when the
     data have one, and ``p_<value>`` for each label value, as UTF-8 CSV.
 
     Numbers are written in the shortest form that reads back to the value written: the prediction
@@ -64,7 +66,7 @@ def prediction_csv(prediction: Prediction) -> bytes:
     digits of the largest, the data's labels as read, and the probabilities as float32, the
     precision of the dissimilarities they come from (so a probability below 1.4e-45 reads 0).
     """
-    header = ["id", "prediction", "expected"]
+    header = [prediction.id_name, "prediction", "expected"]
     predicted = _label_values(prediction.prediction)
     columns = [string_array(prediction.ids), _numbers(predicted, predicted.dtype),
                _numbers(_ten_digits(prediction.expected), np.float64)]
@@ -74,6 +76,11 @@ def prediction_csv(prediction: Prediction) -> bytes:
     header += [f"p_{v:g}" for v in prediction.label_values]
     columns += [_numbers(prediction.probabilities[:, q], np.float32)
                 for q in range(prediction.probabilities.shape[1])]
+    if prediction.incomplete is not None and prediction.incomplete.any():
+        # a row with a missing feature value gets empty cells, not a prediction from filled-in values
+        empty = pa.array(prediction.incomplete)
+        columns = [col if k == 0 or header[k] == "label" else pc.if_else(empty, pa.nulls(len(col), col.type), col)
+                   for k, col in enumerate(columns)]
     table = pa.Table.from_arrays(columns, names=[f"c{k}" for k in range(len(columns))])
     # Arrow quotes every text cell (the ids) or none: none unless an id holds a comma, a quote or a
     # line break (image paths may; row numbers never do). The header by hand, quoted only where needed.
@@ -94,9 +101,12 @@ def prediction_csv(prediction: Prediction) -> bytes:
 
 def score_prediction(model: TrainedModel, prediction: Prediction) -> Optional[dict[str, float]]:
     """MAE and macro-MAE in label units and QWK on the run's rank grid, against the data's labels;
-    ``None`` when the data have none. QWK is left out (NaN) when a label lies off the grid."""
+    ``None`` when the data have none. QWK is left out (NaN) when a label lies off the grid. Rows
+    with a missing feature value are not scored."""
     if prediction.values is None:
         return None
+    if prediction.incomplete is not None:
+        prediction = rows_of(prediction, ~prediction.incomplete)
     true = prediction.values
     scores = {"n": float(true.size), "mae": mae(prediction.prediction, true),
               "macro_mae": macro_mae(prediction.prediction, true), "qwk": float("nan")}
@@ -107,6 +117,16 @@ def score_prediction(model: TrainedModel, prediction: Prediction) -> Optional[di
     if np.allclose(model.encoder.decode(true_ranks).numpy(), true, rtol=0, atol=1e-9 * model.encoder.step):
         scores["qwk"] = quadratic_weighted_kappa(prediction.ranks, true_ranks, model.num_ranks)
     return scores
+
+
+def rows_of(prediction: Prediction, keep: np.ndarray) -> Prediction:
+    """The rows ``keep`` ([N] bool) of ``prediction``."""
+    return dataclasses.replace(
+        prediction, ids=[i for i, k in zip(prediction.ids, keep) if k], ranks=prediction.ranks[keep],
+        prediction=prediction.prediction[keep], expected=prediction.expected[keep],
+        probabilities=prediction.probabilities[keep],
+        values=None if prediction.values is None else prediction.values[keep],
+        incomplete=None if prediction.incomplete is None else prediction.incomplete[keep])
 
 
 def format_scores(scores: dict[str, float]) -> str:
@@ -125,7 +145,7 @@ def predict_command(args: argparse.Namespace) -> int:
     from .errors import UsageError
     from .loader import auto_workers
     from .model import load_run
-    from .options import run_data
+    from .options import run_data, warn
     from .outputs import check_output
 
     if args.workers is not None and args.workers < 0:
@@ -146,7 +166,17 @@ def predict_command(args: argparse.Namespace) -> int:
             raise UsageError(f"--delimiter {args.delimiter} applies to CSV files only; {args.data} is not one: "
                              f"leave --delimiter out.")
         model.preprocessing = {**model.preprocessing, "delimiter": args.delimiter}
+    if args.encoding is not None:
+        schema = model.preprocessing.get("schema", {})
+        model.preprocessing = {**model.preprocessing, "schema": {**schema, "encoding": args.encoding}}
     prediction = model.predict_table(args.data)
+    if prediction.incomplete is not None and prediction.incomplete.any():
+        n_incomplete = int(prediction.incomplete.sum())
+        if args.skip_missing:
+            prediction = rows_of(prediction, ~prediction.incomplete)
+        warn(f"{args.data}: {n_incomplete} of {len(prediction.incomplete)} rows have a missing feature "
+             f"value; " + ("they are left out (--skip-missing)." if args.skip_missing else
+                           "their predictions are left empty (--skip-missing leaves them out)."))
     csv_bytes = prediction_csv(prediction)
     scores = score_prediction(model, prediction)
     if to_stdout:

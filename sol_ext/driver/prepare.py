@@ -56,6 +56,7 @@ class PreparedData:
     train_rows: Optional[torch.Tensor] = None
     preprocessing: Optional[dict[str, Any]] = None
     read_from: Optional[str] = None  # the working folder the config's relative data paths were read from
+    row_ids: Optional[list[str]] = None  # the id column's id of each data row (train_rows index it)
 
     @property
     def num_ranks(self) -> int:
@@ -102,6 +103,18 @@ def _options(config: TrainConfig) -> dict[str, Any]:
         opts["delimiter"] = config.delimiter
     if config.image_size is not None:
         opts["image_size"] = config.image_size
+    opts["one_hot_text"] = True  # a table's columns of words, with the training file's categories
+    opts["missing"] = config.missing
+    if config.encoding is not None:
+        opts["encoding"] = config.encoding
+    if config.id_column is not None:
+        opts["id_column"] = config.id_column
+    for name in ("feature_columns", "drop_columns", "categorical"):
+        if getattr(config, name) is not None:
+            opts[name] = config.column_list(name)
+    for name, argument in (("label_min", "min_value"), ("label_max", "max_value"), ("label_step", "step")):
+        if getattr(config, name) is not None:
+            opts[argument] = float(getattr(config, name))
     return opts
 
 
@@ -116,10 +129,13 @@ def prepare_data(config: TrainConfig) -> PreparedData:
     unless noise is requested, and the test file is put on the training file's rank grid.
     """
     if config.test_data is not None:
-        train, test = load_train_test(config.data, config.test_data, **_options(config))
+        train, test = load_train_test(config.data, config.test_data, **_options(config),
+                                      test_label_column=config.test_label_column)
         rows = torch.arange(len(train))
+        row_ids = train.ids
     else:
         full = load_dataset(config.data, **_options(config))
+        row_ids = full.ids
         train, test = train_test_split(full, test_fraction=config.test_fraction, seed=config.seed)
         # the split depends on the ranks and the seed only: split row numbers the same way
         numbers = OrdinalDataset(torch.arange(len(full), dtype=torch.float64)[:, None], full.ranks,
@@ -143,4 +159,5 @@ def prepare_data(config: TrainConfig) -> PreparedData:
         train_x=_float(train.features), train_given=noisy.noisy.long(),
         train_clean=noisy.clean.long() if labels_known_clean else None,
         test_x=_float(test.features), test_ranks=test.ranks.long(), train_rows=rows,
-        preprocessing=preprocessing, read_from=os.getcwd())
+        preprocessing=preprocessing, read_from=os.getcwd(),
+        row_ids=None if row_ids is None else list(row_ids))

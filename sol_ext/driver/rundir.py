@@ -17,6 +17,8 @@ import contextlib
 import errno
 import os
 import re
+import signal
+import threading
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -43,7 +45,32 @@ class OutputFolderBusy(UsageError):
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a run; the message says what the output folder holds now."""
+    """Ctrl-C (or SIGTERM) during a run; the message says what the output folder holds now.
+    ``terminated``: it was SIGTERM (a scheduler's or ``kill``'s), whose exit status is 143."""
+
+    terminated = False
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the run is, so that it ends as a Ctrl-C does."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` inside the block (main thread only; Python's default is to
+    die at once, leaving no word of what the folder holds)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _holder(fd: int) -> str:
@@ -202,10 +229,12 @@ def run_folder(out_dir: Path, note: Optional[Callable[[], str]] = None,
                flag: str = "--output") -> Iterator[Path]:
     """:func:`lock_output_folder`, and a Ctrl-C inside the block becomes :class:`RunInterrupted`
     with ``note()`` (default: :func:`interruption_note`) as its message."""
-    with lock_output_folder(out_dir, flag) as folder:
+    with lock_output_folder(out_dir, flag) as folder, _sigterm_as_interrupt():
         try:
             yield folder
         except RunInterrupted:
             raise
-        except KeyboardInterrupt:
-            raise RunInterrupted(note() if note is not None else interruption_note(folder)) from None
+        except KeyboardInterrupt as exc:
+            interrupted = RunInterrupted(note() if note is not None else interruption_note(folder))
+            interrupted.terminated = isinstance(exc, Terminated)
+            raise interrupted from None

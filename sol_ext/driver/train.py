@@ -262,7 +262,7 @@ def _prepare_run(args: argparse.Namespace, cfg: TrainConfig, out: Path, par: Par
     set_threads(args.threads, cfg, data.kind)
     processes = f", {par.world_size} processes x batch {cfg.batch_size}" if par.enabled else ""
     say_line(f"{data.name}: {data.train_x.shape[0]} training / {data.test_x.shape[0]} test "
-             f"samples, {data.num_ranks} ranks; {cfg.method}, noise "
+             f"samples, {data.num_ranks} ranks; {cfg.method} on {resolve_device(cfg.device, par)}, noise "
              f"{noise_label(cfg.noise, cfg.kappa)}{processes} -> {out}")
     if par.is_main and args.resume:
         # refuse other settings or data, or fewer epochs, before anything changes; the last

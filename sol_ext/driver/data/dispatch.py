@@ -50,8 +50,23 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
     key = str(spec).strip()
     if options.get("image_size", 0) is None:
         del options["image_size"]  # the loader's default size
+    # text columns one-hot where the data are a table; nothing to encode elsewhere
+    one_hot_text = options.pop("one_hot_text", False)
+    missing = options.pop("missing", "error")  # images, arrays and the built-in data have no missing cells
+    for option in _TABLE_OPTIONS:
+        if options.get(option) in (None, (), []):
+            options.pop(option, None)
+        elif key.lower() in _NAMED or key.lower().endswith(".npz") or Path(key).is_dir():
+            raise ValueError(f"{option}= applies to tables (CSV, Parquet, Feather); {key!r} is not one: "
+                             f"leave {option}= out")
     delimiter = _check_delimiter(options.pop("delimiter", None))
+    encoding = options.pop("encoding", None)
     csv_options = options if delimiter is None else {**options, "delimiter": delimiter}
+    if encoding is not None:  # CSV tables only (load_table refuses it for Parquet and Feather)
+        if key.lower() in _NAMED or key.lower().endswith(".npz") or Path(key).is_dir():
+            raise ValueError(f"encoding={encoding!r} applies to CSV files only; {key!r} is not one: leave "
+                             "encoding out")
+        csv_options = {**csv_options, "encoding": encoding}
     if delimiter is not None and (key.lower() in _NAMED or key.lower().endswith(".npz")):
         raise ValueError(f"delimiter={delimiter!r} applies to CSV files only; {key!r} is not one: leave "
                          "delimiter out")
@@ -86,28 +101,43 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
     if name.endswith(".npz"):
         return load_npz(path, **options)
     if fmt == "csv":
-        if "path_column" in options or "path" in table_columns(path, delimiter):
+        if "path_column" in options or "path" in table_columns(path, delimiter, encoding):
+            for option in ("encoding", *_TABLE_OPTIONS):
+                if option in csv_options:
+                    raise ValueError(f"{option}= applies to tables; {path} is an image list (it has a "
+                                     f"'path' column): leave {option}= out")
             return load_image_folder(path, **csv_options)
         if "image_size" in options:
             raise ValueError(f"image_size={options['image_size']} applies to images; {path} has no "
                              "'path' column, so it is read as a table")
-        return load_table(path, **csv_options)
+        return load_table(path, **csv_options, one_hot_text=one_hot_text, missing=missing)
     if fmt is not None:
-        return load_table(path, **csv_options)
+        return load_table(path, **csv_options, one_hot_text=one_hot_text, missing=missing)
     raise ValueError(f"cannot tell the format of {path}: expected a {_KNOWN_FILES.replace(' file or', ' or')} "
                      "(a folder with labels.csv)")
 
 
-def load_train_test(train_spec: str | Path, test_spec: str | Path,
+# Options of table files only (load_table's).
+_TABLE_OPTIONS = ("id_column", "drop_columns", "feature_columns", "categorical")
+
+
+def load_train_test(train_spec: str | Path, test_spec: str | Path, test_label_column: str | None = None,
                     **options: Any) -> tuple[OrdinalDataset, OrdinalDataset]:
     """A training set with labels as given (possibly noisy) and a test set with clean labels, on one grid.
 
     The grid is fitted on the training labels only (with any ``step``/``min_value``/``max_value`` given)
     and reused for the test file, so test labels never shape training. A test label off that grid is an
-    error: pass ``min_value``/``max_value`` covering both files.
+    error: pass ``min_value``/``max_value`` covering both files. ``test_label_column`` names the test
+    file's label column where it differs from ``label_column``.
     """
     train = load_dataset(train_spec, **options)
-    rest = {k: v for k, v in options.items() if k not in ("step", "min_value", "max_value", "encoder")}
+    rest = {k: v for k, v in options.items()
+            if k not in ("step", "min_value", "max_value", "encoder", "one_hot_text", "drop_columns")}
+    # a test row with a missing value cannot be scored fairly by a filled-in guess: left out or refused
+    if rest.get("missing") == "impute":
+        rest["missing"] = "skip"
+    if test_label_column is not None:
+        rest["label_column"] = test_label_column
     if train.schema.get("format") in TABULAR_FORMATS and not is_builtin(test_spec):
         # the training file's columns, in its order and with its categories: a test file with the
         # same columns in another order must not be scored on swapped features

@@ -145,7 +145,7 @@ def _warn_if_a_few_labels_set_the_step(v: np.ndarray, enc: "RankEncoder") -> Non
             warnings.warn(
                 f"label {values[k]:g} ({counts[k]} of {v.size} labels) is the only value off a scale of step "
                 f"{coarser:g}: it makes the inferred step {enc.step:g} and the scale {enc.num_ranks} ranks "
-                f"instead of {n}. If it is a typo, fix or drop it; otherwise give the scale's step.",
+                f"instead of {n}. If it is a typo, fix or drop it; otherwise give the scale's step (step=).",
                 LabelScaleWarning, stacklevel=3)
             return
 
@@ -171,7 +171,7 @@ def _warn_if_a_few_labels_stretch_the_scale(v: np.ndarray, enc: "RankEncoder") -
         f"{int(empty[j])} ranks "
         f"without a label away from the rest ({rest[0]:g} … {rest[-1]:g}): the inferred scale has "
         f"{enc.num_ranks} ranks, {int((empty[empty > 0]).sum())} of them without a label. If they are typos, "
-        "fix or drop them; otherwise give the scale's min and max.", LabelScaleWarning, stacklevel=3)
+        "fix or drop them; otherwise give the scale's ends (min_value= and max_value=).", LabelScaleWarning, stacklevel=3)
 
 
 @dataclass(frozen=True)
@@ -307,6 +307,7 @@ class OrdinalDataset:
     kind: str
     feature_names: tuple[str, ...] = ()
     schema: dict[str, Any] = dataclasses.field(default_factory=dict)
+    ids: tuple[str, ...] | None = None  # a table's id column, one per sample; None: row numbers
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -359,7 +360,8 @@ class OrdinalDataset:
     def subset(self, index: Any) -> "OrdinalDataset":
         """The samples at ``index`` (indices or a bool mask ``[N]``), same grid."""
         index = torch.as_tensor(np.asarray(index.cpu() if isinstance(index, torch.Tensor) else index))
-        return dataclasses.replace(self, features=self.features[index], ranks=self.ranks[index])
+        ids = None if self.ids is None else tuple(np.asarray(self.ids, dtype=object)[index.numpy()])
+        return dataclasses.replace(self, features=self.features[index], ranks=self.ranks[index], ids=ids)
 
     def with_ranks(self, ranks: Any) -> "OrdinalDataset":
         """The same inputs with other labels ``[N]`` (e.g. ``add_label_noise(...).noisy``)."""
@@ -369,7 +371,8 @@ class OrdinalDataset:
 def _make_dataset(features: torch.Tensor, values: np.ndarray, *, name: str, kind: str,
                   encoder: RankEncoder | None, step: float | None, min_value: float | None,
                   max_value: float | None, feature_names: Sequence[str] = (),
-                  source: str = "", schema: dict[str, Any] | None = None) -> OrdinalDataset:
+                  source: str = "", schema: dict[str, Any] | None = None,
+                  ids: Sequence[str] | None = None) -> OrdinalDataset:
     """Encode label values ``[N]`` (fitting the grid unless ``encoder`` is given) and build the dataset."""
     if values.size == 0:
         raise ValueError(f"{source or name} has no samples")
@@ -388,7 +391,8 @@ def _make_dataset(features: torch.Tensor, values: np.ndarray, *, name: str, kind
     except ValueError as err:
         raise ValueError(f"{_labels_of(source or name, schema)}: {err}") from None
     return OrdinalDataset(features=features, ranks=ranks, encoder=encoder, name=name, kind=kind,
-                          feature_names=tuple(feature_names), schema=dict(schema or {}))
+                          feature_names=tuple(feature_names), schema=dict(schema or {}),
+                          ids=None if ids is None else tuple(ids))
 
 
 def _labels_of(where: str, schema: dict[str, Any] | None) -> str:

@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 __all__ = ["is_table_like", "has_column_names", "as_arrow_table", "table_features", "table_labels",
-           "text_columns", "string_array", "TableOrigin", "MISSING_CELLS", "FLOAT32_MAX"]
+           "text_columns", "holds_words", "cell_texts", "fill_missing", "MISSING_POLICIES", "string_array", "TableOrigin", "MISSING_CELLS",
+           "FLOAT32_MAX"]
 
 # Cells that mean "no value" in a text column (compared lower-cased, after stripping blanks).
 MISSING_CELLS = ("", "na", "nan", "n/a", "null", "none", "?")
@@ -153,6 +154,115 @@ def text_columns(table: pa.Table) -> list[str]:
             if _is_text(col.type) or pa.types.is_dictionary(col.type)]
 
 
+def holds_words(col: pa.ChunkedArray, origin: TableOrigin) -> bool:
+    """Whether a text column is a categorical one (colours, regions, ids) rather than a number column:
+    fewer than half of its non-missing cells read as numbers (or true/false). A number column with a
+    few bad cells stays a number column, so that its bad cells are named instead of one-hot encoded."""
+    cells = _text(col)
+    present = pc.invert(pc.fill_null(_missing_text(cells), True))
+    n_present = pc.sum(present).as_py() or 0
+    if n_present == 0:
+        return False
+    number = pc.fill_null(pc.match_substring_regex(cells, _NUMBER), False)
+    if origin.decimal_comma:
+        number = pc.or_(number, pc.fill_null(pc.match_substring_regex(cells, _DECIMAL_COMMA), False))
+    number = pc.or_(number, pc.fill_null(pc.is_in(pc.utf8_lower(cells), string_array(BOOLEAN_CELLS)), False))
+    return 2 * (pc.sum(pc.and_(present, number)).as_py() or 0) < n_present
+
+
+# What to do with rows that have a missing feature cell: refuse them naming every such cell
+# ("error"), leave them out ("skip"), fill each cell with its column's median or most common category
+# ("impute"), or fill them so the model can run and say which they were ("mark": prediction).
+MISSING_POLICIES = ("error", "skip", "impute", "mark")
+
+
+def _missing_mask(col: pa.ChunkedArray) -> Optional[np.ndarray]:
+    """``[N]`` bool: the cells of a feature column that hold no value (null, NaN or a missing-text
+    cell); None where there is none. (No Python value meets arrow here before a cell is missing:
+    pa.scalar and a boolean column's to_numpy import pandas, a fifth of a large prediction.)"""
+    if pa.types.is_null(col.type):
+        return np.ones(len(col), bool)
+    if not col.null_count and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
+        return None
+    if not col.null_count and pa.types.is_floating(col.type):  # a CSV's features: numpy, no copy
+        nan = np.isnan(_to_numpy(col))
+        return nan if nan.any() else None
+    if _is_text(col.type) or pa.types.is_dictionary(col.type):
+        mask = _missing_text(_text(col))
+    else:
+        mask = pc.is_null(col)
+        if pa.types.is_floating(col.type):
+            mask = pc.or_kleene(mask, pc.is_nan(col))
+    if not pc.any(mask).as_py():
+        return None
+    return np.asarray(mask.to_pylist(), dtype=bool)
+
+
+def _fill_value(col: pa.ChunkedArray, missing: np.ndarray, name: str, origin: TableOrigin,
+                categorical: bool) -> Any:
+    """The value a missing cell of ``col`` gets: the most common category, else the median number."""
+    present = col.filter(pa.array(~missing))
+    if categorical or (_is_text(col.type) and holds_words(present, origin)):
+        counts = pc.value_counts(_text(present)).to_pylist()
+        return max(counts, key=lambda c: (c["counts"], c["values"]))["values"] if counts else ""
+    if _is_text(col.type) or pa.types.is_dictionary(col.type):
+        values = _numbers_from_text(present, name, origin, "feature")
+    else:
+        values = _numeric(present, name, origin).astype(np.float64)
+    return float(np.median(values)) if values.size else 0.0
+
+
+def fill_missing(table: pa.Table, columns: Sequence[str], categorical: Mapping[str, Sequence[str]],
+                 origin: TableOrigin, policy: str) -> tuple[pa.Table, Optional[np.ndarray]]:
+    """``table`` with its missing feature cells dealt with by ``policy`` (:data:`MISSING_POLICIES`), and
+    ``[N]`` bool of the rows that had one (of the table as given; None where none had).
+
+    "error" raises one ValueError counting every missing cell, by column with its first row; "skip"
+    keeps the other rows; "impute" and "mark" fill each cell with its column's median (numbers) or
+    most common category (text), from the cells present.
+    """
+    if policy not in MISSING_POLICIES:
+        raise ValueError(f"missing={policy!r}; expected one of {', '.join(MISSING_POLICIES)}")
+    masks = {}
+    for name in columns:
+        if name in table.column_names:
+            mask = _missing_mask(table.column(name))
+            if mask is not None:
+                masks[name] = mask
+    if not masks:
+        return table, None
+    incomplete = np.logical_or.reduce(list(masks.values()))
+    if policy == "error":
+        cells = sum(int(m.sum()) for m in masks.values())
+        parts = []
+        for name, m in list(masks.items())[:10]:
+            k, first = int(m.sum()), origin.row(int(np.flatnonzero(m)[0]))
+            parts.append(f"feature column {name!r} has " + (f"a missing value (NaN) in {first}" if k == 1 else
+                                                            f"{k} missing values (NaN), the first in {first}"))
+        more = f"; … ({len(masks)} columns in all)" if len(masks) > 10 else ""
+        total = f" ({cells} cells in {int(incomplete.sum())} of {table.num_rows} rows)" if cells > 1 else ""
+        raise ValueError(f"{origin.name}: {'; '.join(parts)}{more}{total}; drop or impute such rows "
+                         "(missing=skip or missing=impute)")
+    if policy == "skip":
+        return table.filter(pa.array(~incomplete)), incomplete
+    for name, mask in masks.items():
+        col = table.column(name)
+        value = _fill_value(col, mask, name, origin, name in categorical)
+        if _is_text(col.type) or pa.types.is_dictionary(col.type):
+            filled = pc.if_else(pa.array(mask), pa.scalar(str(value) if not isinstance(value, float)
+                                                          else repr(value)), _text(col))
+        else:
+            target = col.type if pa.types.is_floating(col.type) else pa.float64()
+            filled = pc.if_else(pa.array(mask), pa.scalar(value, target), col.cast(target))
+        table = table.set_column(table.column_names.index(name), name, filled)
+    return table, incomplete
+
+
+def cell_texts(col: pa.ChunkedArray) -> list[str]:
+    """A column's cells as stripped text, a missing cell as ``""`` (an id column's ids)."""
+    return [c or "" for c in pc.fill_null(_text(col), "").to_pylist()]
+
+
 def _first(mask: Any) -> Optional[int]:
     """The index of the first true value of a boolean array (numpy or arrow; nulls count as false),
     or None."""
@@ -217,8 +327,8 @@ def _numbers_from_text(col: pa.ChunkedArray, name: str, origin: TableOrigin, rol
         if pc.fill_null(missing, True)[bad].as_py():
             raise ValueError(f"{origin.name}: feature column {name!r} has a missing value (NaN) in "
                              f"{origin.row(bad)}; drop or impute such rows before loading")
-        advice = ("encode it as numbers or drop the column from the file (in Python: categorical="
-                  f"[{name!r}] one-hot encodes it, feature_columns=[...] leaves it out)" if origin.file else
+        advice = ("fix the cell, or name the column in categorical= to one-hot encode it or in "
+                  "drop_columns= to leave it out" if origin.file else
                   "encode it as numbers, or train with it as a categorical column")
         raise ValueError(f"{origin.name}: feature column {name!r} has a non-numeric value {cell!r} in "
                          f"{origin.row(bad)}; {advice}")
@@ -300,6 +410,10 @@ def listed(values: Sequence[Any], limit: int = 10) -> str:
     return f"[{', '.join(map(repr, values[:limit]))}, …] ({len(values):,} in all)"
 
 
+class MissingValuesWarning(UserWarning):
+    """Rows with a missing feature value were left out or filled in, as asked."""
+
+
 class ManyCategoriesWarning(UserWarning):
     """A text column one-hot encoded into about as many features as it has rows: an id, most likely."""
 
@@ -309,8 +423,13 @@ class ManyCategoriesWarning(UserWarning):
 MANY_CATEGORIES, MANY_CATEGORIES_SHARE = 50, 0.5
 
 
+# What a category the training data did not have gets when a prediction meets it: an error naming it,
+# or "ignore": no category of its column (all its one-hot features 0), as scikit-learn's OneHotEncoder.
+HANDLE_UNKNOWN = ("error", "ignore")
+
+
 def _categories(col: pa.ChunkedArray, name: str, origin: TableOrigin,
-                given: Sequence[str]) -> tuple[pa.ChunkedArray, list[str]]:
+                given: Sequence[str], handle_unknown: str = "error") -> tuple[pa.ChunkedArray, list[str]]:
     cells = _text(col)
     if cells.null_count:
         i = _first(pc.is_null(cells)) or 0
@@ -323,29 +442,33 @@ def _categories(col: pa.ChunkedArray, name: str, origin: TableOrigin,
                       "rows. If it is an id or free text, leave it out of the features.",
                       ManyCategoriesWarning, stacklevel=2)
     unknown = pc.invert(pc.is_in(cells, string_array(cats)))
-    if _first(unknown) is not None:
+    if handle_unknown != "ignore" and _first(unknown) is not None:
         found = sorted(set(pc.filter(cells, unknown).to_pylist()))
         raise ValueError(f"{origin.name}: categorical column {name!r} has values {listed(found)} outside its "
-                         f"categories {listed(cats)}")
+                         f"categories {listed(cats)}; handle_unknown='ignore' encodes them as none of them")
     return cells, cats
 
 
 def table_features(table: pa.Table, columns: Sequence[str], categorical: Mapping[str, Sequence[str]],
-                   origin: TableOrigin) -> tuple[np.ndarray, list[str], dict[str, list[str]]]:
+                   origin: TableOrigin, handle_unknown: str = "error"
+                   ) -> tuple[np.ndarray, list[str], dict[str, list[str]]]:
     """The features of ``table``: float32 ``[N, F]`` C-ordered, numeric columns as they are and
     categorical ones one-hot, in the order of ``columns``; also the feature names and the categories
     used for each categorical column (empty categories given: the column's sorted distinct values).
 
     Raises ValueError naming ``origin``, the column and the first bad row for a missing column, a
-    missing, non-numeric, infinite or float32-overflowing value, or an unknown category.
+    missing, non-numeric, infinite or float32-overflowing value, or an unknown category (unless
+    ``handle_unknown="ignore"``: its one-hot features are all 0).
     """
+    if handle_unknown not in HANDLE_UNKNOWN:
+        raise ValueError(f"handle_unknown={handle_unknown!r}; expected one of {', '.join(HANDLE_UNKNOWN)}")
     positions = _positions(table)
     cols = {name: _column(table, name, origin, "feature", positions) for name in columns}
     encoded: dict[str, tuple[pa.ChunkedArray, list[str]]] = {}
     width = 0
     for name in columns:
         if name in categorical:
-            encoded[name] = _categories(cols[name], name, origin, categorical[name])
+            encoded[name] = _categories(cols[name], name, origin, categorical[name], handle_unknown)
             width += len(encoded[name][1])
         else:
             width += 1
@@ -358,8 +481,13 @@ def table_features(table: pa.Table, columns: Sequence[str], categorical: Mapping
         k = len(names)
         if name in encoded:
             cells, cats = encoded[name]
-            index = _to_numpy(pc.index_in(cells, string_array(cats)))
-            x[np.arange(table.num_rows), k + index] = 1.0
+            found = pc.index_in(cells, string_array(cats))
+            if found.null_count:  # unknown categories, ignored: no one-hot feature set
+                index = np.array([-1 if i is None else i for i in found.to_pylist()])
+                rows = np.flatnonzero(index >= 0)
+                x[rows, k + index[rows]] = 1.0
+            else:
+                x[np.arange(table.num_rows), k + _to_numpy(found)] = 1.0
             names += [f"{name}={c}" for c in cats]
             used[name] = cats
             continue

@@ -45,23 +45,29 @@ class Inputs:
             :class:`ImageFiles`, decoded when a batch needs them).
         ids: one id per row: the data row number (from 0), or the image path as written in the list.
         values: ``[N]`` float64 label values when the data have labels, else ``None``.
+        incomplete: ``[N]`` bool, the rows of a table with a missing feature value (their features
+            filled in so that the model runs; their predictions are not to be trusted), or ``None``.
     """
 
     features: torch.Tensor | ImageFiles
     ids: list[str]
     values: Optional[np.ndarray]
+    incomplete: Optional[np.ndarray] = None  # [N] bool: rows with a missing feature value (filled in)
 
 
-def read_inputs(spec: str | Path, schema: dict[str, Any], delimiter: Optional[str] = None) -> Inputs:
+def read_inputs(spec: str | Path, schema: dict[str, Any], delimiter: Optional[str] = None,
+                handle_unknown: str = "error") -> Inputs:
     """Read ``spec`` (a built-in name; a CSV/TSV, Parquet, Feather or ``.npz`` file; or an image folder
     with ``labels.csv``) the way data of ``schema`` were read for training: a table's columns by name,
-    in the training order, with the training categories; its label column optional."""
+    in the training order, with the training categories (a category training did not see: an error,
+    or with ``handle_unknown="ignore"`` none of its column's); its label column optional."""
     key = str(spec).strip()
     fmt = schema.get("format")
     if key.lower() in _NAMED:
         if key.lower() in _BUILTIN_TABLES and fmt in TABULAR_FORMATS:
             file, builtin_delimiter = _BUILTIN_TABLES[key.lower()]
-            return _read_table(DATASETS_DIR / file, schema, builtin_delimiter, where=f"{key} ({file})")
+            return _read_table(DATASETS_DIR / file, schema, builtin_delimiter, where=f"{key} ({file})",
+                               handle_unknown=handle_unknown)
         if key.lower() in _BUILTIN_TABLES or fmt != "images":
             kind = "a table" if key.lower() in _BUILTIN_TABLES else "images"
             raise ValueError(f"{key} is {kind} but the run was trained on {fmt or 'other'} data; give data "
@@ -87,7 +93,7 @@ def read_inputs(spec: str | Path, schema: dict[str, Any], delimiter: Optional[st
     if fmt == "images" and kind == "csv":
         return _read_image_list(path, schema, delimiter)
     if fmt in TABULAR_FORMATS:
-        return _read_table(path, schema, delimiter if kind == "csv" else None)
+        return _read_table(path, schema, delimiter if kind == "csv" else None, handle_unknown=handle_unknown)
     raise ValueError(f"{path} is a {'CSV' if kind == 'csv' else kind} file but the run was trained on "
                      f"{fmt or 'other'} data; give a file of the same kind")
 
@@ -103,13 +109,16 @@ def _optional_labels(header: list[str], body: list[list[str]], label_column: Opt
     return _parse_labels(body, j, label_column, path)
 
 
-def _read_table(path: Path, schema: dict[str, Any], delimiter: Optional[str], where: Optional[str] = None
-                ) -> Inputs:
+def _read_table(path: Path, schema: dict[str, Any], delimiter: Optional[str], where: Optional[str] = None,
+                handle_unknown: str = "error") -> Inputs:
     categorical = {k: list(v) for k, v in schema.get("categorical", {}).items()}
-    x, _, _, values, n = read_table_features(path, list(schema["columns"]), categorical,
-                                             schema.get("label_column"), delimiter, label_optional=True,
-                                             where=where)
-    return Inputs(torch.from_numpy(x), [str(i) for i in range(n)], values)
+    # a row with a missing cell is filled so the model can run, and marked: its prediction is left empty
+    x, _, _, values, ids, incomplete = read_table_features(
+        path, list(schema["columns"]), categorical, schema.get("label_column"), delimiter,
+        label_optional=True, where=where, id_column=schema.get("id_column"), missing="mark",
+        encoding=schema.get("encoding") if (table_format(path) or "csv") == "csv" else None,
+        handle_unknown=handle_unknown)
+    return Inputs(torch.from_numpy(x), ids, values, incomplete)
 
 
 def _read_npz(path: Path, schema: dict[str, Any]) -> Inputs:

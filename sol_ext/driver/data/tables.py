@@ -8,6 +8,7 @@ reading (delimiter detection, header and cells as text) that image lists share.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import csv
 import gzip
@@ -15,6 +16,7 @@ import io
 import itertools
 import math
 import re
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -28,7 +30,18 @@ import torch
 
 from ..errors import DataFileError, data_file_errors
 from .encoding import OrdinalDataset, RankEncoder, _make_dataset
-from .frames import TableOrigin, _refuse_repeated_names, listed, table_features, table_labels
+from .frames import (
+    MissingValuesWarning,
+    TableOrigin,
+    _is_text,
+    _refuse_repeated_names,
+    cell_texts,
+    fill_missing,
+    holds_words,
+    listed,
+    table_features,
+    table_labels,
+)
 
 __all__ = ["load_table", "load_csv", "load_npz", "read_table", "read_table_features", "table_columns",
            "table_format", "TABLE_SUFFIXES", "SNIFFED_DELIMITERS"]
@@ -55,10 +68,23 @@ def _require_file(path: Path, missing: str) -> None:
     raise FileNotFoundError(missing)
 
 
-def _open_text(path: Path) -> io.TextIOBase:
+def _check_encoding(encoding: str | None) -> str | None:
+    """A given text encoding by Python's name for it (``"cp1252"`` for Windows-1252), or None (UTF-8)."""
+    if encoding is None:
+        return None
+    try:
+        name = codecs.lookup(encoding).name
+    except (LookupError, TypeError):
+        raise ValueError(f"encoding={encoding!r} is not a text encoding Python knows; expected e.g. utf-8, "
+                         "cp1252 (Windows-1252, Excel's on Windows) or latin-1") from None
+    return None if name == "utf-8" else name
+
+
+def _open_text(path: Path, encoding: str | None = None) -> io.TextIOBase:
+    encoding = encoding or "utf-8-sig"
     if path.suffix.lower() == ".gz":
-        return gzip.open(path, "rt", newline="", encoding="utf-8-sig")
-    return open(path, newline="", encoding="utf-8-sig")
+        return gzip.open(path, "rt", newline="", encoding=encoding)
+    return open(path, newline="", encoding=encoding)
 
 
 def _check_delimiter(delimiter: str | None) -> str | None:
@@ -109,7 +135,8 @@ def _with_delimiter(fh: io.TextIOBase, delimiter: str | None) -> tuple[Iterator[
     return itertools.chain(head, lines), _sniff_delimiter(filled)
 
 
-def _read_csv(path: str | Path, delimiter: str | None = None) -> tuple[list[str], list[list[str]]]:
+def _read_csv(path: str | Path, delimiter: str | None = None,
+              encoding: str | None = None) -> tuple[list[str], list[list[str]]]:
     """Header and rows of a CSV (``.csv`` or ``.csv.gz``), cells stripped; rows checked for length.
 
     ``delimiter``: one character (or "comma", "semicolon", "tab"); None detects comma, semicolon or tab
@@ -118,7 +145,7 @@ def _read_csv(path: str | Path, delimiter: str | None = None) -> tuple[list[str]
     path = Path(path)
     delimiter = _check_delimiter(delimiter)
     _require_file(path, f"CSV file not found: {path}")
-    with data_file_errors(path), _open_text(path) as fh:
+    with data_file_errors(path), _open_text(path, encoding) as fh:
         lines, delimiter = _with_delimiter(fh, delimiter)
         rows = [[c.strip() for c in row] for row in csv.reader(lines, delimiter=delimiter)
                 if any(c.strip() for c in row)]
@@ -187,10 +214,10 @@ def table_format(path: str | Path) -> str | None:
     return None
 
 
-def _csv_header(path: Path, delimiter: str | None) -> tuple[list[str], str]:
+def _csv_header(path: Path, delimiter: str | None, encoding: str | None = None) -> tuple[list[str], str]:
     """The header cells of a CSV as written (unstripped: pyarrow's column names) and its delimiter,
     from the first lines only; ValueError for an empty file or a repeated column name."""
-    with data_file_errors(path), _open_text(path) as fh:
+    with data_file_errors(path), _open_text(path, encoding) as fh:
         lines, delimiter = _with_delimiter(fh, delimiter)
         first = next((line for line in lines if line.strip()), None)
     if first is None:
@@ -215,13 +242,13 @@ def _arrow_file_errors(path: Path, kind: str) -> Iterator[None]:
                             f"in the format its name says.") from err
 
 
-def table_columns(path: str | Path, delimiter: str | None = None) -> list[str]:
+def table_columns(path: str | Path, delimiter: str | None = None, encoding: str | None = None) -> list[str]:
     """The column names of a table file (a CSV's header cells stripped), without reading its rows."""
     path = Path(path)
     fmt = table_format(path) or "csv"  # any other name is read as CSV text
     _require_file(path, f"{_FORMAT_NAMES[fmt]} file not found: {path}")
     if fmt == "csv":
-        return [c.strip() for c in _csv_header(path, _check_delimiter(delimiter))[0]]
+        return [c.strip() for c in _csv_header(path, _check_delimiter(delimiter), _check_encoding(encoding))[0]]
     if fmt == "parquet":
         with _arrow_file_errors(path, "Parquet"):
             names = pq.read_schema(path).names
@@ -249,12 +276,14 @@ def _read_ipc(path: Path, columns: Sequence[str]) -> pa.Table:
             return reader.read_all().select(list(columns))
 
 
-def read_table(path: str | Path, types: Mapping[str, pa.DataType], delimiter: str | None = None) -> pa.Table:
+def read_table(path: str | Path, types: Mapping[str, pa.DataType], delimiter: str | None = None,
+               encoding: str | None = None) -> pa.Table:
     """The columns ``types`` names of a table file, as a ``pyarrow.Table`` with those names.
 
     CSV/TSV (``.gz`` too) is read by pyarrow's reader (on its threads from THREADED_CSV_BYTES on), each column straight to its type in
     ``types`` (float32 features: no float64 copy); a file where some cell does not convert, or a float is
-    not finite, is read again as text, so that :func:`~.frames.table_features` names the cell. Parquet
+    not finite, is read again as text, so that :func:`~.frames.table_features` names the cell; its text is
+    UTF-8 unless ``encoding`` names another (``"cp1252"``). Parquet
     and Feather columns keep their stored types. Columns ``types`` names must exist.
     """
     path = Path(path)
@@ -265,12 +294,13 @@ def read_table(path: str | Path, types: Mapping[str, pa.DataType], delimiter: st
     if fmt == "feather":
         with _arrow_file_errors(path, "Feather/Arrow"):
             return _read_ipc(path, list(types))
-    raw, delimiter = _csv_header(path, _check_delimiter(delimiter))
+    encoding = _check_encoding(encoding)
+    raw, delimiter = _csv_header(path, _check_delimiter(delimiter), encoding)
     names = [c.strip() for c in raw]
     wanted = {raw[names.index(n)]: t for n, t in types.items()}
-    table = _read_csv_typed(path, delimiter, wanted)
+    table = _read_csv_typed(path, delimiter, wanted, encoding)
     if table is None or not _all_finite(table):
-        table = _drop_blank_rows(_read_csv_typed(path, delimiter, {c: pa.string() for c in wanted}))
+        table = _drop_blank_rows(_read_csv_typed(path, delimiter, {c: pa.string() for c in wanted}, encoding))
     return table.rename_columns([c.strip() for c in table.column_names])
 
 
@@ -291,7 +321,8 @@ def _all_finite(table: pa.Table) -> bool:
                if pa.types.is_floating(col.type))
 
 
-def _read_csv_typed(path: Path, delimiter: str, types: Mapping[str, pa.DataType]) -> pa.Table | None:
+def _read_csv_typed(path: Path, delimiter: str, types: Mapping[str, pa.DataType],
+                    encoding: str | None = None) -> pa.Table | None:
     """pyarrow's read of the CSV ``path``, the columns ``types`` names (as written in the header) in
     those types; None when a cell does not convert. Nothing counts as null: a missing cell is text."""
     convert = pacsv.ConvertOptions(include_columns=list(types), column_types=dict(types), null_values=[],
@@ -302,16 +333,17 @@ def _read_csv_typed(path: Path, delimiter: str, types: Mapping[str, pa.DataType]
         with data_file_errors(path), (gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")) as fh:
             threads = path.stat().st_size >= THREADED_CSV_BYTES
             table = pacsv.read_csv(fh, parse_options=parse, convert_options=convert,
-                                   read_options=pacsv.ReadOptions(use_threads=threads))
+                                   read_options=pacsv.ReadOptions(use_threads=threads, encoding=encoding or "utf8"))
     except pa.ArrowInvalid as err:
         text = str(err)
         if "conversion error" in text:
             return None
         if "UTF8" in text or "UTF-8" in text:
-            raise DataFileError(f"{path} is not UTF-8 text ({text.splitlines()[0]}); save it as UTF-8.") from None
+            raise DataFileError(f"{path} is not UTF-8 text ({text.splitlines()[0]}); save it as UTF-8, or give "
+                                "its encoding= (cp1252 for Windows-1252).") from None
         if "Empty CSV file" in text:
             raise ValueError(f"{path} is empty: expected a header row and at least one data row") from None
-        _read_csv(path, delimiter)  # the row of a parse error (cells per row), as the line-by-line reader names it
+        _read_csv(path, delimiter, encoding)  # the row of a parse error (cells per row), as the line-by-line reader names it
         raise ValueError(f"{path}: {text.splitlines()[0]} (read with delimiter {delimiter!r}; pass delimiter= "
                          "if that is wrong)") from None
     if table.num_rows == 0:
@@ -326,14 +358,21 @@ def _categorical_map(categorical: Sequence[str] | Mapping[str, Sequence[str]]) -
 
 def read_table_features(path: str | Path, columns: Sequence[str], categorical: Mapping[str, Sequence[str]],
                         label_column: str | None, delimiter: str | None = None, label_optional: bool = False,
-                        where: str | None = None
-                        ) -> tuple[np.ndarray, list[str], dict[str, list[str]], np.ndarray | None, int]:
+                        where: str | None = None, one_hot_text: bool = False, id_column: str | None = None,
+                        missing: str = "error", encoding: str | None = None, handle_unknown: str = "error"
+                        ) -> tuple[np.ndarray, list[str], dict[str, list[str]], np.ndarray | None, list[str],
+                                   np.ndarray | None]:
     """A table file's features (:func:`~.frames.table_features` of ``columns``), its labels (None when
-    ``label_optional`` and the file has none, or an empty label column) and its number of rows.
-    ``where`` names the data in errors (default the path)."""
+    ``label_optional`` and the file has none, or an empty label column) and the id of each row: the
+    cells of ``id_column``, else the row number from 0. ``one_hot_text``: columns of words
+    (:func:`~.frames.holds_words`) are categorical too, their categories their sorted values.
+    ``where`` names the data in errors (default the path). ``missing``: what rows with a missing
+    feature cell get (:func:`~.frames.fill_missing`); the last item is ``[N]`` bool of those rows of
+    the file (None where none has one), the rest are of the rows kept."""
     path = Path(path)
-    header = table_columns(path, delimiter)
-    decimal_comma = (table_format(path) or "csv") == "csv" and _csv_header(path, _check_delimiter(delimiter))[1] != ","
+    header = table_columns(path, delimiter, encoding)
+    decimal_comma = ((table_format(path) or "csv") == "csv"
+                     and _csv_header(path, _check_delimiter(delimiter), _check_encoding(encoding))[1] != ",")
     origin = TableOrigin(where or str(path), decimal_comma=decimal_comma)
     present = set(header)
     for name in columns:
@@ -342,27 +381,45 @@ def read_table_features(path: str | Path, columns: Sequence[str], categorical: M
     has_label = label_column is not None and label_column in header
     if label_column is not None and not has_label and not label_optional:
         table_labels(pa.table({c: pa.array([], pa.string()) for c in header}), label_column, origin)
+    if id_column is not None and id_column not in present:
+        table_features(pa.table({c: pa.array([], pa.string()) for c in header}), [id_column], {}, origin)
     types: dict[str, pa.DataType] = {c: (pa.string() if c in categorical else pa.float32()) for c in columns}
     if has_label:  # an optional label column left empty does not convert: the text read sees it
         types[label_column] = pa.float64()
-    table = read_table(path, types, delimiter)
+    if id_column is not None:
+        types[id_column] = pa.string()
+    table = read_table(path, types, delimiter, encoding)
     if table.num_rows == 0:
         raise ValueError(f"{path} has a header but no data rows: the dataset would be empty")
-    x, names, used = table_features(table, columns, categorical, origin)
+    if one_hot_text:
+        words = [c for c in columns if c not in categorical and _text_typed(table.column(c))
+                 and holds_words(table.column(c), origin)]
+        categorical = {**categorical, **{c: [] for c in words}}
+    row_numbers = np.arange(table.num_rows)
+    table, incomplete = fill_missing(table, columns, categorical, origin, missing)
+    if missing == "skip" and incomplete is not None:
+        row_numbers = row_numbers[~incomplete]
+    x, names, used = table_features(table, columns, categorical, origin, handle_unknown)
     values = table_labels(table, label_column, origin, optional=label_optional) if has_label else None
-    n = table.num_rows
+    ids = cell_texts(table.column(id_column)) if id_column is not None else [str(i) for i in row_numbers]
     del table
     # the table's buffers stay with pyarrow's allocator once freed: hand them back, so that the label
     # encoding after this reuses memory instead of adding to the peak
     pa.default_memory_pool().release_unused()
-    return x, names, used, values, n
+    return x, names, used, values, ids, incomplete
+
+
+def _text_typed(col: pa.ChunkedArray) -> bool:
+    return _is_text(col.type) or pa.types.is_dictionary(col.type)
 
 
 def load_table(path: str | Path, label_column: str = "label", feature_columns: Sequence[str] | None = None,
                step: float | None = None, min_value: float | None = None, max_value: float | None = None,
                *, encoder: RankEncoder | None = None,
                categorical: Sequence[str] | Mapping[str, Sequence[str]] = (),
-               name: str | None = None, delimiter: str | None = None) -> OrdinalDataset:
+               name: str | None = None, delimiter: str | None = None, one_hot_text: bool = False,
+               id_column: str | None = None, drop_columns: Sequence[str] = (),
+               missing: str = "error", encoding: str | None = None) -> OrdinalDataset:
     """A tabular dataset from a table file with named columns: CSV/TSV with a header row (``.csv``,
     ``.tsv``, also gzipped ``.gz``), Parquet (``.parquet``) or Feather / Arrow IPC (``.feather``, ``.arrow``),
     read by pyarrow.
@@ -379,6 +436,14 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
         delimiter: the cell separator of a CSV, one character (``","``, ``";"``, ``"\\t"``, ``"|"``, …) or
             ``"comma"``/``"semicolon"``/``"tab"``; default None detects comma, semicolon or tab from the
             header line (quoted names allowed, as in UCI's semicolon files). CSV files only.
+        one_hot_text: one-hot encode every column of words too (categories: its sorted values), as
+            :class:`sol_ext.sklearn.SOLRanker` does a data frame's text columns.
+        id_column: a column naming each row (kept out of the features; the dataset's ``ids``).
+        drop_columns: columns left out of the default feature columns.
+        encoding: the text encoding of a CSV, e.g. ``"cp1252"`` (Windows-1252); default UTF-8.
+        missing: rows with a missing feature cell: ``"error"`` names every such cell, ``"skip"`` leaves
+            the rows out (with a :class:`~.frames.MissingValuesWarning` counting them), ``"impute"``
+            fills each cell with its column's median or most common category (warned likewise).
 
     Returns:
         ``OrdinalDataset`` of kind "tabular" with raw (unscaled) float32 features ``[N, F]``; scale them
@@ -389,11 +454,26 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
     if fmt != "csv" and delimiter is not None:
         raise ValueError(f"delimiter={delimiter!r} applies to CSV files only; {path} is a {fmt} file: leave "
                          "delimiter out")
-    header = table_columns(path, delimiter)
+    if fmt != "csv" and encoding is not None:
+        raise ValueError(f"encoding={encoding!r} applies to CSV files only; {path} is a {fmt} file: leave "
+                         "encoding out")
+    encoding = _check_encoding(encoding)
+    header = table_columns(path, delimiter, encoding)
+    for role, names in (("drop_columns", drop_columns), ("id_column", [] if id_column is None else [id_column])):
+        unknown = [c for c in names if c not in header]
+        if unknown:
+            raise ValueError(f"{path}: {role}= names {listed(unknown)}, not columns of the file; its "
+                             f"columns are {listed(header)}")
     if feature_columns is None:
-        feature_columns = [c for c in header if c != label_column and not _PANDAS_INDEX.match(c)]
+        left_out = {label_column, id_column, *drop_columns}
+        feature_columns = [c for c in header if c not in left_out and not _PANDAS_INDEX.match(c)]
+    elif drop_columns:
+        raise ValueError("pass feature_columns= (the columns to use) or drop_columns= (the columns to "
+                         "leave out), not both")
     elif label_column in feature_columns:
         raise ValueError(f"the label column {label_column!r} cannot also be a feature column")
+    if id_column is not None and id_column in feature_columns:
+        raise ValueError(f"the id column {id_column!r} cannot also be a feature column")
     cats = _categorical_map(categorical)
     for c in cats:
         if c not in feature_columns:
@@ -402,12 +482,26 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
     origin = TableOrigin(str(path))
     if label_column not in header:
         table_labels(pa.table({c: pa.array([], pa.string()) for c in header}), label_column, origin)
-    x, names, used, values, _ = read_table_features(path, list(feature_columns), cats, label_column, delimiter)
+    if missing == "mark":
+        raise ValueError("missing='mark' is for prediction; expected 'error', 'skip' or 'impute'")
+    x, names, used, values, ids, incomplete = read_table_features(
+        path, list(feature_columns), cats, label_column, delimiter, one_hot_text=one_hot_text,
+        id_column=id_column, missing=missing, encoding=encoding)
+    if incomplete is not None:
+        what = "left out" if missing == "skip" else "filled with their column's median or most common value"
+        warnings.warn(f"{path}: {int(incomplete.sum())} of {incomplete.size} rows have a missing feature "
+                      f"value; they were {what} (missing={missing})", MissingValuesWarning, stacklevel=2)
+    keep_ids = id_column is not None or (missing == "skip" and incomplete is not None)
     schema = {"format": "csv" if fmt == "csv" else "table", "columns": list(feature_columns),
               "categorical": used, "label_column": label_column}
+    if id_column is not None:
+        schema["id_column"] = id_column
+    if encoding is not None:
+        schema["encoding"] = encoding  # a file to predict is read so too
     return _make_dataset(torch.from_numpy(x), values, name=name or _stem(path),
                          kind="tabular", encoder=encoder, step=step, min_value=min_value,
-                         max_value=max_value, feature_names=names, source=str(path), schema=schema)
+                         max_value=max_value, feature_names=names, source=str(path), schema=schema,
+                         ids=ids if keep_ids else None)
 
 
 # The name the package has always had: every table file, not only CSV.

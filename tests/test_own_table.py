@@ -1,0 +1,440 @@
+"""A user's own table on the command line, start to finish: what the template of settings adds to
+it, which device a run uses, how the data layer's warnings show, the label scale, text columns,
+ids and missing cells."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common import tiny_csv, write_csv
+from sol_ext.driver.cli import build_parser, main
+from sol_ext.driver.options import train_config
+
+FAST = ["--epochs", "1", "--sigma", "1", "--batch-size", "16", "--embedding-dim", "4",
+        "--hidden", "16"]
+
+
+def resolved(argv: list[str]):
+    """The TrainConfig that ``sol-ext train ARGV`` runs with."""
+    args = build_parser().parse_args(["train", *argv])
+    args.argv = ["train", *argv]
+    return train_config(args)
+
+
+# -- silently wrong before --------------------------------------------------------------------------
+
+def test_print_config_template_adds_no_noise_to_a_file_of_ones_own(tmp_path, capsys):
+    """The natural edit of the template (only data and label column) trains on the labels as
+    given: the template says noise "auto", gaussian on the built-in data only."""
+    assert main(["train", "--print-config"]) == 0
+    template = capsys.readouterr().out
+    assert 'noise = "auto"' in template and "gaussian" not in template
+    data = tiny_csv(tmp_path / "mine.csv")
+    edited = template.replace('data = "abalone"', f'data = "{data}"')
+    assert edited != template
+    path = tmp_path / "run.toml"
+    path.write_text(edited + 'label_column = "label"\n', encoding="utf-8")
+    assert resolved(["--config", str(path)]).noise == "none"
+    template_file = tmp_path / "template.toml"
+    template_file.write_text(template, encoding="utf-8")
+    assert resolved(["--config", str(template_file)]).noise == "gaussian"  # the built-in data: as before
+    # a noise typed stays what it is
+    assert main(["train", "--noise", "laplacian", "--print-config"]) == 0
+    assert 'noise = "laplacian"' in capsys.readouterr().out
+
+
+def test_device_defaults_to_auto_and_the_first_line_says_which(tmp_path, capsys):
+    assert resolved([]).device == "auto"
+    data = tiny_csv(tmp_path / "d.csv")
+    assert main(["train", "--data", str(data), "--output", str(tmp_path / "run"), *FAST]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    expected = "cuda:0" if torch.cuda.is_available() else "cpu"
+    assert f"sol on {expected}," in first, first
+
+
+def test_label_scale_warning_is_one_command_line_warning(tmp_path, capsys):
+    """A typo label that stretches the scale is named on one line with the flags that set it."""
+    rows = [(i % 7 * 0.5, i % 3, 3 + i % 7) for i in range(140)] + [(1.0, 1.0, 60)]
+    data = write_csv(tmp_path / "typo.csv", rows)
+    assert main(["train", "--data", str(data), "--output", str(tmp_path / "run"), "--quiet",
+                 *FAST]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "label 60" in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("sol-ext: warning: label 60 (1 of 141 labels)")
+    assert "--label-min and --label-max" in lines[0]
+    assert "LabelScaleWarning" not in err and "warnings.warn" not in err
+
+
+# -- the label scale ----------------------------------------------------------------------------------
+
+def _grades(path, column="label", n=140):
+    """A table of grades 3 … 9 under ``column``."""
+    return write_csv(path, [(i % 7 * 0.5, i % 3, 3 + i % 7) for i in range(n)], header=("a", "b", column))
+
+
+def test_label_scale_flags_set_the_grid_and_a_test_file_names_its_labels_otherwise(tmp_path, capsys):
+    import json
+
+    data, test = _grades(tmp_path / "train.csv"), _grades(tmp_path / "test.csv", "grade", n=30)
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--test-data", str(test), "--test-label-column", "grade",
+                 "--label-min", "1", "--label-max", "10", "--label-step", "0.5", "--output", str(out),
+                 "--quiet", *FAST]) == 0
+    grid = json.loads((out / "results.json").read_text())["data"]
+    assert (grid["min_value"], grid["step"], grid["num_ranks"]) == (1.0, 0.5, 19)
+    assert grid["n_test"] == 30
+    capsys.readouterr()
+    # without the flag the test file's labels are looked for under --label-column
+    assert main(["train", "--data", str(data), "--test-data", str(test), "--output",
+                 str(tmp_path / "other"), "--quiet", *FAST]) == 2
+    assert "label" in capsys.readouterr().err
+
+
+def test_label_scale_and_test_fraction_errors_name_the_flags(tmp_path, capsys):
+    from common import expect_error
+
+    data = _grades(tmp_path / "d.csv")
+    expect_error(capsys, ["train", "--data", str(data), "--test-fraction", "0", "--print-config"],
+                 "--test-fraction 0", "--test-data")
+    expect_error(capsys, ["train", "--label-step", "2", "--print-config"], "--label-step", "built-in")
+    expect_error(capsys, ["train", "--data", str(data), "--label-min", "9", "--label-max", "3",
+                          "--print-config"], "--label-min 9", "--label-max 3")
+    expect_error(capsys, ["train", "--data", str(data), "--test-label-column", "grade", "--print-config"],
+                 "--test-label-column", "--test-data")
+
+
+# -- text columns and ids ------------------------------------------------------------------------------
+
+def _wine_rows(n=160, seed=0, missing=False):
+    """Rows of a wine-quality-like table: a text id, two text columns (one region "Dão"), numbers, a
+    whole-number column (a cell empty every 37 rows when ``missing``) and quality 3 … 9."""
+    import random
+
+    rng = random.Random(seed)
+    regions = ["Dão", "Douro", "Alentejo", "Minho"]
+    rows = []
+    for i in range(n):
+        quality = 3 + (i * 7919 + seed) % 7
+        vintage = "" if missing and i % 37 == 5 else str(1990 + i % 20)
+        rows.append({"wine_id": f"W{seed}-{i:04d}", "color": ("red", "white")[i % 2],
+                     "region": regions[(quality + i) % 4], "acidity": round(quality * 0.5 + rng.gauss(0, 0.3), 3),
+                     "sugar": round(rng.random() * 5, 2), "vintage": vintage,
+                     "alcohol": round(9 + quality * 0.3 + rng.gauss(0, 0.2), 2), "quality": quality})
+    return rows
+
+
+def _write_rows(path, rows, columns=None):
+    import csv
+
+    columns = columns or list(rows[0])
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def test_text_columns_are_one_hot_and_ids_carried_into_predictions_and_audit(tmp_path, capsys):
+    import csv
+
+    from sol_ext.driver.model import load_run
+
+    data = _write_rows(tmp_path / "wine.csv", _wine_rows())
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
+                 "--output", str(out), "--quiet", *FAST]) == 0
+    model = load_run(out)
+    names = model.feature_names
+    assert "region=Dão" in names and "color=white" in names and "alcohol" in names
+    assert not any(n.startswith("wine_id") for n in names)  # the id is no feature
+    assert main(["predict", str(out), "--data", str(data)]) == 0
+    rows = list(csv.DictReader(open(out / "predictions.csv", encoding="utf-8")))
+    assert list(rows[0])[:3] == ["wine_id", "prediction", "expected"]
+    assert [r["wine_id"] for r in rows] == [f"W0-{i:04d}" for i in range(160)]
+    assert main(["audit", str(out), "--in-sample"]) == 0
+    audit = list(csv.DictReader(open(out / "audit.csv", encoding="utf-8")))
+    assert list(audit[0])[:2] == ["index", "wine_id"]
+    assert all(r["wine_id"] == f"W0-{int(r['index']):04d}" for r in audit)
+
+
+def test_feature_drop_and_categorical_columns(tmp_path, capsys):
+    from common import expect_error
+    from sol_ext.driver.model import load_run
+
+    data = _write_rows(tmp_path / "wine.csv", _wine_rows())
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--drop-columns",
+                 "wine_id,region", "--categorical", "vintage", "--output", str(out), "--quiet", *FAST]) == 0
+    names = load_run(out).feature_names
+    assert "vintage=1990" in names and not any(n.startswith(("region", "wine_id")) for n in names)
+    out2 = tmp_path / "run2"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--feature-columns",
+                 "acidity,alcohol", "--output", str(out2), "--quiet", *FAST]) == 0
+    assert load_run(out2).feature_names == ["acidity", "alcohol"]
+    expect_error(capsys, ["train", "--data", str(data), "--label-column", "quality", "--drop-columns",
+                          "grape", "--output", str(tmp_path / "o"), *FAST], "--drop-columns", "'grape'")
+    expect_error(capsys, ["train", "--id-column", "x", "--print-config"], "--id-column", "built-in")
+
+
+def test_a_data_frame_index_or_id_column_names_the_predictions(tmp_path, capsys):
+    import pandas as pd
+
+    from sol_ext.driver.model import load_run
+
+    data = _write_rows(tmp_path / "wine.csv", _wine_rows())
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
+                 "--output", str(out), "--quiet", *FAST]) == 0
+    model = load_run(out)
+    frame = pd.read_csv(data)
+    assert model.predict_table(frame).ids[:2] == ["W0-0000", "W0-0001"]
+    assert model.predict_table(frame).id_name == "wine_id"
+    by_index = frame.drop(columns="wine_id").set_index(frame["wine_id"].str.lower())
+    assert model.predict_table(by_index).ids[:2] == ["w0-0000", "w0-0001"]
+
+
+# -- missing values ------------------------------------------------------------------------------------
+
+def test_missing_cells_skipped_imputed_or_counted_in_training(tmp_path, capsys):
+    import json
+
+    from common import expect_error
+
+    data = _write_rows(tmp_path / "wine.csv", _wine_rows(missing=True))  # 5 empty vintage cells
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
+                 "--output", str(out), "--quiet", *FAST]) == 0
+    err = capsys.readouterr().err
+    assert "sol-ext: warning: " in err and "5 of 160 rows have a missing feature value" in err
+    assert "--missing skip" in err
+    fitted = json.loads((out / "results.json").read_text())["data"]
+    assert fitted["n_train"] + fitted["n_val"] + fitted["n_test"] == 155
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
+                 "--missing", "impute", "--output", str(tmp_path / "imputed"), "--quiet", *FAST]) == 0
+    assert "filled with their column's median" in capsys.readouterr().err
+    fitted = json.loads((tmp_path / "imputed" / "results.json").read_text())["data"]
+    assert fitted["n_train"] + fitted["n_val"] + fitted["n_test"] == 160
+    expect_error(capsys, ["train", "--data", str(data), "--label-column", "quality", "--missing", "error",
+                          "--output", str(tmp_path / "o"), *FAST],
+                 "feature column 'vintage' has 5 missing values (NaN), the first in data row 6",
+                 "(5 cells in 5 of 160 rows)", "--missing skip")
+
+
+def test_predict_leaves_rows_with_missing_cells_empty_or_out(tmp_path, capsys):
+    import csv
+
+    data = _write_rows(tmp_path / "wine.csv", _wine_rows())
+    new = _write_rows(tmp_path / "new.csv", _wine_rows(seed=1, missing=True))
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
+                 "--output", str(out), "--quiet", *FAST]) == 0
+    capsys.readouterr()
+    assert main(["predict", str(out), "--data", str(new)]) == 0
+    assert "5 of 160 rows have a missing feature value" in capsys.readouterr().err
+    rows = list(csv.DictReader(open(out / "predictions.csv", encoding="utf-8")))
+    assert len(rows) == 160
+    empty = [r["wine_id"] for r in rows if r["prediction"] == ""]
+    assert empty == [f"W1-{i:04d}" for i in range(160) if i % 37 == 5]
+    assert all(r["expected"] == "" and r["p_5"] == "" for r in rows if r["prediction"] == "")
+    assert main(["predict", str(out), "--data", str(new), "--skip-missing", "--output",
+                 str(tmp_path / "kept.csv")]) == 0
+    kept = list(csv.DictReader(open(tmp_path / "kept.csv", encoding="utf-8")))
+    assert [r["wine_id"] for r in kept] == [r["wine_id"] for r in rows if r["prediction"] != ""]
+    assert [r["prediction"] for r in kept] == [r["prediction"] for r in rows if r["prediction"] != ""]
+
+
+# -- done when: a wine-quality-like table, start to finish -----------------------------------------------
+
+def _parquet(csv_path, path):
+    """The CSV's table as Parquet, the vintage a nullable integer column."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    table = pacsv.read_csv(csv_path, convert_options=pacsv.ConvertOptions(
+        column_types={"vintage": pa.int64(), "wine_id": pa.string()}))
+    pq.write_table(table, path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_a_wine_table_trains_and_predicts_with_one_command_each(kind, tmp_path, capsys):
+    """A text id, text columns (one region "Dão"), a nullable integer column with a few missing cells,
+    labels 3 … 9, and a predict file with its columns in another order: one `sol-ext train` and one
+    `sol-ext predict`; the predictions match load_run(...).predict(DataFrame), SOLRanker and the
+    exported program, and carry wine_id."""
+    import csv
+
+    import numpy as np
+    import pandas as pd
+
+    from sol_ext.driver.data import read_inputs
+    from sol_ext.driver.model import load_run
+    from sol_ext.sklearn import SOLRanker
+
+    train_rows, new_rows = _wine_rows(missing=True), _wine_rows(n=60, seed=1, missing=True)
+    columns = list(train_rows[0])
+    train = _write_rows(tmp_path / "train.csv", train_rows)
+    new = _write_rows(tmp_path / "new.csv", new_rows, columns[::-1])
+    if kind == "parquet":
+        train, new = _parquet(train, tmp_path / "train.parquet"), _parquet(new, tmp_path / "new.parquet")
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(train), "--label-column", "quality", "--id-column", "wine_id",
+                 "--output", str(out), *FAST]) == 0
+    assert main(["predict", str(out), "--data", str(new)]) == 0
+    written = list(csv.DictReader(open(out / "predictions.csv", encoding="utf-8")))
+    assert [r["wine_id"] for r in written] == [r["wine_id"] for r in new_rows]
+    complete = [r["vintage"] != "" for r in new_rows]
+    assert [r["prediction"] != "" for r in written] == complete
+    predicted = np.array([int(r["prediction"]) for r, ok in zip(written, complete) if ok])
+
+    model = load_run(out)
+    frame = pd.read_csv(tmp_path / "new.csv", dtype={"vintage": "Int64"})  # the nullable integer
+    frame = frame[frame["vintage"].notna()]
+    by_frame = model.predict_table(frame)
+    assert by_frame.ids == [r["wine_id"] for r, ok in zip(new_rows, complete) if ok]
+    np.testing.assert_array_equal(by_frame.prediction, predicted)
+
+    # the exported program, on the raw features of the file as the run reads them
+    import torch
+
+    assert main(["export", str(out)]) == 0
+    program = torch.export.load(str(out / "model.pt2")).module()
+    raw = read_inputs(new, model.preprocessing["schema"]).features[torch.as_tensor(complete)]
+    exported = program(raw.double())[0].numpy()
+    np.testing.assert_array_equal(exported, predicted)
+
+    # SOLRanker on the same rows (the frame's text columns one-hot, the id left out) agrees with itself
+    # and carries the frame's index as ids
+    fit = pd.read_csv(tmp_path / "train.csv", dtype={"vintage": "Int64"}).dropna()
+    ranker = SOLRanker(epochs=1, sigma=1.0, batch_size=16, embedding_dim=4, hidden=(16,))
+    ranker.fit(fit.drop(columns=["quality", "wine_id"]), fit["quality"])
+    features = frame.drop(columns=["wine_id", "quality"]).set_index(frame["wine_id"])
+    assert set(ranker.predict(features)) <= set(range(3, 10))
+    assert ranker.model_.predict_table(features).ids == by_frame.ids
+
+
+# -- the rest: SIGTERM, an empty frame ------------------------------------------------------------------
+
+def test_sigterm_during_train_says_what_the_folder_holds(tmp_path, capsys, monkeypatch):
+    """As a Ctrl-C does: one line naming the checkpoint, exit status 143 (128 + SIGTERM)."""
+    import os
+    import signal
+
+    data = tiny_csv(tmp_path / "d.csv")
+    out = tmp_path / "run"
+    argv = ["train", "--data", str(data), "--output", str(out), "--quiet", *FAST]
+    assert main(argv) == 0  # one epoch, checkpointed
+    capsys.readouterr()
+    calls = []
+    zero_grad = torch.optim.Optimizer.zero_grad
+
+    def terminated_at_the_second_step(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return zero_grad(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Optimizer, "zero_grad", terminated_at_the_second_step)
+    before = signal.getsignal(signal.SIGTERM)
+    code = main([*argv, "--resume", "--epochs", "3"])
+    err = capsys.readouterr().err
+    assert code == 143, err
+    assert err.startswith("sol-ext: interrupted;") and "checkpoint of epoch 1" in err and "--resume" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is the run's only
+
+
+def test_solranker_fit_on_an_empty_frame_names_the_problem():
+    import pandas as pd
+
+    from sol_ext.sklearn import SOLRanker
+
+    with pytest.raises(ValueError, match="no rows"):
+        SOLRanker(epochs=1).fit(pd.DataFrame({"a": pd.Series([], dtype=float)}), pd.Series([], dtype=float))
+
+
+def test_a_windows_1252_csv_reads_with_encoding(tmp_path, capsys):
+    import csv
+
+    from common import expect_error
+    from sol_ext.driver.model import load_run
+
+    rows = _wine_rows()
+    utf8 = _write_rows(tmp_path / "utf8.csv", rows)
+    data = tmp_path / "excel.csv"
+    data.write_bytes(utf8.read_text(encoding="utf-8").encode("cp1252"))
+    argv = ["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id", "--quiet", *FAST]
+    expect_error(capsys, [*argv, "--output", str(tmp_path / "o")], "not UTF-8", "--encoding", "cp1252")
+    out = tmp_path / "run"
+    assert main([*argv, "--encoding", "cp1252", "--output", str(out)]) == 0
+    assert "region=Dão" in load_run(out).feature_names
+    assert main(["predict", str(out), "--data", str(data)]) == 0  # read as the training file was
+    by_run = list(csv.DictReader(open(out / "predictions.csv", encoding="utf-8")))
+    assert main(["predict", str(out), "--data", str(utf8), "--encoding", "utf-8", "--output",
+                 str(tmp_path / "p.csv")]) == 0
+    assert list(csv.DictReader(open(tmp_path / "p.csv", encoding="utf-8"))) == by_run
+    expect_error(capsys, [*argv, "--encoding", "klingon", "--output", str(tmp_path / "o2")],
+                 "--encoding 'klingon'", "cp1252")
+
+
+def test_unseen_categories_are_refused_or_ignored_as_asked(tmp_path, capsys):
+    import numpy as np
+    import pandas as pd
+
+    from sol_ext import load_run
+    from sol_ext.sklearn import SOLRanker
+
+    data = _write_rows(tmp_path / "wine.csv", _wine_rows())
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
+                 "--output", str(out), "--quiet", *FAST]) == 0
+    frame = pd.read_csv(data)
+    novel = frame.assign(region=["Bairrada"] * len(frame))
+    with pytest.raises(ValueError, match="'Bairrada'.*handle_unknown='ignore'"):
+        load_run(out).predict(novel)
+    ignoring = load_run(out, handle_unknown="ignore")
+    none_of_them = frame.copy()
+    x_novel = ignoring.features(novel)[0]
+    names = ignoring.feature_names
+    region = [k for k, n in enumerate(names) if n.startswith("region=")]
+    assert ignoring.predict(novel).shape == (len(frame),)
+    # the unseen region is no region: its one-hot features are those of the mean-centred zero
+    raw_zero = (0 - ignoring.scaling[0]) / ignoring.scaling[1]
+    np.testing.assert_allclose(x_novel[:, region].double(), raw_zero[region].expand(len(frame), -1), atol=1e-6)
+    assert ignoring.features(none_of_them)[0].shape == x_novel.shape
+    X, y = frame.drop(columns=["quality", "wine_id"]), frame["quality"]
+    ranker = SOLRanker(epochs=1, sigma=1.0, batch_size=16, embedding_dim=4, hidden=(16,)).fit(X, y)
+    with pytest.raises(ValueError, match="Bairrada"):
+        ranker.predict(novel.drop(columns=["quality", "wine_id"]))
+    ranker.set_params(handle_unknown="ignore")
+    assert ranker.predict(novel.drop(columns=["quality", "wine_id"])).shape == (len(frame),)
+
+
+# -- the audit: train's threads, its out-of-sample probabilities ------------------------------------------
+
+def test_audit_uses_trains_threads_and_writes_its_probabilities(tmp_path, capsys, monkeypatch):
+    import csv
+
+    data = _write_rows(tmp_path / "wine.csv", _wine_rows())
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
+                 "--output", str(out), "--quiet", *FAST]) == 0
+    threads = []
+    set_num_threads = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (threads.append(n), set_num_threads(n)))
+    before = torch.get_num_threads()
+    try:
+        assert main(["audit", str(out), "--folds", "2"]) == 0
+        assert threads and threads[0] == 1  # the MLP encoder's, as sol-ext train picks
+        assert main(["audit", str(out), "--folds", "2", "--threads", "2", "--csv",
+                     str(tmp_path / "two.csv")]) == 0
+        assert 2 in threads
+    finally:
+        set_num_threads(before)
+    rows = list(csv.DictReader(open(out / "audit.csv", encoding="utf-8")))
+    p_columns = [c for c in rows[0] if c.startswith("p_")]
+    assert p_columns == [f"p_{v}" for v in range(3, 10)]
+    assert all(abs(sum(float(r[c]) for c in p_columns) - 1) < 1e-4 for r in rows)
