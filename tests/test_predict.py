@@ -208,6 +208,29 @@ np.savez({str(tmp_path / 'onnx.npz')!r}, prediction=prediction, expected=expecte
     np.testing.assert_allclose(got["expected"], expected.numpy(), rtol=1e-5)
 
 
+@pytest.mark.parametrize("method", ["sol", "l1"])
+def test_a_run_gives_calibrated_rank_intervals_in_label_units(user_files, tmp_path, method):
+    """load_run(...).calibrate_intervals on a labeled file, then predict_interval: label values on the
+    run's grid around each row; on the calibration rows themselves at least the requested share is
+    covered (the threshold is the ceil((M + 1) coverage)-th smallest score)."""
+    root, train, test, x, y = user_files
+    out, _ = train_run(root, train, test, method)
+    model = sol_ext.load_run(out)
+    with pytest.raises(RuntimeError, match="calibrate_intervals"):
+        model.predict_interval(x)
+    with pytest.raises(ValueError, match="labels="):
+        model.calibrate_intervals(x)
+    calibration = model.calibrate_intervals(test, score="cumulative")
+    assert calibration.count == len(y) and model.intervals is calibration
+    lower, upper = model.predict_interval(test, coverage=0.9)
+    assert np.all(lower <= upper) and set(np.unique(np.r_[lower, upper])) <= set(model.label_values)
+    assert np.mean((y >= lower) & (y <= upper)) >= 0.9
+    again = model.calibrate_intervals(x, labels=y, score="cumulative")  # the rows unrounded, as an array
+    torch.testing.assert_close(again.scores, calibration.scores, rtol=0, atol=1e-3)
+    narrow, wide = model.predict_interval(x, 0.5), model.predict_interval(x, 0.95)
+    assert np.all((wide[0] <= narrow[0]) & (narrow[1] <= wide[1]))
+
+
 def test_own_files_get_no_added_noise_unless_asked(user_files, tmp_path):
     from sol_ext.driver.config import TrainConfig
 

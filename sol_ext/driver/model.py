@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ..head import SOLHead
+from ..intervals import IntervalCalibration, calibrate_intervals, rank_intervals
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from .config import TrainConfig
 from .data import ImageFiles, RankEncoder, apply_scaling, read_inputs
@@ -126,6 +127,8 @@ class TrainedModel:
         scaling = self.preprocessing["scaling"]
         self.scaling = None if scaling is None else (scaling["mean"].to(torch.float64),
                                                      scaling["std"].to(torch.float64))
+        # the calibration of predict_interval (calibrate_intervals), None until there is one
+        self.intervals: Optional[IntervalCalibration] = None
 
     # -- what the model is -------------------------------------------------------------------
     @property
@@ -275,6 +278,52 @@ class TrainedModel:
     def expected(self, data: DataLike) -> np.ndarray:
         """``[N]`` expected label under :meth:`predict_proba`, in label units."""
         return self.predict_table(data).expected
+
+    # -- intervals ---------------------------------------------------------------------------
+    def calibrate_intervals(self, data: DataLike, labels: Any = None, *, score: str = "hpd",
+                            target: str = "labels", label_noise: Any = None,
+                            deconvolve: bool = False) -> IntervalCalibration:
+        """Calibrate :meth:`predict_interval` by split conformal prediction on ``data`` the run did
+        not train on, with its labels: a file's label column, or ``labels`` ``[N]`` in label units.
+        ``score``, ``target`` and ``deconvolve`` as :func:`sol_ext.intervals.calibrate_intervals`;
+        ``label_noise`` (``target="clean"``) is the labels' noise std in label units, or a matrix
+        ``[n, n]``. Rows without a prediction (a missing feature value) are left out. The calibration
+        is kept on this model (:attr:`intervals`) and returned."""
+        table = self.predict_table(data)
+        values = table.values if labels is None else np.asarray(labels, dtype=np.float64).reshape(-1)
+        if values is None:
+            raise ValueError("data: no labels to calibrate intervals on; give data with the run's label "
+                             "column, or labels= (one label per row, in label units)")
+        if values.shape[0] != len(table.ids):
+            raise ValueError(f"labels: {values.shape[0]} labels for {len(table.ids)} rows of data")
+        keep = np.isfinite(table.probabilities).all(axis=1)
+        if table.incomplete is not None:
+            keep &= ~table.incomplete
+        noise = label_noise
+        if isinstance(noise, numbers.Real) and not isinstance(noise, bool):
+            noise = float(noise) / self.encoder.step  # label units -> ranks
+        self.intervals = calibrate_intervals(torch.from_numpy(table.probabilities[keep]),
+                                             self.encoder.encode(values[keep]), score=score, target=target,
+                                             label_noise=noise, deconvolve=deconvolve)
+        return self.intervals
+
+    def predict_interval(self, data: DataLike, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
+        """``(lower, upper)``: ``[N]`` float64 label values bounding a contiguous interval per row that
+        holds its label (or clean rank, by the calibration's target) with probability ``coverage``,
+        after :meth:`calibrate_intervals`; NaN for a row without a prediction."""
+        return self.intervals_of(self.predict_table(data), coverage)
+
+    def intervals_of(self, table: Prediction, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`predict_interval` of rows already predicted (:meth:`predict_table`)."""
+        if self.intervals is None:
+            raise RuntimeError("no interval calibration yet: call calibrate_intervals() on held-out data "
+                               "with labels first")
+        keep = np.isfinite(table.probabilities).all(axis=1)
+        lower, upper = np.full(len(keep), np.nan), np.full(len(keep), np.nan)
+        if keep.any():
+            low, high = rank_intervals(torch.from_numpy(table.probabilities[keep]), self.intervals, coverage)
+            lower[keep], upper[keep] = self.encoder.decode(low).numpy(), self.encoder.decode(high).numpy()
+        return lower, upper
 
     def to_state(self) -> dict[str, Any]:
         """The entries of ``best.pt`` that :func:`model_from_state` rebuilds this model from (CPU)."""
