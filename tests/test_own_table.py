@@ -49,7 +49,7 @@ def test_device_defaults_to_auto_and_the_first_line_says_which(tmp_path, capsys)
     data = tiny_csv(tmp_path / "d.csv")
     assert main(["train", "--data", str(data), "--output", str(tmp_path / "run"), *FAST]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    expected = "cuda:0" if torch.cuda.is_available() else "cpu"
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert f"sol on {expected}," in first, first
 
 
