@@ -231,6 +231,30 @@ def test_a_run_gives_calibrated_rank_intervals_in_label_units(user_files, tmp_pa
     assert np.all((wide[0] <= narrow[0]) & (narrow[1] <= wide[1]))
 
 
+def test_predict_writes_interval_columns_and_says_how_often_they_held(user_files, tmp_path, capsys):
+    """sol-ext predict --interval 0.9 --calibration FILE: lower and upper columns, equal to
+    load_run(...).predict_interval after the same calibration, and a line with the mean width and
+    the share of the data's labels inside; the options refused where they do not apply."""
+    root, train, test, x, y = user_files
+    out, _ = train_run(root, train, test, "sol")
+    assert main(["predict", str(out), "--data", str(test), "--interval", "0.9", "--calibration", str(train),
+                 "--output", str(tmp_path / "p.csv")]) == 0
+    printed = capsys.readouterr().out
+    assert "intervals at 90%: mean width" in printed and "holding the data's label in" in printed
+    with open(tmp_path / "p.csv") as f:
+        rows = list(csv.DictReader(f))
+    model = sol_ext.load_run(out)
+    model.calibrate_intervals(train)
+    lower, upper = model.predict_interval(test, 0.9)
+    assert [float(r["lower"]) for r in rows] == lower.tolist() and [float(r["upper"]) for r in rows] == upper.tolist()
+    for argv, flag in ((["--interval", "0.9"], "--calibration"), (["--calibration", str(train)], "--calibration"),
+                       (["--interval", "1.5", "--calibration", str(train)], "--interval"),
+                       (["--interval", "0.9", "--calibration", str(train), "--interval-target", "clean"],
+                        "--label-noise")):
+        assert main(["predict", str(out), "--data", str(test), "--output", "-", *argv]) == 2, argv
+        assert flag in capsys.readouterr().err, argv
+
+
 def test_own_files_get_no_added_noise_unless_asked(user_files, tmp_path):
     from sol_ext.driver.config import TrainConfig
 

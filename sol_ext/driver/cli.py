@@ -108,6 +108,19 @@ def _add_predict(sub) -> argparse.ArgumentParser:
     pr.add_argument("--workers", type=int, default=None,
                     help="DataLoader processes decoding image files; 0: this process (default: the "
                          "free CPU cores, at most 8)")
+    iv = pr.add_argument_group("rank intervals (split conformal; docs/intervals.md)")
+    iv.add_argument("--interval", type=float, default=None, metavar="COVERAGE",
+                    help="add columns lower and upper (label units): an interval per row that holds its "
+                         "label with this probability, e.g. 0.9; needs --calibration")
+    iv.add_argument("--calibration", default=None, metavar="FILE",
+                    help="held-out rows with labels, which the run did not train on, to calibrate --interval")
+    iv.add_argument("--interval-score", choices=("hpd", "cumulative", "absolute"), default="hpd",
+                    help="the nonconformity score (default: %(default)s)")
+    iv.add_argument("--interval-target", choices=("labels", "clean"), default="labels",
+                    help="cover the labels as given, or the clean label behind noisy ones (needs "
+                         "--label-noise; default: %(default)s)")
+    iv.add_argument("--label-noise", type=float, default=None, metavar="STD",
+                    help="the std of the calibration labels' noise, in label units, for --interval-target clean")
 
     return pr
 

@@ -57,9 +57,10 @@ def _ten_digits(values: np.ndarray) -> np.ndarray:
     return np.round(values, max(0, min(22, 9 - int(np.floor(np.log10(largest))))))
 
 
-def prediction_csv(prediction: Prediction) -> bytes:
-    """One row per input: ``id`` (or the run's id column), ``prediction`` and ``expected`` (label units), ``label`` when the
-    data have one, and ``p_<value>`` for each label value, as UTF-8 CSV.
+def prediction_csv(prediction: Prediction, interval: Optional[tuple[np.ndarray, np.ndarray]] = None) -> bytes:
+    """One row per input: ``id`` (or the run's id column), ``prediction`` and ``expected`` (label units),
+    ``lower`` and ``upper`` (label units) when ``interval`` is given, ``label`` when the data have one, and
+    ``p_<value>`` for each label value, as UTF-8 CSV.
 
     Numbers are written in the shortest form that reads back to the value written: the prediction
     as its label value (whole numbers on an integer grid), ``expected`` rounded to 10 significant
@@ -70,6 +71,11 @@ def prediction_csv(prediction: Prediction) -> bytes:
     predicted = _label_values(prediction.prediction)
     columns = [string_array(prediction.ids), _numbers(predicted, predicted.dtype),
                _numbers(_ten_digits(prediction.expected), np.float64)]
+    if interval is not None:
+        header += ["lower", "upper"]
+        # a row without a prediction has no interval either: its cells are emptied below with the rest
+        columns += [_numbers(_label_values(np.where(np.isfinite(bound), bound, prediction.label_values[0])),
+                             predicted.dtype) for bound in interval]
     if prediction.values is not None:
         header.append("label")
         columns.append(_numbers(prediction.values, np.float64))
@@ -117,6 +123,40 @@ def score_prediction(model: TrainedModel, prediction: Prediction) -> Optional[di
     if np.allclose(model.encoder.decode(true_ranks).numpy(), true, rtol=0, atol=1e-9 * model.encoder.step):
         scores["qwk"] = quadratic_weighted_kappa(prediction.ranks, true_ranks, model.num_ranks)
     return scores
+
+
+def _intervals(args: argparse.Namespace, model: TrainedModel, prediction: Prediction
+               ) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """``--interval``: calibrate on ``--calibration`` and bound every row of ``prediction``."""
+    from .errors import UsageError
+
+    if args.interval is None:
+        for flag, value in (("--calibration", args.calibration), ("--label-noise", args.label_noise)):
+            if value is not None:
+                raise UsageError(f"{flag} applies to --interval only; add --interval COVERAGE or leave {flag} out.")
+        return None
+    if not 0 < args.interval < 1:
+        raise UsageError(f"--interval {args.interval:g}: expected a coverage strictly between 0 and 1, e.g. 0.9.")
+    if args.calibration is None:
+        raise UsageError("--interval needs --calibration FILE: held-out rows with labels that the run did not "
+                         "train on, to calibrate the intervals.")
+    if (args.interval_target == "clean") != (args.label_noise is not None):
+        raise UsageError("--interval-target clean needs --label-noise STD (the labels' noise, label units), "
+                         "and --label-noise applies to it only.")
+    model.calibrate_intervals(args.calibration, score=args.interval_score, target=args.interval_target,
+                              label_noise=args.label_noise)
+    return model.intervals_of(prediction, args.interval)
+
+
+def _interval_summary(coverage: float, interval: tuple[np.ndarray, np.ndarray],
+                      values: Optional[np.ndarray]) -> str:
+    lower, upper = interval
+    known = np.isfinite(lower)
+    line = f"intervals at {coverage:.0%}: mean width {np.mean(upper[known] - lower[known]):.4g} (label units)"
+    if values is not None:
+        held = np.mean((values[known] >= lower[known]) & (values[known] <= upper[known]))
+        line += f", holding the data's label in {held:.1%} of {int(known.sum())} rows"
+    return line
 
 
 def rows_of(prediction: Prediction, keep: np.ndarray) -> Prediction:
@@ -177,8 +217,12 @@ def predict_command(args: argparse.Namespace) -> int:
         warn(f"{args.data}: {n_incomplete} of {len(prediction.incomplete)} rows have a missing feature "
              f"value; " + ("they are left out (--skip-missing)." if args.skip_missing else
                            "their predictions are left empty (--skip-missing leaves them out)."))
-    csv_bytes = prediction_csv(prediction)
+    interval = _intervals(args, model, prediction)
+    csv_bytes = prediction_csv(prediction, interval)
     scores = score_prediction(model, prediction)
+    if interval is not None:
+        warn_or_print = print if not to_stdout else (lambda line: print(line, file=sys.stderr))
+        warn_or_print(_interval_summary(args.interval, interval, prediction.values))
     if to_stdout:
         sys.stdout.flush()
         sys.stdout.buffer.write(csv_bytes)
