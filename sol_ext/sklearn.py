@@ -401,6 +401,22 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         """``[N]`` float64 expected label ``sum_k classes_[k] * p_k(x)`` (label units)."""
         return self._table(X).expected
 
+    def calibrate_intervals(self, X: Any, y: Any, *, score: str = "hpd", target: str = "labels",
+                            label_noise: Any = None, deconvolve: bool = False) -> "SOLRanker":
+        """Calibrate :meth:`predict_interval` by split conformal prediction on held-out rows ``X`` with
+        labels ``y`` (rows :meth:`fit` did not train on); options as
+        :meth:`sol_ext.driver.model.TrainedModel.calibrate_intervals` (docs/intervals.md). Returns
+        ``self``."""
+        table = self._table(X)
+        self.model_.calibrate_intervals_of(table, _true_labels(y, len(table.ids)), score=score, target=target,
+                                           label_noise=label_noise, deconvolve=deconvolve)
+        return self
+
+    def predict_interval(self, X: Any, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
+        """``(lower, upper)``: ``[N]`` label values bounding an interval per row that holds its label with
+        probability ``coverage``, after :meth:`calibrate_intervals`."""
+        return self.model_.intervals_of(self._table(X), coverage)
+
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """Negative mean absolute error of :meth:`predict` against ``y``, in label units.
 

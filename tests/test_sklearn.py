@@ -281,3 +281,16 @@ def test_fit_trains_in_memory_and_writes_nothing(sigma, problem, tmp_path, monke
     ranker = SOLRanker(**{**SMALL, "sigma": sigma}).fit(X, y)
     np.testing.assert_array_equal(ranker.predict_proba(X_test), expected)
     assert list(work.iterdir()) == []
+
+
+def test_rank_intervals_after_calibrating_on_held_out_rows():
+    """calibrate_intervals on rows fit did not see, then predict_interval: intervals on the label grid
+    that hold at least the requested share of the calibration rows' own labels."""
+    X, y = ordinal_problem(600, seed=3)
+    ranker = SOLRanker(**SMALL).fit(X[:400], y[:400])
+    with pytest.raises(RuntimeError, match="calibrate_intervals"):
+        ranker.predict_interval(X[400:])
+    assert ranker.calibrate_intervals(X[400:], y[400:], score="cumulative") is ranker
+    lower, upper = ranker.predict_interval(X[400:], coverage=0.9)
+    assert np.all(lower <= upper) and set(np.unique(np.r_[lower, upper])) <= set(ranker.classes_)
+    assert np.mean((y[400:] >= lower) & (y[400:] <= upper)) >= 0.9

@@ -294,6 +294,14 @@ class TrainedModel:
         if values is None:
             raise ValueError("data: no labels to calibrate intervals on; give data with the run's label "
                              "column, or labels= (one label per row, in label units)")
+        return self.calibrate_intervals_of(table, values, score=score, target=target, label_noise=label_noise,
+                                           deconvolve=deconvolve)
+
+    def calibrate_intervals_of(self, table: Prediction, values: np.ndarray, **options: Any) -> IntervalCalibration:
+        """:meth:`calibrate_intervals` on rows already predicted (:meth:`predict_table`), with their
+        labels ``values`` ``[N]`` in label units; ``options`` as there."""
+        score, target = options.get("score", "hpd"), options.get("target", "labels")
+        label_noise, deconvolve = options.get("label_noise"), options.get("deconvolve", False)
         if values.shape[0] != len(table.ids):
             raise ValueError(f"labels: {values.shape[0]} labels for {len(table.ids)} rows of data")
         keep = np.isfinite(table.probabilities).all(axis=1)
