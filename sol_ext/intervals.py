@@ -41,7 +41,7 @@ from . import _validation as check
 from .ops import noise_kernel
 
 __all__ = ["SCORES", "TARGETS", "IntervalCalibration", "calibrate_intervals", "nonconformity_scores",
-           "rank_intervals"]
+           "rank_intervals", "intervals_at"]
 
 SCORES = ("hpd", "cumulative", "absolute")
 TARGETS = ("labels", "clean")
@@ -200,8 +200,13 @@ def rank_intervals(probabilities: torch.Tensor, calibration: IntervalCalibration
     if not isinstance(calibration, IntervalCalibration):
         raise TypeError(f"calibration must be an IntervalCalibration (calibrate_intervals), got "
                         f"{type(calibration).__name__}")
-    p = _checked_probabilities(probabilities)
-    inside = _SCORE_FUNCTIONS[calibration.score](p) <= calibration.threshold(coverage)
+    return intervals_at(_checked_probabilities(probabilities), calibration.score, calibration.threshold(coverage))
+
+
+def intervals_at(p: torch.Tensor, score: str, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rank_intervals` of checked float64 probabilities at a given threshold: plain torch
+    operations without data-dependent branches, so that an exported program can hold it."""
+    inside = _SCORE_FUNCTIONS[score](p) <= threshold
     n = p.shape[1]
     ranks = torch.arange(n, device=p.device)
     fallback = _absolute_scores(p).argmin(dim=1)

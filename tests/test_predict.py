@@ -255,6 +255,31 @@ def test_predict_writes_interval_columns_and_says_how_often_they_held(user_files
         assert flag in capsys.readouterr().err, argv
 
 
+def test_exported_program_and_onnx_model_hold_the_intervals_calibration(user_files, tmp_path):
+    """sol-ext export --interval 0.9 --calibration FILE: the .pt2 program and the ONNX model return lower
+    and upper as load_run's predict_interval after the same calibration, without the data."""
+    pytest.importorskip("onnxscript")
+    onnxruntime = pytest.importorskip("onnxruntime")
+    root, train, test, x, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    model = sol_ext.load_run(out)
+    model.calibrate_intervals(test)
+    lower, upper = model.predict_interval(x, 0.9)
+    for form in ("pt2", "onnx"):
+        program = tmp_path / form / f"model.{form}"
+        program.parent.mkdir()
+        assert main(["export", str(out), "--output", str(program), "--interval", "0.9",
+                     "--calibration", str(test)]) == 0
+        assert json.loads((program.parent / "model.json").read_text())["intervals"]["coverage"] == 0.9
+        if form == "pt2":
+            got = [t.numpy() for t in torch.export.load(program).module()(torch.from_numpy(x))]
+        else:
+            got = onnxruntime.InferenceSession(str(program), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+        assert len(got) == 5, form
+        assert np.array_equal(got[3], lower) and np.array_equal(got[4], upper), form
+    assert main(["export", str(out), "--interval", "0.9"]) == 2  # no calibration data
+
+
 def test_own_files_get_no_added_noise_unless_asked(user_files, tmp_path):
     from sol_ext.driver.config import TrainConfig
 

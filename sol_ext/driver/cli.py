@@ -145,6 +145,13 @@ def _add_export(sub) -> argparse.ArgumentParser:
                     help="pt2: a torch.export program; onnx: an ONNX model that onnxruntime runs without "
                          "torch (input x, outputs prediction, expected, probabilities; needs the extra "
                          "onnx). Default: onnx when --output ends in .onnx, else pt2")
+    ex.add_argument("--interval", type=float, default=None, metavar="COVERAGE",
+                    help="the program also returns lower and upper: rank intervals at this coverage, "
+                         "calibrated on --calibration (docs/intervals.md)")
+    ex.add_argument("--calibration", default=None, metavar="FILE",
+                    help="held-out rows with labels, which the run did not train on, to calibrate --interval")
+    ex.add_argument("--interval-score", choices=("hpd", "cumulative", "absolute"), default="hpd",
+                    help="the nonconformity score of --interval (default: %(default)s)")
 
     return ex
 

@@ -35,6 +35,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from ..intervals import intervals_at
 from .checkpoint import atomic_write_files
 from .methods import head_probabilities, head_ranks
 from .model import TrainedModel
@@ -46,10 +47,17 @@ SIDECAR_SUFFIX = ".json"
 
 
 class ExportedPredictor(nn.Module):
-    """Scaling, encoder and read-out of a :class:`TrainedModel` in plain torch operations."""
+    """Scaling, encoder and read-out of a :class:`TrainedModel` in plain torch operations; with
+    ``coverage``, also the model's rank intervals at that coverage (its calibration, fixed here)."""
 
-    def __init__(self, trained: TrainedModel):
+    def __init__(self, trained: TrainedModel, coverage: Optional[float] = None):
         super().__init__()
+        self.interval = None
+        if coverage is not None:
+            if trained.intervals is None:
+                raise ValueError("coverage: the model has no interval calibration; call its "
+                                 "calibrate_intervals() on held-out data with labels first")
+            self.interval = (trained.intervals.score, trained.intervals.threshold(coverage))
         self.method = trained.method
         self.n = trained.num_ranks
         self.model = copy.deepcopy(trained.model).cpu().eval()  # the trained model stays put
@@ -70,7 +78,8 @@ class ExportedPredictor(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x`` [N, F] or [N, C, H, W], any floating dtype -> prediction [N], expected [N],
-        probabilities [N, n] (float64); NaN in all three for a row that is not finite."""
+        probabilities [N, n] (float64), and with a coverage lower [N] and upper [N]; NaN in all for a
+        row that is not finite."""
         # a copy into a new tensor casts any dtype; x.to() would be traced as a no-op that the
         # program then asserts (float32 only)
         if self.scaled:
@@ -88,7 +97,11 @@ class ExportedPredictor(nn.Module):
         prediction = torch.where(bad, torch.nan, self.values[ranks])
         expected = torch.where(bad, torch.nan, probabilities.to(torch.float64) @ self.values)
         probabilities = torch.where(bad[:, None], torch.nan, probabilities.to(torch.float64))
-        return prediction, expected, probabilities
+        if self.interval is None:
+            return prediction, expected, probabilities
+        lower, upper = intervals_at(probabilities, *self.interval)
+        return (prediction, expected, probabilities, torch.where(bad, torch.nan, self.values[lower]),
+                torch.where(bad, torch.nan, self.values[upper]))
 
     def _sol_readout(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # D[x, q] = sum_j P[q, j] ||h_x - mu_j||^2 in float64: the expanded square loses nothing here
@@ -112,10 +125,14 @@ class ExportedPredictor(nn.Module):
                 head_ranks(self.method, self.model, h, self.n))
 
 
-def sidecar(trained: TrainedModel) -> dict[str, Any]:
+def sidecar(trained: TrainedModel, coverage: Optional[float] = None) -> dict[str, Any]:
     """What a user of the exported program needs to build its input: columns and categories."""
     pre = trained.preprocessing
     schema = pre.get("schema", {})
+    intervals = {} if coverage is None else {"intervals": {
+        "coverage": coverage, "score": trained.intervals.score, "target": trained.intervals.target,
+        "calibration_rows": trained.intervals.count,
+        "outputs": "lower [N], upper [N] float64, label units: the interval of each row"}}
     return {
         "format": "sol_ext exported model",
         "method": trained.method,
@@ -131,6 +148,7 @@ def sidecar(trained: TrainedModel) -> dict[str, Any]:
                     "probabilities [N, n] float64, one column per label value"],
         "non_finite_rows": "a row with NaN or inf gets NaN prediction, expected and probabilities",
         "label_values": [float(v) for v in trained.label_values],
+        **intervals,
     }
 
 
@@ -139,9 +157,12 @@ def sidecar_path(program: Path | str) -> Path:
     return Path(program).with_suffix(SIDECAR_SUFFIX)
 
 
-def export_run(trained: TrainedModel, output: Path, example: Optional[torch.Tensor] = None) -> Path:
+def export_run(trained: TrainedModel, output: Path, example: Optional[torch.Tensor] = None,
+               coverage: Optional[float] = None) -> Path:
     """Write ``output`` (a ``torch.export`` program, ``.pt2``) and its sidecar
-    (:func:`sidecar_path`); return the sidecar's path. The batch dimension is dynamic. Both files
+    (:func:`sidecar_path`); return the sidecar's path. With ``coverage`` the program also returns
+    ``lower`` and ``upper``, the model's rank intervals at that coverage (after its
+    ``calibrate_intervals``). The batch dimension is dynamic. Both files
     are written in full before either replaces an old one (an error or Ctrl-C while writing leaves
     the folder as it was; the two renames that follow are not one atomic step).
 
@@ -150,18 +171,20 @@ def export_run(trained: TrainedModel, output: Path, example: Optional[torch.Tens
         OSError: a file cannot be written (one line naming it).
     """
     output, side = _output_and_sidecar(output, "model.pt2")
-    module, example, batch = _exported_module(trained, example)
+    module, example, batch = _exported_module(trained, example, coverage)
     with torch.no_grad():
         program = torch.export.export(module, (example,), dynamic_shapes=({0: batch},))
     buffer = io.BytesIO()
     torch.export.save(program, buffer)
-    _write_with_sidecar(trained, output, side, buffer.getvalue())
+    _write_with_sidecar(trained, output, side, buffer.getvalue(), coverage)
     return side
 
 
-def export_onnx(trained: TrainedModel, output: Path, example: Optional[torch.Tensor] = None) -> Path:
+def export_onnx(trained: TrainedModel, output: Path, example: Optional[torch.Tensor] = None,
+                coverage: Optional[float] = None) -> Path:
     """Write ``output`` (an ONNX model, ``.onnx``) of the same computation as :func:`export_run`'s
-    program, and its sidecar; return the sidecar's path. The batch dimension is dynamic.
+    program (``lower`` and ``upper`` too, with ``coverage``), and its sidecar; return the sidecar's
+    path. The batch dimension is dynamic.
 
     Raises:
         ImportError: onnx or onnxscript is not installed (the extra ``onnx``).
@@ -173,12 +196,12 @@ def export_onnx(trained: TrainedModel, output: Path, example: Optional[torch.Ten
         except ImportError:
             raise ImportError(f"exporting to ONNX needs {name}: pip install 'sol_ext[onnx]'") from None
     output, side = _output_and_sidecar(output, "model.onnx")
-    module, example, batch = _exported_module(trained, example)
+    module, example, batch = _exported_module(trained, example, coverage)
+    names = ["prediction", "expected", "probabilities"] + ([] if coverage is None else ["lower", "upper"])
     with torch.no_grad():
         program = torch.onnx.export(module, (example,), dynamo=True, dynamic_shapes=({0: batch},),
-                                    input_names=["x"], output_names=["prediction", "expected", "probabilities"],
-                                    verbose=False)
-    _write_with_sidecar(trained, output, side, program.model_proto.SerializeToString())
+                                    input_names=["x"], output_names=names, verbose=False)
+    _write_with_sidecar(trained, output, side, program.model_proto.SerializeToString(), coverage)
     return side
 
 
@@ -191,16 +214,17 @@ def _output_and_sidecar(output: Path, example_name: str) -> tuple[Path, Path]:
     return output, side
 
 
-def _exported_module(trained: TrainedModel, example: Optional[torch.Tensor]):
+def _exported_module(trained: TrainedModel, example: Optional[torch.Tensor], coverage: Optional[float]):
     """The module to export, an example input (float32) and the dynamic batch dimension."""
-    module = ExportedPredictor(trained).eval().requires_grad_(False)  # outputs need no graph
+    module = ExportedPredictor(trained, coverage).eval().requires_grad_(False)  # outputs need no graph
     if example is None:
         example = torch.rand(2, *trained.input_shape)
     return module, example.to(torch.float32), torch.export.Dim("batch", min=1, max=2**31 - 2)
 
 
-def _write_with_sidecar(trained: TrainedModel, output: Path, side: Path, program: bytes) -> None:
-    text = json.dumps(sidecar(trained), indent=2, allow_nan=False) + "\n"
+def _write_with_sidecar(trained: TrainedModel, output: Path, side: Path, program: bytes,
+                        coverage: Optional[float] = None) -> None:
+    text = json.dumps(sidecar(trained, coverage), indent=2, allow_nan=False) + "\n"
     output.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_files({output: program, side: text.encode("utf-8")})
 
@@ -225,14 +249,22 @@ def export_command(args) -> int:
                         stdout_ok=False)
     check_output(str(sidecar_path(path)), f"--output {text} (its sidecar)", inputs=inputs,
                  replaceable=own, overwrite=args.overwrite, stdout_ok=False)
+    coverage = args.interval
+    if coverage is not None:
+        if not 0 < coverage < 1 or args.calibration is None:
+            raise UsageError("--interval COVERAGE (strictly between 0 and 1) needs --calibration FILE: held-out "
+                             "rows with labels that the run did not train on.")
+        model.calibrate_intervals(args.calibration, score=args.interval_score)
+    elif args.calibration is not None:
+        raise UsageError("--calibration applies to --interval only; add --interval COVERAGE or leave it out.")
     if form == "onnx":
         try:
-            side = export_onnx(model, path)
+            side = export_onnx(model, path, coverage=coverage)
         except ImportError as err:
             raise UsageError(f"--format onnx: {err}") from None
         needs = "ONNX; onnxruntime runs it without torch"
     else:
-        side = export_run(model, path)
+        side = export_run(model, path, coverage=coverage)
         needs = "torch.export; needs plain torch only"
     print(f"exported {model.method} -> {path} ({needs}), inputs and label values -> {side}")
     return 0
