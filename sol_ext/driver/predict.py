@@ -220,9 +220,9 @@ def predict_command(args: argparse.Namespace) -> int:
     interval = _intervals(args, model, prediction)
     csv_bytes = prediction_csv(prediction, interval)
     scores = score_prediction(model, prediction)
-    if interval is not None:
-        warn_or_print = print if not to_stdout else (lambda line: print(line, file=sys.stderr))
-        warn_or_print(_interval_summary(args.interval, interval, prediction.values))
+    if interval is not None:  # beside the CSV on stdout, on stderr
+        print(_interval_summary(args.interval, interval, prediction.values),
+              file=sys.stderr if to_stdout else sys.stdout)
     if to_stdout:
         sys.stdout.flush()
         sys.stdout.buffer.write(csv_bytes)
