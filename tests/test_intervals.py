@@ -6,13 +6,20 @@ rank at that rate where the labels carry exactly the noise it is told.
 """
 from __future__ import annotations
 
+import io
 import math
 
 import pytest
 import torch
 
 import sol_ext
-from sol_ext.intervals import SCORES, calibrate_intervals, nonconformity_scores, rank_intervals
+from sol_ext.intervals import (
+    SCORES,
+    IntervalCalibration,
+    calibrate_intervals,
+    nonconformity_scores,
+    rank_intervals,
+)
 from sol_ext.ops import noise_kernel
 
 N_RANKS = 12
@@ -25,6 +32,13 @@ def calibrated_model(rows: int, seed: int):
     width = 0.5 + 2 * torch.rand(rows, generator=gen, dtype=torch.float64)
     p = (-((torch.arange(N_RANKS)[None] - centre[:, None]) ** 2) / (2 * width[:, None] ** 2)).softmax(dim=1)
     return p, torch.multinomial(p, 1, generator=gen)[:, 0]
+
+
+def _saved(state):
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
 
 
 def covered(lower, upper, ranks) -> float:
@@ -64,6 +78,8 @@ def test_the_threshold_is_the_finite_sample_quantile():
     assert calibration.threshold(0.9) == pytest.approx(float(scores[8]))  # ceil(10 * 0.9) = 9th of 9
     assert calibration.threshold(0.5) == pytest.approx(float(scores[4]))  # ceil(10 * 0.5) = 5th
     assert math.isinf(calibration.threshold(0.95))  # ceil(10 * 0.95) = 10 > 9 rows: every rank
+    saved = torch.load(_saved(calibration.to_state()), weights_only=True)
+    assert IntervalCalibration.from_state(saved).threshold(0.5) == calibration.threshold(0.5)
     lower, upper = rank_intervals(p, calibration, 0.95)
     assert bool((lower == 0).all() and (upper == N_RANKS - 1).all())
 
