@@ -108,14 +108,8 @@ def _add_predict(sub) -> argparse.ArgumentParser:
     pr.add_argument("--workers", type=int, default=None,
                     help="DataLoader processes decoding image files; 0: this process (default: the "
                          "free CPU cores, at most 8)")
-    iv = pr.add_argument_group("rank intervals (split conformal; docs/intervals.md)")
-    iv.add_argument("--interval", type=float, default=None, metavar="COVERAGE",
-                    help="add columns lower and upper (label units): an interval per row that holds its "
-                         "label with this probability, e.g. 0.9; needs --calibration")
-    iv.add_argument("--calibration", default=None, metavar="FILE",
-                    help="held-out rows with labels, which the run did not train on, to calibrate --interval")
-    iv.add_argument("--interval-score", choices=("hpd", "cumulative", "absolute"), default="hpd",
-                    help="the nonconformity score (default: %(default)s)")
+    iv = _add_interval_options(pr, "add columns lower and upper (label units): an interval per row that holds "
+                                   "its label with this probability, e.g. 0.9")
     iv.add_argument("--interval-target", choices=("labels", "clean"), default="labels",
                     help="cover the labels as given, or the clean label behind noisy ones (needs "
                          "--label-noise; default: %(default)s)")
@@ -145,15 +139,21 @@ def _add_export(sub) -> argparse.ArgumentParser:
                     help="pt2: a torch.export program; onnx: an ONNX model that onnxruntime runs without "
                          "torch (input x, outputs prediction, expected, probabilities; needs the extra "
                          "onnx). Default: onnx when --output ends in .onnx, else pt2")
-    ex.add_argument("--interval", type=float, default=None, metavar="COVERAGE",
-                    help="the program also returns lower and upper: rank intervals at this coverage, "
-                         "calibrated on --calibration (docs/intervals.md)")
-    ex.add_argument("--calibration", default=None, metavar="FILE",
-                    help="held-out rows with labels, which the run did not train on, to calibrate --interval")
-    ex.add_argument("--interval-score", choices=("hpd", "cumulative", "absolute"), default="hpd",
-                    help="the nonconformity score of --interval (default: %(default)s)")
+    _add_interval_options(ex, "the program also returns lower and upper: rank intervals at this coverage")
 
     return ex
+
+
+def _add_interval_options(parser: argparse.ArgumentParser, what: str):
+    """``--interval``, ``--calibration`` and ``--interval-score`` of predict and export, in their group."""
+    group = parser.add_argument_group("rank intervals (split conformal; docs/intervals.md)")
+    group.add_argument("--interval", type=float, default=None, metavar="COVERAGE",
+                       help=f"{what}; needs --calibration")
+    group.add_argument("--calibration", default=None, metavar="FILE",
+                       help="held-out rows with labels, which the run did not train on, to calibrate --interval")
+    group.add_argument("--interval-score", choices=("hpd", "cumulative", "absolute"), default="hpd",
+                       help="the nonconformity score (default: %(default)s)")
+    return group
 
 
 def _add_audit(sub) -> argparse.ArgumentParser:
