@@ -641,9 +641,15 @@ def test_true_false_columns_read_as_one_and_zero_as_from_parquet(tmp_path):
         load_table(tmp_path / "gap.csv")
 
 
+def _spreadsheet_lines(delimiter: str) -> list[str]:
+    """The header and rows of columns a, b and label of :func:`_spreadsheet_rows`."""
+    a, b, _, y = _spreadsheet_rows()
+    return [delimiter.join(["a", "b", "label"])] + [delimiter.join(map(str, row)) for row in zip(a, b, y)]
+
+
 def test_decimal_commas_read_in_files_whose_delimiter_is_not_a_comma(tmp_path):
     a, b, _, y = _spreadsheet_rows()
-    dots = ["a;b;label"] + [f"{a[i]};{b[i]};{y[i]}" for i in range(len(y))]
+    dots = _spreadsheet_lines(";")
     (tmp_path / "dots.csv").write_text("\n".join(dots) + "\n")
     (tmp_path / "commas.csv").write_text("\n".join(line.replace(".", ",") for line in dots) + "\n")
     assert torch.equal(load_table(tmp_path / "commas.csv").features, load_table(tmp_path / "dots.csv").features)
@@ -655,8 +661,7 @@ def test_decimal_commas_read_in_files_whose_delimiter_is_not_a_comma(tmp_path):
 
 
 def test_a_trailing_delimiter_is_no_column_and_gz_suffixes_in_any_case(tmp_path):
-    a, b, _, y = _spreadsheet_rows()
-    plain = ["a,b,label"] + [f"{a[i]},{b[i]},{y[i]}" for i in range(len(y))]
+    plain = _spreadsheet_lines(",")
     (tmp_path / "plain.csv").write_text("\n".join(plain) + "\n")
     (tmp_path / "trailing.csv").write_text("\n".join(line + "," for line in plain) + "\n")
     with gzip.open(tmp_path / "upper.CSV.GZ", "wt") as fh:

@@ -136,15 +136,23 @@ def _write_rows(path, rows, columns=None):
     return path
 
 
-def test_text_columns_are_one_hot_and_ids_carried_into_predictions_and_audit(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def wine_run(tmp_path_factory):
+    """The wine table and a run trained on it with one command, its id column named."""
+    folder = tmp_path_factory.mktemp("wine")
+    data = _write_rows(folder / "wine.csv", _wine_rows())
+    out = folder / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
+                 "--output", str(out), "--quiet", *FAST]) == 0
+    return data, out
+
+
+def test_text_columns_are_one_hot_and_ids_carried_into_predictions_and_audit(wine_run, capsys):
     import csv
 
     from sol_ext.driver.model import load_run
 
-    data = _write_rows(tmp_path / "wine.csv", _wine_rows())
-    out = tmp_path / "run"
-    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
-                 "--output", str(out), "--quiet", *FAST]) == 0
+    data, out = wine_run
     model = load_run(out)
     names = model.feature_names
     assert "region=Dão" in names and "color=white" in names and "alcohol" in names
@@ -178,15 +186,12 @@ def test_feature_drop_and_categorical_columns(tmp_path, capsys):
     expect_error(capsys, ["train", "--id-column", "x", "--print-config"], "--id-column", "built-in")
 
 
-def test_a_data_frame_index_or_id_column_names_the_predictions(tmp_path, capsys):
+def test_a_data_frame_index_or_id_column_names_the_predictions(wine_run):
     import pandas as pd
 
     from sol_ext.driver.model import load_run
 
-    data = _write_rows(tmp_path / "wine.csv", _wine_rows())
-    out = tmp_path / "run"
-    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
-                 "--output", str(out), "--quiet", *FAST]) == 0
+    data, out = wine_run
     model = load_run(out)
     frame = pd.read_csv(data)
     assert model.predict_table(frame).ids[:2] == ["W0-0000", "W0-0001"]
