@@ -57,11 +57,13 @@
 //
 //   grouped_stochastic_order_loss(h, mu, labels, sigma, tau, margin, T, disc_weight, convention, reduction,
 //                                 check_values, need_grad) -> (loss, D, grad_order [B,n] float64)
-//       stochastic_order_loss over all pairs by the grouped algorithm (below), CPU only, its own autograd
-//       kernel; grad_order = d(order sum)/dD for the backward (empty [0] unless need_grad). With
-//       check_values it refuses non-finite h, mu and D (ValueError). Runs the step's parallel regions
-//       on the calling thread and spreads only the dissimilarity's row blocks and the per-rank sorts
-//       over helpers that it never waits for to start (SerialRegions below, cpu/tasks.h).
+//       stochastic_order_loss over all pairs by the grouped algorithm (below), its own autograd kernel;
+//       grad_order = d(order sum)/dD for the backward (empty [0] unless need_grad). CPU and CUDA (the
+//       composition of the device ops, as stochastic_order_loss). With check_values it refuses non-finite
+//       h, mu and D (ValueError), on CPU tensors: on CUDA the caller checks the values and passes false.
+//       CPU: runs the step's parallel regions on the calling thread and spreads only the dissimilarity's
+//       row blocks and the per-rank sorts over helpers that it never waits for to start (SerialRegions
+//       below, cpu/tasks.h).
 //   _grouped_stochastic_order_loss_backward(grad_loss, h, mu, D, labels, grad_order, sigma, T, disc_weight,
 //                                           reduction, need_grad_h, need_grad_mu) -> (grad_h, grad_mu)
 //
@@ -70,8 +72,10 @@
 //       The sum of the order loss over all pairs x<y, restricted to the ranks rank_begin..rank_end-1, by
 //       sorting each rank's column: O(n^2 B + n B log B) instead of O(B^2 n). grad = d total / dD (zero
 //       outside the ranks; empty [0] unless need_grad): the loss is piecewise linear in D, so the backward
-//       is grad times the incoming gradient. CPU only (float32/float64); the same hinge decisions as
-//       order_loss. Deterministic: each rank is summed by one worker, the ranks in order.
+//       is grad times the incoming gradient. float32/float64; the same hinge decisions as order_loss.
+//       CPU: deterministic, each rank is summed by one worker, the ranks in order. CUDA: a stable sort
+//       per rank column and fixed-order sums, no atomics, bitwise reproducible; the label values are
+//       checked on the device (cuda/grouped_order_loss_kernel.cu).
 #pragma once
 
 #include <ATen/ATen.h>
