@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from sol_ext import load_run
 from sol_ext.driver.checkpoint import load_checkpoint
 from sol_ext.driver.cli import main
 from sol_ext.driver.config import BASELINE_WEIGHT_DECAY, TrainConfig
@@ -307,3 +308,30 @@ def test_outputs_are_refused_inside_an_image_folder_the_run_read(tmp_path, capsy
         err = capsys.readouterr().err
         assert err.startswith(f"sol-ext: error: {flag} {target}: is a file of") and len(err.strip().splitlines()) == 1
     assert (folder / "labels.csv").read_bytes() == before
+
+
+def test_an_image_run_exported_to_onnx_gives_the_programs_ranks(tmp_path):
+    """sol-ext export --format onnx on an image run: onnxruntime gives the .pt2 program's ranks on every
+    image, and its probabilities within 1e-5, at any batch size."""
+    pytest.importorskip("onnxscript")
+    onnxruntime = pytest.importorskip("onnxruntime")
+    listing = _image_list(tmp_path / "data")
+    out, _ = _train(tmp_path, listing, "run", "--workers", "0", "--epochs", "1", "--augment", "none")
+    # onnxruntime's and torch's float32 convolutions round differently (about 1e-7 in the embedding), and
+    # a probability moves by that over the posterior temperature: 1e-5 holds for temperatures over ~1e-2
+    # (a run of one epoch on fewer images can fit one of 1e-6, and then differ by 1e-3 on near ties).
+    assert load_run(out).head.temperature > 1e-2
+    assert main(["export", str(out)]) == 0
+    assert main(["export", str(out), "--format", "onnx"]) == 0
+    program = torch.export.load(str(out / "model.pt2")).module()
+    session = onnxruntime.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    # images from dark to bright, as the run's ranks go, in [0, 1] at the run's image size
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(200, 3, 16, 16, generator=generator) * torch.linspace(0.1, 1.0, 200)[:, None, None, None]
+    prediction, expected, probabilities = program(x)
+    assert len(prediction.unique()) > 1  # the comparison sees more than one rank
+    for rows in (slice(None), slice(0, 1), slice(7, 40)):
+        got = session.run(None, {"x": x[rows].numpy()})
+        assert np.array_equal(got[0], prediction[rows].numpy())
+        np.testing.assert_allclose(got[2], probabilities[rows].numpy(), rtol=0, atol=1e-5)
+        np.testing.assert_allclose(got[1], expected[rows].numpy(), rtol=1e-5)
