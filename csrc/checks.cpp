@@ -4,22 +4,65 @@
 #include <ATen/Dispatch.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "sol_ext.h"
 
 namespace sol_ext {
 
-void check_labels(const at::Tensor& labels, int64_t batch_size, int64_t n) {
+LabelRange label_range(const at::Tensor& labels, int64_t num_ranks) {
+  const at::Tensor values = labels.contiguous();
+  const int64_t* v = values.const_data_ptr<int64_t>();
+  LabelRange range{0, 0, -1};
+  if (values.numel() == 0) return range;
+  range.lowest = range.highest = v[0];
+  for (int64_t i = 0; i < values.numel(); ++i) {
+    range.lowest = std::min(range.lowest, v[i]);
+    range.highest = std::max(range.highest, v[i]);
+    if (range.first_outside < 0 && (v[i] < 0 || v[i] >= num_ranks)) range.first_outside = i;
+  }
+  return range;
+}
+
+void check_label_shape(const at::Tensor& labels, int64_t batch_size) {
   TORCH_CHECK(labels.scalar_type() == at::kLong, "labels must be int64, got ", labels.scalar_type());
   TORCH_CHECK(labels.dim() == 1 && labels.size(0) == batch_size,
               "labels must have shape [", batch_size, "], got ", labels.sizes());
-  if (labels.is_cpu() && labels.numel() > 0) {  // a device-side check would synchronize
-    const auto [lowest, highest] = at::aminmax(labels);
-    TORCH_CHECK(lowest.item<int64_t>() >= 0 && highest.item<int64_t>() < n,
-                "labels must lie in 0..", n - 1, ", got values in ", lowest.item<int64_t>(), "..",
-                highest.item<int64_t>());
+}
+
+void check_labels(const at::Tensor& labels, int64_t batch_size, int64_t n) {
+  check_label_shape(labels, batch_size);
+  if (labels.is_cpu()) {  // a device-side check would synchronize
+    const LabelRange range = label_range(labels, n);
+    TORCH_CHECK(range.first_outside < 0, "labels must lie in 0..", n - 1, ", got values in ", range.lowest, "..",
+                range.highest);
   }
+}
+
+void check_label_values(const at::Tensor& labels, int64_t batch_size, int64_t num_ranks) {
+  check_label_shape(labels, batch_size);
+  const LabelRange range = label_range(labels, num_ranks);
+  if (range.first_outside < 0) return;
+  const bool one_based = range.lowest >= 1 && range.highest == num_ranks;
+  TORCH_CHECK_VALUE(false, "labels must lie in 0 … ", num_ranks - 1, " (0-based ranks for num_ranks=", num_ranks,
+                    "), got values in ", range.lowest, " … ", range.highest,
+                    one_based ? "; they look 1-based: pass labels - 1" : "");
+}
+
+// D [B, n], n >= 1, floating, and its labels [B] on its device (values checked on the CPU).
+void check_dissimilarities_and_labels(const at::Tensor& D, const at::Tensor& labels) {
+  TORCH_CHECK(D.dim() == 2 && D.size(1) >= 1, "D must have shape [B, n] with n >= 1, got ", D.sizes());
+  TORCH_CHECK(at::isFloatingType(D.scalar_type()), "D must be floating point, got ", D.scalar_type());
+  TORCH_CHECK(labels.device() == D.device(), "labels must be on D's device ", D.device(), ", got ",
+              labels.device());
+  check_labels(labels, D.size(0), D.size(1));
+}
+
+void check_order_loss_constants(double sigma, int64_t tau, double margin) {
+  TORCH_CHECK(std::isfinite(sigma) && sigma > 0, "sigma must be a finite number > 0, got ", sigma);
+  TORCH_CHECK(tau >= 0, "tau must be >= 0, got ", tau);
+  TORCH_CHECK(std::isfinite(margin) && margin >= 0, "margin must be a finite number >= 0, got ", margin);
 }
 
 void check_dissimilarity_inputs(const at::Tensor& h, const at::Tensor& mu, double sigma) {
@@ -41,14 +84,8 @@ void check_order_loss_inputs(
     double sigma,
     int64_t tau,
     double margin) {
-  TORCH_CHECK(D.dim() == 2 && D.size(1) >= 1, "D must have shape [B, n] with n >= 1, got ", D.sizes());
-  TORCH_CHECK(at::isFloatingType(D.scalar_type()), "D must be floating point, got ", D.scalar_type());
-  TORCH_CHECK(labels.device() == D.device(), "labels must be on D's device ", D.device(), ", got ",
-              labels.device());
-  check_labels(labels, D.size(0), D.size(1));
-  TORCH_CHECK(std::isfinite(sigma) && sigma > 0, "sigma must be a finite number > 0, got ", sigma);
-  TORCH_CHECK(tau >= 0, "tau must be >= 0, got ", tau);
-  TORCH_CHECK(std::isfinite(margin) && margin >= 0, "margin must be a finite number >= 0, got ", margin);
+  check_dissimilarities_and_labels(D, labels);
+  check_order_loss_constants(sigma, tau, margin);
   if (pairs.has_value()) {
     const at::Tensor& p = *pairs;
     TORCH_CHECK(p.scalar_type() == at::kLong, "pairs must be int64, got ", p.scalar_type());
@@ -64,13 +101,35 @@ void check_order_loss_inputs(
   }
 }
 
-void check_disc_loss_inputs(const at::Tensor& D, const at::Tensor& labels, int64_t T) {
-  TORCH_CHECK(D.dim() == 2 && D.size(1) >= 1, "D must have shape [B, n] with n >= 1, got ", D.sizes());
-  TORCH_CHECK(at::isFloatingType(D.scalar_type()), "D must be floating point, got ", D.scalar_type());
-  TORCH_CHECK(labels.device() == D.device(), "labels must be on D's device ", D.device(), ", got ",
-              labels.device());
-  check_labels(labels, D.size(0), D.size(1));
+DiscLossProblem prepare_disc_loss(const at::Tensor& D, const at::Tensor& labels, int64_t T) {
+  check_dissimilarities_and_labels(D, labels);
   TORCH_CHECK(T >= 1, "T must be >= 1, got ", T);
+  return {D.contiguous(), labels.contiguous(), D.size(0), D.size(1)};
+}
+
+DiscLossBackwardProblem prepare_disc_loss_backward(const at::Tensor& grad_losses, const at::Tensor& labels,
+                                                   int64_t n, int64_t T) {
+  TORCH_CHECK(n >= 1, "num_ranks must be >= 1, got ", n);
+  TORCH_CHECK(at::isFloatingType(grad_losses.scalar_type()), "grad_losses must be floating point, got ",
+              grad_losses.scalar_type());
+  TORCH_CHECK(grad_losses.dim() == 1, "grad_losses must have shape [B], got ", grad_losses.sizes());
+  TORCH_CHECK(T >= 1, "T must be >= 1, got ", T);
+  TORCH_CHECK(labels.device() == grad_losses.device(), "labels must be on grad_losses' device ",
+              grad_losses.device(), ", got ", labels.device());
+  const int64_t B = grad_losses.size(0);
+  check_labels(labels, B, n);
+  return {grad_losses, labels.contiguous(), B, n};
+}
+
+void check_dissimilarity_backward_inputs(const at::Tensor& grad_D, const at::Tensor& h, const at::Tensor& mu,
+                                         double sigma) {
+  check_dissimilarity_inputs(h, mu, sigma);
+  TORCH_CHECK(grad_D.device() == h.device(), "grad_D must be on h's device ", h.device(), ", got ",
+              grad_D.device());
+  TORCH_CHECK(grad_D.sizes() == at::IntArrayRef({h.size(0), mu.size(0)}), "grad_D must have shape [B, n] = ",
+              at::IntArrayRef({h.size(0), mu.size(0)}), ", got ", grad_D.sizes());
+  TORCH_CHECK(at::isFloatingType(grad_D.scalar_type()), "grad_D must be floating point, got ",
+              grad_D.scalar_type());
 }
 
 void check_ordering_probability_inputs(const at::Tensor& r_x, const at::Tensor& r_y, at::ScalarType dtype) {
@@ -132,21 +191,21 @@ OrderLossBlockProblem prepare_order_loss_block(
           parse_convention(convention)};
 }
 
-void check_grouped_order_sum_inputs(const at::Tensor& D, const at::Tensor& labels, double sigma, int64_t tau,
-                                    double margin, int64_t rank_begin, int64_t rank_end) {
+GroupedOrderSumProblem prepare_grouped_order_sum(const at::Tensor& D, const at::Tensor& labels, double sigma,
+                                                 int64_t tau, double margin, std::string_view convention,
+                                                 int64_t rank_begin, int64_t rank_end) {
   TORCH_CHECK(D.dim() == 2 && D.size(1) >= 1, "D must have shape [B, n] with n >= 1, got ", D.sizes());
   TORCH_CHECK(D.scalar_type() == at::kFloat || D.scalar_type() == at::kDouble,
               "grouped_order_sum: D must be float32 or float64, got ", D.scalar_type());
   TORCH_CHECK(labels.device() == D.device(), "labels must be on D's device ", D.device(), ", got ", labels.device());
-  TORCH_CHECK(labels.scalar_type() == at::kLong, "labels must be int64, got ", labels.scalar_type());
   const int64_t B = D.size(0), n = D.size(1);
-  TORCH_CHECK(labels.dim() == 1 && labels.size(0) == B, "labels must have shape [", B, "], got ", labels.sizes());
+  check_label_shape(labels, B);
   TORCH_CHECK(B < (int64_t(1) << 31), "grouped_order_sum takes batches of fewer than 2^31 rows, got ", B);
-  TORCH_CHECK(std::isfinite(sigma) && sigma > 0, "sigma must be a finite number > 0, got ", sigma);
-  TORCH_CHECK(tau >= 0, "tau must be >= 0, got ", tau);
-  TORCH_CHECK(std::isfinite(margin) && margin >= 0, "margin must be a finite number >= 0, got ", margin);
+  check_order_loss_constants(sigma, tau, margin);
   TORCH_CHECK(0 <= rank_begin && rank_begin <= rank_end && rank_end <= n, "rank_begin and rank_end must satisfy ",
               "0 <= rank_begin <= rank_end <= ", n, ", got ", rank_begin, " and ", rank_end);
+  const Convention parsed = parse_convention(convention);  // refused even where nothing is summed
+  return {D.contiguous(), labels.contiguous(), B, n, parsed};
 }
 
 int64_t count_nonfinite(const at::Tensor& t_in) {

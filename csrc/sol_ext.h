@@ -188,9 +188,27 @@ class SerialRegions {
   int previous_;
 };
 
-// Last-guard argument checks shared by every backend (the Python layer validates first).
+// Last-guard argument checks shared by every backend (the Python layer validates first). Each op's
+// checks are in one place, checks.cpp: a prepare_* function checks a call and returns its inputs ready
+// for the kernels; the ops without one call the check_* function of their inputs.
+
+// The smallest and the largest label and the index of the first one outside 0..num_ranks-1 (-1 if none),
+// read in one pass on the calling thread (no parallel region). CPU tensors.
+struct LabelRange {
+  int64_t lowest, highest, first_outside;
+};
+LabelRange label_range(const at::Tensor& labels, int64_t num_ranks);
+// labels: int64 of shape [batch_size].
+void check_label_shape(const at::Tensor& labels, int64_t batch_size);
+// check_label_shape, and on the CPU the values in 0..num_ranks-1.
 void check_labels(const at::Tensor& labels, int64_t batch_size, int64_t num_ranks);
+// check_label_shape and the values (a CPU tensor) with sol_ext/_validation.py's check_ranks message
+// (ValueError), for the ops that check values on request (check_values).
+void check_label_values(const at::Tensor& labels, int64_t batch_size, int64_t num_ranks);
 void check_dissimilarity_inputs(const at::Tensor& h, const at::Tensor& mu, double sigma);
+// _stochastic_dissimilarity_backward: check_dissimilarity_inputs and grad_D [B, n], floating, on h's device.
+void check_dissimilarity_backward_inputs(const at::Tensor& grad_D, const at::Tensor& h, const at::Tensor& mu,
+                                         double sigma);
 void check_order_loss_inputs(
     const at::Tensor& D,
     const at::Tensor& labels,
@@ -198,15 +216,39 @@ void check_order_loss_inputs(
     double sigma,
     int64_t tau,
     double margin);
-void check_disc_loss_inputs(const at::Tensor& D, const at::Tensor& labels, int64_t T);
+
+// A disc_loss call after the checks: contiguous inputs and sizes.
+struct DiscLossProblem {
+  at::Tensor D, labels;  // [B,n], [B]
+  int64_t B, n;
+};
+DiscLossProblem prepare_disc_loss(const at::Tensor& D, const at::Tensor& labels, int64_t T);
+
+// A _disc_loss_backward call after the checks. grad_losses comes back as given: a stride-0 gradient (the
+// backward of a mean or sum) is read in place.
+struct DiscLossBackwardProblem {
+  at::Tensor grad_losses, labels;  // [B], [B] contiguous
+  int64_t B, n;
+};
+DiscLossBackwardProblem prepare_disc_loss_backward(const at::Tensor& grad_losses, const at::Tensor& labels,
+                                                   int64_t num_ranks, int64_t T);
+
+// A grouped_order_sum call after the checks: D [B, n] float32/float64, labels [B] int64 on D's device,
+// B < 2^31, a rank range in 0..n, the parsed convention. The label values are each backend's to check
+// (the CPU op with label_range on its thread, CUDA on the device).
+struct GroupedOrderSumProblem {
+  at::Tensor D, labels;  // [B,n], [B] contiguous
+  int64_t B, n;
+  Convention convention;
+};
+GroupedOrderSumProblem prepare_grouped_order_sum(const at::Tensor& D, const at::Tensor& labels, double sigma,
+                                                 int64_t tau, double margin, std::string_view convention,
+                                                 int64_t rank_begin, int64_t rank_end);
+
 // The number of NaN and inf values of a float32/float64 CPU tensor, counted on the calling thread.
 int64_t count_nonfinite(const at::Tensor& t);
 void check_ordering_probability_inputs(const at::Tensor& r_x, const at::Tensor& r_y, at::ScalarType dtype);
 // grad_losses: [num_losses], floating, on D's device.
 void check_grad_losses(const at::Tensor& grad_losses, const at::Tensor& D, int64_t num_losses);
-// grouped_order_sum: D [B, n] float32/float64, labels [B] int64 on D's device, B < 2^31, a rank range in
-// 0..n. The label values are each backend's to check (the CPU op in one pass on its thread, CUDA on the device).
-void check_grouped_order_sum_inputs(const at::Tensor& D, const at::Tensor& labels, double sigma, int64_t tau,
-                                    double margin, int64_t rank_begin, int64_t rank_end);
 
 } // namespace sol_ext

@@ -188,22 +188,6 @@ void check_loss_finite(const at::Tensor& loss, const at::Tensor& h, const at::Te
   TORCH_CHECK_VALUE(false, message.str());
 }
 
-// sol_ext/_validation.py's check_ranks for the labels, same message.
-void check_label_range(const at::Tensor& labels, int64_t batch_size, int64_t num_ranks) {
-  TORCH_CHECK(labels.scalar_type() == at::kLong, "labels must be int64, got ", labels.scalar_type());
-  TORCH_CHECK(labels.dim() == 1 && labels.size(0) == batch_size,
-              "labels must have shape [", batch_size, "], got ", labels.sizes());
-  const at::Tensor values = labels.contiguous();
-  const int64_t* v = values.const_data_ptr<int64_t>();
-  if (values.numel() == 0) return;
-  const auto [lowest, highest] = std::minmax_element(v, v + values.numel());
-  if (*lowest >= 0 && *highest <= num_ranks - 1) return;
-  const bool one_based = *lowest >= 1 && *highest == num_ranks;
-  TORCH_CHECK_VALUE(false, "labels must lie in 0 … ", num_ranks - 1, " (0-based ranks for num_ranks=", num_ranks,
-                    "), got values in ", *lowest, " … ", *highest,
-                    one_based ? "; they look 1-based: pass labels - 1" : "");
-}
-
 // 1 / (number of pairs) for "mean", as GroupedOrderLoss scales (a product, not a quotient).
 double grouped_scale(int64_t B, bool mean) {
   return mean ? 1.0 / static_cast<double>(std::max<int64_t>(B * (B - 1) / 2, 1)) : 1.0;
@@ -226,7 +210,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_stochastic_order_loss(
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   if (check_values) {
     check_finite("mu", mu);  // [n, d]: cheap
-    check_label_range(labels, h.size(0), mu.size(0));
+    check_label_values(labels, h.size(0), mu.size(0));
   }
   const at::Tensor D = dissimilarity(h, mu, sigma);
   // A NaN or inf in a row of h makes that row of D non-finite, so a finite D clears h too: the whole

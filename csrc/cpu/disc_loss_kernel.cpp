@@ -11,10 +11,9 @@ namespace sol_ext {
 namespace {
 
 at::Tensor disc_loss_cpu(const at::Tensor& D_in, const at::Tensor& labels_in, int64_t T) {
-  check_disc_loss_inputs(D_in, labels_in, T);
-  const at::Tensor D = D_in.contiguous();
-  const at::Tensor labels = labels_in.contiguous();
-  const int64_t B = D.size(0), n = D.size(1);
+  const DiscLossProblem problem = prepare_disc_loss(D_in, labels_in, T);
+  const at::Tensor &D = problem.D, &labels = problem.labels;
+  const int64_t B = problem.B, n = problem.n;
   at::Tensor losses = at::empty({B}, D.options());
   AT_DISPATCH_FLOATING_TYPES(D.scalar_type(), "disc_loss_cpu", [&] {
     const scalar_t* D_ptr = D.data_ptr<scalar_t>();
@@ -37,15 +36,10 @@ at::Tensor disc_loss_cpu(const at::Tensor& D_in, const at::Tensor& labels_in, in
 }
 
 at::Tensor disc_loss_backward_cpu(const at::Tensor& grad_in, const at::Tensor& labels_in, int64_t n, int64_t T) {
-  TORCH_CHECK(n >= 1, "num_ranks must be >= 1, got ", n);
-  TORCH_CHECK(at::isFloatingType(grad_in.scalar_type()), "grad_losses must be floating point, got ",
-              grad_in.scalar_type());
-  TORCH_CHECK(grad_in.dim() == 1, "grad_losses must have shape [B], got ", grad_in.sizes());
-  TORCH_CHECK(T >= 1, "T must be >= 1, got ", T);
-  const int64_t B = grad_in.size(0);
-  check_labels(labels_in, B, n);
-  const at::Tensor grad = grad_in.contiguous();
-  const at::Tensor labels = labels_in.contiguous();
+  const DiscLossBackwardProblem problem = prepare_disc_loss_backward(grad_in, labels_in, n, T);
+  const int64_t B = problem.B;
+  const at::Tensor grad = problem.grad_losses.contiguous();
+  const at::Tensor& labels = problem.labels;
   at::Tensor grad_D = at::zeros({B, n}, grad.options());
   AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "disc_loss_backward_cpu", [&] {
     const scalar_t* g = grad.data_ptr<scalar_t>();

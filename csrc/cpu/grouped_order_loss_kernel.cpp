@@ -246,15 +246,14 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cpu(
     int64_t rank_begin,
     int64_t rank_end,
     bool need_grad) {
-  check_grouped_order_sum_inputs(D_in, labels_in, sigma, tau, margin, rank_begin, rank_end);
-  const Convention conv = parse_convention(convention);  // refused even where nothing is summed
-  const at::Tensor D = D_in.contiguous(), labels = labels_in.contiguous();
-  const int64_t B = D.size(0), n = D.size(1);
+  const GroupedOrderSumProblem problem =
+      prepare_grouped_order_sum(D_in, labels_in, sigma, tau, margin, convention, rank_begin, rank_end);
+  const at::Tensor &D = problem.D, &labels = problem.labels;
+  const int64_t B = problem.B, n = problem.n;
+  const Convention conv = problem.convention;
   const int64_t* labels_ptr = labels.data_ptr<int64_t>();
-  for (int64_t i = 0; i < B; ++i) {  // the label range in one pass on this thread (no parallel region)
-    TORCH_CHECK(labels_ptr[i] >= 0 && labels_ptr[i] < n, "labels must lie in 0..", n - 1, ", got ", labels_ptr[i],
-                " at index ", i);
-  }
+  const int64_t outside = label_range(labels, n).first_outside;  // on this thread: no parallel region
+  TORCH_CHECK(outside < 0, "labels must lie in 0..", n - 1, ", got ", labels_ptr[outside], " at index ", outside);
   const auto options = D.options().dtype(at::kDouble);
   const int64_t K = rank_end - rank_begin;
   // The gradient: columns of the range are written whole by the ranks, the others are 0. at::empty and

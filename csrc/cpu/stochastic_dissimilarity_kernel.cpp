@@ -163,11 +163,8 @@ std::tuple<at::Tensor, at::Tensor> stochastic_dissimilarity_backward_cpu(
     double sigma,
     bool need_grad_h,
     bool need_grad_mu) {
-  check_dissimilarity_inputs(h_in, mu_in, sigma);
+  check_dissimilarity_backward_inputs(grad_in, h_in, mu_in, sigma);
   const at::Tensor grad = grad_in.contiguous();
-  TORCH_CHECK(grad.sizes() == at::IntArrayRef({h_in.size(0), mu_in.size(0)}),
-              "grad_D must have shape [B, n] = ", at::IntArrayRef({h_in.size(0), mu_in.size(0)}), ", got ",
-              grad.sizes());
   if (use_direct(h_in.size(0), mu_in.size(0), h_in.size(1))) {
     const at::Tensor h = h_in.contiguous(), mu = mu_in.contiguous();
     const int64_t B = h.size(0), d = h.size(1), n = mu.size(0);

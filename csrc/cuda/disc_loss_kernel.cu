@@ -67,12 +67,11 @@ __global__ void disc_loss_backward_kernel(
 }
 
 at::Tensor disc_loss_cuda(const at::Tensor& D_in, const at::Tensor& labels_in, int64_t T) {
-  check_disc_loss_inputs(D_in, labels_in, T);
-  TORCH_CHECK(D_in.is_cuda(), "D must be a CUDA tensor, got ", D_in.device());
-  c10::cuda::CUDAGuard device_guard(D_in.device());
-  const at::Tensor D = D_in.contiguous();
-  const at::Tensor labels = labels_in.contiguous();
-  const int64_t B = D.size(0), n = D.size(1);
+  const DiscLossProblem problem = prepare_disc_loss(D_in, labels_in, T);
+  const at::Tensor &D = problem.D, &labels = problem.labels;
+  const int64_t B = problem.B, n = problem.n;
+  TORCH_CHECK(D.is_cuda(), "D must be a CUDA tensor, got ", D.device());
+  c10::cuda::CUDAGuard device_guard(D.device());
   at::Tensor losses = at::empty({B}, D.options());
   if (B == 0) return losses;
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -86,18 +85,11 @@ at::Tensor disc_loss_cuda(const at::Tensor& D_in, const at::Tensor& labels_in, i
 }
 
 at::Tensor disc_loss_backward_cuda(const at::Tensor& grad, const at::Tensor& labels_in, int64_t n, int64_t T) {
-  TORCH_CHECK(n >= 1, "num_ranks must be >= 1, got ", n);
-  TORCH_CHECK(at::isFloatingType(grad.scalar_type()), "grad_losses must be floating point, got ",
-              grad.scalar_type());
-  TORCH_CHECK(grad.dim() == 1, "grad_losses must have shape [B], got ", grad.sizes());
-  TORCH_CHECK(T >= 1, "T must be >= 1, got ", T);
+  const DiscLossBackwardProblem problem = prepare_disc_loss_backward(grad, labels_in, n, T);
   TORCH_CHECK(grad.is_cuda(), "grad_losses must be a CUDA tensor, got ", grad.device());
-  TORCH_CHECK(labels_in.device() == grad.device(), "labels must be on grad_losses' device ", grad.device(),
-              ", got ", labels_in.device());
-  const int64_t B = grad.size(0);
-  check_labels(labels_in, B, n);
+  const int64_t B = problem.B;
+  const at::Tensor& labels = problem.labels;
   c10::cuda::CUDAGuard device_guard(grad.device());
-  const at::Tensor labels = labels_in.contiguous();
   at::Tensor grad_D = at::empty({B, n}, grad.options().memory_format(at::MemoryFormat::Contiguous));
   if (B == 0) return grad_D;
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();

@@ -296,17 +296,18 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cuda(
     int64_t rank_begin,
     int64_t rank_end,
     bool need_grad) {
-  check_grouped_order_sum_inputs(D_in, labels_in, sigma, tau, margin, rank_begin, rank_end);  // labels: on the device
-  const int64_t B = D_in.size(0), n = D_in.size(1);
-  const Convention conv = parse_convention(convention);
+  // the label values are checked on the device
+  const GroupedOrderSumProblem problem =
+      prepare_grouped_order_sum(D_in, labels_in, sigma, tau, margin, convention, rank_begin, rank_end);
+  const at::Tensor &D = problem.D, &labels = problem.labels;
+  const int64_t B = problem.B, n = problem.n;
+  const Convention conv = problem.convention;
   const c10::cuda::CUDAGuard guard(D_in.device());
   const auto options = D_in.options().dtype(at::kDouble);
   const int64_t ranks = rank_end - rank_begin;
   at::Tensor grad_out = need_grad ? at::zeros({B, n}, options) : at::empty({0}, options);
   if (B < 2 || ranks == 0) return {at::zeros({}, options), grad_out};
 
-  const at::Tensor D = D_in.contiguous();
-  const at::Tensor labels = labels_in.contiguous();
   const at::Tensor table = ordering_table(n, sigma, tau, conv, at::kDouble, D.device()).contiguous();
   cuda::record_use(table, at::cuda::getCurrentCUDAStream());
   const bool fused = cuda::fused_chosen("SOL_EXT_CUDA_GROUPED");  // see the top of the file

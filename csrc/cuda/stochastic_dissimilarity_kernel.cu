@@ -251,15 +251,8 @@ std::tuple<at::Tensor, at::Tensor> stochastic_dissimilarity_backward_cuda(
     double sigma,
     bool need_grad_h,
     bool need_grad_mu) {
-  check_dissimilarity_inputs(h_in, mu_in, sigma);
+  check_dissimilarity_backward_inputs(grad_in, h_in, mu_in, sigma);
   TORCH_CHECK(h_in.is_cuda(), "h must be a CUDA tensor, got ", h_in.device());
-  TORCH_CHECK(grad_in.device() == h_in.device(), "grad_D must be on h's device ", h_in.device(), ", got ",
-              grad_in.device());
-  TORCH_CHECK(grad_in.sizes() == at::IntArrayRef({h_in.size(0), mu_in.size(0)}),
-              "grad_D must have shape [B, n] = ", at::IntArrayRef({h_in.size(0), mu_in.size(0)}), ", got ",
-              grad_in.sizes());
-  TORCH_CHECK(at::isFloatingType(grad_in.scalar_type()), "grad_D must be floating point, got ",
-              grad_in.scalar_type());
   c10::cuda::CUDAGuard device_guard(h_in.device());
   const at::NoTF32Guard full_float32;
   const at::ScalarType dtype = h_in.scalar_type();
