@@ -49,3 +49,10 @@ def test_the_header_calls_no_op_cpu_only_that_has_a_cuda_kernel():
     for name, doc in header_ops().items():
         if name in with_cuda:
             assert "CPU only" not in doc.replace("\n//", " ").replace("  ", " "), name
+
+
+def test_each_cuda_kernel_file_has_its_cpu_twin_of_the_same_name():
+    cuda = {path.stem for path in (CSRC / "cuda").glob("*.cu") if not path.stem.endswith("_common")}
+    cpu = {path.stem for path in (CSRC / "cpu").glob("*.cpp")}
+    assert cuda, "no CUDA sources found"
+    assert cuda - cpu == set(), "CUDA kernel files without a CPU file of the same name"
