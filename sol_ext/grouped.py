@@ -12,24 +12,27 @@ the hinges' decisions (which pairs contribute, ties included) are the same (docs
 On the CPU, :class:`sol_ext.StochasticOrderLoss` runs its whole step with this algorithm as one op per
 direction, ``torch.ops.sol_ext.grouped_stochastic_order_loss`` (csrc/stochastic_order_loss.cpp), so that a
 busy machine does not stall it (docs/math.md §13.6); on CUDA too with ``SOL_EXT_CUDA_GROUPED=fused``
-(:func:`fused_cuda_step`; off by default until that path has run on a GPU).
+(off by default until that path has run on a GPU).
 
-``algorithm`` of :class:`sol_ext.StochasticOrderLoss` and :func:`sol_ext.order_loss` picks between the
-two; :func:`grouped_is_faster` holds the measured rule of ``"auto"`` (applied by
-:func:`sol_ext._dispatch.choose_algorithm`).
+This module is the algorithm alone. Which path runs is :mod:`sol_ext._dispatch`'s to say: ``algorithm``
+of :class:`sol_ext.StochasticOrderLoss` and :func:`sol_ext.order_loss` picks between pairwise and grouped
+(``"auto"``: :func:`sol_ext._dispatch.grouped_is_faster`, the measured rule), the fused op or the torch
+operations (:func:`sol_ext._dispatch.grouped_op_runs`), and the one-op step on CUDA
+(:func:`sol_ext._dispatch.fused_cuda_step`).
 """
 from __future__ import annotations
 
 import functools
-import os
+import warnings
 from typing import Optional
 
 import torch
 
 from . import _validation as check
+from ._dispatch import grouped_op_runs
 from ._reduction import reduced_dtype
 
-__all__ = ["ALGORITHMS", "grouped_order_loss", "grouped_order_sum", "grouped_is_faster", "GroupedOrderLoss"]
+__all__ = ["ALGORITHMS", "grouped_order_loss", "grouped_order_sum", "GroupedOrderLoss"]
 
 ALGORITHMS = check.ALGORITHMS
 
@@ -38,36 +41,6 @@ ALGORITHMS = check.ALGORITHMS
 # tables), several of K * B, and blocks of a few hundred KB; plus the gradient, B * n. So the extra memory
 # is O(n B) and about 50 MB for any n at B = 4096; about 250 MB at B = 1,000,000, n = 5 (measured).
 _CHUNK_VALUES = 2**21
-
-
-def grouped_is_faster(batch_size: int, num_ranks: int, device: torch.device, fused: bool = True) -> bool:
-    """The rule of ``algorithm="auto"``: whether the grouped algorithm beats the pairwise one at this size.
-
-    ``fused``: whether pairwise would run the fused kernels (else the plain-PyTorch reference). Grouped costs
-    about ``n^2 B`` (plus ``n B log B``), pairwise ``B^2 n / 2``, so grouped wins from some ``B``
-    proportional to ``n`` on. Crossovers measured (StochasticOrderLoss forward+backward, float32, d = 64) on a
-    2-core x86 CPU shared with other jobs (load average 4-5), at torch's default thread count (2):
-
-    - CPU, both fused (the grouped op, csrc/cpu/grouped_order_loss_kernel.cpp): ``B`` of about 55 for ``n``
-      of 5-20, 135 for ``n = 60``, 270 for ``n = 101``, 560 for ``n = 217`` (on one thread: 55, 75, 150,
-      350; there pairwise has no second thread). Rule: ``B >= max(64, 2.6 n)``.
-    - plain-PyTorch reference (no fused kernels for this device or dtype; it forms ``[B(B-1)/2, n]``
-      tensors): ``B`` of 32-64 for ``n <= 40``, about 150 for ``n = 101``. Rule: ``B >= max(48, 1.5 n)``.
-    - CUDA, both fused (the CUDA op, csrc/cuda/grouped_order_loss_kernel.cu), on an H100 (torch 2.11,
-      ``benchmarks/results/gpu/h100-algorithms.json``): pairwise is faster at ``B = 1024`` (by 1.4x to 2x for
-      ``n`` of 5 to 60), the two are level at ``B = 4096`` (within 10 %), and grouped is 6.7x, 14x and 13x
-      faster at ``B = 16384`` for ``n`` = 5, 20, 60; ``B = 65536, n = 7`` takes 3.3 ms (pairwise 619 ms) and
-      ``B = 10^6, n = 5`` 8.0 ms. Rule: ``B >= 8192`` and ``n <= B / 64`` (grouped's ``n^2 B`` term beyond
-      the measured range is not assumed to win).
-    """
-    B, n = batch_size, num_ranks
-    if B < 2:
-        return False
-    if not fused:
-        return B >= max(48, 1.5 * n)
-    if device.type == "cpu":
-        return B >= max(64, 2.6 * n)
-    return B >= 8192 and n <= B / 64
 
 
 @functools.lru_cache(maxsize=16)
@@ -266,33 +239,6 @@ def _sort_rows(values: torch.Tensor):
     return values.gather(1, order), order
 
 
-# Whether CPU / CUDA float32/float64 inputs go to the fused op (tests turn them off to check the torch path).
-_CPU_KERNEL = True
-_CUDA_KERNEL = True
-
-
-def _uses_fused_op(D: torch.Tensor) -> bool:
-    if D.dtype not in (torch.float32, torch.float64):
-        return False
-    if D.device.type == "cpu":
-        return _CPU_KERNEL
-    return _CUDA_KERNEL and D.device.type == "cuda" and _cuda_op_available()
-
-
-def fused_cuda_step(h: torch.Tensor) -> bool:
-    """Whether :class:`sol_ext.StochasticOrderLoss` runs its grouped step on ``h`` (CUDA) as one op per
-    direction with the fused kernels of the CUDA op: only with ``SOL_EXT_CUDA_GROUPED=fused`` until that
-    path has run on a GPU (csrc/cuda/grouped_order_loss_kernel.cu says what differs)."""
-    return os.environ.get("SOL_EXT_CUDA_GROUPED") == "fused" and h.device.type == "cuda" and _uses_fused_op(h)
-
-
-@functools.lru_cache(maxsize=1)
-def _cuda_op_available() -> bool:
-    from ._dispatch import cuda_kernels_available
-
-    return cuda_kernels_available()
-
-
 def grouped_order_sum(
     D: torch.Tensor,
     labels: torch.Tensor,
@@ -311,7 +257,7 @@ def grouped_order_sum(
     CPU and CUDA float32/float64: the fused op, which checks its inputs; otherwise :func:`_torch_order_sum`
     (inputs unchecked: the callers check them).
     """
-    if _uses_fused_op(D):
+    if grouped_op_runs(D):
         q_begin, q_end = (0, D.shape[1]) if ranks is None else ranks
         total, grad = torch.ops.sol_ext.grouped_order_sum(
             D, labels.long(), sigma, tau, margin, convention, q_begin, max(q_begin, q_end), need_grad
@@ -557,3 +503,21 @@ def grouped_order_loss(
     Unvalidated: :func:`sol_ext.order_loss` with ``algorithm="grouped"`` checks its arguments and calls this.
     """
     return GroupedOrderLoss.apply(D, labels, sigma, tau, margin, convention, reduction, ranks, normalizer)
+
+
+# Names that moved to sol_ext._dispatch: they keep working, with a DeprecationWarning, for one release.
+_MOVED_TO_DISPATCH = ("grouped_is_faster", "fused_cuda_step")
+
+
+def __getattr__(name: str):
+    if name in _MOVED_TO_DISPATCH:
+        from . import _dispatch
+
+        warnings.warn(
+            f"sol_ext.grouped.{name} is deprecated and will be removed in the next release: which algorithm "
+            f"runs is decided in sol_ext._dispatch ({name} is there; algorithm='auto' applies it)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(_dispatch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from . import _validation as check
-from ._dispatch import computing, prepare, route
+from ._dispatch import computing, fused_cuda_step, prepare, route
 from ._reduction import reduce_losses
-from .grouped import fused_cuda_step, grouped_order_loss
+from .grouped import grouped_order_loss
 from .ops import (
     _check_dissimilarities_finite,
     _disc_losses,
@@ -39,7 +39,7 @@ class StochasticOrderLoss(nn.Module):
             (``O(B^2 n)``, the fused kernel or the reference), ``"grouped"`` by sorting each rank's column of
             ``D`` (``O(n^2 B + n B log B)``, docs/math.md §13; not with explicit ``pairs``), or ``"auto"``
             (default): the faster for the batch size, the number of ranks and the device
-            (:func:`sol_ext.grouped.grouped_is_faster`); pairwise for explicit pairs and with
+            (:func:`sol_ext._dispatch.grouped_is_faster`); pairwise for explicit pairs and with
             ``backend="reference"``. The same value and gradients up to rounding. On a GPU, grouped reads
             one flag per chunk of ranks back to the host (its tie checks), also with ``check_values=False``.
         check_values: read the inputs' values to refuse NaN/inf embeddings and out-of-range labels or

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Optional
 
 import torch
 
 from . import _validation as check
 from . import grouped, reference
-from ._dispatch import computing, cuda_kernels_available, prepare, route
+from ._dispatch import computing, prepare, route
 from ._reduction import reduce_losses
 
 __all__ = [
@@ -31,7 +32,6 @@ __all__ = [
     "order_loss_block",
     "disc_loss",
     "noise_kernel",
-    "cuda_kernels_available",
 ]
 
 _ops = torch.ops.sol_ext
@@ -361,7 +361,7 @@ def order_loss(
             kernel or the reference, as ``backend`` says, ``O(B^2 n)``), ``"grouped"`` by sorting each rank's
             column of ``D`` (:mod:`sol_ext.grouped`, docs/math.md §13, ``O(n^2 B + n B log B)``, a fused op
             on the CPU, plain torch operations on other devices; ``"mean"`` and ``"sum"`` only, no explicit pairs), or ``"auto"``: the
-            faster of the two for ``(B, n, device)`` (:func:`sol_ext.grouped.grouped_is_faster`), pairwise for
+            faster of the two for ``(B, n, device)`` (:func:`sol_ext._dispatch.grouped_is_faster`), pairwise for
             explicit pairs, ``reduction="none"`` and ``backend="reference"``. Both give the same value and
             gradient up to rounding, with the same hinge decisions (ties included).
 
@@ -488,3 +488,17 @@ def noise_kernel(
     check.check_float_dtype(dtype)
     return reference.noise_kernel(num_ranks, sigma, dtype=dtype, device=device)
 
+
+
+def __getattr__(name: str):
+    if name == "cuda_kernels_available":  # its one place is the top level
+        warnings.warn(
+            "sol_ext.ops.cuda_kernels_available is deprecated and will be removed in the next release; "
+            "use sol_ext.cuda_kernels_available",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from ._extension import cuda_kernels_available
+
+        return cuda_kernels_available
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

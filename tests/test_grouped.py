@@ -59,8 +59,9 @@ def make_D(B: int, n: int, mode: str, gen: torch.Generator, dtype=torch.float64)
 
 # Code paths: "kernel" is the fused op; the others the plain-torch path (what MPS and half precision
 # run), where "matmul" and "gather" force how the weights meet the counts and "small" forces one rank per
-# chunk (the K = 1 fix-ups) and blocks of a few positions.
-TORCH = dict(_CPU_KERNEL=False, _CUDA_KERNEL=False)
+# chunk (the K = 1 fix-ups) and blocks of a few positions. The switches of the fused op are _dispatch's
+# (which path runs), the sizes grouped's (how the torch path runs).
+TORCH = dict(_GROUPED_CPU_OP=False, _GROUPED_CUDA_OP=False)
 PATHS = {
     "kernel": {},
     "torch": TORCH,
@@ -74,7 +75,7 @@ PATHS = {
 @pytest.fixture(params=list(PATHS))
 def path(request, monkeypatch):
     for name, value in PATHS[request.param].items():
-        monkeypatch.setattr(grouped, name, value)
+        monkeypatch.setattr(_dispatch if name in TORCH else grouped, name, value)
     return request.param
 
 
@@ -418,6 +419,15 @@ def test_auto_rule():
     assert choose("auto", 8192, 7, torch.device("meta"), fused=True) == "pairwise"
     assert choose("pairwise", 8192, 7, cpu, fused=True) == "pairwise"
     assert choose("grouped", 3, 7, cpu, fused=True) == "grouped"
+
+
+@pytest.mark.parametrize("name", ["grouped_is_faster", "fused_cuda_step"])
+def test_routing_names_moved_to_dispatch_still_work_with_a_warning(name):
+    with pytest.warns(DeprecationWarning, match=f"sol_ext.grouped.{name} is deprecated"):
+        moved = getattr(grouped, name)
+    assert moved is getattr(_dispatch, name)
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        grouped.no_such_name  # noqa: B018
 
 
 def test_auto_module_uses_grouped_for_a_large_batch():
