@@ -29,10 +29,11 @@ from typing import Optional
 import torch
 
 from . import _validation as check
+from ._autograd import grouped_sum_backward, setup_grouped_sum
 from ._dispatch import grouped_op_runs
 from ._reduction import reduced_dtype
 
-__all__ = ["ALGORITHMS", "grouped_order_loss", "grouped_order_sum", "GroupedOrderLoss"]
+__all__ = ["ALGORITHMS", "grouped_order_loss", "grouped_order_sum"]
 
 ALGORITHMS = check.ALGORITHMS
 
@@ -253,17 +254,21 @@ def grouped_order_sum(
     restricted to the ranks ``q`` in ``range(*ranks)`` (default all), and its gradient with respect to ``D``
     (``[B, n]``, zero outside those ranks; ``None`` when ``need_grad`` is false).
 
-    Both in float64 (float32 on MPS). No autograd: :class:`GroupedOrderLoss` wraps it.
-    CPU and CUDA float32/float64: the fused op, which checks its inputs; otherwise :func:`_torch_order_sum`
+    Both in float64 (float32 on MPS), without a graph: :func:`grouped_order_loss` is the differentiable loss.
+    CPU and CUDA float32/float64: the fused op, which checks its inputs; otherwise plain torch operations
     (inputs unchecked: the callers check them).
     """
-    if grouped_op_runs(D):
-        q_begin, q_end = (0, D.shape[1]) if ranks is None else ranks
-        total, grad = torch.ops.sol_ext.grouped_order_sum(
-            D, labels.long(), sigma, tau, margin, convention, q_begin, max(q_begin, q_end), need_grad
-        )
-        return total, grad if need_grad else None
-    return _torch_order_sum(D, labels, sigma, tau, margin, convention, ranks, need_grad)
+    total, grad = _grouped_sum(D.detach(), labels, sigma, tau, margin, convention, ranks, need_grad)
+    return total, grad if need_grad else None
+
+
+def _grouped_sum(D, labels, sigma, tau, margin, convention, ranks, need_grad):
+    """``(total, grad)`` from the op that :func:`sol_ext._dispatch.grouped_op_runs` picks: the fused
+    ``grouped_order_sum`` or ``grouped_order_sum_torch`` (below). Differentiable in ``D``: both ops have
+    the same backward, :func:`sol_ext._autograd.grouped_sum_backward`."""
+    q_begin, q_end = (0, D.shape[1]) if ranks is None else ranks
+    op = torch.ops.sol_ext.grouped_order_sum if grouped_op_runs(D) else grouped_order_sum_torch
+    return op(D, labels.long(), sigma, tau, margin, convention, q_begin, max(q_begin, q_end), need_grad)
 
 
 def _torch_order_sum(
@@ -446,45 +451,35 @@ def _torch_order_sum(
     return total, grad_t.mul_(0.5).T
 
 
+@torch.library.custom_op("sol_ext::grouped_order_sum_torch", mutates_args=())
+def grouped_order_sum_torch(
+    D: torch.Tensor,
+    labels: torch.Tensor,
+    sigma: float,
+    tau: int,
+    margin: float,
+    convention: str,
+    rank_begin: int,
+    rank_end: int,
+    need_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op ``grouped_order_sum`` (csrc/sol_ext.cpp) in plain torch operations (:func:`_torch_order_sum`),
+    for the devices and dtypes it has no kernel for; ``grad`` is empty unless ``need_grad``."""
+    total, grad = _torch_order_sum(D, labels, sigma, tau, margin, convention, (rank_begin, rank_end), need_grad)
+    return total, grad.contiguous() if need_grad else total.new_empty((0,))  # an op's outputs are fresh tensors
+
+
+@grouped_order_sum_torch.register_fake
+def _(D, labels, sigma, tau, margin, convention, rank_begin, rank_end, need_grad):
+    dtype = _compute_dtype(D.device)
+    return D.new_empty((), dtype=dtype), D.new_empty(D.shape if need_grad else (0,), dtype=dtype)
+
+
+grouped_order_sum_torch.register_autograd(grouped_sum_backward, setup_context=setup_grouped_sum)
+
+
 def _num_pairs(batch_size: int) -> int:
     return batch_size * (batch_size - 1) // 2
-
-
-class GroupedOrderLoss(torch.autograd.Function):
-    """The reduced all-pairs order loss of ``D`` by :func:`grouped_order_sum`, with a hand-written backward.
-
-    ``apply(D, labels, sigma, tau, margin, convention, reduction, ranks, normalizer)``: ``reduction`` is
-    ``"mean"`` (divided by ``normalizer``, default ``max(B(B-1)/2, 1)``) or ``"sum"``; ``ranks`` a
-    ``(begin, end)`` range of ranks or ``None`` for all. Returns a scalar in the dtype that
-    the library's reductions give (float32 for half ``D``). The gradient with respect to ``D``
-    is computed in the forward pass (it costs what the value costs and shares its sorts) when ``D`` needs
-    one, and scaled by the incoming gradient in ``backward``. The loss is piecewise linear in ``D``, so
-    its second derivative is 0 (almost everywhere): ``backward`` is differentiable in the incoming
-    gradient and double backward through this node is exact.
-    """
-
-    @staticmethod
-    def forward(ctx, D, labels, sigma, tau, margin, convention, reduction, ranks=None, normalizer=None):
-        need_grad = ctx.needs_input_grad[0]
-        total, grad = grouped_order_sum(D.detach(), labels, sigma, tau, margin, convention, ranks, need_grad)
-        if reduction == "mean":
-            scale = 1.0 / (normalizer if normalizer is not None else max(_num_pairs(D.shape[0]), 1))
-            total = total * scale
-        else:
-            scale = 1.0
-        ctx.scale = scale
-        ctx.D_dtype = D.dtype
-        if need_grad:
-            ctx.save_for_backward(grad)
-        return total.to(reduced_dtype(D.dtype))
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        if not ctx.needs_input_grad[0]:
-            return (None,) * 9
-        (grad,) = ctx.saved_tensors
-        grad_D = (grad_output.to(grad.dtype) * ctx.scale) * grad
-        return grad_D.to(ctx.D_dtype, memory_format=torch.contiguous_format), *(None,) * 8
 
 
 def grouped_order_loss(
@@ -500,9 +495,34 @@ def grouped_order_loss(
 ) -> torch.Tensor:
     """The all-pairs order loss (``"mean"`` or ``"sum"``) by the grouped algorithm; differentiable in ``D``.
 
-    Unvalidated: :func:`sol_ext.order_loss` with ``algorithm="grouped"`` checks its arguments and calls this.
+    ``reduction="mean"`` divides by ``normalizer`` (default ``max(B(B-1)/2, 1)``); ``ranks`` is a ``(begin,
+    end)`` range of ranks or ``None`` for all. Returns a scalar in the dtype that the library's reductions
+    give (float32 for half ``D``). The gradient with respect to ``D`` is computed in the forward pass (it
+    costs what the value costs and shares its sorts) when ``D`` needs one, and scaled by the incoming
+    gradient in the backward. Unvalidated: :func:`sol_ext.order_loss` with ``algorithm="grouped"`` checks
+    its arguments and calls this.
     """
-    return GroupedOrderLoss.apply(D, labels, sigma, tau, margin, convention, reduction, ranks, normalizer)
+    need_grad = torch.is_grad_enabled() and D.requires_grad
+    total, _ = _grouped_sum(D, labels, sigma, tau, margin, convention, ranks, need_grad)
+    if reduction == "mean":
+        total = total * (1.0 / (normalizer if normalizer is not None else max(_num_pairs(D.shape[0]), 1)))
+    return total.to(reduced_dtype(D.dtype))
+
+
+class GroupedOrderLoss:
+    """Deprecated: ``GroupedOrderLoss.apply(D, labels, sigma, tau, margin, convention, reduction, ranks,
+    normalizer)`` is :func:`grouped_order_loss` with the same arguments."""
+
+    @staticmethod
+    def apply(*args):
+        warnings.warn(
+            "sol_ext.grouped.GroupedOrderLoss is deprecated and will be removed in the next release; "
+            "use sol_ext.order_loss(D, labels, algorithm='grouped') (or sol_ext.grouped.grouped_order_loss "
+            "with the same arguments)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return grouped_order_loss(*args)
 
 
 # Names that moved to sol_ext._dispatch: they keep working, with a DeprecationWarning, for one release.

@@ -189,10 +189,21 @@ def test_gradcheck(convention):
     labels = torch.randint(0, 6, (9,), generator=gen)
 
     def fn(D):
-        return grouped.GroupedOrderLoss.apply(D, labels, 1.1, 1, 0.05, convention, "sum")
+        return grouped.grouped_order_loss(D, labels, 1.1, 1, 0.05, convention, "sum")
 
     assert torch.autograd.gradcheck(fn, (D,))
     assert torch.autograd.gradgradcheck(fn, (D,))  # piecewise linear: the second derivative is 0
+
+
+def test_grouped_order_loss_function_still_works_with_a_warning():
+    gen = torch.Generator().manual_seed(0)
+    D = (torch.randn(9, 6, generator=gen, dtype=torch.float64) * 3).requires_grad_()
+    labels = torch.randint(0, 6, (9,), generator=gen)
+    with pytest.warns(DeprecationWarning, match="GroupedOrderLoss is deprecated"):
+        old = grouped.GroupedOrderLoss.apply(D, labels, 1.1, 1, 0.05, "paper", "mean")
+    new = grouped.grouped_order_loss(D, labels, 1.1, 1, 0.05, "paper", "mean")
+    assert torch.equal(old, new)
+    assert torch.equal(torch.autograd.grad(old, D)[0], torch.autograd.grad(new, D)[0])
 
 
 def test_gradient_penalty_through_the_grouped_loss_equals_the_reference():
@@ -447,7 +458,7 @@ def test_auto_module_uses_grouped_for_a_large_batch():
 
 
 def _composed_grouped_loss(h, mu, labels, criterion):
-    """The loss spelled out with the public fused ops and GroupedOrderLoss, one autograd node each."""
+    """The loss spelled out with the public fused ops and grouped_order_loss, one op each."""
     c = criterion
     D = sol_ext.stochastic_dissimilarity(h, mu, c.sigma, backend="fused")
     order = grouped.grouped_order_loss(D, labels, c.sigma, c.tau, c.margin, c.convention, c.reduction)
