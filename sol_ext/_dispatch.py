@@ -92,7 +92,7 @@ def _refuse_func_transforms(**tensors) -> None:
     vmap's batched tensors have no storage ("Cannot access data pointer"), and the autograd wrappers
     have no vmap or forward-mode rules.
     """
-    if check._tracing():
+    if check.tracing():
         return
     for name, t in tensors.items():
         if not (isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t)):
@@ -220,7 +220,7 @@ def choose_algorithm(
         return "pairwise"
     if pairs is not None or reduction == "none" or backend == "reference":
         return "pairwise"
-    if check._tracing() or device.type == "meta":
+    if check.tracing() or device.type == "meta":
         return "pairwise"
     return "grouped" if grouped_is_faster(batch_size, num_ranks, device, fused) else "pairwise"
 

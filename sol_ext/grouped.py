@@ -23,15 +23,18 @@ operations (:func:`sol_ext._dispatch.grouped_op_runs`), and the one-op step on C
 from __future__ import annotations
 
 import functools
-import warnings
+from types import SimpleNamespace
 from typing import Optional
 
 import torch
 
+from . import _dispatch
 from . import _validation as check
 from ._autograd import grouped_sum_backward, setup_grouped_sum
+from ._deprecation import moved_names
 from ._dispatch import grouped_op_runs
 from ._reduction import reduced_dtype
+from ._rows import deterministic_sum, searchsorted_rows, sort_rows
 
 __all__ = ["ALGORITHMS", "grouped_order_loss", "grouped_order_sum"]
 
@@ -80,18 +83,6 @@ def _hinge_active(dx: torch.Tensor, dy: torch.Tensor, c: float) -> torch.Tensor:
     return ((dx - dy).to(_hinge_dtype(dx.dtype)) + c).to(dx.dtype) > 0
 
 
-def _searchsorted_rows(s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """``searchsorted`` of each row of ``t`` in the same row of ``s`` (left side), as int64. On the CPU for
-    long rows through NumPy, whose search is about 1.5 times faster on sorted keys (it narrows each search
-    with the previous key's result)."""
-    if s.device.type != "cpu" or s.shape[1] < 4096:
-        return torch.searchsorted(s, t)
-    import numpy as np
-
-    s_np, t_np = s.numpy(), t.numpy()
-    return torch.from_numpy(np.stack([np.searchsorted(s_np[k], t_np[k]) for k in range(s.shape[0])]))
-
-
 def _count_active(
     s: torch.Tensor,
     s_native: torch.Tensor,
@@ -110,7 +101,7 @@ def _count_active(
     a ``D_y``. The checks run ``block`` positions at a time.
     """
     K, B = s.shape
-    pos = _searchsorted_rows(s, s + c) if estimate is None else estimate
+    pos = searchsorted_rows(s, s + c) if estimate is None else estimate
     flat = s_native.reshape(-1)
     base = torch.arange(0, K * B, B, device=s.device)[:, None]
     wrong = torch.empty((K, B), dtype=torch.bool, device=s.device)
@@ -200,46 +191,6 @@ _MATMUL_MAX_RANKS = 48
 # cache (about 3 times faster than whole rows of a million values): blocks of at most this many positions
 # times ranks in a chunk (divided by n / 8 for the row gathers, whose temporaries have n columns).
 _BLOCK_VALUES = 2**17
-# torch's grain size: a sum of fewer values runs on one thread; _sum adds rows of this many values, each
-# on one thread, so every sum adds in an order fixed by the sizes alone (bitwise the same for any number
-# of threads).
-_GRAIN = 32768
-
-
-def _sum(t: torch.Tensor) -> torch.Tensor:
-    """``t.sum()`` in an order that does not depend on the number of threads."""
-    t = t.reshape(-1)
-    full = t.numel() - t.numel() % _GRAIN
-    if full == 0:
-        return t.sum()
-    total = t[:full].view(-1, _GRAIN).sum(1).sum()
-    return total + t[full:].sum() if full < t.numel() else total
-
-
-def _sort_rows(values: torch.Tensor):
-    """``(sorted, order)`` of each row of ``values [K, B]``, ascending; ties in a fixed order.
-
-    On the CPU through NumPy, whose vectorized sort is 10 to 20 times faster than ``torch.sort`` here: up
-    to 32-bit floats as one int64 key per value (an order-preserving integer image of the float in the high
-    bits, the column index in the low bits), so the sort is stable; float64 by ``argsort``. Elsewhere
-    ``torch.sort(stable=True)``.
-    """
-    if values.device.type != "cpu" or values.dtype not in (torch.float16, torch.bfloat16, torch.float32,
-                                                          torch.float64):
-        return torch.sort(values, dim=1, stable=True)
-    import numpy as np
-
-    B = values.shape[1]
-    if values.dtype == torch.float64:
-        order = torch.from_numpy(np.argsort(values.numpy(), axis=1))
-        return values.gather(1, order), order
-    bits = values.float().numpy().view(np.uint32).astype(np.int64)
-    keys = np.where(bits >= 2**31, (2**32 - 1) - bits, bits + 2**31)  # order-preserving image in 0..2^32-1
-    packed = np.sort((keys << 31) | np.arange(B, dtype=np.int64), axis=1)
-    order = torch.from_numpy(packed & (2**31 - 1))
-    return values.gather(1, order), order
-
-
 def grouped_order_sum(
     D: torch.Tensor,
     labels: torch.Tensor,
@@ -342,7 +293,7 @@ def _torch_order_sum(
         else:  # the last flag: the weights are symmetric (W(a, b) = W(b, a))
             terms = [(gamma, w_plus, False), (-gamma, E2.expand(K, n, n) if by_matmul else E2, True)]
 
-        s_native, order = _sort_rows(D[:, q0:q1].T.contiguous())  # [K, B], in D's dtype
+        s_native, order = sort_rows(D[:, q0:q1].T.contiguous())  # [K, B], in D's dtype
         s = s_native.to(cdtype)
         lab = labels.index_select(0, order.view(-1)).view(K, B)  # labels along the sorted columns
         centred = s - 0.5 * (s[:, :1] + s[:, -1:])  # differences are unchanged; keeps the sums small
@@ -436,16 +387,16 @@ def _torch_order_sum(
                 # Every pair's hinge is W (D_x - D_y + c): homogeneous of degree 1 in (D, c), so its sum
                 # is <gradient, D> + c * dF/dc, where dF/dc = sum of the x sides (docs/math.md §13.3).
                 if c != 0:
-                    parts.append(c * _sum(x_side))
+                    parts.append(c * deterministic_sum(x_side))
                 term = x_side.sub_(y_side)
                 grad_block = term if grad_block is None else grad_block.add_(term)
-            parts.append(_sum(grad_block * centred[:, i0:i1]))
+            parts.append(deterministic_sum(grad_block * centred[:, i0:i1]))
             if need_grad:
                 grad_sorted[:, i0:i1] = grad_block
         if need_grad:
             grad_t[q0:q1].scatter_(1, order, grad_sorted)
     # Swap symmetry: the unordered pairs carry half of the ordered pairs x != y (docs/math.md §13.2).
-    total = _sum(torch.stack(parts)) * 0.5
+    total = deterministic_sum(torch.stack(parts)) * 0.5
     if not need_grad:
         return total, None
     return total, grad_t.mul_(0.5).T
@@ -509,35 +460,12 @@ def grouped_order_loss(
     return total.to(reduced_dtype(D.dtype))
 
 
-class GroupedOrderLoss:
-    """Deprecated: ``GroupedOrderLoss.apply(D, labels, sigma, tau, margin, convention, reduction, ranks,
-    normalizer)`` is :func:`grouped_order_loss` with the same arguments."""
-
-    @staticmethod
-    def apply(*args):
-        warnings.warn(
-            "sol_ext.grouped.GroupedOrderLoss is deprecated and will be removed in the next release; "
-            "use sol_ext.order_loss(D, labels, algorithm='grouped') (or sol_ext.grouped.grouped_order_loss "
-            "with the same arguments)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return grouped_order_loss(*args)
-
-
-# Names that moved to sol_ext._dispatch: they keep working, with a DeprecationWarning, for one release.
-_MOVED_TO_DISPATCH = ("grouped_is_faster", "fused_cuda_step")
-
-
-def __getattr__(name: str):
-    if name in _MOVED_TO_DISPATCH:
-        from . import _dispatch
-
-        warnings.warn(
-            f"sol_ext.grouped.{name} is deprecated and will be removed in the next release: which algorithm "
-            f"runs is decided in sol_ext._dispatch ({name} is there; algorithm='auto' applies it)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(_dispatch, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Names that moved keep working for one release, with a DeprecationWarning.
+__getattr__ = moved_names(__name__, {
+    "grouped_is_faster": (lambda: _dispatch.grouped_is_faster,
+                          "the rule of algorithm='auto' is sol_ext._dispatch.grouped_is_faster"),
+    "fused_cuda_step": (lambda: _dispatch.fused_cuda_step, "which path runs is sol_ext._dispatch's to say"),
+    "GroupedOrderLoss": (lambda: SimpleNamespace(apply=grouped_order_loss),
+                         "use sol_ext.order_loss(D, labels, algorithm='grouped'), or grouped_order_loss with "
+                         "the arguments of GroupedOrderLoss.apply"),
+})

@@ -12,18 +12,18 @@ through the fused ops and torch.func transforms raise clear errors.
 """
 from __future__ import annotations
 
-import math
-import warnings
 from typing import Optional
 
 import torch
 
 from . import (
     _autograd,  # noqa: F401  the ops' autograd and autocast
+    _extension,
     grouped,
     reference,
 )
 from . import _validation as check
+from ._deprecation import moved_names
 from ._dispatch import computing, prepare, route
 from ._reduction import reduce_losses
 
@@ -44,42 +44,27 @@ _ops = torch.ops.sol_ext
 # ---------------------------------------------------------------------------------------------
 
 
-def _dissimilarity(h, mu, sigma, fused: bool):
+def unchecked_dissimilarity(h, mu, sigma, fused: bool):
     if fused:
         return _ops.stochastic_dissimilarity(h, mu, sigma)
     return reference.stochastic_dissimilarity(h, mu, sigma)
 
 
-def _check_dissimilarities_finite(D: torch.Tensor, h: torch.Tensor, mu: torch.Tensor) -> None:
-    """Finite ``h`` and ``mu`` can still give an inf ``D`` (squared distances past the dtype's range), and
-    the order loss then turns ``inf - inf`` into NaN: refuse it here, as :func:`order_loss` refuses an inf ``D``."""
-    if check._values_hidden(D) or D.numel() == 0:
-        return
-    if not all(math.isfinite(v) for v in torch.stack(torch.aminmax(D.detach())).tolist()):
-        bad = int((~torch.isfinite(D)).sum())
-        largest = max(h.detach().abs().max().item(), mu.detach().abs().max().item())
-        raise ValueError(
-            f"the stochastic dissimilarities of h and mu overflow {D.dtype}: {bad} of D's {D.numel()} values "
-            f"are inf or NaN although h and mu are finite (largest |value| {largest:.3g}); scale the embeddings "
-            "down or compute in float64"
-        )
-
-
-def _order_losses(D, labels, pairs, sigma, tau, margin, convention, fused: bool):
+def unchecked_order_losses(D, labels, pairs, sigma, tau, margin, convention, fused: bool):
     """Per-pair losses ``[M]``."""
     if fused:
         return _ops.order_loss(D, labels, pairs, sigma, tau, margin, convention)
     return reference.order_loss(D, labels, pairs, sigma, tau, margin, convention, reduction="none")
 
 
-def _order_loss_block_rows(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention, fused: bool):
+def unchecked_order_loss_block_rows(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention, fused: bool):
     """Per-row sums ``[B]`` of the block's pair losses."""
     if fused:
         return _ops.order_loss_block(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention)
     return reference.order_loss_block(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention)
 
 
-def _disc_losses(D, labels, T, fused: bool):
+def unchecked_disc_losses(D, labels, T, fused: bool):
     """Per-sample losses ``[B]``."""
     if fused:
         return _ops.disc_loss(D, labels, T)
@@ -117,8 +102,8 @@ def stochastic_dissimilarity(
     sigma = check.check_positive_float("sigma", sigma)
     how = route("stochastic_dissimilarity", backend, h.device, h.dtype)
     with computing(h.device):
-        D = _dissimilarity(h, mu, sigma, how.fused)
-    _check_dissimilarities_finite(D, h, mu)
+        D = unchecked_dissimilarity(h, mu, sigma, how.fused)
+    check.check_dissimilarities_finite(D, h, mu)
     return D
 
 
@@ -234,7 +219,7 @@ def order_loss(
         if how.algorithm == "grouped":
             loss = grouped.grouped_order_loss(D, labels, sigma, tau, margin, convention, reduction)
         else:
-            loss = reduce_losses(_order_losses(D, labels, pairs, sigma, tau, margin, convention, how.fused), reduction)
+            loss = reduce_losses(unchecked_order_losses(D, labels, pairs, sigma, tau, margin, convention, how.fused), reduction)
     check.check_loss_finite(loss, D.dtype, "D", lambda: largest, margin)
     return loss
 
@@ -291,7 +276,7 @@ def order_loss_block(
     check.check_choice("convention", convention, check.CONVENTIONS)
     how = route("order_loss_block", backend, D.device, D.dtype)
     with computing(D.device):
-        rows = _order_loss_block_rows(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention, how.fused)
+        rows = unchecked_order_loss_block_rows(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention, how.fused)
     check.check_loss_finite(rows, D.dtype, "D and D_all", lambda: largest, margin)
     return rows
 
@@ -315,7 +300,7 @@ def disc_loss(
     check.check_reduction(reduction)
     how = route("disc_loss", backend, D.device, D.dtype)
     with computing(D.device):
-        return reduce_losses(_disc_losses(D, labels, T, how.fused), reduction)
+        return reduce_losses(unchecked_disc_losses(D, labels, T, how.fused), reduction)
 
 
 def noise_kernel(
@@ -329,15 +314,6 @@ def noise_kernel(
 
 
 
-def __getattr__(name: str):
-    if name == "cuda_kernels_available":  # its one place is the top level
-        warnings.warn(
-            "sol_ext.ops.cuda_kernels_available is deprecated and will be removed in the next release; "
-            "use sol_ext.cuda_kernels_available",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        from ._extension import cuda_kernels_available
-
-        return cuda_kernels_available
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, {
+    "cuda_kernels_available": (lambda: _extension.cuda_kernels_available, "use sol_ext.cuda_kernels_available"),
+})

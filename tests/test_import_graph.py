@@ -90,3 +90,22 @@ def test_the_library_has_no_import_cycle():
 def test_the_extension_module_is_a_leaf():
     """``_extension`` loads the compiled ops; every module can import it first because it imports no other."""
     assert _graph()["_extension"] == set()
+
+
+def test_no_private_name_is_imported_across_modules():
+    """What a module needs from another has a real (internal) name there: no ``from X import _name``. Private
+    modules themselves (``from . import _validation as check``) are fine."""
+    taken = [
+        f"{name}.py: from {module} import {imported}"
+        for name, path in MODULES.items()
+        for module, names in _imports(path)
+        for imported in names
+        if imported.startswith("_") and module != name
+    ]
+    assert taken == []
+
+
+def test_the_private_name_check_sees_a_private_import(tmp_path):
+    source = tmp_path / "example.py"
+    source.write_text("from .ops import _hidden, shown\nfrom . import _validation as check\n", encoding="utf-8")
+    assert list(_imports(source)) == [("ops", ["_hidden", "shown"]), ("_validation", [])]
