@@ -19,7 +19,7 @@ with algorithm="grouped" (sorting, O(n^2 B + n B log B)), algorithm="pairwise" w
 (O(B^2 n)) and the plain-PyTorch reference, at sizes up to B = 1,000,000. Where pairwise or the reference
 would not fit in memory or would take more than --budget seconds (extrapolated from a small calibration
 run of the same run), the table says "skipped". It also says which algorithm "auto" picks
-(sol_ext.grouped.grouped_is_faster) and whether that was the faster one. Everything runs at torch's
+(sol_ext._dispatch.grouped_is_faster) and whether that was the faster one. Everything runs at torch's
 default thread count (or --threads); on the CPU grouped is also timed on one thread, in rounds that
 alternate with the default's, and the table gives the ratio (default / one thread; above 1 the extra
 threads cost time). On CUDA grouped is also timed with the other implementation of its op
@@ -362,7 +362,7 @@ def run_algorithms(device: str, sizes, min_run_time: float, budget: float, memor
         assert agreement < 1e-10, f"grouped and pairwise disagree at {(B, n, d)}: {agreement:.2e}"
         pair_ranks = B * (B - 1) // 2 * n
         result = {"device": device, "B": B, "n": n, "d": d, "agreement": agreement, "threads": torch.get_num_threads(),
-                  "auto": "grouped" if sol_ext.grouped.grouped_is_faster(B, n, torch.device(device)) else "pairwise"}
+                  "auto": "grouped" if sol_ext._dispatch.grouped_is_faster(B, n, torch.device(device)) else "pairwise"}
         for how in ALGORITHM_RUNS:
             if how == "grouped" and device == "cpu":  # below, beside its time on one thread
                 continue

@@ -3,35 +3,17 @@
 Estimate ranks (ages, scores, grades) from noisily labelled data. See README.md for the method, and
 docs/math.md (cited as "docs/math.md §k" in docstrings) for the exact math.
 """
-import torch
-
-try:
-    from . import _C  # registers the torch.ops.sol_ext operators
-except ImportError as error:  # pragma: no cover - depends on how the package was installed
-    raise ImportError(
-        "sol_ext's compiled extension (sol_ext._C) could not be loaded: "
-        f"{error}.\nBuild it against the torch in this environment with "
-        "`pip install --no-build-isolation -e .` (or without -e). If you are running from the source "
-        "folder without an editable install, Python is importing the sources, which have no _C."
-    ) from error
-
-if _C.torch_version != torch.__version__:  # pragma: no cover
-    raise ImportError(
-        f"sol_ext was compiled against torch {_C.torch_version} but torch {torch.__version__} is installed; "
-        "C++ extensions are tied to the torch they were built with. Rebuild with "
-        "`pip install --no-build-isolation --force-reinstall --no-deps .`"
-    )
-
 from . import (
-    _fake,  # noqa: E402,F401  fake (meta) kernels for torch.compile and opcheck
-    grouped,  # noqa: E402
-    reference,  # noqa: E402
+    _extension,  # noqa: F401  loads the compiled ops (sol_ext._C) before anything calls them
+    _fake,  # noqa: F401  fake (meta) kernels for torch.compile and opcheck
+    grouped,
+    reference,
 )
-from .head import SOLHead  # noqa: E402
-from .label_issues import find_label_issues, get_label_quality_scores, label_issue_scores  # noqa: E402
-from .loss import StochasticOrderLoss  # noqa: E402
-from .ops import (  # noqa: E402
-    cuda_kernels_available,
+from ._extension import cuda_kernels_available
+from .head import SOLHead
+from .label_issues import find_label_issues, get_label_quality_scores, label_issue_scores
+from .loss import StochasticOrderLoss
+from .ops import (
     disc_loss,
     noise_kernel,
     order_loss,

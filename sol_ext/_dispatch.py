@@ -12,7 +12,10 @@ Every entry point (the functional ops of :mod:`sol_ext.ops`, :class:`~sol_ext.St
 Backends: ``"auto"`` uses the fused kernels when this build has them for the tensors' device and dtype,
 and otherwise the plain-PyTorch reference with a warning that says why (once per cause); ``"fused"``
 uses the kernels or raises; ``"reference"`` always uses :mod:`sol_ext.reference`. Meta tensors run the
-fake kernels. Algorithms of the all-pairs order loss: :func:`choose_algorithm`.
+fake kernels. Algorithms of the all-pairs order loss: :func:`choose_algorithm` (``"auto"``:
+:func:`grouped_is_faster`); the grouped algorithm's fused op or torch operations: :func:`grouped_op_runs`;
+its one-op step on CUDA (``SOL_EXT_CUDA_GROUPED=fused``): :func:`fused_cuda_step`. Every such decision
+lives here; :mod:`sol_ext.grouped` is the algorithm alone.
 
 Mixed precision, as PyTorch's own losses do it: floating inputs of mixed dtypes are promoted to the wider
 one, and under ``torch.autocast`` the ops compute in float32 (float64 stays float64). The casts are
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -29,22 +33,16 @@ from typing import Optional
 import torch
 
 from . import _validation as check
-from .grouped import grouped_is_faster
+from ._extension import cuda_kernels_available
 
-__all__ = ["prepare", "route", "Route", "computing", "choose_algorithm", "cuda_kernels_available"]
+__all__ = [
+    "prepare", "route", "Route", "computing", "choose_algorithm", "grouped_is_faster", "grouped_op_runs",
+    "fused_cuda_step", "cuda_kernels_available",
+]
 
 _CPU_DTYPES = (torch.float32, torch.float64)
 _CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _warned: set = set()
-
-# Read once at import (the extension is loaded by then): torch.compile cannot trace the dispatcher query,
-# but it can read a module constant.
-_CUDA_KERNELS_BUILT = torch._C._dispatch_has_kernel_for_dispatch_key("sol_ext::order_loss", "CUDA")
-
-
-def cuda_kernels_available() -> bool:
-    """Whether CUDA kernels were compiled into this build (says nothing about a GPU being present)."""
-    return _CUDA_KERNELS_BUILT
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,7 +92,7 @@ def _refuse_func_transforms(**tensors) -> None:
     vmap's batched tensors have no storage ("Cannot access data pointer"), and the autograd wrappers
     have no vmap or forward-mode rules.
     """
-    if check._tracing():
+    if check.tracing():
         return
     for name, t in tensors.items():
         if not (isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t)):
@@ -222,6 +220,62 @@ def choose_algorithm(
         return "pairwise"
     if pairs is not None or reduction == "none" or backend == "reference":
         return "pairwise"
-    if check._tracing() or device.type == "meta":
+    if check.tracing() or device.type == "meta":
         return "pairwise"
     return "grouped" if grouped_is_faster(batch_size, num_ranks, device, fused) else "pairwise"
+
+
+def grouped_is_faster(batch_size: int, num_ranks: int, device: torch.device, fused: bool = True) -> bool:
+    """The rule of ``algorithm="auto"``: whether the grouped algorithm beats the pairwise one at this size.
+
+    ``fused``: whether pairwise would run the fused kernels (else the plain-PyTorch reference). Grouped costs
+    about ``n^2 B`` (plus ``n B log B``), pairwise ``B^2 n / 2``, so grouped wins from some ``B``
+    proportional to ``n`` on. Crossovers measured (StochasticOrderLoss forward+backward, float32, d = 64) on a
+    2-core x86 CPU shared with other jobs (load average 4-5), at torch's default thread count (2):
+
+    - CPU, both fused (the grouped op, csrc/cpu/grouped_order_loss_kernel.cpp): ``B`` of about 55 for ``n``
+      of 5-20, 135 for ``n = 60``, 270 for ``n = 101``, 560 for ``n = 217`` (on one thread: 55, 75, 150,
+      350; there pairwise has no second thread). Rule: ``B >= max(64, 2.6 n)``.
+    - plain-PyTorch reference (no fused kernels for this device or dtype; it forms ``[B(B-1)/2, n]``
+      tensors): ``B`` of 32-64 for ``n <= 40``, about 150 for ``n = 101``. Rule: ``B >= max(48, 1.5 n)``.
+    - CUDA, both fused (the CUDA op, csrc/cuda/grouped_order_loss_kernel.cu), on an H100 (torch 2.11,
+      ``benchmarks/results/gpu/h100-algorithms.json``): pairwise is faster at ``B = 1024`` (by 1.4x to 2x for
+      ``n`` of 5 to 60), the two are level at ``B = 4096`` (within 10 %), and grouped is 6.7x, 14x and 13x
+      faster at ``B = 16384`` for ``n`` = 5, 20, 60; ``B = 65536, n = 7`` takes 3.3 ms (pairwise 619 ms) and
+      ``B = 10^6, n = 5`` 8.0 ms. Rule: ``B >= 8192`` and ``n <= B / 64`` (grouped's ``n^2 B`` term beyond
+      the measured range is not assumed to win).
+    """
+    B, n = batch_size, num_ranks
+    if B < 2:
+        return False
+    if not fused:
+        return B >= max(48, 1.5 * n)
+    if device.type == "cpu":
+        return B >= max(64, 2.6 * n)
+    return B >= 8192 and n <= B / 64
+
+
+# ---------------------------------------------------------------------------------------------
+# The grouped algorithm's implementations (sol_ext/grouped.py)
+# ---------------------------------------------------------------------------------------------
+
+# Whether CPU / CUDA float32/float64 inputs go to the grouped op (tests turn them off to check the torch path).
+_GROUPED_CPU_OP = True
+_GROUPED_CUDA_OP = True
+
+
+def grouped_op_runs(D: torch.Tensor) -> bool:
+    """Whether the grouped sum of ``D`` runs the fused op ``torch.ops.sol_ext.grouped_order_sum`` (CPU and CUDA,
+    float32/float64), else plain torch operations (:mod:`sol_ext.grouped`)."""
+    if D.dtype not in (torch.float32, torch.float64):
+        return False
+    if D.device.type == "cpu":
+        return _GROUPED_CPU_OP
+    return _GROUPED_CUDA_OP and D.device.type == "cuda" and cuda_kernels_available()
+
+
+def fused_cuda_step(h: torch.Tensor) -> bool:
+    """Whether :class:`sol_ext.StochasticOrderLoss` runs its grouped step on ``h`` (CUDA) as one op per
+    direction with the fused kernels of the CUDA op: only with ``SOL_EXT_CUDA_GROUPED=fused`` until that
+    path has run on a GPU (csrc/cuda/grouped_order_loss_kernel.cu says what differs)."""
+    return os.environ.get("SOL_EXT_CUDA_GROUPED") == "fused" and h.device.type == "cuda" and grouped_op_runs(h)

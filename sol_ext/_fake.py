@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from . import _extension  # noqa: F401  the ops whose fake kernels are registered here
+
 
 @torch.library.register_fake("sol_ext::stochastic_dissimilarity")
 def _(h, mu, sigma):

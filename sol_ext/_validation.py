@@ -19,13 +19,13 @@ CONVENTIONS = ("paper", "official")
 REDUCTIONS = ("mean", "sum", "none")
 
 
-def _tracing() -> bool:
+def tracing() -> bool:
     return torch.compiler.is_compiling()
 
 
-def _values_hidden(t: torch.Tensor) -> bool:
+def values_hidden(t: torch.Tensor) -> bool:
     """While torch.compile traces, and on meta tensors (shapes only), values cannot be read."""
-    return _tracing() or t.device.type == "meta"
+    return tracing() or t.device.type == "meta"
 
 
 def check_choice(name: str, value, choices) -> str:
@@ -110,7 +110,7 @@ def check_floating(name: str, t: torch.Tensor, ndim: int, shape_text: str) -> No
 
 
 def check_finite(name: str, t: torch.Tensor) -> None:
-    if _values_hidden(t) or t.numel() == 0:
+    if values_hidden(t) or t.numel() == 0:
         return
     extremes(name, t)
 
@@ -132,7 +132,7 @@ def check_loss_finite(loss: torch.Tensor, dtype: torch.dtype, inputs: str, large
     about ``|D| + margin`` each (docs/math.md §6), in the inputs' ``dtype``. Refuse the inf (or NaN, as
     0 * inf) instead of returning it, naming the ``inputs`` and their ``largest()`` |value| (read only
     then). csrc/stochastic_order_loss.cpp says the same of the CPU grouped op's loss."""
-    if _values_hidden(loss) or loss.numel() == 0:
+    if values_hidden(loss) or loss.numel() == 0:
         return
     if loss.dim() == 0:  # the reduced loss: one read (one dispatched operation per step)
         if math.isfinite(loss.item()):
@@ -175,9 +175,24 @@ def check_dissimilarities(D: torch.Tensor, name: str = "D") -> float:
     check_floating(name, D, 2, "[B, n]")
     if D.shape[1] < 1:
         raise ValueError(f"{name} must have at least one rank column (shape [B, n], n >= 1), got {tuple(D.shape)}")
-    if _values_hidden(D) or D.numel() == 0:
+    if values_hidden(D) or D.numel() == 0:
         return 0.0
     return max(abs(v) for v in extremes(name, D))
+
+
+def check_dissimilarities_finite(D: torch.Tensor, h: torch.Tensor, mu: torch.Tensor) -> None:
+    """Finite ``h`` and ``mu`` can still give an inf ``D`` (squared distances past the dtype's range), and
+    the order loss then turns ``inf - inf`` into NaN: refuse it here, as :func:`sol_ext.order_loss` refuses an inf ``D``."""
+    if values_hidden(D) or D.numel() == 0:
+        return
+    if not all(math.isfinite(v) for v in torch.stack(torch.aminmax(D.detach())).tolist()):
+        bad = int((~torch.isfinite(D)).sum())
+        largest = max(h.detach().abs().max().item(), mu.detach().abs().max().item())
+        raise ValueError(
+            f"the stochastic dissimilarities of h and mu overflow {D.dtype}: {bad} of D's {D.numel()} values "
+            f"are inf or NaN although h and mu are finite (largest |value| {largest:.3g}); scale the embeddings "
+            "down or compute in float64"
+        )
 
 
 def check_ranks(
@@ -197,7 +212,7 @@ def check_ranks(
         raise ValueError(f"{name} must have shape {expected} (one rank per sample), got {tuple(ranks.shape)}")
     if not values:
         assert_in_range(name, ranks, num_ranks)
-    elif not _values_hidden(ranks) and ranks.numel() > 0:
+    elif not values_hidden(ranks) and ranks.numel() > 0:
         lowest, highest = (int(v) for v in torch.aminmax(ranks))
         if lowest < 0 or highest > num_ranks - 1:
             hint = ""
@@ -223,7 +238,7 @@ def check_pairs(pairs, batch_size: int, values: bool = True) -> Optional[torch.T
         raise ValueError(f"pairs must have shape [M, 2] (rows of (x, y) batch indices), got {tuple(pairs.shape)}")
     if not values:
         assert_in_range("pairs", pairs, batch_size)
-    elif not _values_hidden(pairs) and pairs.numel() > 0:
+    elif not values_hidden(pairs) and pairs.numel() > 0:
         lowest, highest = (int(v) for v in torch.aminmax(pairs))
         if lowest < 0 or highest > batch_size - 1:
             raise ValueError(
@@ -238,7 +253,7 @@ def check_indices_on_cpu(labels: torch.Tensor, num_ranks: int, pairs=None, batch
     composition), which index with ``labels`` and ``pairs`` where a negative index silently wraps around:
     on the CPU only the kernels check indices, so these paths are checked here, which costs no host-device
     synchronization (a GPU asserts them on the device, :func:`assert_in_range`)."""
-    if labels.device.type != "cpu" or _values_hidden(labels):
+    if labels.device.type != "cpu" or values_hidden(labels):
         return
     check_ranks("labels", labels, num_ranks)
     if pairs is not None:
@@ -253,7 +268,7 @@ def assert_in_range(name: str, indices: torch.Tensor, size: int) -> None:
     instead of letting a kernel read out of bounds. On the CPU there is no synchronization to save, and
     the kernels' own checks raise. The CPU and meta tensors are left to those checks.
     """
-    if indices.device.type != "cuda" or indices.numel() == 0 or _tracing():
+    if indices.device.type != "cuda" or indices.numel() == 0 or tracing():
         return
     inside = ((indices >= 0) & (indices < size)).all()
     torch._assert_async(inside, f"{name} must lie in 0 … {size - 1}")

@@ -218,7 +218,7 @@ class RankPosterior:
     log_likelihood: float = float("nan")   # mean per-sample log-likelihood of the fit
 
 
-def _log_posterior(d: torch.Tensor, log_prior: torch.Tensor, temperature: float) -> torch.Tensor:
+def log_posterior(d: torch.Tensor, log_prior: torch.Tensor, temperature: float) -> torch.Tensor:
     # D is defined up to a per-sample constant for the posterior: shift rows for stability
     d = d - d.min(dim=1, keepdim=True).values
     return torch.log_softmax(-d / temperature + log_prior, dim=1)
@@ -263,7 +263,7 @@ def fit_rank_posterior(dissimilarity: torch.Tensor, labels: torch.Tensor, num_ra
     best_ll, best_t = -float("inf"), scale
     for k in range(-12, 7):
         t = scale * 2.0 ** k
-        logp = _log_posterior(d, log_prior, t)
+        logp = log_posterior(d, log_prior, t)
         per_sample = (logp[rows, labels] if log_noise is None
                       else torch.logsumexp(logp + log_noise, dim=1))
         ll = float(per_sample.mean()) if labels.numel() else 0.0
@@ -365,7 +365,7 @@ def fit_through_label_noise(dissimilarity: torch.Tensor, labels: torch.Tensor, n
 def rank_posterior(dissimilarity: torch.Tensor, posterior: RankPosterior) -> torch.Tensor:
     """``[N, n]`` float64 probabilities ``p(q | x)`` of each row of ``D [N, n]``."""
     d = dissimilarity.detach().to(torch.float64)
-    return _log_posterior(d, posterior.log_prior.to(d), posterior.temperature).exp()
+    return log_posterior(d, posterior.log_prior.to(d), posterior.temperature).exp()
 
 
 def median_ranks(probabilities: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,7 @@ same head, the head one process would compute on the whole training set::
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -58,11 +58,9 @@ from . import _validation as check
 from ._dispatch import computing, route
 from ._reduction import reduce_losses
 from .grouped import grouped_order_loss
+from .head import SOLHead, checked_labels
 from .loss import StochasticOrderLoss
-from .ops import _order_loss_block_rows
-
-if TYPE_CHECKING:
-    from .head import SOLHead
+from .ops import unchecked_order_loss_block_rows
 
 __all__ = ["DistributedStochasticOrderLoss", "gather_rows", "zigzag_layout", "gather_all", "shard",
            "all_reduce_sum", "update_centroids", "update_head"]
@@ -220,8 +218,8 @@ class DistributedStochasticOrderLoss(nn.Module):
                 D_all = torch.cat([D_cat[a:b] for a, b in segments])
                 labels_all = torch.cat([labels_cat[a:b] for a, b in segments])
                 rows = torch.cat([
-                    _order_loss_block_rows(D[part], labels[part], D_all, labels_all, offset, c.sigma, c.tau,
-                                           c.margin, c.convention, fused)
+                    unchecked_order_loss_block_rows(D[part], labels[part], D_all, labels_all, offset, c.sigma,
+                                                    c.tau, c.margin, c.convention, fused)
                     for part, offset in ((slice(0, split), offsets[0]), (slice(split, None), offsets[1]))
                 ])
                 order = reduce_losses(rows, "sum")
@@ -245,7 +243,7 @@ class DistributedStochasticOrderLoss(nn.Module):
 # ------------------------------------------------------------------------------------------------
 
 
-def _distributed(group) -> bool:
+def is_distributed(group) -> bool:
     """Whether a process group of more than one process is running (else everything is local)."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
 
@@ -256,7 +254,7 @@ def shard(count: int, group=None) -> slice:
 
     Use it for the end-of-epoch pass over the training set: unlike a ``DistributedSampler``, the
     shares cover every sample exactly once (no padding with repeated samples)."""
-    if not _distributed(group):
+    if not is_distributed(group):
         return slice(0, count)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     base, extra = divmod(count, world)
@@ -270,7 +268,7 @@ def all_reduce_sum(group=None) -> Callable[[torch.Tensor], torch.Tensor]:
     :func:`sol_ext.centroids.compute_centroids`. Without a process group it returns its input."""
 
     def reduce(t: torch.Tensor) -> torch.Tensor:
-        if _distributed(group):
+        if is_distributed(group):
             dist.all_reduce(t, group=group)
         return t
 
@@ -283,7 +281,7 @@ def gather_all(local: torch.Tensor, group=None) -> torch.Tensor:
 
     ``B`` may differ between processes and be 0; the other dimensions and the dtype must agree. No
     gradient (:func:`gather_rows` has one). Without a process group it returns ``local``."""
-    if not _distributed(group):
+    if not is_distributed(group):
         return local
     world = dist.get_world_size(group)
     size = torch.tensor([local.shape[0]], dtype=torch.int64, device=local.device)
@@ -297,12 +295,6 @@ def gather_all(local: torch.Tensor, group=None) -> torch.Tensor:
     parts = [torch.empty_like(rows) for _ in range(world)]
     dist.all_gather(parts, rows.contiguous(), group=group)
     return torch.cat([p[:s] for p, s in zip(parts, sizes)])
-
-
-def _checked(head: "SOLHead", name: str, h: torch.Tensor, labels_name: str, labels) -> torch.Tensor:
-    """``labels`` as int64 ranks on ``h``'s device, after the head's checks of ``h`` and ``labels``."""
-    head._check_embeddings(name, h)
-    return head._check_labels(labels_name, labels, name, h).to(h.device)
 
 
 @torch.no_grad()
@@ -319,7 +311,7 @@ def update_centroids(head: "SOLHead", h: torch.Tensor, labels, group=None) -> to
 
     Returns the new centroids ``[n, d]``, the same on every process: those of one process on the
     whole training set (to the rounding of the sums). Every process must call it (an all-reduce)."""
-    labels = _checked(head, "h", h, "labels", labels)
+    labels = checked_labels(head, "h", h, "labels", labels)
     return head.update_centroids(h, labels, all_reduce=all_reduce_sum(group))
 
 
@@ -347,10 +339,10 @@ def update_head(head: "SOLHead", h: torch.Tensor, labels, val_h: Optional[torch.
     """
     if (val_h is None) != (val_labels is None):
         raise ValueError("pass val_h and val_labels together, or neither.")
-    labels = _checked(head, "h", h, "labels", labels)
+    labels = checked_labels(head, "h", h, "labels", labels)
     if val_h is not None:
-        val_labels = _checked(head, "val_h", val_h, "val_labels", val_labels)
-    if not _distributed(group):
+        val_labels = checked_labels(head, "val_h", val_h, "val_labels", val_labels)
+    if not is_distributed(group):
         head.update(h, labels, val_h, val_labels)
         return
     head.update_centroids(h, labels, all_reduce=all_reduce_sum(group))

@@ -12,24 +12,31 @@ the hinges' decisions (which pairs contribute, ties included) are the same (docs
 On the CPU, :class:`sol_ext.StochasticOrderLoss` runs its whole step with this algorithm as one op per
 direction, ``torch.ops.sol_ext.grouped_stochastic_order_loss`` (csrc/stochastic_order_loss.cpp), so that a
 busy machine does not stall it (docs/math.md §13.6); on CUDA too with ``SOL_EXT_CUDA_GROUPED=fused``
-(:func:`fused_cuda_step`; off by default until that path has run on a GPU).
+(off by default until that path has run on a GPU).
 
-``algorithm`` of :class:`sol_ext.StochasticOrderLoss` and :func:`sol_ext.order_loss` picks between the
-two; :func:`grouped_is_faster` holds the measured rule of ``"auto"`` (applied by
-:func:`sol_ext._dispatch.choose_algorithm`).
+This module is the algorithm alone. Which path runs is :mod:`sol_ext._dispatch`'s to say: ``algorithm``
+of :class:`sol_ext.StochasticOrderLoss` and :func:`sol_ext.order_loss` picks between pairwise and grouped
+(``"auto"``: :func:`sol_ext._dispatch.grouped_is_faster`, the measured rule), the fused op or the torch
+operations (:func:`sol_ext._dispatch.grouped_op_runs`), and the one-op step on CUDA
+(:func:`sol_ext._dispatch.fused_cuda_step`).
 """
 from __future__ import annotations
 
 import functools
-import os
+from types import SimpleNamespace
 from typing import Optional
 
 import torch
 
+from . import _dispatch
 from . import _validation as check
+from ._autograd import grouped_sum_backward, setup_grouped_sum
+from ._deprecation import moved_names
+from ._dispatch import grouped_op_runs
 from ._reduction import reduced_dtype
+from ._rows import deterministic_sum, searchsorted_rows, sort_rows
 
-__all__ = ["ALGORITHMS", "grouped_order_loss", "grouped_order_sum", "grouped_is_faster", "GroupedOrderLoss"]
+__all__ = ["ALGORITHMS", "grouped_order_loss", "grouped_order_sum"]
 
 ALGORITHMS = check.ALGORITHMS
 
@@ -38,36 +45,6 @@ ALGORITHMS = check.ALGORITHMS
 # tables), several of K * B, and blocks of a few hundred KB; plus the gradient, B * n. So the extra memory
 # is O(n B) and about 50 MB for any n at B = 4096; about 250 MB at B = 1,000,000, n = 5 (measured).
 _CHUNK_VALUES = 2**21
-
-
-def grouped_is_faster(batch_size: int, num_ranks: int, device: torch.device, fused: bool = True) -> bool:
-    """The rule of ``algorithm="auto"``: whether the grouped algorithm beats the pairwise one at this size.
-
-    ``fused``: whether pairwise would run the fused kernels (else the plain-PyTorch reference). Grouped costs
-    about ``n^2 B`` (plus ``n B log B``), pairwise ``B^2 n / 2``, so grouped wins from some ``B``
-    proportional to ``n`` on. Crossovers measured (StochasticOrderLoss forward+backward, float32, d = 64) on a
-    2-core x86 CPU shared with other jobs (load average 4-5), at torch's default thread count (2):
-
-    - CPU, both fused (the grouped op, csrc/cpu/grouped_order_loss_kernel.cpp): ``B`` of about 55 for ``n``
-      of 5-20, 135 for ``n = 60``, 270 for ``n = 101``, 560 for ``n = 217`` (on one thread: 55, 75, 150,
-      350; there pairwise has no second thread). Rule: ``B >= max(64, 2.6 n)``.
-    - plain-PyTorch reference (no fused kernels for this device or dtype; it forms ``[B(B-1)/2, n]``
-      tensors): ``B`` of 32-64 for ``n <= 40``, about 150 for ``n = 101``. Rule: ``B >= max(48, 1.5 n)``.
-    - CUDA, both fused (the CUDA op, csrc/cuda/grouped_order_loss_kernel.cu), on an H100 (torch 2.11,
-      ``benchmarks/results/gpu/h100-algorithms.json``): pairwise is faster at ``B = 1024`` (by 1.4x to 2x for
-      ``n`` of 5 to 60), the two are level at ``B = 4096`` (within 10 %), and grouped is 6.7x, 14x and 13x
-      faster at ``B = 16384`` for ``n`` = 5, 20, 60; ``B = 65536, n = 7`` takes 3.3 ms (pairwise 619 ms) and
-      ``B = 10^6, n = 5`` 8.0 ms. Rule: ``B >= 8192`` and ``n <= B / 64`` (grouped's ``n^2 B`` term beyond
-      the measured range is not assumed to win).
-    """
-    B, n = batch_size, num_ranks
-    if B < 2:
-        return False
-    if not fused:
-        return B >= max(48, 1.5 * n)
-    if device.type == "cpu":
-        return B >= max(64, 2.6 * n)
-    return B >= 8192 and n <= B / 64
 
 
 @functools.lru_cache(maxsize=16)
@@ -106,18 +83,6 @@ def _hinge_active(dx: torch.Tensor, dy: torch.Tensor, c: float) -> torch.Tensor:
     return ((dx - dy).to(_hinge_dtype(dx.dtype)) + c).to(dx.dtype) > 0
 
 
-def _searchsorted_rows(s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """``searchsorted`` of each row of ``t`` in the same row of ``s`` (left side), as int64. On the CPU for
-    long rows through NumPy, whose search is about 1.5 times faster on sorted keys (it narrows each search
-    with the previous key's result)."""
-    if s.device.type != "cpu" or s.shape[1] < 4096:
-        return torch.searchsorted(s, t)
-    import numpy as np
-
-    s_np, t_np = s.numpy(), t.numpy()
-    return torch.from_numpy(np.stack([np.searchsorted(s_np[k], t_np[k]) for k in range(s.shape[0])]))
-
-
 def _count_active(
     s: torch.Tensor,
     s_native: torch.Tensor,
@@ -136,7 +101,7 @@ def _count_active(
     a ``D_y``. The checks run ``block`` positions at a time.
     """
     K, B = s.shape
-    pos = _searchsorted_rows(s, s + c) if estimate is None else estimate
+    pos = searchsorted_rows(s, s + c) if estimate is None else estimate
     flat = s_native.reshape(-1)
     base = torch.arange(0, K * B, B, device=s.device)[:, None]
     wrong = torch.empty((K, B), dtype=torch.bool, device=s.device)
@@ -226,73 +191,6 @@ _MATMUL_MAX_RANKS = 48
 # cache (about 3 times faster than whole rows of a million values): blocks of at most this many positions
 # times ranks in a chunk (divided by n / 8 for the row gathers, whose temporaries have n columns).
 _BLOCK_VALUES = 2**17
-# torch's grain size: a sum of fewer values runs on one thread; _sum adds rows of this many values, each
-# on one thread, so every sum adds in an order fixed by the sizes alone (bitwise the same for any number
-# of threads).
-_GRAIN = 32768
-
-
-def _sum(t: torch.Tensor) -> torch.Tensor:
-    """``t.sum()`` in an order that does not depend on the number of threads."""
-    t = t.reshape(-1)
-    full = t.numel() - t.numel() % _GRAIN
-    if full == 0:
-        return t.sum()
-    total = t[:full].view(-1, _GRAIN).sum(1).sum()
-    return total + t[full:].sum() if full < t.numel() else total
-
-
-def _sort_rows(values: torch.Tensor):
-    """``(sorted, order)`` of each row of ``values [K, B]``, ascending; ties in a fixed order.
-
-    On the CPU through NumPy, whose vectorized sort is 10 to 20 times faster than ``torch.sort`` here: up
-    to 32-bit floats as one int64 key per value (an order-preserving integer image of the float in the high
-    bits, the column index in the low bits), so the sort is stable; float64 by ``argsort``. Elsewhere
-    ``torch.sort(stable=True)``.
-    """
-    if values.device.type != "cpu" or values.dtype not in (torch.float16, torch.bfloat16, torch.float32,
-                                                          torch.float64):
-        return torch.sort(values, dim=1, stable=True)
-    import numpy as np
-
-    B = values.shape[1]
-    if values.dtype == torch.float64:
-        order = torch.from_numpy(np.argsort(values.numpy(), axis=1))
-        return values.gather(1, order), order
-    bits = values.float().numpy().view(np.uint32).astype(np.int64)
-    keys = np.where(bits >= 2**31, (2**32 - 1) - bits, bits + 2**31)  # order-preserving image in 0..2^32-1
-    packed = np.sort((keys << 31) | np.arange(B, dtype=np.int64), axis=1)
-    order = torch.from_numpy(packed & (2**31 - 1))
-    return values.gather(1, order), order
-
-
-# Whether CPU / CUDA float32/float64 inputs go to the fused op (tests turn them off to check the torch path).
-_CPU_KERNEL = True
-_CUDA_KERNEL = True
-
-
-def _uses_fused_op(D: torch.Tensor) -> bool:
-    if D.dtype not in (torch.float32, torch.float64):
-        return False
-    if D.device.type == "cpu":
-        return _CPU_KERNEL
-    return _CUDA_KERNEL and D.device.type == "cuda" and _cuda_op_available()
-
-
-def fused_cuda_step(h: torch.Tensor) -> bool:
-    """Whether :class:`sol_ext.StochasticOrderLoss` runs its grouped step on ``h`` (CUDA) as one op per
-    direction with the fused kernels of the CUDA op: only with ``SOL_EXT_CUDA_GROUPED=fused`` until that
-    path has run on a GPU (csrc/cuda/grouped_order_loss_kernel.cu says what differs)."""
-    return os.environ.get("SOL_EXT_CUDA_GROUPED") == "fused" and h.device.type == "cuda" and _uses_fused_op(h)
-
-
-@functools.lru_cache(maxsize=1)
-def _cuda_op_available() -> bool:
-    from ._dispatch import cuda_kernels_available
-
-    return cuda_kernels_available()
-
-
 def grouped_order_sum(
     D: torch.Tensor,
     labels: torch.Tensor,
@@ -307,17 +205,21 @@ def grouped_order_sum(
     restricted to the ranks ``q`` in ``range(*ranks)`` (default all), and its gradient with respect to ``D``
     (``[B, n]``, zero outside those ranks; ``None`` when ``need_grad`` is false).
 
-    Both in float64 (float32 on MPS). No autograd: :class:`GroupedOrderLoss` wraps it.
-    CPU and CUDA float32/float64: the fused op, which checks its inputs; otherwise :func:`_torch_order_sum`
+    Both in float64 (float32 on MPS), without a graph: :func:`grouped_order_loss` is the differentiable loss.
+    CPU and CUDA float32/float64: the fused op, which checks its inputs; otherwise plain torch operations
     (inputs unchecked: the callers check them).
     """
-    if _uses_fused_op(D):
-        q_begin, q_end = (0, D.shape[1]) if ranks is None else ranks
-        total, grad = torch.ops.sol_ext.grouped_order_sum(
-            D, labels.long(), sigma, tau, margin, convention, q_begin, max(q_begin, q_end), need_grad
-        )
-        return total, grad if need_grad else None
-    return _torch_order_sum(D, labels, sigma, tau, margin, convention, ranks, need_grad)
+    total, grad = _grouped_sum(D.detach(), labels, sigma, tau, margin, convention, ranks, need_grad)
+    return total, grad if need_grad else None
+
+
+def _grouped_sum(D, labels, sigma, tau, margin, convention, ranks, need_grad):
+    """``(total, grad)`` from the op that :func:`sol_ext._dispatch.grouped_op_runs` picks: the fused
+    ``grouped_order_sum`` or ``grouped_order_sum_torch`` (below). Differentiable in ``D``: both ops have
+    the same backward, :func:`sol_ext._autograd.grouped_sum_backward`."""
+    q_begin, q_end = (0, D.shape[1]) if ranks is None else ranks
+    op = torch.ops.sol_ext.grouped_order_sum if grouped_op_runs(D) else grouped_order_sum_torch
+    return op(D, labels.long(), sigma, tau, margin, convention, q_begin, max(q_begin, q_end), need_grad)
 
 
 def _torch_order_sum(
@@ -391,7 +293,7 @@ def _torch_order_sum(
         else:  # the last flag: the weights are symmetric (W(a, b) = W(b, a))
             terms = [(gamma, w_plus, False), (-gamma, E2.expand(K, n, n) if by_matmul else E2, True)]
 
-        s_native, order = _sort_rows(D[:, q0:q1].T.contiguous())  # [K, B], in D's dtype
+        s_native, order = sort_rows(D[:, q0:q1].T.contiguous())  # [K, B], in D's dtype
         s = s_native.to(cdtype)
         lab = labels.index_select(0, order.view(-1)).view(K, B)  # labels along the sorted columns
         centred = s - 0.5 * (s[:, :1] + s[:, -1:])  # differences are unchanged; keeps the sums small
@@ -485,60 +387,50 @@ def _torch_order_sum(
                 # Every pair's hinge is W (D_x - D_y + c): homogeneous of degree 1 in (D, c), so its sum
                 # is <gradient, D> + c * dF/dc, where dF/dc = sum of the x sides (docs/math.md §13.3).
                 if c != 0:
-                    parts.append(c * _sum(x_side))
+                    parts.append(c * deterministic_sum(x_side))
                 term = x_side.sub_(y_side)
                 grad_block = term if grad_block is None else grad_block.add_(term)
-            parts.append(_sum(grad_block * centred[:, i0:i1]))
+            parts.append(deterministic_sum(grad_block * centred[:, i0:i1]))
             if need_grad:
                 grad_sorted[:, i0:i1] = grad_block
         if need_grad:
             grad_t[q0:q1].scatter_(1, order, grad_sorted)
     # Swap symmetry: the unordered pairs carry half of the ordered pairs x != y (docs/math.md §13.2).
-    total = _sum(torch.stack(parts)) * 0.5
+    total = deterministic_sum(torch.stack(parts)) * 0.5
     if not need_grad:
         return total, None
     return total, grad_t.mul_(0.5).T
 
 
+@torch.library.custom_op("sol_ext::grouped_order_sum_torch", mutates_args=())
+def grouped_order_sum_torch(
+    D: torch.Tensor,
+    labels: torch.Tensor,
+    sigma: float,
+    tau: int,
+    margin: float,
+    convention: str,
+    rank_begin: int,
+    rank_end: int,
+    need_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op ``grouped_order_sum`` (csrc/sol_ext.cpp) in plain torch operations (:func:`_torch_order_sum`),
+    for the devices and dtypes it has no kernel for; ``grad`` is empty unless ``need_grad``."""
+    total, grad = _torch_order_sum(D, labels, sigma, tau, margin, convention, (rank_begin, rank_end), need_grad)
+    return total, grad.contiguous() if need_grad else total.new_empty((0,))  # an op's outputs are fresh tensors
+
+
+@grouped_order_sum_torch.register_fake
+def _(D, labels, sigma, tau, margin, convention, rank_begin, rank_end, need_grad):
+    dtype = _compute_dtype(D.device)
+    return D.new_empty((), dtype=dtype), D.new_empty(D.shape if need_grad else (0,), dtype=dtype)
+
+
+grouped_order_sum_torch.register_autograd(grouped_sum_backward, setup_context=setup_grouped_sum)
+
+
 def _num_pairs(batch_size: int) -> int:
     return batch_size * (batch_size - 1) // 2
-
-
-class GroupedOrderLoss(torch.autograd.Function):
-    """The reduced all-pairs order loss of ``D`` by :func:`grouped_order_sum`, with a hand-written backward.
-
-    ``apply(D, labels, sigma, tau, margin, convention, reduction, ranks, normalizer)``: ``reduction`` is
-    ``"mean"`` (divided by ``normalizer``, default ``max(B(B-1)/2, 1)``) or ``"sum"``; ``ranks`` a
-    ``(begin, end)`` range of ranks or ``None`` for all. Returns a scalar in the dtype that
-    the library's reductions give (float32 for half ``D``). The gradient with respect to ``D``
-    is computed in the forward pass (it costs what the value costs and shares its sorts) when ``D`` needs
-    one, and scaled by the incoming gradient in ``backward``. The loss is piecewise linear in ``D``, so
-    its second derivative is 0 (almost everywhere): ``backward`` is differentiable in the incoming
-    gradient and double backward through this node is exact.
-    """
-
-    @staticmethod
-    def forward(ctx, D, labels, sigma, tau, margin, convention, reduction, ranks=None, normalizer=None):
-        need_grad = ctx.needs_input_grad[0]
-        total, grad = grouped_order_sum(D.detach(), labels, sigma, tau, margin, convention, ranks, need_grad)
-        if reduction == "mean":
-            scale = 1.0 / (normalizer if normalizer is not None else max(_num_pairs(D.shape[0]), 1))
-            total = total * scale
-        else:
-            scale = 1.0
-        ctx.scale = scale
-        ctx.D_dtype = D.dtype
-        if need_grad:
-            ctx.save_for_backward(grad)
-        return total.to(reduced_dtype(D.dtype))
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        if not ctx.needs_input_grad[0]:
-            return (None,) * 9
-        (grad,) = ctx.saved_tensors
-        grad_D = (grad_output.to(grad.dtype) * ctx.scale) * grad
-        return grad_D.to(ctx.D_dtype, memory_format=torch.contiguous_format), *(None,) * 8
 
 
 def grouped_order_loss(
@@ -554,6 +446,26 @@ def grouped_order_loss(
 ) -> torch.Tensor:
     """The all-pairs order loss (``"mean"`` or ``"sum"``) by the grouped algorithm; differentiable in ``D``.
 
-    Unvalidated: :func:`sol_ext.order_loss` with ``algorithm="grouped"`` checks its arguments and calls this.
+    ``reduction="mean"`` divides by ``normalizer`` (default ``max(B(B-1)/2, 1)``); ``ranks`` is a ``(begin,
+    end)`` range of ranks or ``None`` for all. Returns a scalar in the dtype that the library's reductions
+    give (float32 for half ``D``). The gradient with respect to ``D`` is computed in the forward pass (it
+    costs what the value costs and shares its sorts) when ``D`` needs one, and scaled by the incoming
+    gradient in the backward. Unvalidated: :func:`sol_ext.order_loss` with ``algorithm="grouped"`` checks
+    its arguments and calls this.
     """
-    return GroupedOrderLoss.apply(D, labels, sigma, tau, margin, convention, reduction, ranks, normalizer)
+    need_grad = torch.is_grad_enabled() and D.requires_grad
+    total, _ = _grouped_sum(D, labels, sigma, tau, margin, convention, ranks, need_grad)
+    if reduction == "mean":
+        total = total * (1.0 / (normalizer if normalizer is not None else max(_num_pairs(D.shape[0]), 1)))
+    return total.to(reduced_dtype(D.dtype))
+
+
+# Names that moved keep working for one release, with a DeprecationWarning.
+__getattr__ = moved_names(__name__, {
+    "grouped_is_faster": (lambda: _dispatch.grouped_is_faster,
+                          "the rule of algorithm='auto' is sol_ext._dispatch.grouped_is_faster"),
+    "fused_cuda_step": (lambda: _dispatch.fused_cuda_step, "which path runs is sol_ext._dispatch's to say"),
+    "GroupedOrderLoss": (lambda: SimpleNamespace(apply=grouped_order_loss),
+                         "use sol_ext.order_loss(D, labels, algorithm='grouped'), or grouped_order_loss with "
+                         "the arguments of GroupedOrderLoss.apply"),
+})

@@ -68,6 +68,13 @@ _EXTRA_STATE = "_extra_state"
 _INTERVAL_BUFFERS = ("interval_scores", "interval_weights", "interval_codes")
 
 
+def checked_labels(head: "SOLHead", name: str, h: torch.Tensor, labels_name: str, labels) -> torch.Tensor:
+    """``labels`` as int64 ranks on ``h``'s device, after ``head``'s checks of the embeddings ``h`` and of
+    ``labels`` (for :mod:`sol_ext.distributed`, which updates a head across processes)."""
+    head._check_embeddings(name, h)
+    return head._check_labels(labels_name, labels, name, h).to(h.device)
+
+
 class SOLHead(nn.Module):
     """SOL's rank centroids, loss and read-out for embeddings of size ``embedding_dim``.
 

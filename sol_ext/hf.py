@@ -61,8 +61,8 @@ except ImportError:  # transformers 4 spells it PretrainedConfig
     from transformers import PretrainedConfig as PreTrainedConfig
 
 from . import metrics
-from .centroids import _log_posterior, cut_ranks, expected_ranks, median_ranks
-from .distributed import DistributedStochasticOrderLoss, _distributed, shard, update_centroids, update_head
+from .centroids import cut_ranks, expected_ranks, log_posterior, median_ranks
+from .distributed import DistributedStochasticOrderLoss, is_distributed, shard, update_centroids, update_head
 from .head import SETTINGS, SOLHead
 
 __all__ = ["SOLTextConfig", "SOLTextModel", "SOLTextOutput", "SOLTrainer", "SOLCallback", "SOLPredictionOutput",
@@ -209,7 +209,7 @@ class SOLTextModel(PreTrainedModel):
     def rank_log_probabilities(self, h: torch.Tensor) -> torch.Tensor:
         """``[B, n]`` float64 ``log p(q | x)`` of embeddings ``h [B, d]`` (no gradient)."""
         posterior = self.head.posterior
-        return _log_posterior(self.head.dissimilarity(h.detach()).to(torch.float64),
+        return log_posterior(self.head.dissimilarity(h.detach()).to(torch.float64),
                               posterior.log_prior.to(h.device), posterior.temperature)
 
     @torch.no_grad()
@@ -335,7 +335,7 @@ class SOLTrainer(Trainer):
         outputs = model(**inputs)  # through the data-parallel wrapper: it averages the gradients
         h = outputs["embeddings"]
         head = self.sol_model.head
-        if _distributed(None):
+        if is_distributed(None):
             loss = DistributedStochasticOrderLoss(head.criterion)(h, labels, head.centroids.detach().to(h.dtype))
         else:
             loss = head.loss(h, labels)

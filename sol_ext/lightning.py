@@ -55,8 +55,8 @@ from . import _validation as check
 from . import metrics
 from .distributed import (
     DistributedStochasticOrderLoss,
-    _distributed,
     gather_all,
+    is_distributed,
     shard,
     update_centroids,
     update_head,
@@ -209,7 +209,7 @@ class SOLModule(pl.LightningModule):
         inputs, labels = self.split_batch(batch)
         labels = self.to_ranks(labels)
         h = self.embed(inputs)
-        if _distributed(None):  # the global batch's loss, all its pairs; DDP averages the gradients
+        if is_distributed(None):  # the global batch's loss, all its pairs; DDP averages the gradients
             criterion = DistributedStochasticOrderLoss(self.head.criterion)
             loss = criterion(h, labels, self.head.centroids.detach().to(h.dtype))
         else:

@@ -7,15 +7,10 @@ import torch
 from torch import nn
 
 from . import _validation as check
-from ._dispatch import computing, prepare, route
+from ._dispatch import computing, fused_cuda_step, prepare, route
 from ._reduction import reduce_losses
-from .grouped import fused_cuda_step, grouped_order_loss
-from .ops import (
-    _check_dissimilarities_finite,
-    _disc_losses,
-    _dissimilarity,
-    _order_losses,
-)
+from .grouped import grouped_order_loss
+from .ops import unchecked_disc_losses, unchecked_dissimilarity, unchecked_order_losses
 
 
 class StochasticOrderLoss(nn.Module):
@@ -39,7 +34,7 @@ class StochasticOrderLoss(nn.Module):
             (``O(B^2 n)``, the fused kernel or the reference), ``"grouped"`` by sorting each rank's column of
             ``D`` (``O(n^2 B + n B log B)``, docs/math.md §13; not with explicit ``pairs``), or ``"auto"``
             (default): the faster for the batch size, the number of ranks and the device
-            (:func:`sol_ext.grouped.grouped_is_faster`); pairwise for explicit pairs and with
+            (:func:`sol_ext._dispatch.grouped_is_faster`); pairwise for explicit pairs and with
             ``backend="reference"``. The same value and gradients up to rounding. On a GPU, grouped reads
             one flag per chunk of ranks back to the host (its tie checks), also with ``check_values=False``.
         check_values: read the inputs' values to refuse NaN/inf embeddings and out-of-range labels or
@@ -106,7 +101,7 @@ class StochasticOrderLoss(nn.Module):
                     self.reduction, self.check_values and on_cpu, need_grad,
                 )
                 if self.check_values and not on_cpu:
-                    _check_dissimilarities_finite(D, h, mu)
+                    check.check_dissimilarities_finite(D, h, mu)
                     self._check_finite(loss, h, mu)
                 return loss  # on the CPU the op checked it
             if self.check_values and on_cpu:
@@ -119,7 +114,7 @@ class StochasticOrderLoss(nn.Module):
                     self.convention, self.reduction,
                 )
                 if self.check_values:
-                    _check_dissimilarities_finite(D, h, mu)
+                    check.check_dissimilarities_finite(D, h, mu)
                     self._check_finite(loss, h, mu)
                 return loss
             D = self._dissimilarities(h, mu, how.fused)
@@ -127,7 +122,7 @@ class StochasticOrderLoss(nn.Module):
                 order = grouped_order_loss(D, labels, self.sigma, self.tau, self.margin, self.convention, self.reduction)
             else:
                 order = reduce_losses(
-                    _order_losses(D, labels, pairs, self.sigma, self.tau, self.margin, self.convention, how.fused),
+                    unchecked_order_losses(D, labels, pairs, self.sigma, self.tau, self.margin, self.convention, how.fused),
                     self.reduction,
                 )
             loss = order + self.disc_weight * self._disc_term(D, labels, how.fused, self.reduction)
@@ -164,13 +159,13 @@ class StochasticOrderLoss(nn.Module):
                                                                        mu.detach().abs().max().item()), self.margin)
 
     def _dissimilarities(self, h: torch.Tensor, mu: torch.Tensor, fused: bool) -> torch.Tensor:
-        D = _dissimilarity(h, mu, self.sigma, fused)
+        D = unchecked_dissimilarity(h, mu, self.sigma, fused)
         if self.check_values:
-            _check_dissimilarities_finite(D, h, mu)
+            check.check_dissimilarities_finite(D, h, mu)
         return D
 
     def _disc_term(self, D: torch.Tensor, labels: torch.Tensor, fused: bool, reduction: str) -> torch.Tensor:
-        return reduce_losses(_disc_losses(D, labels, self.T, fused), reduction)
+        return reduce_losses(unchecked_disc_losses(D, labels, self.T, fused), reduction)
 
     def extra_repr(self) -> str:
         return (

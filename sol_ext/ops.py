@@ -1,4 +1,4 @@
-"""The public functional API: validation, backend choice, and the autograd wrappers of the fused ops.
+"""The public functional API: validation, then the fused ops (differentiable: :mod:`sol_ext._autograd`) or the reference.
 
 Data flow of one SOL step (see README):
 ``h, mu -> stochastic_dissimilarity -> D [B, n] -> order_loss + disc_loss``.
@@ -12,15 +12,19 @@ through the fused ops and torch.func transforms raise clear errors.
 """
 from __future__ import annotations
 
-import functools
-import math
 from typing import Optional
 
 import torch
 
+from . import (
+    _autograd,  # noqa: F401  the ops' autograd and autocast
+    _extension,
+    grouped,
+    reference,
+)
 from . import _validation as check
-from . import grouped, reference
-from ._dispatch import computing, cuda_kernels_available, prepare, route
+from ._deprecation import moved_names
+from ._dispatch import computing, prepare, route
 from ._reduction import reduce_losses
 
 __all__ = [
@@ -31,219 +35,39 @@ __all__ = [
     "order_loss_block",
     "disc_loss",
     "noise_kernel",
-    "cuda_kernels_available",
 ]
 
 _ops = torch.ops.sol_ext
-
-# Under autocast the ops compute in float32, as PyTorch's own losses do (autocast's float32 list);
-# float64 stays float64. The public functions below cast and then turn autocast off themselves; this
-# registration covers direct calls of torch.ops.sol_ext.*.
-for _name in (
-    "stochastic_dissimilarity",
-    "_stochastic_dissimilarity_backward",
-    "order_loss",
-    "_order_loss_backward",
-    "order_loss_block",
-    "_order_loss_block_backward",
-    "disc_loss",
-    "_disc_loss_backward",
-    "stochastic_order_loss",
-    "_stochastic_order_loss_backward",
-    "grouped_stochastic_order_loss",  # not its backward: grad_order stays float64
-):
-    for _device_type in ("cpu", "cuda"):
-        torch.library.register_autocast(f"sol_ext::{_name}", _device_type, torch.float32)
-
-
-def _grouped_setup_context(ctx, inputs, output) -> None:
-    ctx.need_grad = inputs[-1]
-    ctx.D_dtype = inputs[0].dtype
-    ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(output[1])
-
-
-def _grouped_backward(ctx, grad_total, unused):
-    """d total / dD came out of the forward (the loss is piecewise linear in D, so it is also exact to
-    differentiate again: the second derivative is 0)."""
-    if not ctx.needs_input_grad[0]:
-        return (None,) * 9
-    if not ctx.need_grad:
-        raise RuntimeError("sol_ext::grouped_order_sum was called with need_grad=False; pass need_grad=True "
-                           "to differentiate it")
-    (grad,) = ctx.saved_tensors
-    return (grad_total * grad).to(ctx.D_dtype), *(None,) * 8
-
-
-# The grouped op returns its gradient beside its value; backward scales it.
-torch.library.register_autograd("sol_ext::grouped_order_sum", _grouped_backward, setup_context=_grouped_setup_context)
-
-
-# ---------------------------------------------------------------------------------------------
-# Autograd wrappers. Each calls a fused forward op and its private backward op. Double backward is
-# not supported: the backward ops have no derivatives of their own, and _first_order_only says so.
-# ---------------------------------------------------------------------------------------------
-
-
-class _DoubleBackwardError(torch.autograd.Function):
-    """Passes a gradient of a fused op through; differentiating it again raises a clear error."""
-
-    @staticmethod
-    def forward(ctx, op: str, grad: torch.Tensor, *sources: torch.Tensor) -> torch.Tensor:
-        ctx.op = op
-        return grad.clone()
-
-    @staticmethod
-    def backward(ctx, *unused):
-        raise RuntimeError(
-            f"double backward (differentiating a gradient, e.g. a gradient penalty built with "
-            f"create_graph=True) through the fused sol_ext.{ctx.op} is not supported: its backward kernel "
-            "has no derivative of its own. Use backend='reference' for such a loss."
-        )
-
-
-def _first_order_only(op: str):
-    """Like ``once_differentiable``, but also when only the op's saved inputs require grad.
-
-    ``once_differentiable`` guards a backward's result only when the incoming gradients require grad. A
-    gradient penalty differentiates ``dL/dh``, which depends on ``h`` through the backward kernel; the
-    incoming gradient there is a constant, so the result came back as a constant and the penalty silently
-    added 0. Under ``create_graph=True`` the results are tied to every input that requires grad, and
-    differentiating them raises.
-    """
-
-    def decorate(backward):
-        @functools.wraps(backward)
-        def wrapper(ctx, *grads):
-            with torch.no_grad():
-                outputs = backward(ctx, *grads)
-            if not torch.is_grad_enabled():  # create_graph=False: the usual case
-                return outputs
-            sources = [t for t in (*grads, *ctx.saved_tensors) if isinstance(t, torch.Tensor) and t.requires_grad]
-            if not sources:
-                return outputs
-            return tuple(g if g is None else _DoubleBackwardError.apply(op, g, *sources) for g in outputs)
-
-        return wrapper
-
-    return decorate
-
-
-class _StochasticDissimilarity(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h: torch.Tensor, mu: torch.Tensor, sigma: float) -> torch.Tensor:
-        ctx.save_for_backward(h, mu)
-        ctx.sigma = sigma
-        return _ops.stochastic_dissimilarity(h, mu, sigma)
-
-    @staticmethod
-    @_first_order_only("stochastic_dissimilarity")
-    def backward(ctx, grad_D: torch.Tensor):
-        h, mu = ctx.saved_tensors
-        need_h, need_mu = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        if not (need_h or need_mu):
-            return None, None, None
-        grad_h, grad_mu = _ops._stochastic_dissimilarity_backward(grad_D, h, mu, ctx.sigma, need_h, need_mu)
-        return (grad_h if need_h else None), (grad_mu if need_mu else None), None
-
-
-class _OrderLoss(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, D, labels, pairs, sigma: float, tau: int, margin: float, convention: str):
-        ctx.save_for_backward(D, labels, pairs)
-        ctx.constants = (sigma, tau, margin, convention)
-        return _ops.order_loss(D, labels, pairs, sigma, tau, margin, convention)
-
-    @staticmethod
-    @_first_order_only("order_loss")
-    def backward(ctx, grad_losses: torch.Tensor):
-        if not ctx.needs_input_grad[0]:
-            return (None,) * 7
-        D, labels, pairs = ctx.saved_tensors
-        grad_D = _ops._order_loss_backward(grad_losses, D, labels, pairs, *ctx.constants)
-        return (grad_D,) + (None,) * 6
-
-
-class _OrderLossBlock(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, D, labels, D_all, labels_all, offset: int, sigma: float, tau: int, margin: float, convention: str):
-        ctx.save_for_backward(D, labels, D_all, labels_all)
-        ctx.constants = (offset, sigma, tau, margin, convention)
-        return _ops.order_loss_block(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention)
-
-    @staticmethod
-    @_first_order_only("order_loss_block")
-    def backward(ctx, grad_rows: torch.Tensor):
-        need_D, need_D_all = ctx.needs_input_grad[0], ctx.needs_input_grad[2]
-        if not (need_D or need_D_all):
-            return (None,) * 9
-        D, labels, D_all, labels_all = ctx.saved_tensors
-        grad_D, grad_D_all = _ops._order_loss_block_backward(
-            grad_rows, D, labels, D_all, labels_all, *ctx.constants, need_D, need_D_all
-        )
-        return (grad_D if need_D else None), None, (grad_D_all if need_D_all else None), None, *(None,) * 5
-
-
-class _DiscLoss(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, D, labels, T: int):
-        ctx.save_for_backward(labels)
-        ctx.num_ranks, ctx.T = D.shape[1], T
-        return _ops.disc_loss(D, labels, T)
-
-    @staticmethod
-    @_first_order_only("disc_loss")
-    def backward(ctx, grad_losses: torch.Tensor):
-        if not ctx.needs_input_grad[0]:
-            return None, None, None
-        (labels,) = ctx.saved_tensors
-        return _ops._disc_loss_backward(grad_losses, labels, ctx.num_ranks, ctx.T), None, None
-
 
 # ---------------------------------------------------------------------------------------------
 # Unchecked dispatch, shared by the public functions and StochasticOrderLoss (which validates once).
 # ---------------------------------------------------------------------------------------------
 
 
-def _dissimilarity(h, mu, sigma, fused: bool):
+def unchecked_dissimilarity(h, mu, sigma, fused: bool):
     if fused:
-        return _StochasticDissimilarity.apply(h, mu, sigma)
+        return _ops.stochastic_dissimilarity(h, mu, sigma)
     return reference.stochastic_dissimilarity(h, mu, sigma)
 
 
-def _check_dissimilarities_finite(D: torch.Tensor, h: torch.Tensor, mu: torch.Tensor) -> None:
-    """Finite ``h`` and ``mu`` can still give an inf ``D`` (squared distances past the dtype's range), and
-    the order loss then turns ``inf - inf`` into NaN: refuse it here, as :func:`order_loss` refuses an inf ``D``."""
-    if check._values_hidden(D) or D.numel() == 0:
-        return
-    if not all(math.isfinite(v) for v in torch.stack(torch.aminmax(D.detach())).tolist()):
-        bad = int((~torch.isfinite(D)).sum())
-        largest = max(h.detach().abs().max().item(), mu.detach().abs().max().item())
-        raise ValueError(
-            f"the stochastic dissimilarities of h and mu overflow {D.dtype}: {bad} of D's {D.numel()} values "
-            f"are inf or NaN although h and mu are finite (largest |value| {largest:.3g}); scale the embeddings "
-            "down or compute in float64"
-        )
-
-
-def _order_losses(D, labels, pairs, sigma, tau, margin, convention, fused: bool):
+def unchecked_order_losses(D, labels, pairs, sigma, tau, margin, convention, fused: bool):
     """Per-pair losses ``[M]``."""
     if fused:
-        return _OrderLoss.apply(D, labels, pairs, sigma, tau, margin, convention)
+        return _ops.order_loss(D, labels, pairs, sigma, tau, margin, convention)
     return reference.order_loss(D, labels, pairs, sigma, tau, margin, convention, reduction="none")
 
 
-def _order_loss_block_rows(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention, fused: bool):
+def unchecked_order_loss_block_rows(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention, fused: bool):
     """Per-row sums ``[B]`` of the block's pair losses."""
     if fused:
-        return _OrderLossBlock.apply(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention)
+        return _ops.order_loss_block(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention)
     return reference.order_loss_block(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention)
 
 
-def _disc_losses(D, labels, T, fused: bool):
+def unchecked_disc_losses(D, labels, T, fused: bool):
     """Per-sample losses ``[B]``."""
     if fused:
-        return _DiscLoss.apply(D, labels, T)
+        return _ops.disc_loss(D, labels, T)
     return reference.disc_loss(D, labels, T, reduction="none")
 
 
@@ -278,8 +102,8 @@ def stochastic_dissimilarity(
     sigma = check.check_positive_float("sigma", sigma)
     how = route("stochastic_dissimilarity", backend, h.device, h.dtype)
     with computing(h.device):
-        D = _dissimilarity(h, mu, sigma, how.fused)
-    _check_dissimilarities_finite(D, h, mu)
+        D = unchecked_dissimilarity(h, mu, sigma, how.fused)
+    check.check_dissimilarities_finite(D, h, mu)
     return D
 
 
@@ -361,7 +185,7 @@ def order_loss(
             kernel or the reference, as ``backend`` says, ``O(B^2 n)``), ``"grouped"`` by sorting each rank's
             column of ``D`` (:mod:`sol_ext.grouped`, docs/math.md §13, ``O(n^2 B + n B log B)``, a fused op
             on the CPU, plain torch operations on other devices; ``"mean"`` and ``"sum"`` only, no explicit pairs), or ``"auto"``: the
-            faster of the two for ``(B, n, device)`` (:func:`sol_ext.grouped.grouped_is_faster`), pairwise for
+            faster of the two for ``(B, n, device)`` (:func:`sol_ext._dispatch.grouped_is_faster`), pairwise for
             explicit pairs, ``reduction="none"`` and ``backend="reference"``. Both give the same value and
             gradient up to rounding, with the same hinge decisions (ties included).
 
@@ -395,7 +219,7 @@ def order_loss(
         if how.algorithm == "grouped":
             loss = grouped.grouped_order_loss(D, labels, sigma, tau, margin, convention, reduction)
         else:
-            loss = reduce_losses(_order_losses(D, labels, pairs, sigma, tau, margin, convention, how.fused), reduction)
+            loss = reduce_losses(unchecked_order_losses(D, labels, pairs, sigma, tau, margin, convention, how.fused), reduction)
     check.check_loss_finite(loss, D.dtype, "D", lambda: largest, margin)
     return loss
 
@@ -452,7 +276,7 @@ def order_loss_block(
     check.check_choice("convention", convention, check.CONVENTIONS)
     how = route("order_loss_block", backend, D.device, D.dtype)
     with computing(D.device):
-        rows = _order_loss_block_rows(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention, how.fused)
+        rows = unchecked_order_loss_block_rows(D, labels, D_all, labels_all, offset, sigma, tau, margin, convention, how.fused)
     check.check_loss_finite(rows, D.dtype, "D and D_all", lambda: largest, margin)
     return rows
 
@@ -476,7 +300,7 @@ def disc_loss(
     check.check_reduction(reduction)
     how = route("disc_loss", backend, D.device, D.dtype)
     with computing(D.device):
-        return reduce_losses(_disc_losses(D, labels, T, how.fused), reduction)
+        return reduce_losses(unchecked_disc_losses(D, labels, T, how.fused), reduction)
 
 
 def noise_kernel(
@@ -488,3 +312,8 @@ def noise_kernel(
     check.check_float_dtype(dtype)
     return reference.noise_kernel(num_ranks, sigma, dtype=dtype, device=device)
 
+
+
+__getattr__ = moved_names(__name__, {
+    "cuda_kernels_available": (lambda: _extension.cuda_kernels_available, "use sol_ext.cuda_kernels_available"),
+})

@@ -1,6 +1,10 @@
 """Gradients, op registration, torch.compile, determinism and empty inputs of the fused ops."""
 from __future__ import annotations
 
+import re
+import warnings
+from pathlib import Path
+
 import pytest
 import torch
 from torch.library import opcheck
@@ -134,6 +138,100 @@ def test_opcheck(device, case):
     """Schema, fake kernel, autograd registration and dispatch consistency of every op."""
     op, args = _op_cases(device)[case]
     opcheck(op, args)
+
+
+SCHEMAS = Path(__file__).resolve().parents[1] / "csrc" / "sol_ext.cpp"
+# The whole-step ops' backward ops run inside their C++ autograd nodes, which call them below autograd;
+# they have no autograd kernel of their own (a Python one would run on every training step).
+WHOLE_STEP_BACKWARDS = {"_stochastic_order_loss_backward", "_grouped_stochastic_order_loss_backward"}
+
+
+def _every_op_requiring_grad(device):
+    """One call per op of csrc/sol_ext.cpp (and the grouped sum's torch operations), every floating input
+    requiring grad: opcheck's test_autograd_registration and test_aot_dispatch_* then check gradients."""
+    h, mu, labels, pairs = _inputs(device)
+    D = sol_ext.stochastic_dissimilarity(h, mu)
+    B, n = D.shape
+
+    gen = torch.Generator().manual_seed(1)
+
+    def grad(*shape):
+        return torch.randn(shape, generator=gen, dtype=torch.float64).to(device).requires_grad_()
+
+    h, mu, D = (t.detach().clone().requires_grad_() for t in (h, mu, D))
+    D_all = torch.cat([D.detach(), D.detach()[:3] + 0.5]).requires_grad_()
+    labels_all = torch.cat([labels, labels[:3]])
+    loss = (1.0, 2, 0.25)
+    return {
+        "stochastic_dissimilarity": (h, mu, 0.8),
+        "_stochastic_dissimilarity_backward": (grad(B, n), h, mu, 0.8, True, True),
+        "ordering_probabilities": (labels, labels.flip(0), n, 1.0, 2, "paper", torch.float64),
+        "order_loss": (D, labels, pairs, *loss, "official"),
+        "_order_loss_backward": (grad(B * (B - 1) // 2), D, labels, None, *loss, "paper"),
+        "order_loss_block": (D[2:5], labels[2:5], D_all, labels_all, 2, *loss, "paper"),
+        "_order_loss_block_backward": (grad(B), D, labels, D_all, labels_all, 0, *loss, "paper", True, True),
+        "disc_loss": (D, labels, 2),
+        "_disc_loss_backward": (grad(B), labels, n, 2),
+        "stochastic_order_loss": (h, mu, labels, None, *loss, 2, 1.5, "paper", "mean"),
+        "_stochastic_order_loss_backward": (
+            grad(), h, mu, D, labels, pairs, *loss, 2, 1.5, "paper", "sum", True, True),
+        "grouped_stochastic_order_loss": (h, mu, labels, *loss, 2, 1.5, "paper", "mean", True, True),
+        "_grouped_stochastic_order_loss_backward": (
+            grad(), h, mu, D, labels, grad(B, n).detach(), 1.0, 2, 1.5, "mean",
+            True, True),
+        "grouped_order_sum": (D, labels, *loss, "paper", 1, n, True),
+        "grouped_order_sum_torch": (D, labels, *loss, "official", 0, n, True),
+    }
+
+
+def test_every_op_of_the_schema_file_is_checked():
+    defined = set(re.findall(r'm\.def\(\s*"(\w+)\(', SCHEMAS.read_text(encoding="utf-8")))
+    assert len(defined) == 14
+    assert defined | {"grouped_order_sum_torch"} == set(_every_op_requiring_grad("cpu"))
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("name", list(_every_op_requiring_grad("cpu")))
+def test_opcheck_with_inputs_that_require_grad(device, name):
+    """All of opcheck's default tests, with gradients: every leaf op has an autograd formula
+    (torch.library.register_autograd) that AOTAutograd traces to the eager gradients, and every backward op
+    a kernel that says it is not differentiable, so that none falls back to autograd's warning."""
+    op = getattr(ops, name).default
+    args = _every_op_requiring_grad(device)[name]
+    with warnings.catch_warnings():
+        if name not in WHOLE_STEP_BACKWARDS:
+            warnings.filterwarnings("error", message=".*autograd kernel was not registered")
+        results = opcheck(op, args)
+    assert set(results) == {"test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"}
+    assert all(result == "SUCCESS" for result in results.values())
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("name, differentiable", [
+    ("stochastic_dissimilarity", (0, 1)), ("order_loss", (0,)), ("order_loss_block", (0, 2)), ("disc_loss", (0,)),
+])
+def test_the_ops_are_differentiable_on_their_own(device, name, differentiable):
+    """torch.ops.sol_ext.<op>, called directly, has the gradient of the public function (gradcheck), and its
+    backward kernel's results refuse a second differentiation."""
+    args = list(_every_op_requiring_grad(device)[name])
+    if name != "stochastic_dissimilarity":  # D away from the hinge kinks: finite differences see one piece
+        args = [a.detach().div(3).requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                for a in args]
+    inputs = [args[i] for i in differentiable]
+
+    def call(*tensors):
+        full = list(args)
+        for i, t in zip(differentiable, tensors):
+            full[i] = t
+        return getattr(ops, name)(*full)
+
+    assert torch.autograd.gradcheck(call, inputs)
+    grads = torch.autograd.grad(call(*inputs).sum(), inputs, create_graph=True)
+    if name == "disc_loss":  # linear in D: its gradient is a constant, correctly without a graph
+        assert not any(g.requires_grad for g in grads)
+        return
+    with pytest.raises(RuntimeError, match=DOUBLE_BACKWARD.format(op=name)):
+        torch.autograd.grad(sum(g.square().sum() for g in grads), inputs)
 
 
 @pytest.mark.slow

@@ -59,8 +59,9 @@ def make_D(B: int, n: int, mode: str, gen: torch.Generator, dtype=torch.float64)
 
 # Code paths: "kernel" is the fused op; the others the plain-torch path (what MPS and half precision
 # run), where "matmul" and "gather" force how the weights meet the counts and "small" forces one rank per
-# chunk (the K = 1 fix-ups) and blocks of a few positions.
-TORCH = dict(_CPU_KERNEL=False, _CUDA_KERNEL=False)
+# chunk (the K = 1 fix-ups) and blocks of a few positions. The switches of the fused op are _dispatch's
+# (which path runs), the sizes grouped's (how the torch path runs).
+TORCH = dict(_GROUPED_CPU_OP=False, _GROUPED_CUDA_OP=False)
 PATHS = {
     "kernel": {},
     "torch": TORCH,
@@ -74,7 +75,7 @@ PATHS = {
 @pytest.fixture(params=list(PATHS))
 def path(request, monkeypatch):
     for name, value in PATHS[request.param].items():
-        monkeypatch.setattr(grouped, name, value)
+        monkeypatch.setattr(_dispatch if name in TORCH else grouped, name, value)
     return request.param
 
 
@@ -188,10 +189,21 @@ def test_gradcheck(convention):
     labels = torch.randint(0, 6, (9,), generator=gen)
 
     def fn(D):
-        return grouped.GroupedOrderLoss.apply(D, labels, 1.1, 1, 0.05, convention, "sum")
+        return grouped.grouped_order_loss(D, labels, 1.1, 1, 0.05, convention, "sum")
 
     assert torch.autograd.gradcheck(fn, (D,))
     assert torch.autograd.gradgradcheck(fn, (D,))  # piecewise linear: the second derivative is 0
+
+
+def test_grouped_order_loss_function_still_works_with_a_warning():
+    gen = torch.Generator().manual_seed(0)
+    D = (torch.randn(9, 6, generator=gen, dtype=torch.float64) * 3).requires_grad_()
+    labels = torch.randint(0, 6, (9,), generator=gen)
+    with pytest.warns(DeprecationWarning, match="GroupedOrderLoss is deprecated"):
+        old = grouped.GroupedOrderLoss.apply(D, labels, 1.1, 1, 0.05, "paper", "mean")
+    new = grouped.grouped_order_loss(D, labels, 1.1, 1, 0.05, "paper", "mean")
+    assert torch.equal(old, new)
+    assert torch.equal(torch.autograd.grad(old, D)[0], torch.autograd.grad(new, D)[0])
 
 
 def test_gradient_penalty_through_the_grouped_loss_equals_the_reference():
@@ -420,6 +432,15 @@ def test_auto_rule():
     assert choose("grouped", 3, 7, cpu, fused=True) == "grouped"
 
 
+@pytest.mark.parametrize("name", ["grouped_is_faster", "fused_cuda_step"])
+def test_routing_names_moved_to_dispatch_still_work_with_a_warning(name):
+    with pytest.warns(DeprecationWarning, match=f"sol_ext.grouped.{name} is deprecated"):
+        moved = getattr(grouped, name)
+    assert moved is getattr(_dispatch, name)
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        grouped.no_such_name  # noqa: B018
+
+
 def test_auto_module_uses_grouped_for_a_large_batch():
     h, mu = torch.randn(600, 8), torch.randn(5, 8)
     labels = torch.randint(0, 5, (600,))
@@ -437,7 +458,7 @@ def test_auto_module_uses_grouped_for_a_large_batch():
 
 
 def _composed_grouped_loss(h, mu, labels, criterion):
-    """The loss spelled out with the public fused ops and GroupedOrderLoss, one autograd node each."""
+    """The loss spelled out with the public fused ops and grouped_order_loss, one op each."""
     c = criterion
     D = sol_ext.stochastic_dissimilarity(h, mu, c.sigma, backend="fused")
     order = grouped.grouped_order_loss(D, labels, c.sigma, c.tau, c.margin, c.convention, c.reduction)
