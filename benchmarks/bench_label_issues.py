@@ -185,9 +185,10 @@ def array_data(name: str, kind: str, x_train: np.ndarray, given: np.ndarray, cle
                x_test: np.ndarray, test: np.ndarray, scale: tuple[int, int]):
     """A run's data from arrays: integer labels on ``scale`` (lowest, highest), inputs scaled by the
     training rows' mean and std as the driver scales a file's."""
-    from sol_ext.driver.data import OrdinalDataset, RankEncoder, apply_scaling
+    from sol_ext.driver.data import OrdinalDataset, apply_scaling
     from sol_ext.driver.prepare import PreparedData, preprocessing_record
-    grid = RankEncoder(min_value=scale[0], step=1.0, num_ranks=scale[1] - scale[0] + 1)
+    from sol_ext.labels import LabelGrid
+    grid = LabelGrid(min_value=scale[0], step=1.0, num_ranks=scale[1] - scale[0] + 1)
 
     def ranks(labels: np.ndarray) -> torch.Tensor:
         return grid.encode(torch.from_numpy(labels.astype(np.float64))).long()

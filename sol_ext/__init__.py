@@ -29,6 +29,7 @@ from . import (
 )
 from .head import SOLHead  # noqa: E402
 from .label_issues import find_label_issues, get_label_quality_scores, label_issue_scores  # noqa: E402
+from .labels import LabelGrid  # noqa: E402
 from .loss import StochasticOrderLoss  # noqa: E402
 from .ops import (  # noqa: E402
     cuda_kernels_available,
@@ -60,6 +61,7 @@ __all__ = [
     "load_run",
     "find_label_issues",
     "get_label_quality_scores",
+    "LabelGrid",
     "label_issue_scores",
     "stochastic_dissimilarity",
     "ordering_probabilities",

@@ -4,7 +4,7 @@ and the ranked probability score of predicted probabilities.
 
 Every function takes two 1-D sequences of the same length ``N`` (torch tensors, numpy arrays or lists),
 predictions first and ground truth second, in the same units (label units when the predictions were
-decoded with :meth:`sol_ext.driver.data.RankEncoder.decode`, rank units otherwise), and returns plain Python
+decoded with :meth:`sol_ext.LabelGrid.decode`, rank units otherwise), and returns plain Python
 floats (:func:`per_rank_mae`: a dict of them). Computation is in float64 on the CPU, so the numbers do not
 depend on the device or the input dtype.
 

@@ -72,7 +72,7 @@ def _as_ranks(clean_ranks: Any, num_ranks: int) -> torch.Tensor:
     if r.is_floating_point():
         if not bool(torch.all(r == torch.round(r))):
             raise ValueError("clean_ranks must be integer ranks (0-based); got non-integer values. "
-                             "Map label values to ranks first with RankEncoder.encode.")
+                             "Map label values to ranks first with LabelGrid.encode.")
     elif r.dtype == torch.bool or r.is_complex():
         raise ValueError(f"clean_ranks must be integer ranks, got dtype {r.dtype}")
     r = r.to(torch.int64)
@@ -205,7 +205,7 @@ def add_label_noise(
         count = int(math.floor(fraction * c.size + 0.5))
         selected[:] = False
         selected[np.random.default_rng(pick_seq).permutation(c.size)[:count]] = True
-    # Round half up, like RankEncoder.encode; ties have probability zero for continuous noise anyway.
+    # Round half up, like LabelGrid.encode; ties have probability zero for continuous noise anyway.
     noisy = np.clip(np.floor(c + e + 0.5), 0, num_ranks - 1)
     noisy = np.where(selected, noisy, c).astype(np.int64)
     return NoisyLabels(noisy=torch.from_numpy(noisy).to(device), clean=clean.clone().to(device),

@@ -1,4 +1,4 @@
-"""Rank encoder, loaders on tiny temporary files, the shipped Abalone data, splitting and scaling."""
+"""Loaders on tiny temporary files, the shipped Abalone data, splitting and scaling."""
 
 import gzip
 import re
@@ -12,9 +12,7 @@ from sol_ext.driver.data import (
     FASHION_MNIST_DIR,
     ImageFiles,
     OrdinalDataset,
-    RankEncoder,
     degradation_strengths,
-    infer_step,
     load_abalone,
     load_csv,
     load_dataset,
@@ -27,105 +25,14 @@ from sol_ext.driver.data import (
     standardize,
     train_test_split,
 )
-
-# --------------------------------------------------------------------------------------------------
-# RankEncoder
-
-
-def test_encoder_round_trip_integer_ages():
-    ages = [16, 20, 33, 77]
-    enc = RankEncoder.fit(ages)
-    assert enc == RankEncoder(16.0, 1.0, 62)
-    assert enc.max_value == 77.0
-    ranks = enc.encode(ages)
-    assert ranks.dtype == torch.int64 and ranks.tolist() == [0, 4, 17, 61]
-    assert enc.decode(ranks).tolist() == [16.0, 20.0, 33.0, 77.0]
-    assert enc.decode(ranks).dtype == torch.float64
-
-
-def test_encoder_decodes_expected_ranks_and_scalars():
-    enc = RankEncoder(0.0, 0.01, 101)
-    assert enc.decode(torch.tensor([2.5])).tolist() == pytest.approx([0.025])
-    assert float(enc.decode(100)) == pytest.approx(1.0)
-    assert enc.values().shape == (101,)
-
-
-def test_encoder_infers_decimal_step_through_float_error():
-    scores = np.round(np.arange(0, 101) * 0.01, 2) + 1e-12  # 0.00 … 1.00 with round-off
-    enc = RankEncoder.fit(scores)
-    assert enc.step == 0.01 and enc.num_ranks == 101
-    assert torch.equal(enc.encode(scores), torch.arange(101))
-
-
-@pytest.mark.parametrize("values,step", [
-    ([0, 2, 5, 9], 1.0),            # gaps 2, 3, 4: the common step is 1, not the smallest gap
-    ([0.0, 0.3, 0.5], 0.1),
-    ([10, 20, 40], 10.0),
-    ([0.0, 0.25, 1.0], 0.25),
-    ([0, 1 / 3, 1], 0.333333),
-])
-def test_infer_step(values, step):
-    assert infer_step(values) == pytest.approx(step)
-
-
-def test_encoder_with_given_bounds_and_step():
-    enc = RankEncoder.fit([3, 5], step=1, min_value=0, max_value=10)
-    assert enc == RankEncoder(0.0, 1.0, 11)
-    # the given bounds join the step inference: 0 and 10 with labels 4, 6 -> step 2
-    assert RankEncoder.fit([4, 6], min_value=0, max_value=10).step == 2.0
-
-
-def test_encoder_rounds_off_grid_values_half_up():
-    enc = RankEncoder(0.0, 1.0, 10)
-    assert enc.encode([0.4, 0.5, 1.49, 8.6]).tolist() == [0, 1, 1, 9]
-
-
-def test_encoder_keeps_input_shape():
-    enc = RankEncoder(0.0, 1.0, 10)
-    assert enc.encode(torch.zeros(2, 3)).shape == (2, 3)
-
-
-def test_encoder_out_of_range_names_the_value():
-    enc = RankEncoder(1.0, 1.0, 29)
-    with pytest.raises(ValueError, match=r"label value 31 \(index 1\) is outside the rank grid 1 … 29"):
-        enc.encode([3, 31])
-    with pytest.raises(ValueError, match="outside"):
-        RankEncoder.fit([1, 5, 9], min_value=2)
-
-
-@pytest.mark.parametrize("values,kwargs,match", [
-    ([4, 4, 4], {}, "one rank"),
-    ([4, 4], {"step": 1}, "one rank"),
-    ([], {}, "empty"),
-    ([1.0, float("nan")], {}, "finite"),
-    (np.random.default_rng(0).random(50) * 80, {}, "continuous.*pass step="),
-    ([1, 2], {"step": -1}, "step"),
-    ([1, 2], {"min_value": 5, "max_value": 3}, "below"),
-])
-def test_encoder_bad_fit(values, kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        RankEncoder.fit(values, **kwargs)
-
-
-def test_continuous_labels_with_explicit_step():
-    rng = np.random.default_rng(0)
-    enc = RankEncoder.fit(rng.random(50) * 80 + 3, step=1.0)
-    assert enc.step == 1.0 and enc.num_ranks <= 81
-
-
-def test_encoder_direct_construction_validates():
-    with pytest.raises(ValueError, match="step"):
-        RankEncoder(0.0, 0.0, 3)
-    with pytest.raises(ValueError, match="num_ranks"):
-        RankEncoder(0.0, 1.0, 0)
-
+from sol_ext.labels import LabelGrid
 
 # --------------------------------------------------------------------------------------------------
 # OrdinalDataset
 
 
 def _tiny(n=10, num_ranks=5):
-    return OrdinalDataset(torch.randn(n, 3), torch.arange(n) % num_ranks, RankEncoder(0.0, 1.0, num_ranks),
+    return OrdinalDataset(torch.randn(n, 3), torch.arange(n) % num_ranks, LabelGrid(0.0, 1.0, num_ranks),
                           "tiny", "tabular")
 
 
@@ -141,7 +48,7 @@ def test_dataset_helpers():
 
 
 def test_dataset_validation():
-    enc = RankEncoder(0.0, 1.0, 3)
+    enc = LabelGrid(0.0, 1.0, 3)
     x = torch.randn(2, 2)
     x[1, 1] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
@@ -170,7 +77,7 @@ def test_load_csv_basic(tmp_path):
     ds = load_csv(p, "age")
     assert ds.kind == "tabular" and ds.name == "t"
     assert ds.features.dtype == torch.float32 and ds.features.tolist() == [[1, 2], [3, 4], [5, 6]]
-    assert ds.encoder == RankEncoder(20.0, 1.0, 3)
+    assert ds.encoder == LabelGrid(20.0, 1.0, 3)
     assert ds.ranks.tolist() == [0, 2, 1]
     assert ds.feature_names == ("a", "b")
     assert load_csv(p, "age", feature_columns=["b"]).features.tolist() == [[2], [4], [6]]
@@ -217,7 +124,7 @@ def test_shared_encoder_for_train_and_test_files(tmp_path):
     train = _write(tmp_path / "train.csv", "x,label\n1,10\n2,14\n3,12\n4,11\n")
     test = _write(tmp_path / "test.csv", "x,label\n5,12\n6,13\n")
     tr, te = load_train_test(train, test)
-    assert te.encoder == tr.encoder == RankEncoder(10.0, 1.0, 5)
+    assert te.encoder == tr.encoder == LabelGrid(10.0, 1.0, 5)
     assert te.ranks.tolist() == [2, 3]
     # the same through load_dataset with encoder=
     assert load_dataset(test, encoder=tr.encoder).ranks.tolist() == [2, 3]
@@ -285,7 +192,7 @@ def image_folder(tmp_path):
 def test_load_image_folder_grayscale(image_folder):
     ds = load_image_folder(image_folder / "labels.csv", image_size=8)
     assert ds.kind == "images" and ds.features.shape == (4, 1, 8, 8)
-    assert ds.encoder == RankEncoder(0.0, 12.0, 3) and ds.ranks.tolist() == [0, 1, 2, 1]
+    assert ds.encoder == LabelGrid(0.0, 12.0, 3) and ds.ranks.tolist() == [0, 1, 2, 1]
     assert isinstance(ds.features, ImageFiles)  # decoded on access, not at load
     assert ds.features.read(2).mean().item() == pytest.approx(80 / 255, abs=1e-5)
     assert torch.equal(ds.features.load(), load_image_folder(image_folder / "labels.csv", image_size=8,
@@ -346,7 +253,7 @@ def test_degradation_loader_on_small_files(tmp_path):
     root = _fake_idx(tmp_path)
     ds = load_fashion_mnist_degradation(levels=4, samples_per_level=5, root=root, seed=1)
     assert ds.features.shape == (20, 1, 28, 28) and ds.kind == "images"
-    assert ds.encoder == RankEncoder(0.0, 1.0, 4)
+    assert ds.encoder == LabelGrid(0.0, 1.0, 4)
     assert torch.bincount(ds.ranks).tolist() == [5, 5, 5, 5]
     assert float(ds.features.min()) >= 0.0 and float(ds.features.max()) <= 1.0
     rough = _roughness(ds.features)
@@ -401,7 +308,7 @@ def abalone():
 
 def test_abalone(abalone):
     assert abalone.features.shape == (4177, 10) and abalone.kind == "tabular"
-    assert abalone.encoder == RankEncoder(1.0, 1.0, 29)
+    assert abalone.encoder == LabelGrid(1.0, 1.0, 29)
     assert int(abalone.ranks.min()) == 0 and int(abalone.ranks.max()) == 28
     assert abalone.labels.min().item() == 1.0 and abalone.labels.max().item() == 29.0
     assert torch.all(abalone.features[:, :3].sum(dim=1) == 1)  # sex one-hot
@@ -424,7 +331,7 @@ def test_load_dataset_csv_and_npz(tmp_path):
     assert load_dataset(p).ranks.tolist() == [0, 1]
     q = tmp_path / "e.npz"
     np.savez(q, embeddings=np.zeros((2, 4)), labels=np.array([5, 7]))
-    assert load_dataset(str(q)).encoder == RankEncoder(5.0, 2.0, 2)
+    assert load_dataset(str(q)).encoder == LabelGrid(5.0, 2.0, 2)
 
 
 def test_train_test_split_is_deterministic_stratified_and_disjoint(abalone):
@@ -454,7 +361,7 @@ def test_train_test_split_bad_fraction():
 
 
 def test_standardize_fits_on_train_only():
-    enc = RankEncoder(0.0, 1.0, 2)
+    enc = LabelGrid(0.0, 1.0, 2)
     train = OrdinalDataset(torch.tensor([[1.0, 5.0], [3.0, 5.0]]), torch.tensor([0, 1]), enc, "a", "tabular")
     test = OrdinalDataset(torch.tensor([[5.0, 6.0]]), torch.tensor([1]), enc, "b", "tabular")
     tr, te = standardize(train, test)
@@ -473,7 +380,7 @@ def test_wine_red_built_in():
 
     wine = load_dataset("wine-red")
     assert wine.features.shape == (1599, 11) and wine.kind == "tabular" and wine.name == "wine-red"
-    assert wine.encoder == RankEncoder(3.0, 1.0, 6) and wine.num_ranks == 6
+    assert wine.encoder == LabelGrid(3.0, 1.0, 6) and wine.num_ranks == 6
     assert int(wine.ranks.min()) == 0 and int(wine.ranks.max()) == 5
     assert wine.labels.min().item() == 3.0 and wine.labels.max().item() == 8.0
     assert torch.bincount(wine.ranks).tolist() == [10, 53, 681, 638, 199, 18]
@@ -682,10 +589,10 @@ GRADES = np.repeat(np.arange(3, 10), 50)  # grades 3 … 9, 50 labels each
 @pytest.mark.parametrize("typo, named, ranks", [(60, "label 60 (1 of 351 labels) lies 50 ranks", 58),
                                                  (5.5, "label 5.5 (1 of 351 labels) is the only value off", 13)])
 def test_one_typo_label_that_changes_the_scale_is_named(typo, named, ranks):
-    from sol_ext.driver.data.encoding import LabelScaleWarning
+    from sol_ext.labels import LabelScaleWarning
 
     with pytest.warns(LabelScaleWarning, match=re.escape(named)):
-        enc = RankEncoder.fit(np.r_[GRADES, typo])
+        enc = LabelGrid.fit(np.r_[GRADES, typo])
     assert enc.num_ranks == ranks  # the scale is the labels' own, as before: the warning says so
 
 
@@ -694,7 +601,7 @@ def test_a_scale_the_labels_fill_or_the_user_gives_warns_nothing():
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert RankEncoder.fit(GRADES).num_ranks == 7
-        assert RankEncoder.fit(np.r_[GRADES, 60], min_value=0, max_value=60).num_ranks == 61  # given: meant
-        assert RankEncoder.fit(np.r_[GRADES, 5.5], step=0.5).num_ranks == 13
+        assert LabelGrid.fit(GRADES).num_ranks == 7
+        assert LabelGrid.fit(np.r_[GRADES, 60], min_value=0, max_value=60).num_ranks == 61  # given: meant
+        assert LabelGrid.fit(np.r_[GRADES, 5.5], step=0.5).num_ranks == 13
         load_abalone()

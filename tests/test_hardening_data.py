@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from sol_ext.driver.cli import build_parser, main
-from sol_ext.driver.data import RankEncoder, load_csv, load_dataset, load_npz, read_inputs
+from sol_ext.driver.data import load_csv, load_dataset, load_npz, read_inputs
 from sol_ext.driver.errors import command_line_flags, user_error_message
 
 FLAGS = command_line_flags(build_parser())
@@ -67,20 +67,6 @@ def test_outlier_label_in_an_npz_is_refused(tmp_path):
     np.savez(tmp_path / "e.npz", embeddings=np.zeros((11, 2)), labels=np.r_[np.arange(1, 11), 1e15])
     with pytest.raises(ValueError, match=r"e\.npz.*'labels'.*one rank"):
         load_npz(tmp_path / "e.npz")
-
-
-def test_an_encoder_fitted_with_a_given_step_may_merge_labels():
-    # the user asked for that grid: 1.2 joins rank 0 as they said
-    enc = RankEncoder.fit([1, 1.2, 2, 3], step=1)
-    assert enc.encode([1, 1.2, 2, 3]).tolist() == [0, 0, 1, 2]
-    with pytest.raises(ValueError, match="one rank"):
-        RankEncoder.fit([*range(1, 11), 1e15])
-
-
-def test_labels_equal_up_to_round_off_still_share_a_rank():
-    assert RankEncoder.fit([0.1, 0.2, 0.1 + 0.2, 0.3]).num_ranks == 3
-    assert RankEncoder.fit([0.0, 0.1 + 0.2 - 0.3, 1.0, 2.0]).num_ranks == 3
-    assert RankEncoder.fit([1e15, 1e15 + 2e15, 2e15]).num_ranks == 3
 
 
 # --------------------------------------------------------------------------------------------------

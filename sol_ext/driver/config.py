@@ -180,7 +180,7 @@ class TrainConfig:
         "skip", "rows with a missing feature value (an empty or NaN cell): skip leaves them out, impute "
         "fills each cell with its column's median (text: its most common value), error stops and "
         "counts them; a warning says how many", "data", choices=("skip", "impute", "error"))
-    # the label scale (a RankEncoder's grid); each end or step not given is inferred from the labels
+    # the label scale (a LabelGrid's grid); each end or step not given is inferred from the labels
     label_min: Optional[float] = setting(
         None, "label value of the lowest rank (default: the smallest training label)", "data",
         metavar="VALUE")

@@ -31,7 +31,7 @@ class PreparedData:
 
     Attributes:
         name, kind: data set name and kind (``tabular``, ``embeddings`` or ``images``).
-        encoder: the ``RankEncoder`` mapping label values to ranks (shared by both sets).
+        encoder: the ``LabelGrid`` mapping label values to ranks (shared by both sets).
         train_x: ``[N, ...]`` float32 training inputs (images: a tensor, or
             :class:`~sol_ext.driver.data.ImageFiles` decoded when a batch needs them).
         train_given: ``[N]`` int64 training ranks as given to the learner (noisy).

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .encoding import OrdinalDataset, RankEncoder, _make_dataset
+from ...labels import LabelGrid
+from .encoding import OrdinalDataset, make_dataset
 from .image_files import _GRAY_MODES, ImageFiles, _import_pil, image_size_pair
 from .tables import _column, _parse_labels, _read_csv, _stem
 
@@ -32,7 +33,7 @@ def _image_modes(files: list[Path], csv_path: Path) -> list[str]:
 def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path_column: str = "path",
                       label_column: str = "label", image_size: int | tuple[int, int] | None = 64,
                       step: float | None = None, min_value: float | None = None,
-                      max_value: float | None = None, *, encoder: RankEncoder | None = None,
+                      max_value: float | None = None, *, encoder: LabelGrid | None = None,
                       channels: int | None = None, name: str | None = None,
                       delimiter: str | None = None, in_memory: bool = False) -> OrdinalDataset:
     """Images listed in a CSV of ``(path, label)`` rows, decoded with Pillow (PNG, JPEG, BMP, TIFF, …).
@@ -77,6 +78,6 @@ def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path
     images = ImageFiles(files, channels, size, source=str(csv_path))
     schema = {"format": "images", "path_column": path_column, "label_column": label_column,
               "image_size": list(size), "channels": channels}
-    return _make_dataset(images.load() if in_memory else images, values, name=name or _stem(csv_path),
+    return make_dataset(images.load() if in_memory else images, values, name=name or _stem(csv_path),
                          kind="images", encoder=encoder, step=step, min_value=min_value,
                          max_value=max_value, source=str(csv_path), schema=schema)

@@ -28,8 +28,9 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import torch
 
+from ...labels import LabelGrid
 from ..errors import DataFileError, data_file_errors
-from .encoding import OrdinalDataset, RankEncoder, _make_dataset
+from .encoding import OrdinalDataset, make_dataset
 from .frames import (
     MissingValuesWarning,
     TableOrigin,
@@ -415,7 +416,7 @@ def _text_typed(col: pa.ChunkedArray) -> bool:
 
 def load_table(path: str | Path, label_column: str = "label", feature_columns: Sequence[str] | None = None,
                step: float | None = None, min_value: float | None = None, max_value: float | None = None,
-               *, encoder: RankEncoder | None = None,
+               *, encoder: LabelGrid | None = None,
                categorical: Sequence[str] | Mapping[str, Sequence[str]] = (),
                name: str | None = None, delimiter: str | None = None, one_hot_text: bool = False,
                id_column: str | None = None, drop_columns: Sequence[str] = (),
@@ -498,7 +499,7 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
         schema["id_column"] = id_column
     if encoding is not None:
         schema["encoding"] = encoding  # a file to predict is read so too
-    return _make_dataset(torch.from_numpy(x), values, name=name or _stem(path),
+    return make_dataset(torch.from_numpy(x), values, name=name or _stem(path),
                          kind="tabular", encoder=encoder, step=step, min_value=min_value,
                          max_value=max_value, feature_names=names, source=str(path), schema=schema,
                          ids=ids if keep_ids else None)
@@ -539,7 +540,7 @@ def _refuse_complex(path: Path, key: str, a: np.ndarray) -> None:
 
 
 def load_npz(path: str | Path, step: float | None = None, min_value: float | None = None,
-             max_value: float | None = None, *, encoder: RankEncoder | None = None,
+             max_value: float | None = None, *, encoder: LabelGrid | None = None,
              features_key: str | None = None, labels_key: str = "labels",
              name: str | None = None) -> OrdinalDataset:
     """Precomputed embeddings and labels from a numpy ``.npz`` file.
@@ -579,6 +580,6 @@ def load_npz(path: str | Path, step: float | None = None, min_value: float | Non
         raise ValueError(f"{path}: label {i} is {values[i]}; labels must be finite numbers")
     kind = "embeddings" if x.ndim == 2 else "images"
     schema = {"format": "npz", "features_key": features_key, "labels_key": labels_key}
-    return _make_dataset(torch.from_numpy(x.astype(np.float32)), values, name=name or _stem(path),
+    return make_dataset(torch.from_numpy(x.astype(np.float32)), values, name=name or _stem(path),
                          kind=kind, encoder=encoder, step=step, min_value=min_value, max_value=max_value,
                          source=str(path), schema=schema)
