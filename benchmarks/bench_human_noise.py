@@ -50,7 +50,6 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from sol_ext.centroids import RankPosterior, median_ranks, rank_posterior
 from sol_ext.driver.compare import mean_std_table
 from sol_ext.driver.config import METHODS, TrainConfig
 from sol_ext.driver.data import OrdinalDataset, apply_scaling
@@ -59,6 +58,7 @@ from sol_ext.driver.prepare import PreparedData, preprocessing_record
 from sol_ext.driver.train import train
 from sol_ext.labels import LabelGrid
 from sol_ext.metrics import summarize
+from sol_ext.readout import RankPosterior, median_ranks, rank_posterior
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_FILE = ROOT.parent / "shared" / "data" / "vader_dev.npz"

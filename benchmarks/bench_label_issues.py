@@ -20,7 +20,7 @@ once as CORN (``--probabilities``). On each model's probabilities, with "wrong" 
 - flagged share, precision, recall and F1 of the default flags: ``sol_ext.find_label_issues`` (the rule
   of ``sol-ext audit``) and ``cleanlab.filter.find_label_issues``, both with their defaults;
 - ours with the noise std estimated from the probabilities by maximum likelihood (``estimated``:
-  :func:`sol_ext.centroids.fit_label_noise`; the rule of ``--label-noise`` at that std, the default's
+  :func:`sol_ext.refine.fit_label_noise`; the rule of ``--label-noise`` at that std, the default's
   flags where it reads 0), and told the std of the added noise (``told``: the rule of ``sol-ext audit
   --label-noise STD``, ``noise_kernel=label_noise_kernel(n, std)`` on the probabilities sharpened
   through it);
@@ -64,7 +64,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_many_ranks, its sibling
 
-from sol_ext.centroids import fit_label_noise, label_noise_kernel  # noqa: E402
 from sol_ext.driver.audit import cross_validated_probabilities  # noqa: E402
 from sol_ext.driver.config import TrainConfig  # noqa: E402
 from sol_ext.driver.prepare import prepare_data  # noqa: E402
@@ -75,6 +74,7 @@ from sol_ext.label_issues import (  # noqa: E402
     sharpen_through_noise,
 )
 from sol_ext.noise import default_peak_width, input_dependent_scale, noise_scale  # noqa: E402
+from sol_ext.refine import fit_label_noise, label_noise_kernel  # noqa: E402
 
 DATASETS = ("abalone", "wine-red", "many-ranks")
 NOISES = {"clean": ("none", 0.0), "gaussian0.3": ("gaussian", 0.3), "gaussian1": ("gaussian", 1.0),
@@ -124,7 +124,7 @@ def noise_std(noise: str, clean: np.ndarray, num_ranks: int) -> float | None:
 
 def fitted_noise_std(given: np.ndarray, probs: np.ndarray) -> float:
     """The label-noise std in ranks that maximum likelihood reads from the probabilities ``probs`` [N, n]
-    (:func:`sol_ext.centroids.fit_label_noise`, temperature and std together), with ``-log p`` as the
+    (:func:`sol_ext.refine.fit_label_noise`, temperature and std together), with ``-log p`` as the
     dissimilarity and the labels' frequencies divided out (the fit multiplies them back in)."""
     labels = torch.from_numpy(given).long()
     counts = torch.bincount(labels, minlength=probs.shape[1]).double() + 0.5  # the fit's smoothing

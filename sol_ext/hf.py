@@ -61,9 +61,9 @@ except ImportError:  # transformers 4 spells it PretrainedConfig
     from transformers import PretrainedConfig as PreTrainedConfig
 
 from . import metrics
-from .centroids import _log_posterior, cut_ranks, expected_ranks, median_ranks
 from .distributed import DistributedStochasticOrderLoss, _distributed, shard, update_centroids, update_head
 from .head import SETTINGS, SOLHead
+from .readout import cut_ranks, expected_ranks, log_posterior, median_ranks
 
 __all__ = ["SOLTextConfig", "SOLTextModel", "SOLTextOutput", "SOLTrainer", "SOLCallback", "SOLPredictionOutput",
            "POOLINGS", "rank_metrics", "ranks_from_probabilities"]
@@ -209,7 +209,7 @@ class SOLTextModel(PreTrainedModel):
     def rank_log_probabilities(self, h: torch.Tensor) -> torch.Tensor:
         """``[B, n]`` float64 ``log p(q | x)`` of embeddings ``h [B, d]`` (no gradient)."""
         posterior = self.head.posterior
-        return _log_posterior(self.head.dissimilarity(h.detach()).to(torch.float64),
+        return log_posterior(self.head.dissimilarity(h.detach()).to(torch.float64),
                               posterior.log_prior.to(h.device), posterior.temperature)
 
     @torch.no_grad()

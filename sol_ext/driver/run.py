@@ -47,21 +47,20 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import distributed
-from ..centroids import (
-    LabelNoiseFit,
-    centroid_span,
-    embed,
-    fit_label_noise,
-    fit_through_label_noise,
-    median_ranks,
-    rank_posterior,
-)
+from ..centroids import centroid_span, embed
 from ..distributed import DistributedStochasticOrderLoss
 from ..head import SOLHead
 from ..metrics import per_rank_mae, summarize
 from ..noise import noise_statistics
 from ..pairs import balanced_pairs, sample_references
-from ..refine import posterior_relabel, refine_labels
+from ..readout import median_ranks, rank_posterior
+from ..refine import (
+    LabelNoiseFit,
+    fit_label_noise,
+    fit_through_label_noise,
+    posterior_relabel,
+    refine_labels,
+)
 from .checkpoint import (
     BEST_NAME,
     CHECKPOINT_NAME,
