@@ -14,7 +14,6 @@ from sol_ext.driver.data import (
     OrdinalDataset,
     degradation_strengths,
     load_abalone,
-    load_csv,
     load_dataset,
     load_fashion_mnist_degradation,
     load_image_folder,
@@ -74,27 +73,27 @@ def _write(path, text):
 
 def test_load_csv_basic(tmp_path):
     p = _write(tmp_path / "t.csv", "a,b,age\n1,2,20\n3,4,22\n5,6,21\n")
-    ds = load_csv(p, "age")
+    ds = load_table(p, "age")
     assert ds.kind == "tabular" and ds.name == "t"
     assert ds.features.dtype == torch.float32 and ds.features.tolist() == [[1, 2], [3, 4], [5, 6]]
     assert ds.encoder == LabelGrid(20.0, 1.0, 3)
     assert ds.ranks.tolist() == [0, 2, 1]
     assert ds.feature_names == ("a", "b")
-    assert load_csv(p, "age", feature_columns=["b"]).features.tolist() == [[2], [4], [6]]
+    assert load_table(p, "age", feature_columns=["b"]).features.tolist() == [[2], [4], [6]]
 
 
 def test_load_csv_gz_and_categorical(tmp_path):
     p = tmp_path / "t.csv.gz"
     with gzip.open(p, "wt") as fh:
         fh.write("sex,x,y\nM,1,0.5\nF,2,0.75\nM,3,1.0\n")
-    ds = load_csv(p, "y", categorical=["sex"])
+    ds = load_table(p, "y", categorical=["sex"])
     assert ds.feature_names == ("sex=F", "sex=M", "x")
     assert ds.features.tolist() == [[0, 1, 1], [1, 0, 2], [0, 1, 3]]
     assert ds.encoder.step == 0.25 and ds.ranks.tolist() == [0, 1, 2]
-    fixed = load_csv(p, "y", categorical={"sex": ["F", "I", "M"]})
+    fixed = load_table(p, "y", categorical={"sex": ["F", "I", "M"]})
     assert fixed.features.shape == (3, 4)
     with pytest.raises(ValueError, match="outside its categories"):
-        load_csv(p, "y", categorical={"sex": ["F"]})
+        load_table(p, "y", categorical={"sex": ["F"]})
 
 
 @pytest.mark.parametrize("text,match", [
@@ -112,12 +111,12 @@ def test_load_csv_gz_and_categorical(tmp_path):
 def test_load_csv_bad_input(tmp_path, text, match):
     p = _write(tmp_path / "bad.csv", text)
     with pytest.raises(ValueError, match=match):
-        load_csv(p, "age")
+        load_table(p, "age")
 
 
 def test_load_csv_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.csv"):
-        load_csv(tmp_path / "nope.csv", "age")
+        load_table(tmp_path / "nope.csv", "age")
 
 
 def test_shared_encoder_for_train_and_test_files(tmp_path):
@@ -134,7 +133,7 @@ def test_shared_encoder_for_train_and_test_files(tmp_path):
     tr2, te2 = load_train_test(train, wide, min_value=0, max_value=40)
     assert te2.ranks.tolist() == [12, 30]
     with pytest.raises(ValueError, match="either encoder= or step"):
-        load_csv(test, encoder=tr.encoder, step=1)
+        load_table(test, encoder=tr.encoder, step=1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -388,7 +387,7 @@ def test_wine_red_built_in():
     assert "quality" not in wine.feature_names
     assert torch.equal(load_wine_red().features, wine.features)
     # the shipped file is UCI's semicolon CSV with a quoted header: sniffing reads it the same
-    sniffed = load_csv(DATASETS_DIR / "winequality-red.csv.gz", "quality")
+    sniffed = load_table(DATASETS_DIR / "winequality-red.csv.gz", "quality")
     assert torch.equal(sniffed.features, wine.features) and torch.equal(sniffed.ranks, wine.ranks)
 
 
@@ -408,46 +407,46 @@ def _same_table(ds, ref):
     "\n" + _COMMA_TABLE.replace(",", "\t") + "\n",  # blank lines around
 ])
 def test_semicolon_and_tab_csv_load_like_comma(tmp_path, text):
-    ref = load_csv(_write(tmp_path / "comma.csv", _COMMA_TABLE), "age")
+    ref = load_table(_write(tmp_path / "comma.csv", _COMMA_TABLE), "age")
     p = _write(tmp_path / "other.csv", text)
-    _same_table(load_csv(p, "age"), ref)
+    _same_table(load_table(p, "age"), ref)
     _same_table(load_dataset(p, label_column="age"), ref)
     gz = tmp_path / "other.csv.gz"
     with gzip.open(gz, "wt", newline="") as fh:
         fh.write(text)
-    _same_table(load_csv(gz, "age"), ref)
+    _same_table(load_table(gz, "age"), ref)
 
 
 def test_sniffing_ignores_delimiters_inside_quoted_names(tmp_path):
     p = _write(tmp_path / "q.csv", '"w, kg";"h, cm";age\n1;2;20\n3;4;22\n')
-    ds = load_csv(p, "age")
+    ds = load_table(p, "age")
     assert ds.feature_names == ("w, kg", "h, cm") and ds.features.tolist() == [[1, 2], [3, 4]]
     t = _write(tmp_path / "t.csv", "w, kg\th\tage\n1\t2\t20\n3\t4\t22\n")  # unquoted comma in a name
-    assert load_csv(t, "age").feature_names == ("w, kg", "h")
+    assert load_table(t, "age").feature_names == ("w, kg", "h")
 
 
 def test_explicit_delimiter_overrides_sniffing(tmp_path):
     piped = _write(tmp_path / "p.csv", _COMMA_TABLE.replace(",", "|"))
     with pytest.raises(ValueError, match="read as one column.*delimiter="):
-        load_csv(piped, "age")  # not one of the sniffed delimiters
-    ref = load_csv(_write(tmp_path / "comma.csv", _COMMA_TABLE), "age")
-    _same_table(load_csv(piped, "age", delimiter="|"), ref)
+        load_table(piped, "age")  # not one of the sniffed delimiters
+    ref = load_table(_write(tmp_path / "comma.csv", _COMMA_TABLE), "age")
+    _same_table(load_table(piped, "age", delimiter="|"), ref)
     _same_table(load_dataset(piped, label_column="age", delimiter="|"), ref)
     tabbed = _write(tmp_path / "t.csv", _COMMA_TABLE.replace(",", "\t"))
     for name in ("\t", "tab", "TAB", "\\t"):
-        _same_table(load_csv(tabbed, "age", delimiter=name), ref)
+        _same_table(load_table(tabbed, "age", delimiter=name), ref)
     comma = tmp_path / "comma.csv"
     with pytest.raises(ValueError, match="no label column 'age'"):
-        load_csv(comma, "age", delimiter=";")  # the given delimiter wins over the sniffed comma
+        load_table(comma, "age", delimiter=";")  # the given delimiter wins over the sniffed comma
     with pytest.raises(ValueError, match="3 cells but the header has 2 columns \\(read with delimiter ';'"):
-        load_csv(_write(tmp_path / "mixed.csv", "a,b;age\n1;2;20\n"), "age", delimiter=";")
+        load_table(_write(tmp_path / "mixed.csv", "a,b;age\n1;2;20\n"), "age", delimiter=";")
 
 
 @pytest.mark.parametrize("bad", ["ab", "", "a", "7", " ", '"', ".", 3, b";"])
 def test_bad_delimiter_is_a_clear_error(tmp_path, bad):
     p = _write(tmp_path / "comma.csv", _COMMA_TABLE)
     with pytest.raises(ValueError, match="delimiter must be one character"):
-        load_csv(p, "age", delimiter=bad)
+        load_table(p, "age", delimiter=bad)
     with pytest.raises(ValueError, match="delimiter must be one character"):
         load_dataset(p, label_column="age", delimiter=bad)
 
@@ -605,3 +604,15 @@ def test_a_scale_the_labels_fill_or_the_user_gives_warns_nothing():
         assert LabelGrid.fit(np.r_[GRADES, 60], min_value=0, max_value=60).num_ranks == 61  # given: meant
         assert LabelGrid.fit(np.r_[GRADES, 5.5], step=0.5).num_ranks == 13
         load_abalone()
+
+
+@pytest.mark.parametrize("module", ["sol_ext.driver.data", "sol_ext.driver.data.tables"])
+def test_load_csv_still_loads_a_table_and_warns(module, tmp_path):
+    import importlib
+
+    path = tmp_path / "d.csv"
+    path.write_text("x,label\n1,20\n2,21\n3,22\n")
+    with pytest.warns(DeprecationWarning, match=r"load_csv is deprecated.*load_table"):
+        old = importlib.import_module(module).load_csv
+    assert old is load_table
+    assert old(path).ranks.tolist() == [0, 1, 2]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from sol_ext.driver.cli import build_parser, main
-from sol_ext.driver.data import load_csv, load_dataset, load_npz, read_inputs
+from sol_ext.driver.data import load_dataset, load_npz, load_table, read_inputs
 from sol_ext.driver.errors import command_line_flags, user_error_message
 
 FLAGS = command_line_flags(build_parser())
@@ -58,7 +58,7 @@ def no_python_only_arguments(message):
 def test_outlier_label_that_merges_ranks_is_refused(tmp_path, capsys):
     data = table(tmp_path / "ages.csv", [*range(1, 11), "1e15"])
     with pytest.raises(ValueError, match=r"ages\.csv.*label column 'label'.*step.*1e\+15"):
-        load_csv(data)
+        load_table(data)
     err = cli_error(capsys, tmp_path, data, "ages.csv", "'label'", "1e+15", "one rank")
     no_python_only_arguments(err)
 
@@ -77,7 +77,7 @@ def test_repeated_feature_column_is_refused(tmp_path, capsys):
     data = write(tmp_path / "d.csv", "f1,f1,f3,label\n" + "".join(f"{i},{2 * i},{i},{i % 3}\n"
                                                                   for i in range(9)))
     with pytest.raises(ValueError, match=r"d\.csv.*'f1'.*more than once"):
-        load_csv(data)
+        load_table(data)
     cli_error(capsys, tmp_path, data, "d.csv", "'f1'")
 
 
@@ -244,6 +244,6 @@ def test_named_pipe_as_data(tmp_path, capsys, name):
     err = cli_error(capsys, tmp_path, tmp_path / name, f"{name} is not a regular file")
     assert "not found" not in err
     with pytest.raises(ValueError, match="not a regular file"):
-        (load_csv if name.endswith(".csv") else load_npz)(tmp_path / name)
+        (load_table if name.endswith(".csv") else load_npz)(tmp_path / name)
     with pytest.raises(ValueError, match="not a regular file"):
         read_inputs(tmp_path / name, {"format": "csv", "columns": ["a"]})

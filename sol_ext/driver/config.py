@@ -215,7 +215,7 @@ class TrainConfig:
         None, "local .pth state dict of the torchvision model (e.g. torchvision's "
         "resnet18-f37072fd.pth; vgg16_bn's for vgg16bn); nothing is downloaded. Images are then "
         "normalized with ImageNet's mean and std, inside the model", "method and encoder",
-        metavar="FILE", aliases=("--vgg-weights",))
+        metavar="FILE", deprecated=("--vgg-weights",))
     # -- images
     image_size: Optional[int] = setting(
         None, "side every image is resized to (default: 64 for an image list, 28 for "

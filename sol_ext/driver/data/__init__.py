@@ -8,7 +8,7 @@ Sources (nothing is downloaded):
 
 - ``load_abalone()``: the UCI Abalone data shipped with the package (rings 1–29, 4177 samples).
 - ``load_wine_red()``: the UCI Wine Quality red data shipped with the package (quality 3–8, 1599 wines).
-- ``load_table(path, label_column)`` (also ``load_csv``): a table of feature columns and a label column,
+- ``load_table(path, label_column)``: a table of feature columns and a label column,
   read by pyarrow: CSV/TSV, comma, semicolon or tab delimited (detected from the header, or
   ``delimiter=``), also gzipped; Parquet; Feather / Arrow IPC.
 - ``load_npz(path)``: precomputed embeddings ``[N, d]`` (key ``embeddings`` or ``features``) and ``labels``.
@@ -43,16 +43,19 @@ from .image_files import ImageFiles, read_image
 from .images import load_image_folder
 from .inputs import Inputs, read_inputs
 from .split import apply_scaling, feature_scaling, split_indices, standardize, train_test_split
-from .tables import load_csv, load_npz, load_table
+from .tables import load_npz, load_table
 
 __all__ = [
     "OrdinalDataset", "infer_step", "ImageFiles", "read_image",
-    "load_abalone", "load_wine_red", "load_table", "load_csv", "load_npz", "load_image_folder",
+    "load_abalone", "load_wine_red", "load_table", "load_npz", "load_image_folder",
     "load_fashion_mnist_degradation",
     "degradation_strengths", "load_dataset", "is_builtin", "load_train_test", "split_indices", "train_test_split",
     "standardize", "feature_scaling", "apply_scaling", "Inputs", "read_inputs",
     "DATASETS_DIR", "FASHION_MNIST_DIR", "FASHION_MNIST_INSTALL",
 ]
 
-# The label grid was RankEncoder here until it moved into the library as sol_ext.labels.LabelGrid.
-__getattr__ = moved_names(__name__, {"RankEncoder": ("sol_ext.labels", "LabelGrid")})
+# Former names: the label grid moved into the library as sol_ext.labels.LabelGrid; load_csv is load_table.
+__getattr__ = moved_names(__name__, {
+    "RankEncoder": ("sol_ext.labels", "LabelGrid"),
+    "load_csv": ("sol_ext.driver.data", "load_table"),  # its first name, from before Parquet and Feather
+})

@@ -16,7 +16,7 @@ from ...labels import LabelGrid
 from ..errors import data_file_errors
 from .encoding import OrdinalDataset
 from .image_files import image_size_pair
-from .tables import load_csv
+from .tables import load_table
 
 __all__ = [
     "load_abalone", "load_wine_red", "load_fashion_mnist_degradation", "degradation_strengths",
@@ -44,7 +44,7 @@ def load_abalone() -> OrdinalDataset:
     measurements (length, diameter, height, four weights), unscaled: call :func:`standardize` after
     splitting, so test data never shape the scaling.
     """
-    return load_csv(DATASETS_DIR / "abalone.csv.gz", label_column="Rings",
+    return load_table(DATASETS_DIR / "abalone.csv.gz", label_column="Rings",
                     encoder=LabelGrid(min_value=1.0, step=1.0, num_ranks=29),
                     categorical={"Sex": ABALONE_SEX}, name="abalone")
 
@@ -56,7 +56,7 @@ def load_wine_red() -> OrdinalDataset:
     wines). Features ``[N, 11]``: the raw physicochemical measurements (fixed acidity … alcohol),
     unscaled: call :func:`standardize` after splitting. The file is UCI's semicolon-delimited CSV.
     """
-    return load_csv(DATASETS_DIR / "winequality-red.csv.gz", label_column="quality",
+    return load_table(DATASETS_DIR / "winequality-red.csv.gz", label_column="quality",
                     encoder=LabelGrid(min_value=3.0, step=1.0, num_ranks=6), name="wine-red",
                     delimiter=";")
 

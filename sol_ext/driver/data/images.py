@@ -46,7 +46,7 @@ def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path
         channels: 1 (grayscale) or 3 (RGB); default 1 when every image is grayscale, else 3.
         in_memory: decode every image now into one tensor (``N * C * H * W * 4`` bytes); by default
             the images stay files, decoded when a batch needs them.
-        step, min_value, max_value, encoder, name, delimiter: as in :func:`load_csv`.
+        step, min_value, max_value, encoder, name, delimiter: as in :func:`load_table`.
 
     Returns:
         ``OrdinalDataset`` of kind "images" whose features are :class:`ImageFiles` (``[N, C, H, W]``,
@@ -79,5 +79,5 @@ def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path
     schema = {"format": "images", "path_column": path_column, "label_column": label_column,
               "image_size": list(size), "channels": channels}
     return make_dataset(images.load() if in_memory else images, values, name=name or _stem(csv_path),
-                         kind="images", encoder=encoder, step=step, min_value=min_value,
-                         max_value=max_value, source=str(csv_path), schema=schema)
+                        kind="images", encoder=encoder, step=step, min_value=min_value,
+                        max_value=max_value, source=str(csv_path), schema=schema)

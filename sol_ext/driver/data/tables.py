@@ -1,4 +1,4 @@
-"""Tabular files: tables of features and labels (``load_table``, also called ``load_csv``: CSV/TSV,
+"""Tabular files: tables of features and labels (``load_table``: CSV/TSV,
 Parquet, Feather / Arrow IPC, read by pyarrow) and precomputed embeddings (``load_npz``).
 
 A table file becomes a ``pyarrow.Table`` here (:func:`read_table`), and its features come out of the
@@ -28,6 +28,7 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import torch
 
+from ..._deprecation import moved_names
 from ...labels import LabelGrid
 from ..errors import DataFileError, data_file_errors
 from .encoding import OrdinalDataset, make_dataset
@@ -44,7 +45,7 @@ from .frames import (
     table_labels,
 )
 
-__all__ = ["load_table", "load_csv", "load_npz", "read_table", "read_table_features", "table_columns",
+__all__ = ["load_table", "load_npz", "read_table", "read_table_features", "table_columns",
            "table_format", "TABLE_SUFFIXES", "SNIFFED_DELIMITERS"]
 
 # Delimiters told apart when a CSV's delimiter is not given, in order of preference on a tie.
@@ -500,13 +501,13 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
     if encoding is not None:
         schema["encoding"] = encoding  # a file to predict is read so too
     return make_dataset(torch.from_numpy(x), values, name=name or _stem(path),
-                         kind="tabular", encoder=encoder, step=step, min_value=min_value,
-                         max_value=max_value, feature_names=names, source=str(path), schema=schema,
-                         ids=ids if keep_ids else None)
+                        kind="tabular", encoder=encoder, step=step, min_value=min_value,
+                        max_value=max_value, feature_names=names, source=str(path), schema=schema,
+                        ids=ids if keep_ids else None)
 
 
-# The name the package has always had: every table file, not only CSV.
-load_csv = load_table
+# load_csv was this loader's first name, from before it read Parquet and Feather too.
+__getattr__ = moved_names(__name__, {"load_csv": ("sol_ext.driver.data.tables", "load_table")})
 
 
 def _stem(path: Path) -> str:
@@ -546,7 +547,7 @@ def load_npz(path: str | Path, step: float | None = None, min_value: float | Non
     """Precomputed embeddings and labels from a numpy ``.npz`` file.
 
     The file holds ``embeddings`` (or ``features``) ``[N, d]`` and ``labels`` ``[N]`` in label units;
-    ``[N, H, W]`` or ``[N, C, H, W]`` arrays are read as images. Grid arguments as in :func:`load_csv`.
+    ``[N, H, W]`` or ``[N, C, H, W]`` arrays are read as images. Grid arguments as in :func:`load_table`.
     """
     path = Path(path)
     _require_file(path, f".npz file not found: {path}")
@@ -581,5 +582,5 @@ def load_npz(path: str | Path, step: float | None = None, min_value: float | Non
     kind = "embeddings" if x.ndim == 2 else "images"
     schema = {"format": "npz", "features_key": features_key, "labels_key": labels_key}
     return make_dataset(torch.from_numpy(x.astype(np.float32)), values, name=name or _stem(path),
-                         kind=kind, encoder=encoder, step=step, min_value=min_value, max_value=max_value,
-                         source=str(path), schema=schema)
+                        kind=kind, encoder=encoder, step=step, min_value=min_value, max_value=max_value,
+                        source=str(path), schema=schema)
