@@ -67,13 +67,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_many_ranks, its sibling
 from sol_ext.driver.audit import cross_validated_probabilities  # noqa: E402
 from sol_ext.driver.config import TrainConfig  # noqa: E402
 from sol_ext.driver.prepare import prepare_data  # noqa: E402
+from sol_ext.driver.synthetic_noise import (  # noqa: E402
+    default_peak_width,
+    input_dependent_scale,
+    noise_scale,
+)
 from sol_ext.driver.train import train  # noqa: E402
 from sol_ext.label_issues import (  # noqa: E402
     find_label_issues,
     get_label_quality_scores,
     sharpen_through_noise,
 )
-from sol_ext.noise import default_peak_width, input_dependent_scale, noise_scale  # noqa: E402
 from sol_ext.refine import fit_label_noise, label_noise_kernel  # noqa: E402
 
 DATASETS = ("abalone", "wine-red", "many-ranks")

@@ -1,10 +1,9 @@
-"""Outlier detection and relabeling (docs/math.md §8) on hand-made cases, the label-noise model and its fit, and the pair samplers."""
+"""Outlier detection and relabeling (docs/math.md §8) on hand-made cases and the label-noise model and its fit."""
 
 import pytest
 import torch
 
 from sol_ext import refine
-from sol_ext.pairs import balanced_pairs, sample_references
 from sol_ext.refine import detect_outliers, refine_labels, relabel, relabel_step
 
 T = torch.tensor
@@ -91,32 +90,6 @@ def test_bad_beta_and_shapes():
         detect_outliers(T([0, 2]), T([0, 0]), 2, beta=0.9)
 
 
-def test_balanced_pairs_cap_each_relation():
-    g = torch.Generator().manual_seed(0)
-    labels = torch.randint(0, 30, (64,), generator=g)
-    pairs = balanced_pairs(labels, tau=3, per_class=5, generator=g)
-    assert pairs.shape[1] == 2 and bool((pairs[:, 0] < pairs[:, 1]).all())
-    diff = labels[pairs[:, 0]] - labels[pairs[:, 1]]
-    counts = [int((diff > 3).sum()), int((diff < -3).sum()), int((diff.abs() <= 3).sum())]
-    assert counts == [5, 5, 5]
-    assert len({tuple(p) for p in pairs.tolist()}) == pairs.shape[0]  # no duplicates
-
-
-def test_sample_references_respects_the_chosen_relation():
-    g = torch.Generator().manual_seed(0)
-    train = torch.tensor([0, 0, 1, 5, 9, 9])
-    anchors = torch.tensor([0, 9, 5, 5, 0])
-    seen = set()
-    for _ in range(50):
-        ref = sample_references(anchors, train, tau=1, generator=g)
-        assert bool(((ref >= 0) & (ref < train.numel())).all())
-        seen |= {(int(a), int(train[r])) for a, r in zip(anchors, ref)}
-    # anchor 0 meets references below (none), similar (0, 1) and above (5, 9)
-    assert {(0, 0), (0, 1), (0, 5), (0, 9)} <= seen
-    # only one training sample of rank 5: its similar reference is itself
-    assert (5, 5) in seen
-
-
 # -- the posterior rule (the driver's default; not in the paper) -----------------------------------
 
 def _one_hot_probs(ranks, n, spread=0.0):
@@ -187,9 +160,9 @@ def test_label_noise_is_estimated_where_the_encoder_is_sharper_than_the_labels(s
 
 
 def test_label_noise_kernel_is_the_law_of_rounded_and_clipped_gaussian_noise():
-    """P[q, r] of label_noise_kernel against the frequencies of sol_ext.noise's Gaussian noise (added,
+    """P[q, r] of label_noise_kernel against the frequencies of sol_ext.driver.synthetic_noise's Gaussian noise (added,
     rounded, clipped to the scale): an error past an end lands on the end rank."""
-    from sol_ext.noise import add_label_noise, noise_scale
+    from sol_ext.driver.synthetic_noise import add_label_noise, noise_scale
     from sol_ext.refine import label_noise_kernel
 
     n, per_rank = 6, 20000

@@ -21,10 +21,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple, Union
 
-from ..pairs import PAIR_MODES
 from .data.dispatch import is_builtin
 from .encoders import TORCHVISION_ENCODERS, check_encoder_name, is_pretrainable
 from .loader import AUGMENTATIONS
+from .pairs import PAIR_MODES
 
 __all__ = ["METHODS", "COMPARE_METHODS", "INFERENCE_MODES", "RELABEL_RULES", "PAPER_SETTINGS", "SIGMA_GRID", "FALLBACK_SIGMA",
            "NO_NOISE_SIGMA", "WEIGHT_EMA_SHARE", "SOL_WEIGHT_DECAY_PER_RANK", "BASELINE_WEIGHT_DECAY",

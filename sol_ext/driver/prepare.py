@@ -9,7 +9,6 @@ from typing import Any, Optional
 
 import torch
 
-from ..noise import add_label_noise
 from .config import TrainConfig
 from .data import (
     ImageFiles,
@@ -21,6 +20,7 @@ from .data import (
     load_train_test,
     train_test_split,
 )
+from .synthetic_noise import add_label_noise
 
 __all__ = ["PreparedData", "prepare_data", "preprocessing_record"]
 

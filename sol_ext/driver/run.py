@@ -51,8 +51,6 @@ from ..centroids import centroid_span, embed
 from ..distributed import DistributedStochasticOrderLoss
 from ..head import SOLHead
 from ..metrics import per_rank_mae, summarize
-from ..noise import noise_statistics
-from ..pairs import balanced_pairs, sample_references
 from ..readout import median_ranks, rank_posterior
 from ..refine import (
     LabelNoiseFit,
@@ -77,8 +75,10 @@ from .data import split_indices
 from .device import resolve_device
 from .loader import RunInputs, auto_workers, embedding_batch_size, training_transform
 from .methods import RankModel, build_model, encoder_name, head_ranks, make_sol_head, training_loss
+from .pairs import balanced_pairs, sample_references
 from .parallel import Parallel
 from .prepare import PreparedData
+from .synthetic_noise import noise_statistics
 
 __all__ = ["RunOutcome", "Fit", "FitContext", "train_run", "resolve_device", "cs_theta_of",
            "validation_split", "run_results", "WeightAverage"]
