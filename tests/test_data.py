@@ -297,7 +297,7 @@ def test_fashion_mnist_blur_from_debian_package():
 
 
 # --------------------------------------------------------------------------------------------------
-# Abalone, dispatch, splitting, scaling
+# Abalone, load_dataset, splitting, scaling
 
 
 @pytest.fixture(scope="module")
@@ -616,3 +616,12 @@ def test_load_csv_still_loads_a_table_and_warns(module, tmp_path):
         old = importlib.import_module(module).load_csv
     assert old is load_table
     assert old(path).ranks.tolist() == [0, 1, 2]
+
+
+def test_the_former_dispatch_module_still_loads_and_warns():
+    import sol_ext.driver.data.dispatch as dispatch
+    from sol_ext.driver.data import load
+
+    for name in ("load_dataset", "load_train_test", "is_builtin", "TABULAR_FORMATS"):
+        with pytest.warns(DeprecationWarning, match=rf"data\.dispatch\.{name} is deprecated.*data\.load\.{name}"):
+            assert getattr(dispatch, name) is getattr(load, name)

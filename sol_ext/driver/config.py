@@ -21,7 +21,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple, Union
 
-from .data.dispatch import is_builtin
+from .data.load import is_builtin
 from .encoders import TORCHVISION_ENCODERS, check_encoder_name, is_pretrainable
 from .loader import AUGMENTATIONS
 from .pairs import PAIR_MODES

@@ -22,7 +22,7 @@ Data frames (pandas, polars, ``pyarrow.Table``) and table files share one adapte
 columns by name, in a given order, categorical ones one-hot with given categories.
 
 The modules, by source: ``encoding`` (:class:`OrdinalDataset`), ``tables`` (table files
-and ``.npz``), ``frames`` (tables to features), ``image_files`` (:class:`ImageFiles`, decoding), ``images`` (image folders), ``builtin`` (Abalone, Wine Quality, Fashion-MNIST), ``dispatch``
+and ``.npz``), ``frames`` (tables to features), ``image_files`` (:class:`ImageFiles`, decoding), ``images`` (image folders), ``builtin`` (Abalone, Wine Quality, Fashion-MNIST), ``load``
 (``load_dataset``, ``load_train_test``), ``split`` (splitting and scaling) and ``inputs`` (new files read
 as a run's training data were, for prediction). Import from here.
 """
@@ -37,11 +37,11 @@ from .builtin import (
     load_fashion_mnist_degradation,
     load_wine_red,
 )
-from .dispatch import is_builtin, load_dataset, load_train_test
 from .encoding import OrdinalDataset, infer_step
 from .image_files import ImageFiles, read_image
 from .images import load_image_folder
 from .inputs import Inputs, read_inputs
+from .load import is_builtin, load_dataset, load_train_test
 from .split import apply_scaling, feature_scaling, split_indices, standardize, train_test_split
 from .tables import load_npz, load_table
 

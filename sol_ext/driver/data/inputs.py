@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from .builtin import DATASETS_DIR
-from .dispatch import _NAMED, TABULAR_FORMATS, load_dataset
 from .image_files import ImageFiles
+from .load import _NAMED, TABULAR_FORMATS, load_dataset
 from .tables import (
     _column,
     _open_npz,
