@@ -9,7 +9,7 @@ from typing import Any
 from .builtin import load_abalone, load_fashion_mnist_degradation, load_wine_red
 from .encoding import OrdinalDataset
 from .images import load_image_folder
-from .tables import _check_delimiter, load_npz, load_table, table_columns, table_format
+from .tables import check_delimiter, load_npz, load_table, table_columns, table_format
 
 __all__ = ["load_dataset", "load_train_test", "is_builtin", "TABULAR_FORMATS"]
 
@@ -19,12 +19,12 @@ TABULAR_FORMATS = ("csv", "table")
 _KNOWN_FILES = ".csv, .tsv (also gzipped), .parquet, .feather, .arrow, .npz file or image folder"
 
 
-_NAMED = ("abalone", "wine-red", "fashion-mnist", "fashion-mnist-blur", "fashion-mnist-noise")
+BUILTIN_NAMES = ("abalone", "wine-red", "fashion-mnist", "fashion-mnist-blur", "fashion-mnist-noise")
 
 
 def is_builtin(spec: str | Path) -> bool:
     """Whether ``spec`` names a built-in data set (whose labels are clean) rather than a file."""
-    return str(spec).strip().lower() in _NAMED
+    return str(spec).strip().lower() in BUILTIN_NAMES
 
 
 def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
@@ -56,21 +56,21 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
     for option in _TABLE_OPTIONS:
         if options.get(option) in (None, (), []):
             options.pop(option, None)
-        elif key.lower() in _NAMED or key.lower().endswith(".npz") or Path(key).is_dir():
+        elif key.lower() in BUILTIN_NAMES or key.lower().endswith(".npz") or Path(key).is_dir():
             raise ValueError(f"{option}= applies to tables (CSV, Parquet, Feather); {key!r} is not one: "
                              f"leave {option}= out")
-    delimiter = _check_delimiter(options.pop("delimiter", None))
+    delimiter = check_delimiter(options.pop("delimiter", None))
     encoding = options.pop("encoding", None)
     csv_options = options if delimiter is None else {**options, "delimiter": delimiter}
     if encoding is not None:  # CSV tables only (load_table refuses it for Parquet and Feather)
-        if key.lower() in _NAMED or key.lower().endswith(".npz") or Path(key).is_dir():
+        if key.lower() in BUILTIN_NAMES or key.lower().endswith(".npz") or Path(key).is_dir():
             raise ValueError(f"encoding={encoding!r} applies to CSV files only; {key!r} is not one: leave "
                              "encoding out")
         csv_options = {**csv_options, "encoding": encoding}
-    if delimiter is not None and (key.lower() in _NAMED or key.lower().endswith(".npz")):
+    if delimiter is not None and (key.lower() in BUILTIN_NAMES or key.lower().endswith(".npz")):
         raise ValueError(f"delimiter={delimiter!r} applies to CSV files only; {key!r} is not one: leave "
                          "delimiter out")
-    if options.get("label_column") is not None and (key.lower() in _NAMED or key.lower().endswith(".npz")):
+    if options.get("label_column") is not None and (key.lower() in BUILTIN_NAMES or key.lower().endswith(".npz")):
         raise ValueError(f"label_column={options['label_column']!r} applies to tables (CSV, Parquet, Feather) and "
                          f"image folders; {key!r} is neither, so do not pass label_column=")
     if "image_size" in options and key.lower() in ("abalone", "wine-red"):
@@ -91,7 +91,7 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
                                     "labels.csv with columns path,label")
         return load_image_folder(listing, **csv_options)
     if not path.exists():
-        raise FileNotFoundError(f"no dataset {key!r}: not a built-in name ({', '.join(_NAMED)}) nor an "
+        raise FileNotFoundError(f"no dataset {key!r}: not a built-in name ({', '.join(BUILTIN_NAMES)}) nor an "
                                 f"existing {_KNOWN_FILES}")
     name = path.name.lower()
     fmt = table_format(path)
