@@ -33,8 +33,8 @@ from sol_ext.driver.checkpoint import load_checkpoint
 from sol_ext.driver.compare import mean_std, mean_std_table, method_config
 from sol_ext.driver.config import TrainConfig
 from sol_ext.driver.prepare import prepare_data
+from sol_ext.driver.synthetic_noise import noise_scale
 from sol_ext.driver.train import BEST_NAME, train
-from sol_ext.noise import noise_scale
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also when loaded by path
 from bench_many_ranks import parse_options  # noqa: E402

@@ -26,7 +26,7 @@ Where the time goes, measured in the same processes:
   does what the default hook does).
 - *compute only*: the same arithmetic per process with no process group and no DDP: the process's own
   rows against a gathered ``D`` assembled locally (the other processes' rows are fixed stand-ins), with
-  ``sol_ext.order_loss_block`` and ``sol_ext.disc_loss``, run by all W processes at once. *Overhead* is
+  ``sol_ext.ops.order_loss_block`` and ``sol_ext.disc_loss``, run by all W processes at once. *Overhead* is
   the median over the steps of a step minus the compute-only step that followed it (slowest process of
   each): what distribution costs beyond the arithmetic each process owns.
 
@@ -297,8 +297,8 @@ def measure_process(rank: int, world_size: int, global_batch: int, num_ranks: in
         D_cat = torch.cat([D_before, D, D_after])
         D_all = torch.cat([D_cat[a:b] for a, b in segments])  # the loss's zigzag order
         args = (settings.sigma, settings.tau, settings.margin, settings.convention)
-        order = (sol_ext.order_loss_block(D[:split], labels[:split], D_all, labels_zigzag, offsets[0], *args).sum()
-                 + sol_ext.order_loss_block(D[split:], labels[split:], D_all, labels_zigzag, offsets[1], *args).sum()
+        order = (sol_ext.ops.order_loss_block(D[:split], labels[:split], D_all, labels_zigzag, offsets[0], *args).sum()
+                 + sol_ext.ops.order_loss_block(D[split:], labels[split:], D_all, labels_zigzag, offsets[1], *args).sum()
                  ) / total_pairs
         disc = sol_ext.disc_loss(D, labels, settings.T, "sum") / global_batch
         return order + settings.disc_weight * disc

@@ -50,14 +50,15 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from sol_ext.centroids import RankPosterior, median_ranks, rank_posterior
 from sol_ext.driver.compare import mean_std_table
 from sol_ext.driver.config import METHODS, TrainConfig
-from sol_ext.driver.data import OrdinalDataset, RankEncoder, apply_scaling
+from sol_ext.driver.data import OrdinalDataset, apply_scaling
 from sol_ext.driver.model import load_run
 from sol_ext.driver.prepare import PreparedData, preprocessing_record
 from sol_ext.driver.train import train
+from sol_ext.labels import LabelGrid
 from sol_ext.metrics import summarize
+from sol_ext.readout import RankPosterior, median_ranks, rank_posterior
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_FILE = ROOT.parent / "shared" / "data" / "vader_dev.npz"
@@ -139,7 +140,7 @@ def prepared_data(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, 
     (embeddings standardized with the training rows' mean and std; training labels as given, no
     added noise), on the fixed grid of the rating scale: a rounded mean of several raters may never
     reach an end of the scale that the consensus of a test sentence reaches."""
-    grid = RankEncoder(min_value=SCALE[0], step=1.0, num_ranks=SCALE[1] - SCALE[0] + 1)
+    grid = LabelGrid(min_value=SCALE[0], step=1.0, num_ranks=SCALE[1] - SCALE[0] + 1)
     schema = {"format": "npz", "features_key": "embeddings", "labels_key": "labels"}
 
     def part(x: np.ndarray, y: np.ndarray) -> OrdinalDataset:

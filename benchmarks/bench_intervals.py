@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from sol_ext.driver.data import load_dataset
+from sol_ext.driver.synthetic_noise import add_label_noise, noise_scale
 from sol_ext.intervals import SCORES, calibrate_intervals, rank_intervals
-from sol_ext.noise import add_label_noise, noise_scale
 from sol_ext.sklearn import SOLRanker
 
 RESULTS = Path(__file__).resolve().parent / "results" / "intervals"
@@ -80,7 +80,7 @@ def class_set_intervals(p_cal: np.ndarray, y_cal: np.ndarray, p: np.ndarray, cov
 
 def noise_likelihood(kind: str, scale: float, n: int) -> torch.Tensor:
     """``L [n, n]``: row ``c`` the distribution of ``clip(floor(c + e + 0.5), 0, n - 1)`` for the noise
-    ``e`` that :func:`sol_ext.noise.add_label_noise` draws (Gaussian std ``scale``, Laplace scale ``scale``)."""
+    ``e`` that :func:`sol_ext.driver.synthetic_noise.add_label_noise` draws (Gaussian std ``scale``, Laplace scale ``scale``)."""
     def cdf(x: np.ndarray) -> np.ndarray:
         if kind == "gaussian":
             return 0.5 * (1 + np.vectorize(math.erf)(x / (scale * math.sqrt(2))))

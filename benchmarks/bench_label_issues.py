@@ -20,7 +20,7 @@ once as CORN (``--probabilities``). On each model's probabilities, with "wrong" 
 - flagged share, precision, recall and F1 of the default flags: ``sol_ext.find_label_issues`` (the rule
   of ``sol-ext audit``) and ``cleanlab.filter.find_label_issues``, both with their defaults;
 - ours with the noise std estimated from the probabilities by maximum likelihood (``estimated``:
-  :func:`sol_ext.centroids.fit_label_noise`; the rule of ``--label-noise`` at that std, the default's
+  :func:`sol_ext.refine.fit_label_noise`; the rule of ``--label-noise`` at that std, the default's
   flags where it reads 0), and told the std of the added noise (``told``: the rule of ``sol-ext audit
   --label-noise STD``, ``noise_kernel=label_noise_kernel(n, std)`` on the probabilities sharpened
   through it);
@@ -64,17 +64,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_many_ranks, its sibling
 
-from sol_ext.centroids import fit_label_noise, label_noise_kernel  # noqa: E402
 from sol_ext.driver.audit import cross_validated_probabilities  # noqa: E402
 from sol_ext.driver.config import TrainConfig  # noqa: E402
 from sol_ext.driver.prepare import prepare_data  # noqa: E402
+from sol_ext.driver.synthetic_noise import (  # noqa: E402
+    default_peak_width,
+    input_dependent_scale,
+    noise_scale,
+)
 from sol_ext.driver.train import train  # noqa: E402
 from sol_ext.label_issues import (  # noqa: E402
     find_label_issues,
     get_label_quality_scores,
     sharpen_through_noise,
 )
-from sol_ext.noise import default_peak_width, input_dependent_scale, noise_scale  # noqa: E402
+from sol_ext.refine import fit_label_noise, label_noise_kernel  # noqa: E402
 
 DATASETS = ("abalone", "wine-red", "many-ranks")
 NOISES = {"clean": ("none", 0.0), "gaussian0.3": ("gaussian", 0.3), "gaussian1": ("gaussian", 1.0),
@@ -124,7 +128,7 @@ def noise_std(noise: str, clean: np.ndarray, num_ranks: int) -> float | None:
 
 def fitted_noise_std(given: np.ndarray, probs: np.ndarray) -> float:
     """The label-noise std in ranks that maximum likelihood reads from the probabilities ``probs`` [N, n]
-    (:func:`sol_ext.centroids.fit_label_noise`, temperature and std together), with ``-log p`` as the
+    (:func:`sol_ext.refine.fit_label_noise`, temperature and std together), with ``-log p`` as the
     dissimilarity and the labels' frequencies divided out (the fit multiplies them back in)."""
     labels = torch.from_numpy(given).long()
     counts = torch.bincount(labels, minlength=probs.shape[1]).double() + 0.5  # the fit's smoothing
@@ -185,9 +189,10 @@ def array_data(name: str, kind: str, x_train: np.ndarray, given: np.ndarray, cle
                x_test: np.ndarray, test: np.ndarray, scale: tuple[int, int]):
     """A run's data from arrays: integer labels on ``scale`` (lowest, highest), inputs scaled by the
     training rows' mean and std as the driver scales a file's."""
-    from sol_ext.driver.data import OrdinalDataset, RankEncoder, apply_scaling
+    from sol_ext.driver.data import OrdinalDataset, apply_scaling
     from sol_ext.driver.prepare import PreparedData, preprocessing_record
-    grid = RankEncoder(min_value=scale[0], step=1.0, num_ranks=scale[1] - scale[0] + 1)
+    from sol_ext.labels import LabelGrid
+    grid = LabelGrid(min_value=scale[0], step=1.0, num_ranks=scale[1] - scale[0] + 1)
 
     def ranks(labels: np.ndarray) -> torch.Tensor:
         return grid.encode(torch.from_numpy(labels.astype(np.float64))).long()

@@ -6,20 +6,20 @@ docs/math.md (cited as "docs/math.md §k" in docstrings) for the exact math.
 from . import (
     _extension,  # noqa: F401  loads the compiled ops (sol_ext._C) before anything calls them
     _fake,  # noqa: F401  fake (meta) kernels for torch.compile and opcheck
-    grouped,
-    reference,
+    grouped,  # noqa: F401  submodules, imported as sol_ext.grouped and sol_ext.reference
+    reference,  # noqa: F401
 )
+from ._deprecation import moved_names
 from ._extension import cuda_kernels_available
 from .head import SOLHead
-from .label_issues import find_label_issues, get_label_quality_scores, label_issue_scores
+from .label_issues import find_label_issues, get_label_quality_scores
+from .labels import LabelGrid
 from .loss import StochasticOrderLoss
 from .ops import (
     disc_loss,
     noise_kernel,
     order_loss,
-    order_loss_block,
     ordering_probabilities,
-    ordering_probability_table,
     stochastic_dissimilarity,
 )
 
@@ -36,21 +36,26 @@ def load_run(path, device="cpu", workers=0, handle_unknown="error"):
     return _load_run(path, device=device, workers=workers, handle_unknown=handle_unknown)
 
 
+# What users call: the loss, the head, the functional ops, the label grid, label issues and trained runs.
+# Building blocks live in their modules: sol_ext.ops, sol_ext.label_issues, sol_ext.grouped, sol_ext.reference.
 __all__ = [
     "StochasticOrderLoss",
     "SOLHead",
+    "LabelGrid",
     "load_run",
     "find_label_issues",
     "get_label_quality_scores",
-    "label_issue_scores",
     "stochastic_dissimilarity",
     "ordering_probabilities",
-    "ordering_probability_table",
     "order_loss",
-    "order_loss_block",
     "disc_loss",
     "noise_kernel",
     "cuda_kernels_available",
-    "reference",
-    "grouped",
 ]
+
+# Building blocks exported here until their modules became their one place.
+__getattr__ = moved_names(__name__, {
+    "order_loss_block": ("sol_ext.ops", "order_loss_block"),
+    "ordering_probability_table": ("sol_ext.ops", "ordering_probability_table"),
+    "label_issue_scores": ("sol_ext.label_issues", "label_issue_scores"),
+})

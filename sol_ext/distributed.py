@@ -16,7 +16,7 @@ all-gathered with an autograd-aware gather, so the gradient of each gathered row
 that owns it. The global rows are put in a zigzag order: every process splits its rows in two halves, the
 first halves go in rank order, then the second halves in reverse rank order (process ``r``'s halves sit at
 chunk positions ``r`` and ``2W-1-r``). Process ``r`` computes only the pairs of each of its halves against
-the global rows after it (:func:`sol_ext.order_loss_block`, once per half), so every global pair is
+the global rows after it (:func:`sol_ext.ops.order_loss_block`, once per half), so every global pair is
 counted once, and every process evaluates about ``N·B/2`` of the ``N(N-1)/2`` pairs: the work is balanced
 (pairing each process's rows with the later ones in rank order would give the first process almost twice
 its share). No process forms a pair list or a ``[pairs, n]`` tensor: extra memory ``O(W·B·n)``. Batches

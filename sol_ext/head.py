@@ -30,11 +30,15 @@ import torch
 from torch import nn
 
 from . import _validation as check
-from .centroids import (
+from .centroids import compute_centroids, damp_centroids
+from .intervals import SCORES as INTERVAL_SCORES
+from .intervals import TARGETS as INTERVAL_TARGETS
+from .intervals import IntervalCalibration, LabelNoise, calibrate_intervals, rank_intervals
+from .loss import StochasticOrderLoss
+from .ops import noise_kernel
+from .readout import (
     RankPosterior,
-    compute_centroids,
     cut_ranks,
-    damp_centroids,
     dissimilarities,
     expected_ranks,
     fit_rank_cuts,
@@ -42,11 +46,6 @@ from .centroids import (
     median_ranks,
     rank_posterior,
 )
-from .intervals import SCORES as INTERVAL_SCORES
-from .intervals import TARGETS as INTERVAL_TARGETS
-from .intervals import IntervalCalibration, LabelNoise, calibrate_intervals, rank_intervals
-from .loss import StochasticOrderLoss
-from .ops import noise_kernel
 
 __all__ = ["SOLHead", "READOUTS", "SETTINGS"]
 
@@ -123,7 +122,7 @@ class SOLHead(nn.Module):
         self.readout = check.check_choice("readout", readout, READOUTS)
         n, d = self.num_ranks, self.embedding_dim
         self.register_buffer("centroids", torch.zeros(n, d))
-        # float64: the posterior is evaluated in float64 (see sol_ext.centroids.rank_posterior)
+        # float64: the posterior is evaluated in float64 (see sol_ext.readout.rank_posterior)
         self.register_buffer("log_prior", torch.full((n,), -math.log(n), dtype=torch.float64))
         self.register_buffer("temperature", torch.ones((), dtype=torch.float64))
         # until fitted: the expected rank rounded
@@ -247,7 +246,7 @@ class SOLHead(nn.Module):
                  probabilities: Optional[torch.Tensor] = None, fit: str = "count") -> torch.Tensor:
         """Fit the ``"cuts"`` read-out to labeled rows: ``rank = #{k : E[q | x] > c_k}``, each cut
         ``c_k`` placed where "is the rank above k?" is answered wrong for fewest of ``labels``
-        (:func:`sol_ext.centroids.fit_rank_cuts`). The MAE is the sum of those errors, so this
+        (:func:`sol_ext.readout.fit_rank_cuts`). The MAE is the sum of those errors, so this
         is the read-out of least MAE on the rows among all that threshold the expected rank; the
         prior pulls the posterior median toward the common ranks, the cuts do not.
 
@@ -294,7 +293,8 @@ class SOLHead(nn.Module):
 
     # -- prediction --------------------------------------------------------------------------
     def dissimilarity(self, h: torch.Tensor) -> torch.Tensor:
-        """``D [B, n]`` of embeddings ``h [B, d]`` to the centroids (no gradient)."""
+        """``D [B, n]`` of embeddings ``h [B, d]`` to the head's centroids (no gradient): the read-outs'
+        input. For ``D`` with gradient against centroids of your own, :func:`sol_ext.stochastic_dissimilarity`."""
         self._require("centroids", "dissimilarity")
         self._check_embeddings("h", h)
         return dissimilarities(h, self.centroids.to(h.device, h.dtype), self.sigma,

@@ -61,9 +61,9 @@ except ImportError:  # transformers 4 spells it PretrainedConfig
     from transformers import PretrainedConfig as PreTrainedConfig
 
 from . import metrics
-from .centroids import cut_ranks, expected_ranks, log_posterior, median_ranks
 from .distributed import DistributedStochasticOrderLoss, is_distributed, shard, update_centroids, update_head
 from .head import SETTINGS, SOLHead
+from .readout import cut_ranks, expected_ranks, log_posterior, median_ranks
 
 __all__ = ["SOLTextConfig", "SOLTextModel", "SOLTextOutput", "SOLTrainer", "SOLCallback", "SOLPredictionOutput",
            "POOLINGS", "rank_metrics", "ranks_from_probabilities"]

@@ -59,7 +59,7 @@ lies on the other side. A confident label three ranks off outranks one a rank of
 posterior lies beyond it, and at equal scores the expected distance decides.
 
 With a ``noise_kernel`` ``P[q, r]`` (the probability that a sample of true rank ``q`` is labeled ``r``,
-e.g. :func:`sol_ext.centroids.label_noise_kernel`), ``p`` is first replaced by the posterior of the true
+e.g. :func:`sol_ext.refine.label_noise_kernel`), ``p`` is first replaced by the posterior of the true
 rank given the features and the label, ``p(q | x, r) ∝ p(q | x) P[q, r]``: the label is evidence too, so
 a sample is a suspect only where the model outweighs it, and with a kernel the default rule is
 ``"predicted_neq_given"`` on that posterior. This is the rule of
@@ -241,7 +241,7 @@ def sharpen_through_noise(labels: ArrayLike, pred_probs: ArrayLike, noise_kernel
     (rows ``q``: the law of the label given true rank ``q``) the true rank's own distribution is
     sharper; this returns ``p(q | x) ** (1 / T)``, renormalized, with ``T`` in ``(0, 1]`` maximizing
     the likelihood of the given labels ``sum_x log sum_q p_T(q | x) P[q, r_x]`` (the training run's
-    rank posterior is fitted through the noise the same way, :func:`sol_ext.centroids.fit_rank_posterior`).
+    rank posterior is fitted through the noise the same way, :func:`sol_ext.readout.fit_rank_posterior`).
     Pass the result with the same ``noise_kernel`` to :func:`find_label_issues`, as ``sol-ext audit
     --label-noise STD`` does: without it the posterior counts the noise twice, and flags few labels.
 
@@ -249,11 +249,11 @@ def sharpen_through_noise(labels: ArrayLike, pred_probs: ArrayLike, noise_kernel
         labels: ``[N]`` given integer ranks in ``0 … n-1``.
         pred_probs: ``[N, n]`` ``p(label | x)`` (rows summing to 1 within 1e-3).
         noise_kernel: ``[n, n]`` ``P[q, r]``, rows summing to 1 (e.g.
-            :func:`sol_ext.centroids.label_noise_kernel`).
+            :func:`sol_ext.refine.label_noise_kernel`).
     """
     if noise_kernel is None:
         raise ValueError("noise_kernel must be an [n, n] label-noise model P[q, r] (e.g. "
-                         "sol_ext.centroids.label_noise_kernel(n, std)), got None: sharpening needs the noise")
+                         "sol_ext.refine.label_noise_kernel(n, std)), got None: sharpening needs the noise")
     lab, probs, kernel = _validate(labels, pred_probs, noise_kernel)
     log_p = torch.log(probs.clamp_min(torch.finfo(torch.float64).tiny))
     log_p = log_p - log_p.max(dim=1, keepdim=True).values

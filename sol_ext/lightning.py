@@ -53,6 +53,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from . import _validation as check
 from . import metrics
+from ._deprecation import warn_deprecated
 from .distributed import (
     DistributedStochasticOrderLoss,
     gather_all,
@@ -355,7 +356,10 @@ class SOLModule(pl.LightningModule):
                              probabilities=probabilities, expected=probabilities @ grid, embeddings=h)
 
     def predict_ranks(self, inputs: Any) -> torch.Tensor:
-        """``[B]`` int64 ranks of a batch of inputs (the head's read-out; encoder in eval mode)."""
+        """``[B]`` int64 ranks of a batch of inputs (the head's read-out; encoder in eval mode).
+
+        Deprecated: use ``predict(inputs).ranks``, which also gives the labels and probabilities."""
+        warn_deprecated("SOLModule.predict_ranks(inputs)", "SOLModule.predict(inputs).ranks")
         return self.predict(inputs).ranks
 
     def forward(self, inputs: Any) -> torch.Tensor:

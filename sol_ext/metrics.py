@@ -4,11 +4,11 @@ and the ranked probability score of predicted probabilities.
 
 Every function takes two 1-D sequences of the same length ``N`` (torch tensors, numpy arrays or lists),
 predictions first and ground truth second, in the same units (label units when the predictions were
-decoded with :meth:`sol_ext.driver.data.RankEncoder.decode`, rank units otherwise), and returns plain Python
+decoded with :meth:`sol_ext.LabelGrid.decode`, rank units otherwise), and returns plain Python
 floats (:func:`per_rank_mae`: a dict of them). Computation is in float64 on the CPU, so the numbers do not
 depend on the device or the input dtype.
 
-* :func:`quadratic_weighted_kappa` (alias :func:`qwk`) takes integer ranks ``0 … K-1`` (or integer labels
+* :func:`quadratic_weighted_kappa` takes integer ranks ``0 … K-1`` (or integer labels
   >= 0), and equals ``sklearn.metrics.cohen_kappa_score(true, pred, weights="quadratic",
   labels=range(K))``. Quadratic weighting makes it unchanged by a common shift and scale of both inputs,
   so label values on a grid ``min + step * rank`` give the same kappa as their ranks; :func:`summarize`
@@ -32,8 +32,9 @@ import numpy as np
 import torch
 
 from . import _validation as check
+from ._deprecation import moved_names
 
-__all__ = ["mae", "cumulative_score", "cs_curve", "pearson", "spearman", "quadratic_weighted_kappa", "qwk",
+__all__ = ["mae", "cumulative_score", "cs_curve", "pearson", "spearman", "quadratic_weighted_kappa",
            "macro_mae", "amae", "maximum_mae", "mmae", "per_rank_mae", "ranked_probability_score", "rps",
            "expected_calibration_error", "reliability_curve", "summarize"]
 
@@ -191,7 +192,8 @@ def quadratic_weighted_kappa(pred: ArrayLike, true: ArrayLike, num_ranks: int | 
     return _quadratic_kappa(p, t)
 
 
-qwk = quadratic_weighted_kappa
+# qwk was a second name of quadratic_weighted_kappa (summarize still reports it under the key "qwk").
+__getattr__ = moved_names(__name__, {"qwk": ("sol_ext.metrics", "quadratic_weighted_kappa")})
 
 
 def _per_value_mae(p: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -9,22 +9,30 @@
 * The posterior rule (:func:`posterior_relabel`, the driver's default; not in the paper): the
   rank of ``x`` given both its features and its given label ``r``,
   ``p(q | x, r) ∝ p(q | x) P[q, r]``, with ``P[q, r]`` the probability that rank ``q`` is
-  labeled ``r`` (the driver's is :func:`sol_ext.centroids.label_noise_kernel`).
+  labeled ``r`` (the driver's is :func:`label_noise_kernel`).
   A label moves, to the median of that posterior, only where the posterior puts at least
   ``mass`` strictly on one side of it (``mass = 1/2``: every label moves to its median). The
   driver applies it to the *given* labels each epoch, so moves never accumulate, with ``P`` of a
-  std estimated by :func:`sol_ext.centroids.fit_label_noise` and mass 0.98, or of a std the user
+  std estimated by :func:`fit_label_noise` and mass 0.98, or of a std the user
   knows and mass 1/2; the corrected labels are its output, not training labels.
+
+The label-noise model of that rule, and its fit by maximum likelihood, are here too:
+:func:`label_noise_kernel`, :func:`fit_label_noise`, :func:`fit_through_label_noise`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
+from .readout import RankPosterior, fit_rank_posterior
+
 __all__ = ["Refinement", "detect_outliers", "relabel_step", "relabel", "refine_labels",
-           "PosteriorRelabel", "posterior_relabel"]
+           "PosteriorRelabel", "posterior_relabel", "label_noise_kernel", "LABEL_NOISE_GRID", "LabelNoiseFit",
+           "fit_label_noise", "fit_through_label_noise"]
 
 
 @dataclass(frozen=True)
@@ -167,9 +175,9 @@ def posterior_relabel(labels: torch.Tensor, rank_probabilities: torch.Tensor,
     Args:
         labels: ``[N]`` given integer ranks ``r_x``.
         rank_probabilities: ``[N, n]`` ``p(q | x)`` from the model (rows sum to 1;
-            :func:`sol_ext.centroids.rank_posterior`).
+            :func:`sol_ext.readout.rank_posterior`).
         noise_kernel: ``[n, n]`` label-noise model ``P[q, r]``, the probability that rank ``q`` is
-            labeled ``r`` (:func:`sol_ext.centroids.label_noise_kernel`).
+            labeled ``r`` (:func:`label_noise_kernel`).
         mass: in ``[0.5, 1)``: how much of ``p(q | x, r)`` must lie strictly on one side of
             ``r`` for the label to move. Larger moves fewer labels.
 
@@ -200,3 +208,96 @@ def posterior_relabel(labels: torch.Tensor, rank_probabilities: torch.Tensor,
     new = torch.where(flagged, suggested, labels)
     return PosteriorRelabel(labels=new, flagged=flagged, confidence=torch.maximum(below, above),
                             suggested=suggested, num_relabeled=int(flagged.sum()))
+
+
+# --------------------------------------------------------------------------------------------------
+# The label-noise model of the posterior rule, and its fit
+
+
+def label_noise_kernel(num_ranks: int, std: float, dtype: torch.dtype = torch.float64,
+                       device=None) -> torch.Tensor:
+    """``[n, n]`` model of label noise for relabeling (not in the paper): ``P[q, r]`` is the
+    probability that a sample of rank ``q`` is labeled ``r``, when the label is ``q`` plus an error
+    ``e ~ N(0, std^2)``, rounded to the nearest rank and clipped to ``0 … n-1``.
+
+    Unlike SOL's kernel (:func:`sol_ext.noise_kernel`, whose rows are renormalized over the ranks),
+    an error past an end of the scale lands on the end rank, as on any bounded scale: a rater
+    cannot give less than the lowest grade, and noise added to ranks is clipped. A large error
+    then piles labels up on the end ranks instead of spreading them over the inner ones. ``std``
+    0 gives the identity.
+    """
+    if std <= 0.0:
+        return torch.eye(num_ranks, dtype=dtype, device=device)
+    q = torch.arange(num_ranks, dtype=torch.float64, device=device)
+    offset = q[None, :] - q[:, None]               # label r minus rank q
+    lower, upper = (offset - 0.5) / std, (offset + 0.5) / std  # the bin of label r, in stds
+    lower[:, 0], upper[:, -1] = -math.inf, math.inf
+    # P(lower <= e/std < upper) from the tail on lower's side: a difference of two tail
+    # probabilities keeps far bins small but non-zero where a difference of CDFs near 1 gives 0.
+    erfc = torch.special.erfc
+    above = 0.5 * (erfc(lower / math.sqrt(2.0)) - erfc(upper / math.sqrt(2.0)))
+    below = 0.5 * (erfc(-upper / math.sqrt(2.0)) - erfc(-lower / math.sqrt(2.0)))
+    return torch.where(lower >= 0, above, below).to(dtype)
+
+
+# Candidate label-noise stds of fit_label_noise, as fractions of the labels' own std.
+LABEL_NOISE_GRID = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
+
+
+@dataclass(frozen=True)
+class LabelNoiseFit:
+    """Outcome of :func:`fit_label_noise`.
+
+    Attributes:
+        std: the estimated std of the label error, in ranks (0: the labels look exact).
+        posterior: ``p(q | x)`` of the true rank, fitted through that noise.
+        kernel: ``[n, n]`` float64 noise model ``P[q, r]`` of that std (the identity for 0).
+    """
+
+    std: float
+    posterior: RankPosterior
+    kernel: torch.Tensor
+
+
+def fit_label_noise(dissimilarity: torch.Tensor, labels: torch.Tensor, num_ranks: int,
+                    prior_labels: Optional[torch.Tensor] = None,
+                    grid: tuple[float, ...] = LABEL_NOISE_GRID) -> LabelNoiseFit:
+    """Estimate the std of the label noise by maximum likelihood (not in the paper).
+
+    Each label is modeled as a draw ``r ~ P_s[q, ·]`` (:func:`label_noise_kernel`: a Gaussian
+    error of std ``s``, rounded and clipped to the scale) around a true rank ``q ~ p(q | x)``, with
+    the posterior's temperature and ``s`` fitted together on ``labels``; ``s`` runs over ``grid``
+    times the labels' std, and a larger ``s`` must fit strictly better. A posterior can widen by
+    its temperature or by ``s``: noise shows as ``s`` only where ``D`` is sharper than the labels'
+    spread around it (images of a clear rank: yes; tabular data whose ranks are hard to predict:
+    mostly no). So the estimate is a lower bound
+    on the noise more often than not; fit it on held-out samples (the encoder has fitted the
+    noise of its own training samples).
+
+    Args:
+        dissimilarity: ``[N, n]`` ``D`` of the samples (held out, preferably).
+        labels: ``[N]`` their given integer ranks.
+        num_ranks: ``n``.
+        prior_labels: ranks whose frequencies form the prior (default ``labels``).
+        grid: candidate stds as fractions of the std of ``labels``.
+    """
+    labels = labels.long()
+    spread = float(labels.double().std(unbiased=False)) if labels.numel() > 1 else 0.0
+    best: Optional[LabelNoiseFit] = None
+    for fraction in grid:
+        fit = fit_through_label_noise(dissimilarity, labels, num_ranks, fraction * spread,
+                                      prior_labels)
+        if best is None or fit.posterior.log_likelihood > best.posterior.log_likelihood:
+            best = fit
+    return best
+
+
+def fit_through_label_noise(dissimilarity: torch.Tensor, labels: torch.Tensor, num_ranks: int,
+                            std: float, prior_labels: Optional[torch.Tensor] = None) -> LabelNoiseFit:
+    """``p(q | x)`` of the true rank fitted (:func:`fit_rank_posterior`) through label noise of a
+    known ``std`` in ranks (:func:`label_noise_kernel`; 0: the labels are taken as exact)."""
+    kernel = label_noise_kernel(num_ranks, std, device=dissimilarity.device)
+    posterior = fit_rank_posterior(dissimilarity, labels, num_ranks,
+                                   noise_kernel=kernel if std > 0.0 else None,
+                                   prior_labels=prior_labels)
+    return LabelNoiseFit(std=std, posterior=posterior, kernel=kernel)

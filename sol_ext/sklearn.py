@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from .driver.config import PAPER_SETTINGS, RENAMED_SETTINGS, TrainConfig
-from .driver.data import OrdinalDataset, RankEncoder, apply_scaling, feature_scaling
+from .driver.data import OrdinalDataset, apply_scaling, feature_scaling
 from .driver.data.frames import (
     TableOrigin,
     as_arrow_table,
@@ -57,6 +57,7 @@ from .driver.data.frames import (
 from .driver.model import model_from_state
 from .driver.prepare import PreparedData, preprocessing_record
 from .driver.train import train, validation_split
+from .labels import LabelGrid
 
 __all__ = ["SOLRanker", "EXPECTED_FAILED_CHECKS", "CONFIG_PARAMS"]
 
@@ -106,7 +107,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
 
     ``fit`` runs the training driver (:func:`sol_ext.driver.train.train`, what ``sol-ext train``
     runs) on the arrays: ``X`` is standardized with the training set's mean and std (kept in the
-    model and applied to new data), ``y`` is put on its label grid (``RankEncoder.fit``: ranks
+    model and applied to new data), ``y`` is put on its label grid (``LabelGrid.fit``: ranks
     ``min(y), min(y) + step, …, max(y)`` with the step inferred from the labels), a stratified
     ``val_fraction`` of the samples picks the epoch (and ``sigma="auto"``), and the selected model
     is kept as ``model_``.
@@ -313,9 +314,9 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             raise ValueError(f"SOLRanker needs at least two distinct labels (classes) to rank; got "
                              f"one class, {values[0]:g}.")
         try:
-            encoder = RankEncoder.fit(values)
+            encoder = LabelGrid.fit(values)
         except ValueError as err:  # e.g. continuous labels: no grid
-            # SOLRanker takes no step=: its advice is to round y, not the RankEncoder's own options
+            # SOLRanker takes no step=: its advice is to round y, not the LabelGrid's own options
             advice = re.sub(r" \(in Python: [^)]*\)", "", str(err))
             raise ValueError(f"SOLRanker: {advice}") from None
         ranks = encoder.encode(values)
@@ -520,7 +521,7 @@ def _sample_weights(sample_weight: Any, n: int) -> np.ndarray:
     return weights
 
 
-def _classes(encoder: RankEncoder, dtype: np.dtype) -> np.ndarray:
+def _classes(encoder: LabelGrid, dtype: np.dtype) -> np.ndarray:
     values = encoder.values().numpy()
     if dtype.kind in "iub":
         cast = values.round().astype(dtype)

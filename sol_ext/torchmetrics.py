@@ -20,7 +20,7 @@ Each metric gives the value of its :mod:`sol_ext.metrics` function on all the sa
 predictions. Their states are sums (``dist_reduce_fx="sum"``), so under DDP ``compute()`` gives the
 value on the samples of every process together. All but :class:`MAE` and :class:`CumulativeScore` keep
 per-rank sums or a ``K x K`` confusion matrix and take ``num_ranks`` ``K``; true values are then
-integer ranks ``0 … K-1`` (map labels with :class:`sol_ext.driver.data.RankEncoder` first).
+integer ranks ``0 … K-1`` (map labels with :class:`sol_ext.LabelGrid` first).
 
 ``pred`` and ``true`` are 1-D tensors ``[N]`` (``[N, 1]`` is accepted) of any real or integer dtype;
 they are moved to the metric's device. With ``validate_args=True`` (the default) non-finite values

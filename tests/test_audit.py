@@ -9,13 +9,14 @@ import torch
 
 import sol_ext.driver.audit as audit_module
 from common import expect_error, tiny_csv
-from sol_ext.centroids import label_noise_kernel, median_ranks
 from sol_ext.driver.audit import audit_run, cross_validated_probabilities, fold_of_rows
 from sol_ext.driver.checkpoint import load_run_state
 from sol_ext.driver.cli import main
 from sol_ext.driver.config import TrainConfig
 from sol_ext.driver.prepare import prepare_data
 from sol_ext.label_issues import find_label_issues, label_issue_scores
+from sol_ext.readout import median_ranks
+from sol_ext.refine import label_noise_kernel
 
 FAST = ["--epochs", "2", "--batch-size", "16", "--embedding-dim", "4", "--hidden", "16", "--lr", "0.01",
         "--sigma", "1", "--no-plots", "--quiet"]

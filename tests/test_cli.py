@@ -216,7 +216,7 @@ def test_damaged_checkpoint(tmp_path, capsys):
 
 
 def test_vgg_weights_without_vgg_encoder(tmp_path, capsys):
-    expect_error(capsys, ["train", "--vgg-weights", "w.pth", "--output", str(tmp_path / "o")],
+    expect_error(capsys, ["train", "--weights", "w.pth", "--output", str(tmp_path / "o")],
                  "vgg16bn")
 
 

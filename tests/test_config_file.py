@@ -342,11 +342,13 @@ def test_output_and_threads_are_read_from_the_file(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("old", "new", "value"), [("--inference", "--readout", "nearest"),
-                                                   ("--centroid-momentum", "--momentum", "0.25")])
+                                                   ("--centroid-momentum", "--momentum", "0.25"),
+                                                   ("--vgg-weights", "--weights", "vgg16_bn.pth")])
 def test_former_flags_set_the_setting_with_a_warning(old, new, value, capsys):
+    encoder = ["--encoder", "vgg16bn"] if new == "--weights" else []
     with pytest.warns(DeprecationWarning, match=f"{old} is deprecated.*use {new}"):
-        cfg = resolved([old, value])
-    assert cfg == resolved([new, value])
+        cfg = resolved([*encoder, old, value])
+    assert cfg == resolved([*encoder, new, value])
     assert f"sol-ext: warning: {old} is deprecated; use {new}." in capsys.readouterr().err
 
 

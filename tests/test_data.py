@@ -1,4 +1,4 @@
-"""Rank encoder, loaders on tiny temporary files, the shipped Abalone data, splitting and scaling."""
+"""Loaders on tiny temporary files, the shipped Abalone data, splitting and scaling."""
 
 import gzip
 import re
@@ -12,11 +12,8 @@ from sol_ext.driver.data import (
     FASHION_MNIST_DIR,
     ImageFiles,
     OrdinalDataset,
-    RankEncoder,
     degradation_strengths,
-    infer_step,
     load_abalone,
-    load_csv,
     load_dataset,
     load_fashion_mnist_degradation,
     load_image_folder,
@@ -27,105 +24,14 @@ from sol_ext.driver.data import (
     standardize,
     train_test_split,
 )
-
-# --------------------------------------------------------------------------------------------------
-# RankEncoder
-
-
-def test_encoder_round_trip_integer_ages():
-    ages = [16, 20, 33, 77]
-    enc = RankEncoder.fit(ages)
-    assert enc == RankEncoder(16.0, 1.0, 62)
-    assert enc.max_value == 77.0
-    ranks = enc.encode(ages)
-    assert ranks.dtype == torch.int64 and ranks.tolist() == [0, 4, 17, 61]
-    assert enc.decode(ranks).tolist() == [16.0, 20.0, 33.0, 77.0]
-    assert enc.decode(ranks).dtype == torch.float64
-
-
-def test_encoder_decodes_expected_ranks_and_scalars():
-    enc = RankEncoder(0.0, 0.01, 101)
-    assert enc.decode(torch.tensor([2.5])).tolist() == pytest.approx([0.025])
-    assert float(enc.decode(100)) == pytest.approx(1.0)
-    assert enc.values().shape == (101,)
-
-
-def test_encoder_infers_decimal_step_through_float_error():
-    scores = np.round(np.arange(0, 101) * 0.01, 2) + 1e-12  # 0.00 … 1.00 with round-off
-    enc = RankEncoder.fit(scores)
-    assert enc.step == 0.01 and enc.num_ranks == 101
-    assert torch.equal(enc.encode(scores), torch.arange(101))
-
-
-@pytest.mark.parametrize("values,step", [
-    ([0, 2, 5, 9], 1.0),            # gaps 2, 3, 4: the common step is 1, not the smallest gap
-    ([0.0, 0.3, 0.5], 0.1),
-    ([10, 20, 40], 10.0),
-    ([0.0, 0.25, 1.0], 0.25),
-    ([0, 1 / 3, 1], 0.333333),
-])
-def test_infer_step(values, step):
-    assert infer_step(values) == pytest.approx(step)
-
-
-def test_encoder_with_given_bounds_and_step():
-    enc = RankEncoder.fit([3, 5], step=1, min_value=0, max_value=10)
-    assert enc == RankEncoder(0.0, 1.0, 11)
-    # the given bounds join the step inference: 0 and 10 with labels 4, 6 -> step 2
-    assert RankEncoder.fit([4, 6], min_value=0, max_value=10).step == 2.0
-
-
-def test_encoder_rounds_off_grid_values_half_up():
-    enc = RankEncoder(0.0, 1.0, 10)
-    assert enc.encode([0.4, 0.5, 1.49, 8.6]).tolist() == [0, 1, 1, 9]
-
-
-def test_encoder_keeps_input_shape():
-    enc = RankEncoder(0.0, 1.0, 10)
-    assert enc.encode(torch.zeros(2, 3)).shape == (2, 3)
-
-
-def test_encoder_out_of_range_names_the_value():
-    enc = RankEncoder(1.0, 1.0, 29)
-    with pytest.raises(ValueError, match=r"label value 31 \(index 1\) is outside the rank grid 1 … 29"):
-        enc.encode([3, 31])
-    with pytest.raises(ValueError, match="outside"):
-        RankEncoder.fit([1, 5, 9], min_value=2)
-
-
-@pytest.mark.parametrize("values,kwargs,match", [
-    ([4, 4, 4], {}, "one rank"),
-    ([4, 4], {"step": 1}, "one rank"),
-    ([], {}, "empty"),
-    ([1.0, float("nan")], {}, "finite"),
-    (np.random.default_rng(0).random(50) * 80, {}, "continuous.*pass step="),
-    ([1, 2], {"step": -1}, "step"),
-    ([1, 2], {"min_value": 5, "max_value": 3}, "below"),
-])
-def test_encoder_bad_fit(values, kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        RankEncoder.fit(values, **kwargs)
-
-
-def test_continuous_labels_with_explicit_step():
-    rng = np.random.default_rng(0)
-    enc = RankEncoder.fit(rng.random(50) * 80 + 3, step=1.0)
-    assert enc.step == 1.0 and enc.num_ranks <= 81
-
-
-def test_encoder_direct_construction_validates():
-    with pytest.raises(ValueError, match="step"):
-        RankEncoder(0.0, 0.0, 3)
-    with pytest.raises(ValueError, match="num_ranks"):
-        RankEncoder(0.0, 1.0, 0)
-
+from sol_ext.labels import LabelGrid
 
 # --------------------------------------------------------------------------------------------------
 # OrdinalDataset
 
 
 def _tiny(n=10, num_ranks=5):
-    return OrdinalDataset(torch.randn(n, 3), torch.arange(n) % num_ranks, RankEncoder(0.0, 1.0, num_ranks),
+    return OrdinalDataset(torch.randn(n, 3), torch.arange(n) % num_ranks, LabelGrid(0.0, 1.0, num_ranks),
                           "tiny", "tabular")
 
 
@@ -141,7 +47,7 @@ def test_dataset_helpers():
 
 
 def test_dataset_validation():
-    enc = RankEncoder(0.0, 1.0, 3)
+    enc = LabelGrid(0.0, 1.0, 3)
     x = torch.randn(2, 2)
     x[1, 1] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
@@ -167,27 +73,27 @@ def _write(path, text):
 
 def test_load_csv_basic(tmp_path):
     p = _write(tmp_path / "t.csv", "a,b,age\n1,2,20\n3,4,22\n5,6,21\n")
-    ds = load_csv(p, "age")
+    ds = load_table(p, "age")
     assert ds.kind == "tabular" and ds.name == "t"
     assert ds.features.dtype == torch.float32 and ds.features.tolist() == [[1, 2], [3, 4], [5, 6]]
-    assert ds.encoder == RankEncoder(20.0, 1.0, 3)
+    assert ds.encoder == LabelGrid(20.0, 1.0, 3)
     assert ds.ranks.tolist() == [0, 2, 1]
     assert ds.feature_names == ("a", "b")
-    assert load_csv(p, "age", feature_columns=["b"]).features.tolist() == [[2], [4], [6]]
+    assert load_table(p, "age", feature_columns=["b"]).features.tolist() == [[2], [4], [6]]
 
 
 def test_load_csv_gz_and_categorical(tmp_path):
     p = tmp_path / "t.csv.gz"
     with gzip.open(p, "wt") as fh:
         fh.write("sex,x,y\nM,1,0.5\nF,2,0.75\nM,3,1.0\n")
-    ds = load_csv(p, "y", categorical=["sex"])
+    ds = load_table(p, "y", categorical=["sex"])
     assert ds.feature_names == ("sex=F", "sex=M", "x")
     assert ds.features.tolist() == [[0, 1, 1], [1, 0, 2], [0, 1, 3]]
     assert ds.encoder.step == 0.25 and ds.ranks.tolist() == [0, 1, 2]
-    fixed = load_csv(p, "y", categorical={"sex": ["F", "I", "M"]})
+    fixed = load_table(p, "y", categorical={"sex": ["F", "I", "M"]})
     assert fixed.features.shape == (3, 4)
     with pytest.raises(ValueError, match="outside its categories"):
-        load_csv(p, "y", categorical={"sex": ["F"]})
+        load_table(p, "y", categorical={"sex": ["F"]})
 
 
 @pytest.mark.parametrize("text,match", [
@@ -205,19 +111,19 @@ def test_load_csv_gz_and_categorical(tmp_path):
 def test_load_csv_bad_input(tmp_path, text, match):
     p = _write(tmp_path / "bad.csv", text)
     with pytest.raises(ValueError, match=match):
-        load_csv(p, "age")
+        load_table(p, "age")
 
 
 def test_load_csv_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.csv"):
-        load_csv(tmp_path / "nope.csv", "age")
+        load_table(tmp_path / "nope.csv", "age")
 
 
 def test_shared_encoder_for_train_and_test_files(tmp_path):
     train = _write(tmp_path / "train.csv", "x,label\n1,10\n2,14\n3,12\n4,11\n")
     test = _write(tmp_path / "test.csv", "x,label\n5,12\n6,13\n")
     tr, te = load_train_test(train, test)
-    assert te.encoder == tr.encoder == RankEncoder(10.0, 1.0, 5)
+    assert te.encoder == tr.encoder == LabelGrid(10.0, 1.0, 5)
     assert te.ranks.tolist() == [2, 3]
     # the same through load_dataset with encoder=
     assert load_dataset(test, encoder=tr.encoder).ranks.tolist() == [2, 3]
@@ -227,7 +133,7 @@ def test_shared_encoder_for_train_and_test_files(tmp_path):
     tr2, te2 = load_train_test(train, wide, min_value=0, max_value=40)
     assert te2.ranks.tolist() == [12, 30]
     with pytest.raises(ValueError, match="either encoder= or step"):
-        load_csv(test, encoder=tr.encoder, step=1)
+        load_table(test, encoder=tr.encoder, step=1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -285,7 +191,7 @@ def image_folder(tmp_path):
 def test_load_image_folder_grayscale(image_folder):
     ds = load_image_folder(image_folder / "labels.csv", image_size=8)
     assert ds.kind == "images" and ds.features.shape == (4, 1, 8, 8)
-    assert ds.encoder == RankEncoder(0.0, 12.0, 3) and ds.ranks.tolist() == [0, 1, 2, 1]
+    assert ds.encoder == LabelGrid(0.0, 12.0, 3) and ds.ranks.tolist() == [0, 1, 2, 1]
     assert isinstance(ds.features, ImageFiles)  # decoded on access, not at load
     assert ds.features.read(2).mean().item() == pytest.approx(80 / 255, abs=1e-5)
     assert torch.equal(ds.features.load(), load_image_folder(image_folder / "labels.csv", image_size=8,
@@ -346,7 +252,7 @@ def test_degradation_loader_on_small_files(tmp_path):
     root = _fake_idx(tmp_path)
     ds = load_fashion_mnist_degradation(levels=4, samples_per_level=5, root=root, seed=1)
     assert ds.features.shape == (20, 1, 28, 28) and ds.kind == "images"
-    assert ds.encoder == RankEncoder(0.0, 1.0, 4)
+    assert ds.encoder == LabelGrid(0.0, 1.0, 4)
     assert torch.bincount(ds.ranks).tolist() == [5, 5, 5, 5]
     assert float(ds.features.min()) >= 0.0 and float(ds.features.max()) <= 1.0
     rough = _roughness(ds.features)
@@ -391,7 +297,7 @@ def test_fashion_mnist_blur_from_debian_package():
 
 
 # --------------------------------------------------------------------------------------------------
-# Abalone, dispatch, splitting, scaling
+# Abalone, load_dataset, splitting, scaling
 
 
 @pytest.fixture(scope="module")
@@ -401,7 +307,7 @@ def abalone():
 
 def test_abalone(abalone):
     assert abalone.features.shape == (4177, 10) and abalone.kind == "tabular"
-    assert abalone.encoder == RankEncoder(1.0, 1.0, 29)
+    assert abalone.encoder == LabelGrid(1.0, 1.0, 29)
     assert int(abalone.ranks.min()) == 0 and int(abalone.ranks.max()) == 28
     assert abalone.labels.min().item() == 1.0 and abalone.labels.max().item() == 29.0
     assert torch.all(abalone.features[:, :3].sum(dim=1) == 1)  # sex one-hot
@@ -424,7 +330,7 @@ def test_load_dataset_csv_and_npz(tmp_path):
     assert load_dataset(p).ranks.tolist() == [0, 1]
     q = tmp_path / "e.npz"
     np.savez(q, embeddings=np.zeros((2, 4)), labels=np.array([5, 7]))
-    assert load_dataset(str(q)).encoder == RankEncoder(5.0, 2.0, 2)
+    assert load_dataset(str(q)).encoder == LabelGrid(5.0, 2.0, 2)
 
 
 def test_train_test_split_is_deterministic_stratified_and_disjoint(abalone):
@@ -454,7 +360,7 @@ def test_train_test_split_bad_fraction():
 
 
 def test_standardize_fits_on_train_only():
-    enc = RankEncoder(0.0, 1.0, 2)
+    enc = LabelGrid(0.0, 1.0, 2)
     train = OrdinalDataset(torch.tensor([[1.0, 5.0], [3.0, 5.0]]), torch.tensor([0, 1]), enc, "a", "tabular")
     test = OrdinalDataset(torch.tensor([[5.0, 6.0]]), torch.tensor([1]), enc, "b", "tabular")
     tr, te = standardize(train, test)
@@ -473,7 +379,7 @@ def test_wine_red_built_in():
 
     wine = load_dataset("wine-red")
     assert wine.features.shape == (1599, 11) and wine.kind == "tabular" and wine.name == "wine-red"
-    assert wine.encoder == RankEncoder(3.0, 1.0, 6) and wine.num_ranks == 6
+    assert wine.encoder == LabelGrid(3.0, 1.0, 6) and wine.num_ranks == 6
     assert int(wine.ranks.min()) == 0 and int(wine.ranks.max()) == 5
     assert wine.labels.min().item() == 3.0 and wine.labels.max().item() == 8.0
     assert torch.bincount(wine.ranks).tolist() == [10, 53, 681, 638, 199, 18]
@@ -481,7 +387,7 @@ def test_wine_red_built_in():
     assert "quality" not in wine.feature_names
     assert torch.equal(load_wine_red().features, wine.features)
     # the shipped file is UCI's semicolon CSV with a quoted header: sniffing reads it the same
-    sniffed = load_csv(DATASETS_DIR / "winequality-red.csv.gz", "quality")
+    sniffed = load_table(DATASETS_DIR / "winequality-red.csv.gz", "quality")
     assert torch.equal(sniffed.features, wine.features) and torch.equal(sniffed.ranks, wine.ranks)
 
 
@@ -501,46 +407,46 @@ def _same_table(ds, ref):
     "\n" + _COMMA_TABLE.replace(",", "\t") + "\n",  # blank lines around
 ])
 def test_semicolon_and_tab_csv_load_like_comma(tmp_path, text):
-    ref = load_csv(_write(tmp_path / "comma.csv", _COMMA_TABLE), "age")
+    ref = load_table(_write(tmp_path / "comma.csv", _COMMA_TABLE), "age")
     p = _write(tmp_path / "other.csv", text)
-    _same_table(load_csv(p, "age"), ref)
+    _same_table(load_table(p, "age"), ref)
     _same_table(load_dataset(p, label_column="age"), ref)
     gz = tmp_path / "other.csv.gz"
     with gzip.open(gz, "wt", newline="") as fh:
         fh.write(text)
-    _same_table(load_csv(gz, "age"), ref)
+    _same_table(load_table(gz, "age"), ref)
 
 
 def test_sniffing_ignores_delimiters_inside_quoted_names(tmp_path):
     p = _write(tmp_path / "q.csv", '"w, kg";"h, cm";age\n1;2;20\n3;4;22\n')
-    ds = load_csv(p, "age")
+    ds = load_table(p, "age")
     assert ds.feature_names == ("w, kg", "h, cm") and ds.features.tolist() == [[1, 2], [3, 4]]
     t = _write(tmp_path / "t.csv", "w, kg\th\tage\n1\t2\t20\n3\t4\t22\n")  # unquoted comma in a name
-    assert load_csv(t, "age").feature_names == ("w, kg", "h")
+    assert load_table(t, "age").feature_names == ("w, kg", "h")
 
 
 def test_explicit_delimiter_overrides_sniffing(tmp_path):
     piped = _write(tmp_path / "p.csv", _COMMA_TABLE.replace(",", "|"))
     with pytest.raises(ValueError, match="read as one column.*delimiter="):
-        load_csv(piped, "age")  # not one of the sniffed delimiters
-    ref = load_csv(_write(tmp_path / "comma.csv", _COMMA_TABLE), "age")
-    _same_table(load_csv(piped, "age", delimiter="|"), ref)
+        load_table(piped, "age")  # not one of the sniffed delimiters
+    ref = load_table(_write(tmp_path / "comma.csv", _COMMA_TABLE), "age")
+    _same_table(load_table(piped, "age", delimiter="|"), ref)
     _same_table(load_dataset(piped, label_column="age", delimiter="|"), ref)
     tabbed = _write(tmp_path / "t.csv", _COMMA_TABLE.replace(",", "\t"))
     for name in ("\t", "tab", "TAB", "\\t"):
-        _same_table(load_csv(tabbed, "age", delimiter=name), ref)
+        _same_table(load_table(tabbed, "age", delimiter=name), ref)
     comma = tmp_path / "comma.csv"
     with pytest.raises(ValueError, match="no label column 'age'"):
-        load_csv(comma, "age", delimiter=";")  # the given delimiter wins over the sniffed comma
+        load_table(comma, "age", delimiter=";")  # the given delimiter wins over the sniffed comma
     with pytest.raises(ValueError, match="3 cells but the header has 2 columns \\(read with delimiter ';'"):
-        load_csv(_write(tmp_path / "mixed.csv", "a,b;age\n1;2;20\n"), "age", delimiter=";")
+        load_table(_write(tmp_path / "mixed.csv", "a,b;age\n1;2;20\n"), "age", delimiter=";")
 
 
 @pytest.mark.parametrize("bad", ["ab", "", "a", "7", " ", '"', ".", 3, b";"])
 def test_bad_delimiter_is_a_clear_error(tmp_path, bad):
     p = _write(tmp_path / "comma.csv", _COMMA_TABLE)
     with pytest.raises(ValueError, match="delimiter must be one character"):
-        load_csv(p, "age", delimiter=bad)
+        load_table(p, "age", delimiter=bad)
     with pytest.raises(ValueError, match="delimiter must be one character"):
         load_dataset(p, label_column="age", delimiter=bad)
 
@@ -682,10 +588,10 @@ GRADES = np.repeat(np.arange(3, 10), 50)  # grades 3 … 9, 50 labels each
 @pytest.mark.parametrize("typo, named, ranks", [(60, "label 60 (1 of 351 labels) lies 50 ranks", 58),
                                                  (5.5, "label 5.5 (1 of 351 labels) is the only value off", 13)])
 def test_one_typo_label_that_changes_the_scale_is_named(typo, named, ranks):
-    from sol_ext.driver.data.encoding import LabelScaleWarning
+    from sol_ext.labels import LabelScaleWarning
 
     with pytest.warns(LabelScaleWarning, match=re.escape(named)):
-        enc = RankEncoder.fit(np.r_[GRADES, typo])
+        enc = LabelGrid.fit(np.r_[GRADES, typo])
     assert enc.num_ranks == ranks  # the scale is the labels' own, as before: the warning says so
 
 
@@ -694,7 +600,28 @@ def test_a_scale_the_labels_fill_or_the_user_gives_warns_nothing():
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert RankEncoder.fit(GRADES).num_ranks == 7
-        assert RankEncoder.fit(np.r_[GRADES, 60], min_value=0, max_value=60).num_ranks == 61  # given: meant
-        assert RankEncoder.fit(np.r_[GRADES, 5.5], step=0.5).num_ranks == 13
+        assert LabelGrid.fit(GRADES).num_ranks == 7
+        assert LabelGrid.fit(np.r_[GRADES, 60], min_value=0, max_value=60).num_ranks == 61  # given: meant
+        assert LabelGrid.fit(np.r_[GRADES, 5.5], step=0.5).num_ranks == 13
         load_abalone()
+
+
+@pytest.mark.parametrize("module", ["sol_ext.driver.data", "sol_ext.driver.data.tables"])
+def test_load_csv_still_loads_a_table_and_warns(module, tmp_path):
+    import importlib
+
+    path = tmp_path / "d.csv"
+    path.write_text("x,label\n1,20\n2,21\n3,22\n")
+    with pytest.warns(DeprecationWarning, match=r"load_csv is deprecated.*load_table"):
+        old = importlib.import_module(module).load_csv
+    assert old is load_table
+    assert old(path).ranks.tolist() == [0, 1, 2]
+
+
+def test_the_former_dispatch_module_still_loads_and_warns():
+    import sol_ext.driver.data.dispatch as dispatch
+    from sol_ext.driver.data import load
+
+    for name in ("load_dataset", "load_train_test", "is_builtin", "TABULAR_FORMATS"):
+        with pytest.warns(DeprecationWarning, match=rf"data\.dispatch\.{name} is deprecated.*data\.load\.{name}"):
+            assert getattr(dispatch, name) is getattr(load, name)

@@ -28,6 +28,7 @@ from common import (
 )
 from sol_ext import reference
 from sol_ext.distributed import DistributedStochasticOrderLoss
+from sol_ext.ops import order_loss_block
 
 ops = torch.ops.sol_ext
 
@@ -61,7 +62,7 @@ def test_block_kernel_matches_reference(case, dtype, device):
     D.requires_grad_(True)
     D_all.requires_grad_(True)
     args = (offset, 0.8, 2, margin, convention)
-    fused = sol_ext.order_loss_block(D, labels, D_all, labels_all, *args, backend="fused")
+    fused = order_loss_block(D, labels, D_all, labels_all, *args, backend="fused")
     ref = reference.order_loss_block(D, labels, D_all, labels_all, *args)
     assert_rel_close(fused, ref, tol, "per-row losses")
     if B == 0:
@@ -82,7 +83,7 @@ def test_blocks_of_a_partition_count_every_pair_once(dtype):
     for sizes in ([13], [7, 6], [5, 0, 8], [1, 4, 4, 4]):
         offsets = [sum(sizes[:r]) for r in range(len(sizes))]
         total = sum(
-            sol_ext.order_loss_block(
+            order_loss_block(
                 D_all[o : o + s], labels_all[o : o + s], D_all, labels_all, o, 0.8, 2, 0.25, backend="fused"
             ).sum(dtype=torch.float64)
             for o, s in zip(offsets, sizes)
@@ -95,7 +96,7 @@ def test_gradcheck_block(device):
     D, labels, D_all, labels_all = _block_inputs(4, 9, 3, 6, torch.float64, device)
 
     def fn(D, D_all):
-        return sol_ext.order_loss_block(D, labels, D_all, labels_all, 3, 0.9, 1, 0.05, "official", backend="fused")
+        return order_loss_block(D, labels, D_all, labels_all, 3, 0.9, 1, 0.05, "official", backend="fused")
 
     assert torch.autograd.gradcheck(fn, (D.requires_grad_(), D_all.requires_grad_()))
 
@@ -143,7 +144,7 @@ def test_opcheck_block(device, case):
 def test_block_refuses_an_offset_outside_the_gathered_rows():
     D, labels, D_all, labels_all = _block_inputs(4, 9, 3, 6, torch.float64, "cpu")
     with pytest.raises(ValueError, match="offset must lie in 0..5"):
-        sol_ext.order_loss_block(D, labels, D_all, labels_all, 6)
+        order_loss_block(D, labels, D_all, labels_all, 6)
     with pytest.raises(RuntimeError, match="offset must lie in 0..5"):
         ops.order_loss_block(D, labels, D_all, labels_all, 6, 1.0, 2, 0.25, "paper")
 

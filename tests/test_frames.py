@@ -16,7 +16,7 @@ import pytest
 
 import sol_ext
 from sol_ext.driver.cli import main
-from sol_ext.driver.data import DATASETS_DIR, load_csv, load_dataset, read_inputs
+from sol_ext.driver.data import DATASETS_DIR, load_dataset, load_table, read_inputs
 from sol_ext.driver.data.frames import TableOrigin, table_features
 from sol_ext.driver.predict import prediction_csv
 
@@ -73,7 +73,7 @@ def numeric(tmp_path_factory):
 
 def test_parquet_and_feather_load_as_the_csv_does(numeric, tmp_path):
     root, _, columns = numeric
-    ref = load_csv(root / "train.csv", "score")
+    ref = load_table(root / "train.csv", "score")
     table = pa.table(columns)
     pq.write_table(table, tmp_path / "t.parquet")
     feather.write_feather(table, tmp_path / "t.feather")
@@ -109,10 +109,10 @@ def test_damaged_parquet_and_delimiter_for_parquet_are_one_line(tmp_path):
 def test_float32_overflow_in_a_file_is_named(tmp_path):
     (tmp_path / "t.csv").write_text("a,label\n1,1\n1e300,2\n3,3\n")
     with pytest.raises(ValueError, match=r"'a' has a value 1e\+300 in data row 2 that overflows float32"):
-        load_csv(tmp_path / "t.csv")
+        load_table(tmp_path / "t.csv")
     (tmp_path / "i.csv").write_text("a,label\n1,1\n-inf,2\n3,3\n")
     with pytest.raises(ValueError, match="NaN or infinite value in data row 2"):
-        load_csv(tmp_path / "i.csv")
+        load_table(tmp_path / "i.csv")
 
 
 def test_predict_file_with_an_empty_label_column_has_no_labels(numeric, tmp_path, capsys):

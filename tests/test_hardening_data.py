@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from sol_ext.driver.cli import build_parser, main
-from sol_ext.driver.data import RankEncoder, load_csv, load_dataset, load_npz, read_inputs
+from sol_ext.driver.data import load_dataset, load_npz, load_table, read_inputs
 from sol_ext.driver.errors import command_line_flags, user_error_message
 
 FLAGS = command_line_flags(build_parser())
@@ -58,7 +58,7 @@ def no_python_only_arguments(message):
 def test_outlier_label_that_merges_ranks_is_refused(tmp_path, capsys):
     data = table(tmp_path / "ages.csv", [*range(1, 11), "1e15"])
     with pytest.raises(ValueError, match=r"ages\.csv.*label column 'label'.*step.*1e\+15"):
-        load_csv(data)
+        load_table(data)
     err = cli_error(capsys, tmp_path, data, "ages.csv", "'label'", "1e+15", "one rank")
     no_python_only_arguments(err)
 
@@ -69,20 +69,6 @@ def test_outlier_label_in_an_npz_is_refused(tmp_path):
         load_npz(tmp_path / "e.npz")
 
 
-def test_an_encoder_fitted_with_a_given_step_may_merge_labels():
-    # the user asked for that grid: 1.2 joins rank 0 as they said
-    enc = RankEncoder.fit([1, 1.2, 2, 3], step=1)
-    assert enc.encode([1, 1.2, 2, 3]).tolist() == [0, 0, 1, 2]
-    with pytest.raises(ValueError, match="one rank"):
-        RankEncoder.fit([*range(1, 11), 1e15])
-
-
-def test_labels_equal_up_to_round_off_still_share_a_rank():
-    assert RankEncoder.fit([0.1, 0.2, 0.1 + 0.2, 0.3]).num_ranks == 3
-    assert RankEncoder.fit([0.0, 0.1 + 0.2 - 0.3, 1.0, 2.0]).num_ranks == 3
-    assert RankEncoder.fit([1e15, 1e15 + 2e15, 2e15]).num_ranks == 3
-
-
 # --------------------------------------------------------------------------------------------------
 # 5: repeated column names
 
@@ -91,7 +77,7 @@ def test_repeated_feature_column_is_refused(tmp_path, capsys):
     data = write(tmp_path / "d.csv", "f1,f1,f3,label\n" + "".join(f"{i},{2 * i},{i},{i % 3}\n"
                                                                   for i in range(9)))
     with pytest.raises(ValueError, match=r"d\.csv.*'f1'.*more than once"):
-        load_csv(data)
+        load_table(data)
     cli_error(capsys, tmp_path, data, "d.csv", "'f1'")
 
 
@@ -258,6 +244,6 @@ def test_named_pipe_as_data(tmp_path, capsys, name):
     err = cli_error(capsys, tmp_path, tmp_path / name, f"{name} is not a regular file")
     assert "not found" not in err
     with pytest.raises(ValueError, match="not a regular file"):
-        (load_csv if name.endswith(".csv") else load_npz)(tmp_path / name)
+        (load_table if name.endswith(".csv") else load_npz)(tmp_path / name)
     with pytest.raises(ValueError, match="not a regular file"):
         read_inputs(tmp_path / name, {"format": "csv", "columns": ["a"]})

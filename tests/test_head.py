@@ -6,10 +6,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import sol_ext
-from sol_ext.centroids import compute_centroids, damp_centroids, embed, fit_rank_posterior, median_ranks
+from sol_ext.centroids import compute_centroids, damp_centroids, embed
 from sol_ext.driver.config import TrainConfig
 from sol_ext.driver.prepare import prepare_data
 from sol_ext.driver.train import train
+from sol_ext.readout import fit_rank_posterior, median_ranks
 
 
 def clustered(n=5, d=3, per_rank=30, seed=0):
@@ -157,7 +158,7 @@ def test_a_plain_training_loop_with_the_head_matches_the_driver(tmp_path):
 
 
 def test_the_cuts_read_out_thresholds_the_expected_rank_at_cuts_fitted_to_the_training_rows():
-    from sol_ext.centroids import cut_ranks, fit_rank_cuts
+    from sol_ext.readout import cut_ranks, fit_rank_cuts
 
     gen = torch.Generator().manual_seed(3)
     n, d = 5, 8

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from sol_ext.centroids import label_noise_kernel
 from sol_ext.label_issues import (
     DEFAULT_MIN_SCORE,
     confident_joint_counts,
@@ -15,7 +14,7 @@ from sol_ext.label_issues import (
     label_issue_scores,
     sharpen_through_noise,
 )
-from sol_ext.refine import posterior_relabel
+from sol_ext.refine import label_noise_kernel, posterior_relabel
 
 
 def _ranked(labels, probs, noise_kernel=None, min_score=0.5):

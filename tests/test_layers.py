@@ -89,3 +89,15 @@ def test_sol_ext_predict_imports_nothing_of_training(tmp_path):
             "'--output', '-']) == 0\n"
             f"print(json.dumps([m for m in {TRAINING_MODULES!r} if m in sys.modules]))\n")
     assert _modules_after(code, tmp_path) == []
+
+
+def test_no_driver_module_imports_a_private_name_of_another():
+    """What one module of the program needs from another has a real name: no ``from X import _name``
+    between them (a private module imported as a module is fine)."""
+    found = []
+    for path in sorted((ROOT / "sol_ext" / "driver").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                found += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in private]
+    assert not found, "private names imported across modules:\n" + "\n".join(found)

@@ -72,7 +72,7 @@ def test_one_process_trains_as_the_plain_solhead_loop(tmp_path):
     torch.testing.assert_close(module.head.temperature, head.temperature, rtol=1e-5, atol=0)
     with torch.no_grad():
         expected = head.predict(F.normalize(encoder(x[:80]), dim=1))
-    assert torch.equal(module.predict_ranks(x[:80]), expected)
+    assert torch.equal(module.predict(x[:80]).ranks, expected)
     # the validation metrics of the last epoch, of the head updated at that epoch's end
     logged = trainer.callback_metrics
     assert float(logged["val_mae"]) == pytest.approx(sol_ext.metrics.mae(expected, y[:80]), abs=1e-6)
@@ -144,7 +144,7 @@ class OwnValidation(SOLModule):
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
-        self.log("my_val_mae", (self.predict_ranks(x) - y).abs().float().mean(), batch_size=len(y))
+        self.log("my_val_mae", (self.predict(x).ranks - y).abs().float().mean(), batch_size=len(y))
 
 
 def test_a_validation_step_of_ones_own_runs_in_the_sanity_check(tmp_path):
@@ -229,7 +229,9 @@ def test_predictions_give_probabilities_expected_values_and_labels_on_the_grid(t
 
     out = by_value.predict(x[:10])
     assert isinstance(out, SOLPrediction)
-    assert torch.equal(out.ranks, by_rank.predict_ranks(x[:10]))
+    assert torch.equal(out.ranks, by_rank.predict(x[:10]).ranks)
+    with pytest.warns(DeprecationWarning, match=r"SOLModule\.predict_ranks\(inputs\) is deprecated.*predict\(inputs\)\.ranks"):
+        assert torch.equal(by_rank.predict_ranks(x[:10]), out.ranks)
     assert torch.equal(out.labels, 20.0 + 2 * out.ranks.double())
     assert out.probabilities.shape == (10, NUM_RANKS)
     torch.testing.assert_close(out.probabilities.sum(dim=1), torch.ones(10, dtype=torch.float64))

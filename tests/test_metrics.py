@@ -20,7 +20,6 @@ from sol_ext.metrics import (
     pearson,
     per_rank_mae,
     quadratic_weighted_kappa,
-    qwk,
     ranked_probability_score,
     rps,
     spearman,
@@ -94,7 +93,7 @@ def test_summarize_keys_and_values():
     assert out["mae"] == pytest.approx(mae(pred, true))
     assert out["cs"] == pytest.approx(75.0)
     assert out["macro_mae"] == pytest.approx(macro_mae(pred, true))
-    assert out["qwk"] == pytest.approx(qwk(pred, true))
+    assert out["qwk"] == pytest.approx(quadratic_weighted_kappa(pred, true))
     assert all(isinstance(v, float) for v in out.values())
 
 
@@ -103,7 +102,7 @@ def test_summarize_qwk_on_label_values_is_qwk_of_ranks():
     pred_ranks = np.array([0, 1, 2, 4, 4, 3, 1])
     true_ranks = np.array([0, 2, 2, 3, 4, 4, 0])
     out = summarize(torch.tensor(3.0 + 0.5 * pred_ranks), 3.0 + 0.5 * true_ranks, theta=0.5)
-    assert out["qwk"] == pytest.approx(qwk(pred_ranks, true_ranks), abs=1e-12)
+    assert out["qwk"] == pytest.approx(quadratic_weighted_kappa(pred_ranks, true_ranks), abs=1e-12)
     assert out["mae"] == pytest.approx(0.5 * mae(pred_ranks, true_ranks))
 
 
@@ -122,9 +121,10 @@ def _qwk_by_table(pred, true, k):
 
 def test_qwk_hand_case():
     pred, true = np.array([0, 1, 2, 2, 3]), np.array([0, 2, 2, 1, 3])
-    assert qwk(pred, true) == pytest.approx(_qwk_by_table(pred, true, 4))
-    assert qwk(pred, true, num_ranks=10) == pytest.approx(_qwk_by_table(pred, true, 10))
-    assert qwk is quadratic_weighted_kappa
+    assert quadratic_weighted_kappa(pred, true) == pytest.approx(_qwk_by_table(pred, true, 4))
+    assert quadratic_weighted_kappa(pred, true, num_ranks=10) == pytest.approx(_qwk_by_table(pred, true, 10))
+    with pytest.warns(DeprecationWarning, match=r"sol_ext\.metrics\.qwk is deprecated.*quadratic_weighted_kappa"):
+        assert metrics.qwk is quadratic_weighted_kappa
 
 
 def test_qwk_matches_sklearn_on_random_cases():
@@ -148,7 +148,7 @@ def test_qwk_matches_sklearn_on_random_cases():
             # sklearn warns where it returns nan (both inputs the same single rank)
             warnings.simplefilter("ignore")
             expected = sklearn_metrics.cohen_kappa_score(true, pred, weights="quadratic", labels=np.arange(k))
-        got = qwk(pred, true, num_ranks=k)
+        got = quadratic_weighted_kappa(pred, true, num_ranks=k)
         if math.isnan(expected):
             assert math.isnan(got), (pred, true)
             continue
@@ -165,27 +165,27 @@ def test_qwk_matches_sklearn_on_random_cases():
 
 def test_qwk_perfect_chance_and_degenerate_cases():
     true = np.array([0, 1, 2, 3, 4, 4, 2])
-    assert qwk(true, true) == 1.0
-    assert qwk(torch.tensor(true), true.astype(np.float32)) == 1.0  # any dtype of integer values
-    assert qwk(4 - true, true) < 0  # reversed order disagrees more than chance
-    assert math.isnan(qwk([2, 2, 2], [2, 2, 2]))  # sklearn: nan, as 0 / 0
-    assert qwk([1, 1, 1], [2, 2, 2]) == 0.0
-    assert qwk([2], [3]) == 0.0
+    assert quadratic_weighted_kappa(true, true) == 1.0
+    assert quadratic_weighted_kappa(torch.tensor(true), true.astype(np.float32)) == 1.0  # any dtype of integer values
+    assert quadratic_weighted_kappa(4 - true, true) < 0  # reversed order disagrees more than chance
+    assert math.isnan(quadratic_weighted_kappa([2, 2, 2], [2, 2, 2]))  # sklearn: nan, as 0 / 0
+    assert quadratic_weighted_kappa([1, 1, 1], [2, 2, 2]) == 0.0
+    assert quadratic_weighted_kappa([2], [3]) == 0.0
 
 
 def test_qwk_rejects_non_ranks():
     with pytest.raises(ValueError, match="pred must hold integer ranks"):
-        qwk([0.5, 1.0], [0, 1])
+        quadratic_weighted_kappa([0.5, 1.0], [0, 1])
     with pytest.raises(ValueError, match="true must hold integer ranks"):
-        qwk([0, 1], [0, -1])
+        quadratic_weighted_kappa([0, 1], [0, -1])
     with pytest.raises(ValueError, match="same length"):
-        qwk([0, 1, 2], [0, 1])
+        quadratic_weighted_kappa([0, 1, 2], [0, 1])
     with pytest.raises(ValueError, match="at least one"):
-        qwk([], [])
+        quadratic_weighted_kappa([], [])
     with pytest.raises(ValueError, match="true holds rank 5, outside 0 … num_ranks-1 = 0 … 4"):
-        qwk([0, 1], [0, 5], num_ranks=5)
+        quadratic_weighted_kappa([0, 1], [0, 5], num_ranks=5)
     with pytest.raises(ValueError, match="num_ranks must be an integer >= 1"):
-        qwk([0, 1], [0, 1], num_ranks=2.5)
+        quadratic_weighted_kappa([0, 1], [0, 1], num_ranks=2.5)
 
 
 # -- macro-averaged and per-rank MAE ----------------------------------------------------------------------

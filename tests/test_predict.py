@@ -350,7 +350,7 @@ def test_npz_labels_of_another_length_are_refused(tmp_path):
 def test_the_cuts_read_out_is_fitted_saved_predicted_and_exported(user_files, tmp_path):
     import torch
 
-    from sol_ext.centroids import cut_ranks
+    from sol_ext.readout import cut_ranks
 
     root, train, test, x, y = user_files
     out = tmp_path / "run-cuts"

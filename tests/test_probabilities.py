@@ -9,7 +9,7 @@ import torch
 
 import sol_ext
 from common import cpu_and_cuda
-from sol_ext import reference
+from sol_ext import ops, reference
 
 
 def direct_probabilities(a: int, b: int, n: int, sigma: float, tau: int, convention: str):
@@ -46,14 +46,14 @@ def test_known_values_from_the_authors_code(convention, expected, backend):
 @pytest.mark.parametrize("n, sigma, tau", [(1, 1.0, 0), (5, 0.5, 0), (12, 1.0, 3), (9, 2.5, 2), (20, 0.7, 6)])
 @pytest.mark.parametrize("convention", ["paper", "official"])
 def test_table_equals_the_direct_double_sum(n, sigma, tau, convention):
-    table = sol_ext.ordering_probability_table(n, sigma, tau, convention, backend="fused")
+    table = ops.ordering_probability_table(n, sigma, tau, convention, backend="fused")
     for a, b in itertools.product(range(n), range(n)):
         assert table[a, b].tolist() == pytest.approx(direct_probabilities(a, b, n, sigma, tau, convention), abs=1e-13)
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
 def test_paper_probabilities_sum_to_one_and_mirror(device):
-    table = sol_ext.ordering_probability_table(40, 1.3, 3, "paper", device=device, backend="fused").cpu()
+    table = ops.ordering_probability_table(40, 1.3, 3, "paper", device=device, backend="fused").cpu()
     torch.testing.assert_close(table.sum(-1), torch.ones(40, 40, dtype=torch.float64), atol=1e-13, rtol=0)
     # Swapping x and y swaps "<" and ">".
     torch.testing.assert_close(table[:, :, 0], table[:, :, 2].T, atol=1e-15, rtol=0)
@@ -61,9 +61,9 @@ def test_paper_probabilities_sum_to_one_and_mirror(device):
 
 def test_official_convention_adds_mass_near_the_top_rank():
     """docs/math.md §10.2: the clamp at n-1 makes lt + eq + gt exceed 1 for ranks near the top."""
-    table = sol_ext.ordering_probability_table(12, 1.0, 3, "official", backend="fused")
+    table = ops.ordering_probability_table(12, 1.0, 3, "official", backend="fused")
     assert table.sum(-1).max() > 1.01
-    paper = sol_ext.ordering_probability_table(12, 1.0, 3, "paper", backend="fused")
+    paper = ops.ordering_probability_table(12, 1.0, 3, "paper", backend="fused")
     torch.testing.assert_close(table[:, :, 1], paper[:, :, 1], atol=1e-15, rtol=0)  # Pr(x ~ y) is exact
 
 
@@ -92,18 +92,18 @@ def test_every_tau_from_n_minus_1_up_means_the_same(backend, convention):
     """True ranks differ by at most n - 1, so any larger tau is the same "always similar" threshold,
     up to the largest int64 (where tau + 1 used to overflow)."""
     n = 6
-    expected = sol_ext.ordering_probability_table(n, 1.0, n - 1, convention, backend=backend)
+    expected = ops.ordering_probability_table(n, 1.0, n - 1, convention, backend=backend)
     torch.testing.assert_close(expected[:, :, 1], torch.ones(n, n, dtype=torch.float64), atol=1e-15, rtol=0)
     for tau in (n, 1000, 2**62, 2**63 - 1):
-        table = sol_ext.ordering_probability_table(n, 1.0, tau, convention, backend=backend)
+        table = ops.ordering_probability_table(n, 1.0, tau, convention, backend=backend)
         assert torch.equal(table, expected), f"tau={tau}"
 
 
 @pytest.mark.parametrize("sigma", [5e-155, 1e-160, 1e-300])
 def test_a_tiny_sigma_gives_the_identity_kernel(sigma):
     assert torch.equal(sol_ext.noise_kernel(5, sigma), torch.eye(5, dtype=torch.float64))
-    fused = sol_ext.ordering_probability_table(5, sigma, 1, backend="fused")
-    torch.testing.assert_close(fused, sol_ext.ordering_probability_table(5, sigma, 1, backend="reference"))
+    fused = ops.ordering_probability_table(5, sigma, 1, backend="fused")
+    torch.testing.assert_close(fused, ops.ordering_probability_table(5, sigma, 1, backend="reference"))
     # With P the identity the true ranks are the noisy ones: Pr(x ~ y) = [|a - b| <= 1].
     ranks = torch.arange(5)
     assert torch.equal(fused[:, :, 1], ((ranks[:, None] - ranks[None, :]).abs() <= 1).double())
@@ -112,6 +112,6 @@ def test_a_tiny_sigma_gives_the_identity_kernel(sigma):
 @pytest.mark.parametrize("sigma", [1.4e154, 1e200, 1e308])
 def test_a_huge_sigma_gives_the_uniform_kernel(sigma):
     torch.testing.assert_close(sol_ext.noise_kernel(5, sigma), torch.full((5, 5), 0.2, dtype=torch.float64))
-    fused = sol_ext.ordering_probability_table(5, sigma, 1, backend="fused")
-    torch.testing.assert_close(fused, sol_ext.ordering_probability_table(5, sigma, 1, backend="reference"))
+    fused = ops.ordering_probability_table(5, sigma, 1, backend="fused")
+    torch.testing.assert_close(fused, ops.ordering_probability_table(5, sigma, 1, backend="reference"))
     assert torch.isfinite(fused).all()

@@ -1,9 +1,9 @@
-"""Outlier detection and relabeling (docs/math.md §8) on hand-made cases, and the pair samplers."""
+"""Outlier detection and relabeling (docs/math.md §8) on hand-made cases and the label-noise model and its fit."""
 
 import pytest
 import torch
 
-from sol_ext.pairs import balanced_pairs, sample_references
+from sol_ext import refine
 from sol_ext.refine import detect_outliers, refine_labels, relabel, relabel_step
 
 T = torch.tensor
@@ -90,32 +90,6 @@ def test_bad_beta_and_shapes():
         detect_outliers(T([0, 2]), T([0, 0]), 2, beta=0.9)
 
 
-def test_balanced_pairs_cap_each_relation():
-    g = torch.Generator().manual_seed(0)
-    labels = torch.randint(0, 30, (64,), generator=g)
-    pairs = balanced_pairs(labels, tau=3, per_class=5, generator=g)
-    assert pairs.shape[1] == 2 and bool((pairs[:, 0] < pairs[:, 1]).all())
-    diff = labels[pairs[:, 0]] - labels[pairs[:, 1]]
-    counts = [int((diff > 3).sum()), int((diff < -3).sum()), int((diff.abs() <= 3).sum())]
-    assert counts == [5, 5, 5]
-    assert len({tuple(p) for p in pairs.tolist()}) == pairs.shape[0]  # no duplicates
-
-
-def test_sample_references_respects_the_chosen_relation():
-    g = torch.Generator().manual_seed(0)
-    train = torch.tensor([0, 0, 1, 5, 9, 9])
-    anchors = torch.tensor([0, 9, 5, 5, 0])
-    seen = set()
-    for _ in range(50):
-        ref = sample_references(anchors, train, tau=1, generator=g)
-        assert bool(((ref >= 0) & (ref < train.numel())).all())
-        seen |= {(int(a), int(train[r])) for a, r in zip(anchors, ref)}
-    # anchor 0 meets references below (none), similar (0, 1) and above (5, 9)
-    assert {(0, 0), (0, 1), (0, 5), (0, 9)} <= seen
-    # only one training sample of rank 5: its similar reference is itself
-    assert (5, 5) in seen
-
-
 # -- the posterior rule (the driver's default; not in the paper) -----------------------------------
 
 def _one_hot_probs(ranks, n, spread=0.0):
@@ -158,3 +132,48 @@ def test_posterior_rule_checks_its_arguments():
         posterior_relabel(torch.zeros(2, dtype=torch.long), torch.full((2, 4), 0.25), kernel, 0.3)
     with pytest.raises(ValueError, match="rank probabilities"):
         posterior_relabel(torch.zeros(2, dtype=torch.long), torch.full((2, 3), 0.3), kernel)
+
+
+# --------------------------------------------------------------------------------------------------
+# the label-noise model and its fit
+
+
+def _sharp_dissimilarities(true_ranks, num_ranks):
+    """``D`` of an encoder that knows each sample's rank, growing linearly with the rank distance
+    (a ``D`` quadratic in it would make temperature and Gaussian noise indistinguishable)."""
+    q = torch.arange(num_ranks, dtype=torch.float64)
+    return (q[None, :] - true_ranks[:, None].double()).abs() / 0.5
+
+
+@pytest.mark.parametrize("std", [1.0, 2.0])
+def test_label_noise_is_estimated_where_the_encoder_is_sharper_than_the_labels(std):
+    g = torch.Generator().manual_seed(0)
+    n = 20
+    true = torch.randint(0, n, (3000,), generator=g)
+    noisy = (true + torch.round(std * torch.randn(3000, generator=g))).clamp(0, n - 1).long()
+    fit = refine.fit_label_noise(_sharp_dissimilarities(true, n), noisy, n)
+    assert 0.7 * std <= fit.std <= 1.4 * std
+    assert fit.kernel.shape == (n, n) and fit.posterior.temperature > 0
+    # exact labels: no noise, and the kernel is the identity
+    exact = refine.fit_label_noise(_sharp_dissimilarities(true, n), true, n)
+    assert exact.std == 0.0 and torch.equal(exact.kernel, torch.eye(n, dtype=torch.float64))
+
+
+def test_label_noise_kernel_is_the_law_of_rounded_and_clipped_gaussian_noise():
+    """P[q, r] of label_noise_kernel against the frequencies of sol_ext.driver.synthetic_noise's Gaussian noise (added,
+    rounded, clipped to the scale): an error past an end lands on the end rank."""
+    from sol_ext.driver.synthetic_noise import add_label_noise, noise_scale
+    from sol_ext.refine import label_noise_kernel
+
+    n, per_rank = 6, 20000
+    clean = torch.arange(n).repeat_interleave(per_rank)
+    noisy = add_label_noise(clean, n, "gaussian", kappa=0.8, seed=0).noisy
+    kernel = label_noise_kernel(n, noise_scale(clean, 0.8))
+    counts = torch.zeros(n, n, dtype=torch.float64)
+    counts.index_put_((clean, noisy), torch.ones(clean.numel(), dtype=torch.float64), accumulate=True)
+    torch.testing.assert_close(kernel, counts / per_rank, atol=0.01, rtol=0)
+    torch.testing.assert_close(kernel.sum(dim=1), torch.ones(n, dtype=torch.float64))
+    assert kernel[0, 0] > kernel[1, 1]  # the low end collects every error below it
+    far = label_noise_kernel(12, 0.5)  # 21 stds from rank 0 to the last bin: about 1e-100
+    assert (far > 0).all() and far[0, -1] < 1e-90  # tiny, but not a difference of CDFs rounded to 0
+    assert torch.equal(label_noise_kernel(4, 0.0), torch.eye(4, dtype=torch.float64))

@@ -89,7 +89,7 @@ def test_reset_forgets_the_samples():
     metric.update(torch.zeros_like(pred), true)
     metric.reset()
     metric.update(pred, true)
-    assert float(metric.compute()) == pytest.approx(metrics.qwk(pred, true), rel=1e-12)
+    assert float(metric.compute()) == pytest.approx(metrics.quadratic_weighted_kappa(pred, true), rel=1e-12)
 
 
 def test_macro_mae_per_rank_is_per_rank_mae():
@@ -146,10 +146,10 @@ def test_qwk_of_constant_inputs_is_that_of_sol_ext_metrics():
     """Both inputs the same constant: NaN, as sol_ext.metrics (and scikit-learn); different constants: 0."""
     same = QWK(4)
     same.update(torch.full((5,), 2), torch.full((5,), 2))
-    assert math.isnan(float(same.compute())) and math.isnan(metrics.qwk([2] * 5, [2] * 5))
+    assert math.isnan(float(same.compute())) and math.isnan(metrics.quadratic_weighted_kappa([2] * 5, [2] * 5))
     other = QWK(4)
     other.update(torch.full((5,), 1), torch.full((5,), 3))
-    assert float(other.compute()) == metrics.qwk([1] * 5, [3] * 5) == 0.0
+    assert float(other.compute()) == metrics.quadratic_weighted_kappa([1] * 5, [3] * 5) == 0.0
 
 
 def test_qwk_equals_scikit_learn():

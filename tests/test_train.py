@@ -7,10 +7,10 @@ import torch
 
 from sol_ext.driver.checkpoint import CHECKPOINT_NAME, CheckpointMismatch, load_checkpoint
 from sol_ext.driver.config import METHODS, PAPER_SETTINGS, SIGMA_GRID, TrainConfig, config_mismatches
-from sol_ext.driver.data import RankEncoder
 from sol_ext.driver.encoders import build_encoder
 from sol_ext.driver.prepare import PreparedData
 from sol_ext.driver.train import BEST_NAME, SIGMA_SEARCH_NAME, train
+from sol_ext.labels import LabelGrid
 
 
 def tiny_data(n_train=96, n_test=32, num_ranks=8, seed=0):
@@ -26,7 +26,7 @@ def tiny_data(n_train=96, n_test=32, num_ranks=8, seed=0):
     xtr, clean = make(n_train)
     xte, rte = make(n_test)
     noisy = (clean + torch.randint(-2, 3, (n_train,), generator=g)).clamp(0, num_ranks - 1)
-    return PreparedData(name="tiny", kind="tabular", encoder=RankEncoder(10.0, 0.5, num_ranks),
+    return PreparedData(name="tiny", kind="tabular", encoder=LabelGrid(10.0, 0.5, num_ranks),
                         train_x=xtr, train_given=noisy, train_clean=clean, test_x=xte,
                         test_ranks=rte, train_rows=torch.arange(n_train))
 

@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 import torch
 
-from ..centroids import label_noise_kernel, median_ranks
 from ..label_issues import DEFAULT_MIN_SCORE, find_label_issues, label_issue_scores, sharpen_through_noise
-from ..refine import refine_labels
+from ..readout import median_ranks
+from ..refine import label_noise_kernel, refine_labels
 from .checkpoint import atomic_write_text, load_run_state, run_paths
 from .config import TrainConfig
 from .loader import RunInputs, embedding_batch_size

@@ -12,10 +12,10 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..noise import NOISE_TYPES, noise_key
 from .checkpoint import atomic_write_text
 from .config import COMPARE_METHODS, METHODS, PAPER_SETTINGS, TrainConfig
 from .prepare import prepare_data
+from .synthetic_noise import NOISE_TYPES, noise_key
 from .train import resolve_device, train
 
 __all__ = ["DEFAULT_SETTINGS", "COMPARE_METHODS", "default_methods", "method_config",

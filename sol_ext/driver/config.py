@@ -21,10 +21,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple, Union
 
-from ..pairs import PAIR_MODES
-from .data.dispatch import is_builtin
+from .data.load import is_builtin
 from .encoders import TORCHVISION_ENCODERS, check_encoder_name, is_pretrainable
 from .loader import AUGMENTATIONS
+from .pairs import PAIR_MODES
 
 __all__ = ["METHODS", "COMPARE_METHODS", "INFERENCE_MODES", "RELABEL_RULES", "PAPER_SETTINGS", "SIGMA_GRID", "FALLBACK_SIGMA",
            "NO_NOISE_SIGMA", "WEIGHT_EMA_SHARE", "SOL_WEIGHT_DECAY_PER_RANK", "BASELINE_WEIGHT_DECAY",
@@ -180,7 +180,7 @@ class TrainConfig:
         "skip", "rows with a missing feature value (an empty or NaN cell): skip leaves them out, impute "
         "fills each cell with its column's median (text: its most common value), error stops and "
         "counts them; a warning says how many", "data", choices=("skip", "impute", "error"))
-    # the label scale (a RankEncoder's grid); each end or step not given is inferred from the labels
+    # the label scale (a LabelGrid's grid); each end or step not given is inferred from the labels
     label_min: Optional[float] = setting(
         None, "label value of the lowest rank (default: the smallest training label)", "data",
         metavar="VALUE")
@@ -215,7 +215,7 @@ class TrainConfig:
         None, "local .pth state dict of the torchvision model (e.g. torchvision's "
         "resnet18-f37072fd.pth; vgg16_bn's for vgg16bn); nothing is downloaded. Images are then "
         "normalized with ImageNet's mean and std, inside the model", "method and encoder",
-        metavar="FILE", aliases=("--vgg-weights",))
+        metavar="FILE", deprecated=("--vgg-weights",))
     # -- images
     image_size: Optional[int] = setting(
         None, "side every image is resized to (default: 64 for an image list, 28 for "

@@ -21,9 +21,10 @@ import torch
 
 from ..head import SOLHead
 from ..intervals import IntervalCalibration, calibrate_intervals, rank_intervals
+from ..labels import LabelGrid
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from .config import TrainConfig
-from .data import ImageFiles, RankEncoder, apply_scaling, read_inputs
+from .data import ImageFiles, apply_scaling, read_inputs
 from .data.frames import FLOAT32_MAX, TableOrigin, as_arrow_table, cell_texts, is_table_like, table_features
 from .device import resolve_device
 from .loader import RunInputs, embedding_batch_size
@@ -65,7 +66,7 @@ def _real_array(data: Any) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
 
 
-def _integer_grid(encoder: RankEncoder) -> bool:
+def _integer_grid(encoder: LabelGrid) -> bool:
     """Whether every label value of the grid is a whole number (integer minimum and step)."""
     return float(encoder.min_value).is_integer() and float(encoder.step).is_integer()
 
@@ -123,7 +124,7 @@ class TrainedModel:
         self.kind = record["kind"]
         self.input_shape = tuple(record["input_shape"])
         grid = self.preprocessing["grid"]
-        self.encoder = RankEncoder(grid["min_value"], grid["step"], grid["num_ranks"])
+        self.encoder = LabelGrid(grid["min_value"], grid["step"], grid["num_ranks"])
         scaling = self.preprocessing["scaling"]
         self.scaling = None if scaling is None else (scaling["mean"].to(torch.float64),
                                                      scaling["std"].to(torch.float64))

@@ -165,7 +165,7 @@ def check_compare_folder(out: Path, flag: str, inputs: Sequence[Input] = ()) -> 
     Raises:
         UsageError: naming ``flag`` and a few of the files found.
     """
-    from .rundir import _TEMPORARY, LOCK_NAME
+    from .rundir import LOCK_NAME, TEMPORARY_NAME
 
     out = Path(out)
     for name in sorted(COMPARE_FILE_NAMES):
@@ -173,7 +173,7 @@ def check_compare_folder(out: Path, flag: str, inputs: Sequence[Input] = ()) -> 
     if not out.is_dir() or any((out / n).is_file() for n in COMPARE_FILE_NAMES) \
             or any(out.glob(f"*/*/seed*/{CHECKPOINT_NAME}")):
         return
-    others = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME and not _TEMPORARY.match(p.name))
+    others = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME and not TEMPORARY_NAME.match(p.name))
     if others:
         shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
         raise UsageError(f"{flag} {out}: the folder holds other files ({shown}) and no comparison "

@@ -9,7 +9,6 @@ from typing import Any, Optional
 
 import torch
 
-from ..noise import add_label_noise
 from .config import TrainConfig
 from .data import (
     ImageFiles,
@@ -21,6 +20,7 @@ from .data import (
     load_train_test,
     train_test_split,
 )
+from .synthetic_noise import add_label_noise
 
 __all__ = ["PreparedData", "prepare_data", "preprocessing_record"]
 
@@ -31,7 +31,7 @@ class PreparedData:
 
     Attributes:
         name, kind: data set name and kind (``tabular``, ``embeddings`` or ``images``).
-        encoder: the ``RankEncoder`` mapping label values to ranks (shared by both sets).
+        encoder: the ``LabelGrid`` mapping label values to ranks (shared by both sets).
         train_x: ``[N, ...]`` float32 training inputs (images: a tensor, or
             :class:`~sol_ext.driver.data.ImageFiles` decoded when a batch needs them).
         train_given: ``[N]`` int64 training ranks as given to the learner (noisy).

@@ -47,21 +47,18 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import distributed
-from ..centroids import (
-    LabelNoiseFit,
-    centroid_span,
-    embed,
-    fit_label_noise,
-    fit_through_label_noise,
-    median_ranks,
-    rank_posterior,
-)
+from ..centroids import centroid_span, embed
 from ..distributed import DistributedStochasticOrderLoss
 from ..head import SOLHead
 from ..metrics import per_rank_mae, summarize
-from ..noise import noise_statistics
-from ..pairs import balanced_pairs, sample_references
-from ..refine import posterior_relabel, refine_labels
+from ..readout import median_ranks, rank_posterior
+from ..refine import (
+    LabelNoiseFit,
+    fit_label_noise,
+    fit_through_label_noise,
+    posterior_relabel,
+    refine_labels,
+)
 from .checkpoint import (
     BEST_NAME,
     CHECKPOINT_NAME,
@@ -78,8 +75,10 @@ from .data import split_indices
 from .device import resolve_device
 from .loader import RunInputs, auto_workers, embedding_batch_size, training_transform
 from .methods import RankModel, build_model, encoder_name, head_ranks, make_sol_head, training_loss
+from .pairs import balanced_pairs, sample_references
 from .parallel import Parallel
 from .prepare import PreparedData
+from .synthetic_noise import noise_statistics
 
 __all__ = ["RunOutcome", "Fit", "FitContext", "train_run", "resolve_device", "cs_theta_of",
            "validation_split", "run_results", "WeightAverage"]

@@ -37,7 +37,7 @@ __all__ = ["LOCK_NAME", "OutputFolderBusy", "RunInterrupted", "lock_output_folde
 LOCK_NAME = ".lock"
 
 # the temporaries of checkpoint._replace_atomically (".results.json.<pid>.<hex>.tmp"): a run's own
-_TEMPORARY = re.compile(r"^\..+\.\d+\.[0-9a-f]{8}\.tmp$")
+TEMPORARY_NAME = re.compile(r"^\..+\.\d+\.[0-9a-f]{8}\.tmp$")
 
 
 class OutputFolderBusy(UsageError):
@@ -141,7 +141,7 @@ def check_output_folder(out_dir: Path, flag: str = "--output") -> None:
         return  # made by the run (make_output_folder says what is wrong with a file there)
     try:
         others = sorted(p.name for p in out_dir.iterdir()
-                        if p.name != LOCK_NAME and not _TEMPORARY.match(p.name))
+                        if p.name != LOCK_NAME and not TEMPORARY_NAME.match(p.name))
     except OSError as exc:
         raise UsageError(f"{flag} {out_dir}: cannot read the folder ({_reason(exc, out_dir)}).") from None
     if others:

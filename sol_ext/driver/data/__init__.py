@@ -1,15 +1,14 @@
-"""Datasets for rank estimation and the encoder between label values and ranks.
+"""Datasets for rank estimation.
 
-Label values (ages, scores, months) map to 0-based ranks by a fixed grid (docs/math.md section 1):
-``rank = round((value - min_value) / step)`` and ``n = round((max_value - min_value) / step) + 1``.
-:class:`RankEncoder` holds that grid; every loader returns an :class:`OrdinalDataset` whose ``ranks`` are
-on it, and predictions go back to label units with :meth:`RankEncoder.decode`.
+Label values (ages, scores, months) map to 0-based ranks by a fixed grid (docs/math.md section 1),
+:class:`sol_ext.labels.LabelGrid`; every loader returns an :class:`OrdinalDataset` whose ``ranks`` are on
+it, and predictions go back to label units with :meth:`~sol_ext.labels.LabelGrid.decode`.
 
 Sources (nothing is downloaded):
 
 - ``load_abalone()``: the UCI Abalone data shipped with the package (rings 1–29, 4177 samples).
 - ``load_wine_red()``: the UCI Wine Quality red data shipped with the package (quality 3–8, 1599 wines).
-- ``load_table(path, label_column)`` (also ``load_csv``): a table of feature columns and a label column,
+- ``load_table(path, label_column)``: a table of feature columns and a label column,
   read by pyarrow: CSV/TSV, comma, semicolon or tab delimited (detected from the header, or
   ``delimiter=``), also gzipped; Parquet; Feather / Arrow IPC.
 - ``load_npz(path)``: precomputed embeddings ``[N, d]`` (key ``embeddings`` or ``features``) and ``labels``.
@@ -22,12 +21,13 @@ Sources (nothing is downloaded):
 Data frames (pandas, polars, ``pyarrow.Table``) and table files share one adapter, ``frames.table_features``:
 columns by name, in a given order, categorical ones one-hot with given categories.
 
-The modules, by source: ``encoding`` (:class:`RankEncoder`, :class:`OrdinalDataset`), ``tables`` (table files
-and ``.npz``), ``frames`` (tables to features), ``image_files`` (:class:`ImageFiles`, decoding), ``images`` (image folders), ``builtin`` (Abalone, Wine Quality, Fashion-MNIST), ``dispatch``
+The modules, by source: ``encoding`` (:class:`OrdinalDataset`), ``tables`` (table files
+and ``.npz``), ``frames`` (tables to features), ``image_files`` (:class:`ImageFiles`, decoding), ``images`` (image folders), ``builtin`` (Abalone, Wine Quality, Fashion-MNIST), ``load``
 (``load_dataset``, ``load_train_test``), ``split`` (splitting and scaling) and ``inputs`` (new files read
 as a run's training data were, for prediction). Import from here.
 """
 
+from ..._deprecation import moved_names
 from .builtin import (
     DATASETS_DIR,
     FASHION_MNIST_DIR,
@@ -37,19 +37,25 @@ from .builtin import (
     load_fashion_mnist_degradation,
     load_wine_red,
 )
-from .dispatch import is_builtin, load_dataset, load_train_test
-from .encoding import OrdinalDataset, RankEncoder, infer_step
+from .encoding import OrdinalDataset, infer_step
 from .image_files import ImageFiles, read_image
 from .images import load_image_folder
 from .inputs import Inputs, read_inputs
+from .load import is_builtin, load_dataset, load_train_test
 from .split import apply_scaling, feature_scaling, split_indices, standardize, train_test_split
-from .tables import load_csv, load_npz, load_table
+from .tables import load_npz, load_table
 
 __all__ = [
-    "RankEncoder", "OrdinalDataset", "infer_step", "ImageFiles", "read_image",
-    "load_abalone", "load_wine_red", "load_table", "load_csv", "load_npz", "load_image_folder",
+    "OrdinalDataset", "infer_step", "ImageFiles", "read_image",
+    "load_abalone", "load_wine_red", "load_table", "load_npz", "load_image_folder",
     "load_fashion_mnist_degradation",
     "degradation_strengths", "load_dataset", "is_builtin", "load_train_test", "split_indices", "train_test_split",
     "standardize", "feature_scaling", "apply_scaling", "Inputs", "read_inputs",
     "DATASETS_DIR", "FASHION_MNIST_DIR", "FASHION_MNIST_INSTALL",
 ]
+
+# Former names: the label grid moved into the library as sol_ext.labels.LabelGrid; load_csv is load_table.
+__getattr__ = moved_names(__name__, {
+    "RankEncoder": ("sol_ext.labels", "LabelGrid"),
+    "load_csv": ("sol_ext.driver.data", "load_table"),  # its first name, from before Parquet and Feather
+})

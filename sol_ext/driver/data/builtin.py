@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ...labels import LabelGrid
 from ..errors import data_file_errors
-from .encoding import OrdinalDataset, RankEncoder
+from .encoding import OrdinalDataset
 from .image_files import image_size_pair
-from .tables import load_csv
+from .tables import load_table
 
 __all__ = [
     "load_abalone", "load_wine_red", "load_fashion_mnist_degradation", "degradation_strengths",
@@ -43,8 +44,8 @@ def load_abalone() -> OrdinalDataset:
     measurements (length, diameter, height, four weights), unscaled: call :func:`standardize` after
     splitting, so test data never shape the scaling.
     """
-    return load_csv(DATASETS_DIR / "abalone.csv.gz", label_column="Rings",
-                    encoder=RankEncoder(min_value=1.0, step=1.0, num_ranks=29),
+    return load_table(DATASETS_DIR / "abalone.csv.gz", label_column="Rings",
+                    encoder=LabelGrid(min_value=1.0, step=1.0, num_ranks=29),
                     categorical={"Sex": ABALONE_SEX}, name="abalone")
 
 
@@ -55,8 +56,8 @@ def load_wine_red() -> OrdinalDataset:
     wines). Features ``[N, 11]``: the raw physicochemical measurements (fixed acidity … alcohol),
     unscaled: call :func:`standardize` after splitting. The file is UCI's semicolon-delimited CSV.
     """
-    return load_csv(DATASETS_DIR / "winequality-red.csv.gz", label_column="quality",
-                    encoder=RankEncoder(min_value=3.0, step=1.0, num_ranks=6), name="wine-red",
+    return load_table(DATASETS_DIR / "winequality-red.csv.gz", label_column="quality",
+                    encoder=LabelGrid(min_value=3.0, step=1.0, num_ranks=6), name="wine-red",
                     delimiter=";")
 
 
@@ -171,7 +172,7 @@ def load_fashion_mnist_degradation(levels: int = 8, samples_per_level: int = 500
     if image_size is not None and image_size_pair(image_size) != tuple(x.shape[2:]):
         x = torch.nn.functional.interpolate(x, size=image_size_pair(image_size), mode="bilinear",
                                             antialias=True, align_corners=False).clamp_(0.0, 1.0)
-    encoder = RankEncoder(min_value=0.0, step=1.0, num_ranks=levels)
+    encoder = LabelGrid(min_value=0.0, step=1.0, num_ranks=levels)
     # new images for prediction: an image folder, read as 28 x 28 grayscale
     schema = {"format": "images", "path_column": "path", "label_column": "label",
               "image_size": [int(x.shape[2]), int(x.shape[3])], "channels": 1}

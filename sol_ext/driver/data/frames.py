@@ -94,11 +94,11 @@ def as_arrow_table(obj: Any, what: str = "data") -> pa.Table:
     else:
         raise TypeError(f"{what}: expected a pyarrow.Table or RecordBatch, a pandas or a polars DataFrame, got "
                         f"{type(obj).__name__}")
-    _refuse_repeated_names(table.column_names, what)
+    refuse_repeated_names(table.column_names, what)
     return table
 
 
-def _refuse_repeated_names(names: Sequence[str], what: str) -> None:
+def refuse_repeated_names(names: Sequence[str], what: str) -> None:
     first: dict[str, int] = {}
     for k, name in enumerate(names):
         if name in first:
@@ -134,7 +134,7 @@ def _positions(table: pa.Table) -> dict[str, int]:
     return {name: k for k, name in enumerate(table.column_names)}
 
 
-def _is_text(t: pa.DataType) -> bool:
+def is_text_type(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
 
 
@@ -142,7 +142,7 @@ def _text(col: pa.ChunkedArray) -> pa.ChunkedArray:
     """A text, dictionary or other column as stripped strings (nulls stay null)."""
     if pa.types.is_dictionary(col.type):
         col = col.cast(col.type.value_type)
-    if not _is_text(col.type):
+    if not is_text_type(col.type):
         col = col.cast(pa.string())
     return pc.utf8_trim_whitespace(col)
 
@@ -151,7 +151,7 @@ def text_columns(table: pa.Table) -> list[str]:
     """The columns of ``table`` that hold text or categories (pandas' ``category``, polars'
     ``Categorical``): the ones a data frame's features one-hot encode."""
     return [name for name, col in zip(table.column_names, table.columns)
-            if _is_text(col.type) or pa.types.is_dictionary(col.type)]
+            if is_text_type(col.type) or pa.types.is_dictionary(col.type)]
 
 
 def holds_words(col: pa.ChunkedArray, origin: TableOrigin) -> bool:
@@ -187,7 +187,7 @@ def _missing_mask(col: pa.ChunkedArray) -> Optional[np.ndarray]:
     if not col.null_count and pa.types.is_floating(col.type):  # a CSV's features: numpy, no copy
         nan = np.isnan(_to_numpy(col))
         return nan if nan.any() else None
-    if _is_text(col.type) or pa.types.is_dictionary(col.type):
+    if is_text_type(col.type) or pa.types.is_dictionary(col.type):
         mask = _missing_text(_text(col))
     else:
         mask = pc.is_null(col)
@@ -202,10 +202,10 @@ def _fill_value(col: pa.ChunkedArray, missing: np.ndarray, name: str, origin: Ta
                 categorical: bool) -> Any:
     """The value a missing cell of ``col`` gets: the most common category, else the median number."""
     present = col.filter(pa.array(~missing))
-    if categorical or (_is_text(col.type) and holds_words(present, origin)):
+    if categorical or (is_text_type(col.type) and holds_words(present, origin)):
         counts = pc.value_counts(_text(present)).to_pylist()
         return max(counts, key=lambda c: (c["counts"], c["values"]))["values"] if counts else ""
-    if _is_text(col.type) or pa.types.is_dictionary(col.type):
+    if is_text_type(col.type) or pa.types.is_dictionary(col.type):
         values = _numbers_from_text(present, name, origin, "feature")
     else:
         values = _numeric(present, name, origin).astype(np.float64)
@@ -248,7 +248,7 @@ def fill_missing(table: pa.Table, columns: Sequence[str], categorical: Mapping[s
     for name, mask in masks.items():
         col = table.column(name)
         value = _fill_value(col, mask, name, origin, name in categorical)
-        if _is_text(col.type) or pa.types.is_dictionary(col.type):
+        if is_text_type(col.type) or pa.types.is_dictionary(col.type):
             filled = pc.if_else(pa.array(mask), pa.scalar(str(value) if not isinstance(value, float)
                                                           else repr(value)), _text(col))
         else:
@@ -366,7 +366,7 @@ def _feature_column(col: pa.ChunkedArray, name: str, origin: TableOrigin, out: n
         if not np.isfinite(out).all():
             _refuse_non_finite(out, out, name, origin)
         return
-    if _is_text(t) or pa.types.is_dictionary(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+    if is_text_type(t) or pa.types.is_dictionary(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
         values: np.ndarray = _numbers_from_text(col, name, origin, "feature")
     elif (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
           or pa.types.is_decimal(t) or pa.types.is_null(t)):
@@ -506,7 +506,7 @@ def table_labels(table: pa.Table, name: str, origin: TableOrigin, optional: bool
     if optional and name not in table.column_names:
         return None
     col = _column(table, name, origin, "label")
-    textual = _is_text(col.type) or pa.types.is_dictionary(col.type)
+    textual = is_text_type(col.type) or pa.types.is_dictionary(col.type)
     if optional and table.num_rows and (
             pa.types.is_null(col.type) or col.null_count == table.num_rows
             or (textual and not pc.any(pc.not_equal(_text(col), "")).as_py())):

@@ -12,7 +12,7 @@ import torch
 __all__ = ["ImageFiles", "read_image", "image_size_pair"]
 
 
-def _import_pil() -> Any:
+def import_pil() -> Any:
     try:
         from PIL import Image
     except ImportError:
@@ -20,12 +20,12 @@ def _import_pil() -> Any:
     return Image
 
 
-_GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
+GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
 
 
 def _image_array(img: Any, channels: int, size: tuple[int, int]) -> np.ndarray:
     """A PIL image as float32 ``[C, H, W]`` in [0, 1], resized to ``size = (H, W)``."""
-    Image = _import_pil()
+    Image = import_pil()
     if channels == 3:
         arr = np.asarray(img.convert("RGB").resize(size[::-1], Image.BILINEAR), dtype=np.float32) / 255.0
         return arr.transpose(2, 0, 1)
@@ -45,7 +45,7 @@ def read_image(path: str | Path, channels: int, size: tuple[int, int], where: st
     """One image file as float32 ``[C, H, W]`` in [0, 1], resized (bilinear, aspect ratio not kept)
     to ``size = (H, W)``. ``where`` ("data row 3 of list.csv") goes into the error of an unreadable
     file."""
-    Image = _import_pil()
+    Image = import_pil()
     try:
         with Image.open(path) as img:
             if img.format == "JPEG":

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .encoding import OrdinalDataset, RankEncoder, _make_dataset
-from .image_files import _GRAY_MODES, ImageFiles, _import_pil, image_size_pair
-from .tables import _column, _parse_labels, _read_csv, _stem
+from ...labels import LabelGrid
+from .encoding import OrdinalDataset, make_dataset
+from .image_files import GRAY_MODES, ImageFiles, image_size_pair, import_pil
+from .tables import column_index, file_stem, parse_labels, read_csv_rows
 
 __all__ = ["load_image_folder"]
 
@@ -15,7 +16,7 @@ __all__ = ["load_image_folder"]
 def _image_modes(files: list[Path], csv_path: Path) -> list[str]:
     """The mode of every image, from its header only (``Image.open`` does not decode): a file that
     is no image is refused here, before training starts."""
-    Image = _import_pil()
+    Image = import_pil()
     modes = []
     for i, f in enumerate(files):
         try:
@@ -32,7 +33,7 @@ def _image_modes(files: list[Path], csv_path: Path) -> list[str]:
 def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path_column: str = "path",
                       label_column: str = "label", image_size: int | tuple[int, int] | None = 64,
                       step: float | None = None, min_value: float | None = None,
-                      max_value: float | None = None, *, encoder: RankEncoder | None = None,
+                      max_value: float | None = None, *, encoder: LabelGrid | None = None,
                       channels: int | None = None, name: str | None = None,
                       delimiter: str | None = None, in_memory: bool = False) -> OrdinalDataset:
     """Images listed in a CSV of ``(path, label)`` rows, decoded with Pillow (PNG, JPEG, BMP, TIFF, …).
@@ -45,7 +46,7 @@ def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path
         channels: 1 (grayscale) or 3 (RGB); default 1 when every image is grayscale, else 3.
         in_memory: decode every image now into one tensor (``N * C * H * W * 4`` bytes); by default
             the images stay files, decoded when a batch needs them.
-        step, min_value, max_value, encoder, name, delimiter: as in :func:`load_csv`.
+        step, min_value, max_value, encoder, name, delimiter: as in :func:`load_table`.
 
     Returns:
         ``OrdinalDataset`` of kind "images" whose features are :class:`ImageFiles` (``[N, C, H, W]``,
@@ -53,10 +54,10 @@ def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path
         file's header is read here, so a missing file or one that is no image is refused at once.
     """
     csv_path = Path(csv_path)
-    header, body = _read_csv(csv_path, delimiter)
-    jp = _column(header, path_column, csv_path, "path")
-    jl = _column(header, label_column, csv_path, "label")
-    values = _parse_labels(body, jl, label_column, csv_path)
+    header, body = read_csv_rows(csv_path, delimiter)
+    jp = column_index(header, path_column, csv_path, "path")
+    jl = column_index(header, label_column, csv_path, "label")
+    values = parse_labels(body, jl, label_column, csv_path)
     root = csv_path.parent if root is None else Path(root)
     size = image_size_pair(64 if image_size is None else image_size)
     if channels not in (None, 1, 3):
@@ -73,10 +74,10 @@ def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path
         files.append(p)
     modes = _image_modes(files, csv_path)
     if channels is None:
-        channels = 1 if all(m in _GRAY_MODES for m in modes) else 3
+        channels = 1 if all(m in GRAY_MODES for m in modes) else 3
     images = ImageFiles(files, channels, size, source=str(csv_path))
     schema = {"format": "images", "path_column": path_column, "label_column": label_column,
               "image_size": list(size), "channels": channels}
-    return _make_dataset(images.load() if in_memory else images, values, name=name or _stem(csv_path),
-                         kind="images", encoder=encoder, step=step, min_value=min_value,
-                         max_value=max_value, source=str(csv_path), schema=schema)
+    return make_dataset(images.load() if in_memory else images, values, name=name or file_stem(csv_path),
+                        kind="images", encoder=encoder, step=step, min_value=min_value,
+                        max_value=max_value, source=str(csv_path), schema=schema)

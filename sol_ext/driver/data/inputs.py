@@ -16,16 +16,16 @@ import numpy as np
 import torch
 
 from .builtin import DATASETS_DIR
-from .dispatch import _NAMED, TABULAR_FORMATS, load_dataset
 from .image_files import ImageFiles
+from .load import BUILTIN_NAMES, TABULAR_FORMATS, load_dataset
 from .tables import (
-    _column,
-    _open_npz,
-    _parse_labels,
-    _read_csv,
-    _refuse_complex,
-    _require_file,
+    column_index,
+    open_npz,
+    parse_labels,
+    read_csv_rows,
     read_table_features,
+    refuse_complex,
+    require_file,
     table_format,
 )
 
@@ -63,7 +63,7 @@ def read_inputs(spec: str | Path, schema: dict[str, Any], delimiter: Optional[st
     or with ``handle_unknown="ignore"`` none of its column's); its label column optional."""
     key = str(spec).strip()
     fmt = schema.get("format")
-    if key.lower() in _NAMED:
+    if key.lower() in BUILTIN_NAMES:
         if key.lower() in _BUILTIN_TABLES and fmt in TABULAR_FORMATS:
             file, builtin_delimiter = _BUILTIN_TABLES[key.lower()]
             return _read_table(DATASETS_DIR / file, schema, builtin_delimiter, where=f"{key} ({file})",
@@ -78,7 +78,7 @@ def read_inputs(spec: str | Path, schema: dict[str, Any], delimiter: Optional[st
     path = Path(key)
     if path.is_dir():
         path = path / "labels.csv"
-    _require_file(path, f"no data {key!r}: not a built-in name ({', '.join(_NAMED)}) nor an existing "
+    require_file(path, f"no data {key!r}: not a built-in name ({', '.join(BUILTIN_NAMES)}) nor an existing "
                   ".csv, .tsv, .parquet, .feather, .arrow, .npz file or image folder")
     name = path.name.lower()
     if name.endswith(".npz"):
@@ -106,7 +106,7 @@ def _optional_labels(header: list[str], body: list[list[str]], label_column: Opt
     j = header.index(label_column)
     if not any(row[j] for row in body):
         return None
-    return _parse_labels(body, j, label_column, path)
+    return parse_labels(body, j, label_column, path)
 
 
 def _read_table(path: Path, schema: dict[str, Any], delimiter: Optional[str], where: Optional[str] = None,
@@ -122,7 +122,7 @@ def _read_table(path: Path, schema: dict[str, Any], delimiter: Optional[str], wh
 
 
 def _read_npz(path: Path, schema: dict[str, Any]) -> Inputs:
-    with _open_npz(path) as npz:
+    with open_npz(path) as npz:
         keys = list(npz.keys())
         features_key = schema.get("features_key") or "embeddings"
         if features_key not in keys:
@@ -130,9 +130,9 @@ def _read_npz(path: Path, schema: dict[str, Any]) -> Inputs:
         x = npz[features_key]
         labels_key = schema.get("labels_key", "labels")
         y = npz[labels_key] if labels_key in keys else None
-    _refuse_complex(path, features_key, x)
+    refuse_complex(path, features_key, x)
     if y is not None:
-        _refuse_complex(path, labels_key, y)
+        refuse_complex(path, labels_key, y)
     if not np.issubdtype(x.dtype, np.number):
         raise ValueError(f"{path}: {features_key!r} must be real numbers, got {x.dtype}")
     if x.ndim == 3:
@@ -147,8 +147,8 @@ def _read_npz(path: Path, schema: dict[str, Any]) -> Inputs:
 
 
 def _read_image_list(path: Path, schema: dict[str, Any], delimiter: Optional[str]) -> Inputs:
-    header, body = _read_csv(path, delimiter)
-    jp = _column(header, schema.get("path_column", "path"), path, "path")
+    header, body = read_csv_rows(path, delimiter)
+    jp = column_index(header, schema.get("path_column", "path"), path, "path")
     files = []
     for i, row in enumerate(body):
         file = Path(row[jp]) if Path(row[jp]).is_absolute() else path.parent / row[jp]

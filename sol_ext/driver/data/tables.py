@@ -1,4 +1,4 @@
-"""Tabular files: tables of features and labels (``load_table``, also called ``load_csv``: CSV/TSV,
+"""Tabular files: tables of features and labels (``load_table``: CSV/TSV,
 Parquet, Feather / Arrow IPC, read by pyarrow) and precomputed embeddings (``load_npz``).
 
 A table file becomes a ``pyarrow.Table`` here (:func:`read_table`), and its features come out of the
@@ -28,22 +28,24 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import torch
 
+from ..._deprecation import moved_names
+from ...labels import LabelGrid
 from ..errors import DataFileError, data_file_errors
-from .encoding import OrdinalDataset, RankEncoder, _make_dataset
+from .encoding import OrdinalDataset, make_dataset
 from .frames import (
     MissingValuesWarning,
     TableOrigin,
-    _is_text,
-    _refuse_repeated_names,
     cell_texts,
     fill_missing,
     holds_words,
+    is_text_type,
     listed,
+    refuse_repeated_names,
     table_features,
     table_labels,
 )
 
-__all__ = ["load_table", "load_csv", "load_npz", "read_table", "read_table_features", "table_columns",
+__all__ = ["load_table", "load_npz", "read_table", "read_table_features", "table_columns",
            "table_format", "TABLE_SUFFIXES", "SNIFFED_DELIMITERS"]
 
 # Delimiters told apart when a CSV's delimiter is not given, in order of preference on a tie.
@@ -55,7 +57,7 @@ _DELIMITER_NAMES = {"comma": ",", "semicolon": ";", "tab": "\t", "\\t": "\t"}
 # Tables (CSV)
 
 
-def _require_file(path: Path, missing: str) -> None:
+def require_file(path: Path, missing: str) -> None:
     """FileNotFoundError(``missing``) when ``path`` does not exist; ValueError when it is a folder or
     no regular file (a named pipe would block the reader)."""
     if path.is_file():
@@ -87,7 +89,7 @@ def _open_text(path: Path, encoding: str | None = None) -> io.TextIOBase:
     return open(path, newline="", encoding=encoding)
 
 
-def _check_delimiter(delimiter: str | None) -> str | None:
+def check_delimiter(delimiter: str | None) -> str | None:
     """A given CSV delimiter as one character (the names "comma", "semicolon", "tab" allowed), or None."""
     if delimiter is None:
         return None
@@ -135,7 +137,7 @@ def _with_delimiter(fh: io.TextIOBase, delimiter: str | None) -> tuple[Iterator[
     return itertools.chain(head, lines), _sniff_delimiter(filled)
 
 
-def _read_csv(path: str | Path, delimiter: str | None = None,
+def read_csv_rows(path: str | Path, delimiter: str | None = None,
               encoding: str | None = None) -> tuple[list[str], list[list[str]]]:
     """Header and rows of a CSV (``.csv`` or ``.csv.gz``), cells stripped; rows checked for length.
 
@@ -143,8 +145,8 @@ def _read_csv(path: str | Path, delimiter: str | None = None,
     from the header line (:func:`_sniff_delimiter`).
     """
     path = Path(path)
-    delimiter = _check_delimiter(delimiter)
-    _require_file(path, f"CSV file not found: {path}")
+    delimiter = check_delimiter(delimiter)
+    require_file(path, f"CSV file not found: {path}")
     with data_file_errors(path), _open_text(path, encoding) as fh:
         lines, delimiter = _with_delimiter(fh, delimiter)
         rows = [[c.strip() for c in row] for row in csv.reader(lines, delimiter=delimiter)
@@ -152,7 +154,7 @@ def _read_csv(path: str | Path, delimiter: str | None = None,
     if not rows:
         raise ValueError(f"{path} is empty: expected a header row and at least one data row")
     header, body = rows[0], rows[1:]
-    _refuse_repeated_names(header, str(path))
+    refuse_repeated_names(header, str(path))
     if not body:
         raise ValueError(f"{path} has a header but no data rows: the dataset would be empty")
     for i, row in enumerate(body):
@@ -162,7 +164,9 @@ def _read_csv(path: str | Path, delimiter: str | None = None,
     return header, body
 
 
-def _column(header: list[str], name: str, path: Path, role: str) -> int:
+def column_index(header: list[str], name: str, path: Path, role: str) -> int:
+    """Position of column ``name`` in a CSV ``header``; ValueError naming the file, the ``role`` of the column
+    ("label", "feature", "path") and the columns it has."""
     if name not in header:
         hint = (" The header was read as one column: if its cells are separated by some other character, "
                 "pass it as delimiter=." if len(header) == 1 else "")
@@ -174,7 +178,8 @@ def _column(header: list[str], name: str, path: Path, role: str) -> int:
     return header.index(name)
 
 
-def _parse_labels(body: list[list[str]], j: int, name: str, path: Path) -> np.ndarray:
+def parse_labels(body: list[list[str]], j: int, name: str, path: Path) -> np.ndarray:
+    """Column ``j`` of CSV rows as float64 label values ``[N]``; ValueError naming the first row that is no number."""
     out = np.empty(len(body), dtype=np.float64)
     for i, row in enumerate(body):
         cell = row[j]
@@ -225,7 +230,7 @@ def _csv_header(path: Path, delimiter: str | None, encoding: str | None = None) 
     raw = next(csv.reader([first], delimiter=delimiter))
     if len(raw) > 1 and not raw[-1].strip():  # "a,b,label,": a trailing delimiter, not an unnamed column
         raw = raw[:-1]
-    _refuse_repeated_names([c.strip() for c in raw], str(path))
+    refuse_repeated_names([c.strip() for c in raw], str(path))
     return raw, delimiter
 
 
@@ -246,16 +251,16 @@ def table_columns(path: str | Path, delimiter: str | None = None, encoding: str 
     """The column names of a table file (a CSV's header cells stripped), without reading its rows."""
     path = Path(path)
     fmt = table_format(path) or "csv"  # any other name is read as CSV text
-    _require_file(path, f"{_FORMAT_NAMES[fmt]} file not found: {path}")
+    require_file(path, f"{_FORMAT_NAMES[fmt]} file not found: {path}")
     if fmt == "csv":
-        return [c.strip() for c in _csv_header(path, _check_delimiter(delimiter), _check_encoding(encoding))[0]]
+        return [c.strip() for c in _csv_header(path, check_delimiter(delimiter), _check_encoding(encoding))[0]]
     if fmt == "parquet":
         with _arrow_file_errors(path, "Parquet"):
             names = pq.read_schema(path).names
     else:
         with _arrow_file_errors(path, "Feather/Arrow"):
             names = _ipc_schema(path).names
-    _refuse_repeated_names(names, str(path))
+    refuse_repeated_names(names, str(path))
     return names
 
 
@@ -295,7 +300,7 @@ def read_table(path: str | Path, types: Mapping[str, pa.DataType], delimiter: st
         with _arrow_file_errors(path, "Feather/Arrow"):
             return _read_ipc(path, list(types))
     encoding = _check_encoding(encoding)
-    raw, delimiter = _csv_header(path, _check_delimiter(delimiter), encoding)
+    raw, delimiter = _csv_header(path, check_delimiter(delimiter), encoding)
     names = [c.strip() for c in raw]
     wanted = {raw[names.index(n)]: t for n, t in types.items()}
     table = _read_csv_typed(path, delimiter, wanted, encoding)
@@ -343,7 +348,7 @@ def _read_csv_typed(path: Path, delimiter: str, types: Mapping[str, pa.DataType]
                                 "its encoding= (cp1252 for Windows-1252).") from None
         if "Empty CSV file" in text:
             raise ValueError(f"{path} is empty: expected a header row and at least one data row") from None
-        _read_csv(path, delimiter, encoding)  # the row of a parse error (cells per row), as the line-by-line reader names it
+        read_csv_rows(path, delimiter, encoding)  # the row of a parse error (cells per row), as the line-by-line reader names it
         raise ValueError(f"{path}: {text.splitlines()[0]} (read with delimiter {delimiter!r}; pass delimiter= "
                          "if that is wrong)") from None
     if table.num_rows == 0:
@@ -372,7 +377,7 @@ def read_table_features(path: str | Path, columns: Sequence[str], categorical: M
     path = Path(path)
     header = table_columns(path, delimiter, encoding)
     decimal_comma = ((table_format(path) or "csv") == "csv"
-                     and _csv_header(path, _check_delimiter(delimiter), _check_encoding(encoding))[1] != ",")
+                     and _csv_header(path, check_delimiter(delimiter), _check_encoding(encoding))[1] != ",")
     origin = TableOrigin(where or str(path), decimal_comma=decimal_comma)
     present = set(header)
     for name in columns:
@@ -410,12 +415,12 @@ def read_table_features(path: str | Path, columns: Sequence[str], categorical: M
 
 
 def _text_typed(col: pa.ChunkedArray) -> bool:
-    return _is_text(col.type) or pa.types.is_dictionary(col.type)
+    return is_text_type(col.type) or pa.types.is_dictionary(col.type)
 
 
 def load_table(path: str | Path, label_column: str = "label", feature_columns: Sequence[str] | None = None,
                step: float | None = None, min_value: float | None = None, max_value: float | None = None,
-               *, encoder: RankEncoder | None = None,
+               *, encoder: LabelGrid | None = None,
                categorical: Sequence[str] | Mapping[str, Sequence[str]] = (),
                name: str | None = None, delimiter: str | None = None, one_hot_text: bool = False,
                id_column: str | None = None, drop_columns: Sequence[str] = (),
@@ -498,17 +503,18 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
         schema["id_column"] = id_column
     if encoding is not None:
         schema["encoding"] = encoding  # a file to predict is read so too
-    return _make_dataset(torch.from_numpy(x), values, name=name or _stem(path),
-                         kind="tabular", encoder=encoder, step=step, min_value=min_value,
-                         max_value=max_value, feature_names=names, source=str(path), schema=schema,
-                         ids=ids if keep_ids else None)
+    return make_dataset(torch.from_numpy(x), values, name=name or file_stem(path),
+                        kind="tabular", encoder=encoder, step=step, min_value=min_value,
+                        max_value=max_value, feature_names=names, source=str(path), schema=schema,
+                        ids=ids if keep_ids else None)
 
 
-# The name the package has always had: every table file, not only CSV.
-load_csv = load_table
+# load_csv was this loader's first name, from before it read Parquet and Feather too.
+__getattr__ = moved_names(__name__, {"load_csv": ("sol_ext.driver.data.tables", "load_table")})
 
 
-def _stem(path: Path) -> str:
+def file_stem(path: Path) -> str:
+    """A data file's name without its data suffixes (``ages.csv.gz`` -> ``ages``): the data set's default name."""
     name = path.name
     for suffix in (".gz", ".csv", ".tsv", ".npz", ".parquet", ".feather", ".arrow"):
         name = name[: -len(suffix)] if name.endswith(suffix) else name
@@ -520,7 +526,7 @@ def _stem(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def _open_npz(path: Path) -> Iterator[np.lib.npyio.NpzFile]:
+def open_npz(path: Path) -> Iterator[np.lib.npyio.NpzFile]:
     """``np.load`` of an ``.npz`` archive, its read errors as :class:`DataFileError`; a ``.npy``
     array under that name is refused."""
     with data_file_errors(path):
@@ -532,24 +538,25 @@ def _open_npz(path: Path) -> Iterator[np.lib.npyio.NpzFile]:
             yield npz
 
 
-def _refuse_complex(path: Path, key: str, a: np.ndarray) -> None:
+def refuse_complex(path: Path, key: str, a: np.ndarray) -> None:
+    """ValueError when array ``key`` of an ``.npz`` holds complex numbers."""
     if np.iscomplexobj(a):
         raise ValueError(f"{path}: {key!r} holds complex numbers ({a.dtype}); features and labels must be "
                          "real: save numpy.real(...) or numpy.abs(...) of it if that is what you mean")
 
 
 def load_npz(path: str | Path, step: float | None = None, min_value: float | None = None,
-             max_value: float | None = None, *, encoder: RankEncoder | None = None,
+             max_value: float | None = None, *, encoder: LabelGrid | None = None,
              features_key: str | None = None, labels_key: str = "labels",
              name: str | None = None) -> OrdinalDataset:
     """Precomputed embeddings and labels from a numpy ``.npz`` file.
 
     The file holds ``embeddings`` (or ``features``) ``[N, d]`` and ``labels`` ``[N]`` in label units;
-    ``[N, H, W]`` or ``[N, C, H, W]`` arrays are read as images. Grid arguments as in :func:`load_csv`.
+    ``[N, H, W]`` or ``[N, C, H, W]`` arrays are read as images. Grid arguments as in :func:`load_table`.
     """
     path = Path(path)
-    _require_file(path, f".npz file not found: {path}")
-    with _open_npz(path) as npz:
+    require_file(path, f".npz file not found: {path}")
+    with open_npz(path) as npz:
         keys = list(npz.keys())
         if features_key is None:
             present = [k for k in ("embeddings", "features") if k in keys]
@@ -562,8 +569,8 @@ def load_npz(path: str | Path, step: float | None = None, min_value: float | Non
             if key not in keys:
                 raise ValueError(f"{path} has no array {key!r}; it has {keys}")
         x, y = npz[features_key], npz[labels_key]
-    _refuse_complex(path, features_key, x)
-    _refuse_complex(path, labels_key, y)
+    refuse_complex(path, features_key, x)
+    refuse_complex(path, labels_key, y)
     if not np.issubdtype(y.dtype, np.number) or y.ndim != 1:
         raise ValueError(f"{path}: {labels_key!r} must be a numeric vector [N], got {y.dtype} {y.shape}")
     if not np.issubdtype(x.dtype, np.number):
@@ -579,6 +586,6 @@ def load_npz(path: str | Path, step: float | None = None, min_value: float | Non
         raise ValueError(f"{path}: label {i} is {values[i]}; labels must be finite numbers")
     kind = "embeddings" if x.ndim == 2 else "images"
     schema = {"format": "npz", "features_key": features_key, "labels_key": labels_key}
-    return _make_dataset(torch.from_numpy(x.astype(np.float32)), values, name=name or _stem(path),
-                         kind=kind, encoder=encoder, step=step, min_value=min_value, max_value=max_value,
-                         source=str(path), schema=schema)
+    return make_dataset(torch.from_numpy(x.astype(np.float32)), values, name=name or file_stem(path),
+                        kind=kind, encoder=encoder, step=step, min_value=min_value, max_value=max_value,
+                        source=str(path), schema=schema)
