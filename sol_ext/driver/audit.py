@@ -341,17 +341,15 @@ def audit_command(args) -> int:
         raise UsageError(f"--label-noise {args.label_noise:g}: expected a std in ranks >= 0, for the "
                          f"out-of-sample audit (not with --in-sample)")
     folds = None if args.in_sample else DEFAULT_FOLDS if args.folds is None else args.folds
+    from .options import check_threads, set_threads
+
+    check_threads(args.threads)
     if folds is not None:  # the fold trainings get train's threads (the MLP's: 1, many times faster)
         from .checkpoint import load_run_state
-        from .options import set_threads
 
         state = load_run_state(args.run_dir)
         set_threads(args.threads, TrainConfig.from_dict(state["config"]),
                     (state.get("predictor") or {}).get("kind", "tabular"))
-    else:
-        from .options import check_threads
-
-        check_threads(args.threads)
     report = audit_run(args.run_dir, folds=folds, label_noise=args.label_noise,
                        log=(lambda line: print(line, file=sys.stderr)) if to_stdout else print)
     if to_stdout:

@@ -388,11 +388,15 @@ def _check_same_state(par: Parallel, epoch: int, labels: torch.Tensor,
 @dataclass
 class FitContext:
     """How a fit runs beside its settings: its place in a torchrun run (default one process), where
-    its per-epoch lines go, and whether it shows a progress bar per epoch."""
+    its per-epoch lines go, whether it shows a progress bar per epoch, and what the run's checks
+    already worked out (:func:`sol_ext.driver.train.check_run`): the device and the validation
+    split, handed down so that no fit works them out again (``None``: the fit does)."""
 
     parallel: Optional[Parallel] = None
     log: Callable[[str], None] = print
     progress: bool = False
+    device: Optional[torch.device] = None
+    split: Optional[_Split] = None
 
 
 class Fit:
@@ -419,18 +423,21 @@ class Fit:
                            else dataclasses.replace(config, sigma=sigma_choice["sigma"]))
         self.par = context.parallel or Parallel()
         self.log, self.progress = context.log, context.progress
+        self.context = context
         self.in_memory = out_dir is None
 
     # -- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
         """The split, the inputs, the model, optimizer and head, and the epoch-0 state."""
         config, data, par = self.config, self.data, self.par
-        self.device = resolve_device(config.device, par)
+        known = self.context  # the run's device and split, where its checks worked them out
+        self.device = resolve_device(config.device, par) if known.device is None else known.device
         if par.is_main and not self.in_memory:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         self.eval_bs = embedding_batch_size(data.kind, config.batch_size)
         self.started = time.perf_counter()
-        self.split = validation_split(data.train_given, config.val_fraction, config.seed)
+        self.split = (validation_split(data.train_given, config.val_fraction, config.seed)
+                      if known.split is None else known.split)
         self.fit_x, self.val_x, self.test_x = _run_inputs(config, data, self.split, self.device, par,
                                                           self.progress)
         self.given = data.train_given[self.split.fit].to(self.device)

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -49,7 +51,7 @@ from .run import Fit, FitContext, RunOutcome, cs_theta_of, resolve_device, valid
 from .rundir import check_output_folder, run_folder
 from .tuning import SigmaSearch, SingleRun, Trial, trial_config, trial_dir
 
-__all__ = ["train", "check_run", "plan_run", "train_command", "RunOutcome", "resolve_device", "cs_theta_of", "validation_split",
+__all__ = ["train", "check_run", "fit_run", "CheckedRun", "plan_run", "train_command", "RunOutcome", "resolve_device", "cs_theta_of", "validation_split",
            "BEST_NAME", "SIGMA_SEARCH_NAME", "fitted_samples", "check_resume", "searches_sigma"]
 
 
@@ -64,15 +66,23 @@ def fitted_samples(config: TrainConfig, data: PreparedData) -> int:
     Raises:
         ValueError: naming ``val_fraction=``: the split leaves an empty part (too few samples).
     """
+    return int(_checked_split(config, data).fit.numel())
+
+
+def _checked_split(config: TrainConfig, data: PreparedData):
+    """The run's validation split of the training rows (:func:`validation_split`).
+
+    Raises:
+        ValueError: naming ``val_fraction=``: the split leaves an empty part (too few samples).
+    """
     try:
-        split = validation_split(data.train_given, config.val_fraction, config.seed)
+        return validation_split(data.train_given, config.val_fraction, config.seed)
     except ValueError as exc:
         n = int(data.train_given.numel())
         raise ValueError(
             f"the validation split (val_fraction={config.val_fraction:g}) of the {n} training "
             f"samples leaves an empty part; use more data, another val_fraction=, or "
             f"val_fraction=0 (no split: the last epoch is the model).") from exc
-    return int(split.fit.numel())
 
 
 def check_resume(out_dir: Path, config: TrainConfig, fingerprint: dict[str, Any]) -> int:
@@ -103,15 +113,28 @@ def check_resume(out_dir: Path, config: TrainConfig, fingerprint: dict[str, Any]
     return done
 
 
+@dataclass
+class CheckedRun:
+    """A run whose settings :func:`check_run` has checked against its data, its processes and
+    (resuming) its folder: what :func:`fit_run` trains. ``context`` holds what the checks worked
+    out (the device, the validation split), which every fit of the run takes as it is."""
+
+    config: TrainConfig
+    data: PreparedData
+    out_dir: Optional[Path]
+    resume: bool
+    context: FitContext
+
+
 def train(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resume: bool = False,
-          progress: bool = False, log: Callable[[str], None] = print,
-          parallel: Optional[Parallel] = None) -> RunOutcome:
+          log: Callable[[str], None] = print, parallel: Optional[Parallel] = None) -> RunOutcome:
     """Train ``config.method`` on ``data``; checkpoint to ``out_dir/checkpoint.pt`` every epoch
     and the best epoch so far to ``out_dir/best.pt``.
 
-    The settings are checked once, here (:func:`check_run`), and the plan decided once
-    (:func:`plan_run`: one fit, or one per sigma candidate with ``sigma="auto"``; resumed or not);
-    then every :class:`~sol_ext.driver.run.Fit` of the plan trains, epoch by epoch, in this loop.
+    The settings are checked once, here (:meth:`TrainConfig.validate` and :func:`check_run`), and
+    the plan decided once (:func:`plan_run`: one fit, or one per sigma candidate with
+    ``sigma="auto"``; resumed or not); then every :class:`~sol_ext.driver.run.Fit` of the plan
+    trains, epoch by epoch, in :func:`fit_run`.
 
     Args:
         config: the run's settings. ``sigma="auto"`` is picked on the validation split
@@ -123,7 +146,6 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resu
             search there (same configuration and data, else
             :class:`sol_ext.driver.checkpoint.CheckpointMismatch`); ``config.epochs`` may be
             larger, not smaller than the epochs already run (:func:`check_resume`).
-        progress: show a progress bar per epoch.
         log: receives one line per epoch.
         parallel: this process's place in a torchrun run (its process group started); default one
             process. ``config.batch_size`` is then per process, the global batch ``W`` times it.
@@ -132,16 +154,43 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resu
         The outcome of the selected epoch (the best validation MAE against the noisy
         validation labels, or the last epoch without a validation split).
     """
+    config.validate()  # a call from Python; `sol-ext train` validates as it reads the options
+    return fit_run(check_run(config, data, out_dir, resume, FitContext(parallel, log)))
+
+
+def check_run(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resume: bool,
+              context: FitContext) -> CheckedRun:
+    """Every check of a run's settings (already valid on their own) against the data, the
+    processes and (resuming) the run in ``out_dir``, before anything trains; the run, with the
+    device and the validation split these checks worked out in its context."""
+    par = context.parallel or Parallel()
+    if resume and out_dir is None:
+        raise ValueError("a run trained in memory (no output folder) has no checkpoint to resume.")
+    if par.enabled and config.pairs == "balanced":
+        raise ValueError("--pairs balanced is not supported under torchrun: the distributed loss "
+                         "covers all pairs of the global batch (--pairs all).")
+    config.check_ranks(data.num_ranks)  # tau and sigma against the data's ranks
+    split = _checked_split(config, data)  # a validation split too small for the data says so here
+    if resume and par.is_main:
+        check_resume(out_dir, config, data.fingerprint())
+    device = resolve_device(config.device, par) if context.device is None else context.device
+    speaks = par.is_main  # rank 0 speaks for the run
+    context = dataclasses.replace(
+        context, parallel=par, log=context.log if speaks else (lambda _line: None),
+        progress=context.progress and speaks, device=device, split=split)
+    return CheckedRun(config, data, out_dir, resume, context)
+
+
+def fit_run(run: CheckedRun) -> RunOutcome:
+    """Train every :class:`~sol_ext.driver.run.Fit` of the plan of the checked ``run``, epoch by
+    epoch; the outcome of the run (a sigma search's: its winner's)."""
     started = time.perf_counter()
-    par = parallel or Parallel()
-    if not par.is_main:  # rank 0 speaks for the run
-        log, progress = (lambda _line: None), False
-    check_run(config, data, out_dir, resume, par)
-    plan = plan_run(config, out_dir, resume, par, log)
+    context = run.context
+    plan = plan_run(run.config, run.out_dir, run.resume, context.parallel, context.log)
     try:
         for trial in plan.trials():
-            fit = Fit(trial.config, data, trial.out_dir, trial.sigma_choice,
-                      FitContext(par, trial.log, progress))
+            fit = Fit(trial.config, run.data, trial.out_dir, trial.sigma_choice,
+                      dataclasses.replace(context, log=trial.log))
             fit.start(trial.resume)
             for epoch in fit.epochs():
                 fit.end_of_epoch(epoch, fit.train_one_epoch(epoch))
@@ -149,23 +198,7 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resu
     except BaseException:
         plan.abandon()
         raise
-    return plan.outcome(data, time.perf_counter() - started)
-
-
-def check_run(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resume: bool,
-              par: Parallel) -> None:
-    """Every check of a run's settings against the data, the processes and (resuming) the run in
-    ``out_dir``, before anything trains."""
-    if resume and out_dir is None:
-        raise ValueError("a run trained in memory (no output folder) has no checkpoint to resume.")
-    config.validate()
-    if par.enabled and config.pairs == "balanced":
-        raise ValueError("--pairs balanced is not supported under torchrun: the distributed loss "
-                         "covers all pairs of the global batch (--pairs all).")
-    config.check_ranks(data.num_ranks)  # tau and sigma against the data's ranks
-    fitted_samples(config, data)  # a validation split too small for the data says so here
-    if resume and par.is_main:
-        check_resume(out_dir, config, data.fingerprint())
+    return plan.outcome(run.data, time.perf_counter() - started)
 
 
 def plan_run(config: TrainConfig, out_dir: Optional[Path], resume: bool, par: Parallel,
@@ -207,7 +240,9 @@ def train_command(args: argparse.Namespace) -> int:
         sys.stdout.write(config_toml(cfg, paper=args.paper, output=args.output, threads=args.threads))
         return 0
     par = Parallel.from_environment()  # torchrun: one of several processes
-    device = resolve_device(cfg.device, par)
+    device = resolve_device(cfg.device, par)  # once per command: every fit takes it from the context
+    context = FitContext(par, (lambda _line: None) if args.quiet or not par.is_main else say,
+                         progress=not args.quiet and sys.stdout.isatty(), device=device)
     out = (output_folder(args.output) if args.output is not None
            else default_output(cfg, paper=args.paper))
     par.start(device)
@@ -219,11 +254,10 @@ def train_command(args: argparse.Namespace) -> int:
         with run_folder(out) if par.is_main else contextlib.nullcontext(out):
             if par.is_main:
                 _check_run_folder(args, cfg, out)
-            data, say_line, start = _prepare_run(args, cfg, out, par)
-            outcome = train(cfg, data, out, resume=args.resume,
-                            progress=not args.quiet and sys.stdout.isatty(), log=say_line, parallel=par)
+            run, start = _prepare_run(args, cfg, out, context)
+            outcome = fit_run(run)
             if par.is_main:
-                _write_run(args, cfg, data, outcome, out, start)
+                _write_run(args, run, outcome, start)
             # every process leaves the group together: one that tore its gloo connections down
             # while rank 0 still wrote the outputs sometimes aborted ("terminate called without
             # an active exception")
@@ -250,39 +284,40 @@ def _check_run_folder(args: argparse.Namespace, cfg: TrainConfig, out: Path) -> 
         raise UsageError(f"--resume: no checkpoint in {out}; train without --resume first.")
 
 
-def _prepare_run(args: argparse.Namespace, cfg: TrainConfig, out: Path, par: Parallel):
-    """Load the data, say what trains, and check a resume or clear an overwritten run; returns the
-    data, the per-epoch log and the start time."""
-    say_line = (lambda _line: None) if args.quiet or not par.is_main else say
+def _prepare_run(args: argparse.Namespace, cfg: TrainConfig, out: Path,
+                 context: FitContext) -> tuple[CheckedRun, float]:
+    """Load the data, check the run against them (a resume before anything changes), say what
+    trains, or clear an overwritten run; returns the checked run and the start time."""
+    par = context.parallel
     start = time.perf_counter()
     data = prepare_data(cfg)
-    n_fit = fitted_samples(cfg, data)  # a too small validation split names --val-fraction
+    # the settings were validated as the options were read; a too small validation split names
+    # --val-fraction, a resume with other settings or data is refused (the last results stay
+    # until the resumed run writes its own)
+    run = check_run(cfg, data, out, args.resume, context)
     if par.is_main:
-        _warn_if_few_fitted(cfg, int(data.train_given.numel()), n_fit, par.world_size)
+        _warn_if_few_fitted(cfg, int(data.train_given.numel()), int(run.context.split.fit.numel()),
+                            par.world_size)
     set_threads(args.threads, cfg, data.kind)
     processes = f", {par.world_size} processes x batch {cfg.batch_size}" if par.enabled else ""
-    say_line(f"{data.name}: {data.train_x.shape[0]} training / {data.test_x.shape[0]} test "
-             f"samples, {data.num_ranks} ranks; {cfg.method} on {resolve_device(cfg.device, par)}, noise "
-             f"{noise_label(cfg.noise, cfg.kappa)}{processes} -> {out}")
-    if par.is_main and args.resume:
-        # refuse other settings or data, or fewer epochs, before anything changes; the last
-        # results stay until the resumed run writes its own
-        check_resume(out, cfg, data.fingerprint())
-    elif par.is_main and args.overwrite:
+    run.context.log(f"{data.name}: {data.train_x.shape[0]} training / {data.test_x.shape[0]} test "
+                    f"samples, {data.num_ranks} ranks; {cfg.method} on {run.context.device}, noise "
+                    f"{noise_label(cfg.noise, cfg.kappa)}{processes} -> {out}")
+    if par.is_main and args.overwrite:
         # the old run goes: predict/export/audit must not find its model or results
         clear_results(out)
         for name in (CHECKPOINT_NAME, BEST_NAME, CONFIG_FILE_NAME):
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / SIGMA_SEARCH_NAME, ignore_errors=True)
-    return data, say_line, start
+    return run, start
 
 
-def _write_run(args: argparse.Namespace, cfg: TrainConfig, data: PreparedData, outcome: RunOutcome,
-               out: Path, start: float) -> None:
+def _write_run(args: argparse.Namespace, run: CheckedRun, outcome: RunOutcome, start: float) -> None:
     """The settings as --config reads them, then the results (written last) and plots; the table."""
+    out = run.out_dir
     atomic_write_text(out / CONFIG_FILE_NAME, config_toml(
-        cfg, paper=args.paper, threads=args.threads, relative_to=data.read_from))
-    path = write_outputs(outcome, data, out, plots=args.plots)
+        run.config, paper=args.paper, threads=args.threads, relative_to=run.data.read_from))
+    path = write_outputs(outcome, run.data, out, plots=args.plots)
     print(format_table([outcome.results]))
     print(f"{time.perf_counter() - start:.1f} s; results in {path}")
 
