@@ -405,3 +405,20 @@ def test_a_checkpoint_is_one_state_record_and_old_ones_are_migrated_in_one_place
         migrated({"format_version": 1}, tmp_path / "x.pt")
     with pytest.raises(CheckpointMismatch, match=f"format {FORMAT_VERSION}"):
         migrated([], tmp_path / "x.pt")
+
+
+def test_the_deprecated_training_loss_warns_and_gives_each_methods_loss():
+    from sol_ext.driver import methods
+
+    torch.manual_seed(0)
+    h, y = torch.randn(8, 4), torch.randint(0, 5, (8,))
+    for method in ("l1", "ce"):
+        cfg = dataclasses.replace(BASE, method=method, embedding_dim=4)
+        model = methods.build_model(cfg, (3,), "tabular", 5)
+        with pytest.warns(DeprecationWarning, match="training_loss is deprecated"):
+            old = methods.training_loss(cfg, model, h, y, 5, None, None)
+        assert torch.equal(old, methods.head_loss(method, model, h, y, 5))
+    head = methods.make_sol_head(dataclasses.replace(BASE, sigma=1.0, embedding_dim=4), 5)
+    with pytest.warns(DeprecationWarning):
+        old = methods.training_loss(BASE, None, h, y, 5, head.centroids, head.criterion)
+    assert torch.equal(old, head.criterion(h, y, head.centroids))

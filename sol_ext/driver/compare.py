@@ -11,7 +11,7 @@ import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -174,19 +174,21 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def mean_std_table(title: str, settings: Sequence[tuple[str, float]], methods: Sequence[str],
+def mean_std_table(title: str, settings: Sequence[tuple] | Mapping[tuple, str], methods: Sequence[str],
                    cell: dict[tuple, tuple[float, float]], fmt: str,
-                   best: Callable[..., float],
-                   column: Callable[[tuple], str] = lambda setting: _label(*setting)) -> list[str]:
-    """Markdown lines of one table: a row per method, a column per noise setting (headed
-    ``column(setting)``), each cell ``fmt.format(mean, std)`` of ``cell[(setting, method)]`` (blank
-    where missing); the ``best`` mean of each column is bold."""
-    lines = [title, "", "| method | " + " | ".join(column(s) for s in settings) + " |",
-             "| --- | " + " | ".join("---" for _ in settings) + " |"]
-    winners = {s: best(cell[(s, m)][0] for m in methods if (s, m) in cell) for s in settings}
+                   best: Callable[..., float]) -> list[str]:
+    """Markdown lines of one table: a row per method, a column per noise setting (``settings`` in
+    order, headed by :func:`_label` of the setting, or a mapping of each setting to its header),
+    each cell ``fmt.format(mean, std)`` of ``cell[(setting, method)]`` (blank where missing); the
+    ``best`` mean of each column is bold."""
+    headers = (dict(settings) if isinstance(settings, Mapping)
+               else {setting: _label(*setting) for setting in settings})
+    lines = [title, "", "| method | " + " | ".join(headers.values()) + " |",
+             "| --- | " + " | ".join("---" for _ in headers) + " |"]
+    winners = {s: best(cell[(s, m)][0] for m in methods if (s, m) in cell) for s in headers}
     for m in methods:
         parts = []
-        for s in settings:
+        for s in headers:
             if (s, m) not in cell:
                 parts.append("")
                 continue
@@ -226,7 +228,7 @@ def markdown_tables(records: Sequence[dict[str, Any]], data_name: str, labels_gi
                 if vals:
                     cell[(s, m)] = mean_std(vals)
         out += mean_std_table(f"**{data_name}: {title}, mean ± std over {len(seeds)} seed(s)**",
-                              settings, methods, cell, fmt, best, column=column)
+                              {s: column(s) for s in settings}, methods, cell, fmt, best)
     return "\n".join(out)
 
 

@@ -67,6 +67,7 @@ from .checkpoint import (
     CHECKPOINT_NAME,
     CheckpointMismatch,
     EpochState,
+    ResumePoint,
     load_checkpoint,
     predictor_record,
     resumable_state,
@@ -77,7 +78,7 @@ from .config import WEIGHT_EMA_SHARE, TrainConfig
 from .data import split_indices
 from .device import resolve_device
 from .loader import RunInputs, auto_workers, embedding_batch_size, training_transform
-from .methods import RankModel, build_model, encoder_name, head_ranks, make_sol_head, training_loss
+from .methods import RankModel, build_model, encoder_name, head_loss, head_ranks, make_sol_head
 from .parallel import Parallel
 from .prepare import PreparedData
 
@@ -548,8 +549,8 @@ class Fit:
                 out = self.step_model(x)
                 if not bool(torch.isfinite(out).all()):  # weights blown up by the previous step
                     raise FloatingPointError(_diverged(config, epoch, "the network's outputs"))
-                loss = training_loss(config, model, out, y, self.data.num_ranks, centroids,
-                                     self.sol_loss, pairs)
+                loss = (head_loss(config.method, model, out, y, self.data.num_ranks)
+                        if self.sol_loss is None else self.sol_loss(out, y, centroids, pairs=pairs))
             value = self._step(loss, idx.numel() / global_count, epoch)
             total += float(value)
             bar.update(float(loss.detach()))  # the bar shows this process's batch loss
@@ -673,18 +674,17 @@ class Fit:
                 save_checkpoint(self.out_dir / BEST_NAME, self.best)
         if par.is_main and not self.in_memory:
             averaged = self.averaged
-            save_checkpoint(self.out_dir / CHECKPOINT_NAME, resumable_state(
-                snapshot, optimizer=self.optimizer, history=self.history, best_epoch=self.best["epoch"],
-                generator=self.gen, elapsed_s=self.elapsed_before + time.perf_counter() - self.started,
+            save_checkpoint(self.out_dir / CHECKPOINT_NAME, resumable_state(snapshot, ResumePoint(
+                self.optimizer, self.gen, self.history, self.best["epoch"],
+                self.elapsed_before + time.perf_counter() - self.started,
                 trained_model=None if averaged is None else self.model,
-                averaged_steps=None if averaged is None else averaged.steps))
+                averaged_steps=None if averaged is None else averaged.steps)))
 
     def outcome(self) -> RunOutcome:
         """The selected epoch's outcome (the best validation MAE, or the last epoch)."""
         best = self.best
         results = run_results(self.config, self.data, self.history, best, self.sigma_choice,
-                              self.elapsed_before + time.perf_counter() - self.started,
-                              self.par.world_size)
+                              self.elapsed_before + time.perf_counter() - self.started)
         return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
                           test_pred=best["test_pred"], train_pred=best["train_pred"],
                           labels=corrected_labels(best), best_state=best if self.in_memory else None)
@@ -814,15 +814,18 @@ def corrected_labels(state: dict[str, Any]) -> torch.Tensor:
 
 
 def run_results(config: TrainConfig, data: PreparedData, history: list[dict[str, Any]],
-             best: dict[str, Any], sigma_choice: Optional[dict[str, Any]],
-             seconds: float, world_size: int = 1) -> dict[str, Any]:
+                best: dict[str, Any], sigma_choice: Optional[dict[str, Any]],
+                seconds: float) -> dict[str, Any]:
+    """``results.json`` of a run of ``config`` on ``data``: its settings, the selected epoch
+    ``best`` (its state; the processes that trained it), its sigma choice, the per-epoch
+    ``history`` and the time it took."""
     chosen = history[best["epoch"] - 1]
     enc = data.encoder
     given = best["given_labels"]
     clean = best["clean_labels"]
     return {
         "config": config.to_dict(),
-        "world_size": world_size,
+        "world_size": int(best.get("world_size", 1)),
         "data": {"name": data.name, "kind": data.kind, "num_ranks": data.num_ranks,
                  "min_value": float(enc.min_value), "step": float(enc.step),
                  "n_train": int(given.numel()),

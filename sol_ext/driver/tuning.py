@@ -150,8 +150,7 @@ class SigmaSearch:
             return self._adopt(data, choice, seconds)
         winner = self.outcomes[best]
         state = {**winner.best_state, "config": self.config.to_dict(), "sigma_choice": choice}
-        results = run_results(self.config, data, winner.results["history"], state, choice, seconds,
-                              self.par.world_size)
+        results = run_results(self.config, data, winner.results["history"], state, choice, seconds)
         return RunOutcome(results=results, test_embeddings=state["test_embeddings"],
                           test_pred=state["test_pred"], train_pred=state["train_pred"],
                           labels=corrected_labels(state), best_state=state)
@@ -174,7 +173,7 @@ class SigmaSearch:
             shutil.rmtree(self.work, ignore_errors=True)
         states = par.broadcast_object(states)
         best, history = states[BEST_NAME], states[CHECKPOINT_NAME]["history"]
-        results = run_results(config, data, history, best, sigma_choice, seconds, par.world_size)
+        results = run_results(config, data, history, best, sigma_choice, seconds)
         return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
                           test_pred=best["test_pred"], train_pred=best["train_pred"],
                           labels=corrected_labels(best))
