@@ -9,7 +9,7 @@ A run folder (``sol-ext train --output``) holds
   embeddings, the audit's per-sample arrays). It is the run's model: the weights, the SOL head,
   and :func:`predictor_record` (the settings and preprocessing that prediction needs), read by
   :func:`sol_ext.driver.model.load_run`;
-* ``sigma-search/`` while the trials of sigma ``"auto"`` run (:mod:`sol_ext.driver.tuning`): a
+* ``sigma-search/`` while the trials of sigma ``"auto"`` run (:class:`sol_ext.driver.train.SigmaSearch`): a
   run folder per candidate (``sigma0.25/``, ...) and ``search.json``, the record of the trials that
   finished; kept when the search is interrupted, so that ``--resume`` continues it
   (:func:`sigma_search_progress`), and removed when the winner's run becomes the run;

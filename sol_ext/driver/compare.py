@@ -19,8 +19,8 @@ from ..noise import NOISE_TYPES, noise_key
 from .checkpoint import atomic_write_text
 from .config import COMPARE_METHODS, METHODS, PAPER_SETTINGS, TrainConfig
 from .device import resolve_device
+from .fit import FitContext
 from .prepare import prepare_data
-from .run import FitContext
 from .train import check_run, fit_run
 
 __all__ = ["DEFAULT_SETTINGS", "COMPARE_METHODS", "default_methods", "method_config",

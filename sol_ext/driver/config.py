@@ -50,7 +50,7 @@ RELABEL_RULES = ("posterior", "outlier")
 # plain order learning with 0/1 ordering probabilities.
 NO_NOISE_SIGMA = 1e-3
 
-# Candidates of `--sigma auto` (the default), in ranks: picked by validation MAE (sol_ext.driver.tuning).
+# Candidates of `--sigma auto` (the default), in ranks: picked by validation MAE (sol_ext.driver.train.SigmaSearch).
 # Measured (docs/measured.md): 1 suits abalone's 29 ranks and wine-red, 0.25 the 8 blur
 # levels of fashion-mnist-blur; 2 never won.
 SIGMA_GRID = (0.25, 0.5, 1.0)
@@ -58,7 +58,7 @@ SIGMA_GRID = (0.25, 0.5, 1.0)
 FALLBACK_SIGMA = 1.0
 
 # weight_ema="auto" (the default): for the SOL methods, an average of the weights over about this
-# share of the steps so far (decay 1 - 1 / (share * step), sol_ext.driver.run.WeightAverage);
+# share of the steps so far (decay 1 - 1 / (share * step), sol_ext.driver.fit.WeightAverage);
 # none for the baselines.
 # Measured (docs/measured.md, "Many ranks"): SOL's embedding fits label noise within a few epochs and the
 # average undoes part of it (62 ranks with annotator noise: test MAE 2.33 -> 2.25). A fixed decay
@@ -371,7 +371,7 @@ class TrainConfig:
         if self.method == "sol-no-noise":
             return NO_NOISE_SIGMA
         if self.sigma == "auto":
-            raise ValueError("sigma 'auto' must be resolved (sol_ext.driver.tuning.SigmaSearch) before "
+            raise ValueError("sigma 'auto' must be resolved (sol_ext.driver.train.SigmaSearch) before "
                              "the noise kernel is built.")
         return float(self.sigma)
 
