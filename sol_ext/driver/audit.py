@@ -29,11 +29,13 @@ from ..label_issues import DEFAULT_MIN_SCORE, find_label_issues, label_issue_sco
 from ..refine import refine_labels
 from .checkpoint import atomic_write_text, load_run_state, run_paths
 from .config import TrainConfig
+from .device import resolve_device
+from .fit import FitContext
 from .loader import RunInputs, embedding_batch_size
 from .methods import head_probabilities
 from .model import TrainedModel, load_run
 from .prepare import PreparedData, prepare_data
-from .train import train
+from .train import check_run, fit_run
 
 __all__ = ["AuditReport", "audit_run", "write_audit", "AUDIT_COLUMNS", "DEFAULT_FOLDS",
            "OutOfSample", "cross_validated_probabilities", "fold_of_rows", "audit_command"]
@@ -339,6 +341,8 @@ def cross_validated_probabilities(config: TrainConfig, data: PreparedData, folds
     given = data.train_given.long()
     if given.numel() < 2 * folds:
         raise ValueError(f"folds={folds} needs at least {2 * folds} training rows, got {given.numel()}")
+    config.validate()  # once: every fold trains with these settings, on the device resolved here
+    quiet = FitContext(log=lambda _line: None, device=resolve_device(config.device))
     started = time.perf_counter()
     fold = fold_of_rows(given, folds, config.seed)
     probabilities = torch.zeros(given.numel(), data.num_ranks, dtype=torch.float64)
@@ -353,8 +357,8 @@ def cross_validated_probabilities(config: TrainConfig, data: PreparedData, folds
             train_rows=None if data.train_rows is None else data.train_rows[keep],
             preprocessing=preprocessing)
         with tempfile.TemporaryDirectory(prefix="sol-ext-audit-") as tmp:
-            train(dataclasses.replace(config), part, Path(tmp), log=lambda _line: None)
-            model = load_run(tmp, device=config.device)
+            fit_run(check_run(config, part, Path(tmp), False, quiet))
+            model = load_run(tmp, device=quiet.device)
             probabilities[held] = _probabilities(model, data.train_x[held])
         log(f"fold {k + 1}/{folds}: trained on {keep.numel()} rows, judged {held.numel()} "
             f"({time.perf_counter() - started:.0f} s)")
