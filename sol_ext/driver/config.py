@@ -19,7 +19,7 @@ import math
 import typing
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 from ..pairs import PAIR_MODES
 from .data.dispatch import is_builtin
@@ -118,10 +118,14 @@ def _need(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
+# How a setting's command-line option is spelled and shown, beside its help and group: argparse's
+# choices and metavar, the option's flag (default: "--" and the field's name with dashes), other
+# spellings kept as they are, and former spellings accepted with a warning for one release.
+_OPTION_FORM = {"choices": None, "metavar": None, "flag": None, "aliases": (), "deprecated": ()}
+
+
 def setting(default: Any, help: str, group: Optional[str], *, paper: Any = _NOT_IN_PAPER,
-            choices: Optional[Sequence[str]] = None, metavar: Optional[str] = None,
-            flag: Optional[str] = None, aliases: Sequence[str] = (),
-            deprecated: Sequence[str] = ()) -> Any:
+            **form: Any) -> Any:
     """A :class:`TrainConfig` field with everything its command-line option needs, so that the
     option, its help, the ``--config`` file's key and ``--paper``'s value are defined here only
     (:mod:`sol_ext.driver.options` builds the parser from them).
@@ -131,14 +135,18 @@ def setting(default: Any, help: str, group: Optional[str], *, paper: Any = _NOT_
         help: the option's help; say in words what a None default means.
         group: the help's option group (:data:`OPTION_GROUPS`); None: a command's own option.
         paper: the value of the paper's Algorithm 1, applied by ``--paper`` (:data:`PAPER_SETTINGS`).
-        choices, metavar: as argparse's.
-        flag: the option's spelling; default ``--`` and the field's name with dashes.
-        aliases: other spellings, kept as they are.
-        deprecated: former spellings, accepted with a warning for one release.
+        form: how the option is spelled and shown (:data:`_OPTION_FORM`): ``choices`` and
+            ``metavar`` as argparse's; ``flag``, the option's spelling (default ``--`` and the
+            field's name with dashes); ``aliases``, other spellings kept as they are;
+            ``deprecated``, former spellings accepted with a warning for one release.
     """
-    metadata = {"help": help, "group": group, "paper": paper, "choices": choices,
-                "metavar": metavar, "flag": flag, "aliases": tuple(aliases),
-                "deprecated": tuple(deprecated)}
+    unknown = sorted(set(form) - set(_OPTION_FORM))
+    if unknown:
+        raise TypeError(f"setting() got {', '.join(unknown)}; an option's form is some of "
+                        f"{', '.join(_OPTION_FORM)}.")
+    form = {**_OPTION_FORM, **form}
+    metadata = {"help": help, "group": group, "paper": paper, **form,
+                "aliases": tuple(form["aliases"]), "deprecated": tuple(form["deprecated"])}
     return dataclasses.field(default=default, metadata=metadata)
 
 
