@@ -275,7 +275,7 @@ def tables(records: Sequence[dict[str, Any]]) -> str:
         what = title.replace("test ", "")
         lines += mean_std_table(f"**human noise: {what} on the {judged} against the rounded consensus, by "
                                 f"training labels (mean of k raters), mean ± std over {seeds} seeds**",
-                                settings, methods, cell, fmt, best, column=lambda s: label[s[0]])
+                                {s: label[s[0]] for s in settings}, methods, cell, fmt, best)
     sol_rows = [m for m in methods if any(r["method"] == m and "readouts" in r for r in records)]
     for metric, title, fmt, best in METRICS[:2]:
         cell, rows = {}, []
@@ -290,7 +290,7 @@ def tables(records: Sequence[dict[str, Any]]) -> str:
         if rows:
             lines += mean_std_table(f"**human noise: {title.replace('test ', '')} of each read-out of the same "
                                     f"SOL model (method / read-out), mean ± std over {seeds} seeds**",
-                                    settings, rows, cell, fmt, best, column=lambda s: label[s[0]])
+                                    {s: label[s[0]] for s in settings}, rows, cell, fmt, best)
     noise = {s: mean_std([r["train_label_mae"] for r in records if r["raters"] == s]) for s, _ in settings}
     lines.append("Training labels against the rounded consensus, MAE: "
                  + ", ".join(f"{label[s]} {noise[s][0]:.3f}" for s, _ in settings) + ".")

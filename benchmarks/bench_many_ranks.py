@@ -194,7 +194,7 @@ def tables(records) -> str:
             values.setdefault(((r["labels"], LABEL_SETS.index(r["labels"])), r["method"]), []).append(r[metric])
         cell = {key: mean_std(v) for key, v in values.items()}
         lines += mean_std_table(f"**many ranks: {title}, by training labels, mean ± std over {seeds} seeds**",
-                                settings, methods, cell, fmt, better, column=lambda s: s[0])
+                                {s: s[0] for s in settings}, methods, cell, fmt, better)
     for name, _ in settings:
         runs = [r for r in records if r["labels"] == name and "band_mae" in r]
         if not runs:
@@ -215,7 +215,7 @@ def tables(records) -> str:
         lines += mean_std_table(
             f"**many ranks, {name} as training labels: test MAE by true-age band (years), and the fit "
             f"on the training rows, mean ± std over {seeds} seeds**",
-            columns, methods, cell, "{:.3f} ± {:.3f}", min, column=lambda s: s[0])
+            {s: s[0] for s in columns}, methods, cell, "{:.3f} ± {:.3f}", min)
     return "\n".join(lines)
 
 

@@ -48,13 +48,13 @@ def test_each_row_is_judged_by_a_model_that_did_not_train_on_it(tmp_path, monkey
                          embedding_dim=4)
     data = prepare_data(config)
     trained_on = []
-    real_train = audit_module.train
+    real_check = audit_module.check_run
 
-    def spy(cfg, part, out_dir, **kwargs):
+    def spy(cfg, part, *args):
         trained_on.append(part.train_rows.clone())
-        return real_train(cfg, part, out_dir, **kwargs)
+        return real_check(cfg, part, *args)
 
-    monkeypatch.setattr(audit_module, "train", spy)
+    monkeypatch.setattr(audit_module, "check_run", spy)
     oos = cross_validated_probabilities(config, data, folds=3, log=lambda _line: None)
     assert len(trained_on) == 3
     for k, rows in enumerate(trained_on):
@@ -128,7 +128,7 @@ def test_known_noise_given_to_the_audit(noisy_run):
 
 
 def test_in_sample_audit_is_labelled_and_trains_nothing(noisy_run, monkeypatch):
-    monkeypatch.setattr(audit_module, "train", None)  # an in-sample audit must not train
+    monkeypatch.setattr(audit_module, "fit_run", None)  # an in-sample audit must not train
     report = audit_run(noisy_run, folds=None)
     assert "in sample" in report.summary() and report.probabilities is None
 

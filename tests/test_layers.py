@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DRIVER_USERS = {"__init__.py", "sklearn.py", "__main__.py"}
 # The training loop: what prediction must not import (the command line still reads the torchrun
 # environment, sol_ext.driver.parallel, to refuse running predict under it).
-TRAINING_MODULES = ("sol_ext.driver.train", "sol_ext.driver.tuning", "sol_ext.driver.run",
-                    "sol_ext.refine", "sol_ext.distributed")
+TRAINING_MODULES = ("sol_ext.driver.train", "sol_ext.driver.fit", "sol_ext.driver.tuning",
+                    "sol_ext.driver.run", "sol_ext.refine", "sol_ext.distributed")
 
 
 def _driver_imports(path: Path, top_level_only: bool) -> list[str]:

@@ -25,9 +25,9 @@ import torch
 from common import MULTIPROCESS_TIMEOUT_S, multiprocess_env, spawn_processes
 from sol_ext import distributed
 from sol_ext.centroids import compute_centroids, embed
+from sol_ext.driver.fit import _embed_all, _state_digest
 from sol_ext.driver.loader import RunInputs
 from sol_ext.driver.parallel import Parallel
-from sol_ext.driver.run import _embed_all, _state_digest
 from sol_ext.ops import noise_kernel
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
@@ -186,13 +186,13 @@ def test_one_failing_process_ends_the_run_instead_of_hanging(tmp_path):
     script = tmp_path / "fail_on_rank_1.py"
     script.write_text(textwrap.dedent("""
         import os, sys
-        import sol_ext.driver.run
+        import sol_ext.driver.fit
         from sol_ext.driver.cli import main
 
         if os.environ["RANK"] == "1":
             def broken_epoch(*args, **kwargs):
                 raise ValueError("batch 7 holds a label outside 0..28")
-            sol_ext.driver.run.Fit.train_one_epoch = broken_epoch
+            sol_ext.driver.fit.Fit.train_one_epoch = broken_epoch
         sys.exit(main(sys.argv[1:]))
     """))
     # the driver's process group waits 30 minutes in a collective: a rank 0 left waiting would outlast

@@ -294,11 +294,11 @@ def test_mixed_precision_training_runs_and_stays_finite(method, tmp_path):
 
 
 def test_a_resumed_sigma_auto_run_keeps_its_pick(tmp_path, monkeypatch):
-    import sol_ext.driver.tuning
+    import sol_ext.driver.train
 
     cfg = dataclasses.replace(BASE, epochs=1, sigma="auto")
     first = train(cfg, tiny_data(), tmp_path, log=quiet).results
-    monkeypatch.setattr(sol_ext.driver.tuning.SigmaSearch, "trials",
+    monkeypatch.setattr(sol_ext.driver.train.SigmaSearch, "trials",
                         lambda *a, **k: pytest.fail("searched again"))
     again = train(dataclasses.replace(cfg, epochs=2), tiny_data(), tmp_path, resume=True,
                   log=quiet).results
@@ -306,14 +306,14 @@ def test_a_resumed_sigma_auto_run_keeps_its_pick(tmp_path, monkeypatch):
 
 
 def test_a_failed_sigma_search_leaves_no_trials_behind(tmp_path, monkeypatch):
-    import sol_ext.driver.run
+    import sol_ext.driver.fit
 
     def fail_in_the_search(fit, epoch):
         assert (fit.out_dir.parent.name, fit.out_dir.name) == (SIGMA_SEARCH_NAME, "sigma0.25")
         assert fit.out_dir.is_dir()  # a trial had started
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sol_ext.driver.run.Fit, "train_one_epoch", fail_in_the_search)
+    monkeypatch.setattr(sol_ext.driver.fit.Fit, "train_one_epoch", fail_in_the_search)
     with pytest.raises(KeyboardInterrupt):
         train(dataclasses.replace(BASE, epochs=1), tiny_data(), tmp_path, log=quiet)
     assert not (tmp_path / SIGMA_SEARCH_NAME).exists()
@@ -405,3 +405,35 @@ def test_a_checkpoint_is_one_state_record_and_old_ones_are_migrated_in_one_place
         migrated({"format_version": 1}, tmp_path / "x.pt")
     with pytest.raises(CheckpointMismatch, match=f"format {FORMAT_VERSION}"):
         migrated([], tmp_path / "x.pt")
+
+
+def test_the_deprecated_training_loss_warns_and_gives_each_methods_loss():
+    from sol_ext.driver import methods
+
+    torch.manual_seed(0)
+    h, y = torch.randn(8, 4), torch.randint(0, 5, (8,))
+    for method in ("l1", "ce"):
+        cfg = dataclasses.replace(BASE, method=method, embedding_dim=4)
+        model = methods.build_model(cfg, (3,), "tabular", 5)
+        with pytest.warns(DeprecationWarning, match="training_loss is deprecated"):
+            old = methods.training_loss(cfg, model, h, y, 5, None, None)
+        assert torch.equal(old, methods.head_loss(method, model, h, y, 5))
+    head = methods.make_sol_head(dataclasses.replace(BASE, sigma=1.0, embedding_dim=4), 5)
+    with pytest.warns(DeprecationWarning):
+        old = methods.training_loss(BASE, None, h, y, 5, head.centroids, head.criterion)
+    assert torch.equal(old, head.criterion(h, y, head.centroids))
+
+
+@pytest.mark.parametrize("old, new, names", [
+    ("sol_ext.driver.run", "sol_ext.driver.fit", ("Fit", "FitContext", "RunOutcome", "WeightAverage",
+                                                  "validation_split", "run_results", "train_run")),
+    ("sol_ext.driver.tuning", "sol_ext.driver.train", ("SigmaSearch", "SingleRun", "Trial", "trial_dir",
+                                                       "trial_config"))])
+def test_the_former_modules_of_the_fit_still_give_their_names_with_a_warning(old, new, names):
+    import importlib
+
+    former, module = importlib.import_module(old), importlib.import_module(new)
+    for name in names:
+        with pytest.warns(DeprecationWarning, match=f"import {name} from {new}"):
+            assert getattr(former, name) is getattr(module, name)
+    assert not hasattr(former, "no_such_name")  # any other name is an AttributeError

@@ -29,11 +29,13 @@ from ..readout import median_ranks
 from ..refine import label_noise_kernel, refine_labels
 from .checkpoint import atomic_write_text, load_run_state, run_paths
 from .config import TrainConfig
+from .device import resolve_device
+from .fit import FitContext
 from .loader import RunInputs, embedding_batch_size
 from .methods import head_probabilities
 from .model import TrainedModel, load_run
 from .prepare import PreparedData, prepare_data
-from .train import train
+from .train import check_run, fit_run
 
 __all__ = ["AuditReport", "audit_run", "write_audit", "AUDIT_COLUMNS", "DEFAULT_FOLDS",
            "OutOfSample", "cross_validated_probabilities", "fold_of_rows", "audit_command"]
@@ -123,103 +125,160 @@ def audit_run(run_dir: Path, folds: int | None = DEFAULT_FOLDS, log: Callable[[s
     if label_noise is not None and folds is None:
         raise ValueError("label_noise applies to the out-of-sample audit (folds); the in-sample audit "
                          "follows the run's own rule")
-    run_dir = Path(run_dir)
-    state = load_run_state(run_dir)
-    # its data and encoder weights, read again from where the run read them
-    located = run_paths(state["config"], (state.get("predictor") or {}).get("read_from"))
-    config = dataclasses.replace(TrainConfig.from_dict(state["config"]), **located)
-    fp = state["fingerprint"]
-    n, lo, step = int(fp["num_ranks"]), float(fp["min_value"]), float(fp["step"])
-    audit = state.get("audit")
-    probabilities = note = out_of_sample = None
+    run = _AuditedRun.read(Path(run_dir))
     if folds is not None:
-        data = prepare_data(config)
-        if data.fingerprint() != fp:
-            raise ValueError(f"the data of {run_dir} ({config.data}) have changed since the run; the "
-                             f"out-of-sample audit retrains on them: pass --in-sample, or train again")
-        sigma = (state.get("sigma_choice") or {}).get("sigma")
-        fold_config = dataclasses.replace(config, sigma=sigma) \
-            if config.sigma == "auto" and sigma is not None else config
-        oos = cross_validated_probabilities(fold_config, data, folds, log=log)
-        given = current = data.train_given.long()
-        clean, rows_in_file = data.train_clean, data.train_rows
-        probabilities = out_of_sample = oos.probabilities
-        if label_noise is None and config.label_noise != "auto":
-            label_noise = float(config.label_noise)
-        kernel = None if label_noise is None else label_noise_kernel(n, float(label_noise))
-        if kernel is not None:  # the true rank's p(q | x), not the noisy label's
-            probabilities = torch.from_numpy(sharpen_through_noise(given, probabilities, kernel))
-        flagged = torch.from_numpy(find_label_issues(given, probabilities, noise_kernel=kernel))
-        score = torch.from_numpy(label_issue_scores(given, probabilities, kernel))
-        pred = median_ranks(probabilities)
-        # the corrected label: the median of the same posterior the flag was read from
-        post = probabilities if kernel is None else probabilities * kernel[:, given].T
-        suggested = torch.where(flagged, median_ranks(post / post.sum(dim=1, keepdim=True)), given)
-        rule = (f"out of sample, {folds} folds in {oos.seconds:.0f} s; "
-                + (f"labels in a tail of p(rank | x): one-sided mass >= {DEFAULT_MIN_SCORE:g}"
-                   if kernel is None else
-                   f"posterior median, label noise std {float(label_noise):g} ranks"))
-        changed = None
-        if kernel is None:
-            note = ("Only labels beyond the model's own uncertainty are flagged: to any model, labels "
-                    "the features predict loosely look like noisy ones. If you know the std of the "
-                    "label noise, --label-noise STD flags by it.")
-    elif audit is not None:  # posterior rule: every training row, judged from its given label
-        given = current = audit["given"].long()
-        pred, clean, rows_in_file = audit["predicted"].long(), audit["clean"], audit["rows"]
-        suggested = audit["suggested"].long()
-        flagged = suggested != given
-        # the posterior mass on the far side of the label (sol_ext.find_label_issues' score)
-        score = audit["confidence"].double()
-        rule = (f"in sample: posterior mass >= {config.relabel_mass:g} on one side of the label, label "
-                f"noise std estimated: {float(state.get('label_noise_std', 0.0)):.2f} ranks"
-                if config.label_noise == "auto" else
-                f"in sample: posterior median, label noise std {float(config.label_noise):g} ranks")
-        changed = None
-    else:                  # the paper's outlier rule on the current labels of the fitted rows
-        given, current = state["given_labels"].long(), state["labels"].long()
-        pred, clean, rows_in_file = state["train_pred"].long(), state["clean_labels"], state.get("train_rows")
-        ref = refine_labels(current, pred, n, config.beta,
-                            floor_step=config.convention == "official")
-        suggested, flagged = ref.labels, ref.outliers
-        score = _outlier_scores(ref.deviation, current, n)
-        rule = f"in sample: outliers at beta={config.beta:g}"
-        changed = int((current != given).sum())
+        judged = _judge_out_of_sample(run, folds, label_noise, log)
+    elif run.state.get("audit") is not None:
+        judged = _judge_by_posterior(run)
+    else:
+        judged = _judge_by_outliers(run)
+    if folds is None and not bool((judged.score > 0).any()):
+        judged.note = ("In sample every score is 0: the run's model agrees with each label it was trained "
+                       "on, so nothing is ranked; the out-of-sample audit (without --in-sample) ranks "
+                       "the labels.")
+    return _report(run, judged)
 
-    def value(r: torch.Tensor) -> list[str]:
-        return [_fmt(lo + step * int(v)) for v in r]
 
-    index = range(current.numel()) if rows_in_file is None else rows_in_file.tolist()
+@dataclass
+class _AuditedRun:
+    """The run an audit reads: its saved state, its configuration (data and encoder weights read
+    again from where the run read them) and its label scale (``n`` ranks from ``lo`` by ``step``)."""
+
+    run_dir: Path
+    state: dict[str, Any]
+    config: TrainConfig
+    n: int
+    lo: float
+    step: float
+
+    @classmethod
+    def read(cls, run_dir: Path) -> "_AuditedRun":
+        state = load_run_state(run_dir)
+        located = run_paths(state["config"], (state.get("predictor") or {}).get("read_from"))
+        config = dataclasses.replace(TrainConfig.from_dict(state["config"]), **located)
+        fp = state["fingerprint"]
+        return cls(run_dir, state, config, int(fp["num_ranks"]), float(fp["min_value"]), float(fp["step"]))
+
+    def value(self, ranks: torch.Tensor) -> list[str]:
+        """Ranks as label values, as the CSV writes them."""
+        return [_fmt(self.lo + self.step * int(v)) for v in ranks]
+
+
+@dataclass
+class _Judgement:
+    """What one way of auditing says about every training row (ranks; rows in the data file)."""
+
+    given: torch.Tensor
+    current: torch.Tensor
+    pred: torch.Tensor
+    suggested: torch.Tensor
+    flagged: torch.Tensor
+    score: torch.Tensor
+    clean: torch.Tensor | None
+    rows_in_file: torch.Tensor | None
+    rule: str
+    changed: int | None = None  # labels the run changed while training (the outlier rule)
+    note: str | None = None
+    data: PreparedData | None = None  # the data read again (out of sample)
+    out_of_sample: torch.Tensor | None = None  # [N, n] the fold models' p(q | x)
+    probabilities: torch.Tensor | None = None  # what find_label_issues was given
+
+
+def _judge_out_of_sample(run: _AuditedRun, folds: int, label_noise: float | None,
+                        log: Callable[[str], None]) -> _Judgement:
+    """Every training row judged by the fold model that did not train on it
+    (:func:`cross_validated_probabilities`), flagged by :func:`sol_ext.find_label_issues`."""
+    config, state = run.config, run.state
+    data = prepare_data(config)
+    if data.fingerprint() != state["fingerprint"]:
+        raise ValueError(f"the data of {run.run_dir} ({config.data}) have changed since the run; the "
+                         f"out-of-sample audit retrains on them: pass --in-sample, or train again")
+    sigma = (state.get("sigma_choice") or {}).get("sigma")
+    fold_config = dataclasses.replace(config, sigma=sigma) \
+        if config.sigma == "auto" and sigma is not None else config
+    oos = cross_validated_probabilities(fold_config, data, folds, log=log)
+    given = data.train_given.long()
+    probabilities = oos.probabilities
+    if label_noise is None and config.label_noise != "auto":
+        label_noise = float(config.label_noise)
+    kernel = None if label_noise is None else label_noise_kernel(run.n, float(label_noise))
+    if kernel is not None:  # the true rank's p(q | x), not the noisy label's
+        probabilities = torch.from_numpy(sharpen_through_noise(given, probabilities, kernel))
+    flagged = torch.from_numpy(find_label_issues(given, probabilities, noise_kernel=kernel))
+    # the corrected label: the median of the same posterior the flag was read from
+    post = probabilities if kernel is None else probabilities * kernel[:, given].T
+    rule = (f"out of sample, {folds} folds in {oos.seconds:.0f} s; "
+            + (f"labels in a tail of p(rank | x): one-sided mass >= {DEFAULT_MIN_SCORE:g}"
+               if kernel is None else f"posterior median, label noise std {float(label_noise):g} ranks"))
+    note = None if kernel is not None else (
+        "Only labels beyond the model's own uncertainty are flagged: to any model, labels the features "
+        "predict loosely look like noisy ones. If you know the std of the label noise, --label-noise STD "
+        "flags by it.")
+    return _Judgement(
+        given=given, current=given, pred=median_ranks(probabilities),
+        suggested=torch.where(flagged, median_ranks(post / post.sum(dim=1, keepdim=True)), given),
+        flagged=flagged, score=torch.from_numpy(label_issue_scores(given, probabilities, kernel)),
+        clean=data.train_clean, rows_in_file=data.train_rows, rule=rule, note=note, data=data,
+        out_of_sample=oos.probabilities, probabilities=probabilities)
+
+
+def _judge_by_posterior(run: _AuditedRun) -> _Judgement:
+    """In sample, the run's posterior rule: every training row, judged from its given label."""
+    audit, config = run.state["audit"], run.config
+    given, suggested = audit["given"].long(), audit["suggested"].long()
+    rule = (f"in sample: posterior mass >= {config.relabel_mass:g} on one side of the label, label "
+            f"noise std estimated: {float(run.state.get('label_noise_std', 0.0)):.2f} ranks"
+            if config.label_noise == "auto" else
+            f"in sample: posterior median, label noise std {float(config.label_noise):g} ranks")
+    # the score: the posterior mass on the far side of the label (sol_ext.find_label_issues')
+    return _Judgement(given=given, current=given, pred=audit["predicted"].long(), suggested=suggested,
+                      flagged=suggested != given, score=audit["confidence"].double(),
+                      clean=audit["clean"], rows_in_file=audit["rows"], rule=rule)
+
+
+def _judge_by_outliers(run: _AuditedRun) -> _Judgement:
+    """In sample, the paper's outlier rule on the current labels of the fitted rows."""
+    state, config = run.state, run.config
+    given, current = state["given_labels"].long(), state["labels"].long()
+    pred = state["train_pred"].long()
+    ref = refine_labels(current, pred, run.n, config.beta, floor_step=config.convention == "official")
+    return _Judgement(given=given, current=current, pred=pred, suggested=ref.labels,
+                      flagged=ref.outliers, score=_outlier_scores(ref.deviation, current, run.n),
+                      clean=state["clean_labels"], rows_in_file=state.get("train_rows"),
+                      rule=f"in sample: outliers at beta={config.beta:g}",
+                      changed=int((current != given).sum()))
+
+
+def _report(run: _AuditedRun, judged: _Judgement) -> AuditReport:
+    """The audit's rows (suspects first) and the counts of its summary."""
+    j, config = judged, run.config
+    index = range(j.current.numel()) if j.rows_in_file is None else j.rows_in_file.tolist()
     cols = {"index": [str(i) for i in index]}
     if config.id_column is not None:  # the rows by their ids too, read again from the data
-        row_ids = (data if folds is not None else prepare_data(config)).row_ids
+        row_ids = (j.data or prepare_data(config)).row_ids
         cols[config.id_column] = [row_ids[i] for i in index]
-    cols.update({"given_label": value(given), "current_label": value(current),
-                 "predicted_label": value(pred),
-                 "deviation": [_fmt(step * int(d)) for d in current - pred],
-                 "outlier": [str(int(f)) for f in flagged],
-                 "score": [f"{float(v):.6f}" for v in score],
-                 "suggested_label": value(suggested)})
-    if clean is not None:
-        cols["clean_label"] = value(clean.long())
-    if out_of_sample is not None:  # each row's out-of-sample p(label value | x), e.g. for cleanlab
-        for q in range(n):
-            cols[f"p_{_fmt(lo + step * q)}"] = [f"{float(p):.6g}" for p in out_of_sample[:, q]]
-    if folds is None and not bool((score > 0).any()):
-        note = ("In sample every score is 0: the run's model agrees with each label it was trained on, so "
-                "nothing is ranked; the out-of-sample audit (without --in-sample) ranks the labels.")
+    cols.update({"given_label": run.value(j.given), "current_label": run.value(j.current),
+                 "predicted_label": run.value(j.pred),
+                 "deviation": [_fmt(run.step * int(d)) for d in j.current - j.pred],
+                 "outlier": [str(int(f)) for f in j.flagged],
+                 "score": [f"{float(v):.6f}" for v in j.score],
+                 "suggested_label": run.value(j.suggested)})
+    if j.clean is not None:
+        cols["clean_label"] = run.value(j.clean.long())
+    if j.out_of_sample is not None:  # each row's out-of-sample p(label value | x), e.g. for cleanlab
+        for q in range(run.n):
+            cols[f"p_{_fmt(run.lo + run.step * q)}"] = [f"{float(p):.6g}" for p in j.out_of_sample[:, q]]
     rows = [dict(zip(cols, vals)) for vals in zip(*cols.values())]
     # suspects first: by score, the flagged ones before the rest on a tie, then in file order
-    order = sorted(range(len(rows)), key=lambda i: (-float(score[i]), not bool(flagged[i]), i))
-    rows = [rows[i] for i in order]
+    order = sorted(range(len(rows)), key=lambda i: (-float(j.score[i]), not bool(j.flagged[i]), i))
     truly = wrong = None
-    if clean is not None:
-        wrong_mask = current != clean.long()
-        wrong, truly = int(wrong_mask.sum()), int((wrong_mask & flagged).sum())
-    return AuditReport(rows=rows, num_samples=current.numel(), num_outliers=int(flagged.sum()),
-                       num_changed_in_training=changed, rule=rule,
-                       clean_known=clean is not None, outliers_truly_wrong=truly,
-                       wrong_total=wrong, probabilities=probabilities, note=note)
+    if j.clean is not None:
+        wrong_mask = j.current != j.clean.long()
+        wrong, truly = int(wrong_mask.sum()), int((wrong_mask & j.flagged).sum())
+    return AuditReport(rows=[rows[i] for i in order], num_samples=j.current.numel(),
+                       num_outliers=int(j.flagged.sum()), num_changed_in_training=j.changed,
+                       rule=j.rule, clean_known=j.clean is not None, outliers_truly_wrong=truly,
+                       wrong_total=wrong, probabilities=j.probabilities, note=j.note)
 
 
 def _outlier_scores(deviation: torch.Tensor, labels: torch.Tensor, num_ranks: int) -> torch.Tensor:
@@ -282,6 +341,8 @@ def cross_validated_probabilities(config: TrainConfig, data: PreparedData, folds
     given = data.train_given.long()
     if given.numel() < 2 * folds:
         raise ValueError(f"folds={folds} needs at least {2 * folds} training rows, got {given.numel()}")
+    config.validate()  # once: every fold trains with these settings, on the device resolved here
+    quiet = FitContext(log=lambda _line: None, device=resolve_device(config.device))
     started = time.perf_counter()
     fold = fold_of_rows(given, folds, config.seed)
     probabilities = torch.zeros(given.numel(), data.num_ranks, dtype=torch.float64)
@@ -296,8 +357,8 @@ def cross_validated_probabilities(config: TrainConfig, data: PreparedData, folds
             train_rows=None if data.train_rows is None else data.train_rows[keep],
             preprocessing=preprocessing)
         with tempfile.TemporaryDirectory(prefix="sol-ext-audit-") as tmp:
-            train(dataclasses.replace(config), part, Path(tmp), log=lambda _line: None)
-            model = load_run(tmp, device=config.device)
+            fit_run(check_run(config, part, Path(tmp), False, quiet))
+            model = load_run(tmp, device=quiet.device)
             probabilities[held] = _probabilities(model, data.train_x[held])
         log(f"fold {k + 1}/{folds}: trained on {keep.numel()} rows, judged {held.numel()} "
             f"({time.perf_counter() - started:.0f} s)")
@@ -341,17 +402,15 @@ def audit_command(args) -> int:
         raise UsageError(f"--label-noise {args.label_noise:g}: expected a std in ranks >= 0, for the "
                          f"out-of-sample audit (not with --in-sample)")
     folds = None if args.in_sample else DEFAULT_FOLDS if args.folds is None else args.folds
+    from .options import check_threads, set_threads
+
+    check_threads(args.threads)
     if folds is not None:  # the fold trainings get train's threads (the MLP's: 1, many times faster)
         from .checkpoint import load_run_state
-        from .options import set_threads
 
         state = load_run_state(args.run_dir)
         set_threads(args.threads, TrainConfig.from_dict(state["config"]),
                     (state.get("predictor") or {}).get("kind", "tabular"))
-    else:
-        from .options import check_threads
-
-        check_threads(args.threads)
     report = audit_run(args.run_dir, folds=folds, label_noise=args.label_noise,
                        log=(lambda line: print(line, file=sys.stderr)) if to_stdout else print)
     if to_stdout:

@@ -9,7 +9,7 @@ A run folder (``sol-ext train --output``) holds
   embeddings, the audit's per-sample arrays). It is the run's model: the weights, the SOL head,
   and :func:`predictor_record` (the settings and preprocessing that prediction needs), read by
   :func:`sol_ext.driver.model.load_run`;
-* ``sigma-search/`` while the trials of sigma ``"auto"`` run (:mod:`sol_ext.driver.tuning`): a
+* ``sigma-search/`` while the trials of sigma ``"auto"`` run (:class:`sol_ext.driver.train.SigmaSearch`): a
   run folder per candidate (``sigma0.25/``, ...) and ``search.json``, the record of the trials that
   finished; kept when the search is interrupted, so that ``--resume`` continues it
   (:func:`sigma_search_progress`), and removed when the winner's run becomes the run;
@@ -33,7 +33,7 @@ from .prepare import PreparedData
 
 __all__ = ["CHECKPOINT_NAME", "BEST_NAME", "SIGMA_SEARCH_NAME", "SIGMA_SEARCH_RECORD",
            "sigma_search_progress", "read_search_record", "EpochState", "migrated", "selected_state",
-           "resumable_state", "predictor_record", "load_run_state", "CheckpointMismatch", "save_checkpoint", "load_checkpoint",
+           "resumable_state", "ResumePoint", "predictor_record", "load_run_state", "CheckpointMismatch", "save_checkpoint", "load_checkpoint",
            "check_resumable", "checkpoint_epoch", "atomic_write_bytes", "atomic_write_text",
            "atomic_write_files"]
 
@@ -138,20 +138,34 @@ def selected_state(state: dict[str, Any], *, test_embeddings: torch.Tensor,
     return {**state, "test_embeddings": _cpu(test_embeddings), "audit": audit}
 
 
-def resumable_state(state: dict[str, Any], *, optimizer: torch.optim.Optimizer,
-                    history: list[dict[str, Any]], best_epoch: int, generator: torch.Generator,
-                    elapsed_s: float, trained_model: Optional[torch.nn.Module] = None,
-                    averaged_steps: Optional[int] = None) -> dict[str, Any]:
-    """``checkpoint.pt``: an :class:`EpochState` plus what resuming needs (the optimizer, the
-    per-epoch history, the selected epoch so far, torch's and the shuffling generator's random
-    states, the time spent; with ``weight_ema``, whose averaged weights are the state's "model",
-    the ``trained_model``'s own weights as "trained_model" and the average's step count as
-    "weight_ema_steps")."""
-    extra = {} if trained_model is None else {"trained_model": trained_model.state_dict(),
-                                              "weight_ema_steps": averaged_steps}
-    return {**state, "optimizer": optimizer.state_dict(), "history": history,
-            "best_epoch": best_epoch, "torch_rng": torch.get_rng_state(),
-            "generator_rng": generator.get_state(), "elapsed_s": elapsed_s, **extra}
+@dataclass
+class ResumePoint:
+    """What a run needs to continue after an epoch, beside the epoch's :class:`EpochState`: the
+    optimizer, the shuffling generator, the per-epoch history, the selected epoch so far and the
+    time spent; with ``weight_ema`` (the state's "model" is then the average), the trained model
+    and the average's step count."""
+
+    optimizer: torch.optim.Optimizer
+    generator: torch.Generator
+    history: list[dict[str, Any]]
+    best_epoch: int
+    elapsed_s: float
+    trained_model: Optional[torch.nn.Module] = None
+    averaged_steps: Optional[int] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entries ``checkpoint.pt`` adds to the epoch's state (torch's random state too)."""
+        extra = {} if self.trained_model is None else {
+            "trained_model": self.trained_model.state_dict(), "weight_ema_steps": self.averaged_steps}
+        return {"optimizer": self.optimizer.state_dict(), "history": self.history,
+                "best_epoch": self.best_epoch, "torch_rng": torch.get_rng_state(),
+                "generator_rng": self.generator.get_state(), "elapsed_s": self.elapsed_s, **extra}
+
+
+def resumable_state(state: dict[str, Any], point: ResumePoint) -> dict[str, Any]:
+    """``checkpoint.pt``: an :class:`EpochState` (``state``, as a dict) plus what resuming needs
+    (:class:`ResumePoint`)."""
+    return {**state, **point.to_dict()}
 
 
 def load_run_state(run_dir: Path) -> dict[str, Any]:

@@ -9,17 +9,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
 
 from .checkpoint import atomic_write_text
 from .config import COMPARE_METHODS, METHODS, PAPER_SETTINGS, TrainConfig
+from .device import resolve_device
+from .fit import FitContext
 from .prepare import prepare_data
 from .synthetic_noise import NOISE_TYPES, noise_key
-from .train import resolve_device, train
+from .train import check_run, fit_run
 
 __all__ = ["DEFAULT_SETTINGS", "COMPARE_METHODS", "default_methods", "method_config",
-           "noise_settings", "check_comparison", "run_comparison", "markdown_tables",
+           "noise_settings", "Comparison", "check_comparison", "run_comparison", "train_comparison", "markdown_tables",
            "mean_std", "mean_std_table",
            "write_comparison", "compare_command"]
 
@@ -59,11 +64,23 @@ def noise_settings(kappas: Sequence[float] | None = None,
     return [("gaussian", float(k)) for k in kappas] + [(t, 0.3) for t in noises]
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """A checked comparison (:func:`check_comparison`): every (setting, method, seed) of ``base``,
+    on ``device``."""
+
+    base: TrainConfig
+    methods: Sequence[str]
+    settings: Sequence[tuple[str, float]]
+    seeds: Sequence[int]
+    device: torch.device
+
+
 def check_comparison(base: TrainConfig, methods: Sequence[str],
-                     settings: Sequence[tuple[str, float]], seeds: Sequence[int]) -> None:
+                     settings: Sequence[tuple[str, float]], seeds: Sequence[int]) -> Comparison:
     """Refuse, before anything trains, a comparison that would stop half-way or say nothing: an
     empty or repeated ``--methods``/``--seeds``, no noise setting, an unknown noise type, or
-    any (setting, method, seed) whose configuration is invalid.
+    any (setting, method, seed) whose configuration is invalid; the comparison, checked.
 
     Raises:
         ValueError: naming the option, what was wrong and what is expected.
@@ -94,12 +111,13 @@ def check_comparison(base: TrainConfig, methods: Sequence[str],
             raise ValueError(f"--noises: unknown noise type {noise!r}; expected some of "
                              f"{', '.join(known)} (Gaussian noise and clean labels are the "
                              f"--kappas columns).")
-    resolve_device(base.device)
+    device = resolve_device(base.device)
     for noise, kappa in settings:
         for seed in seeds:
             for method in methods:
                 method_config(dataclasses.replace(base, noise=noise, kappa=kappa, seed=seed),
                               method).validate()
+    return Comparison(base, tuple(methods), tuple(settings), tuple(seeds), device)
 
 
 def _label(noise: str, kappa: float) -> str:
@@ -115,34 +133,40 @@ def run_comparison(base: TrainConfig, methods: Sequence[str], settings: Sequence
     (setting, seed) are prepared once and shared by the methods, so all methods see the same
     split and the same noisy labels.
     """
-    check_comparison(base, methods, settings, seeds)
+    return train_comparison(check_comparison(base, methods, settings, seeds), out_dir, log)
+
+
+def train_comparison(comparison: Comparison, out_dir: Path,
+                     log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """:func:`run_comparison` of a comparison already checked (each configuration validated once,
+    by :func:`check_comparison`)."""
     records = []
-    total = len(settings) * len(seeds) * len(methods)
-    done = 0
-    for noise, kappa in settings:
-        for seed in seeds:
-            data_cfg = dataclasses.replace(base, noise=noise, kappa=kappa, seed=seed)
-            data = prepare_data(data_cfg.validate())
-            for method in methods:
-                cfg = method_config(data_cfg, method)
+    total = len(comparison.settings) * len(comparison.seeds) * len(comparison.methods)
+    quiet = FitContext(log=lambda _line: None, device=comparison.device)
+    for noise, kappa in comparison.settings:
+        for seed in comparison.seeds:
+            data_cfg = dataclasses.replace(comparison.base, noise=noise, kappa=kappa, seed=seed)
+            data = prepare_data(data_cfg)
+            for method in comparison.methods:
                 run_dir = out_dir / f"{noise}-{kappa:g}" / method / f"seed{seed}"
-                outcome = train(cfg, data, run_dir, log=lambda _line: None)
-                res = outcome.results
-                done += 1
-                log(f"[{done}/{total}] {_label(noise, kappa):>14}  {method:<12} seed {seed}: "
-                    f"MAE {res['test']['mae']:.3f}  CS {res['test']['cs']:.1f}%  "
-                    f"labels changed {res['labels_changed']}")
-                given, final = res["label_noise_given"], res["label_noise_final"]
+                run = check_run(method_config(data_cfg, method), data, run_dir, False, quiet)
                 records.append({"noise": noise, "kappa": kappa, "method": method, "seed": seed,
-                                "mae": res["test"]["mae"], "cs": res["test"]["cs"],
-                                "pearson": res["test"]["pearson"],
-                                "macro_mae": res["test"]["macro_mae"], "qwk": res["test"]["qwk"],
-                                "cs_theta": res["cs_theta"], "labels_changed": res["labels_changed"],
-                                "label_mae_given": None if given is None else given["mae"],
-                                "label_mae_final": None if final is None else final["mae"],
-                                "selected_epoch": res["selected_epoch"],
-                                "seconds": res["seconds"]})
+                                **_figures(fit_run(run).results)})
+                r = records[-1]
+                log(f"[{len(records)}/{total}] {_label(noise, kappa):>14}  {method:<12} seed {seed}: "
+                    f"MAE {r['mae']:.3f}  CS {r['cs']:.1f}%  labels changed {r['labels_changed']}")
     return records
+
+
+def _figures(res: dict[str, Any]) -> dict[str, Any]:
+    """The figures a comparison records of one run's results."""
+    given, final = res["label_noise_given"], res["label_noise_final"]
+    return {"mae": res["test"]["mae"], "cs": res["test"]["cs"], "pearson": res["test"]["pearson"],
+            "macro_mae": res["test"]["macro_mae"], "qwk": res["test"]["qwk"],
+            "cs_theta": res["cs_theta"], "labels_changed": res["labels_changed"],
+            "label_mae_given": None if given is None else given["mae"],
+            "label_mae_final": None if final is None else final["mae"],
+            "selected_epoch": res["selected_epoch"], "seconds": res["seconds"]}
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -150,19 +174,21 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def mean_std_table(title: str, settings: Sequence[tuple[str, float]], methods: Sequence[str],
+def mean_std_table(title: str, settings: Sequence[tuple] | Mapping[tuple, str], methods: Sequence[str],
                    cell: dict[tuple, tuple[float, float]], fmt: str,
-                   best: Callable[..., float],
-                   column: Callable[[tuple], str] = lambda setting: _label(*setting)) -> list[str]:
-    """Markdown lines of one table: a row per method, a column per noise setting (headed
-    ``column(setting)``), each cell ``fmt.format(mean, std)`` of ``cell[(setting, method)]`` (blank
-    where missing); the ``best`` mean of each column is bold."""
-    lines = [title, "", "| method | " + " | ".join(column(s) for s in settings) + " |",
-             "| --- | " + " | ".join("---" for _ in settings) + " |"]
-    winners = {s: best(cell[(s, m)][0] for m in methods if (s, m) in cell) for s in settings}
+                   best: Callable[..., float]) -> list[str]:
+    """Markdown lines of one table: a row per method, a column per noise setting (``settings`` in
+    order, headed by :func:`_label` of the setting, or a mapping of each setting to its header),
+    each cell ``fmt.format(mean, std)`` of ``cell[(setting, method)]`` (blank where missing); the
+    ``best`` mean of each column is bold."""
+    headers = (dict(settings) if isinstance(settings, Mapping)
+               else {setting: _label(*setting) for setting in settings})
+    lines = [title, "", "| method | " + " | ".join(headers.values()) + " |",
+             "| --- | " + " | ".join("---" for _ in headers) + " |"]
+    winners = {s: best(cell[(s, m)][0] for m in methods if (s, m) in cell) for s in headers}
     for m in methods:
         parts = []
-        for s in settings:
+        for s in headers:
             if (s, m) not in cell:
                 parts.append("")
                 continue
@@ -202,7 +228,7 @@ def markdown_tables(records: Sequence[dict[str, Any]], data_name: str, labels_gi
                 if vals:
                     cell[(s, m)] = mean_std(vals)
         out += mean_std_table(f"**{data_name}: {title}, mean ± std over {len(seeds)} seed(s)**",
-                              settings, methods, cell, fmt, best, column=column)
+                              {s: column(s) for s in settings}, methods, cell, fmt, best)
     return "\n".join(out)
 
 
@@ -234,11 +260,11 @@ def compare_command(args) -> int:
     out = output_folder(args.output)
     settings = noise_settings(args.kappas, args.noises)
     methods = default_methods() if args.methods is None else args.methods
-    check_comparison(base, methods, settings, args.seeds)  # every option before the first run
+    comparison = check_comparison(base, methods, settings, args.seeds)  # before the first run
     check_compare_folder(out, "--output", data_inputs(base))  # before the lock file is made
     set_threads(args.threads, base, "images" if args.encoder not in ("auto", "mlp") else data_kind(base))
     with run_folder(out, note=lambda: f"interrupted; {out / 'compare.md'} was not updated."):
-        records = run_comparison(base, methods, settings, args.seeds, out, log=say)
+        records = train_comparison(comparison, out, log=say)
         data_name = Path(base.data).name.split(".")[0]
         # a user's own labels are as given (their truth unknown), with or without a test file
         labels_given = base.test_data is not None or not is_builtin(base.data)

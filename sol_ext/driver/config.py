@@ -19,7 +19,7 @@ import math
 import typing
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 from .data.load import is_builtin
 from .encoders import TORCHVISION_ENCODERS, check_encoder_name, is_pretrainable
@@ -50,7 +50,7 @@ RELABEL_RULES = ("posterior", "outlier")
 # plain order learning with 0/1 ordering probabilities.
 NO_NOISE_SIGMA = 1e-3
 
-# Candidates of `--sigma auto` (the default), in ranks: picked by validation MAE (sol_ext.driver.tuning).
+# Candidates of `--sigma auto` (the default), in ranks: picked by validation MAE (sol_ext.driver.train.SigmaSearch).
 # Measured (docs/measured.md): 1 suits abalone's 29 ranks and wine-red, 0.25 the 8 blur
 # levels of fashion-mnist-blur; 2 never won.
 SIGMA_GRID = (0.25, 0.5, 1.0)
@@ -58,7 +58,7 @@ SIGMA_GRID = (0.25, 0.5, 1.0)
 FALLBACK_SIGMA = 1.0
 
 # weight_ema="auto" (the default): for the SOL methods, an average of the weights over about this
-# share of the steps so far (decay 1 - 1 / (share * step), sol_ext.driver.run.WeightAverage);
+# share of the steps so far (decay 1 - 1 / (share * step), sol_ext.driver.fit.WeightAverage);
 # none for the baselines.
 # Measured (docs/measured.md, "Many ranks"): SOL's embedding fits label noise within a few epochs and the
 # average undoes part of it (62 ranks with annotator noise: test MAE 2.33 -> 2.25). A fixed decay
@@ -112,10 +112,20 @@ OPTION_GROUPS: dict[str, Optional[str]] = {
 _NOT_IN_PAPER = object()
 
 
+def _need(ok: bool, message: str) -> None:
+    """Raise ``ValueError(message)`` unless ``ok``: one check of :meth:`TrainConfig.validate`."""
+    if not ok:
+        raise ValueError(message)
+
+
+# How a setting's command-line option is spelled and shown, beside its help and group: argparse's
+# choices and metavar, the option's flag (default: "--" and the field's name with dashes), other
+# spellings kept as they are, and former spellings accepted with a warning for one release.
+_OPTION_FORM = {"choices": None, "metavar": None, "flag": None, "aliases": (), "deprecated": ()}
+
+
 def setting(default: Any, help: str, group: Optional[str], *, paper: Any = _NOT_IN_PAPER,
-            choices: Optional[Sequence[str]] = None, metavar: Optional[str] = None,
-            flag: Optional[str] = None, aliases: Sequence[str] = (),
-            deprecated: Sequence[str] = ()) -> Any:
+            **form: Any) -> Any:
     """A :class:`TrainConfig` field with everything its command-line option needs, so that the
     option, its help, the ``--config`` file's key and ``--paper``'s value are defined here only
     (:mod:`sol_ext.driver.options` builds the parser from them).
@@ -125,14 +135,18 @@ def setting(default: Any, help: str, group: Optional[str], *, paper: Any = _NOT_
         help: the option's help; say in words what a None default means.
         group: the help's option group (:data:`OPTION_GROUPS`); None: a command's own option.
         paper: the value of the paper's Algorithm 1, applied by ``--paper`` (:data:`PAPER_SETTINGS`).
-        choices, metavar: as argparse's.
-        flag: the option's spelling; default ``--`` and the field's name with dashes.
-        aliases: other spellings, kept as they are.
-        deprecated: former spellings, accepted with a warning for one release.
+        form: how the option is spelled and shown (:data:`_OPTION_FORM`): ``choices`` and
+            ``metavar`` as argparse's; ``flag``, the option's spelling (default ``--`` and the
+            field's name with dashes); ``aliases``, other spellings kept as they are;
+            ``deprecated``, former spellings accepted with a warning for one release.
     """
-    metadata = {"help": help, "group": group, "paper": paper, "choices": choices,
-                "metavar": metavar, "flag": flag, "aliases": tuple(aliases),
-                "deprecated": tuple(deprecated)}
+    unknown = sorted(set(form) - set(_OPTION_FORM))
+    if unknown:
+        raise TypeError(f"setting() got {', '.join(unknown)}; an option's form is some of "
+                        f"{', '.join(_OPTION_FORM)}.")
+    form = {**_OPTION_FORM, **form}
+    metadata = {"help": help, "group": group, "paper": paper, **form,
+                "aliases": tuple(form["aliases"]), "deprecated": tuple(form["deprecated"])}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -365,7 +379,7 @@ class TrainConfig:
         if self.method == "sol-no-noise":
             return NO_NOISE_SIGMA
         if self.sigma == "auto":
-            raise ValueError("sigma 'auto' must be resolved (sol_ext.driver.tuning.SigmaSearch) before "
+            raise ValueError("sigma 'auto' must be resolved (sol_ext.driver.train.SigmaSearch) before "
                              "the noise kernel is built.")
         return float(self.sigma)
 
@@ -391,117 +405,138 @@ class TrainConfig:
         return self.method == "sol" if self.refine is None else bool(self.refine)
 
     def validate(self) -> "TrainConfig":
-        """Check every value; raise ``ValueError`` naming the bad one and the expected range."""
-        def need(ok: bool, msg: str) -> None:
-            if not ok:
-                raise ValueError(msg)
+        """Check every value; raise ``ValueError`` naming the bad one and the expected range (the
+        first bad one, in the order below)."""
+        self._check_finite()
+        self._check_choices()
+        self._check_data()
+        self._check_sol()
+        self._check_training()
+        self._check_model()
+        return self
 
+    def _check_finite(self) -> None:
+        """Every number is finite."""
         # every number first: an infinite or NaN setting is the cause, not what it leads to (an
         # infinite weight decay diverges the training, which would blame the learning rate).
         # kappa, sigma and label_noise say "finite" in their own checks below.
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            need(f.name in ("kappa", "sigma", "label_noise") or not isinstance(value, float)
-                 or math.isfinite(value),
-                 f"{f.name}={value} is not a finite number; expected a finite value.")
-        need(self.method in METHODS,
-             f"unknown method {self.method!r}; expected one of {', '.join(METHODS)}.")
+            _need(f.name in ("kappa", "sigma", "label_noise") or not isinstance(value, float)
+                  or math.isfinite(value),
+                  f"{f.name}={value} is not a finite number; expected a finite value.")
+
+    def _check_choices(self) -> None:
+        """The method, the encoder, the pair set, the read-out and the loss convention are known ones."""
+        _need(self.method in METHODS,
+              f"unknown method {self.method!r}; expected one of {', '.join(METHODS)}.")
         check_encoder_name(self.encoder)
-        need(self.pairs in PAIR_MODES,
-             f"unknown pair set {self.pairs!r}; expected one of {', '.join(PAIR_MODES)}.")
-        need(self.readout in INFERENCE_MODES,
-             f"unknown readout {self.readout!r}; expected one of {', '.join(INFERENCE_MODES)}.")
-        need(self.convention in ("paper", "official"),
-             f"unknown convention {self.convention!r}; expected 'paper' or 'official'.")
-        need(math.isfinite(self.kappa) and self.kappa >= 0,
-             f"kappa must be a finite number >= 0, got {self.kappa}.")
-        need(0.0 <= self.noise_fraction <= 1.0,
-             f"noise fraction must be in [0, 1], got {self.noise_fraction}.")
-        need(0.0 < self.test_fraction < 1.0,
-             f"test_fraction={self.test_fraction:g} is out of range; expected a share above 0 and "
-             "below 1 of the data held out as the test set (to train on every row of the data, "
-             "give the test rows as test_data=).")
-        need(self.feature_columns is None or self.drop_columns is None,
-             "feature_columns= lists the columns to use and drop_columns= those to leave out: pass "
-             "one of them.")
+        _need(self.pairs in PAIR_MODES,
+              f"unknown pair set {self.pairs!r}; expected one of {', '.join(PAIR_MODES)}.")
+        _need(self.readout in INFERENCE_MODES,
+              f"unknown readout {self.readout!r}; expected one of {', '.join(INFERENCE_MODES)}.")
+        _need(self.convention in ("paper", "official"),
+              f"unknown convention {self.convention!r}; expected 'paper' or 'official'.")
+
+    def _check_data(self) -> None:
+        """The added noise, the test split, the columns and the label scale fit the data."""
+        _need(math.isfinite(self.kappa) and self.kappa >= 0,
+              f"kappa must be a finite number >= 0, got {self.kappa}.")
+        _need(0.0 <= self.noise_fraction <= 1.0,
+              f"noise fraction must be in [0, 1], got {self.noise_fraction}.")
+        _need(0.0 < self.test_fraction < 1.0,
+              f"test_fraction={self.test_fraction:g} is out of range; expected a share above 0 and "
+              "below 1 of the data held out as the test set (to train on every row of the data, "
+              "give the test rows as test_data=).")
+        _need(self.feature_columns is None or self.drop_columns is None,
+              "feature_columns= lists the columns to use and drop_columns= those to leave out: pass "
+              "one of them.")
         for name in ("id_column", "feature_columns", "drop_columns", "categorical"):
-            need(getattr(self, name) is None or not is_builtin(self.data),
-                 f"{name}= applies to a table file of yours; the built-in data set {self.data!r} has "
-                 f"its own columns: leave {name}= out.")
-        need(self.test_label_column is None or self.test_data is not None,
-             "test_label_column= names the label column of test_data=; there is no test_data=.")
+            _need(getattr(self, name) is None or not is_builtin(self.data),
+                  f"{name}= applies to a table file of yours; the built-in data set {self.data!r} has "
+                  f"its own columns: leave {name}= out.")
+        _need(self.test_label_column is None or self.test_data is not None,
+              "test_label_column= names the label column of test_data=; there is no test_data=.")
         for name in ("label_min", "label_max", "label_step"):
             value = getattr(self, name)
-            need(value is None or math.isfinite(value),
-                 f"{name}={value} is not a finite number; expected a label value.")
-            need(value is None or not is_builtin(self.data),
-                 f"{name}= sets the label scale of a file of yours; the built-in data set "
-                 f"{self.data!r} has its own: leave {name}= out.")
-        need(self.label_step is None or self.label_step > 0,
-             f"label_step={self.label_step} must be > 0 (label units per rank).")
-        need(self.label_min is None or self.label_max is None or self.label_min < self.label_max,
-             f"label_min={self.label_min} must be below label_max={self.label_max}.")
-        need(self.sigma == "auto" or (isinstance(self.sigma, (int, float)) and self.sigma > 0
-                                      and math.isfinite(self.sigma)),
-             f"sigma must be a finite number > 0 or 'auto', got {self.sigma!r}.")
-        need(self.relabel in RELABEL_RULES,
-             f"unknown relabel rule {self.relabel!r}; expected one of {', '.join(RELABEL_RULES)}.")
-        need(0.5 <= self.relabel_mass < 1.0,
-             f"relabel mass must be in [0.5, 1), got {self.relabel_mass}.")
-        need(self.label_noise == "auto" or (
-            isinstance(self.label_noise, (int, float)) and not isinstance(self.label_noise, bool)
-            and math.isfinite(self.label_noise) and self.label_noise >= 0),
-             f"label noise must be 'auto' or a finite std in ranks >= 0, got {self.label_noise!r}.")
-        need(self.label_noise == "auto" or self.relabel == "posterior",
-             "a label noise std is used by the posterior relabeling rule; it does not apply to "
-             f"relabel rule {self.relabel!r}.")
-        need(0.0 <= self.momentum < 1.0,
-             f"momentum must be in [0, 1), got {self.momentum}.")
-        need(0.0 <= self.val_fraction < 1.0,
-             f"validation fraction must be in [0, 1), got {self.val_fraction}.")
-        need(self.patience is None or self.patience >= 1,
-             f"patience must be >= 1 epoch (or unset), got {self.patience}.")
-        need(self.patience is None or self.val_fraction > 0,
-             "patience needs a validation split (validation fraction > 0).")
-        need(self.tau >= 0, f"tau must be an integer >= 0, got {self.tau}.")
-        need(self.margin >= 0, f"margin must be >= 0, got {self.margin}.")
-        need(self.disc_weight >= 0, f"disc weight must be >= 0, got {self.disc_weight}.")
-        need(self.T >= 1, f"T must be an integer >= 1, got {self.T}.")
-        need(0.0 < self.beta <= 1.0, f"beta must be in (0, 1], got {self.beta}.")
-        need(self.lr > 0, f"learning rate must be > 0, got {self.lr}.")
-        need(self.lr <= MAX_LR, f"lr={self.lr:g} is too large: Adam's first step would overflow "
-                                f"float32; expected at most lr={MAX_LR:g}.")
-        need(self.weight_decay == "auto" or (isinstance(self.weight_decay, (int, float))
-                                             and not isinstance(self.weight_decay, bool)
-                                             and self.weight_decay >= 0),
-             f"weight decay must be 'auto' or a number >= 0, got {self.weight_decay!r}.")
-        need(self.weight_ema == "auto" or (isinstance(self.weight_ema, (int, float))
-                                           and not isinstance(self.weight_ema, bool)
-                                           and 0.0 <= self.weight_ema < 1.0),
-             f"weight EMA decay must be 'auto' or in [0, 1) (0: no average), got {self.weight_ema!r}.")
-        need(1 <= self.epochs <= MAX_EPOCHS,
-             f"epochs={self.epochs} is out of range; expected 1 … {MAX_EPOCHS} epochs.")
-        need(self.batch_size >= 2, f"batch size must be >= 2 (pairs need two samples), "
-                                   f"got {self.batch_size}.")
-        need(1 <= self.embedding_dim <= MAX_EMBEDDING_DIM,
-             f"embedding dim must be in 1 … {MAX_EMBEDDING_DIM}, got {self.embedding_dim}.")
-        need(all(h >= 1 for h in self.hidden), f"hidden widths must be >= 1, got {self.hidden}.")
-        need(self.pairs_per_class >= 1,
-             f"pairs per class must be >= 1, got {self.pairs_per_class}.")
-        need(0 <= self.seed <= 2**63 - 1, f"seed must be in 0 … 2**63 - 1, got {self.seed}.")
-        need(self.cs_theta is None or self.cs_theta >= 0,
-             f"CS threshold must be >= 0, got {self.cs_theta}.")
-        need(self.weights is None or is_pretrainable(self.encoder),
-             f"--weights applies to a pretrained encoder (vgg16bn or a torchvision model such as "
-             f"resnet18), not to --encoder {self.encoder}.")
-        need(self.image_size is None or (isinstance(self.image_size, int) and not isinstance(
-            self.image_size, bool) and 1 <= self.image_size <= MAX_IMAGE_SIZE),
-             f"image size must be a side of 1 … {MAX_IMAGE_SIZE} pixels, got {self.image_size!r}.")
-        need(self.augment is None or self.augment in AUGMENTATIONS,
-             f"unknown augmentation {self.augment!r}; expected one of {', '.join(AUGMENTATIONS)}.")
-        need(self.workers is None or (isinstance(self.workers, int) and self.workers >= 0),
-             f"workers must be an integer >= 0 (0: load in the training process), got {self.workers!r}.")
-        return self
+            _need(value is None or math.isfinite(value),
+                  f"{name}={value} is not a finite number; expected a label value.")
+            _need(value is None or not is_builtin(self.data),
+                  f"{name}= sets the label scale of a file of yours; the built-in data set "
+                  f"{self.data!r} has its own: leave {name}= out.")
+        _need(self.label_step is None or self.label_step > 0,
+              f"label_step={self.label_step} must be > 0 (label units per rank).")
+        _need(self.label_min is None or self.label_max is None or self.label_min < self.label_max,
+              f"label_min={self.label_min} must be below label_max={self.label_max}.")
+
+    def _check_sol(self) -> None:
+        """SOL's noise width, its relabeling rule and the centroids' momentum."""
+        _need(self.sigma == "auto" or (isinstance(self.sigma, (int, float)) and self.sigma > 0
+                                       and math.isfinite(self.sigma)),
+              f"sigma must be a finite number > 0 or 'auto', got {self.sigma!r}.")
+        _need(self.relabel in RELABEL_RULES,
+              f"unknown relabel rule {self.relabel!r}; expected one of {', '.join(RELABEL_RULES)}.")
+        _need(0.5 <= self.relabel_mass < 1.0,
+              f"relabel mass must be in [0.5, 1), got {self.relabel_mass}.")
+        _need(self.label_noise == "auto" or (
+             isinstance(self.label_noise, (int, float)) and not isinstance(self.label_noise, bool)
+             and math.isfinite(self.label_noise) and self.label_noise >= 0),
+              f"label noise must be 'auto' or a finite std in ranks >= 0, got {self.label_noise!r}.")
+        _need(self.label_noise == "auto" or self.relabel == "posterior",
+              "a label noise std is used by the posterior relabeling rule; it does not apply to "
+              f"relabel rule {self.relabel!r}.")
+        _need(0.0 <= self.momentum < 1.0,
+              f"momentum must be in [0, 1), got {self.momentum}.")
+
+    def _check_training(self) -> None:
+        """Model selection, the loss's weights and the optimizer's steps."""
+        _need(0.0 <= self.val_fraction < 1.0,
+              f"validation fraction must be in [0, 1), got {self.val_fraction}.")
+        _need(self.patience is None or self.patience >= 1,
+              f"patience must be >= 1 epoch (or unset), got {self.patience}.")
+        _need(self.patience is None or self.val_fraction > 0,
+              "patience needs a validation split (validation fraction > 0).")
+        _need(self.tau >= 0, f"tau must be an integer >= 0, got {self.tau}.")
+        _need(self.margin >= 0, f"margin must be >= 0, got {self.margin}.")
+        _need(self.disc_weight >= 0, f"disc weight must be >= 0, got {self.disc_weight}.")
+        _need(self.T >= 1, f"T must be an integer >= 1, got {self.T}.")
+        _need(0.0 < self.beta <= 1.0, f"beta must be in (0, 1], got {self.beta}.")
+        _need(self.lr > 0, f"learning rate must be > 0, got {self.lr}.")
+        _need(self.lr <= MAX_LR, f"lr={self.lr:g} is too large: Adam's first step would overflow "
+                                 f"float32; expected at most lr={MAX_LR:g}.")
+        _need(self.weight_decay == "auto" or (isinstance(self.weight_decay, (int, float))
+                                              and not isinstance(self.weight_decay, bool)
+                                              and self.weight_decay >= 0),
+              f"weight decay must be 'auto' or a number >= 0, got {self.weight_decay!r}.")
+        _need(self.weight_ema == "auto" or (isinstance(self.weight_ema, (int, float))
+                                            and not isinstance(self.weight_ema, bool)
+                                            and 0.0 <= self.weight_ema < 1.0),
+              f"weight EMA decay must be 'auto' or in [0, 1) (0: no average), got {self.weight_ema!r}.")
+        _need(1 <= self.epochs <= MAX_EPOCHS,
+              f"epochs={self.epochs} is out of range; expected 1 … {MAX_EPOCHS} epochs.")
+        _need(self.batch_size >= 2, f"batch size must be >= 2 (pairs need two samples), "
+                                    f"got {self.batch_size}.")
+
+    def _check_model(self) -> None:
+        """The encoder's shape, its pretrained weights, image handling and the seed."""
+        _need(1 <= self.embedding_dim <= MAX_EMBEDDING_DIM,
+              f"embedding dim must be in 1 … {MAX_EMBEDDING_DIM}, got {self.embedding_dim}.")
+        _need(all(h >= 1 for h in self.hidden), f"hidden widths must be >= 1, got {self.hidden}.")
+        _need(self.pairs_per_class >= 1,
+              f"pairs per class must be >= 1, got {self.pairs_per_class}.")
+        _need(0 <= self.seed <= 2**63 - 1, f"seed must be in 0 … 2**63 - 1, got {self.seed}.")
+        _need(self.cs_theta is None or self.cs_theta >= 0,
+              f"CS threshold must be >= 0, got {self.cs_theta}.")
+        _need(self.weights is None or is_pretrainable(self.encoder),
+              f"--weights applies to a pretrained encoder (vgg16bn or a torchvision model such as "
+              f"resnet18), not to --encoder {self.encoder}.")
+        _need(self.image_size is None or (isinstance(self.image_size, int) and not isinstance(
+             self.image_size, bool) and 1 <= self.image_size <= MAX_IMAGE_SIZE),
+              f"image size must be a side of 1 … {MAX_IMAGE_SIZE} pixels, got {self.image_size!r}.")
+        _need(self.augment is None or self.augment in AUGMENTATIONS,
+              f"unknown augmentation {self.augment!r}; expected one of {', '.join(AUGMENTATIONS)}.")
+        _need(self.workers is None or (isinstance(self.workers, int) and self.workers >= 0),
+              f"workers must be an integer >= 0 (0: load in the training process), got {self.workers!r}.")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -11,7 +11,8 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +22,7 @@ from ..head import SOLHead
 from .config import TrainConfig
 from .encoders import build_encoder, default_encoder
 
-__all__ = ["RankModel", "build_model", "encoder_name", "make_sol_head", "training_loss", "head_ranks",
+__all__ = ["RankModel", "build_model", "encoder_name", "make_sol_head", "head_loss", "head_ranks",
            "head_probabilities", "require_coral"]
 
 
@@ -82,27 +83,43 @@ def make_sol_head(config: TrainConfig, num_ranks: int) -> SOLHead:
                    normalize=config.normalize, readout=config.readout, backend=config.backend)
 
 
-def training_loss(config: TrainConfig, model: RankModel, embeddings: torch.Tensor,
-                  labels: torch.Tensor, num_ranks: int, centroids: Optional[torch.Tensor],
-                  sol_loss: Optional[nn.Module], pairs: Optional[torch.Tensor] = None
-                  ) -> torch.Tensor:
-    """Scalar loss of one batch.
+def head_loss(method: str, model: RankModel, embeddings: torch.Tensor, labels: torch.Tensor,
+              num_ranks: int) -> torch.Tensor:
+    """Scalar loss of one batch of a baseline with an output head (``l1``, ``ce``, ``corn``); the
+    SOL methods' loss is their head's (:attr:`sol_ext.SOLHead.criterion`).
 
     Args:
         embeddings: ``[B, d]`` from ``model(x)``.
         labels: ``[B]`` int64 current (noisy) ranks.
-        centroids: ``[n, d]`` (SOL methods; fixed during the epoch).
-        sol_loss: the loss of :func:`make_sol_head` (SOL methods).
-        pairs: ``[M, 2]`` batch indices, or ``None`` for all pairs.
     """
-    if config.method == "l1":
+    if method == "l1":
         target = labels.to(embeddings.dtype) / max(num_ranks - 1, 1)
         return F.l1_loss(model.head(embeddings).squeeze(1), target)
-    if config.method == "ce":
+    if method == "ce":
         return F.cross_entropy(model.head(embeddings), labels)
-    if config.method == "corn":
+    if method == "corn":
         return require_coral().losses.corn_loss(model.head(embeddings), labels, num_ranks)
-    return sol_loss(embeddings, labels, centroids, pairs=pairs)
+    raise ValueError(f"method {method!r} has no output head: its loss is the SOL head's.")
+
+
+def _training_loss(config: TrainConfig, model: RankModel, embeddings: torch.Tensor,
+                   labels: torch.Tensor, *rest: Any, **pairs: Any) -> torch.Tensor:
+    """The former ``training_loss(config, model, embeddings, labels, num_ranks, centroids,
+    sol_loss, pairs=None)``."""
+    num_ranks, centroids, sol_loss, *positional = rest
+    if config.uses_centroids:
+        chosen = pairs.get("pairs", positional[0] if positional else None)
+        return sol_loss(embeddings, labels, centroids, pairs=chosen)
+    return head_loss(config.method, model, embeddings, labels, num_ranks)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "training_loss":  # the deprecated name, for one release
+        warnings.warn("sol_ext.driver.methods.training_loss is deprecated and will be removed: a fit "
+                      "calls its SOL head's loss, or head_loss for the baselines.",
+                      DeprecationWarning, stacklevel=2)
+        return _training_loss
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @torch.no_grad()

@@ -109,11 +109,11 @@ class TrainedModel:
     """
 
     def __init__(self, config: TrainConfig, model: RankModel, head: Optional[SOLHead],
-                 record: dict[str, Any], device: torch.device | str = "cpu", workers: int = 0,
-                 handle_unknown: str = "error"):
+                 record: dict[str, Any], device: torch.device | str = "cpu", workers: int = 0):
         self.config = config
-        # a category of a text column that training did not see: "error", or "ignore" (no category)
-        self.handle_unknown = handle_unknown
+        # a category of a text column that training did not see: "error", or "ignore" (no
+        # category; load_run's handle_unknown= sets it)
+        self.handle_unknown = "error"
         self.device = torch.device(device)
         # DataLoader processes decoding image files for a prediction (0: this process)
         self.workers = int(workers)

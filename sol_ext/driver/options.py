@@ -177,12 +177,12 @@ def check_threads(requested: int) -> None:
 
 
 def set_threads(requested: int, cfg: TrainConfig, kind: str) -> None:
-    """Set torch's CPU threads: ``requested``, or 1 for the MLP encoder when 0."""
+    """Set torch's CPU threads: ``requested`` (checked by :func:`check_threads`), or 1 for the
+    MLP encoder when 0."""
     import torch
 
     from .encoders import default_encoder
 
-    check_threads(requested)
     encoder = default_encoder(kind) if cfg.encoder == "auto" else cfg.encoder
     if requested or encoder == "mlp":
         torch.set_num_threads(requested or 1)

@@ -14,7 +14,7 @@ from .checkpoint import atomic_write_text
 from .prepare import PreparedData
 
 if TYPE_CHECKING:  # the names of the run files are needed without the training loop (outputs.py)
-    from .run import RunOutcome
+    from .fit import RunOutcome
 
 __all__ = ["RESULTS_NAME", "PLOT_NAMES", "write_outputs", "clear_results", "format_table"]
 

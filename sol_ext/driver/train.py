@@ -1,35 +1,55 @@
-"""``train`` and the ``sol-ext train`` command: the driver's entry point. It checks the settings
-once, decides the plan once (one :class:`~sol_ext.driver.run.Fit`, or one per sigma candidate where
-sigma is ``"auto"``: :class:`sol_ext.driver.tuning.SigmaSearch`, the winner's is the run; resumed or
-not), and trains every fit of the plan, epoch by epoch, in its own loop.
+"""``train`` and the ``sol-ext train`` command: the driver's entry point, in the order a run takes.
 
-Module layers, top to bottom, without an import circle: ``train`` → ``tuning`` (the plans) → ``run``
-(:class:`~sol_ext.driver.run.Fit`: epochs, read-outs, relabeling) → ``checkpoint`` (the run folder's
-format) and ``methods``.
+1. :func:`check_run`: every check of the settings against the data, the processes and (resuming)
+   the run folder, once; the device and the validation split it works out go to every fit.
+2. :func:`plan_run`: what trains, decided once: one :class:`~sol_ext.driver.fit.Fit`
+   (:class:`SingleRun`), or one per sigma candidate where sigma is ``"auto"`` (:class:`SigmaSearch`,
+   whose winner's training is the run); resumed or not.
+3. :func:`fit_run`: every fit of the plan, epoch by epoch, in one loop.
+
+Module layers, top to bottom, without an import circle: ``train`` (checks, plans, the loop and the
+command) → ``fit`` (:class:`~sol_ext.driver.fit.Fit`: epochs, read-outs, relabeling) →
+``checkpoint`` (the run folder's format) and ``methods``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import json
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from .checkpoint import (
     BEST_NAME,
     CHECKPOINT_NAME,
     SIGMA_SEARCH_NAME,
+    SIGMA_SEARCH_RECORD,
     atomic_write_text,
     check_resumable,
     load_checkpoint,
+    read_search_record,
+    save_checkpoint,
     sigma_search_progress,
 )
 from .config import FALLBACK_SIGMA, SIGMA_GRID, TrainConfig
 from .config_file import CONFIG_FILE_NAME, config_toml
 from .errors import UsageError
+from .fit import (
+    Fit,
+    FitContext,
+    RunOutcome,
+    corrected_labels,
+    cs_theta_of,
+    resolve_device,
+    run_results,
+    validation_split,
+)
 from .options import (
     check_test_data,
     check_threads,
@@ -45,12 +65,12 @@ from .outputs import check_run_inputs
 from .parallel import Parallel
 from .prepare import PreparedData, prepare_data
 from .report import clear_results, format_table, noise_label, write_outputs
-from .run import Fit, FitContext, RunOutcome, cs_theta_of, resolve_device, validation_split
 from .rundir import check_output_folder, run_folder
-from .tuning import SigmaSearch, SingleRun, Trial, trial_config, trial_dir
 
-__all__ = ["train", "check_run", "plan_run", "train_command", "RunOutcome", "resolve_device", "cs_theta_of", "validation_split",
-           "BEST_NAME", "SIGMA_SEARCH_NAME", "fitted_samples", "check_resume", "searches_sigma"]
+__all__ = ["train", "check_run", "fit_run", "CheckedRun", "plan_run", "train_command", "RunOutcome",
+           "resolve_device", "cs_theta_of", "validation_split", "BEST_NAME", "SIGMA_SEARCH_NAME",
+           "fitted_samples", "check_resume", "searches_sigma",
+           "Trial", "SingleRun", "SigmaSearch", "trial_dir", "trial_config"]
 
 
 def searches_sigma(config: TrainConfig) -> bool:
@@ -64,15 +84,23 @@ def fitted_samples(config: TrainConfig, data: PreparedData) -> int:
     Raises:
         ValueError: naming ``val_fraction=``: the split leaves an empty part (too few samples).
     """
+    return int(_checked_split(config, data).fit.numel())
+
+
+def _checked_split(config: TrainConfig, data: PreparedData):
+    """The run's validation split of the training rows (:func:`validation_split`).
+
+    Raises:
+        ValueError: naming ``val_fraction=``: the split leaves an empty part (too few samples).
+    """
     try:
-        split = validation_split(data.train_given, config.val_fraction, config.seed)
+        return validation_split(data.train_given, config.val_fraction, config.seed)
     except ValueError as exc:
         n = int(data.train_given.numel())
         raise ValueError(
             f"the validation split (val_fraction={config.val_fraction:g}) of the {n} training "
             f"samples leaves an empty part; use more data, another val_fraction=, or "
             f"val_fraction=0 (no split: the last epoch is the model).") from exc
-    return int(split.fit.numel())
 
 
 def check_resume(out_dir: Path, config: TrainConfig, fingerprint: dict[str, Any]) -> int:
@@ -103,19 +131,32 @@ def check_resume(out_dir: Path, config: TrainConfig, fingerprint: dict[str, Any]
     return done
 
 
+@dataclass
+class CheckedRun:
+    """A run whose settings :func:`check_run` has checked against its data, its processes and
+    (resuming) its folder: what :func:`fit_run` trains. ``context`` holds what the checks worked
+    out (the device, the validation split), which every fit of the run takes as it is."""
+
+    config: TrainConfig
+    data: PreparedData
+    out_dir: Optional[Path]
+    resume: bool
+    context: FitContext
+
+
 def train(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resume: bool = False,
-          progress: bool = False, log: Callable[[str], None] = print,
-          parallel: Optional[Parallel] = None) -> RunOutcome:
+          log: Callable[[str], None] = print, parallel: Optional[Parallel] = None) -> RunOutcome:
     """Train ``config.method`` on ``data``; checkpoint to ``out_dir/checkpoint.pt`` every epoch
     and the best epoch so far to ``out_dir/best.pt``.
 
-    The settings are checked once, here (:func:`check_run`), and the plan decided once
-    (:func:`plan_run`: one fit, or one per sigma candidate with ``sigma="auto"``; resumed or not);
-    then every :class:`~sol_ext.driver.run.Fit` of the plan trains, epoch by epoch, in this loop.
+    The settings are checked once, here (:meth:`TrainConfig.validate` and :func:`check_run`), and
+    the plan decided once (:func:`plan_run`: one fit, or one per sigma candidate with
+    ``sigma="auto"``; resumed or not); then every :class:`~sol_ext.driver.fit.Fit` of the plan
+    trains, epoch by epoch, in :func:`fit_run`.
 
     Args:
         config: the run's settings. ``sigma="auto"`` is picked on the validation split
-            (:class:`sol_ext.driver.tuning.SigmaSearch`).
+            (:class:`SigmaSearch`).
         data: from :func:`sol_ext.driver.prepare.prepare_data`.
         out_dir: folder of the checkpoints (created); ``None``: train in memory, write nothing
             (the outcome's ``best_state`` is the selected epoch's state, ``best.pt``'s content).
@@ -123,7 +164,6 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resu
             search there (same configuration and data, else
             :class:`sol_ext.driver.checkpoint.CheckpointMismatch`); ``config.epochs`` may be
             larger, not smaller than the epochs already run (:func:`check_resume`).
-        progress: show a progress bar per epoch.
         log: receives one line per epoch.
         parallel: this process's place in a torchrun run (its process group started); default one
             process. ``config.batch_size`` is then per process, the global batch ``W`` times it.
@@ -132,16 +172,43 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resu
         The outcome of the selected epoch (the best validation MAE against the noisy
         validation labels, or the last epoch without a validation split).
     """
+    config.validate()  # a call from Python; `sol-ext train` validates as it reads the options
+    return fit_run(check_run(config, data, out_dir, resume, FitContext(parallel, log)))
+
+
+def check_run(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resume: bool,
+              context: FitContext) -> CheckedRun:
+    """Every check of a run's settings (already valid on their own) against the data, the
+    processes and (resuming) the run in ``out_dir``, before anything trains; the run, with the
+    device and the validation split these checks worked out in its context."""
+    par = context.parallel or Parallel()
+    if resume and out_dir is None:
+        raise ValueError("a run trained in memory (no output folder) has no checkpoint to resume.")
+    if par.enabled and config.pairs == "balanced":
+        raise ValueError("--pairs balanced is not supported under torchrun: the distributed loss "
+                         "covers all pairs of the global batch (--pairs all).")
+    config.check_ranks(data.num_ranks)  # tau and sigma against the data's ranks
+    split = _checked_split(config, data)  # a validation split too small for the data says so here
+    if resume and par.is_main:
+        check_resume(out_dir, config, data.fingerprint())
+    device = resolve_device(config.device, par) if context.device is None else context.device
+    speaks = par.is_main  # rank 0 speaks for the run
+    context = dataclasses.replace(
+        context, parallel=par, log=context.log if speaks else (lambda _line: None),
+        progress=context.progress and speaks, device=device, split=split)
+    return CheckedRun(config, data, out_dir, resume, context)
+
+
+def fit_run(run: CheckedRun) -> RunOutcome:
+    """Train every :class:`~sol_ext.driver.fit.Fit` of the plan of the checked ``run``, epoch by
+    epoch; the outcome of the run (a sigma search's: its winner's)."""
     started = time.perf_counter()
-    par = parallel or Parallel()
-    if not par.is_main:  # rank 0 speaks for the run
-        log, progress = (lambda _line: None), False
-    check_run(config, data, out_dir, resume, par)
-    plan = plan_run(config, out_dir, resume, par, log)
+    context = run.context
+    plan = plan_run(run.config, run.out_dir, run.resume, context.parallel, context.log)
     try:
         for trial in plan.trials():
-            fit = Fit(trial.config, data, trial.out_dir, trial.sigma_choice,
-                      FitContext(par, trial.log, progress))
+            fit = Fit(trial.config, run.data, trial.out_dir, trial.sigma_choice,
+                      dataclasses.replace(context, log=trial.log))
             fit.start(trial.resume)
             for epoch in fit.epochs():
                 fit.end_of_epoch(epoch, fit.train_one_epoch(epoch))
@@ -149,23 +216,7 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resu
     except BaseException:
         plan.abandon()
         raise
-    return plan.outcome(data, time.perf_counter() - started)
-
-
-def check_run(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resume: bool,
-              par: Parallel) -> None:
-    """Every check of a run's settings against the data, the processes and (resuming) the run in
-    ``out_dir``, before anything trains."""
-    if resume and out_dir is None:
-        raise ValueError("a run trained in memory (no output folder) has no checkpoint to resume.")
-    config.validate()
-    if par.enabled and config.pairs == "balanced":
-        raise ValueError("--pairs balanced is not supported under torchrun: the distributed loss "
-                         "covers all pairs of the global batch (--pairs all).")
-    config.check_ranks(data.num_ranks)  # tau and sigma against the data's ranks
-    fitted_samples(config, data)  # a validation split too small for the data says so here
-    if resume and par.is_main:
-        check_resume(out_dir, config, data.fingerprint())
+    return plan.outcome(run.data, time.perf_counter() - started)
 
 
 def plan_run(config: TrainConfig, out_dir: Optional[Path], resume: bool, par: Parallel,
@@ -192,6 +243,155 @@ def plan_run(config: TrainConfig, out_dir: Optional[Path], resume: bool, par: Pa
     return SigmaSearch(config, out_dir, par, log)
 
 
+# -- the plans: one fit, or a sigma search over fits ----------------------------------------------
+#
+# The noise-model width ``sigma`` (in ranks) says how far a label may lie from the truth; how much the
+# centroid rule may smooth across ranks depends on the data (how many ranks, how far apart their
+# embeddings can be pulled), so it is picked, by default, from SIGMA_GRID by the best validation MAE
+# (against the noisy validation labels, as the epoch is; never the test set), one full training run
+# per candidate: one Fit each, trained by the loop of fit_run.
+
+def trial_dir(work_dir: Path, sigma: float) -> Path:
+    """Where :class:`SigmaSearch` trains the candidate ``sigma`` inside ``work_dir``."""
+    return Path(work_dir) / f"sigma{sigma:g}"
+
+
+def trial_config(config: TrainConfig, sigma: float) -> TrainConfig:
+    """The configuration of the trial of ``sigma`` in a search for ``config``."""
+    return dataclasses.replace(config, sigma=float(sigma))
+
+
+def _trial_log(log: Callable[[str], None], sigma: float, number: int,
+               trials: int) -> Callable[[str], None]:
+    """``log`` with the trial named before each line of its run (one per epoch): a search trains
+    several times over, and without them it would be a long silent wait."""
+    return lambda line: log(f"sigma {sigma:g} (trial {number}/{trials}): {line}")
+
+
+@dataclass
+class Trial:
+    """One :class:`~sol_ext.driver.fit.Fit` of a run: its configuration, its folder (``None``: in
+    memory), whether it continues from its checkpoint there, its sigma choice (a run of
+    ``sigma="auto"`` that trains one sigma) and where its lines go."""
+
+    config: TrainConfig
+    out_dir: Optional[Path]
+    resume: bool = False
+    sigma_choice: Optional[dict[str, Any]] = None
+    log: Callable[[str], None] = print
+
+
+class SingleRun:
+    """The plan of a run that trains once: its one trial's outcome is the run's."""
+
+    def __init__(self, trial: Trial):
+        self.trial, self._outcome = trial, None
+
+    def trials(self) -> Iterator[Trial]:
+        yield self.trial
+
+    def finished(self, trial: Trial, outcome: RunOutcome) -> None:
+        self._outcome = outcome
+
+    def abandon(self) -> None:
+        """Nothing to clean: the run's checkpoint, if any, is for --resume."""
+
+    def outcome(self, data: PreparedData, seconds: float) -> RunOutcome:
+        return self._outcome
+
+
+class SigmaSearch:
+    """The plan of a run of ``config`` (``sigma="auto"``): one trial per candidate of ``grid``, in
+    ``out_dir/sigma-search`` (or in memory without ``out_dir``); the winner's training, to the last
+    bit, becomes the run (kept, not repeated). With ``resume``, a trial with a checkpoint there
+    continues from it (a finished one only reports its outcome, or trains on to more epochs) and the
+    others train afresh: the outcome is that of an uninterrupted search. Each finished trial is added
+    to the record ``sigma-search/search.json``; on an error or Ctrl-C the trials with a checkpoint
+    stay, for ``--resume``, and a search with none leaves nothing behind (:meth:`abandon`).
+
+    The choice is ``{"sigma": best, "val_mae": {sigma: MAE, ...}}`` (MAE in ranks at each trial's
+    selected epoch; ties go to the earlier candidate). Under torchrun every trial runs on all
+    processes; rank 0 alone reads and writes the folder."""
+
+    def __init__(self, config: TrainConfig, out_dir: Optional[Path], par: Parallel,
+                 log: Callable[[str], None], resume: bool = False, grid: Sequence[float] = SIGMA_GRID):
+        self.config, self.out_dir, self.par, self.log, self.grid = config, out_dir, par, log, tuple(grid)
+        self.work = None if out_dir is None else out_dir / SIGMA_SEARCH_NAME
+        self.resume = resume and self.work is not None
+        if self.work is not None and par.is_main and not self.resume:
+            shutil.rmtree(self.work, ignore_errors=True)  # a fresh search reuses no earlier trial
+        if self.resume:
+            log(f"resuming the sigma search in {self.work}")
+        self.record = read_search_record(self.work) if self.resume and par.is_main else {"finished": {}}
+        self.record.update(config=config.to_dict(), grid=[float(s) for s in self.grid])
+        self.scores: dict[float, float] = {}
+        self.outcomes: dict[float, RunOutcome] = {}
+        self.started = time.perf_counter()
+
+    def trials(self) -> Iterator[Trial]:
+        for number, sigma in enumerate(self.grid, start=1):
+            where = None if self.work is None else trial_dir(self.work, sigma)
+            # rank 0 alone reads the folder: every process must take the same branch
+            again = self.resume and self.par.broadcast_object(
+                (where / CHECKPOINT_NAME).is_file() if self.par.is_main else None)
+            yield Trial(trial_config(self.config, sigma), where, again,
+                        log=_trial_log(self.log, sigma, number, len(self.grid)))
+
+    def finished(self, trial: Trial, outcome: RunOutcome) -> None:
+        sigma = float(trial.config.sigma)
+        self.scores[sigma] = float(outcome.results["val_mae"])
+        if self.work is None:  # in memory: the winner's outcome is the run's
+            self.outcomes[sigma] = outcome
+        elif self.par.is_main:
+            self.record["finished"][f"{sigma:g}"] = {
+                "val_mae": self.scores[sigma], "selected_epoch": outcome.results["selected_epoch"],
+                "epochs_run": outcome.results["epochs_run"]}
+            atomic_write_text(self.work / SIGMA_SEARCH_RECORD, json.dumps(self.record, indent=2) + "\n")
+        self.log(f"sigma {sigma:g}: validation MAE {self.scores[sigma]:.3f} "
+                 f"(epoch {outcome.results['selected_epoch']})")
+
+    def abandon(self) -> None:
+        if self.work is not None and self.par.is_main and sigma_search_progress(self.out_dir) is None:
+            shutil.rmtree(self.work, ignore_errors=True)  # nothing to resume: no half-done trials
+
+    def outcome(self, data: PreparedData, seconds: float) -> RunOutcome:
+        """The winner's training as the run of ``config``, with its sigma choice."""
+        best = min(self.scores, key=lambda s: self.scores[s])
+        self.log(f"sigma auto -> {best:g}")
+        choice = {"sigma": best, "val_mae": {f"{s:g}": v for s, v in self.scores.items()}}
+        if self.work is not None:
+            return self._adopt(data, choice, seconds)
+        winner = self.outcomes[best]
+        state = {**winner.best_state, "config": self.config.to_dict(), "sigma_choice": choice}
+        results = run_results(self.config, data, winner.results["history"], state, choice, seconds)
+        return RunOutcome(results=results, test_embeddings=state["test_embeddings"],
+                          test_pred=state["test_pred"], train_pred=state["train_pred"],
+                          labels=corrected_labels(state), best_state=state)
+
+    def _adopt(self, data: PreparedData, sigma_choice: dict[str, Any], seconds: float) -> RunOutcome:
+        """The run of the picked sigma from the search folder as this run's: its checkpoints,
+        relabeled as the run of ``config`` (``sigma="auto"``) with its ``sigma_choice``, move into
+        ``out_dir``."""
+        config, par, states = self.config, self.par, None
+        if par.is_main:
+            winner = trial_dir(self.work, sigma_choice["sigma"])
+            states = {}
+            # best.pt first: checkpoint.pt marks the search as done (a Ctrl-C between the two
+            # leaves the search, which --resume adopts again)
+            for name in (BEST_NAME, CHECKPOINT_NAME):
+                state = load_checkpoint(winner / name)
+                state.update(config=config.to_dict(), sigma_choice=sigma_choice)
+                save_checkpoint(self.out_dir / name, state)
+                states[name] = state
+            shutil.rmtree(self.work, ignore_errors=True)
+        states = par.broadcast_object(states)
+        best, history = states[BEST_NAME], states[CHECKPOINT_NAME]["history"]
+        results = run_results(config, data, history, best, sigma_choice, seconds)
+        return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
+                          test_pred=best["test_pred"], train_pred=best["train_pred"],
+                          labels=corrected_labels(best))
+
+
 # -- the `sol-ext train` command -------------------------------------------------------------------
 
 def train_command(args: argparse.Namespace) -> int:
@@ -207,7 +407,9 @@ def train_command(args: argparse.Namespace) -> int:
         sys.stdout.write(config_toml(cfg, paper=args.paper, output=args.output, threads=args.threads))
         return 0
     par = Parallel.from_environment()  # torchrun: one of several processes
-    device = resolve_device(cfg.device, par)
+    device = resolve_device(cfg.device, par)  # once per command: every fit takes it from the context
+    context = FitContext(par, (lambda _line: None) if args.quiet or not par.is_main else say,
+                         progress=not args.quiet and sys.stdout.isatty(), device=device)
     out = (output_folder(args.output) if args.output is not None
            else default_output(cfg, paper=args.paper))
     par.start(device)
@@ -219,11 +421,10 @@ def train_command(args: argparse.Namespace) -> int:
         with run_folder(out) if par.is_main else contextlib.nullcontext(out):
             if par.is_main:
                 _check_run_folder(args, cfg, out)
-            data, say_line, start = _prepare_run(args, cfg, out, par)
-            outcome = train(cfg, data, out, resume=args.resume,
-                            progress=not args.quiet and sys.stdout.isatty(), log=say_line, parallel=par)
+            run, start = _prepare_run(args, cfg, out, context)
+            outcome = fit_run(run)
             if par.is_main:
-                _write_run(args, cfg, data, outcome, out, start)
+                _write_run(args, run, outcome, start)
             # every process leaves the group together: one that tore its gloo connections down
             # while rank 0 still wrote the outputs sometimes aborted ("terminate called without
             # an active exception")
@@ -250,39 +451,40 @@ def _check_run_folder(args: argparse.Namespace, cfg: TrainConfig, out: Path) -> 
         raise UsageError(f"--resume: no checkpoint in {out}; train without --resume first.")
 
 
-def _prepare_run(args: argparse.Namespace, cfg: TrainConfig, out: Path, par: Parallel):
-    """Load the data, say what trains, and check a resume or clear an overwritten run; returns the
-    data, the per-epoch log and the start time."""
-    say_line = (lambda _line: None) if args.quiet or not par.is_main else say
+def _prepare_run(args: argparse.Namespace, cfg: TrainConfig, out: Path,
+                 context: FitContext) -> tuple[CheckedRun, float]:
+    """Load the data, check the run against them (a resume before anything changes), say what
+    trains, or clear an overwritten run; returns the checked run and the start time."""
+    par = context.parallel
     start = time.perf_counter()
     data = prepare_data(cfg)
-    n_fit = fitted_samples(cfg, data)  # a too small validation split names --val-fraction
+    # the settings were validated as the options were read; a too small validation split names
+    # --val-fraction, a resume with other settings or data is refused (the last results stay
+    # until the resumed run writes its own)
+    run = check_run(cfg, data, out, args.resume, context)
     if par.is_main:
-        _warn_if_few_fitted(cfg, int(data.train_given.numel()), n_fit, par.world_size)
+        _warn_if_few_fitted(cfg, int(data.train_given.numel()), int(run.context.split.fit.numel()),
+                            par.world_size)
     set_threads(args.threads, cfg, data.kind)
     processes = f", {par.world_size} processes x batch {cfg.batch_size}" if par.enabled else ""
-    say_line(f"{data.name}: {data.train_x.shape[0]} training / {data.test_x.shape[0]} test "
-             f"samples, {data.num_ranks} ranks; {cfg.method} on {resolve_device(cfg.device, par)}, noise "
-             f"{noise_label(cfg.noise, cfg.kappa)}{processes} -> {out}")
-    if par.is_main and args.resume:
-        # refuse other settings or data, or fewer epochs, before anything changes; the last
-        # results stay until the resumed run writes its own
-        check_resume(out, cfg, data.fingerprint())
-    elif par.is_main and args.overwrite:
+    run.context.log(f"{data.name}: {data.train_x.shape[0]} training / {data.test_x.shape[0]} test "
+                    f"samples, {data.num_ranks} ranks; {cfg.method} on {run.context.device}, noise "
+                    f"{noise_label(cfg.noise, cfg.kappa)}{processes} -> {out}")
+    if par.is_main and args.overwrite:
         # the old run goes: predict/export/audit must not find its model or results
         clear_results(out)
         for name in (CHECKPOINT_NAME, BEST_NAME, CONFIG_FILE_NAME):
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / SIGMA_SEARCH_NAME, ignore_errors=True)
-    return data, say_line, start
+    return run, start
 
 
-def _write_run(args: argparse.Namespace, cfg: TrainConfig, data: PreparedData, outcome: RunOutcome,
-               out: Path, start: float) -> None:
+def _write_run(args: argparse.Namespace, run: CheckedRun, outcome: RunOutcome, start: float) -> None:
     """The settings as --config reads them, then the results (written last) and plots; the table."""
+    out = run.out_dir
     atomic_write_text(out / CONFIG_FILE_NAME, config_toml(
-        cfg, paper=args.paper, threads=args.threads, relative_to=data.read_from))
-    path = write_outputs(outcome, data, out, plots=args.plots)
+        run.config, paper=args.paper, threads=args.threads, relative_to=run.data.read_from))
+    path = write_outputs(outcome, run.data, out, plots=args.plots)
     print(format_table([outcome.results]))
     print(f"{time.perf_counter() - start:.1f} s; results in {path}")
 
