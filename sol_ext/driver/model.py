@@ -29,7 +29,10 @@ from .device import resolve_device
 from .loader import RunInputs, embedding_batch_size
 from .methods import RankModel, build_model, head_probabilities, head_ranks, make_sol_head
 
-__all__ = ["TrainedModel", "Prediction", "load_run", "model_from_state"]
+__all__ = ["TrainedModel", "Prediction", "load_run", "model_from_state", "CALIBRATION_KEY"]
+
+# the entry of best.pt holding the rows intervals are calibrated on by default (the validation split)
+CALIBRATION_KEY = "interval_calibration"
 
 DataLike = Any  # a data spec (built-in name, file or folder path), a data frame or raw features [N, ...]
 
@@ -129,6 +132,9 @@ class TrainedModel:
                                                      scaling["std"].to(torch.float64))
         # the calibration of predict_interval (calibrate_intervals), None until there is one
         self.intervals: Optional[IntervalCalibration] = None
+        # the held-out rows the run stored to calibrate intervals on (its validation split):
+        # {"probabilities": [M, n] float64, "ranks": [M] int64}, or None (set by load_run)
+        self.stored_calibration: Optional[dict[str, torch.Tensor]] = None
 
     # -- what the model is -------------------------------------------------------------------
     @property
@@ -227,6 +233,12 @@ class TrainedModel:
         """``[N, d]`` embeddings (L2-normalized where the run normalized them)."""
         return self._embed(self.features(data)[0])
 
+    @torch.no_grad()
+    def embed_prepared(self, x: torch.Tensor | ImageFiles) -> torch.Tensor:
+        """``[N, d]`` embeddings of inputs already preprocessed as the run's (scaled features, or
+        images), such as the rows of a training run's prepared data."""
+        return self._embed(x)
+
     def _embed(self, x: torch.Tensor | ImageFiles) -> torch.Tensor:
         batch_size = embedding_batch_size(self.kind, self.config.batch_size)
         inputs = RunInputs(x, self.device, workers=self.workers)
@@ -246,14 +258,7 @@ class TrainedModel:
     def predict_table(self, data: DataLike) -> Prediction:
         """Everything :meth:`predict`, :meth:`predict_proba` and the expected value give, at once."""
         x, ids, values, incomplete = self._inputs(data)
-        h = self._embed(x)
-        if self.head is not None:
-            d = self.head.dissimilarity(h)
-            probabilities = self.head.probabilities(d)
-            ranks = self.head.ranks(d, probabilities)
-        else:
-            probabilities = head_probabilities(self.method, self.model, h, self.num_ranks)
-            ranks = head_ranks(self.method, self.model, h, self.num_ranks)
+        probabilities, ranks = self.rank_probabilities(self._embed(x))
         label_values = self.encoder.values().to(torch.float64)
         expected = probabilities.cpu() @ label_values
         prediction = self.encoder.decode(ranks.cpu()).numpy()
@@ -264,6 +269,18 @@ class TrainedModel:
                           label_values=label_values.numpy(), values=values,
                           id_name=self.preprocessing.get("schema", {}).get("id_column") or "id",
                           incomplete=incomplete)
+
+    @torch.no_grad()
+    def rank_probabilities(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(p [N, n], ranks [N])`` of embeddings ``h`` ``[N, d]`` (:meth:`embed`): the head's rank
+        probabilities and its read-out."""
+        h = h.to(self.device)
+        if self.head is not None:
+            d = self.head.dissimilarity(h)
+            probabilities = self.head.probabilities(d)
+            return probabilities, self.head.ranks(d, probabilities)
+        return (head_probabilities(self.method, self.model, h, self.num_ranks),
+                head_ranks(self.method, self.model, h, self.num_ranks))
 
     def predict(self, data: DataLike) -> np.ndarray:
         """``[N]`` predicted labels, in label units (the run's read-out: for SOL by default the
@@ -300,18 +317,38 @@ class TrainedModel:
     def calibrate_intervals_of(self, table: Prediction, values: np.ndarray, **options: Any) -> IntervalCalibration:
         """:meth:`calibrate_intervals` on rows already predicted (:meth:`predict_table`), with their
         labels ``values`` ``[N]`` in label units; ``options`` as there."""
-        score, target = options.get("score", "hpd"), options.get("target", "labels")
-        label_noise, deconvolve = options.get("label_noise"), options.get("deconvolve", False)
         if values.shape[0] != len(table.ids):
             raise ValueError(f"labels: {values.shape[0]} labels for {len(table.ids)} rows of data")
         keep = np.isfinite(table.probabilities).all(axis=1)
         if table.incomplete is not None:
             keep &= ~table.incomplete
+        return self._calibrate(torch.from_numpy(table.probabilities[keep]), self.encoder.encode(values[keep]),
+                               **options)
+
+    def calibrate_intervals_on_validation(self, **options: Any) -> IntervalCalibration:
+        """:meth:`calibrate_intervals` on the rows the run stored for it: its validation split, with the
+        labels as given (``sol-ext train`` stores them in ``best.pt``; :func:`load_run` calibrates on
+        them with the default score). ``options`` as :meth:`calibrate_intervals`.
+
+        Raises:
+            RuntimeError: the run stored no calibration rows (it had no validation split, or was
+                trained by a version of sol_ext that did not store them).
+        """
+        if self.stored_calibration is None:
+            raise RuntimeError("the run holds no calibration rows (trained without a validation split, or by "
+                               "an earlier version of sol_ext): call calibrate_intervals() on held-out data "
+                               "with labels")
+        stored = self.stored_calibration
+        return self._calibrate(stored["probabilities"], stored["ranks"], **options)
+
+    def _calibrate(self, probabilities: torch.Tensor, ranks: torch.Tensor, *, score: str = "hpd",
+                   target: str = "labels", label_noise: Any = None,
+                   deconvolve: bool = False) -> IntervalCalibration:
+        """The calibration of ``probabilities [M, n]`` and their label ranks ``[M]``, kept on the model."""
         noise = label_noise
         if isinstance(noise, numbers.Real) and not isinstance(noise, bool):
             noise = float(noise) / self.encoder.step  # label units -> ranks
-        self.intervals = calibrate_intervals(torch.from_numpy(table.probabilities[keep]),
-                                             self.encoder.encode(values[keep]), score=score, target=target,
+        self.intervals = calibrate_intervals(probabilities, ranks, score=score, target=target,
                                              label_noise=noise, deconvolve=deconvolve)
         return self.intervals
 
@@ -324,8 +361,9 @@ class TrainedModel:
     def intervals_of(self, table: Prediction, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`predict_interval` of rows already predicted (:meth:`predict_table`)."""
         if self.intervals is None:
-            raise RuntimeError("no interval calibration yet: call calibrate_intervals() on held-out data "
-                               "with labels first")
+            raise RuntimeError("no interval calibration: the run stored none (trained without a validation "
+                               "split, or by an earlier version of sol_ext); call calibrate_intervals() on "
+                               "held-out data with labels first")
         keep = np.isfinite(table.probabilities).all(axis=1)
         lower, upper = np.full(len(keep), np.nan), np.full(len(keep), np.nan)
         if keep.any():
@@ -341,6 +379,7 @@ class TrainedModel:
             "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "head": None if self.head is None else {k: v.detach().cpu()
                                                     for k, v in self.head.state_dict().items()},
+            **({} if self.stored_calibration is None else {CALIBRATION_KEY: dict(self.stored_calibration)}),
         }
 
     def __repr__(self) -> str:
@@ -351,7 +390,9 @@ class TrainedModel:
 def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int = 0,
              handle_unknown: str = "error") -> TrainedModel:
     """The model of a ``sol-ext train`` run folder (its selected epoch, ``best.pt``; the last
-    checkpoint where there is none), ready to predict. Runs of every method load.
+    checkpoint where there is none), ready to predict. Runs of every method load. A run that stored
+    its validation split's probabilities (``sol-ext train`` does) comes with its rank intervals
+    calibrated on them: :meth:`TrainedModel.predict_interval` needs no data.
 
     ``handle_unknown``: a category of a text column that training did not see is an error
     (``"error"``, the default) or none of its column's categories (``"ignore"``: its one-hot
@@ -394,4 +435,10 @@ def model_from_state(state: dict[str, Any], device: torch.device | str = "cpu",
     if config.uses_centroids:
         head = make_sol_head(config, n)
         head.load_state_dict(state["head"])
-    return TrainedModel(config, model, head, record, resolve_device(str(device)), workers)
+    trained = TrainedModel(config, model, head, record, resolve_device(str(device)), workers)
+    stored = state.get(CALIBRATION_KEY)
+    if stored is not None:  # the run's validation split: intervals need no data
+        trained.stored_calibration = {"probabilities": stored["probabilities"].to(torch.float64),
+                                      "ranks": stored["ranks"].to(torch.int64)}
+        trained.calibrate_intervals_on_validation()
+    return trained

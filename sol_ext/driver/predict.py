@@ -20,7 +20,7 @@ from ..metrics import macro_mae, mae, quadratic_weighted_kappa
 from .data.frames import string_array
 from .model import Prediction, TrainedModel
 
-__all__ = ["prediction_csv", "score_prediction", "format_scores", "predict_command"]
+__all__ = ["prediction_csv", "score_prediction", "format_scores", "predict_command", "calibrate_from_args"]
 
 
 _NEEDS_QUOTES = re.compile(r'[,"\r\n]')
@@ -137,15 +137,32 @@ def _intervals(args: argparse.Namespace, model: TrainedModel, prediction: Predic
         return None
     if not 0 < args.interval < 1:
         raise UsageError(f"--interval {args.interval:g}: expected a coverage strictly between 0 and 1, e.g. 0.9.")
-    if args.calibration is None:
-        raise UsageError("--interval needs --calibration FILE: held-out rows with labels that the run did not "
-                         "train on, to calibrate the intervals.")
     if (args.interval_target == "clean") != (args.label_noise is not None):
         raise UsageError("--interval-target clean needs --label-noise STD (the labels' noise, label units), "
                          "and --label-noise applies to it only.")
-    model.calibrate_intervals(args.calibration, score=args.interval_score, target=args.interval_target,
-                              label_noise=args.label_noise)
+    calibrate_from_args(args, model, score=args.interval_score, target=args.interval_target,
+                        label_noise=args.label_noise)
     return model.intervals_of(prediction, args.interval)
+
+
+def calibrate_from_args(args: argparse.Namespace, model: TrainedModel, **options) -> None:
+    """Calibrate ``model``'s intervals for ``--interval``: on the ``--calibration`` file when one is
+    given, else on the validation split the run stored (``options`` as
+    :meth:`~sol_ext.driver.model.TrainedModel.calibrate_intervals`).
+
+    Raises:
+        UsageError: no ``--calibration`` and the run stored no calibration rows.
+    """
+    from .errors import UsageError
+
+    if args.calibration is not None:
+        model.calibrate_intervals(args.calibration, **options)
+    elif model.stored_calibration is not None:
+        model.calibrate_intervals_on_validation(**options)
+    else:
+        raise UsageError(f"--interval: the run in {args.run_dir} holds no calibration (it was trained without a "
+                         f"validation split, --val-fraction 0, or by an earlier version of sol_ext); pass "
+                         f"--calibration FILE: held-out rows with labels that the run did not train on.")
 
 
 def _interval_summary(coverage: float, interval: tuple[np.ndarray, np.ndarray],
