@@ -334,9 +334,42 @@ def test_a_run_stores_its_validation_split_to_calibrate_intervals_on(user_files,
             assert "--calibration FILE" in err and "holds no calibration" in err, err
 
 
+def test_results_hold_the_calibration_error_and_a_reliability_plot(user_files, tmp_path, capsys, monkeypatch):
+    """results.json's calibration: the ECE of the validation split (labels as given) and of the test set,
+    as sol_ext.metrics computes them on load_run's probabilities of those rows, with the reliability
+    curve; reliability.png beside the other plots, and without matplotlib one note and no plots."""
+    from sol_ext.metrics import expected_calibration_error
+
+    root, train, test, _, y = user_files
+    out = tmp_path / "run"
+    argv = ["train", "--data", str(train), "--test-data", str(test), "--label-column", "score", "--sigma", "1",
+            "--output", str(out), *[a for a in FAST if a != "--no-plots"]]
+    assert main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    calibration = results["calibration"]
+    model = sol_ext.load_run(out)
+    val_rows = torch.load(out / "best.pt", weights_only=True)["val_rows"].numpy()
+    table, test_table = model.predict_table(train), model.predict_table(test)
+    val_ece = expected_calibration_error(table.probabilities[val_rows], model.encoder.encode(table.values[val_rows]))
+    test_ece = expected_calibration_error(test_table.probabilities, model.encoder.encode(y))
+    assert calibration["validation"]["ece"] == pytest.approx(val_ece, abs=1e-6)
+    assert calibration["test"]["ece"] == pytest.approx(test_ece, abs=1e-6)
+    assert calibration["validation"]["rows"] == len(val_rows) == sum(calibration["validation"]["reliability"]["count"])
+    assert calibration["test"]["rows"] == len(y) and calibration["intervals"] == "validation"
+    assert "reliability.png" in results["plots"] and (out / "reliability.png").read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    assert main([*argv, "--overwrite"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("sol-ext: note:") == 1 and "matplotlib" in err, err
+    results = json.loads((out / "results.json").read_text())
+    assert "plots" not in results and not list(out.glob("*.png"))
+    assert results["calibration"]["test"]["ece"] == calibration["test"]["ece"]
+
+
 def test_storing_the_validation_calibration_leaves_the_random_state(user_files):
     """The calibration runs after training and must not change what a later draw gives."""
-    from sol_ext.driver.calibration import store_validation_calibration
+    from sol_ext.driver.calibration import calibrate_run
     from sol_ext.driver.config import TrainConfig
     from sol_ext.driver.prepare import prepare_data
 
@@ -345,7 +378,7 @@ def test_storing_the_validation_calibration_leaves_the_random_state(user_files):
     config = TrainConfig(data=str(train), test_data=str(test), label_column="score", sigma=1.0)
     data = prepare_data(config)
     before = torch.get_rng_state()
-    assert store_validation_calibration(out, config, data) is not None
+    assert calibrate_run(out, config, data, {}) is not None
     assert torch.equal(torch.get_rng_state(), before)
 
 

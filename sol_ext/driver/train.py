@@ -279,11 +279,11 @@ def _prepare_run(args: argparse.Namespace, cfg: TrainConfig, out: Path, par: Par
 
 def _write_run(args: argparse.Namespace, cfg: TrainConfig, data: PreparedData, outcome: RunOutcome,
                out: Path, start: float) -> None:
-    """The settings as --config reads them, the intervals' calibration on the validation split
-    (into best.pt), then the results (written last) and plots; the table."""
-    from .calibration import store_validation_calibration
+    """The settings as --config reads them, the calibration (the validation split's probabilities
+    into best.pt, ECE into the results), then the results (written last) and plots; the table."""
+    from .calibration import calibrate_run
 
-    store_validation_calibration(out, cfg, data)
+    calibrate_run(out, cfg, data, outcome.results)
     atomic_write_text(out / CONFIG_FILE_NAME, config_toml(
         cfg, paper=args.paper, threads=args.threads, relative_to=data.read_from))
     path = write_outputs(outcome, data, out, plots=args.plots)
