@@ -271,10 +271,14 @@ def test_prediction_csv_writes_a_decimal_grid_and_large_labels_as_people_write_t
     grid = 2.1 + np.arange(4) * 0.1  # 2.1, 2.2, 2.3000000000000003, 2.4000000000000004
     p = np.full((3, 4), 0.25)
     pred = Prediction(ids=["0", "1", "2"], ranks=np.array([0, 2, 3]), prediction=grid[[0, 2, 3]],
-                      expected=np.array([2000.123456789123, 1999.5, 2001.0]), probabilities=p,
-                      label_values=grid)
+                      expected=np.array([2.123456789123, 2.35, 2.4]), probabilities=p, label_values=grid)
     rows = list(csv.reader(io.StringIO(prediction_csv(pred).decode("utf-8"))))
     assert [r[1] for r in rows[1:]] == ["2.1", "2.3", "2.4"]
+    assert [r[2] for r in rows[1:]] == ["2.123456789", "2.35", "2.4"]
+    years = 1998.0 + np.arange(4)
+    pred = Prediction(ids=["0", "1", "2"], ranks=np.array([2, 1, 3]), prediction=years[[2, 1, 3]],
+                      expected=np.array([2000.123456789123, 1999.5, 2001.0]), probabilities=p, label_values=years)
+    rows = list(csv.reader(io.StringIO(prediction_csv(pred).decode("utf-8"))))
     assert [r[2] for r in rows[1:]] == ["2000.123457", "1999.5", "2001"]  # a year keeps its decimals
 
 

@@ -252,6 +252,47 @@ def test_predict_leaves_rows_with_missing_cells_empty_or_out(tmp_path, capsys):
 
 # -- done when: a wine-quality-like table, start to finish -----------------------------------------------
 
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_predict_in_slices_writes_what_one_slice_writes(kind, wine_run, tmp_path, capsys, monkeypatch):
+    """sol-ext predict reads a table file once and predicts and writes it a slice at a time: in slices of
+    7 rows it writes the bytes, the summary lines and the warnings it writes in one slice, with an id
+    that needs quotes in one slice only, rows with a missing cell, --interval and --skip-missing, to a
+    file and to stdout; a bad cell in a later slice is named by its row in the file, and leaves the
+    output file as it was."""
+    from sol_ext.driver.data import inputs
+    from sol_ext.driver.model import load_run
+
+    _, out = wine_run
+    rows = _wine_rows(n=60, seed=2, missing=True)
+    rows[45]["wine_id"] = 'W2-"0045", late'  # quotes needed, in the seventh slice of 7 rows only
+    new = _write_rows(tmp_path / "new.csv", rows)
+    if kind == "parquet":
+        new = _parquet(new, tmp_path / "new.parquet")
+    assert [len(p.ids) for p in load_run(out).predict_slices(new, 7)] == [7] * 8 + [4]
+    target = tmp_path / "p.csv"
+    capsys.readouterr()
+    for extra in ([], ["--interval", "0.8"], ["--skip-missing"], ["--output", "-"]):
+        written = []
+        for rows_per_slice in (7, 10**6):
+            monkeypatch.setattr(inputs, "SLICE_ROWS", rows_per_slice)
+            argv = ["predict", str(out), "--data", str(new), "--output", str(target), "--overwrite", *extra]
+            assert main(argv) == 0
+            written.append((target.read_bytes() if "-" not in extra else b"", capsys.readouterr()))
+        assert written[0] == written[1], extra
+        assert b'"W2-""0045"", late"' in written[0][0] or '"W2-""0045"", late"' in written[0][1].out
+    if kind == "csv":
+        rows[50]["acidity"] = "abc"
+        _write_rows(new, rows)
+        before = target.read_bytes()
+        errors = []
+        for rows_per_slice in (7, 10**6):
+            monkeypatch.setattr(inputs, "SLICE_ROWS", rows_per_slice)
+            assert main(["predict", str(out), "--data", str(new), "--output", str(target), "--overwrite"]) == 2
+            errors.append(capsys.readouterr().err)
+            assert target.read_bytes() == before  # the file is replaced whole or not at all
+        assert errors[0] == errors[1] and "'acidity'" in errors[0] and "data row 51" in errors[0], errors
+
+
 def _parquet(csv_path, path):
     """The CSV's table as Parquet, the vintage a nullable integer column."""
     import pyarrow as pa

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -25,6 +25,7 @@ from .checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from .config import TrainConfig
 from .data import ImageFiles, RankEncoder, apply_scaling, read_inputs
 from .data.frames import FLOAT32_MAX, TableOrigin, as_arrow_table, cell_texts, is_table_like, table_features
+from .data.inputs import SLICE_ROWS, table_slices
 from .device import resolve_device
 from .loader import RunInputs, embedding_batch_size
 from .methods import RankModel, build_model, head_probabilities, head_ranks, make_sol_head
@@ -98,6 +99,9 @@ class Prediction:
     values: Optional[np.ndarray] = None
     id_name: str = "id"  # the name of the ids: the run's id column, else "id"
     incomplete: Optional[np.ndarray] = None  # [N] bool: rows with a missing feature value (no prediction)
+    # whether an id of the data needs quotes in a CSV (set for every slice of TrainedModel.predict_slices,
+    # from all its ids); None: look at these ids
+    ids_need_quotes: Optional[bool] = None
 
 
 class TrainedModel:
@@ -184,20 +188,24 @@ class TrainedModel:
             if x.dim() == 1 and len(self.input_shape) == 1:
                 x = x[None]
             ids, values = [str(i) for i in range(x.shape[0])], None
+        return self._model_inputs(data, x), ids, values, incomplete
+
+    def _model_inputs(self, data: DataLike, x: torch.Tensor | ImageFiles) -> torch.Tensor | ImageFiles:
+        """Raw inputs ``x`` of ``data`` checked against the run's input shape, finite, and scaled."""
         if tuple(x.shape[1:]) != self.input_shape:
             names = self.feature_names
             detail = f" ({', '.join(names)})" if names and len(names) <= 40 else ""
             raise ValueError(f"data: rows of shape {list(x.shape[1:])}, but the model was trained on "
                              f"{list(self.input_shape)}{detail}")
         if isinstance(x, ImageFiles):
-            return x, ids, values, incomplete
+            return x
         finite = torch.isfinite(x).flatten(1).all(dim=1)
         if not bool(finite.all()):
             rows = (~finite).nonzero().flatten()
             where = str(data) if isinstance(data, (str, Path)) else "data"
             raise ValueError(f"{where}: {rows.numel()} row(s) have NaN or infinite features, the first row "
                              f"{int(rows[0])} (0-based); drop or impute such rows first")
-        return apply_scaling(x, self.scaling), ids, values, incomplete
+        return apply_scaling(x, self.scaling)
 
     def _frame_ids(self, data: Any, n: int) -> list[str]:
         """A data frame's row ids: its cells of the run's id column, else a pandas frame's own
@@ -257,7 +265,45 @@ class TrainedModel:
     @torch.no_grad()
     def predict_table(self, data: DataLike) -> Prediction:
         """Everything :meth:`predict`, :meth:`predict_proba` and the expected value give, at once."""
-        x, ids, values, incomplete = self._inputs(data)
+        return self._predicted(*self._inputs(data))
+
+    def predict_slices(self, data: DataLike, rows_per_slice: int = SLICE_ROWS) -> Iterator[Prediction]:
+        """:meth:`predict_table` of ``data`` in consecutive slices of rows, equal row for row to it: a
+        table file is read once and converted, embedded and predicted ``rows_per_slice`` rows at a time,
+        so that a long file needs the memory of its read and of one slice (``sol-ext predict``); other
+        data come as one slice. Each slice's ``ids_need_quotes`` says whether any id of the whole data
+        needs CSV quotes. Errors are those of :meth:`predict_table`, raised by the first slice or the
+        one that meets the problem."""
+        slices = None
+        if isinstance(data, (str, Path)):
+            try:
+                slices = table_slices(data, self.preprocessing.get("schema", {}),
+                                      delimiter=self.preprocessing.get("delimiter"),
+                                      handle_unknown=self.handle_unknown, rows_per_slice=rows_per_slice)
+            except ValueError:
+                self._raise_whole_error(data)
+                raise
+        if slices is None:
+            yield self.predict_table(data)
+            return
+        quoted = slices.ids_need_quotes
+        try:
+            for inputs in slices:
+                x = self._model_inputs(data, inputs.features)
+                yield dataclasses.replace(self._predicted(x, inputs.ids, inputs.values, inputs.incomplete),
+                                          ids_need_quotes=quoted)
+        except ValueError:
+            self._raise_whole_error(data)
+            raise
+
+    def _raise_whole_error(self, data: DataLike) -> None:
+        """The error :meth:`predict_table` gives for ``data``, where reading it in slices met one: a
+        slice names its rows from its own start, and reads the labels before the features."""
+        self._inputs(data)
+
+    @torch.no_grad()
+    def _predicted(self, x: torch.Tensor | ImageFiles, ids: list[str], values: Optional[np.ndarray],
+                   incomplete: Optional[np.ndarray]) -> Prediction:
         probabilities, ranks = self.rank_probabilities(self._embed(x))
         label_values = self.encoder.values().to(torch.float64)
         expected = probabilities.cpu() @ label_values
