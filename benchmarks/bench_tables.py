@@ -188,8 +188,12 @@ def stream_predict(folder: Path, rows: int) -> dict:
     pacsv.write_csv(pa.table({**{f"f{k}": x[:, k] for k in range(FEATURES)}, "label": label}), path,
                     pacsv.WriteOptions(quoting_style="none"))
     del x, label
-    small = write_table(folder / "long", 100, seed=4)["csv"]
-    added, seconds = map(float, probe(_STREAM_PROBE, folder / "run", path, small, folder / "long" / "p.csv"))
+    (folder / "short").mkdir()
+    small = write_table(folder / "short", 100, seed=4)["csv"]
+    out = subprocess.run([sys.executable, "-c", _STREAM_PROBE, *map(str, (folder / "run", path, small,
+                                                                         folder / "long" / "p.csv"))],
+                         check=True, capture_output=True, text=True).stdout
+    added, seconds = map(float, out.splitlines()[-1].split())  # after the command's own lines
     matrix_mb = rows * FEATURES * 4 / 2**20
     return {"rows": rows, "csv_bytes": path.stat().st_size, "seconds": seconds, "rows_per_s": rows / seconds,
             "memory_added_mb": added, "matrix_mb": matrix_mb, "memory_vs_matrix": added / matrix_mb}

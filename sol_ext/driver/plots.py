@@ -60,7 +60,9 @@ def plot_learning_curves(history: Sequence[dict[str, Any]], path: Path, title: s
     fig, axes = plt.subplots(1, 4 if with_span else 3, figsize=(17 if with_span else 13, 3.6))
     axes[0].plot(epochs, [r["train_loss"] for r in history], marker=".")
     axes[0].set(title="training loss", xlabel="epoch")
-    axes[1].plot(epochs, [r["test"]["mae"] for r in history], marker=".", label="test MAE")
+    if any(r.get("test") is not None for r in history):  # none without a test set
+        axes[1].plot(epochs, [None if r["test"] is None else r["test"]["mae"] for r in history], marker=".",
+                     label="test MAE")
     if any(r.get("val_mae") is not None for r in history):
         axes[1].plot(epochs, [r.get("val_mae") for r in history], marker=".",
                      label="validation MAE vs noisy labels (ranks)")

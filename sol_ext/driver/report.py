@@ -53,13 +53,18 @@ def write_outputs(outcome: RunOutcome, data: PreparedData, out_dir: Path,
         cfg = results["config"]
         title = f"{data.name}: {cfg['method']}, noise {noise_label(cfg['noise'], cfg['kappa'])}"
         plot_learning_curves(results["history"], out_dir / PLOT_NAMES[0], title)
+        results["plots"] = [PLOT_NAMES[0]]
         decode = data.encoder.decode
-        errors = decode(outcome.test_pred) - decode(data.test_ranks)
-        plot_cs_curve(errors, out_dir / PLOT_NAMES[1], f"CS curve ({cfg['method']})",
-                      float(data.encoder.step))
-        plot_embeddings(outcome.test_embeddings, decode(data.test_ranks),
-                        out_dir / PLOT_NAMES[2], f"test embeddings, PCA ({cfg['method']})")
-        results["plots"] = list(PLOT_NAMES[:3])
+        if data.test_ranks.numel():  # the test set's plots (--test-fraction 0: there is none)
+            errors = decode(outcome.test_pred) - decode(data.test_ranks)
+            plot_cs_curve(errors, out_dir / PLOT_NAMES[1], f"CS curve ({cfg['method']})",
+                          float(data.encoder.step))
+            plot_embeddings(outcome.test_embeddings, decode(data.test_ranks),
+                            out_dir / PLOT_NAMES[2], f"test embeddings, PCA ({cfg['method']})")
+            results["plots"] += PLOT_NAMES[1:3]
+        else:  # from an earlier state of the run
+            for name in PLOT_NAMES[1:3]:
+                (out_dir / name).unlink(missing_ok=True)
         calibration = results.get("calibration") or {}
         if calibration.get("validation") or calibration.get("test"):
             from .plots import plot_reliability
