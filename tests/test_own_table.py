@@ -238,7 +238,7 @@ def test_missing_cells_skipped_imputed_or_counted_in_training(tmp_path, capsys):
     assert fitted["n_train"] + fitted["n_val"] + fitted["n_test"] == 160
     expect_error(capsys, ["train", "--data", str(data), "--label-column", "quality", "--missing", "error",
                           "--output", str(tmp_path / "o"), *FAST],
-                 "feature column 'vintage' has 5 missing values (NaN), the first in data row 6",
+                 "feature column 'vintage' has 5 missing values (NaN), the first in data row 5",
                  "(5 cells in 5 of 160 rows)", "--missing skip")
 
 
@@ -305,7 +305,7 @@ def test_predict_in_slices_writes_what_one_slice_writes(kind, wine_run, tmp_path
             assert main(["predict", str(out), "--data", str(new), "--output", str(target), "--overwrite"]) == 2
             errors.append(capsys.readouterr().err)
             assert target.read_bytes() == before  # the file is replaced whole or not at all
-        assert errors[0] == errors[1] and "'acidity'" in errors[0] and "data row 51" in errors[0], errors
+        assert errors[0] == errors[1] and "'acidity'" in errors[0] and "data row 50" in errors[0], errors
 
 
 def test_cli_predictions_on_a_table_equal_solrankers_row_for_row(tmp_path, capsys):

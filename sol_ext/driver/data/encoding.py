@@ -253,7 +253,7 @@ class RankEncoder:
         """Label values (any shape) -> int64 ranks of the same shape.
 
         Raises ValueError naming the first value whose rank falls outside ``0 … n-1``, at
-        ``position(i)`` of the flattened values ("index 3"; "data row 4" for a file's rows).
+        ``position(i)`` of the flattened values ("index 3"; "data row 3" for a file's rows).
         """
         shape = tuple(values.shape) if hasattr(values, "shape") else np.shape(values)
         v = _float_vector(values, "label values")
@@ -387,7 +387,7 @@ def _make_dataset(features: torch.Tensor, values: np.ndarray, *, name: str, kind
     # a file's labels are every data row in order (a row without one is refused when read)
     in_file = (schema or {}).get("format") in ("csv", "table", "images")
     try:
-        ranks = encoder.encode(values, (lambda i: f"data row {i + 1}") if in_file else "index {}".format)
+        ranks = encoder.encode(values, (lambda i: f"data row {i}") if in_file else "index {}".format)
     except ValueError as err:
         raise ValueError(f"{_labels_of(source or name, schema)}: {err}") from None
     return OrdinalDataset(features=features, ranks=ranks, encoder=encoder, name=name, kind=kind,

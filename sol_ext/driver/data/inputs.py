@@ -247,7 +247,7 @@ def _read_image_list(path: Path, schema: dict[str, Any], delimiter: Optional[str
     for i, row in enumerate(body):
         file = Path(row[jp]) if Path(row[jp]).is_absolute() else path.parent / row[jp]
         if not file.is_file():
-            raise FileNotFoundError(f"image {file} (data row {i + 1} of {path}) not found; paths are "
+            raise FileNotFoundError(f"image {file} (data row {i} of {path}) not found; paths are "
                                     f"read relative to the list's folder")
         files.append(file)
     images = ImageFiles(files, int(schema["channels"]), tuple(schema["image_size"]), source=str(path))

@@ -158,7 +158,7 @@ def _read_csv(path: str | Path, delimiter: str | None = None,
         raise ValueError(f"{path} has a header but no data rows: the dataset would be empty")
     for i, row in enumerate(body):
         if len(row) != len(header):
-            raise ValueError(f"{path}, data row {i + 1}: {len(row)} cells but the header has {len(header)} "
+            raise ValueError(f"{path}, data row {i}: {len(row)} cells but the header has {len(header)} "
                              f"columns (read with delimiter {delimiter!r}; pass delimiter= if that is wrong)")
     return header, body
 
@@ -185,7 +185,7 @@ def _parse_labels(body: list[list[str]], j: int, name: str, path: Path) -> np.nd
             out[i] = np.nan
         if not math.isfinite(out[i]):
             raise ValueError(f"{path}: label column {name!r} has a missing or non-numeric value {cell!r} in "
-                             f"data row {i + 1}; labels must be numbers (ages, scores, months)")
+                             f"data row {i}; labels must be numbers (ages, scores, months)")
     return out
 
 
