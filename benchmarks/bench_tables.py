@@ -3,6 +3,7 @@
 
     python benchmarks/bench_tables.py                  # 1,000,000 x 12 table, 200,000 rows predicted
     python benchmarks/bench_tables.py --smoke          # 20,000 x 12 and 5,000: seconds
+    python benchmarks/bench_tables.py --stream-only    # the 2,000,000-row prediction alone -> stream.json
 
 A table of ``--rows`` rows (11 float features written with 5 decimals, an integer label 0 … 9) is
 generated into a temporary folder as CSV and Parquet. Timed, each the median of ``--repeats`` runs in
@@ -16,6 +17,10 @@ this process:
 - ``sol-ext predict`` of a ``--predict-rows`` CSV to a CSV, with a run trained for one epoch on 2,000
   rows, rows per second end to end (``python -m sol_ext predict``: the interpreter's start, torch's
   import and the exit included), target >= 100,000; also the same command in this process;
+- ``sol-ext predict`` of a long CSV (``--stream-rows``, default 2,000,000), which reads the file once and
+  predicts and writes it a slice at a time: rows per second and the peak resident memory it adds (in
+  a fresh process that has predicted a 100-row file first), as a multiple of the file's float32
+  feature matrix, target <= 3 (plus a buffer that does not grow with the file);
 - a wide table (``--wide-rows`` x ``--wide-columns``, default 200 x 5,000: embeddings or expression
   profiles saved as columns): ``load_dataset`` against ``pandas.read_csv``, one epoch of ``sol-ext
   train`` against the same on 50 columns (the cost a column adds beyond the matrix), and ``sol-ext
@@ -41,8 +46,10 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 RESULTS = Path(__file__).resolve().parent / "results" / "tables" / "tables.json"
+STREAM_RESULTS = RESULTS.with_name("stream.json")  # --stream-only
 FEATURES = 11
-TARGETS = {"csv_vs_pandas": 3.0, "memory_vs_matrix": 4.0, "predict_rows_per_s": 100_000, "wide_predict_s": 2.0}
+TARGETS = {"csv_vs_pandas": 3.0, "memory_vs_matrix": 4.0, "predict_rows_per_s": 100_000, "wide_predict_s": 2.0,
+           "stream_memory_vs_matrix": 3.0}
 
 # Peak resident memory after the load (VmHWM) minus resident memory just before it (VmRSS): what the load
 # adds at its peak, whatever the imports' own transient peak was. Not ru_maxrss: a child keeps the peak
@@ -66,6 +73,21 @@ pandas.read_csv(sys.argv[2])  # its one-time imports, as for the load
 before = status_mb("VmRSS")
 df = pandas.read_csv(sys.argv[1])
 print(status_mb("VmHWM") - before)
+"""
+
+# `sol-ext predict` of a long file: the peak resident memory it adds over the process as it stood after
+# predicting a small file (its imports and the run loaded), and its seconds
+_STREAM_PROBE = _RSS + """
+import time
+from sol_ext.driver.cli import main
+run, big, small, out = sys.argv[1:5]
+main(["predict", run, "--data", small, "--output", out, "--overwrite"])
+before = status_mb("VmRSS")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak (VmHWM) from here on
+start = time.perf_counter()
+main(["predict", run, "--data", big, "--output", out, "--overwrite"])
+print(status_mb("VmHWM") - before, time.perf_counter() - start)
 """
 
 
@@ -157,19 +179,48 @@ def predict_rate(folder: Path, rows: int, repeats: int) -> dict:
             "csv_bytes": out.stat().st_size}
 
 
+def stream_predict(folder: Path, rows: int) -> dict:
+    """``sol-ext predict`` of a ``rows``-row CSV by the run of :func:`predict_rate` (in ``folder``): its
+    seconds and rows per second, and the peak memory it adds against the float32 feature matrix."""
+    (folder / "long").mkdir()
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(rows, FEATURES)).round(5)
+    label = np.clip(np.round(2 * x[:, 0] + x[:, 1] + 5), 0, 9).astype(np.int64)
+    path = folder / "long" / "t.csv"
+    pacsv.write_csv(pa.table({**{f"f{k}": x[:, k] for k in range(FEATURES)}, "label": label}), path,
+                    pacsv.WriteOptions(quoting_style="none"))
+    del x, label
+    (folder / "short").mkdir()
+    small = write_table(folder / "short", 100, seed=4)["csv"]
+    out = subprocess.run([sys.executable, "-c", _STREAM_PROBE, *map(str, (folder / "run", path, small,
+                                                                         folder / "long" / "p.csv"))],
+                         check=True, capture_output=True, text=True).stdout
+    added, seconds = map(float, out.splitlines()[-1].split())  # after the command's own lines
+    matrix_mb = rows * FEATURES * 4 / 2**20
+    return {"rows": rows, "csv_bytes": path.stat().st_size, "seconds": seconds, "rows_per_s": rows / seconds,
+            "memory_added_mb": added, "matrix_mb": matrix_mb, "memory_vs_matrix": added / matrix_mb}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the loaded table")
     parser.add_argument("--predict-rows", type=int, default=200_000, help="rows predicted")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs; the median is reported")
+    parser.add_argument("--stream-rows", type=int, default=2_000_000,
+                        help="rows of the long file predicted in slices")
     parser.add_argument("--wide-rows", type=int, default=200, help="rows of the wide table")
     parser.add_argument("--wide-columns", type=int, default=5000, help="feature columns of the wide table")
     parser.add_argument("--smoke", action="store_true",
                         help="20,000 rows loaded, 5,000 predicted, a 50 x 500 wide table, one run")
-    parser.add_argument("--json", type=Path, default=RESULTS, help=f"where the results go (default {RESULTS})")
+    parser.add_argument("--stream-only", action="store_true",
+                        help=f"only the prediction of --stream-rows rows in slices (default json: {STREAM_RESULTS})")
+    parser.add_argument("--json", type=Path, default=None, help=f"where the results go (default {RESULTS})")
     args = parser.parse_args(argv)
+    if args.stream_only:
+        return _stream_only(args)
+    args.json = args.json or RESULTS
     if args.smoke:
-        args.rows, args.predict_rows, args.repeats = 20_000, 5_000, 1
+        args.rows, args.predict_rows, args.repeats, args.stream_rows = 20_000, 5_000, 1, 20_000
         args.wide_rows, args.wide_columns = 50, 500
     from sol_ext.driver.data import load_dataset
 
@@ -197,6 +248,7 @@ def main(argv=None) -> int:
         result.update(memory_added_mb=float(added), matrix_mb=matrix_mb,
                       memory_vs_matrix=float(added) / matrix_mb, loaded_shape=shape.strip())
         result["predict"] = predict_rate(folder, args.predict_rows, args.repeats)
+        result["stream"] = stream_predict(folder, args.stream_rows)
         (folder / "wide").mkdir()
         result["wide"] = wide_table_times(folder / "wide", args.wide_rows, args.wide_columns, args.repeats)
     result["predict_rows_per_s"] = result["predict"]["end_to_end_rows_per_s"]
@@ -217,6 +269,7 @@ def main(argv=None) -> int:
           f"{p['end_to_end_seconds']:.2f} s = {p['end_to_end_rows_per_s']:,.0f} rows/s (target >= "
           f"{TARGETS['predict_rows_per_s']:,}); the same in a process that has loaded torch: "
           f"{p['seconds']:.2f} s = {p['rows_per_s']:,.0f} rows/s")
+    _print_stream(result["stream"])
     w = result["wide"]
     baseline = (f" (pandas.read_csv {w['pandas_read_csv_s']:.2f} s)" if "pandas_read_csv_s" in w else "")
     print(f"  wide table {w['rows']} x {w['columns']}: load_dataset {w['load_s']:.2f} s{baseline}; one training "
@@ -224,6 +277,28 @@ def main(argv=None) -> int:
           f"{w['predict_s']:.2f} s (target < {TARGETS['wide_predict_s']:g} s)")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+def _print_stream(st: dict) -> None:
+    print(f"  sol-ext predict {st['rows']:,} rows ({st['csv_bytes'] / 2**20:.0f} MB CSV) in slices, in a process "
+          f"that has imported torch: {st['seconds']:.2f} s = {st['rows_per_s']:,.0f} rows/s; peak memory added "
+          f"{st['memory_added_mb']:.0f} MB = {st['memory_vs_matrix']:.2f} x the float32 features "
+          f"({st['matrix_mb']:.0f} MB; target <= {TARGETS['stream_memory_vs_matrix']:g} plus a bounded buffer)")
+
+
+def _stream_only(args: argparse.Namespace) -> int:
+    """``--stream-only``: a run trained on 2,000 rows, then the long file's prediction."""
+    result: dict = {"cpus": os.cpu_count(), "pyarrow": pa.__version__,
+                    "target": {"stream_memory_vs_matrix": TARGETS["stream_memory_vs_matrix"]}}
+    with tempfile.TemporaryDirectory(prefix="bench-tables-") as tmp:
+        folder = Path(tmp)
+        predict_rate(folder, 1000, 1)  # trains the run
+        result["stream"] = stream_predict(folder, args.stream_rows)
+    _print_stream(result["stream"])
+    path = args.json or STREAM_RESULTS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 

@@ -5,7 +5,8 @@ auto: one training per candidate), ``--method corn``, ``--method l1``, ``--paper
 run stopped by a Ctrl-C in the middle of its sigma search and then continued with ``--resume``.
 For each it records the test figures of ``results.json`` (and the picked sigma and epoch) and a
 SHA-256 digest of every tensor in ``best.pt``. The record is JSON; with ``--against`` the script
-compares it with an earlier record and exits with status 1 where any figure or tensor differs::
+compares it with an earlier record and exits with status 1 where any figure or tensor differs, or a
+tensor is missing (tensors only the new record has are listed apart: new entries of ``best.pt``)::
 
     PYTHONPATH=$PWD python scripts/driver_identity.py --record before.json
     PYTHONPATH=$PWD python scripts/driver_identity.py --record after.json --against before.json
@@ -115,12 +116,22 @@ def record(epochs: int, seed: int) -> dict[str, Any]:
 
 
 def differences(a: dict[str, Any], b: dict[str, Any], where: str = "") -> list[str]:
+    """Where the earlier record ``a`` and the new ``b`` differ; a ``best.pt`` tensor that only the new
+    record has is not a difference (:func:`added_tensors` lists those)."""
     if isinstance(a, dict) and isinstance(b, dict):
-        found = [f"{where}.{k}: only in one record" for k in sorted(set(a) ^ set(b))]
+        only = set(a) - set(b) if where.endswith("best_pt_tensors") else set(a) ^ set(b)
+        found = [f"{where}.{k}: only in one record" for k in sorted(only)]
         for k in sorted(set(a) & set(b)):
             found += differences(a[k], b[k], f"{where}.{k}" if where else k)
         return found
     return [] if a == b else [f"{where}: {a!r} != {b!r}"]
+
+
+def added_tensors(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The ``best.pt`` tensors of the new record ``b`` that the earlier ``a`` does not have (new
+    entries of the run's model file; every tensor both have must be equal)."""
+    return [f"{name}.{key}" for name, run in b["runs"].items() if name in a["runs"]
+            for key in sorted(set(run["best_pt_tensors"]) - set(a["runs"][name]["best_pt_tensors"]))]
 
 
 def main() -> int:
@@ -134,8 +145,12 @@ def main() -> int:
     Path(args.record).write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
     if args.against is None:
         return 0
-    found = differences(json.loads(Path(args.against).read_text()), rec)
-    tensors = sum(len(r["best_pt_tensors"]) for r in rec["runs"].values())
+    earlier = json.loads(Path(args.against).read_text())
+    found = differences(earlier, rec)
+    added = added_tensors(earlier, rec)
+    tensors = sum(len(r["best_pt_tensors"]) for r in rec["runs"].values()) - len(added)
+    if added:
+        print(f"{len(added)} best.pt tensors new since {args.against} (not compared):", *added, sep="\n")
     if found:
         print(f"{len(found)} differences from {args.against}:", *found[:50], sep="\n")
         return 1

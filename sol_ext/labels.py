@@ -245,7 +245,7 @@ class LabelGrid:
         """Label values (any shape) -> int64 ranks of the same shape.
 
         Raises ValueError naming the first value whose rank falls outside ``0 … n-1``, at
-        ``position(i)`` of the flattened values ("index 3"; "data row 4" for a file's rows).
+        ``position(i)`` of the flattened values ("index 3"; "data row 3" for a file's rows).
         """
         shape = tuple(values.shape) if hasattr(values, "shape") else np.shape(values)
         v = _float_vector(values, "label values")

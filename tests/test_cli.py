@@ -168,7 +168,7 @@ def test_nan_feature(tmp_path, capsys):
     data = write_csv(tmp_path / "d.csv", [(1, 2, 3), ("nan", 3, 4), (2, 2, 5)])
     # rows with a missing value are left out by default (--missing skip); --missing error names them
     expect_error(capsys, ["train", "--data", str(data), "--output", str(tmp_path / "o"), "--missing", "error"],
-                 "NaN", "data row 2")
+                 "NaN", "data row 1")
 
 
 def test_empty_dataset(tmp_path, capsys):

@@ -128,7 +128,7 @@ def test_shared_encoder_for_train_and_test_files(tmp_path):
     # the same through load_dataset with encoder=
     assert load_dataset(test, encoder=tr.encoder).ranks.tolist() == [2, 3]
     wide = _write(tmp_path / "wide.csv", "x,label\n5,12\n5,30\n")
-    with pytest.raises(ValueError, match=r"label value 30 \(data row 2\) is outside"):  # rows as the other errors
+    with pytest.raises(ValueError, match=r"label value 30 \(data row 1\) is outside"):  # rows as the other errors
         load_train_test(train, wide)
     tr2, te2 = load_train_test(train, wide, min_value=0, max_value=40)
     assert te2.ranks.tolist() == [12, 30]
@@ -197,7 +197,7 @@ def test_load_image_folder_grayscale(image_folder):
     assert torch.equal(ds.features.load(), load_image_folder(image_folder / "labels.csv", image_size=8,
                                                               in_memory=True).features)
     part = ds.subset(torch.tensor([3, 1]))
-    assert part.features.shape == (2, 1, 8, 8) and part.features.rows.tolist() == [4, 2]
+    assert part.features.shape == (2, 1, 8, 8) and part.features.rows.tolist() == [3, 1]  # data rows, from 0
     assert torch.equal(part.features.read(0), ds.features.read(3))
     rgb = load_image_folder(image_folder / "labels.csv", image_size=(4, 6), channels=3)
     assert rgb.features.shape == (4, 3, 4, 6)
@@ -543,7 +543,7 @@ def test_true_false_columns_read_as_one_and_zero_as_from_parquet(tmp_path):
     # a missing cell among them is still named as missing, not as a non-number
     (tmp_path / "gap.csv").write_text("\n".join(lines[:3] + [lines[3].replace(",True,", ",,").replace(",false,", ",,")]
                                                 + lines[4:]) + "\n")
-    with pytest.raises(ValueError, match="'flag' has a missing value .* data row 3"):
+    with pytest.raises(ValueError, match="'flag' has a missing value .* data row 2"):
         load_table(tmp_path / "gap.csv")
 
 

@@ -108,10 +108,10 @@ def test_damaged_parquet_and_delimiter_for_parquet_are_one_line(tmp_path):
 
 def test_float32_overflow_in_a_file_is_named(tmp_path):
     (tmp_path / "t.csv").write_text("a,label\n1,1\n1e300,2\n3,3\n")
-    with pytest.raises(ValueError, match=r"'a' has a value 1e\+300 in data row 2 that overflows float32"):
+    with pytest.raises(ValueError, match=r"'a' has a value 1e\+300 in data row 1 that overflows float32"):
         load_table(tmp_path / "t.csv")
     (tmp_path / "i.csv").write_text("a,label\n1,1\n-inf,2\n3,3\n")
-    with pytest.raises(ValueError, match="NaN or infinite value in data row 2"):
+    with pytest.raises(ValueError, match="NaN or infinite value in data row 1"):
         load_table(tmp_path / "i.csv")
 
 
@@ -271,10 +271,14 @@ def test_prediction_csv_writes_a_decimal_grid_and_large_labels_as_people_write_t
     grid = 2.1 + np.arange(4) * 0.1  # 2.1, 2.2, 2.3000000000000003, 2.4000000000000004
     p = np.full((3, 4), 0.25)
     pred = Prediction(ids=["0", "1", "2"], ranks=np.array([0, 2, 3]), prediction=grid[[0, 2, 3]],
-                      expected=np.array([2000.123456789123, 1999.5, 2001.0]), probabilities=p,
-                      label_values=grid)
+                      expected=np.array([2.123456789123, 2.35, 2.4]), probabilities=p, label_values=grid)
     rows = list(csv.reader(io.StringIO(prediction_csv(pred).decode("utf-8"))))
     assert [r[1] for r in rows[1:]] == ["2.1", "2.3", "2.4"]
+    assert [r[2] for r in rows[1:]] == ["2.123456789", "2.35", "2.4"]
+    years = 1998.0 + np.arange(4)
+    pred = Prediction(ids=["0", "1", "2"], ranks=np.array([2, 1, 3]), prediction=years[[2, 1, 3]],
+                      expected=np.array([2000.123456789123, 1999.5, 2001.0]), probabilities=p, label_values=years)
+    rows = list(csv.reader(io.StringIO(prediction_csv(pred).decode("utf-8"))))
     assert [r[2] for r in rows[1:]] == ["2000.123457", "1999.5", "2001"]  # a year keeps its decimals
 
 
@@ -287,7 +291,7 @@ def test_adapter_takes_columns_by_name_and_names_bad_cells():
     x, names, used = table_features(table.slice(0, 2), ["a", "b", "k"], {"k": []}, TableOrigin("t"))
     assert names == ["a", "b", "k=x", "k=y"] and used == {"k": ["x", "y"]}
     assert x.dtype == np.float32 and x.tolist() == [[1, 2, 1, 0], [2, 3.5, 0, 1]]
-    with pytest.raises(ValueError, match="t: feature column 'b' has a NaN or infinite value in data row 3"):
+    with pytest.raises(ValueError, match="t: feature column 'b' has a NaN or infinite value in data row 2"):
         table_features(table, ["b"], {}, TableOrigin("t"))
     with pytest.raises(ValueError, match="feature column 'k' has a non-numeric value 'x' in row 0"):
         table_features(table, ["k"], {}, TableOrigin("data", file=False))

@@ -176,7 +176,7 @@ def test_non_numeric_feature_says_what_to_do_without_python_arguments(tmp_path, 
     # a column of words is one-hot encoded; a number column with a stray word names the cell
     data = write(tmp_path / "d.csv", "size,label\n" + "".join(
         f"{'x' if i == 4 else i * 0.5},{i % 3}\n" for i in range(9)))
-    err = cli_error(capsys, tmp_path, data, "'size'", "non-numeric", "'x'", "data row 5", "--categorical",
+    err = cli_error(capsys, tmp_path, data, "'size'", "non-numeric", "'x'", "data row 4", "--categorical",
                     "--drop-columns")
     no_python_only_arguments(err)
 

@@ -96,13 +96,28 @@ def test_label_scale_and_test_fraction_errors_name_the_flags(tmp_path, capsys):
     from common import expect_error
 
     data = _grades(tmp_path / "d.csv")
-    expect_error(capsys, ["train", "--data", str(data), "--test-fraction", "0", "--print-config"],
-                 "--test-fraction 0", "--test-data")
+    expect_error(capsys, ["train", "--data", str(data), "--test-fraction", "1", "--print-config"],
+                 "--test-fraction 1", "below 1")
     expect_error(capsys, ["train", "--label-step", "2", "--print-config"], "--label-step", "built-in")
     expect_error(capsys, ["train", "--data", str(data), "--label-min", "9", "--label-max", "3",
                           "--print-config"], "--label-min 9", "--label-max 3")
     expect_error(capsys, ["train", "--data", str(data), "--test-label-column", "grade", "--print-config"],
                  "--test-label-column", "--test-data")
+
+
+def test_test_fraction_0_trains_on_every_row_and_reports_no_test_figures(tmp_path, capsys):
+    import json
+
+    data = _grades(tmp_path / "d.csv")
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--test-fraction", "0", "--output", str(out), *FAST]) == 0
+    printed = capsys.readouterr().out
+    assert "140 training / 0 test samples" in printed
+    results = json.loads((out / "results.json").read_text())
+    assert results["test"] is None and results["test_per_rank_mae"] == {} and results["calibration"]["test"] is None
+    assert results["plots"] == ["learning_curves.png", "reliability.png"]  # no test set to plot
+    assert not (out / "cs_curve.png").exists() and not (out / "embeddings_pca.png").exists()
+    assert main(["audit", str(out)]) == 0 and main(["predict", str(out), "--data", str(data)]) == 0
 
 
 # -- text columns and ids ------------------------------------------------------------------------------
@@ -223,7 +238,7 @@ def test_missing_cells_skipped_imputed_or_counted_in_training(tmp_path, capsys):
     assert fitted["n_train"] + fitted["n_val"] + fitted["n_test"] == 160
     expect_error(capsys, ["train", "--data", str(data), "--label-column", "quality", "--missing", "error",
                           "--output", str(tmp_path / "o"), *FAST],
-                 "feature column 'vintage' has 5 missing values (NaN), the first in data row 6",
+                 "feature column 'vintage' has 5 missing values (NaN), the first in data row 5",
                  "(5 cells in 5 of 160 rows)", "--missing skip")
 
 
@@ -251,6 +266,86 @@ def test_predict_leaves_rows_with_missing_cells_empty_or_out(tmp_path, capsys):
 
 
 # -- done when: a wine-quality-like table, start to finish -----------------------------------------------
+
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_predict_in_slices_writes_what_one_slice_writes(kind, wine_run, tmp_path, capsys, monkeypatch):
+    """sol-ext predict reads a table file once and predicts and writes it a slice at a time: in slices of
+    7 rows it writes the bytes, the summary lines and the warnings it writes in one slice, with an id
+    that needs quotes in one slice only, rows with a missing cell, --interval and --skip-missing, to a
+    file and to stdout; a bad cell in a later slice is named by its row in the file, and leaves the
+    output file as it was."""
+    from sol_ext.driver.data import inputs
+    from sol_ext.driver.model import load_run
+
+    _, out = wine_run
+    rows = _wine_rows(n=60, seed=2, missing=True)
+    rows[45]["wine_id"] = 'W2-"0045", late'  # quotes needed, in the seventh slice of 7 rows only
+    new = _write_rows(tmp_path / "new.csv", rows)
+    if kind == "parquet":
+        new = _parquet(new, tmp_path / "new.parquet")
+    assert [len(p.ids) for p in load_run(out).predict_slices(new, 7)] == [7] * 8 + [4]
+    target = tmp_path / "p.csv"
+    capsys.readouterr()
+    for extra in ([], ["--interval", "0.8"], ["--skip-missing"], ["--output", "-"]):
+        written = []
+        for rows_per_slice in (7, 10**6):
+            monkeypatch.setattr(inputs, "SLICE_ROWS", rows_per_slice)
+            argv = ["predict", str(out), "--data", str(new), "--output", str(target), "--overwrite", *extra]
+            assert main(argv) == 0
+            written.append((target.read_bytes() if "-" not in extra else b"", capsys.readouterr()))
+        assert written[0] == written[1], extra
+        assert b'"W2-""0045"", late"' in written[0][0] or '"W2-""0045"", late"' in written[0][1].out
+    if kind == "csv":
+        rows[50]["acidity"] = "abc"
+        _write_rows(new, rows)
+        before = target.read_bytes()
+        errors = []
+        for rows_per_slice in (7, 10**6):
+            monkeypatch.setattr(inputs, "SLICE_ROWS", rows_per_slice)
+            assert main(["predict", str(out), "--data", str(new), "--output", str(target), "--overwrite"]) == 2
+            errors.append(capsys.readouterr().err)
+            assert target.read_bytes() == before  # the file is replaced whole or not at all
+        assert errors[0] == errors[1] and "'acidity'" in errors[0] and "data row 50" in errors[0], errors
+
+
+def test_cli_predictions_on_a_table_equal_solrankers_row_for_row(tmp_path, capsys):
+    """`sol-ext train --test-fraction 0` trains on every row of a table, as SOLRanker.fit does on it as a
+    data frame: with the same settings the two are the same model, and `sol-ext predict`'s CSV holds
+    SOLRanker's predictions and probabilities, row for row under the same ids (the data row numbers
+    from 0, the frame's index)."""
+    import csv
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    from sol_ext.sklearn import SOLRanker
+
+    rng = np.random.default_rng(5)
+    n = 150
+    frame = pd.DataFrame({"acidity": rng.integers(0, 256, n) / 64, "sugar": rng.integers(0, 256, n) / 32,
+                          "color": rng.choice(["red", "white", "rosé"], n)})  # exact in float32
+    frame["quality"] = np.clip(np.round(frame["acidity"] + frame["sugar"] / 2 + (frame["color"] == "red")), 1, 7)
+    frame["quality"] = frame["quality"].astype(int)
+    data = tmp_path / "wines.csv"
+    frame.to_csv(data, index=False)
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--test-fraction", "0",
+                 "--output", str(out), "--quiet", "--no-plots", *FAST]) == 0
+    assert main(["predict", str(out), "--data", str(data)]) == 0
+    capsys.readouterr()
+    rows = list(csv.DictReader(open(out / "predictions.csv", encoding="utf-8")))
+    ranker = SOLRanker(epochs=1, sigma=1.0, batch_size=16, embedding_dim=4, hidden=(16,))
+    ranker.fit(frame.drop(columns=["quality"]), frame["quality"])
+    table = ranker.model_.predict_table(frame.drop(columns=["quality"]))
+    results = json.loads((out / "results.json").read_text())
+    assert results["test"] is None and results["data"]["n_test"] == 0  # --test-fraction 0: no test set
+    assert results["data"]["n_train"] + results["data"]["n_val"] == n
+    assert [r["id"] for r in rows] == table.ids == [str(i) for i in range(n)]
+    np.testing.assert_array_equal([int(r["prediction"]) for r in rows], ranker.predict(frame.drop(columns=["quality"])))
+    probabilities = np.array([[float(r[f"p_{v:g}"]) for v in table.label_values] for r in rows])
+    np.testing.assert_array_equal(probabilities.astype(np.float32), table.probabilities.astype(np.float32))
+
 
 def _parquet(csv_path, path):
     """The CSV's table as Parquet, the vintage a nullable integer column."""

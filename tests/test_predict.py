@@ -216,8 +216,6 @@ def test_a_run_gives_calibrated_rank_intervals_in_label_units(user_files, tmp_pa
     root, train, test, x, y = user_files
     out, _ = train_run(root, train, test, method)
     model = sol_ext.load_run(out)
-    with pytest.raises(RuntimeError, match="calibrate_intervals"):
-        model.predict_interval(x)
     with pytest.raises(ValueError, match="labels="):
         model.calibrate_intervals(x)
     calibration = model.calibrate_intervals(test, score="cumulative")
@@ -247,7 +245,7 @@ def test_predict_writes_interval_columns_and_says_how_often_they_held(user_files
     model.calibrate_intervals(train)
     lower, upper = model.predict_interval(test, 0.9)
     assert [float(r["lower"]) for r in rows] == lower.tolist() and [float(r["upper"]) for r in rows] == upper.tolist()
-    for argv, flag in ((["--interval", "0.9"], "--calibration"), (["--calibration", str(train)], "--calibration"),
+    for argv, flag in ((["--calibration", str(train)], "--calibration"),
                        (["--interval", "1.5", "--calibration", str(train)], "--interval"),
                        (["--interval", "0.9", "--calibration", str(train), "--interval-target", "clean"],
                         "--label-noise")):
@@ -277,7 +275,111 @@ def test_exported_program_and_onnx_model_hold_the_intervals_calibration(user_fil
             got = onnxruntime.InferenceSession(str(program), providers=["CPUExecutionProvider"]).run(None, {"x": x})
         assert len(got) == 5, form
         assert np.array_equal(got[3], lower) and np.array_equal(got[4], upper), form
-    assert main(["export", str(out), "--interval", "0.9"]) == 2  # no calibration data
+
+
+def test_a_run_stores_its_validation_split_to_calibrate_intervals_on(user_files, tmp_path, capsys):
+    """sol-ext train keeps the validation split's probabilities and given labels in best.pt: load_run's
+    model then has intervals, and predict --interval / export --interval need no --calibration; they are
+    the intervals of a calibration on those rows of the training file. An explicit --calibration
+    replaces it; a run without a validation split (or saved before) asks for --calibration."""
+    from sol_ext.driver.model import CALIBRATION_KEY
+    from sol_ext.driver.predict import rows_of
+
+    root, train, test, x, _ = user_files
+    out, results = train_run(root, train, test, "sol")
+    state = torch.load(out / "best.pt", weights_only=True)
+    stored = state[CALIBRATION_KEY]
+    val_rows = state["val_rows"].numpy()
+    assert stored["probabilities"].shape == (len(val_rows), results["data"]["num_ranks"])
+    model = sol_ext.load_run(out)
+    table = model.predict_table(train)
+    np.testing.assert_allclose(stored["probabilities"].numpy(), table.probabilities[val_rows], rtol=0, atol=1e-6)
+    assert torch.equal(stored["ranks"], model.encoder.encode(table.values[val_rows]))
+    assert model.intervals is not None and model.intervals.count == len(val_rows)
+    lower, upper = model.predict_interval(test, 0.9)
+    again = sol_ext.load_run(out)
+    again.calibrate_intervals_of(rows_of(table, np.isin(np.arange(len(table.ids)), val_rows)), table.values[val_rows])
+    assert again.intervals.count == len(val_rows)
+    np.testing.assert_array_equal(again.predict_interval(test, 0.9)[0], lower)
+    assert main(["predict", str(out), "--data", str(test), "--interval", "0.9",
+                 "--output", str(tmp_path / "p.csv")]) == 0
+    with open(tmp_path / "p.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [float(r["lower"]) for r in rows] == lower.tolist() and [float(r["upper"]) for r in rows] == upper.tolist()
+    program = tmp_path / "model.pt2"
+    assert main(["export", str(out), "--output", str(program), "--interval", "0.9"]) == 0
+    got = torch.export.load(program).module()(torch.from_numpy(x))
+    assert np.array_equal(got[3].numpy(), lower) and np.array_equal(got[4].numpy(), upper)
+    # --calibration FILE overrides the stored rows
+    model.calibrate_intervals(train)
+    assert main(["predict", str(out), "--data", str(test), "--interval", "0.9", "--calibration", str(train),
+                 "--output", str(tmp_path / "q.csv")]) == 0
+    with open(tmp_path / "q.csv") as f:
+        assert [float(r["lower"]) for r in csv.DictReader(f)] == model.predict_interval(test, 0.9)[0].tolist()
+    capsys.readouterr()
+    # without a validation split, and in a run saved before runs stored one: --calibration is asked for
+    paper = tmp_path / "no-split"
+    assert main(["train", "--data", str(train), "--label-column", "score", "--sigma", "1", "--val-fraction", "0",
+                 "--output", str(paper), *FAST]) == 0
+    assert CALIBRATION_KEY not in torch.load(paper / "best.pt", weights_only=True)
+    old = tmp_path / "old"
+    old.mkdir()
+    torch.save({k: v for k, v in state.items() if k != CALIBRATION_KEY}, old / "best.pt")
+    for run in (paper, old):
+        with pytest.raises(RuntimeError, match="calibrate_intervals"):
+            sol_ext.load_run(run).predict_interval(x)
+        for command in (["predict", str(run), "--data", str(test), "--output", "-"], ["export", str(run)]):
+            assert main([*command, "--interval", "0.9"]) == 2
+            err = capsys.readouterr().err
+            assert "--calibration FILE" in err and "holds no calibration" in err, err
+
+
+def test_results_hold_the_calibration_error_and_a_reliability_plot(user_files, tmp_path, capsys, monkeypatch):
+    """results.json's calibration: the ECE of the validation split (labels as given) and of the test set,
+    as sol_ext.metrics computes them on load_run's probabilities of those rows, with the reliability
+    curve; reliability.png beside the other plots, and without matplotlib one note and no plots."""
+    from sol_ext.metrics import expected_calibration_error
+
+    root, train, test, _, y = user_files
+    out = tmp_path / "run"
+    argv = ["train", "--data", str(train), "--test-data", str(test), "--label-column", "score", "--sigma", "1",
+            "--output", str(out), *[a for a in FAST if a != "--no-plots"]]
+    assert main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    calibration = results["calibration"]
+    model = sol_ext.load_run(out)
+    val_rows = torch.load(out / "best.pt", weights_only=True)["val_rows"].numpy()
+    table, test_table = model.predict_table(train), model.predict_table(test)
+    val_ece = expected_calibration_error(table.probabilities[val_rows], model.encoder.encode(table.values[val_rows]))
+    test_ece = expected_calibration_error(test_table.probabilities, model.encoder.encode(y))
+    assert calibration["validation"]["ece"] == pytest.approx(val_ece, abs=1e-6)
+    assert calibration["test"]["ece"] == pytest.approx(test_ece, abs=1e-6)
+    assert calibration["validation"]["rows"] == len(val_rows) == sum(calibration["validation"]["reliability"]["count"])
+    assert calibration["test"]["rows"] == len(y) and calibration["intervals"] == "validation"
+    assert "reliability.png" in results["plots"] and (out / "reliability.png").read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    assert main([*argv, "--overwrite"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("sol-ext: note:") == 1 and "matplotlib" in err, err
+    results = json.loads((out / "results.json").read_text())
+    assert "plots" not in results and not list(out.glob("*.png"))
+    assert results["calibration"]["test"]["ece"] == calibration["test"]["ece"]
+
+
+def test_storing_the_validation_calibration_leaves_the_random_state(user_files):
+    """The calibration runs after training and must not change what a later draw gives."""
+    from sol_ext.driver.calibration import calibrate_run
+    from sol_ext.driver.config import TrainConfig
+    from sol_ext.driver.prepare import prepare_data
+
+    root, train, test, _, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    config = TrainConfig(data=str(train), test_data=str(test), label_column="score", sigma=1.0)
+    data = prepare_data(config)
+    before = torch.get_rng_state()
+    assert calibrate_run(out, config, data, {}) is not None
+    assert torch.equal(torch.get_rng_state(), before)
 
 
 def test_own_files_get_no_added_noise_unless_asked(user_files, tmp_path):

@@ -34,7 +34,7 @@ from .prepare import PreparedData
 __all__ = ["CHECKPOINT_NAME", "BEST_NAME", "SIGMA_SEARCH_NAME", "SIGMA_SEARCH_RECORD",
            "sigma_search_progress", "read_search_record", "EpochState", "migrated", "selected_state",
            "resumable_state", "ResumePoint", "predictor_record", "load_run_state", "CheckpointMismatch", "save_checkpoint", "load_checkpoint",
-           "check_resumable", "checkpoint_epoch", "atomic_write_bytes", "atomic_write_text",
+           "check_resumable", "checkpoint_epoch", "atomic_write_bytes", "atomic_write_text", "atomic_write_stream",
            "atomic_write_files"]
 
 CHECKPOINT_NAME = "checkpoint.pt"  # the last epoch: what --resume continues
@@ -265,6 +265,13 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename, so that a reader never
     sees a half-written file."""
     _replace_atomically(path, lambda f: f.write(data))
+
+
+def atomic_write_stream(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write`` on a temporary file beside ``path`` (it writes the content in as many pieces as it
+    likes) and rename it to ``path``: a reader never sees a half-written file, and an error or a Ctrl-C
+    in ``write`` leaves the old file and no temporary."""
+    _replace_atomically(path, write)
 
 
 def atomic_write_files(contents: dict[Path, bytes]) -> None:

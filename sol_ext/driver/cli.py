@@ -148,9 +148,10 @@ def _add_interval_options(parser: argparse.ArgumentParser, what: str):
     """``--interval``, ``--calibration`` and ``--interval-score`` of predict and export, in their group."""
     group = parser.add_argument_group("rank intervals (split conformal; docs/intervals.md)")
     group.add_argument("--interval", type=float, default=None, metavar="COVERAGE",
-                       help=f"{what}; needs --calibration")
+                       help=f"{what}; calibrated on the run's validation split, or on --calibration")
     group.add_argument("--calibration", default=None, metavar="FILE",
-                       help="held-out rows with labels, which the run did not train on, to calibrate --interval")
+                       help="held-out rows with labels, which the run did not train on, to calibrate --interval "
+                            "on instead of the validation split the run stored")
     group.add_argument("--interval-score", choices=("hpd", "cumulative", "absolute"), default="hpd",
                        help="the nonconformity score (default: %(default)s)")
     return group

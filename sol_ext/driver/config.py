@@ -173,8 +173,8 @@ class TrainConfig:
         None, "text encoding of the CSV files (--data and --test-data), e.g. cp1252 for Windows-1252, "
         "Excel's on Windows (default: UTF-8); a file to predict is read with it too", "data")
     test_fraction: float = setting(
-        0.2, "test share when --data is split, above 0 and below 1; not with --test-data (to train "
-        "on every row of --data, give the test rows as --test-data)", "data")
+        0.2, "test share when --data is split, below 1; 0 trains on every row, with no test set "
+        "(the run then reports no test figures); not with --test-data", "data")
     test_label_column: Optional[str] = setting(
         None, "label column of --test-data where it is named otherwise than in --data (default: "
         "--label-column)", "data")
@@ -444,10 +444,9 @@ class TrainConfig:
               f"kappa must be a finite number >= 0, got {self.kappa}.")
         _need(0.0 <= self.noise_fraction <= 1.0,
               f"noise fraction must be in [0, 1], got {self.noise_fraction}.")
-        _need(0.0 < self.test_fraction < 1.0,
-              f"test_fraction={self.test_fraction:g} is out of range; expected a share above 0 and "
-              "below 1 of the data held out as the test set (to train on every row of the data, "
-              "give the test rows as test_data=).")
+        _need(0.0 <= self.test_fraction < 1.0,
+              f"test_fraction={self.test_fraction:g} is out of range; expected the share of the data "
+              "held out as the test set, at least 0 (no test set: every row trains) and below 1.")
         _need(self.feature_columns is None or self.drop_columns is None,
               "feature_columns= lists the columns to use and drop_columns= those to leave out: pass "
               "one of them.")

@@ -251,10 +251,11 @@ def export_command(args) -> int:
                  replaceable=own, overwrite=args.overwrite, stdout_ok=False)
     coverage = args.interval
     if coverage is not None:
-        if not 0 < coverage < 1 or args.calibration is None:
-            raise UsageError("--interval COVERAGE (strictly between 0 and 1) needs --calibration FILE: held-out "
-                             "rows with labels that the run did not train on.")
-        model.calibrate_intervals(args.calibration, score=args.interval_score)
+        if not 0 < coverage < 1:
+            raise UsageError(f"--interval {coverage:g}: expected a coverage strictly between 0 and 1, e.g. 0.9.")
+        from .predict import calibrate_from_args
+
+        calibrate_from_args(args, model, score=args.interval_score)
     elif args.calibration is not None:
         raise UsageError("--calibration applies to --interval only; add --interval COVERAGE or leave it out.")
     if form == "onnx":

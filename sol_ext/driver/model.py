@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -26,11 +26,15 @@ from .checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from .config import TrainConfig
 from .data import ImageFiles, apply_scaling, read_inputs
 from .data.frames import FLOAT32_MAX, TableOrigin, as_arrow_table, cell_texts, is_table_like, table_features
+from .data.inputs import SLICE_ROWS, table_slices
 from .device import resolve_device
 from .loader import RunInputs, embedding_batch_size
 from .methods import RankModel, build_model, head_probabilities, head_ranks, make_sol_head
 
-__all__ = ["TrainedModel", "Prediction", "load_run", "model_from_state"]
+__all__ = ["TrainedModel", "Prediction", "load_run", "model_from_state", "CALIBRATION_KEY"]
+
+# the entry of best.pt holding the rows intervals are calibrated on by default (the validation split)
+CALIBRATION_KEY = "interval_calibration"
 
 DataLike = Any  # a data spec (built-in name, file or folder path), a data frame or raw features [N, ...]
 
@@ -96,6 +100,9 @@ class Prediction:
     values: Optional[np.ndarray] = None
     id_name: str = "id"  # the name of the ids: the run's id column, else "id"
     incomplete: Optional[np.ndarray] = None  # [N] bool: rows with a missing feature value (no prediction)
+    # whether an id of the data needs quotes in a CSV (set for every slice of TrainedModel.predict_slices,
+    # from all its ids); None: look at these ids
+    ids_need_quotes: Optional[bool] = None
 
 
 class TrainedModel:
@@ -130,6 +137,9 @@ class TrainedModel:
                                                      scaling["std"].to(torch.float64))
         # the calibration of predict_interval (calibrate_intervals), None until there is one
         self.intervals: Optional[IntervalCalibration] = None
+        # the held-out rows the run stored to calibrate intervals on (its validation split):
+        # {"probabilities": [M, n] float64, "ranks": [M] int64}, or None (set by load_run)
+        self.stored_calibration: Optional[dict[str, torch.Tensor]] = None
 
     # -- what the model is -------------------------------------------------------------------
     @property
@@ -179,20 +189,24 @@ class TrainedModel:
             if x.dim() == 1 and len(self.input_shape) == 1:
                 x = x[None]
             ids, values = [str(i) for i in range(x.shape[0])], None
+        return self._model_inputs(data, x), ids, values, incomplete
+
+    def _model_inputs(self, data: DataLike, x: torch.Tensor | ImageFiles) -> torch.Tensor | ImageFiles:
+        """Raw inputs ``x`` of ``data`` checked against the run's input shape, finite, and scaled."""
         if tuple(x.shape[1:]) != self.input_shape:
             names = self.feature_names
             detail = f" ({', '.join(names)})" if names and len(names) <= 40 else ""
             raise ValueError(f"data: rows of shape {list(x.shape[1:])}, but the model was trained on "
                              f"{list(self.input_shape)}{detail}")
         if isinstance(x, ImageFiles):
-            return x, ids, values, incomplete
+            return x
         finite = torch.isfinite(x).flatten(1).all(dim=1)
         if not bool(finite.all()):
             rows = (~finite).nonzero().flatten()
             where = str(data) if isinstance(data, (str, Path)) else "data"
             raise ValueError(f"{where}: {rows.numel()} row(s) have NaN or infinite features, the first row "
                              f"{int(rows[0])} (0-based); drop or impute such rows first")
-        return apply_scaling(x, self.scaling), ids, values, incomplete
+        return apply_scaling(x, self.scaling)
 
     def _frame_ids(self, data: Any, n: int) -> list[str]:
         """A data frame's row ids: its cells of the run's id column, else a pandas frame's own
@@ -228,6 +242,12 @@ class TrainedModel:
         """``[N, d]`` embeddings (L2-normalized where the run normalized them)."""
         return self._embed(self.features(data)[0])
 
+    @torch.no_grad()
+    def embed_prepared(self, x: torch.Tensor | ImageFiles) -> torch.Tensor:
+        """``[N, d]`` embeddings of inputs already preprocessed as the run's (scaled features, or
+        images), such as the rows of a training run's prepared data."""
+        return self._embed(x)
+
     def _embed(self, x: torch.Tensor | ImageFiles) -> torch.Tensor:
         batch_size = embedding_batch_size(self.kind, self.config.batch_size)
         inputs = RunInputs(x, self.device, workers=self.workers)
@@ -246,15 +266,46 @@ class TrainedModel:
     @torch.no_grad()
     def predict_table(self, data: DataLike) -> Prediction:
         """Everything :meth:`predict`, :meth:`predict_proba` and the expected value give, at once."""
-        x, ids, values, incomplete = self._inputs(data)
-        h = self._embed(x)
-        if self.head is not None:
-            d = self.head.dissimilarity(h)
-            probabilities = self.head.probabilities(d)
-            ranks = self.head.ranks(d, probabilities)
-        else:
-            probabilities = head_probabilities(self.method, self.model, h, self.num_ranks)
-            ranks = head_ranks(self.method, self.model, h, self.num_ranks)
+        return self._predicted(*self._inputs(data))
+
+    def predict_slices(self, data: DataLike, rows_per_slice: int = SLICE_ROWS) -> Iterator[Prediction]:
+        """:meth:`predict_table` of ``data`` in consecutive slices of rows, equal row for row to it: a
+        table file is read once and converted, embedded and predicted ``rows_per_slice`` rows at a time,
+        so that a long file needs the memory of its read and of one slice (``sol-ext predict``); other
+        data come as one slice. Each slice's ``ids_need_quotes`` says whether any id of the whole data
+        needs CSV quotes. Errors are those of :meth:`predict_table`, raised by the first slice or the
+        one that meets the problem."""
+        slices = None
+        if isinstance(data, (str, Path)):
+            try:
+                slices = table_slices(data, self.preprocessing.get("schema", {}),
+                                      delimiter=self.preprocessing.get("delimiter"),
+                                      handle_unknown=self.handle_unknown, rows_per_slice=rows_per_slice)
+            except ValueError:
+                self._raise_whole_error(data)
+                raise
+        if slices is None:
+            yield self.predict_table(data)
+            return
+        quoted = slices.ids_need_quotes
+        try:
+            for inputs in slices:
+                x = self._model_inputs(data, inputs.features)
+                yield dataclasses.replace(self._predicted(x, inputs.ids, inputs.values, inputs.incomplete),
+                                          ids_need_quotes=quoted)
+        except ValueError:
+            self._raise_whole_error(data)
+            raise
+
+    def _raise_whole_error(self, data: DataLike) -> None:
+        """The error :meth:`predict_table` gives for ``data``, where reading it in slices met one: a
+        slice names its rows from its own start, and reads the labels before the features."""
+        self._inputs(data)
+
+    @torch.no_grad()
+    def _predicted(self, x: torch.Tensor | ImageFiles, ids: list[str], values: Optional[np.ndarray],
+                   incomplete: Optional[np.ndarray]) -> Prediction:
+        probabilities, ranks = self.rank_probabilities(self._embed(x))
         label_values = self.encoder.values().to(torch.float64)
         expected = probabilities.cpu() @ label_values
         prediction = self.encoder.decode(ranks.cpu()).numpy()
@@ -265,6 +316,18 @@ class TrainedModel:
                           label_values=label_values.numpy(), values=values,
                           id_name=self.preprocessing.get("schema", {}).get("id_column") or "id",
                           incomplete=incomplete)
+
+    @torch.no_grad()
+    def rank_probabilities(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(p [N, n], ranks [N])`` of embeddings ``h`` ``[N, d]`` (:meth:`embed`): the head's rank
+        probabilities and its read-out."""
+        h = h.to(self.device)
+        if self.head is not None:
+            d = self.head.dissimilarity(h)
+            probabilities = self.head.probabilities(d)
+            return probabilities, self.head.ranks(d, probabilities)
+        return (head_probabilities(self.method, self.model, h, self.num_ranks),
+                head_ranks(self.method, self.model, h, self.num_ranks))
 
     def predict(self, data: DataLike) -> np.ndarray:
         """``[N]`` predicted labels, in label units (the run's read-out: for SOL by default the
@@ -301,18 +364,38 @@ class TrainedModel:
     def calibrate_intervals_of(self, table: Prediction, values: np.ndarray, **options: Any) -> IntervalCalibration:
         """:meth:`calibrate_intervals` on rows already predicted (:meth:`predict_table`), with their
         labels ``values`` ``[N]`` in label units; ``options`` as there."""
-        score, target = options.get("score", "hpd"), options.get("target", "labels")
-        label_noise, deconvolve = options.get("label_noise"), options.get("deconvolve", False)
         if values.shape[0] != len(table.ids):
             raise ValueError(f"labels: {values.shape[0]} labels for {len(table.ids)} rows of data")
         keep = np.isfinite(table.probabilities).all(axis=1)
         if table.incomplete is not None:
             keep &= ~table.incomplete
+        return self._calibrate(torch.from_numpy(table.probabilities[keep]), self.encoder.encode(values[keep]),
+                               **options)
+
+    def calibrate_intervals_on_validation(self, **options: Any) -> IntervalCalibration:
+        """:meth:`calibrate_intervals` on the rows the run stored for it: its validation split, with the
+        labels as given (``sol-ext train`` stores them in ``best.pt``; :func:`load_run` calibrates on
+        them with the default score). ``options`` as :meth:`calibrate_intervals`.
+
+        Raises:
+            RuntimeError: the run stored no calibration rows (it had no validation split, or was
+                trained by a version of sol_ext that did not store them).
+        """
+        if self.stored_calibration is None:
+            raise RuntimeError("the run holds no calibration rows (trained without a validation split, or by "
+                               "an earlier version of sol_ext): call calibrate_intervals() on held-out data "
+                               "with labels")
+        stored = self.stored_calibration
+        return self._calibrate(stored["probabilities"], stored["ranks"], **options)
+
+    def _calibrate(self, probabilities: torch.Tensor, ranks: torch.Tensor, *, score: str = "hpd",
+                   target: str = "labels", label_noise: Any = None,
+                   deconvolve: bool = False) -> IntervalCalibration:
+        """The calibration of ``probabilities [M, n]`` and their label ranks ``[M]``, kept on the model."""
         noise = label_noise
         if isinstance(noise, numbers.Real) and not isinstance(noise, bool):
             noise = float(noise) / self.encoder.step  # label units -> ranks
-        self.intervals = calibrate_intervals(torch.from_numpy(table.probabilities[keep]),
-                                             self.encoder.encode(values[keep]), score=score, target=target,
+        self.intervals = calibrate_intervals(probabilities, ranks, score=score, target=target,
                                              label_noise=noise, deconvolve=deconvolve)
         return self.intervals
 
@@ -325,8 +408,9 @@ class TrainedModel:
     def intervals_of(self, table: Prediction, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`predict_interval` of rows already predicted (:meth:`predict_table`)."""
         if self.intervals is None:
-            raise RuntimeError("no interval calibration yet: call calibrate_intervals() on held-out data "
-                               "with labels first")
+            raise RuntimeError("no interval calibration: the run stored none (trained without a validation "
+                               "split, or by an earlier version of sol_ext); call calibrate_intervals() on "
+                               "held-out data with labels first")
         keep = np.isfinite(table.probabilities).all(axis=1)
         lower, upper = np.full(len(keep), np.nan), np.full(len(keep), np.nan)
         if keep.any():
@@ -342,6 +426,7 @@ class TrainedModel:
             "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "head": None if self.head is None else {k: v.detach().cpu()
                                                     for k, v in self.head.state_dict().items()},
+            **({} if self.stored_calibration is None else {CALIBRATION_KEY: dict(self.stored_calibration)}),
         }
 
     def __repr__(self) -> str:
@@ -352,7 +437,9 @@ class TrainedModel:
 def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int = 0,
              handle_unknown: str = "error") -> TrainedModel:
     """The model of a ``sol-ext train`` run folder (its selected epoch, ``best.pt``; the last
-    checkpoint where there is none), ready to predict. Runs of every method load.
+    checkpoint where there is none), ready to predict. Runs of every method load. A run that stored
+    its validation split's probabilities (``sol-ext train`` does) comes with its rank intervals
+    calibrated on them: :meth:`TrainedModel.predict_interval` needs no data.
 
     ``handle_unknown``: a category of a text column that training did not see is an error
     (``"error"``, the default) or none of its column's categories (``"ignore"``: its one-hot
@@ -395,4 +482,10 @@ def model_from_state(state: dict[str, Any], device: torch.device | str = "cpu",
     if config.uses_centroids:
         head = make_sol_head(config, n)
         head.load_state_dict(state["head"])
-    return TrainedModel(config, model, head, record, resolve_device(str(device)), workers)
+    trained = TrainedModel(config, model, head, record, resolve_device(str(device)), workers)
+    stored = state.get(CALIBRATION_KEY)
+    if stored is not None:  # the run's validation split: intervals need no data
+        trained.stored_calibration = {"probabilities": stored["probabilities"].to(torch.float64),
+                                      "ranks": stored["ranks"].to(torch.int64)}
+        trained.calibrate_intervals_on_validation()
+    return trained

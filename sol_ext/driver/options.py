@@ -205,6 +205,11 @@ def warn(line: str) -> None:
     print(f"sol-ext: warning: {line}", file=sys.stderr, flush=True)
 
 
+def note(line: str) -> None:
+    """A line about what a command left out, not a problem with its input or result."""
+    print(f"sol-ext: note: {line}", file=sys.stderr, flush=True)
+
+
 def default_output(cfg: TrainConfig, paper: bool = False) -> Path:
     """``runs/<data>-<method>[-paper]-<noise><kappa>-seed<k>``: ``sol-paper`` as ``sol-ext
     compare`` names sol with ``--paper``; ``none`` without a kappa where no noise is added."""

@@ -1,4 +1,5 @@
-"""PNG figures of a run (matplotlib, Agg backend): learning curves, CS curve, PCA of embeddings."""
+"""PNG figures of a run (matplotlib, Agg backend): learning curves, CS curve, PCA of embeddings,
+reliability diagram."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 
 from .checkpoint import atomic_write_bytes
 
-__all__ = ["pca_2d", "plot_learning_curves", "plot_cs_curve", "plot_embeddings", "save_figure"]
+__all__ = ["pca_2d", "plot_learning_curves", "plot_cs_curve", "plot_embeddings", "plot_reliability",
+           "save_figure"]
 
 
 def _pyplot():
@@ -58,7 +60,9 @@ def plot_learning_curves(history: Sequence[dict[str, Any]], path: Path, title: s
     fig, axes = plt.subplots(1, 4 if with_span else 3, figsize=(17 if with_span else 13, 3.6))
     axes[0].plot(epochs, [r["train_loss"] for r in history], marker=".")
     axes[0].set(title="training loss", xlabel="epoch")
-    axes[1].plot(epochs, [r["test"]["mae"] for r in history], marker=".", label="test MAE")
+    if any(r.get("test") is not None for r in history):  # none without a test set
+        axes[1].plot(epochs, [None if r["test"] is None else r["test"]["mae"] for r in history], marker=".",
+                     label="test MAE")
     if any(r.get("val_mae") is not None for r in history):
         axes[1].plot(epochs, [r.get("val_mae") for r in history], marker=".",
                      label="validation MAE vs noisy labels (ranks)")
@@ -106,4 +110,29 @@ def plot_embeddings(embeddings: torch.Tensor, ranks_values: torch.Tensor, path: 
     sc = ax.scatter(xy[:, 0], xy[:, 1], c=ranks_values.to(torch.float64), s=6, cmap="viridis")
     fig.colorbar(sc, ax=ax, label="clean label")
     ax.set(title=title, xlabel="PC 1", ylabel="PC 2")
+    save_figure(fig, path)
+
+
+def plot_reliability(calibration: dict[str, Any], path: Path, title: str) -> None:
+    """The reliability diagram of ``results.json``'s ``calibration``: per bin of the most probable
+    rank's probability, how often that rank is the label against the mean probability, for the
+    validation split (labels as given) and the test set; the diagonal is a calibrated model. The
+    points' area follows the bin's rows, and the legend gives each part's ECE."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 4.2))
+    ax.plot([0, 1], [0, 1], color="0.6", lw=1, ls="--", label="calibrated")
+    for name, part in (("validation", calibration.get("validation")), ("test", calibration.get("test"))):
+        if not part:
+            continue
+        curve = part["reliability"]
+        filled = [(c, a, k) for c, a, k in zip(curve["confidence"], curve["accuracy"], curve["count"]) if k > 0]
+        confidence, accuracy, count = zip(*filled)
+        largest = max(count)
+        line, = ax.plot(confidence, accuracy, marker=None, lw=1,
+                        label=f"{name} ({part['rows']} rows), ECE {part['ece']:.3f}")
+        ax.scatter(confidence, accuracy, s=[12 + 60 * k / largest for k in count], color=line.get_color())
+    ax.set(title=title, xlabel="probability of the most probable rank", ylabel="share where it is the label",
+           xlim=(0, 1), ylim=(0, 1))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
     save_figure(fig, path)

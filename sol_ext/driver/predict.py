@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import os
 import re
 import sys
@@ -16,11 +17,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
-from ..metrics import macro_mae, mae, quadratic_weighted_kappa
 from .data.frames import string_array
 from .model import Prediction, TrainedModel
 
-__all__ = ["prediction_csv", "score_prediction", "format_scores", "predict_command"]
+__all__ = ["prediction_csv", "score_prediction", "format_scores", "predict_command", "calibrate_from_args"]
 
 
 _NEEDS_QUOTES = re.compile(r'[,"\r\n]')
@@ -48,50 +48,56 @@ def _label_values(values: np.ndarray) -> np.ndarray:
     return np.array([float(f"{v:.12g}") for v in distinct])[index]
 
 
-def _ten_digits(values: np.ndarray) -> np.ndarray:
-    """``values`` rounded to 10 significant digits of the largest of them: the text of each is then
-    at most that long, and values near the largest (labels such as years) keep their precision."""
-    largest = float(np.max(np.abs(values[np.isfinite(values)]), initial=0.0))
+def _ten_digits(values: np.ndarray, label_values: np.ndarray) -> np.ndarray:
+    """Expected labels ``values`` rounded to 10 significant digits of the largest label value (they lie
+    between the smallest and the largest): the text of each is then at most that long, values near
+    the largest (labels such as years) keep their precision, and every row is rounded alike whatever
+    the other rows are (a file predicted in slices is written as one predicted at once)."""
+    largest = float(np.max(np.abs(label_values[np.isfinite(label_values)]), initial=0.0))
     if largest == 0.0:
         return values
     return np.round(values, max(0, min(22, 9 - int(np.floor(np.log10(largest))))))
 
 
-def prediction_csv(prediction: Prediction, interval: Optional[tuple[np.ndarray, np.ndarray]] = None) -> bytes:
+def prediction_csv(prediction: Prediction, interval: Optional[tuple[np.ndarray, np.ndarray]] = None,
+                   header: bool = True) -> bytes:
     """One row per input: ``id`` (or the run's id column), ``prediction`` and ``expected`` (label units),
     ``lower`` and ``upper`` (label units) when ``interval`` is given, ``label`` when the data have one, and
-    ``p_<value>`` for each label value, as UTF-8 CSV.
+    ``p_<value>`` for each label value, as UTF-8 CSV; after the header line unless ``header`` is False
+    (the slices after the first of :meth:`~sol_ext.driver.model.TrainedModel.predict_slices`).
 
     Numbers are written in the shortest form that reads back to the value written: the prediction
     as its label value (whole numbers on an integer grid), ``expected`` rounded to 10 significant
-    digits of the largest, the data's labels as read, and the probabilities as float32, the
+    digits of the largest label value, the data's labels as read, and the probabilities as float32, the
     precision of the dissimilarities they come from (so a probability below 1.4e-45 reads 0).
     """
-    header = [prediction.id_name, "prediction", "expected"]
+    names = [prediction.id_name, "prediction", "expected"]
     predicted = _label_values(prediction.prediction)
     columns = [string_array(prediction.ids), _numbers(predicted, predicted.dtype),
-               _numbers(_ten_digits(prediction.expected), np.float64)]
+               _numbers(_ten_digits(prediction.expected, prediction.label_values), np.float64)]
     if interval is not None:
-        header += ["lower", "upper"]
+        names += ["lower", "upper"]
         # a row without a prediction has no interval either: its cells are emptied below with the rest
         columns += [_numbers(_label_values(np.where(np.isfinite(bound), bound, prediction.label_values[0])),
                              predicted.dtype) for bound in interval]
     if prediction.values is not None:
-        header.append("label")
+        names.append("label")
         columns.append(_numbers(prediction.values, np.float64))
-    header += [f"p_{v:g}" for v in prediction.label_values]
+    names += [f"p_{v:g}" for v in prediction.label_values]
     columns += [_numbers(prediction.probabilities[:, q], np.float32)
                 for q in range(prediction.probabilities.shape[1])]
     if prediction.incomplete is not None and prediction.incomplete.any():
         # a row with a missing feature value gets empty cells, not a prediction from filled-in values
         empty = pa.array(prediction.incomplete)
-        columns = [col if k == 0 or header[k] == "label" else pc.if_else(empty, pa.nulls(len(col), col.type), col)
+        columns = [col if k == 0 or names[k] == "label" else pc.if_else(empty, pa.nulls(len(col), col.type), col)
                    for k, col in enumerate(columns)]
     table = pa.Table.from_arrays(columns, names=[f"c{k}" for k in range(len(columns))])
     # Arrow quotes every text cell (the ids) or none: none unless an id holds a comma, a quote or a
     # line break (image paths may; row numbers never do). The header by hand, quoted only where needed.
-    options = pa_csv.WriteOptions(include_header=False, quoting_style=(
-        "needed" if _NEEDS_QUOTES.search("".join(prediction.ids)) else "none"))
+    quoted = prediction.ids_need_quotes
+    if quoted is None:
+        quoted = bool(_NEEDS_QUOTES.search("".join(prediction.ids)))
+    options = pa_csv.WriteOptions(include_header=False, quoting_style="needed" if quoted else "none")
 
     def rows_text(part: pa.Table) -> bytes:
         out = pa.BufferOutputStream()
@@ -102,32 +108,93 @@ def prediction_csv(prediction: Prediction, interval: Optional[tuple[np.ndarray, 
     slices = [table.slice(start, 50_000) for start in range(0, table.num_rows, 50_000)] or [table]
     with ThreadPoolExecutor(max_workers=min(len(slices), os.cpu_count() or 1)) as pool:
         parts = list(pool.map(rows_text, slices))
-    return (",".join(_csv_cell(h) for h in header) + "\n").encode("utf-8") + b"".join(parts)
+    head = (",".join(_csv_cell(h) for h in names) + "\n").encode("utf-8") if header else b""
+    return head + b"".join(parts)
 
 
 def score_prediction(model: TrainedModel, prediction: Prediction) -> Optional[dict[str, float]]:
     """MAE and macro-MAE in label units and QWK on the run's rank grid, against the data's labels;
     ``None`` when the data have none. QWK is left out (NaN) when a label lies off the grid. Rows
     with a missing feature value are not scored."""
-    if prediction.values is None:
-        return None
-    if prediction.incomplete is not None:
-        prediction = rows_of(prediction, ~prediction.incomplete)
-    true = prediction.values
-    scores = {"n": float(true.size), "mae": mae(prediction.prediction, true),
-              "macro_mae": macro_mae(prediction.prediction, true), "qwk": float("nan")}
-    try:
-        true_ranks = model.encoder.encode(true).numpy()
-    except ValueError:
-        return scores
-    if np.allclose(model.encoder.decode(true_ranks).numpy(), true, rtol=0, atol=1e-9 * model.encoder.step):
-        scores["qwk"] = quadratic_weighted_kappa(prediction.ranks, true_ranks, model.num_ranks)
-    return scores
+    totals = _ScoreTotals(model)
+    totals.add(prediction)
+    return totals.scores()
 
 
-def _intervals(args: argparse.Namespace, model: TrainedModel, prediction: Prediction
-               ) -> Optional[tuple[np.ndarray, np.ndarray]]:
-    """``--interval``: calibrate on ``--calibration`` and bound every row of ``prediction``."""
+class _ScoreTotals:
+    """:func:`score_prediction` of rows that come in slices: what the scores need of each slice is
+    summed as it comes (absolute errors, overall and by label value; the counts of each pair of
+    predicted and true rank, for QWK), so that scoring a long file keeps no per-row arrays."""
+
+    def __init__(self, model: TrainedModel):
+        self.model = model
+        self.n = 0
+        self.absolute = 0.0
+        self.by_value: dict[float, list[float]] = {}  # label value -> [sum of absolute errors, rows]
+        self.pairs: Optional[np.ndarray] = np.zeros((model.num_ranks, model.num_ranks), np.int64)
+        self.labelled = False
+
+    def add(self, part: Prediction) -> None:
+        if part.values is None:
+            return
+        self.labelled = True
+        predicted, ranks, true = part.prediction, part.ranks, part.values
+        if part.incomplete is not None and part.incomplete.any():
+            keep = ~part.incomplete
+            predicted, ranks, true = predicted[keep], ranks[keep], true[keep]
+        if true.size == 0:
+            return
+        error = np.abs(predicted.astype(np.float64) - true)
+        self.n += int(true.size)
+        self.absolute += float(np.sum(error))
+        values, group = np.unique(true, return_inverse=True)
+        sums = np.bincount(group, weights=error, minlength=values.size)
+        counts = np.bincount(group, minlength=values.size)
+        for v, total, count in zip(values.tolist(), sums.tolist(), counts.tolist()):
+            entry = self.by_value.setdefault(v, [0.0, 0])
+            entry[0] += total
+            entry[1] += count
+        if self.pairs is not None:
+            encoder = self.model.encoder
+            try:
+                true_ranks = encoder.encode(true).numpy()
+            except ValueError:
+                true_ranks = None
+            if true_ranks is None or not np.allclose(encoder.decode(true_ranks).numpy(), true, rtol=0,
+                                                     atol=1e-9 * encoder.step):
+                self.pairs = None  # a label off the grid: no QWK
+            else:
+                np.add.at(self.pairs, (ranks.astype(np.int64), true_ranks), 1)
+
+    def scores(self) -> Optional[dict[str, float]]:
+        """The scores of every row added; ``None`` when the data have no labels."""
+        if not self.labelled:
+            return None
+        if self.n == 0:
+            raise ValueError("metrics need at least one sample, got empty pred and true")
+        per_value = [total / count for _, (total, count) in sorted(self.by_value.items())]
+        return {"n": float(self.n), "mae": self.absolute / self.n, "macro_mae": float(np.mean(per_value)),
+                "qwk": float("nan") if self.pairs is None else _kappa(self.pairs)}
+
+
+def _kappa(pairs: np.ndarray) -> float:
+    """Quadratic weighted kappa of the counts ``pairs[predicted rank, true rank]``, as
+    :func:`sol_ext.metrics.quadratic_weighted_kappa` gives it for the rows counted."""
+    n = pairs.sum()
+    ranks = np.arange(pairs.shape[0], dtype=np.float64)
+    predicted, true = pairs.sum(axis=1), pairs.sum(axis=0)
+    if np.count_nonzero(predicted) == 1 and np.count_nonzero(true) == 1:  # both constant
+        return float("nan") if np.argmax(predicted) == np.argmax(true) else 0.0
+    observed = float((pairs * (ranks[:, None] - ranks[None, :]) ** 2).sum()) / n
+    mean_p, mean_t = float(predicted @ ranks) / n, float(true @ ranks) / n
+    chance = (float(predicted @ (ranks - mean_p) ** 2) / n + float(true @ (ranks - mean_t) ** 2) / n
+              + (mean_p - mean_t) ** 2)
+    return float(1.0 - observed / chance)
+
+
+def _calibrated_coverage(args: argparse.Namespace, model: TrainedModel) -> Optional[float]:
+    """``--interval``: check the interval options, calibrate ``model`` (:func:`calibrate_from_args`) and
+    return the coverage; None without ``--interval``."""
     from .errors import UsageError
 
     if args.interval is None:
@@ -137,26 +204,32 @@ def _intervals(args: argparse.Namespace, model: TrainedModel, prediction: Predic
         return None
     if not 0 < args.interval < 1:
         raise UsageError(f"--interval {args.interval:g}: expected a coverage strictly between 0 and 1, e.g. 0.9.")
-    if args.calibration is None:
-        raise UsageError("--interval needs --calibration FILE: held-out rows with labels that the run did not "
-                         "train on, to calibrate the intervals.")
     if (args.interval_target == "clean") != (args.label_noise is not None):
         raise UsageError("--interval-target clean needs --label-noise STD (the labels' noise, label units), "
                          "and --label-noise applies to it only.")
-    model.calibrate_intervals(args.calibration, score=args.interval_score, target=args.interval_target,
-                              label_noise=args.label_noise)
-    return model.intervals_of(prediction, args.interval)
+    calibrate_from_args(args, model, score=args.interval_score, target=args.interval_target,
+                        label_noise=args.label_noise)
+    return args.interval
 
 
-def _interval_summary(coverage: float, interval: tuple[np.ndarray, np.ndarray],
-                      values: Optional[np.ndarray]) -> str:
-    lower, upper = interval
-    known = np.isfinite(lower)
-    line = f"intervals at {coverage:.0%}: mean width {np.mean(upper[known] - lower[known]):.4g} (label units)"
-    if values is not None:
-        held = np.mean((values[known] >= lower[known]) & (values[known] <= upper[known]))
-        line += f", holding the data's label in {held:.1%} of {int(known.sum())} rows"
-    return line
+def calibrate_from_args(args: argparse.Namespace, model: TrainedModel, **options) -> None:
+    """Calibrate ``model``'s intervals for ``--interval``: on the ``--calibration`` file when one is
+    given, else on the validation split the run stored (``options`` as
+    :meth:`~sol_ext.driver.model.TrainedModel.calibrate_intervals`).
+
+    Raises:
+        UsageError: no ``--calibration`` and the run stored no calibration rows.
+    """
+    from .errors import UsageError
+
+    if args.calibration is not None:
+        model.calibrate_intervals(args.calibration, **options)
+    elif model.stored_calibration is not None:
+        model.calibrate_intervals_on_validation(**options)
+    else:
+        raise UsageError(f"--interval: the run in {args.run_dir} holds no calibration (it was trained without a "
+                         f"validation split, --val-fraction 0, or by an earlier version of sol_ext); pass "
+                         f"--calibration FILE: held-out rows with labels that the run did not train on.")
 
 
 def rows_of(prediction: Prediction, keep: np.ndarray) -> Prediction:
@@ -180,7 +253,7 @@ def predict_command(args: argparse.Namespace) -> int:
     file or stdout), and its scores where the data carry labels."""
     from pathlib import Path
 
-    from .checkpoint import atomic_write_bytes
+    from .checkpoint import atomic_write_stream
     from .device import resolve_device
     from .errors import UsageError
     from .loader import auto_workers
@@ -209,29 +282,93 @@ def predict_command(args: argparse.Namespace) -> int:
     if args.encoding is not None:
         schema = model.preprocessing.get("schema", {})
         model.preprocessing = {**model.preprocessing, "schema": {**schema, "encoding": args.encoding}}
-    prediction = model.predict_table(args.data)
-    if prediction.incomplete is not None and prediction.incomplete.any():
-        n_incomplete = int(prediction.incomplete.sum())
-        if args.skip_missing:
-            prediction = rows_of(prediction, ~prediction.incomplete)
-        warn(f"{args.data}: {n_incomplete} of {len(prediction.incomplete)} rows have a missing feature "
-             f"value; " + ("they are left out (--skip-missing)." if args.skip_missing else
-                           "their predictions are left empty (--skip-missing leaves them out)."))
-    interval = _intervals(args, model, prediction)
-    csv_bytes = prediction_csv(prediction, interval)
-    scores = score_prediction(model, prediction)
-    if interval is not None:  # beside the CSV on stdout, on stderr
-        print(_interval_summary(args.interval, interval, prediction.values),
-              file=sys.stderr if to_stdout else sys.stdout)
+    from .data import inputs as data_inputs
+
+    # a table file is read once and predicted and written a slice at a time; the first slice meets
+    # any problem of the file before anything is written
+    slices = model.predict_slices(args.data, data_inputs.SLICE_ROWS)
+    first = next(slices)
+    written = _Written(model, _calibrated_coverage(args, model), args.skip_missing)
+
+    def write(f) -> None:
+        for part in itertools.chain([first], slices):
+            f.write(written.csv_of(part))
+
     if to_stdout:
         sys.stdout.flush()
-        sys.stdout.buffer.write(csv_bytes)
+        write(sys.stdout.buffer)
         sys.stdout.buffer.flush()
-        if scores is not None:
-            print(format_scores(scores), file=sys.stderr)
-        return 0
-    atomic_write_bytes(path, csv_bytes)
-    print(f"{len(prediction.ids)} predictions ({model.method}) -> {path}")
+    else:
+        atomic_write_stream(path, write)
+    if written.incomplete:
+        warn(f"{args.data}: {written.incomplete} of {written.read} rows have a missing feature value; "
+             + ("they are left out (--skip-missing)." if args.skip_missing else
+                "their predictions are left empty (--skip-missing leaves them out)."))
+    report = sys.stderr if to_stdout else sys.stdout  # beside the CSV on stdout, on stderr
+    if written.coverage is not None:
+        print(written.interval_summary(), file=report)
+    if not to_stdout:
+        print(f"{written.rows} predictions ({model.method}) -> {path}")
+    scores = written.scores.scores()
     if scores is not None:
-        print(format_scores(scores))
+        print(format_scores(scores), file=report)
     return 0
+
+
+class _Written:
+    """What ``sol-ext predict`` has written, slice by slice: the CSV of each slice (:meth:`csv_of`), and
+    what the summary lines need, summed as the slices come (the scores, the intervals' widths)."""
+
+    def __init__(self, model: TrainedModel, coverage: Optional[float], skip_missing: bool):
+        self.model, self.coverage, self.skip_missing = model, coverage, skip_missing
+        self.read = self.rows = self.incomplete = self.parts_written = 0
+        self.scores = _ScoreTotals(model)
+        self.widths = _IntervalTotals()
+
+    def csv_of(self, part: Prediction) -> bytes:
+        """The CSV lines of the slice ``part`` (the header before the first)."""
+        self.read += len(part.ids)
+        if part.incomplete is not None and part.incomplete.any():
+            self.incomplete += int(part.incomplete.sum())
+            if self.skip_missing:
+                part = rows_of(part, ~part.incomplete)
+        interval = None if self.coverage is None else self.model.intervals_of(part, self.coverage)
+        self.scores.add(part)
+        if interval is not None:
+            self.widths.add(interval, part.values, part.incomplete)
+        text = prediction_csv(part, interval, header=not self.parts_written)
+        self.parts_written += 1
+        self.rows += len(part.ids)
+        return text
+
+    def interval_summary(self) -> str:
+        return self.widths.summary(self.coverage)
+
+
+class _IntervalTotals:
+    """The intervals' mean width and how often they held the data's labels, summed slice by slice."""
+
+    def __init__(self):
+        self.known = self.held = 0
+        self.width = 0.0
+        self.labelled = False
+
+    def add(self, interval: tuple[np.ndarray, np.ndarray], values: Optional[np.ndarray],
+            incomplete: Optional[np.ndarray]) -> None:
+        lower, upper = interval
+        known = np.isfinite(lower)  # a row with a missing cell has no interval written either
+        if incomplete is not None:
+            known &= ~incomplete
+        self.known += int(known.sum())
+        self.width += float(np.sum(upper[known] - lower[known]))
+        if values is not None:
+            self.labelled = True
+            self.held += int(np.sum((values[known] >= lower[known]) & (values[known] <= upper[known])))
+
+    def summary(self, coverage: float) -> str:
+        mean = self.width / self.known if self.known else float("nan")
+        line = f"intervals at {coverage:.0%}: mean width {mean:.4g} (label units)"
+        if self.labelled:
+            line += (f", holding the data's label in {self.held / self.known if self.known else float('nan'):.1%} "
+                     f"of {self.known} rows")
+        return line

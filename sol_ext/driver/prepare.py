@@ -122,7 +122,8 @@ def prepare_data(config: TrainConfig) -> PreparedData:
     """Load ``config.data`` (and ``config.test_data``), split, standardize vectors, add noise.
 
     Without ``test_data`` the data set is split ``1 - test_fraction : test_fraction`` with
-    ``config.seed`` (stratified by rank); its labels count as clean and noise of
+    ``config.seed`` (stratified by rank; ``test_fraction`` 0: every row trains, and the test set is
+    empty); its labels count as clean and noise of
     ``config.noise``/``kappa`` is added to the training part only (by default on the built-in
     data sets only: a user's own labels are taken as given, their clean values unknown). With ``test_data`` the first
     file is the whole training set, its labels taken as given (already noisy: no clean labels)
@@ -133,6 +134,11 @@ def prepare_data(config: TrainConfig) -> PreparedData:
                                       test_label_column=config.test_label_column)
         rows = torch.arange(len(train))
         row_ids = train.ids
+    elif config.test_fraction == 0:  # every row trains; no test set
+        train = load_dataset(config.data, **_options(config))
+        row_ids = train.ids
+        test = None
+        rows = torch.arange(len(train))
     else:
         full = load_dataset(config.data, **_options(config))
         row_ids = full.ids
@@ -147,7 +153,8 @@ def prepare_data(config: TrainConfig) -> PreparedData:
     if scaling is not None:
         mean_std = (scaling["mean"], scaling["std"])
         train = dataclasses.replace(train, features=apply_scaling(train.features, mean_std))
-        test = dataclasses.replace(test, features=apply_scaling(test.features, mean_std))
+        if test is not None:
+            test = dataclasses.replace(test, features=apply_scaling(test.features, mean_std))
     config.augmentation(train.kind)  # refuses augmentation of vectors before anything trains
     n = int(train.encoder.num_ranks)
     noisy = add_label_noise(train.ranks, n, noise=config.noise, kappa=config.kappa,
@@ -158,6 +165,7 @@ def prepare_data(config: TrainConfig) -> PreparedData:
         name=train.name, kind=train.kind, encoder=train.encoder,
         train_x=_float(train.features), train_given=noisy.noisy.long(),
         train_clean=noisy.clean.long() if labels_known_clean else None,
-        test_x=_float(test.features), test_ranks=test.ranks.long(), train_rows=rows,
+        test_x=_float(train.features[:0] if test is None else test.features),
+        test_ranks=torch.zeros(0, dtype=torch.int64) if test is None else test.ranks.long(), train_rows=rows,
         preprocessing=preprocessing, read_from=os.getcwd(),
         row_ids=None if row_ids is None else list(row_ids))

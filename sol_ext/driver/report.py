@@ -6,11 +6,13 @@ last complete results (a resumed run that is interrupted leaves those of the run
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .checkpoint import atomic_write_text
+from .options import note
 from .prepare import PreparedData
 
 if TYPE_CHECKING:  # the names of the run files are needed without the training loop (outputs.py)
@@ -19,7 +21,8 @@ if TYPE_CHECKING:  # the names of the run files are needed without the training 
 __all__ = ["RESULTS_NAME", "PLOT_NAMES", "write_outputs", "clear_results", "format_table"]
 
 RESULTS_NAME = "results.json"
-PLOT_NAMES = ("learning_curves.png", "cs_curve.png", "embeddings_pca.png")
+# the last, the reliability diagram, is drawn where the results hold a calibration (sol_ext.driver.calibration)
+PLOT_NAMES = ("learning_curves.png", "cs_curve.png", "embeddings_pca.png", "reliability.png")
 
 
 def noise_label(noise: str, kappa: float) -> str:
@@ -37,21 +40,39 @@ def clear_results(out_dir: Path) -> None:
 def write_outputs(outcome: RunOutcome, data: PreparedData, out_dir: Path,
                   plots: bool = True) -> Path:
     """Write the plots, then ``results.json``; return the path of ``results.json``. Without
-    ``plots``, the plots of an earlier state of the run go once the new results are written."""
+    ``plots``, the plots of an earlier state of the run go once the new results are written; without
+    matplotlib too, after a note saying so."""
     results = outcome.results
+    if plots and importlib.util.find_spec("matplotlib") is None:
+        note("matplotlib is not installed, so the run's plots are left out (pip install matplotlib draws "
+             "them; --no-plots leaves them out without this note).")
+        plots = False
     if plots:
         from .plots import plot_cs_curve, plot_embeddings, plot_learning_curves
 
         cfg = results["config"]
         title = f"{data.name}: {cfg['method']}, noise {noise_label(cfg['noise'], cfg['kappa'])}"
         plot_learning_curves(results["history"], out_dir / PLOT_NAMES[0], title)
+        results["plots"] = [PLOT_NAMES[0]]
         decode = data.encoder.decode
-        errors = decode(outcome.test_pred) - decode(data.test_ranks)
-        plot_cs_curve(errors, out_dir / PLOT_NAMES[1], f"CS curve ({cfg['method']})",
-                      float(data.encoder.step))
-        plot_embeddings(outcome.test_embeddings, decode(data.test_ranks),
-                        out_dir / PLOT_NAMES[2], f"test embeddings, PCA ({cfg['method']})")
-        results["plots"] = list(PLOT_NAMES)
+        if data.test_ranks.numel():  # the test set's plots (--test-fraction 0: there is none)
+            errors = decode(outcome.test_pred) - decode(data.test_ranks)
+            plot_cs_curve(errors, out_dir / PLOT_NAMES[1], f"CS curve ({cfg['method']})",
+                          float(data.encoder.step))
+            plot_embeddings(outcome.test_embeddings, decode(data.test_ranks),
+                            out_dir / PLOT_NAMES[2], f"test embeddings, PCA ({cfg['method']})")
+            results["plots"] += PLOT_NAMES[1:3]
+        else:  # from an earlier state of the run
+            for name in PLOT_NAMES[1:3]:
+                (out_dir / name).unlink(missing_ok=True)
+        calibration = results.get("calibration") or {}
+        if calibration.get("validation") or calibration.get("test"):
+            from .plots import plot_reliability
+
+            plot_reliability(calibration, out_dir / PLOT_NAMES[3], f"reliability ({cfg['method']})")
+            results["plots"].append(PLOT_NAMES[3])
+        else:  # from an earlier state of the run
+            (out_dir / PLOT_NAMES[3]).unlink(missing_ok=True)
     path = out_dir / RESULTS_NAME
     atomic_write_text(path, json.dumps(results, indent=2, allow_nan=True) + "\n")
     if not plots:  # they would show another epoch count than results.json

@@ -480,8 +480,12 @@ def _prepare_run(args: argparse.Namespace, cfg: TrainConfig, out: Path,
 
 
 def _write_run(args: argparse.Namespace, run: CheckedRun, outcome: RunOutcome, start: float) -> None:
-    """The settings as --config reads them, then the results (written last) and plots; the table."""
+    """The settings as --config reads them, the calibration (the validation split's probabilities
+    into best.pt, ECE into the results), then the results (written last) and plots; the table."""
+    from .calibration import calibrate_run
+
     out = run.out_dir
+    calibrate_run(out, run.config, run.data, outcome.results, context=run.context)
     atomic_write_text(out / CONFIG_FILE_NAME, config_toml(
         run.config, paper=args.paper, threads=args.threads, relative_to=run.data.read_from))
     path = write_outputs(outcome, run.data, out, plots=args.plots)

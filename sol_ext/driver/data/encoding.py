@@ -136,7 +136,7 @@ def make_dataset(features: torch.Tensor, values: np.ndarray, *, name: str, kind:
     # a file's labels are every data row in order (a row without one is refused when read)
     in_file = (schema or {}).get("format") in ("csv", "table", "images")
     try:
-        ranks = encoder.encode(values, (lambda i: f"data row {i + 1}") if in_file else "index {}".format)
+        ranks = encoder.encode(values, (lambda i: f"data row {i}") if in_file else "index {}".format)
     except ValueError as err:
         raise ValueError(f"{_labels_of(source or name, schema)}: {err}") from None
     return OrdinalDataset(features=features, ranks=ranks, encoder=encoder, name=name, kind=kind,

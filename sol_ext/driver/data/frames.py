@@ -39,15 +39,17 @@ BOOLEAN_CELLS = ("true", "false")
 
 @dataclass(frozen=True)
 class TableOrigin:
-    """Where a table came from, for error messages: ``name`` (a file path, or "data") and whether its
-    rows count from 1 after a header (``"data row 3"``, files) or from 0 (``"row 2"``, data frames)."""
+    """Where a table came from, for error messages: ``name`` (a file path, or "data") and whether it is
+    a file (``"data row 3"``) or a data frame (``"row 3"``). Both count rows from 0, a file's from the
+    first row after its header: the numbers of the prediction CSV's default ids, the audit's ``index``
+    and ``pandas.read_csv``'s index (docs/data.md)."""
 
     name: str
     file: bool = True
     decimal_comma: bool = False  # cells such as "0,25" are numbers (a CSV whose delimiter is not ",")
 
     def row(self, i: int) -> str:
-        return f"data row {i + 1}" if self.file else f"row {i}"
+        return f"data row {i}" if self.file else f"row {i}"
 
 
 # --------------------------------------------------------------------------------------------------

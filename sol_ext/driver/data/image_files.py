@@ -69,7 +69,8 @@ class ImageFiles:
         channels: 1 (grayscale) or 3 (RGB): every image is converted to it.
         size: ``(H, W)`` every image is resized to.
         source: the list the paths came from, for error messages.
-        rows: the data row (from 1) of each file in ``source``; default ``1 … N``.
+        rows: the data row (from 0, the first after the header) of each file in ``source``; default
+            ``0 … N-1``.
     """
 
     dtype = torch.float32
@@ -79,7 +80,7 @@ class ImageFiles:
         # numpy arrays of strings: DataLoader workers read them without touching per-object reference
         # counts, so forked workers do not copy the list page by page
         self.files = np.asarray([str(f) for f in files], dtype=np.str_)
-        self.rows = np.arange(1, len(self.files) + 1) if rows is None else np.asarray(rows, dtype=np.int64)
+        self.rows = np.arange(len(self.files)) if rows is None else np.asarray(rows, dtype=np.int64)
         self.channels = int(channels)
         self.size = (int(size[0]), int(size[1]))
         self.source = source

@@ -25,7 +25,7 @@ def _image_modes(files: list[Path], csv_path: Path) -> list[str]:
         except (OSError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
             # DecompressionBombWarning: a header between Pillow's limit and twice it, where
             # warnings are errors (python -W error)
-            raise ValueError(f"cannot read image {f} (data row {i + 1} of {csv_path}): "
+            raise ValueError(f"cannot read image {f} (data row {i} of {csv_path}): "
                              f"{str(err).rstrip('.')}. Replace the file or remove its row") from None
     return modes
 
@@ -69,7 +69,7 @@ def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path
         p = p if p.is_absolute() else root / p
         if not p.is_file():
             what = ("is not a regular file" if p.exists() else "not found")
-            raise FileNotFoundError(f"image {p} (data row {i + 1} of {csv_path}) {what}; paths are read "
+            raise FileNotFoundError(f"image {p} (data row {i} of {csv_path}) {what}; paths are read "
                                     f"relative to {root} (the list's folder; in Python: root=)")
         files.append(p)
     modes = _image_modes(files, csv_path)

@@ -8,14 +8,19 @@ the file may lack the label column (then there is nothing to score against).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from .builtin import DATASETS_DIR
+from .frames import cell_texts, fill_missing, table_features, table_labels
 from .image_files import ImageFiles
 from .load import BUILTIN_NAMES, TABULAR_FORMATS, load_dataset
 from .tables import (
@@ -23,13 +28,18 @@ from .tables import (
     open_npz,
     parse_labels,
     read_csv_rows,
+    read_feature_table,
     read_table_features,
     refuse_complex,
     require_file,
     table_format,
 )
 
-__all__ = ["Inputs", "read_inputs"]
+__all__ = ["Inputs", "read_inputs", "TableSlices", "table_slices", "SLICE_ROWS"]
+
+# rows of a table file converted at a time by table_slices: a slice's features, embeddings and
+# probabilities stay a few tens of MB whatever the file's length
+SLICE_ROWS = 65_536
 
 # The built-in tables as files with their delimiter: read for prediction by a run's own columns, as
 # any file is (a run trained on other columns must not predict on them).
@@ -98,6 +108,90 @@ def read_inputs(spec: str | Path, schema: dict[str, Any], delimiter: Optional[st
                      f"{fmt or 'other'} data; give a file of the same kind")
 
 
+@dataclass
+class TableSlices:
+    """A table file read once, whose rows :func:`table_slices` converts a slice at a time: iterating
+    gives the :class:`Inputs` of consecutive slices of ``rows_per_slice`` rows, as :func:`read_inputs`
+    gives them for the whole file (ids go on from slice to slice). ``rows``: the file's data rows;
+    ``ids_need_quotes``: whether any id holds a comma, a quote or a line break (a CSV of them quotes
+    its ids)."""
+
+    table: Any  # pyarrow.Table, as read_feature_table reads it
+    origin: Any  # TableOrigin
+    schema: dict[str, Any]
+    values: Optional[np.ndarray]
+    handle_unknown: str
+    rows_per_slice: int
+
+    @property
+    def rows(self) -> int:
+        return int(self.table.num_rows)
+
+    @property
+    def ids_need_quotes(self) -> bool:
+        id_column = self.schema.get("id_column")
+        if id_column is None or self.rows == 0:
+            return False
+        return bool(pc.any(pc.match_substring_regex(self.table.column(id_column), r'[,"\r\n]')).as_py())
+
+    def __iter__(self) -> Iterator[Inputs]:
+        columns = list(self.schema["columns"])
+        categorical = {k: list(v) for k, v in self.schema.get("categorical", {}).items()}
+        id_column = self.schema.get("id_column")
+        for start in range(0, self.rows, self.rows_per_slice):
+            part = self.table.slice(start, self.rows_per_slice)
+            # as read_inputs: a row with a missing cell is filled so the model runs, and marked
+            part, incomplete = fill_missing(part, columns, categorical, self.origin, "mark")
+            x, _, _ = table_features(part, columns, categorical, self.origin, self.handle_unknown)
+            ids = (cell_texts(part.column(id_column)) if id_column is not None
+                   else [str(i) for i in range(start, start + part.num_rows)])
+            values = None if self.values is None else self.values[start:start + part.num_rows]
+            yield Inputs(torch.from_numpy(x), ids, values, incomplete)
+
+
+def table_slices(spec: str | Path, schema: dict[str, Any], delimiter: Optional[str] = None,
+                 handle_unknown: str = "error", rows_per_slice: int = SLICE_ROWS) -> Optional[TableSlices]:
+    """:func:`read_inputs` of a table file (a built-in table, CSV/TSV, Parquet, Feather) in slices: the
+    file's columns are read at once, as typed as they convert (float32 features), and each slice is
+    converted when it is reached, so that the memory a prediction needs beyond that read is a slice's.
+    None for data read whole (``.npz``, images, anything :func:`read_inputs` refuses: it says why).
+
+    An error of a slice names its row within the slice: the caller reads the whole data with
+    :func:`read_inputs` for the message naming the file's row."""
+    located = _table_file(spec, schema)
+    if located is None:
+        return None
+    path, builtin_delimiter, where = located
+    kind = table_format(path) or "csv"
+    delimiter = builtin_delimiter if where is not None else (delimiter if kind == "csv" else None)
+    label_column = schema.get("label_column")
+    table, origin, has_label = read_feature_table(
+        path, list(schema["columns"]), schema.get("categorical", {}), label_column, delimiter, label_optional=True,
+        where=where, id_column=schema.get("id_column"),
+        encoding=schema.get("encoding") if kind == "csv" else None)
+    values = table_labels(table, label_column, origin, optional=True) if has_label else None
+    if has_label:  # the labels are read: the column's buffer goes back
+        table = table.drop_columns([label_column])
+    pa.default_memory_pool().release_unused()
+    return TableSlices(table, origin, schema, values, handle_unknown, int(rows_per_slice))
+
+
+def _table_file(spec: str | Path, schema: dict[str, Any]) -> Optional[tuple[Path, Optional[str], Optional[str]]]:
+    """``(path, delimiter of a built-in table, name in errors)`` of a table file that
+    :func:`read_inputs` reads with ``_read_table``; None for other data."""
+    key = str(spec).strip()
+    if schema.get("format") not in TABULAR_FORMATS:
+        return None
+    if key.lower() in _BUILTIN_TABLES:
+        file, delimiter = _BUILTIN_TABLES[key.lower()]
+        return DATASETS_DIR / file, delimiter, f"{key} ({file})"
+    path = Path(key)
+    if key.lower() in BUILTIN_NAMES or not path.is_file() or re.search(r"\.npz$", path.name, re.I) \
+            or table_format(path) is None:
+        return None
+    return path, None, None
+
+
 def _optional_labels(header: list[str], body: list[list[str]], label_column: Optional[str],
                      path: Path) -> Optional[np.ndarray]:
     """An image list's labels: None without the column, or when its every cell is empty."""
@@ -153,7 +247,7 @@ def _read_image_list(path: Path, schema: dict[str, Any], delimiter: Optional[str
     for i, row in enumerate(body):
         file = Path(row[jp]) if Path(row[jp]).is_absolute() else path.parent / row[jp]
         if not file.is_file():
-            raise FileNotFoundError(f"image {file} (data row {i + 1} of {path}) not found; paths are "
+            raise FileNotFoundError(f"image {file} (data row {i} of {path}) not found; paths are "
                                     f"read relative to the list's folder")
         files.append(file)
     images = ImageFiles(files, int(schema["channels"]), tuple(schema["image_size"]), source=str(path))

@@ -45,7 +45,7 @@ from .frames import (
     table_labels,
 )
 
-__all__ = ["load_table", "load_npz", "read_table", "read_table_features", "table_columns",
+__all__ = ["load_table", "load_npz", "read_table", "read_table_features", "read_feature_table", "table_columns",
            "table_format", "TABLE_SUFFIXES", "SNIFFED_DELIMITERS"]
 
 # Delimiters told apart when a CSV's delimiter is not given, in order of preference on a tie.
@@ -159,7 +159,7 @@ def read_csv_rows(path: str | Path, delimiter: str | None = None,
         raise ValueError(f"{path} has a header but no data rows: the dataset would be empty")
     for i, row in enumerate(body):
         if len(row) != len(header):
-            raise ValueError(f"{path}, data row {i + 1}: {len(row)} cells but the header has {len(header)} "
+            raise ValueError(f"{path}, data row {i}: {len(row)} cells but the header has {len(header)} "
                              f"columns (read with delimiter {delimiter!r}; pass delimiter= if that is wrong)")
     return header, body
 
@@ -189,7 +189,7 @@ def parse_labels(body: list[list[str]], j: int, name: str, path: Path) -> np.nda
             out[i] = np.nan
         if not math.isfinite(out[i]):
             raise ValueError(f"{path}: label column {name!r} has a missing or non-numeric value {cell!r} in "
-                             f"data row {i + 1}; labels must be numbers (ages, scores, months)")
+                             f"data row {i}; labels must be numbers (ages, scores, months)")
     return out
 
 
@@ -374,6 +374,34 @@ def read_table_features(path: str | Path, columns: Sequence[str], categorical: M
     ``where`` names the data in errors (default the path). ``missing``: what rows with a missing
     feature cell get (:func:`~.frames.fill_missing`); the last item is ``[N]`` bool of those rows of
     the file (None where none has one), the rest are of the rows kept."""
+    table, origin, has_label = read_feature_table(path, columns, categorical, label_column, delimiter,
+                                                  label_optional, where, id_column, encoding)
+    if one_hot_text:
+        words = [c for c in columns if c not in categorical and _text_typed(table.column(c))
+                 and holds_words(table.column(c), origin)]
+        categorical = {**categorical, **{c: [] for c in words}}
+    row_numbers = np.arange(table.num_rows)
+    table, incomplete = fill_missing(table, columns, categorical, origin, missing)
+    if missing == "skip" and incomplete is not None:
+        row_numbers = row_numbers[~incomplete]
+    x, names, used = table_features(table, columns, categorical, origin, handle_unknown)
+    values = table_labels(table, label_column, origin, optional=label_optional) if has_label else None
+    ids = cell_texts(table.column(id_column)) if id_column is not None else [str(i) for i in row_numbers]
+    del table
+    # the table's buffers stay with pyarrow's allocator once freed: hand them back, so that the label
+    # encoding after this reuses memory instead of adding to the peak
+    pa.default_memory_pool().release_unused()
+    return x, names, used, values, ids, incomplete
+
+
+def read_feature_table(path: str | Path, columns: Sequence[str], categorical: Mapping[str, Sequence[str]],
+                       label_column: str | None, delimiter: str | None = None, label_optional: bool = False,
+                       where: str | None = None, id_column: str | None = None, encoding: str | None = None
+                       ) -> tuple[pa.Table, TableOrigin, bool]:
+    """The columns of a table file that :func:`read_table_features` converts, as read (numbers typed
+    where every cell converts, else text), before any conversion: the table, where it came from
+    (for errors) and whether it has the label column. A missing column is refused by name before
+    any row is read."""
     path = Path(path)
     header = table_columns(path, delimiter, encoding)
     decimal_comma = ((table_format(path) or "csv") == "csv"
@@ -396,22 +424,7 @@ def read_table_features(path: str | Path, columns: Sequence[str], categorical: M
     table = read_table(path, types, delimiter, encoding)
     if table.num_rows == 0:
         raise ValueError(f"{path} has a header but no data rows: the dataset would be empty")
-    if one_hot_text:
-        words = [c for c in columns if c not in categorical and _text_typed(table.column(c))
-                 and holds_words(table.column(c), origin)]
-        categorical = {**categorical, **{c: [] for c in words}}
-    row_numbers = np.arange(table.num_rows)
-    table, incomplete = fill_missing(table, columns, categorical, origin, missing)
-    if missing == "skip" and incomplete is not None:
-        row_numbers = row_numbers[~incomplete]
-    x, names, used = table_features(table, columns, categorical, origin, handle_unknown)
-    values = table_labels(table, label_column, origin, optional=label_optional) if has_label else None
-    ids = cell_texts(table.column(id_column)) if id_column is not None else [str(i) for i in row_numbers]
-    del table
-    # the table's buffers stay with pyarrow's allocator once freed: hand them back, so that the label
-    # encoding after this reuses memory instead of adding to the peak
-    pa.default_memory_pool().release_unused()
-    return x, names, used, values, ids, incomplete
+    return table, origin, has_label
 
 
 def _text_typed(col: pa.ChunkedArray) -> bool:

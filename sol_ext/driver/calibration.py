@@ -1,0 +1,114 @@
+"""The end of a ``sol-ext train`` run: how well its rank probabilities are calibrated, and the rows its
+rank intervals are calibrated on by default (docs/intervals.md).
+
+It runs once the run has finished, from ``best.pt`` (the selected epoch, as :func:`sol_ext.load_run`
+reads it):
+
+* the validation split's rank probabilities and labels as given go into ``best.pt``
+  (:data:`~sol_ext.driver.model.CALIBRATION_KEY`), so that ``sol-ext predict --interval`` and
+  :meth:`sol_ext.driver.model.TrainedModel.predict_interval` need no data;
+* the expected calibration error and the reliability curve of the validation split (against its
+  labels as given) and of the test set (against its labels) go into ``results.json``
+  (``calibration``), and the curves into ``reliability.png`` (:mod:`sol_ext.driver.report`).
+
+Nothing the training wrote changes but for the entry added to ``best.pt``, and the training's random
+state is left as it was (rebuilding the model draws initial weights, which its saved weights then
+replace).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from ..metrics import expected_calibration_error, reliability_curve
+from .checkpoint import BEST_NAME, load_checkpoint, save_checkpoint
+from .config import TrainConfig
+from .device import resolve_device
+from .fit import FitContext, validation_split
+from .model import CALIBRATION_KEY, TrainedModel, model_from_state
+from .prepare import PreparedData
+
+__all__ = ["RELIABILITY_BINS", "HeldOutProbabilities", "calibrate_run", "calibration_summary"]
+
+RELIABILITY_BINS = 15  # the bins of the reliability curve and of the ECE (sol_ext.metrics' default)
+
+
+@dataclass
+class HeldOutProbabilities:
+    """The selected model's rank probabilities ``[M, n]`` (float64) on rows it did not fit, with
+    their label ranks ``[M]``: the validation split (labels as given) or the test set."""
+
+    probabilities: torch.Tensor
+    ranks: torch.Tensor
+
+    def finite(self) -> "HeldOutProbabilities":
+        """The rows with finite probabilities (a diverged row has none to score)."""
+        keep = torch.isfinite(self.probabilities).all(dim=1)
+        return HeldOutProbabilities(self.probabilities[keep], self.ranks[keep])
+
+
+def calibrate_run(out_dir: Path, config: TrainConfig, data: PreparedData,
+                  results: Optional[dict[str, Any]] = None, *, context: Optional[FitContext] = None,
+                  ) -> Optional[HeldOutProbabilities]:
+    """Add the validation split's rank probabilities and given labels to ``out_dir/best.pt`` (a run
+    without a validation split: ``best.pt`` is left untouched) and, given the run's ``results``, put
+    the calibration's figures into them (``results["calibration"]``, :func:`calibration_summary`).
+    ``context``: the device and validation split the run's checks worked out (default: work them out).
+    Returns the validation split's probabilities, or ``None``."""
+    context = context or FitContext()
+    path = Path(out_dir) / BEST_NAME
+    state = load_checkpoint(path)
+    model = _selected_model(state, context.device or resolve_device(config.device))
+    split = context.split or validation_split(data.train_given, config.val_fraction, config.seed)
+    validation = None
+    if split.val is not None:
+        probabilities, _ = model.rank_probabilities(model.embed_prepared(data.train_x[split.val]))
+        validation = HeldOutProbabilities(probabilities.cpu().to(torch.float64),
+                                          data.train_given[split.val].cpu()).finite()
+        if validation.ranks.numel() == 0:
+            validation = None
+    if validation is not None:
+        state[CALIBRATION_KEY] = {"probabilities": validation.probabilities, "ranks": validation.ranks}
+        state.pop("format_version", None)  # save_checkpoint writes the current one
+        save_checkpoint(path, state)
+    if results is not None:
+        test = None
+        if data.test_ranks.numel() > 0:  # the selected epoch's test embeddings are in best.pt
+            probabilities, _ = model.rank_probabilities(state["test_embeddings"])
+            test = HeldOutProbabilities(probabilities.cpu().to(torch.float64), data.test_ranks.cpu()).finite()
+        results["calibration"] = calibration_summary(validation, test)
+    return validation
+
+
+def calibration_summary(validation: Optional[HeldOutProbabilities],
+                        test: Optional[HeldOutProbabilities]) -> dict[str, Any]:
+    """``results.json``'s ``calibration``: for the validation split (its labels as given) and the
+    test set, the rows, the expected calibration error and the reliability curve
+    (:func:`sol_ext.metrics.reliability_curve`: ``confidence``, ``accuracy`` and ``count`` per bin,
+    ``null`` in an empty bin); ``null`` for a part the run does not have. ``intervals`` names the
+    rows the run's intervals are calibrated on by default (``null``: none; ``--calibration`` then)."""
+    summary: dict[str, Any] = {"bins": RELIABILITY_BINS,
+                               "intervals": None if validation is None else "validation"}
+    for name, part in (("validation", validation), ("test", test)):
+        if part is None or part.ranks.numel() == 0:
+            summary[name] = None
+            continue
+        p, y = part.probabilities.numpy(), part.ranks.numpy()
+        curve = reliability_curve(p, y, RELIABILITY_BINS)
+        summary[name] = {"rows": int(y.size), "ece": expected_calibration_error(p, y, RELIABILITY_BINS),
+                         "reliability": {k: [None if math.isnan(v) else v for v in map(float, values)]
+                                         if k != "count" else [int(v) for v in values]
+                                         for k, values in curve.items()}}
+    return summary
+
+
+def _selected_model(state: dict[str, Any], device: torch.device) -> TrainedModel:
+    """The model of ``best.pt``'s ``state``, on the run's device, built without touching the random
+    state the training leaves (its initial weights are drawn, then replaced by the saved ones)."""
+    with torch.random.fork_rng(devices=[]):
+        return model_from_state(state, device, source=BEST_NAME)
