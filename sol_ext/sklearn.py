@@ -44,6 +44,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
+from .driver.calibration import store_validation_calibration, validation_probabilities
 from .driver.config import PAPER_SETTINGS, RENAMED_SETTINGS, TrainConfig
 from .driver.data import OrdinalDataset, apply_scaling, feature_scaling
 from .driver.data.frames import (
@@ -342,6 +343,9 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         with _torch_threads(threads):  # in memory: nothing is written, not even to a temp dir
             outcome = train(config, data, None, log=print if verbose else lambda _line: None)
             model = model_from_state(outcome.best_state, device=config.device)
+            # as a run does: the validation split's probabilities calibrate predict_interval
+            split = validation_split(data.train_given, config.val_fraction, config.seed)
+            store_validation_calibration(model, validation_probabilities(model, data, split.val))
         self.model_ = model
         self.classes_ = _classes(encoder, label_dtype)
         self.history_ = outcome.results
@@ -415,7 +419,13 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
 
     def predict_interval(self, X: Any, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
         """``(lower, upper)``: ``[N]`` label values bounding an interval per row that holds its label with
-        probability ``coverage``, after :meth:`calibrate_intervals`."""
+        probability ``coverage``: calibrated by :meth:`fit` on its validation split (the default score,
+        labels as given), or by the last :meth:`calibrate_intervals`, which replaces it."""
+        check_is_fitted(self)
+        if self.model_.intervals is None:
+            raise RuntimeError("SOLRanker.predict_interval: no interval calibration, since fit had no validation "
+                               "split (val_fraction=0); call calibrate_intervals(X_cal, y_cal) with held-out rows "
+                               "and their labels first")
         return self.model_.intervals_of(self._table(X), coverage)
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:

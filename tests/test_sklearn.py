@@ -287,10 +287,33 @@ def test_rank_intervals_after_calibrating_on_held_out_rows():
     """calibrate_intervals on rows fit did not see, then predict_interval: intervals on the label grid
     that hold at least the requested share of the calibration rows' own labels."""
     X, y = ordinal_problem(600, seed=3)
-    ranker = SOLRanker(**SMALL).fit(X[:400], y[:400])
-    with pytest.raises(RuntimeError, match="calibrate_intervals"):
+    ranker = SOLRanker(**SMALL, val_fraction=0.0).fit(X[:400], y[:400])  # no validation split to calibrate on
+    with pytest.raises(RuntimeError, match=r"calibrate_intervals\(X_cal, y_cal\)"):
         ranker.predict_interval(X[400:])
     assert ranker.calibrate_intervals(X[400:], y[400:], score="cumulative") is ranker
     lower, upper = ranker.predict_interval(X[400:], coverage=0.9)
     assert np.all(lower <= upper) and set(np.unique(np.r_[lower, upper])) <= set(ranker.classes_)
     assert np.mean((y[400:] >= lower) & (y[400:] <= upper)) >= 0.9
+
+
+def test_fit_calibrates_intervals_on_its_validation_split_without_changing_the_fit(monkeypatch):
+    """After fit, predict_interval works: calibrated on the validation split, as calibrating on those
+    rows by hand; calibrate_intervals still replaces it; and the fitted probabilities are those of a fit
+    that stores no calibration."""
+    from sol_ext.driver.fit import validation_split
+    from sol_ext.labels import LabelGrid
+
+    X, y = ordinal_problem(400, seed=5)
+    ranker = SOLRanker(**SMALL, random_state=2).fit(X, y)
+    lower, upper = ranker.predict_interval(X, coverage=0.9)
+    val = validation_split(LabelGrid.fit(y.astype(np.float64)).encode(y.astype(np.float64)),
+                           ranker.val_fraction, ranker.train_config().seed).val.numpy()
+    by_hand = SOLRanker(**SMALL, random_state=2).fit(X, y).calibrate_intervals(X[val], y[val])
+    np.testing.assert_array_equal(by_hand.predict_interval(X, coverage=0.9), (lower, upper))
+    assert np.mean((y[val] >= lower[val]) & (y[val] <= upper[val])) >= 0.9
+    assert ranker.model_.intervals.score == "hpd" and ranker.model_.intervals.count == len(val)
+    ranker.calibrate_intervals(X[:40], y[:40], score="absolute")  # an explicit calibration replaces it
+    assert ranker.model_.intervals.score == "absolute" and ranker.model_.intervals.count == 40
+    monkeypatch.setattr("sol_ext.sklearn.store_validation_calibration", lambda model, validation: None)
+    uncalibrated = SOLRanker(**SMALL, random_state=2).fit(X, y)
+    np.testing.assert_array_equal(uncalibrated.predict_proba(X), ranker.predict_proba(X))

@@ -33,7 +33,8 @@ from .fit import FitContext, validation_split
 from .model import CALIBRATION_KEY, TrainedModel, model_from_state
 from .prepare import PreparedData
 
-__all__ = ["RELIABILITY_BINS", "HeldOutProbabilities", "calibrate_run", "calibration_summary"]
+__all__ = ["RELIABILITY_BINS", "HeldOutProbabilities", "calibrate_run", "calibration_summary",
+           "validation_probabilities", "store_validation_calibration"]
 
 RELIABILITY_BINS = 15  # the bins of the reliability curve and of the ECE (sol_ext.metrics' default)
 
@@ -65,13 +66,7 @@ def calibrate_run(out_dir: Path, config: TrainConfig, data: PreparedData,
     state = load_checkpoint(path)
     model = _selected_model(state, context.device or resolve_device(config.device))
     split = context.split or validation_split(data.train_given, config.val_fraction, config.seed)
-    validation = None
-    if split.val is not None:
-        probabilities, _ = model.rank_probabilities(model.embed_prepared(data.train_x[split.val]))
-        validation = HeldOutProbabilities(probabilities.cpu().to(torch.float64),
-                                          data.train_given[split.val].cpu()).finite()
-        if validation.ranks.numel() == 0:
-            validation = None
+    validation = validation_probabilities(model, data, split.val)
     if validation is not None:
         state[CALIBRATION_KEY] = {"probabilities": validation.probabilities, "ranks": validation.ranks}
         state.pop("format_version", None)  # save_checkpoint writes the current one
@@ -83,6 +78,26 @@ def calibrate_run(out_dir: Path, config: TrainConfig, data: PreparedData,
             test = HeldOutProbabilities(probabilities.cpu().to(torch.float64), data.test_ranks.cpu()).finite()
         results["calibration"] = calibration_summary(validation, test)
     return validation
+
+
+def validation_probabilities(model: TrainedModel, data: PreparedData,
+                             rows: Optional[torch.Tensor]) -> Optional[HeldOutProbabilities]:
+    """The rank probabilities of ``model`` on the training rows ``rows`` of ``data`` (the validation
+    split) with their labels as given, the rows with finite probabilities; ``None`` without rows."""
+    if rows is None:
+        return None
+    probabilities, _ = model.rank_probabilities(model.embed_prepared(data.train_x[rows]))
+    validation = HeldOutProbabilities(probabilities.cpu().to(torch.float64), data.train_given[rows].cpu()).finite()
+    return validation if validation.ranks.numel() > 0 else None
+
+
+def store_validation_calibration(model: TrainedModel, validation: Optional[HeldOutProbabilities]) -> None:
+    """Keep ``validation`` on ``model`` as the rows its intervals are calibrated on (as :func:`load_run`
+    does with a run's ``best.pt``) and calibrate them with the default score; nothing without rows."""
+    if validation is None:
+        return
+    model.stored_calibration = {"probabilities": validation.probabilities, "ranks": validation.ranks.to(torch.int64)}
+    model.calibrate_intervals_on_validation()
 
 
 def calibration_summary(validation: Optional[HeldOutProbabilities],
