@@ -295,7 +295,9 @@ def _stream_only(args: argparse.Namespace) -> int:
         folder = Path(tmp)
         predict_rate(folder, 1000, 1)  # trains the run
         result["stream"] = stream_predict(folder, args.stream_rows)
+    result["load_average"] = os.getloadavg()[0]  # other work on the machine: seconds are comparable only at a like load
     _print_stream(result["stream"])
+    print(f"  load average (1 min) at the end: {result['load_average']:.2f}")
     path = args.json or STREAM_RESULTS
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")

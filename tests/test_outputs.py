@@ -298,7 +298,7 @@ def _interrupt(*args, **kwargs):
 
 
 @pytest.mark.parametrize("command,patch", [
-    ("predict", "sol_ext.driver.predict.prediction_csv"),
+    ("predict", "sol_ext.driver.predict.write_prediction_csv"),
     ("export", "torch.export.save"),
     ("audit", "sol_ext.driver.audit.audit_run"),
 ])

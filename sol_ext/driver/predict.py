@@ -4,13 +4,15 @@ the training loop is imported here."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import io
 import itertools
 import os
 import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import BinaryIO, Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +22,7 @@ import pyarrow.csv as pa_csv
 from .data.frames import string_array
 from .model import Prediction, TrainedModel
 
-__all__ = ["prediction_csv", "score_prediction", "format_scores", "predict_command", "calibrate_from_args"]
+__all__ = ["prediction_csv", "write_prediction_csv", "score_prediction", "format_scores", "predict_command", "calibrate_from_args"]
 
 
 _NEEDS_QUOTES = re.compile(r'[,"\r\n]')
@@ -61,6 +63,14 @@ def _ten_digits(values: np.ndarray, label_values: np.ndarray) -> np.ndarray:
 
 def prediction_csv(prediction: Prediction, interval: Optional[tuple[np.ndarray, np.ndarray]] = None,
                    header: bool = True) -> bytes:
+    """The text of :func:`write_prediction_csv` as bytes."""
+    out = io.BytesIO()
+    write_prediction_csv(out, prediction, interval, header)
+    return out.getvalue()
+
+
+def write_prediction_csv(out: BinaryIO, prediction: Prediction,
+                         interval: Optional[tuple[np.ndarray, np.ndarray]] = None, header: bool = True) -> None:
     """One row per input: ``id`` (or the run's id column), ``prediction`` and ``expected`` (label units),
     ``lower`` and ``upper`` (label units) when ``interval`` is given, ``label`` when the data have one, and
     ``p_<value>`` for each label value, as UTF-8 CSV; after the header line unless ``header`` is False
@@ -99,17 +109,19 @@ def prediction_csv(prediction: Prediction, interval: Optional[tuple[np.ndarray, 
         quoted = bool(_NEEDS_QUOTES.search("".join(prediction.ids)))
     options = pa_csv.WriteOptions(include_header=False, quoting_style="needed" if quoted else "none")
 
-    def rows_text(part: pa.Table) -> bytes:
-        out = pa.BufferOutputStream()
-        pa_csv.write_csv(part, out, options)
-        return out.getvalue().to_pybytes()
+    def rows_text(part: pa.Table) -> pa.Buffer:
+        text = pa.BufferOutputStream()
+        pa_csv.write_csv(part, text, options)
+        return text.getvalue()
 
-    # Arrow's writer formats on one thread and releases the GIL: slices of 50,000 rows on the cores
+    if header:
+        out.write((",".join(_csv_cell(h) for h in names) + "\n").encode("utf-8"))
+    # Arrow's writer formats on one thread and releases the GIL: slices of 50,000 rows on the cores;
+    # each slice's text goes to ``out`` from Arrow's buffer as it is, not copied into one string
     slices = [table.slice(start, 50_000) for start in range(0, table.num_rows, 50_000)] or [table]
     with ThreadPoolExecutor(max_workers=min(len(slices), os.cpu_count() or 1)) as pool:
-        parts = list(pool.map(rows_text, slices))
-    head = (",".join(_csv_cell(h) for h in names) + "\n").encode("utf-8") if header else b""
-    return head + b"".join(parts)
+        for text in pool.map(rows_text, slices):
+            out.write(text)
 
 
 def score_prediction(model: TrainedModel, prediction: Prediction) -> Optional[dict[str, float]]:
@@ -286,20 +298,21 @@ def predict_command(args: argparse.Namespace) -> int:
 
     # a table file is read once and predicted and written a slice at a time; the first slice meets
     # any problem of the file before anything is written
-    slices = model.predict_slices(args.data, data_inputs.SLICE_ROWS)
-    first = next(slices)
-    written = _Written(model, _calibrated_coverage(args, model), args.skip_missing)
+    with _system_memory_pool():
+        slices = model.predict_slices(args.data, data_inputs.SLICE_ROWS)
+        first = next(slices)
+        written = _Written(model, _calibrated_coverage(args, model), args.skip_missing)
 
-    def write(f) -> None:
-        for part in itertools.chain([first], slices):
-            f.write(written.csv_of(part))
+        def write(f) -> None:
+            for part in itertools.chain([first], slices):
+                written.write(f, part)
 
-    if to_stdout:
-        sys.stdout.flush()
-        write(sys.stdout.buffer)
-        sys.stdout.buffer.flush()
-    else:
-        atomic_write_stream(path, write)
+        if to_stdout:
+            sys.stdout.flush()
+            write(sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+        else:
+            atomic_write_stream(path, write)
     if written.incomplete:
         warn(f"{args.data}: {written.incomplete} of {written.read} rows have a missing feature value; "
              + ("they are left out (--skip-missing)." if args.skip_missing else
@@ -315,8 +328,21 @@ def predict_command(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _system_memory_pool() -> Iterator[None]:
+    """Arrow allocates from the C library's allocator meanwhile: what a prediction frees (the CSV's
+    parse buffers, the label column once read, each slice's buffers) goes back to the system, where
+    Arrow's default pool (mimalloc) keeps it (about 0.5x the feature matrix of a long file)."""
+    previous = pa.default_memory_pool()
+    pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(previous)
+
+
 class _Written:
-    """What ``sol-ext predict`` has written, slice by slice: the CSV of each slice (:meth:`csv_of`), and
+    """What ``sol-ext predict`` has written, slice by slice: the CSV of each slice (:meth:`write`), and
     what the summary lines need, summed as the slices come (the scores, the intervals' widths)."""
 
     def __init__(self, model: TrainedModel, coverage: Optional[float], skip_missing: bool):
@@ -325,8 +351,8 @@ class _Written:
         self.scores = _ScoreTotals(model)
         self.widths = _IntervalTotals()
 
-    def csv_of(self, part: Prediction) -> bytes:
-        """The CSV lines of the slice ``part`` (the header before the first)."""
+    def write(self, f: BinaryIO, part: Prediction) -> None:
+        """Write the CSV lines of the slice ``part`` to ``f`` (the header before the first)."""
         self.read += len(part.ids)
         if part.incomplete is not None and part.incomplete.any():
             self.incomplete += int(part.incomplete.sum())
@@ -336,10 +362,9 @@ class _Written:
         self.scores.add(part)
         if interval is not None:
             self.widths.add(interval, part.values, part.incomplete)
-        text = prediction_csv(part, interval, header=not self.parts_written)
+        write_prediction_csv(f, part, interval, header=not self.parts_written)
         self.parts_written += 1
         self.rows += len(part.ids)
-        return text
 
     def interval_summary(self) -> str:
         return self.widths.summary(self.coverage)
