@@ -1,6 +1,6 @@
 """pytest-benchmark suite: fused vs reference StochasticOrderLoss, forward+backward, all pairs.
 
-    pytest benchmarks/ --benchmark-only --benchmark-group-by=param:size
+    pytest benchmarks/bench_loss_suite.py --benchmark-only --benchmark-group-by=param:size
 
 (benchmarks/bench_loss.py prints the same comparison as one table, with memory and ratios.)
 """
