@@ -2,14 +2,14 @@
 
 A page marks each code block a test runs with a comment on the line before it that names the test:
 
-    <!-- docs snippet: tests/test_docs.py runs it -->
+    <!-- docs snippet: tests/docs/test_docs.py runs it -->
 
 This file runs the blocks marked so, page by page, in order, in a fresh folder per page: ``python``
 blocks as they are, each in a namespace of its own (a block defines every name it uses, so it runs
 as shown when copied alone), and ``bash`` blocks line by line, each line a ``sol-ext`` command. The
 files a block writes stay for the blocks below it, as in a reader's working folder (a page that
 trains a run with one block and loads it with the next). A marker that names another test
-(``tests/test_docs.py::test_name``, or another file) leaves the block to that test.
+(``tests/docs/test_docs.py::test_name``, or another file) leaves the block to that test.
 """
 from __future__ import annotations
 
@@ -26,13 +26,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import REPO_ROOT
+
+ROOT = REPO_ROOT
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 
 # a comment that names a test file (and perhaps a test in it), then the block
-MARKED = re.compile(r"^<!-- ([^\n]*?)(tests/\w+\.py)(?:::(\w+))?([^\n]*?) -->\n```(\w+)\n(.*?)^```", re.S | re.M)
-RUN_HERE = ("docs snippet: ", "tests/test_docs.py", " runs it")
+MARKED = re.compile(r"^<!-- ([^\n]*?)(tests/(?:\w+/)?\w+\.py)(?:::(\w+))?([^\n]*?) -->\n```(\w+)\n(.*?)^```",
+                    re.S | re.M)
+RUN_HERE = ("docs snippet: ", "tests/docs/test_docs.py", " runs it")
 
 
 def pages() -> list[Path]:
@@ -46,7 +49,7 @@ def page_name(page: Path) -> str:
 
 def marked_blocks(text: str) -> list[tuple[str, str | None, str, str, int, bool]]:
     """``(test file, test name or None, language, code, line of the code's first line, whether the
-    marker is this file's "docs snippet: tests/test_docs.py… runs it")`` for every marked block of
+    marker is this file's "docs snippet: tests/docs/test_docs.py… runs it")`` for every marked block of
     ``text``, in order."""
     return [(m.group(2), m.group(3), m.group(5), m.group(6), text.count("\n", 0, m.start(6)) + 1,
              (m.group(1), m.group(2), m.group(4)) == RUN_HERE) for m in MARKED.finditer(text)]

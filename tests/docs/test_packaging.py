@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import REPO_ROOT
+
+ROOT = REPO_ROOT
 
 # What pip's isolated build does (pip/_internal/build_env.py): PYTHONNOUSERSITE=1, and a
 # sitecustomize.py on PYTHONPATH that drops the environment's site-packages from sys.path and adds

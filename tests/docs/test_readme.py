@@ -1,10 +1,11 @@
-"""The README's snippet runs as written (the site's snippets: tests/test_docs.py)."""
+"""The README's snippet runs as written (the site's snippets: tests/docs/test_docs.py)."""
 
 import re
-from pathlib import Path
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-MARK = "<!-- README snippet: tests/test_readme.py runs it -->"
+from common import REPO_ROOT
+
+README = (REPO_ROOT / "README.md").read_text()
+MARK = "<!-- README snippet: tests/docs/test_readme.py runs it -->"
 
 
 def snippets() -> list[str]:

@@ -8,12 +8,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
-from common import expect_error, tiny_csv, write_csv
+from common import REPO_ROOT, expect_error, tiny_csv, write_csv
 from sol_ext.driver.cli import main
 
 FAST = ["--epochs", "2", "--batch-size", "16", "--embedding-dim", "4", "--hidden", "16",
@@ -363,7 +362,7 @@ def test_ctrl_c_after_an_epoch_points_to_its_checkpoint(tmp_path, capsys, monkey
 
 def test_ctrl_c_while_starting_prints_no_traceback(tmp_path):
     """The ``sol-ext`` command as installed: a Ctrl-C while torch loads ends it quietly."""
-    root = Path(__file__).resolve().parents[1]
+    root = REPO_ROOT
     env = {**os.environ, "PYTHONPATH": str(root)}
     # The launcher as installed, which says on stdout when its Ctrl-C handler is in place: the signal
     # is sent then, while the package (torch) still loads, however long the interpreter took to start.

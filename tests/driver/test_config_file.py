@@ -11,11 +11,10 @@ import random
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from common import tiny_csv
+from common import REPO_ROOT, tiny_csv
 from sol_ext.driver.cli import build_parser, main
 from sol_ext.driver.config import PAPER_SETTINGS, TrainConfig
 from sol_ext.driver.config_file import (
@@ -90,7 +89,7 @@ def test_every_setting_has_a_toml_form_that_reads_back(tmp_path):
 
 
 def test_the_readme_example_file_is_read(tmp_path):
-    readme = (Path(__file__).resolve().parents[1] / "docs" / "driver.md").read_text(encoding="utf-8")
+    readme = (REPO_ROOT / "docs" / "driver.md").read_text(encoding="utf-8")
     part = readme[readme.index("**Settings in a file**"):]
     path = tmp_path / "run.toml"
     path.write_text(re.search(r"```toml\n(.*?)```", part, re.S).group(1))
@@ -306,7 +305,7 @@ def test_a_run_s_config_names_where_its_data_was_when_the_file_is_gone(tmp_path,
 def test_a_named_pipe_as_config_is_refused_without_waiting(tmp_path):
     pipe = tmp_path / "run.toml"
     os.mkfifo(pipe)
-    root = Path(__file__).resolve().parents[1]
+    root = REPO_ROOT
     proc = subprocess.run([sys.executable, "-m", "sol_ext", "train", "--config", str(pipe)],
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(root)})

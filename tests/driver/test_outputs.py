@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from common import expect_error, tiny_csv
+from common import REPO_ROOT, expect_error, tiny_csv
 from sol_ext.driver.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 FAST = ["--epochs", "2", "--batch-size", "16", "--embedding-dim", "4", "--hidden", "16",
         "--lr", "0.01", "--quiet", "--no-plots", "--sigma", "1"]
 

@@ -365,7 +365,7 @@ def test_the_cuts_read_out_is_fitted_saved_predicted_and_exported(user_files, tm
     h = model.embed(x)
     assert np.array_equal(table.ranks, cut_ranks(model.head.expected_rank(h), model.head.cuts).numpy())
     cuts = model.head.cuts
-    assert bool((cuts[1:] >= cuts[:-1]).all())  # fitted (tests/test_head.py: on the training split)
+    assert bool((cuts[1:] >= cuts[:-1]).all())  # fitted (tests/library/test_head.py: on the training split)
     assert not torch.equal(cuts, torch.arange(model.num_ranks - 1, dtype=torch.float64) + 0.5)
     assert main(["export", str(out), "--output", str(tmp_path / "model.pt2")]) == 0
     program = torch.export.load(str(tmp_path / "model.pt2")).module()

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="ne
 N, DIM, NUM_RANKS = 23, 6, 7  # 23 rows: unequal shards for 2 and 3 processes
 
 
-# The driver's shards are sol_ext.distributed.shard's: tests/test_distributed.py
+# The driver's shards are sol_ext.distributed.shard's: tests/integrations/test_distributed.py
 # (test_shards_cover_every_sample_once) covers them.
 
 

@@ -347,7 +347,7 @@ def test_the_default_estimates_the_label_noise_and_moves_only_labels_it_is_sure_
     cfg = dataclasses.replace(BASE, epochs=4, sigma=1.0)
     out = train(cfg, data, tmp_path, log=quiet)
     record = out.results["history"][out.results["selected_epoch"] - 1]
-    assert record["label_noise_std"] >= 0  # estimated each epoch (tests/test_centroids.py)
+    assert record["label_noise_std"] >= 0  # estimated each epoch (tests/library/test_centroids.py)
     best = load_checkpoint(tmp_path / BEST_NAME)
     assert torch.equal(best["labels"], best["given_labels"])
     audit = best["audit"]

@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ import sol_ext
 from common import (
     MULTIPROCESS_TIMEOUT_S,
     REL_TOL,
+    REPO_ROOT,
     assert_rel_close,
     cpu_and_cuda,
     multiprocess_env,
@@ -424,8 +424,8 @@ def test_shards_cover_every_sample_once(one_process_group, monkeypatch):
             assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
 
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_train.py"
-DDP_PAGE = Path(__file__).resolve().parents[1] / "docs" / "distributed.md"
+EXAMPLE = REPO_ROOT / "examples" / "ddp_train.py"
+DDP_PAGE = REPO_ROOT / "docs" / "distributed.md"
 
 
 def test_the_readme_ddp_script_is_the_example_file():

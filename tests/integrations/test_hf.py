@@ -4,7 +4,6 @@ checkpoints hold the head, and the worked example builds a trainer that runs."""
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,10 +14,11 @@ pytest.importorskip("accelerate")
 from transformers import AutoModel, BertConfig, BertModel, TrainerCallback, TrainingArguments  # noqa: E402
 
 import sol_ext  # noqa: E402
+from common import REPO_ROOT
 from sol_ext.hf import SOLTextConfig, SOLTextModel, SOLTextOutput, SOLTrainer  # noqa: E402
 
 NUM_RANKS, LENGTH, VOCAB = 5, 12, 100
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_text_ratings.py"
+EXAMPLE = REPO_ROOT / "examples" / "hf_text_ratings.py"
 
 
 class Ratings(torch.utils.data.Dataset):

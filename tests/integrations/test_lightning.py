@@ -15,7 +15,7 @@ import lightning as L  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import sol_ext  # noqa: E402
-from common import MULTIPROCESS_TIMEOUT_S, multiprocess_env  # noqa: E402
+from common import MULTIPROCESS_TIMEOUT_S, REPO_ROOT, multiprocess_env  # noqa: E402
 from sol_ext.lightning import SOLModule, SOLPrediction  # noqa: E402
 
 NUM_RANKS, DIM, EPOCHS = 8, 8, 2
@@ -305,10 +305,9 @@ def test_ddp_processes_hold_the_same_head_as_one_process_on_all_the_data(tmp_pat
 
 def test_the_readme_snippet_runs(tmp_path, monkeypatch):
     import re
-    from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "docs" / "lightning.md").read_text()
-    mark = "<!-- docs snippet: tests/test_lightning.py runs it -->"
+    readme = (REPO_ROOT / "docs" / "lightning.md").read_text()
+    mark = "<!-- docs snippet: tests/integrations/test_lightning.py runs it -->"
     (code,) = re.findall(re.escape(mark) + r"\n```python\n(.*?)```", readme, re.S)
     monkeypatch.chdir(tmp_path)  # the trainer's logs and checkpoints
     scope: dict = {}

@@ -9,14 +9,13 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("torchmetrics")
 
-from common import spawn_processes  # noqa: E402
+from common import REPO_ROOT, spawn_processes  # noqa: E402
 from sol_ext import metrics  # noqa: E402
 from sol_ext.torchmetrics import (  # noqa: E402
     AMAE,
@@ -234,8 +233,8 @@ def test_compute_without_samples_is_refused():
 
 
 def test_the_readme_snippet_runs(capsys):
-    readme = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text(encoding="utf-8")
-    mark = "<!-- docs snippet: tests/test_torchmetrics.py runs it -->"
+    readme = (REPO_ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    mark = "<!-- docs snippet: tests/integrations/test_torchmetrics.py runs it -->"
     code = re.search(re.escape(mark) + r"\n```python\n(.*?)```", readme, re.S).group(1)
     exec(compile(code, "docs/metrics.md", "exec"), {})
     assert set(ast.literal_eval(capsys.readouterr().out)) == {"mae", "cs", "macro_mae", "qwk"}

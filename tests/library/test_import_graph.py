@@ -4,7 +4,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "sol_ext"
+from common import REPO_ROOT
+
+PACKAGE = REPO_ROOT / "sol_ext"
 MODULES = {path.stem: path for path in sorted(PACKAGE.glob("*.py"))}  # the library, not sol_ext/driver/
 
 

@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common import tiny_csv
+from common import REPO_ROOT, tiny_csv
 from sol_ext.driver.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 # The library modules that may reach the driver: the lazy `load_run` entry (inside the function),
 # the scikit-learn estimator, which wraps the program, and `python -m sol_ext`, which is it.
 DRIVER_USERS = {"__init__.py", "sklearn.py", "__main__.py"}

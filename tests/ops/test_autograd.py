@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import re
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 from torch.library import opcheck
 
 import sol_ext
-from common import cpu_and_cuda, load_benchmark, random_labels, random_pairs
+from common import REPO_ROOT, cpu_and_cuda, load_benchmark, random_labels, random_pairs
 
 ops = torch.ops.sol_ext
 
@@ -140,7 +139,7 @@ def test_opcheck(device, case):
     opcheck(op, args)
 
 
-SCHEMAS = Path(__file__).resolve().parents[1] / "csrc" / "sol_ext.cpp"
+SCHEMAS = REPO_ROOT / "csrc" / "sol_ext.cpp"
 # The whole-step ops' backward ops run inside their C++ autograd nodes, which call them below autograd;
 # they have no autograd kernel of their own (a Python one would run on every training step).
 WHOLE_STEP_BACKWARDS = {"_stochastic_order_loss_backward", "_grouped_stochastic_order_loss_backward"}

@@ -1,14 +1,14 @@
 """The C++/CUDA sources agree with themselves: the header documents exactly the ops that are registered,
 and says which backends have kernels as the registrations do."""
-import pathlib
 import re
 
 import torch
 from torch._library.custom_ops import OPDEFS
 
 import sol_ext  # noqa: F401  (loads the ops)
+from common import REPO_ROOT
 
-CSRC = pathlib.Path(__file__).resolve().parent.parent / "csrc"
+CSRC = REPO_ROOT / "csrc"
 
 # "//   name(args..." at the header's op indentation: one per op it documents.
 HEADER_OP = re.compile(r"^//   (\w+)\(", re.MULTILINE)

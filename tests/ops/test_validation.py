@@ -125,7 +125,7 @@ def test_functional_forms_validate_too():
         sol_ext.disc_loss(D, labels, reduction="average")
     with pytest.raises(ValueError, match=r"T must be an integer >= 1"):
         sol_ext.disc_loss(D, labels, T=0)
-    # Any tau or T up to int64's largest value works (tests/test_probabilities.py, test_ops.py); past it:
+    # Any tau or T up to int64's largest value works (tests/ops/test_probabilities.py, test_ops.py); past it:
     with pytest.raises(ValueError, match=r"tau must be an integer <= 2\*\*63 - 1"):
         sol_ext.order_loss(D, labels, tau=2**63)
     with pytest.raises(ValueError, match=r"tau must be an integer <= 2\*\*63 - 1"):
