@@ -4,6 +4,7 @@ import dataclasses
 import pickle
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -18,7 +19,8 @@ from sklearn.preprocessing import StandardScaler  # noqa: E402
 from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 
 from sol_ext.driver.config import PAPER_SETTINGS, SIGMA_GRID, TrainConfig  # noqa: E402
-from sol_ext.driver.model import TrainedModel  # noqa: E402
+from sol_ext.driver.model import TrainedModel, model_from_state  # noqa: E402
+from sol_ext.driver.train import validation_split  # noqa: E402
 from sol_ext.sklearn import CONFIG_PARAMS, EXPECTED_FAILED_CHECKS, SOLRanker  # noqa: E402
 
 # small and quick: one training per fit (no sigma search), a tiny MLP
@@ -294,3 +296,91 @@ def test_rank_intervals_after_calibrating_on_held_out_rows():
     lower, upper = ranker.predict_interval(X[400:], coverage=0.9)
     assert np.all(lower <= upper) and set(np.unique(np.r_[lower, upper])) <= set(ranker.classes_)
     assert np.mean((y[400:] >= lower) & (y[400:] <= upper)) >= 0.9
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input: parameters, score's labels, validation splits, runs saved by older versions
+
+@pytest.fixture(scope="module")
+def small_problem():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 3))
+    y = np.clip(np.round(2 * X[:, 0]) + 5, 0, 9).astype(np.int64)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def small_fitted(small_problem):
+    return SOLRanker(**SMALL).fit(*small_problem)
+
+
+def test_random_state_is_the_seed_and_clones():
+    ranker = SOLRanker(random_state=7)
+    assert ranker.get_params()["random_state"] == 7 and clone(ranker).random_state == 7
+    assert ranker.train_config().seed == 7
+    # a RandomState draws the driver's seed from itself: the same state, the same seed
+    assert (SOLRanker(random_state=np.random.RandomState(1)).train_config().seed
+            == SOLRanker(random_state=np.random.RandomState(1)).train_config().seed)
+    assert isinstance(SOLRanker(random_state=None).train_config().seed, int)
+    for bad in (-1, "a", 1.5, True):
+        with pytest.raises(ValueError, match="random_state must be"):
+            SOLRanker(random_state=bad).train_config()
+
+
+def test_seed_is_a_deprecated_alias_of_random_state():
+    with pytest.warns(FutureWarning, match="seed is deprecated.*random_state"):
+        assert SOLRanker(seed=3).train_config().seed == 3
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="random_state=4 and seed=3"):
+        SOLRanker(seed=3, random_state=4).train_config()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        SOLRanker(random_state=3).train_config()  # no warning without seed
+
+
+def test_verbose_prints_the_training_progress(small_problem, capsys):
+    SOLRanker(**SMALL, verbose=1).fit(*small_problem)
+    lines = capsys.readouterr().out.splitlines()
+    assert len([line for line in lines if line.startswith("epoch")]) == SMALL["epochs"]
+    SOLRanker(**SMALL).fit(*small_problem)
+    assert capsys.readouterr().out == ""
+    with pytest.raises(ValueError, match="verbose must be an integer >= 0"):
+        SOLRanker(**SMALL, verbose=-1).fit(*small_problem)
+
+
+def test_score_refuses_nan_labels_and_labels_of_another_length(small_problem, small_fitted):
+    X, y = small_problem
+    with_nan = y.astype(np.float64)
+    with_nan[3] = np.nan
+    with pytest.raises(ValueError, match="y holds 1 NaN or infinite label.*index 3"):
+        small_fitted.score(X, with_nan)
+    with pytest.raises(ValueError, match="y holds 1 NaN or infinite"):
+        small_fitted.score(X, np.where(np.arange(len(y)) == 0, np.inf, y))
+    with pytest.raises(ValueError, match=r"y must hold one label per sample of X \(200\), got shape \(1,\)"):
+        small_fitted.score(X, y[:1])  # would broadcast
+    with pytest.raises(ValueError, match="sample_weight must hold one weight per sample"):
+        small_fitted.score(X, y, sample_weight=np.ones(3))
+    assert small_fitted.score(X, y) == pytest.approx(small_fitted.score(X, y, sample_weight=np.ones(len(y))))
+
+
+def test_a_validation_split_that_leaves_too_little_to_train_on_is_refused(small_problem):
+    X, y = small_problem
+    with pytest.raises(ValueError, match="val_fraction=0.99 of 200 samples leaves 2 sample"):
+        SOLRanker(**SMALL, val_fraction=0.99).fit(X, y)
+
+
+def test_a_validation_split_that_leaves_one_rank_to_train_on_is_refused(small_problem):
+    X, _ = small_problem
+    y = np.zeros(40, dtype=np.int64)
+    y[0] = 1  # one sample of rank 1: find a seed whose split holds it out
+    seed = next(s for s in range(100)
+                if 0 not in validation_split(torch.from_numpy(y), 0.3, s).fit.tolist())
+    with pytest.raises(ValueError, match=r"leaves 28 sample\(s\) of 1 rank\(s\) to train on"):
+        SOLRanker(**SMALL, val_fraction=0.3, random_state=seed).fit(X[:40], y)
+
+
+def test_a_run_saved_before_heads_saved_their_settings_still_loads(small_problem, small_fitted):
+    X, _ = small_problem
+    state = small_fitted.model_.to_state()
+    assert "_extra_state" in state["head"]
+    del state["head"]["_extra_state"]
+    np.testing.assert_array_equal(model_from_state(state).predict(X), small_fitted.model_.predict(X))

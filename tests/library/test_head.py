@@ -1,5 +1,8 @@
 """SOLHead: the centroid rule, read-out and state of SOL in a plain training loop."""
 
+import io
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -189,3 +192,141 @@ def test_the_cuts_read_out_thresholds_the_expected_rank_at_cuts_fitted_to_the_tr
     with pytest.raises(RuntimeError, match="cuts"):
         sol_ext.SOLHead(n, d, readout="cuts").load_state_dict(
             {**old, "_extra_state": sol_ext.SOLHead(n, d, readout="cuts").state_dict()["_extra_state"]})
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input: labels of another length or type, non-finite embeddings, saved settings
+
+N_RANKS, DIM = 5, 8
+
+
+def normalized_clusters(per_rank=20, seed=0):
+    """``h [N, DIM]`` L2-normalized embeddings around one center per rank, and their ranks ``[N]``."""
+    g = torch.Generator().manual_seed(seed)
+    ranks = torch.arange(N_RANKS).repeat_interleave(per_rank)
+    centers = torch.randn(N_RANKS, DIM, generator=g) * 3
+    return F.normalize(centers[ranks] + 0.3 * torch.randn(ranks.numel(), DIM, generator=g), dim=1), ranks
+
+
+@pytest.fixture
+def trained():
+    h, labels = normalized_clusters()
+    head = sol_ext.SOLHead(N_RANKS, DIM)
+    head.update(h, labels)
+    return head, h, labels
+
+
+# -- labels -------------------------------------------------------------------------
+
+
+def test_update_refuses_validation_labels_of_another_length_and_changes_nothing(trained):
+    head, h, labels = trained
+    before = head.state_dict()
+    with pytest.raises(ValueError, match="val_labels must hold one rank per row of val_h: val_h has 10 rows, "
+                                         "val_labels has 3"):
+        head.update(h, labels, h[:10], labels[:3])
+    # checked before the centroid rule runs: a refused update leaves the head as it was
+    for name, value in head.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+def test_update_and_fit_readout_refuse_labels_of_another_length(trained):
+    head, h, labels = trained
+    with pytest.raises(ValueError, match="labels must hold one rank per row of h: h has 50 rows, "
+                                         "labels has 20 values"):
+        head.fit_readout(h[:50], labels[:20])
+    with pytest.raises(ValueError, match="labels must hold one rank per row of h"):
+        head.update(h, labels[:-1])
+    with pytest.raises(ValueError, match="labels must hold one rank per row of h"):
+        head.update_centroids(h[:-1], labels)
+
+
+def test_fit_readout_refuses_float_and_out_of_range_labels(trained):
+    head, h, labels = trained
+    with pytest.raises(TypeError, match="labels must be an integer tensor of 0-based ranks"):
+        head.fit_readout(h, labels + 0.5)
+    with pytest.raises(ValueError, match=r"labels must lie in 0 … 4 .* got values in 7 … 11"):
+        head.fit_readout(h, labels + 7)
+    with pytest.raises(ValueError, match="prior_labels must lie in 0 … 4"):
+        head.fit_readout(h, labels, prior_labels=labels + 1)
+    with pytest.raises(ValueError, match="val_labels must lie in 0 … 4"):
+        head.update(h, labels, h, labels - 1)
+
+
+def test_numpy_labels_are_taken_as_tensors(trained):
+    head, h, labels = trained
+    other = sol_ext.SOLHead(N_RANKS, DIM)
+    other.update(h, labels.numpy())
+    assert torch.equal(other.centroids, head.centroids)
+    assert float(other.temperature) == float(head.temperature)
+    torch.testing.assert_close(other.loss(h, labels.numpy()), head.loss(h, labels))
+    with pytest.raises(TypeError, match="labels must be integer ranks"):
+        other.update(h, np.array(["a"] * len(h)))
+
+
+def test_update_centroids_refuses_non_finite_embeddings_and_keeps_its_centroids(trained):
+    head, h, labels = trained
+    before = head.centroids.clone()
+    bad = h.clone()
+    bad[3, 0] = float("nan")
+    with pytest.raises(ValueError, match="h contains 1 NaN or inf"):
+        head.update_centroids(bad, labels)
+    assert torch.equal(head.centroids, before)
+    with pytest.raises(TypeError, match="h must be a torch.Tensor of embeddings"):
+        head.update(h.numpy(), labels)
+
+
+# -- SOLHead: settings in the state dict ------------------------------------------------------
+
+
+def test_state_dict_carries_the_settings_and_from_state_dict_rebuilds_the_head():
+    h, labels = normalized_clusters()
+    head = sol_ext.SOLHead(N_RANKS, DIM, sigma=0.5, tau=2, margin=0.1, T=2, disc_weight=0.5,
+                           convention="official", momentum=0.2, normalize=False, readout="nearest")
+    head.update(h, labels)
+    buffer = io.BytesIO()
+    torch.save({k: v.cpu() for k, v in head.state_dict().items()}, buffer)  # entries move like tensors
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    again = sol_ext.SOLHead.from_state_dict(state)
+    assert again.settings() == head.settings()
+    assert again.settings()["sigma"] == 0.5 and again.readout == "nearest"
+    assert torch.equal(again.predict_proba(h), head.predict_proba(h))
+    assert torch.equal(again.predict(h), head.predict(h))
+
+
+@pytest.mark.parametrize("setting, value", [
+    ("sigma", 0.25), ("tau", 3), ("margin", 0.5), ("T", 2), ("disc_weight", 0.0), ("convention", "official"),
+    ("momentum", 0.0), ("normalize", False), ("readout", "nearest")])
+def test_load_state_dict_refuses_a_head_saved_with_other_settings(trained, setting, value):
+    head, h, _ = trained
+    other = sol_ext.SOLHead(N_RANKS, DIM, **{setting: value})
+    for strict in (True, False):
+        with pytest.raises(RuntimeError, match=f"{setting} .* saved, {value!r} here"):
+            other.load_state_dict(head.state_dict(), strict=strict)
+    assert not bool(other.has_centroids)  # nothing was loaded
+
+
+def test_load_state_dict_names_another_number_of_ranks(trained):
+    head, _, _ = trained
+    with pytest.raises(RuntimeError, match="num_ranks 5 saved, 6 here"):
+        sol_ext.SOLHead(6, DIM).load_state_dict(head.state_dict())
+
+
+def test_state_dicts_saved_without_settings_still_load(trained):
+    head, h, _ = trained
+    old = {k: v for k, v in head.state_dict().items() if k != "_extra_state"}
+    again = sol_ext.SOLHead(N_RANKS, DIM)
+    again.load_state_dict(old)  # strict: the missing settings are not a missing key
+    assert torch.equal(again.predict_proba(h), head.predict_proba(h))
+    with pytest.raises(ValueError, match="no saved settings"):
+        sol_ext.SOLHead.from_state_dict(old)
+
+
+def test_a_head_inside_a_model_is_checked_under_its_prefix(trained):
+    head, _, _ = trained
+    model = torch.nn.ModuleDict({"head": head})
+    other = torch.nn.ModuleDict({"head": sol_ext.SOLHead(N_RANKS, DIM, sigma=2.0)})
+    assert "head._extra_state" in model.state_dict()
+    with pytest.raises(RuntimeError, match="sigma 1.0 saved, 2.0 here"):
+        other.load_state_dict(model.state_dict())

@@ -412,3 +412,28 @@ def test_confident_joint_counts_are_cleanlabs(n):
         joint = count.compute_confident_joint(labels, probs, calibrate=False)  # [given, true]
         expected = joint.sum(axis=1) - np.diag(joint)
         assert np.array_equal(confident_joint_counts(labels, probs), expected)
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input: each argument that is not numbers is named
+
+PROBS = np.array([[0.2, 0.8], [0.9, 0.1]])
+
+
+@pytest.mark.parametrize("argument, call", [
+    ("labels", lambda: find_label_issues(["a", "b"], PROBS)),
+    ("labels", lambda: label_issue_scores([{}, {}], PROBS)),
+    ("pred_probs", lambda: find_label_issues([0, 1], [["a", "b"], [0.5, 0.5]])),
+    ("pred_probs", lambda: find_label_issues([0, 1], [[0.2, 0.8], [1.0]])),
+    ("pred_probs", lambda: find_label_issues([0, 1], PROBS.astype(np.complex128))),
+    ("pred_probs", lambda: find_label_issues([0, 1], torch.tensor(PROBS, dtype=torch.complex64))),
+    ("noise_kernel", lambda: find_label_issues([0, 1], PROBS, noise_kernel="gaussian")),
+])
+def test_find_label_issues_names_an_argument_that_is_not_numbers(argument, call):
+    with pytest.raises(ValueError, match=f"^{argument} must"):
+        call()
+
+
+def test_find_label_issues_refuses_an_unknown_ranking():
+    with pytest.raises(ValueError, match="return_indices_ranked_by must be None"):
+        find_label_issues([0, 1], PROBS, return_indices_ranked_by="no")
