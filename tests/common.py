@@ -152,6 +152,22 @@ def load_benchmark(name: str):
     return module
 
 
+# A quick, quiet training on tiny data: the runs of the driver tests.
+QUICK_TRAIN = ["--epochs", "2", "--batch-size", "16", "--embedding-dim", "4", "--hidden", "16",
+               "--lr", "0.01", "--quiet", "--no-plots"]
+
+
+def train_argv(data, out, *extra) -> list:
+    """``sol-ext train`` of ``data`` into ``out``, quick and quiet, then ``extra``."""
+    return ["train", "--data", str(data), "--output", str(out), *QUICK_TRAIN, *extra]
+
+
+def snapshot(folder) -> dict:
+    """Every file under ``folder`` with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(Path(folder).rglob("*"))
+            if p.is_file()}
+
+
 def expect_error(capsys, argv, *needles, absent=()):
     """``sol-ext argv`` fails with status 2 and one line ``sol-ext: error: ...`` on stderr, no
     traceback, holding every one of ``needles`` and none of ``absent``; returns the line."""

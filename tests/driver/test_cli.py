@@ -12,7 +12,7 @@ import textwrap
 import pytest
 import torch
 
-from common import REPO_ROOT, expect_error, tiny_csv, write_csv
+from common import REPO_ROOT, expect_error, snapshot, tiny_csv, train_argv, write_csv
 from sol_ext.driver.cli import main
 
 FAST = ["--epochs", "2", "--batch-size", "16", "--embedding-dim", "4", "--hidden", "16",
@@ -473,3 +473,124 @@ def test_no_traceback_without_the_option(value, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("SOL_EXT_TRACEBACK", value)
     expect_error(capsys, ["train", "--data", str(tmp_path / "missing.csv"), "--output",
                           str(tmp_path / "o")], "missing.csv")
+
+
+# --------------------------------------------------------------------------------------------------
+# Settings checked once: contradictory options, absurd numbers, the validation split
+
+SIGMA1 = ["--sigma", "1"]
+
+# Settings refused before any data is read (the data file does not exist): the flags and the one-line
+# error's flag or setting.
+REFUSED_BEFORE_LOADING = [
+    (["--threads", "100000"], "--threads"),
+    (["--epochs", "99999999999999999999"], "--epochs"),
+    *[(["--seed", seed], "seed") for seed in ("-1", str(2**63), str(2**64 - 1))],  # outside int64
+    *[([flag, value], flag) for flag, value in (("--weight-decay", "inf"), ("--lr", "inf"), ("--lr", "nan"),
+                                                ("--margin", "inf"), ("--disc-weight", "nan"),
+                                                ("--cs-theta", "inf"))],
+    (["--disc-weight", "-1"], "disc weight"),  # once refused only after the data had loaded
+]
+
+
+@pytest.mark.parametrize("flags, named", REFUSED_BEFORE_LOADING,
+                         ids=[" ".join(flags) for flags, _ in REFUSED_BEFORE_LOADING])
+def test_settings_are_refused_by_name_before_the_data_is_read(tmp_path, capsys, flags, named):
+    expect_error(capsys, train_argv(tmp_path / "nope.csv", tmp_path / "o", *flags), named,
+                 absent=("nope.csv", "Overflow", "diverged"))
+
+
+@pytest.mark.parametrize("setting, value", [("epochs", 10 ** 20), ("disc_weight", -1.0)])
+def test_the_configuration_refuses_absurd_values_by_name(setting, value):
+    from sol_ext.driver.config import TrainConfig
+
+    with pytest.raises(ValueError, match=setting.replace("_", "[_ ]")):
+        TrainConfig(**{setting: value}).validate()
+
+
+# Settings that leave no order to learn on the data: the flags and the setting the error names.
+@pytest.mark.parametrize("flags, named", [(["--tau", "1000000"], "tau"), (["--sigma", "1e300"], "sigma")])
+def test_settings_that_leave_no_order_to_learn_are_refused(tmp_path, capsys, flags, named):
+    data = tiny_csv(tmp_path / "d.csv")
+    expect_error(capsys, ["train", "--data", str(data), "--epochs", "1", "--output", str(tmp_path / "o"),
+                          "--batch-size", "16", "--quiet", "--no-plots", *flags], named)
+
+
+def test_resume_with_fewer_epochs_than_already_run_is_refused(finished, capsys):
+    out, data = finished
+    before = snapshot(out)
+    expect_error(capsys, [*train_argv(data, out, *SIGMA1), "--resume", "--epochs", "1"],
+                 "--epochs 1", "2 epochs")
+    assert snapshot(out) == before
+
+
+def test_resume_and_overwrite_together_are_refused(finished, capsys):
+    out, data = finished
+    before = snapshot(out)
+    expect_error(capsys, [*train_argv(data, out, *SIGMA1), "--resume", "--overwrite"],
+                 "--resume", "--overwrite")
+    assert snapshot(out) == before
+
+
+def test_test_fraction_with_a_test_file_is_refused(tmp_path, capsys):
+    train = tiny_csv(tmp_path / "train.csv", seed=1)
+    test = tiny_csv(tmp_path / "test.csv", n=40, seed=2)
+    expect_error(capsys, train_argv(train, tmp_path / "o", "--test-data", str(test),
+                                    "--test-fraction", "0.3"), "--test-fraction", "--test-data")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("how", ["same path", "same bytes"])
+def test_a_test_file_equal_to_the_training_file_is_refused(tmp_path, capsys, how):
+    train = tiny_csv(tmp_path / "train.csv", seed=1)
+    test = train
+    if how == "same bytes":
+        test = tmp_path / "copy.csv"
+        test.write_bytes(train.read_bytes())
+    expect_error(capsys, train_argv(train, tmp_path / "o", "--test-data", str(test)),
+                 "--test-data", "training")
+    assert not (tmp_path / "o").exists()
+
+
+def test_every_float_setting_must_be_finite():
+    import dataclasses
+
+    from sol_ext.driver.config import TrainConfig
+
+    floats = [f.name for f in dataclasses.fields(TrainConfig)
+              if isinstance(getattr(TrainConfig(), f.name), float)]
+    assert {"lr", "margin", "disc_weight", "kappa"} <= set(floats)
+    for name in floats + ["cs_theta", "weight_decay"]:  # weight_decay: "auto" or a number
+        for bad in (float("inf"), float("nan")):
+            with pytest.raises(ValueError):
+                TrainConfig(**{name: bad}).validate()
+
+
+def test_a_failing_validation_split_names_val_fraction(tmp_path, capsys):
+    data = write_csv(tmp_path / "d.csv", [(i, -i, 20 + i % 3) for i in range(5)])
+    expect_error(capsys, train_argv(data, tmp_path / "o", *SIGMA1), "--val-fraction",
+                 absent=("--test-fraction",))
+
+
+def test_a_tiny_fitted_part_is_warned_about(tmp_path, capsys):
+    data = tiny_csv(tmp_path / "d.csv")
+    assert main(train_argv(data, tmp_path / "o", *SIGMA1, "--val-fraction", "0.9",
+                           "--epochs", "1")) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "warning:" in err[0] and "--val-fraction" in err[0], err
+    # the usual split of the same data says nothing
+    assert main(train_argv(data, tmp_path / "o2", *SIGMA1, "--epochs", "1")) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_results_table_shows_label_mae_in_label_units(tmp_path):
+    from sol_ext.driver.report import format_table
+
+    results = {"config": {"method": "sol", "noise": "gaussian", "kappa": 0.3},
+               "data": {"name": "grid", "step": 0.01, "min_value": 0.0},
+               "test": {"mae": 0.636, "cs": 40.0, "qwk": 0.5, "macro_mae": 0.7}, "cs_theta": 0.02,
+               "labels_changed": 3, "label_noise_given": {"mae": 37.98},
+               "label_noise_final": {"mae": 30.0}}
+    table = format_table([results])
+    assert "0.380->0.300" in table and "37.98" not in table
+    assert "label units" in table.splitlines()[0]

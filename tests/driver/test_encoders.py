@@ -140,3 +140,21 @@ def test_export_keeps_the_normalization():
     program = torch.export.export(enc, (x,))
     with torch.no_grad():
         assert torch.allclose(program.module()(x), enc(x), atol=1e-5)
+
+
+def test_a_weights_file_of_other_pickled_objects_is_refused_without_unsafe_advice(tmp_path):
+    import collections
+    import pickle
+
+    from sol_ext.driver.encoders import build_encoder
+
+    path = tmp_path / "w.pth"
+    with open(path, "wb") as f:
+        pickle.dump(collections.OrderedDict(a=1), f)
+    with pytest.raises(ValueError, match="pickled objects other than tensors") as info:
+        build_encoder("resnet18", (3, 32, 32), 8, weights=str(path))
+    assert "weights_only" not in str(info.value)
+    path.write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match="not a torch file") as info:
+        build_encoder("resnet18", (3, 32, 32), 8, weights=str(path))
+    assert "weights_only" not in str(info.value)

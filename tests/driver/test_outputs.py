@@ -344,3 +344,20 @@ def test_the_command_ends_without_the_shutdown_but_runs_exit_handlers_and_flushe
     proc = subprocess.run([sys.executable, "-m", "sol_ext", "predict"], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and "RUN_DIR" in proc.stderr  # argparse's own exit is kept
+
+
+def test_audit_predict_export_outputs_that_are_folders_are_refused(finished, tmp_path, capsys):
+    out, data = finished
+    folder = tmp_path / "afolder"
+    folder.mkdir()
+    before = snapshot(out)
+    for argv, flag in ((["audit", str(out), "--csv", str(folder)], "--csv"),
+                       (["predict", str(out), "--data", str(data), "--output", str(folder)], "--output"),
+                       (["export", str(out), "--output", str(folder)], "--output")):
+        expect_error(capsys, argv, f"{flag} {folder}", "is a folder, expected a file path",
+                     absent=(".tmp", "Errno"))
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    expect_error(capsys, ["audit", str(out), "--csv", str(afile / "a.csv")], "--csv",
+                 "is a file", absent=(".tmp", "Errno"))
+    assert list(folder.iterdir()) == [] and snapshot(out) == before

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import sol_ext
+from common import expect_error
 from sol_ext.driver.cli import main
 from sol_ext.driver.data import load_dataset, split_indices
 from sol_ext.metrics import macro_mae, quadratic_weighted_kappa
@@ -373,3 +374,17 @@ def test_the_cuts_read_out_is_fitted_saved_predicted_and_exported(user_files, tm
     assert np.array_equal(prediction.numpy(), table.prediction)
     # the program evaluates D in float64, load_run in float32
     np.testing.assert_allclose(expected.numpy(), table.expected, rtol=1e-5)
+
+
+def test_predict_refuses_a_delimiter_for_a_file_that_is_not_csv(finished, tmp_path, capsys):
+    """As train refuses it: a Parquet file has no cell separator to set."""
+    import pyarrow.csv
+    import pyarrow.parquet
+
+    out, data = finished
+    table = tmp_path / "d.parquet"
+    pyarrow.parquet.write_table(pyarrow.csv.read_csv(data), table)
+    expect_error(capsys, ["predict", str(out), "--data", str(table), "--delimiter", ";", "--output", "-"],
+                 f"--delimiter ; applies to CSV files only; {table} is not one")
+    assert main(["predict", str(out), "--data", str(data), "--delimiter", ",",
+                 "--output", str(tmp_path / "p.csv")]) == 0
