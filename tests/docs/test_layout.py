@@ -34,7 +34,6 @@ TESTED_IN = {
     "sol_ext/_fake.py": "ops/test_autograd.py",  # opcheck's fake-tensor checks
     "sol_ext/_reduction.py": "ops/test_autograd.py",
     "sol_ext/_rows.py": "ops/test_grouped.py",
-    "sol_ext/loss.py": "ops/test_ops.py",
     "sol_ext/reference.py": "ops/test_ops.py",  # the oracle the fused ops are held to
     "sol_ext/driver/checkpoint.py": "driver/test_rundir.py",
     "sol_ext/driver/compare.py": "driver/test_cli.py",
