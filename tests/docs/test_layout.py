@@ -83,6 +83,8 @@ def test_each_test_file_is_named_after_a_module_or_a_documented_feature():
     strays = [str(path.relative_to(REPO_ROOT)) for path in layered_test_files()
               if path.stem.removeprefix("test_") not in modules | FEATURES]
     assert not strays, f"named after no module of sol_ext and no feature of FEATURES: {strays}"
+    stems = {path.stem.removeprefix("test_") for path in layered_test_files()}
+    assert FEATURES <= stems, f"features without a test file: {sorted(FEATURES - stems)}"
 
 
 def test_test_files_have_unique_names_and_sit_in_a_layer():
