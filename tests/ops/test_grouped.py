@@ -377,17 +377,8 @@ def test_half_precision_runs_close_to_the_reference():
 
 
 # ------------------------------------------------------------------------------------------------
-# The algorithm argument and the auto rule.
+# The grouped algorithm's limits (the algorithm argument and the auto rule: test_dispatch.py).
 # ------------------------------------------------------------------------------------------------
-
-CHOICES = r'algorithm must be one of "auto", "pairwise", "grouped"; got \'fast\''
-
-
-def test_a_bad_algorithm_is_refused_naming_the_choices():
-    with pytest.raises(ValueError, match=CHOICES):
-        sol_ext.StochasticOrderLoss(4, algorithm="fast")
-    with pytest.raises(ValueError, match=CHOICES):
-        sol_ext.order_loss(torch.randn(3, 4), torch.tensor([0, 1, 2]), algorithm="fast")
 
 
 def test_grouped_refuses_explicit_pairs_and_per_pair_losses():
@@ -403,52 +394,6 @@ def test_grouped_refuses_explicit_pairs_and_per_pair_losses():
     # auto takes pairwise for them
     assert sol_ext.order_loss(D, labels, reduction="none").shape == (10,)
     assert "algorithm='grouped'" in repr(criterion)
-
-
-def test_auto_rule():
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    choose = _dispatch.choose_algorithm
-    assert choose("auto", 64, 60, cpu, fused=True) == "pairwise"
-    assert choose("auto", 8192, 7, cpu, fused=True) == "grouped"
-    assert choose("auto", 1_000_000, 5, cpu, fused=True) == "grouped"
-    assert choose("auto", 4096, 217, cpu, fused=True) == "grouped"
-    assert choose("auto", 1024, 217, cpu, fused=True) == "grouped"
-    assert choose("auto", 512, 217, cpu, fused=True) == "pairwise"
-    assert choose("auto", 64, 5, cpu, fused=True) == "grouped"
-    assert choose("auto", 48, 5, cpu, fused=True) == "pairwise"
-    assert choose("auto", 200, 60, cpu, fused=False) == "grouped"  # against the plain reference
-    # CUDA (the CUDA op, measured on an H100): pairwise up to B = 4096 (level there); grouped from B = 8192
-    assert choose("auto", 4096, 5, cuda, fused=True) == "pairwise"
-    assert choose("auto", 4096, 217, cuda, fused=True) == "pairwise"
-    assert choose("auto", 8192, 20, cuda, fused=True) == "grouped"
-    assert choose("auto", 16384, 60, cuda, fused=True) == "grouped"
-    assert choose("auto", 8192, 217, cuda, fused=True) == "pairwise"  # n > B / 64: not measured, n^2 B grows
-    assert choose("auto", 65536, 7, cuda, fused=True) == "grouped"
-    assert choose("auto", 8192, 7, cpu, fused=True, pairs=torch.zeros(1, 2)) == "pairwise"
-    assert choose("auto", 8192, 7, cpu, fused=True, reduction="none") == "pairwise"
-    assert choose("auto", 8192, 7, cpu, fused=True, backend="reference") == "pairwise"
-    assert choose("auto", 8192, 7, torch.device("meta"), fused=True) == "pairwise"
-    assert choose("pairwise", 8192, 7, cpu, fused=True) == "pairwise"
-    assert choose("grouped", 3, 7, cpu, fused=True) == "grouped"
-
-
-@pytest.mark.parametrize("name", ["grouped_is_faster", "fused_cuda_step"])
-def test_routing_names_moved_to_dispatch_still_work_with_a_warning(name):
-    with pytest.warns(DeprecationWarning, match=f"sol_ext.grouped.{name} is deprecated"):
-        moved = getattr(grouped, name)
-    assert moved is getattr(_dispatch, name)
-    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
-        grouped.no_such_name  # noqa: B018
-
-
-def test_auto_module_uses_grouped_for_a_large_batch():
-    h, mu = torch.randn(600, 8), torch.randn(5, 8)
-    labels = torch.randint(0, 5, (600,))
-    for B, expected in ((600, "sol_ext.grouped_stochastic_order_loss.default"),
-                        (50, "sol_ext.stochastic_order_loss.default")):
-        with CountOps() as counted:
-            sol_ext.StochasticOrderLoss(5)(h[:B], labels[:B], mu)
-        assert [op for op in counted.ops if op.startswith("sol_ext.")] == [expected]
 
 
 # ------------------------------------------------------------------------------------------------
