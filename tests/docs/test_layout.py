@@ -17,8 +17,7 @@ FEATURES = {
     "mixed_precision",  # half precision and autocast (docs/loop.md)
     "probabilities",  # the noise kernel and ordering probabilities (docs/math.md §2, §5)
     "import_graph",  # no import cycle, no private name across modules
-    "layers",  # the library imports nothing of the sol-ext program
-    "optional_imports",  # the integrations' libraries stay optional
+    "layers",  # the library imports nothing of the sol-ext program nor the integrations' libraries
     "own_table",  # a user's own table on the command line (docs/data.md)
     "torchrun",  # sol-ext train on several processes (docs/distributed.md)
     "weight_decay",  # --weight-decay auto (docs/driver.md)

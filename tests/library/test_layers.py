@@ -1,5 +1,6 @@
-"""What imports what: the library's core imports no module of the ``sol-ext`` program, and a trained
-run predicts (``sol_ext.load_run``, ``sol-ext predict``) without importing the training loop."""
+"""What imports what: the library's core imports no module of the ``sol-ext`` program nor any integration's
+library, and a trained run predicts (``sol_ext.load_run``, ``sol-ext predict``) without importing the
+training loop."""
 
 import ast
 import json
@@ -101,3 +102,16 @@ def test_no_driver_module_imports_a_private_name_of_another():
                 private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
                 found += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in private]
     assert not found, "private names imported across modules:\n" + "\n".join(found)
+
+
+# The integrations' libraries stay optional: `import sol_ext` (and the modules the core uses) loads
+# neither Lightning nor transformers; only sol_ext.lightning / sol_ext.hf do.
+OPTIONAL = ("lightning", "pytorch_lightning", "transformers", "accelerate")
+
+
+def test_importing_sol_ext_imports_no_integration_library():
+    code = ("import sys, sol_ext, sol_ext.distributed, sol_ext.head, sol_ext.metrics\n"
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {OPTIONAL!r}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
