@@ -1,4 +1,6 @@
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))  # so the suite can import bench_loss
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # so the suite can import bench_loss
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))  # the smoke tests' shared helpers, `common`

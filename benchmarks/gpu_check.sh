@@ -185,7 +185,7 @@ loss.backward(); torch.cuda.synchronize(); print('smoke test ok, loss', loss.ite
 " || exit 1
 
 # --- the CUDA-specific tests, then the benchmark: the figures docs/performance.md reports --------------
-run_step test_cuda 200 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py
+run_step test_cuda 200 "$PY" -m pytest -q -p no:cacheprovider tests/ops/test_cuda.py
 # the fused CUDA ops against the CPU kernels and a float64 oracle on random configurations (docs/performance.md,
 # "On a GPU"): FUZZ_CONFIGS split over FUZZ_SHARDS processes side by side (the oracle runs on the CPU) and
 # merged into one table; FUZZ_ONE_PASS more configurations (from FUZZ_CONFIGS on) with the all-pairs backward
@@ -289,9 +289,9 @@ run_step driver 120 "$PY" -m sol_ext train --device cuda --no-plots --output "$L
 # image training throughput: SOL's epoch against l1's, resnet18 at 224 px, batch 64, AMP (docs/images.md)
 run_step bench_images 180 "$PY" benchmarks/bench_images.py --device cuda --image-size 224 --batch-size 64 --amp \
   --images "${IMAGES:-1000}" --workers "${IMAGE_WORKERS:-8}" --json "$LOG/bench-images.json"
-# the rest of the suite on the GPU: its CUDA cases by default (PYTEST_ARGS="" for all of it)
+# the rest of the suite on the GPU, the benchmarks' smoke tests too: its CUDA cases by default (PYTEST_ARGS="" for all)
 # shellcheck disable=SC2086
-run_step tests 300 "$PY" -m pytest -q -p no:cacheprovider tests --ignore=tests/test_cuda.py ${PYTEST_ARGS--k cuda}
+run_step tests 300 "$PY" -m pytest -q -p no:cacheprovider tests benchmarks --ignore=tests/ops/test_cuda.py ${PYTEST_ARGS--k cuda}
 run_step driver_amp 120 "$PY" -m sol_ext train --device cuda --amp --no-plots --output "$LOG/run-amp" --overwrite
 
 for name in "${STEPS[@]}"; do

@@ -34,7 +34,7 @@ RUNS = {
     "paper": ["--paper"],
 }
 
-# A Ctrl-C at an optimizer step, as tests/test_cli.py makes one: KeyboardInterrupt from
+# A Ctrl-C at an optimizer step, as tests/driver/test_cli.py makes one: KeyboardInterrupt from
 # Optimizer.zero_grad at the given step, then the command as installed.
 INTERRUPTED = """
 import sys, torch

@@ -4,7 +4,7 @@
 # changing anything that starts processes (torchrun, gloo groups, Lightning DDP, torchmetrics sync) or
 # waits on something: a race or a tight timeout shows here before it turns a landing red.
 #
-#   bash scripts/stress-suite.sh [pytest arguments]        e.g. bash scripts/stress-suite.sh -x tests/test_torchrun.py
+#   bash scripts/stress-suite.sh [pytest arguments]        e.g. bash scripts/stress-suite.sh -x tests/driver/test_torchrun.py
 #
 #   STRESS_MODES    which runs, in order (default "busy one-core"):
 #                     busy      beside STRESS_SPINNERS busy-looping processes (default 1)

@@ -2,7 +2,7 @@
 
 Production code: the fused ops, the grouped algorithm and the distributed loss reduce here; the one-op
 :class:`~sol_ext.StochasticOrderLoss` (csrc/stochastic_order_loss.cpp) repeats these reductions and their
-gradients in C++, operation for operation (tests/test_autograd.py holds the two to bitwise equality on
+gradients in C++, operation for operation (tests/ops/test_autograd.py holds the two to bitwise equality on
 the CPU). :mod:`sol_ext.reference` has its own plain reduction, so that the test oracle and the numbers
 users get can be changed independently.
 """

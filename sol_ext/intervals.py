@@ -45,7 +45,7 @@ __all__ = ["SCORES", "TARGETS", "IntervalCalibration", "calibrate_intervals", "n
 
 SCORES = ("hpd", "cumulative", "absolute")
 TARGETS = ("labels", "clean")
-# Richardson–Lucy iterations of the clean-rank deconvolution: on tests/test_intervals.py's model the
+# Richardson–Lucy iterations of the clean-rank deconvolution: on tests/library/test_intervals.py's model the
 # clean coverage reached was 0.912 after 20, 0.905 after 100 and 0.904 after 500 (requested 0.9)
 DECONVOLUTION_ITERATIONS = 200
 

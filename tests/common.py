@@ -9,9 +9,13 @@ import shutil
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
+
+# The repository: tests find the sources, docs and examples from here, whichever folder they live in.
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 CUDA_REASON = "needs a CUDA GPU and a build of sol_ext with CUDA kernels"
 
@@ -141,11 +145,27 @@ def tiny_csv(path, n=120, num_ranks=10, seed=0, step=None):
 
 def load_benchmark(name: str):
     """The module of ``benchmarks/<name>.py`` (the benchmarks are scripts, not a package)."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", f"{name}.py")
+    path = os.path.join(REPO_ROOT, "benchmarks", f"{name}.py")
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# A quick, quiet training on tiny data: the runs of the driver tests.
+QUICK_TRAIN = ["--epochs", "2", "--batch-size", "16", "--embedding-dim", "4", "--hidden", "16",
+               "--lr", "0.01", "--quiet", "--no-plots"]
+
+
+def train_argv(data, out, *extra) -> list:
+    """``sol-ext train`` of ``data`` into ``out``, quick and quiet, then ``extra``."""
+    return ["train", "--data", str(data), "--output", str(out), *QUICK_TRAIN, *extra]
+
+
+def snapshot(folder) -> dict:
+    """Every file under ``folder`` with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(Path(folder).rglob("*"))
+            if p.is_file()}
 
 
 def expect_error(capsys, argv, *needles, absent=()):

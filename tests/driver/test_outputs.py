@@ -1,0 +1,363 @@
+"""Nothing a user keeps is written over by predict/export/audit/compare/train; the exported
+program is safe to call; the command's conventions (--version, Ctrl-C, py.typed)."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from common import REPO_ROOT, expect_error, tiny_csv
+from sol_ext.driver.cli import main
+
+ROOT = REPO_ROOT
+FAST = ["--epochs", "2", "--batch-size", "16", "--embedding-dim", "4", "--hidden", "16",
+        "--lr", "0.01", "--quiet", "--no-plots", "--sigma", "1"]
+
+
+def snapshot(folder: Path) -> dict:
+    """Every file under ``folder`` with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A finished 2-epoch run with its predictions, audit and export (the tests copy it before
+    changing it)."""
+    root = tmp_path_factory.mktemp("outputs")
+    data = tiny_csv(root / "d.csv")
+    out = root / "run"
+    assert main(["train", "--data", str(data), "--output", str(out), *FAST]) == 0
+    for argv in (["predict", str(out), "--data", str(data)], ["audit", str(out)],
+                 ["export", str(out)]):
+        assert main(argv) == 0
+    return out, data
+
+
+@pytest.fixture
+def own_run(run, tmp_path):
+    """A copy of the run that a test may change, with a copy of its data beside it."""
+    out, data = run
+    shutil.copytree(out, tmp_path / "run")
+    shutil.copy(data, tmp_path / "d.csv")
+    return tmp_path / "run", tmp_path / "d.csv"
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. the run's own files, the input data and other existing files are kept
+
+
+@pytest.mark.parametrize("name", ["best.pt", "checkpoint.pt", "results.json", "audit.csv",
+                                  "model.pt2", "model.json"])
+def test_predict_refuses_to_write_over_the_runs_files(run, capsys, name):
+    out, data = run
+    before = snapshot(out)
+    expect_error(capsys, ["predict", str(out), "--data", str(data), "--output", str(out / name),
+                          "--overwrite"], f"--output {out / name}", "written by sol-ext")
+    assert snapshot(out) == before
+
+
+def test_predict_refuses_to_write_over_its_input_even_with_overwrite(run, tmp_path, capsys):
+    out, _ = run
+    data = tiny_csv(tmp_path / "x.csv", n=30, seed=3)
+    before = data.read_bytes()
+    for extra in ([], ["--overwrite"]):
+        expect_error(capsys, ["predict", str(out), "--data", str(data), "--output", str(data),
+                              *extra], f"--output {data}", "--data file")
+    assert data.read_bytes() == before
+
+
+def test_predict_refuses_to_write_over_the_runs_training_data(run, capsys):
+    out, data = run
+    before = data.read_bytes()
+    other = tiny_csv(data.parent / "other.csv", n=30, seed=4)
+    expect_error(capsys, ["predict", str(out), "--data", str(other), "--output", str(data),
+                          "--overwrite"], f"--output {data}", "training data")
+    assert data.read_bytes() == before
+
+
+def test_the_runs_data_are_kept_and_found_from_any_working_folder(tmp_path, monkeypatch, capsys):
+    """A run saves its data paths as typed: a relative one is read from the folder training ran in."""
+    monkeypatch.chdir(tmp_path)
+    data = tiny_csv(tmp_path / "d.csv")
+    shutil.copy(data, tmp_path / "other.csv")
+    assert main(["train", "--data", "d.csv", "--output", "run", *FAST]) == 0
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    before = data.read_bytes()
+    for argv, flag in ((["predict", "../run", "--data", "../other.csv", "--output"], "--output"),
+                       (["audit", "../run", "--in-sample", "--csv"], "--csv"),
+                       (["export", "../run", "--output"], "--output")):
+        expect_error(capsys, [*argv, "../d.csv", "--overwrite"], f"{flag} ../d.csv", "is the training data of ../run")
+    assert data.read_bytes() == before
+    # the out-of-sample audit retrains on the run's data, read from where training ran
+    assert main(["audit", "../run", "--folds", "2", "--csv", "audit.csv"]) == 0, capsys.readouterr().err
+    assert (tmp_path / "sub" / "audit.csv").read_text().startswith("index,")
+
+
+def test_a_runs_paths_are_read_from_where_it_was_trained(tmp_path):
+    from sol_ext.driver.checkpoint import run_paths
+
+    (tmp_path / "d.csv").write_text("a,label\n1,2\n")
+    (tmp_path / "abalone").mkdir()  # a folder named like a built-in data set: the name still means the set
+    config = {"data": "d.csv", "test_data": "abalone", "weights": "gone.pt"}
+    assert run_paths(config, str(tmp_path)) == {"data": str(tmp_path / "d.csv"), "test_data": "abalone",
+                                                "weights": "gone.pt"}  # a file no longer there: as typed
+    assert run_paths(config, None) == config  # a run saved before the folder was recorded
+    assert run_paths({"data": str(tmp_path / "d.csv")}, "/elsewhere")["data"] == str(tmp_path / "d.csv")
+
+
+def test_the_files_of_an_input_folder_are_kept(tmp_path):
+    """An image folder's data are its labels.csv and images: neither is written over, even with
+    --overwrite; a new file there, or a run folder kept inside it, changes no data."""
+    from sol_ext.driver.errors import UsageError
+    from sol_ext.driver.outputs import check_output, check_run_inputs
+
+    folder = tmp_path / "imgs"
+    (folder / "img").mkdir(parents=True)
+    (folder / "labels.csv").write_text("path,label\nimg/0.png,3\n")
+    (folder / "img" / "0.png").write_bytes(b"an image")
+    inputs = [("the training data of run", str(folder))]
+    for target in (folder / "labels.csv", folder / "img" / "0.png"):
+        with pytest.raises(UsageError, match=rf"--output {target}: is a file of the training data of run "
+                                             rf"\({folder}\), a folder of data"):
+            check_output(str(target), "--output", inputs=inputs, overwrite=True)
+    assert check_output(str(folder / "new.csv"), "--output", inputs=inputs) == folder / "new.csv"
+    run = folder / "runs" / "mine"
+    run.mkdir(parents=True)
+    (run / "best.pt").write_bytes(b"a run's file")
+    check_run_inputs(run, "--output", inputs)  # train --output inside the data folder, rerun
+    assert check_output(str(run / "predictions.csv"), "--output", inputs=inputs) == run / "predictions.csv"
+
+
+def test_the_default_output_is_never_the_input(own_run, capsys):
+    out, data = own_run
+    shutil.copy(data, out / "predictions.csv")  # data kept where predict writes by default
+    before = (out / "predictions.csv").read_bytes()
+    expect_error(capsys, ["predict", str(out), "--data", str(out / "predictions.csv")],
+                 f"--output {out / 'predictions.csv'}", "--data file")
+    assert (out / "predictions.csv").read_bytes() == before
+
+
+def test_an_existing_file_is_replaced_only_with_overwrite(run, tmp_path, capsys):
+    out, data = run
+    mine = tmp_path / "mine.csv"
+    mine.write_text("my own table\n")
+    expect_error(capsys, ["predict", str(out), "--data", str(data), "--output", str(mine)],
+                 f"--output {mine}", "--overwrite")
+    assert mine.read_text() == "my own table\n"
+    assert main(["predict", str(out), "--data", str(data), "--output", str(mine),
+                 "--overwrite"]) == 0
+    assert mine.read_text().startswith("id,prediction")
+
+
+def test_a_rerun_replaces_the_commands_own_default_outputs(own_run, capsys):
+    out, data = own_run
+    for argv in (["predict", str(out), "--data", str(data)], ["audit", str(out)],
+                 ["export", str(out)],
+                 ["predict", str(out), "--data", str(data), "--output", str(out / "predictions.csv")]):
+        assert main(argv) == 0, capsys.readouterr().err
+    assert {"predictions.csv", "audit.csv", "model.pt2", "model.json"} <= set(snapshot(out))
+
+
+@pytest.mark.parametrize("name,needle", [
+    ("model.json", "sidecar"),             # the program and its sidecar would be one file
+    ("best.pt", "written by sol-ext"),
+    ("checkpoint.pt", "written by sol-ext"),
+    ("results.pt2", "results.json"),        # its sidecar would replace results.json
+    ("audit.csv", "written by sol-ext"),
+])
+def test_export_refuses_to_write_over_the_runs_files(run, capsys, name, needle):
+    out, _ = run
+    before = snapshot(out)
+    expect_error(capsys, ["export", str(out), "--output", str(out / name), "--overwrite"],
+                 f"--output {out / name}", needle)
+    assert snapshot(out) == before
+
+
+def test_export_refuses_an_existing_file_or_sidecar_without_overwrite(run, tmp_path, capsys):
+    out, _ = run
+    mine = tmp_path / "mydata.csv"
+    mine.write_text("a,b\n1,2\n")
+    expect_error(capsys, ["export", str(out), "--output", str(mine)], f"--output {mine}",
+                 "--overwrite")
+    (tmp_path / "prog.json").write_text("{}")  # the sidecar of prog.pt2
+    expect_error(capsys, ["export", str(out), "--output", str(tmp_path / "prog.pt2")],
+                 "prog.json", "--overwrite")
+    assert mine.read_text() == "a,b\n1,2\n" and not (tmp_path / "prog.pt2").exists()
+    assert main(["export", str(out), "--output", str(tmp_path / "prog.pt2"), "--overwrite"]) == 0
+    assert json.loads((tmp_path / "prog.json").read_text())["format"] == "sol_ext exported model"
+
+
+def test_audit_refuses_to_write_over_the_runs_files_and_its_data(run, capsys):
+    out, data = run
+    before, data_before = snapshot(out), data.read_bytes()
+    for target, needle in ((out / "best.pt", "written by sol-ext"),
+                           (out / "predictions.csv", "written by sol-ext"),
+                           (data, "training data")):
+        expect_error(capsys, ["audit", str(out), "--csv", str(target), "--overwrite"],
+                     f"--csv {target}", needle)
+    assert snapshot(out) == before and data.read_bytes() == data_before
+
+
+def test_train_refuses_data_that_it_would_write_over(own_run, capsys):
+    out, _ = own_run
+    before = snapshot(out)
+    expect_error(capsys, ["train", "--data", str(out / "results.json"), "--output", str(out),
+                          "--overwrite", *FAST], "--output", "results.json")
+    assert snapshot(out) == before
+
+
+def test_compare_refuses_a_folder_of_other_files(tmp_path, capsys):
+    data = tiny_csv(tmp_path / "d.csv")
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine\n")
+    expect_error(capsys, ["compare", "--data", str(data), "--output", str(folder), "--seeds", "0",
+                          "--kappas", "0.3", "--noises", "", "--methods", "l1", "--epochs", "1"],
+                 f"--output {folder}", "notes.txt")
+    assert [p.name for p in folder.iterdir()] == ["notes.txt"]
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. the exported program
+
+
+@pytest.fixture(scope="module")
+def program(run):
+    out, _ = run
+    return torch.export.load(str(out / "model.pt2")).module(), json.loads((out / "model.json").read_text())
+
+
+def test_a_row_with_nan_or_inf_gives_nan_not_a_rank(program):
+    module, side = program
+    x = torch.tensor([[0.5, -0.2], [float("nan"), float("nan")], [float("inf"), float("inf")],
+                      [float("-inf"), 0.0], [1e300, 0.0]], dtype=torch.float64)
+    prediction, expected, probabilities = module(x)
+    assert torch.isnan(prediction[1:]).all() and torch.isnan(expected[1:]).all()
+    assert torch.isnan(probabilities[1:]).all()
+    assert float(prediction[0]) in side["label_values"]
+    assert torch.isfinite(probabilities[0]).all() and abs(float(probabilities[0].sum()) - 1) < 1e-9
+
+
+def test_float64_input_is_cast_inside(program):
+    module, _ = program
+    x = torch.tensor([[0.5, -0.2], [1.5, 0.7]])
+    for a, b in zip(module(x), module(x.double())):
+        assert torch.equal(a, b)
+
+
+def test_an_image_program_gives_nan_for_a_nan_pixel_and_takes_float64(tmp_path, monkeypatch):
+    from PIL import Image
+
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    (tmp_path / "faces").mkdir()
+    rows = ["path,label"]
+    for i in range(24):
+        pixels = np.clip(rng.normal(50 + 40 * (i % 4), 20, (12, 12, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(pixels).save(tmp_path / "faces" / f"{i}.png")
+        rows.append(f"{i}.png,{i % 4}")
+    (tmp_path / "faces" / "list.csv").write_text("\n".join(rows) + "\n")
+    assert main(["train", "--data", "faces/list.csv", "--image-size", "8", "--epochs", "1",
+                 "--batch-size", "8", "--sigma", "1", "--quiet", "--no-plots", "--output", "run",
+                 "--workers", "0", "--val-fraction", "0"]) == 0
+    assert main(["export", "run"]) == 0
+    module = torch.export.load("run/model.pt2").module()
+    x = torch.rand(3, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    x[1, 0, 0, 0] = float("nan")
+    prediction, expected, probabilities = module(x)
+    assert torch.isnan(prediction[1]) and torch.isnan(expected[1]) and torch.isnan(probabilities[1]).all()
+    assert torch.isfinite(prediction[[0, 2]]).all() and torch.isfinite(probabilities[[0, 2]]).all()
+    assert torch.allclose(module(x.double())[0], prediction, equal_nan=True)  # cast inside
+
+
+def test_the_sidecar_names_what_the_readme_says(program):
+    _, side = program
+    assert side["inputs"]["feature_names"] == ["a", "b"] and side["inputs"]["shape"] == ["N", 2]
+    assert side["label_values"] == [float(v) for v in range(20, 30)]
+
+
+def test_export_into_a_folder_that_cannot_be_written_gives_one_line(run, capsys):
+    out, _ = run
+    expect_error(capsys, ["export", str(out), "--output", "/proc/sol-ext-model.pt2"],
+                 "/proc/sol-ext-model.pt2")
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. conventions
+
+
+def _interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("command,patch", [
+    ("predict", "sol_ext.driver.predict.write_prediction_csv"),
+    ("export", "torch.export.save"),
+    ("audit", "sol_ext.driver.audit.audit_run"),
+])
+def test_ctrl_c_says_interrupted_and_writes_nothing(own_run, tmp_path, capsys, monkeypatch,
+                                                    command, patch):
+    out, data = own_run
+    target = tmp_path / "new.out"
+    flag = "--csv" if command == "audit" else "--output"
+    argv = {"predict": ["predict", str(out), "--data", str(data)], "export": ["export", str(out)],
+            "audit": ["audit", str(out)]}[command] + [flag, str(target)]
+    before = snapshot(tmp_path)
+    monkeypatch.setattr(patch, _interrupt)
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("sol-ext: interrupted") and len(err.strip().splitlines()) == 1, err
+    assert snapshot(tmp_path) == before
+
+
+def test_version_flags(capsys):
+    import sol_ext
+
+    for flag in ("--version", "-V"):
+        with pytest.raises(SystemExit) as stop:
+            main([flag])
+        assert stop.value.code == 0
+        assert capsys.readouterr().out.strip() == f"sol-ext {sol_ext.__version__}"
+    proc = subprocess.run([sys.executable, "-m", "sol_ext", "--version"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"sol-ext {sol_ext.__version__}"
+
+
+def test_the_command_ends_without_the_shutdown_but_runs_exit_handlers_and_flushes():
+    # end_process skips the interpreter's teardown (0.3 s with torch loaded); what a user relies on stays
+    code = ("import atexit, sys\n"
+            "from sol_ext.driver.cli import end_process\n"
+            "atexit.register(lambda: print('handler ran'))\n"
+            "sys.stdout.write('unflushed output; ')\n"
+            "end_process(3)\n"
+            "print('never printed')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 3
+    assert proc.stdout == "unflushed output; handler ran\n"
+    proc = subprocess.run([sys.executable, "-m", "sol_ext", "predict"], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "RUN_DIR" in proc.stderr  # argparse's own exit is kept
+
+
+def test_audit_predict_export_outputs_that_are_folders_are_refused(finished, tmp_path, capsys):
+    out, data = finished
+    folder = tmp_path / "afolder"
+    folder.mkdir()
+    before = snapshot(out)
+    for argv, flag in ((["audit", str(out), "--csv", str(folder)], "--csv"),
+                       (["predict", str(out), "--data", str(data), "--output", str(folder)], "--output"),
+                       (["export", str(out), "--output", str(folder)], "--output")):
+        expect_error(capsys, argv, f"{flag} {folder}", "is a folder, expected a file path",
+                     absent=(".tmp", "Errno"))
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    expect_error(capsys, ["audit", str(out), "--csv", str(afile / "a.csv")], "--csv",
+                 "is a file", absent=(".tmp", "Errno"))
+    assert list(folder.iterdir()) == [] and snapshot(out) == before

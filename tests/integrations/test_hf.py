@@ -1,0 +1,245 @@
+"""``sol_ext.hf``: a tiny random BERT (no download, token ids without a tokenizer) fine-tuned with
+``SOLTrainer``: it trains, its callback runs SOL's end-of-epoch step, predictions are the head's ranks,
+checkpoints hold the head, and the worked example builds a trainer that runs."""
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+from transformers import AutoModel, BertConfig, BertModel, TrainerCallback, TrainingArguments  # noqa: E402
+
+import sol_ext  # noqa: E402
+from common import REPO_ROOT
+from sol_ext.hf import SOLTextConfig, SOLTextModel, SOLTextOutput, SOLTrainer  # noqa: E402
+
+NUM_RANKS, LENGTH, VOCAB = 5, 12, 100
+EXAMPLE = REPO_ROOT / "examples" / "hf_text_ratings.py"
+
+
+class Ratings(torch.utils.data.Dataset):
+    """Random token ids whose first token sets the rating (0…4): rows as a tokenizer gives them."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(5, VOCAB, (n, LENGTH), generator=gen)
+        self.labels = ((self.ids[:, 0] - 5) * NUM_RANKS // (VOCAB - 5)).clamp(0, NUM_RANKS - 1)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        mask = torch.ones(LENGTH, dtype=torch.long)
+        mask[LENGTH - 1 - i % 3:] = 0  # some padding: the mean pooling honours the mask
+        return {"input_ids": self.ids[i], "attention_mask": mask, "labels": int(self.labels[i])}
+
+
+def _encoder(seed=0):
+    torch.manual_seed(seed)
+    return BertModel(BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                intermediate_size=64, max_position_embeddings=LENGTH))
+
+
+def _trainer(model, tmp_path, epochs=2, **arguments):
+    options = dict(num_train_epochs=epochs, per_device_train_batch_size=16, per_device_eval_batch_size=32,
+                   learning_rate=1e-3, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="epoch", seed=3)
+    args = TrainingArguments(str(tmp_path / "out"), **{**options, **arguments})
+    return SOLTrainer(model=model, args=args, train_dataset=Ratings(64, 0), eval_dataset=Ratings(32, 1))
+
+
+def _all_embeddings(model, data):
+    batch = torch.utils.data.default_collate([data[i] for i in range(len(data))])
+    model.eval()
+    with torch.no_grad():
+        return model.embed(batch["input_ids"], batch["attention_mask"]), batch["labels"]
+
+
+def test_a_tiny_model_trains_and_the_callback_updates_the_head(tmp_path):
+    model = SOLTextModel(_encoder(), NUM_RANKS, momentum=0.0)  # no damping: the last update is the rule
+    before = {k: v.clone() for k, v in model.encoder.state_dict().items()}
+    trainer = _trainer(model, tmp_path)
+    result = trainer.train()
+    assert result.global_step == 8 and torch.isfinite(torch.tensor(result.training_loss))
+    assert any(not torch.equal(v, before[k]) for k, v in model.encoder.state_dict().items())
+    assert bool(model.head.has_centroids) and bool(model.head.has_readout)
+    # the head is the end-of-epoch update of the trained encoder on the whole training set
+    h, labels = _all_embeddings(model, trainer.train_dataset)
+    expected = sol_ext.SOLHead(NUM_RANKS, 32, momentum=0.0)
+    expected.update(h, labels)
+    torch.testing.assert_close(model.head.centroids, expected.centroids, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model.head.temperature, expected.temperature, rtol=1e-5, atol=0)
+
+
+def test_the_first_centroids_come_before_the_first_step(tmp_path):
+    model = SOLTextModel(_encoder(), NUM_RANKS)
+    h, labels = _all_embeddings(model, Ratings(64, 0))
+    expected = sol_ext.SOLHead(NUM_RANKS, 32)
+    expected.update_centroids(h, labels)
+    trainer = _trainer(model, tmp_path, epochs=1, max_steps=1)
+    seen = []
+    original = model.head.loss
+
+    def spy(h, labels, pairs=None):  # the head's centroids when the first loss is computed
+        seen.append(model.head.centroids.clone())
+        return original(h, labels, pairs)
+
+    model.head.loss = spy
+    trainer.train()
+    torch.testing.assert_close(seen[0], expected.centroids, rtol=1e-5, atol=1e-6)
+
+
+def test_evaluation_and_predictions_are_the_heads_ranks(tmp_path):
+    model = SOLTextModel(_encoder(), NUM_RANKS)
+    trainer = _trainer(model, tmp_path, epochs=1)
+    trainer.train()
+    test = Ratings(20, 2)
+    output = trainer.predict(test)
+    h, labels = _all_embeddings(model, test)
+    ranks = model.head.predict(h)
+    assert output.ranks.tolist() == ranks.tolist()
+    np.testing.assert_allclose(output.predictions, model.head.predict_proba(h).numpy(), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(output.predictions.sum(axis=1), 1.0, rtol=0, atol=1e-9)  # cleanlab's pred_probs
+    predictions, label_ids, scores = output   # it unpacks as Trainer.predict's output
+    assert label_ids.tolist() == labels.tolist() and scores is output.metrics
+    assert output.metrics["test_mae"] == pytest.approx(sol_ext.metrics.mae(ranks, labels))
+    assert output.metrics["test_qwk"] == pytest.approx(
+        sol_ext.metrics.quadratic_weighted_kappa(ranks, labels, NUM_RANKS))
+    batch = torch.utils.data.default_collate([test[i] for i in range(4)])
+    assert model.predict(**batch).tolist() == ranks[:4].tolist()
+    assert model.predict_proba(**batch).shape == (4, NUM_RANKS)
+
+
+class EvaluationRecorder(TrainerCallback):
+    """At each evaluation: its eval_mae, and the MAE of a head updated afresh (momentum 0: the rule
+    alone) from the model as it is at that step."""
+
+    def __init__(self, model, train, test):
+        self.model, self.train, self.test, self.seen = model, train, test, []
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        was_training = self.model.training
+        h, labels = _all_embeddings(self.model, self.train)
+        fresh = sol_ext.SOLHead(NUM_RANKS, 32, momentum=0.0)
+        fresh.update(h, labels)
+        h_test, test_labels = _all_embeddings(self.model, self.test)
+        self.model.train(was_training)
+        self.seen.append((state.global_step, metrics["eval_mae"],
+                          sol_ext.metrics.mae(fresh.predict(h_test), test_labels)))
+
+
+def test_evaluations_inside_an_epoch_use_a_head_updated_at_their_step(tmp_path):
+    """eval_strategy="steps" every 3 steps of 4-step epochs, with max_steps ending inside the second
+    epoch: each evaluation scores a head updated from the model at its step (a fresh update_head and
+    predict), and the scores move with the model."""
+    model = SOLTextModel(_encoder(), NUM_RANKS, momentum=0.0)
+    trainer = _trainer(model, tmp_path, epochs=1, max_steps=7, eval_strategy="steps", eval_steps=3,
+                       learning_rate=3e-3, save_strategy="no")
+    recorder = EvaluationRecorder(model, trainer.train_dataset, trainer.eval_dataset)
+    trainer.add_callback(recorder)
+    trainer.train()
+    assert [step for step, _, _ in recorder.seen] == [3, 6, 7]   # and at the last step
+    for step, logged, fresh in recorder.seen:
+        assert logged == pytest.approx(fresh, abs=1e-9), step
+    assert len({logged for _, logged, _ in recorder.seen}) > 1
+    # after training (step 7, inside an epoch) predict scores the model of step 7
+    h, labels = _all_embeddings(model, trainer.train_dataset)
+    fresh = sol_ext.SOLHead(NUM_RANKS, 32, momentum=0.0)
+    fresh.update(h, labels)
+    h_test, _ = _all_embeddings(model, trainer.eval_dataset)
+    assert trainer.predict(trainer.eval_dataset).ranks.tolist() == fresh.predict(h_test).tolist()
+
+
+def test_predict_before_training_is_refused(tmp_path):
+    trainer = _trainer(SOLTextModel(_encoder(), NUM_RANKS), tmp_path)
+    with pytest.raises(RuntimeError, match=r"SOLTrainer.predict: the model's head is not trained.*trainer.train\(\)"):
+        trainer.predict(Ratings(8, 2))
+    with pytest.raises(RuntimeError, match="SOLTrainer.evaluate: the model's head is not trained"):
+        trainer.evaluate()
+
+
+def test_save_pretrained_and_from_pretrained_keep_the_encoder_and_the_head(tmp_path):
+    """config.json holds the encoder's config and the head's settings; the weights file its state;
+    SOLTextModel.from_pretrained and AutoModel.from_pretrained give the same predictions offline."""
+    import json
+
+    model = SOLTextModel(_encoder(), NUM_RANKS, sigma=0.7, readout="cuts")
+    _trainer(model, tmp_path, epochs=1, save_strategy="no").update_head()   # a head with centroids and read-out
+    model.save_pretrained(tmp_path / "saved")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert config["model_type"] == "sol_text" and config["encoder_config"]["model_type"] == "bert"
+    assert config["head_settings"] == model.head.settings()
+    batch = torch.utils.data.default_collate([Ratings(8, 2)[i] for i in range(8)])
+    for loaded in (SOLTextModel.from_pretrained(tmp_path / "saved"), AutoModel.from_pretrained(tmp_path / "saved")):
+        assert isinstance(loaded, SOLTextModel) and isinstance(loaded.config, SOLTextConfig)
+        for name, value in model.state_dict().items():
+            assert torch.equal(loaded.state_dict()[name], value), name
+        assert loaded.head.settings() == model.head.settings()
+        assert loaded.predict(**batch).tolist() == model.predict(**batch).tolist()
+    assert callable(model.push_to_hub)
+
+
+def test_forward_gives_logits_that_a_compute_metrics_of_ones_own_can_use(tmp_path):
+    """The rank log-probabilities as logits: the usual argmax compute_metrics runs, and the loss
+    comes with labels."""
+    model = SOLTextModel(_encoder(), NUM_RANKS)
+    batch = torch.utils.data.default_collate([Ratings(4, 2)[i] for i in range(4)])
+    untrained = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    assert isinstance(untrained, SOLTextOutput) and untrained.logits is None   # no read-out yet
+    seen = []
+
+    def accuracy(prediction):
+        seen.append(prediction.predictions.shape)
+        return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
+
+    trainer = _trainer(model, tmp_path, epochs=1, save_strategy="no")
+    trainer.compute_metrics = accuracy
+    trainer.update_head()   # SOL's end-of-epoch step without training: the head gets its read-out
+    assert "eval_accuracy" in trainer.evaluate() and seen == [(32, NUM_RANKS)]
+    model.eval()
+    out = model(**batch)
+    torch.testing.assert_close(out.logits.exp(), model.predict_proba(**batch))
+    assert out.loss is not None and out.embeddings.shape == (4, 32)
+    assert model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).loss is None
+
+
+def test_checkpoints_hold_the_head_and_resuming_keeps_it(tmp_path):
+    from safetensors.torch import load_file
+
+    model = SOLTextModel(_encoder(), NUM_RANKS)
+    _trainer(model, tmp_path, epochs=1).train()
+    checkpoint = tmp_path / "out" / "checkpoint-4"
+    saved = load_file(str(checkpoint / "model.safetensors"))
+    head = sol_ext.SOLHead.from_state_dict({k[5:]: v for k, v in saved.items() if k.startswith("head.")})
+    assert torch.equal(head.centroids, model.head.centroids)
+
+    resumed = SOLTextModel(_encoder(seed=5), NUM_RANKS)  # another start: the checkpoint replaces it all
+    seen = []
+    resumed.head.update_centroids = lambda *args, **kwargs: seen.append("recomputed")
+    _trainer(resumed, tmp_path, epochs=1).train(resume_from_checkpoint=str(checkpoint))
+    assert seen == []  # the resumed head kept the checkpoint's centroids
+    assert torch.equal(resumed.head.centroids, model.head.centroids)
+
+
+def test_bad_models_are_refused_by_name(tmp_path):
+    with pytest.raises(TypeError, match="encoder must be a transformers model"):
+        SOLTextModel(torch.nn.Linear(3, 3), NUM_RANKS)
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        SOLTextModel(_encoder(), NUM_RANKS, pooling="max")
+    args = TrainingArguments(str(tmp_path), report_to=[], use_cpu=True)
+    with pytest.raises(TypeError, match="SOLTrainer's model must be a sol_ext.hf.SOLTextModel"):
+        SOLTrainer(model=_encoder(), args=args)
+
+
+def test_the_worked_example_builds_a_trainer_that_trains(tmp_path):
+    spec = importlib.util.spec_from_file_location("hf_text_ratings", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert "distilbert-base-uncased" in EXAMPLE.read_text()  # the public checkpoint a user starts from
+    trainer = example.build_trainer(_encoder(), Ratings(48, 0), Ratings(16, 1), str(tmp_path), epochs=1,
+                                    batch_size=16, learning_rate=1e-3, use_cpu=True, disable_tqdm=True)
+    trainer.train()
+    assert set(trainer.evaluate()) >= {"eval_mae", "eval_macro_mae", "eval_qwk"}
