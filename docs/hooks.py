@@ -1,4 +1,4 @@
-"""MkDocs hooks of the documentation site (mkdocs.yml, ``hooks``).
+r"""MkDocs hooks of the documentation site (mkdocs.yml, ``hooks``).
 
 The docstrings cross-reference in Sphinx's roles (``:class:`~sol_ext.SOLHead```), which Markdown
 renders as the role's name followed by code. The hook turns each into the code alone, linked to the

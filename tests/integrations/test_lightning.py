@@ -203,7 +203,7 @@ def test_every_epoch_logs_losses_and_metrics_of_train_val_and_test(tmp_path):
     ranks = module.head.predict(h[80:])
     assert tested["test_mae"] == pytest.approx(sol_ext.metrics.mae(ranks, y[80:]), abs=1e-6)
     assert tested["test_macro_mae"] == pytest.approx(sol_ext.metrics.macro_mae(ranks, y[80:]), abs=1e-6)
-    assert tested["test_qwk"] == pytest.approx(sol_ext.metrics.qwk(ranks, y[80:], NUM_RANKS), abs=1e-6)
+    assert tested["test_qwk"] == pytest.approx(sol_ext.metrics.quadratic_weighted_kappa(ranks, y[80:], NUM_RANKS), abs=1e-6)
     assert "test_loss" in tested
 
 
