@@ -475,3 +475,23 @@ def test_the_cuts_read_out_is_fitted_saved_predicted_and_exported(user_files, tm
     assert np.array_equal(prediction.numpy(), table.prediction)
     # the program evaluates D in float64, load_run in float32
     np.testing.assert_allclose(expected.numpy(), table.expected, rtol=1e-5)
+
+
+def test_predict_command_resolves_the_device_once(user_files, tmp_path, monkeypatch, capsys):
+    """`sol-ext predict --device` is checked where the run is loaded, and nowhere else."""
+    import sol_ext.driver.device as device_module
+    import sol_ext.driver.model as model_module
+
+    root, train, test, _, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    calls = []
+    resolve = device_module.resolve_device
+    for module in (device_module, model_module):  # where it is defined, and where it is imported
+        monkeypatch.setattr(module, "resolve_device", lambda name, *a: calls.append(name) or resolve(name, *a))
+    assert main(["predict", str(out), "--data", str(test), "--device", "cpu",
+                 "--output", str(tmp_path / "pred.csv")]) == 0
+    assert calls == ["cpu"]
+    capsys.readouterr()
+    assert main(["predict", str(out), "--data", str(test), "--device", "mps:0",
+                 "--output", str(tmp_path / "pred2.csv")]) == 2
+    assert "'mps:0' is not a device" in capsys.readouterr().err

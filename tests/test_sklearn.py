@@ -294,3 +294,21 @@ def test_rank_intervals_after_calibrating_on_held_out_rows():
     lower, upper = ranker.predict_interval(X[400:], coverage=0.9)
     assert np.all(lower <= upper) and set(np.unique(np.r_[lower, upper])) <= set(ranker.classes_)
     assert np.mean((y[400:] >= lower) & (y[400:] <= upper)) >= 0.9
+
+
+def test_fit_works_out_the_validation_split_once(problem, monkeypatch):
+    """SOLRanker.fit checks its validation split and hands that split to the run: not computed twice."""
+    import sol_ext.driver.train as train_module
+    import sol_ext.sklearn as sklearn_module
+
+    X, y, _, _ = problem
+    calls = []
+
+    def counted(*args):
+        calls.append(len(args[0]))
+        return train_module.validation_split(*args)
+
+    monkeypatch.setattr(sklearn_module, "validation_split", counted)
+    monkeypatch.setattr(train_module, "_checked_split", lambda *a: pytest.fail("split worked out again"))
+    SOLRanker(epochs=1, batch_size=64, sigma=1.0).fit(X, y)
+    assert calls == [300]

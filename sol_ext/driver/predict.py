@@ -254,7 +254,6 @@ def predict_command(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .checkpoint import atomic_write_stream
-    from .device import resolve_device
     from .errors import UsageError
     from .loader import auto_workers
     from .model import load_run
@@ -264,7 +263,7 @@ def predict_command(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 0:
         raise UsageError(f"--workers must be >= 0, got {args.workers}.")
     to_stdout = args.output == "-"
-    model = load_run(args.run_dir, device=resolve_device(args.device),
+    model = load_run(args.run_dir, device=args.device,  # the device is resolved (and checked) there
                      workers=auto_workers() if args.workers is None else args.workers)
     default = args.run_dir / "predictions.csv"  # a rerun replaces it
     inputs = [("the --data file", args.data), *run_data(args.run_dir, model)]
