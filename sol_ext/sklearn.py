@@ -539,7 +539,7 @@ def _prepared(ds: OrdinalDataset) -> PreparedData:
     """The run's data as :func:`sol_ext.driver.prepare.prepare_data` would give them for a table
     with these features and labels as given (no noise), and no test set."""
     scaling = feature_scaling(ds)
-    enc = ds.encoder
+    enc = ds.grid
     preprocessing = preprocessing_record(ds)
     n_features = ds.features.shape[1]
     return PreparedData(

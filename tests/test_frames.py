@@ -80,7 +80,7 @@ def test_parquet_and_feather_load_as_the_csv_does(numeric, tmp_path):
     feather.write_feather(table, tmp_path / "t.arrow")
     for name in ("t.parquet", "t.feather", "t.arrow"):
         ds = load_dataset(tmp_path / name, label_column="score")
-        assert ds.feature_names == ref.feature_names and ds.encoder == ref.encoder
+        assert ds.feature_names == ref.feature_names and ds.grid == ref.grid
         assert np.array_equal(ds.features.numpy(), ref.features.numpy()) and np.array_equal(ds.ranks, ref.ranks)
         assert ds.features.dtype == ref.features.dtype
 

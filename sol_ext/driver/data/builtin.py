@@ -45,7 +45,7 @@ def load_abalone() -> OrdinalDataset:
     splitting, so test data never shape the scaling.
     """
     return load_table(DATASETS_DIR / "abalone.csv.gz", label_column="Rings",
-                    encoder=LabelGrid(min_value=1.0, step=1.0, num_ranks=29),
+                    grid=LabelGrid(min_value=1.0, step=1.0, num_ranks=29),
                     categorical={"Sex": ABALONE_SEX}, name="abalone")
 
 
@@ -57,7 +57,7 @@ def load_wine_red() -> OrdinalDataset:
     unscaled: call :func:`standardize` after splitting. The file is UCI's semicolon-delimited CSV.
     """
     return load_table(DATASETS_DIR / "winequality-red.csv.gz", label_column="quality",
-                    encoder=LabelGrid(min_value=3.0, step=1.0, num_ranks=6), name="wine-red",
+                    grid=LabelGrid(min_value=3.0, step=1.0, num_ranks=6), name="wine-red",
                     delimiter=";")
 
 
@@ -157,11 +157,11 @@ def load_fashion_mnist_degradation(levels: int = 8, samples_per_level: int = 500
     if image_size is not None and image_size_pair(image_size) != tuple(x.shape[2:]):
         x = torch.nn.functional.interpolate(x, size=image_size_pair(image_size), mode="bilinear",
                                             antialias=True, align_corners=False).clamp_(0.0, 1.0)
-    encoder = LabelGrid(min_value=0.0, step=1.0, num_ranks=levels)
+    grid = LabelGrid(min_value=0.0, step=1.0, num_ranks=levels)
     # new images for prediction: an image folder, read as 28 x 28 grayscale
     schema = {"format": "images", "path_column": "path", "label_column": "label",
               "image_size": [int(x.shape[2]), int(x.shape[3])], "channels": 1}
-    return OrdinalDataset(features=x, ranks=torch.from_numpy(level.astype(np.int64)), encoder=encoder,
+    return OrdinalDataset(features=x, ranks=torch.from_numpy(level.astype(np.int64)), grid=grid,
                           name=f"fashion-mnist-{kind}", kind="images", schema=schema)
 
 

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..._deprecation import moved_names
+from ..._deprecation import moved_names, warn_deprecated
 from ...labels import MAX_INFERRED_RANKS, LabelGrid, LabelScaleWarning, infer_step
 from .image_files import ImageFiles
 
-__all__ = ["OrdinalDataset", "make_dataset", "LabelSpec", "DatasetIdentity", "KINDS", "LabelGrid", "infer_step", "LabelScaleWarning",
+__all__ = ["OrdinalDataset", "make_dataset", "LabelSpec", "DatasetIdentity", "renamed_grid", "KINDS", "LabelGrid", "infer_step", "LabelScaleWarning",
            "MAX_INFERRED_RANKS"]
 
 # The label grid was RankEncoder here until it moved into the library as sol_ext.labels.LabelGrid.
@@ -39,7 +39,8 @@ class OrdinalDataset:
         features: float32 ``[N, F]`` for ``kind`` "tabular"/"embeddings", ``[N, C, H, W]`` in [0, 1] for
             "images": a tensor, or :class:`~sol_ext.driver.data.ImageFiles` decoded on access.
         ranks: int64 ``[N]`` in ``0 … n-1``: the labels as given (clean truth, or noisy training labels).
-        encoder: the label grid; ``encoder.decode(ranks)`` gives label values.
+        grid: the label grid; ``grid.decode(ranks)`` gives label values. (Its old name ``encoder``
+            still reads it, with a DeprecationWarning: "encoder" is the network.)
         name: a short name for reports ("abalone", a file stem).
         kind: "tabular" | "embeddings" | "images".
         feature_names: names of the ``F`` columns for tabular data ("Sex=F", "Length", …), else empty.
@@ -51,7 +52,7 @@ class OrdinalDataset:
 
     features: torch.Tensor
     ranks: torch.Tensor
-    encoder: LabelGrid
+    grid: LabelGrid
     name: str
     kind: str
     feature_names: tuple[str, ...] = ()
@@ -80,8 +81,8 @@ class OrdinalDataset:
         if r.numel() == 0:
             raise ValueError(f"dataset {self.name!r} is empty: no samples")
         lo, hi = int(r.min()), int(r.max())
-        if lo < 0 or hi >= self.encoder.num_ranks:
-            raise ValueError(f"ranks must lie in 0 … {self.encoder.num_ranks - 1}, got {lo} … {hi}")
+        if lo < 0 or hi >= self.grid.num_ranks:
+            raise ValueError(f"ranks must lie in 0 … {self.grid.num_ranks - 1}, got {lo} … {hi}")
         self.feature_names = tuple(self.feature_names)
         if lazy:
             return
@@ -99,12 +100,18 @@ class OrdinalDataset:
 
     @property
     def num_ranks(self) -> int:
-        return self.encoder.num_ranks
+        return self.grid.num_ranks
+
+    @property
+    def encoder(self) -> LabelGrid:
+        """Deprecated name of :attr:`grid` (an encoder is the network)."""
+        warn_deprecated("OrdinalDataset.encoder", "OrdinalDataset.grid")
+        return self.grid
 
     @property
     def labels(self) -> torch.Tensor:
         """The ranks in label units, float64 ``[N]``."""
-        return self.encoder.decode(self.ranks)
+        return self.grid.decode(self.ranks)
 
     def subset(self, index: Any) -> "OrdinalDataset":
         """The samples at ``index`` (indices or a bool mask ``[N]``), same grid."""
@@ -132,7 +139,7 @@ class LabelSpec:
         """The grid ``values`` are encoded on: ``grid``, or one fitted to them."""
         if self.grid is not None:
             if self.step is not None or self.min_value is not None or self.max_value is not None:
-                raise ValueError("pass either encoder= or step/min_value/max_value, not both")
+                raise ValueError("pass either grid= or step/min_value/max_value, not both")
             return self.grid
         return LabelGrid.fit(values, step=self.step, min_value=self.min_value, max_value=self.max_value)
 
@@ -169,9 +176,19 @@ def make_dataset(features: torch.Tensor, values: np.ndarray, identity: DatasetId
         ranks = grid.encode(values, (lambda i: f"data row {i}") if in_file else "index {}".format)
     except ValueError as err:
         raise ValueError(f"{_labels_of(where, schema)}: {err}") from None
-    return OrdinalDataset(features=features, ranks=ranks, encoder=grid, name=identity.name, kind=identity.kind,
+    return OrdinalDataset(features=features, ranks=ranks, grid=grid, name=identity.name, kind=identity.kind,
                           feature_names=tuple(identity.feature_names), schema=dict(schema or {}),
                           ids=None if identity.ids is None else tuple(identity.ids))
+
+
+def renamed_grid(grid: LabelGrid | None, encoder: LabelGrid | None) -> LabelGrid | None:
+    """A loader's ``grid=``, or its old name ``encoder=`` (with a DeprecationWarning); not both."""
+    if encoder is None:
+        return grid
+    warn_deprecated("encoder= (the label grid)", "grid=", stacklevel=4)
+    if grid is not None:
+        raise ValueError("pass grid= (encoder= is its old name), not both")
+    return encoder
 
 
 def _labels_of(where: str, schema: dict[str, Any] | None) -> str:

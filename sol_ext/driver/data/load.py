@@ -43,7 +43,8 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
 
     ``image_size=`` (a side, or ``(H, W)``) resizes images (image lists: 64 by default; Fashion-MNIST:
     28); it is an error for tables.
-    Pass ``encoder=`` to put the data on an existing grid (a test file on the training file's grid).
+    Pass ``grid=`` to put the data on an existing grid (a test file on the training file's grid);
+    ``encoder=`` is its old name, deprecated.
     ``delimiter=`` (one character, or "comma"/"semicolon"/"tab") is the cell separator of a CSV; None
     (the default) detects comma, semicolon or tab from the header. It applies to CSV/TSV files only.
     """
@@ -151,7 +152,7 @@ def load_train_test(train_spec: str | Path, test_spec: str | Path, test_label_co
     """
     train = load_dataset(train_spec, **options)
     rest = {k: v for k, v in options.items()
-            if k not in ("step", "min_value", "max_value", "encoder", "one_hot_text", "drop_columns")}
+            if k not in ("step", "min_value", "max_value", "grid", "encoder", "one_hot_text", "drop_columns")}
     # a test row with a missing value cannot be scored fairly by a filled-in guess: left out or refused
     if rest.get("missing") == "impute":
         rest["missing"] = "skip"
@@ -164,7 +165,7 @@ def load_train_test(train_spec: str | Path, test_spec: str | Path, test_label_co
                     categorical={k: list(v) for k, v in train.schema["categorical"].items()})
     if train.schema.get("format") == "images" and not is_builtin(test_spec):
         rest["channels"] = train.schema["channels"]  # gray or colour as the training images
-    test = load_dataset(test_spec, encoder=train.encoder, **rest)
+    test = load_dataset(test_spec, grid=train.grid, **rest)
     if train.features.shape[1:] != test.features.shape[1:]:
         raise ValueError(f"train and test features differ in shape: {tuple(train.features.shape[1:])} vs "
                          f"{tuple(test.features.shape[1:])}")

@@ -32,7 +32,7 @@ import torch
 from ..._deprecation import moved_names
 from ...labels import LabelGrid
 from ..errors import DataFileError, data_file_errors
-from .encoding import DatasetIdentity, LabelSpec, OrdinalDataset, make_dataset
+from .encoding import DatasetIdentity, LabelSpec, OrdinalDataset, make_dataset, renamed_grid
 from .frames import (
     MissingValuesWarning,
     TableOrigin,
@@ -464,11 +464,12 @@ def _text_typed(col: pa.ChunkedArray) -> bool:
 
 def load_table(path: str | Path, label_column: str = "label", feature_columns: Sequence[str] | None = None,
                step: float | None = None, min_value: float | None = None, max_value: float | None = None,
-               *, encoder: LabelGrid | None = None,
+               *, grid: LabelGrid | None = None,
                categorical: Sequence[str] | Mapping[str, Sequence[str]] = (),
                name: str | None = None, delimiter: str | None = None, one_hot_text: bool = False,
                id_column: str | None = None, drop_columns: Sequence[str] = (),
-               missing: str = "error", encoding: str | None = None) -> OrdinalDataset:
+               missing: str = "error", encoding: str | None = None,
+               encoder: LabelGrid | None = None) -> OrdinalDataset:
     """A tabular dataset from a table file with named columns: CSV/TSV with a header row (``.csv``,
     ``.tsv``, also gzipped ``.gz``), Parquet (``.parquet``) or Feather / Arrow IPC (``.feather``, ``.arrow``),
     read by pyarrow.
@@ -478,7 +479,7 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
         label_column: the column of label values (numbers), mapped to ranks on the grid.
         feature_columns: the input columns, in order; default every column but the label.
         step, min_value, max_value: the grid, each inferred from the labels when not given.
-        encoder: a fixed grid instead (e.g. the training set's, when loading a test file).
+        grid: a fixed label grid instead (e.g. the training set's, when loading a test file).
         categorical: columns to one-hot encode, either names (categories = sorted distinct values) or
             ``{name: categories}`` (use this when train and test files must get the same columns).
         name: dataset name; default the file stem.
@@ -493,6 +494,7 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
         missing: rows with a missing feature cell: ``"error"`` names every such cell, ``"skip"`` leaves
             the rows out (with a :class:`~.frames.MissingValuesWarning` counting them), ``"impute"``
             fills each cell with its column's median or most common category (warned likewise).
+        encoder: the old name of ``grid`` (deprecated: an encoder is the network).
 
     Returns:
         ``OrdinalDataset`` of kind "tabular" with raw (unscaled) float32 features ``[N, F]``; scale them
@@ -519,7 +521,7 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
         raise ValueError("missing='mark' is for prediction; expected 'error', 'skip' or 'impute'")
     read = TableRead(columns, cats, label_column, delimiter=delimiter, encoding=encoding, id_column=id_column,
                      one_hot_text=one_hot_text, missing=missing)
-    return read_table_dataset(path, read, LabelSpec(encoder, step, min_value, max_value), name)
+    return read_table_dataset(path, read, LabelSpec(renamed_grid(grid, encoder), step, min_value, max_value), name)
 
 
 def _feature_columns(path: Path, header: list[str], label_column: str, feature_columns: Sequence[str] | None,
@@ -602,13 +604,14 @@ def refuse_complex(path: Path, key: str, a: np.ndarray) -> None:
 
 
 def load_npz(path: str | Path, step: float | None = None, min_value: float | None = None,
-             max_value: float | None = None, *, encoder: LabelGrid | None = None,
+             max_value: float | None = None, *, grid: LabelGrid | None = None,
              features_key: str | None = None, labels_key: str = "labels",
-             name: str | None = None) -> OrdinalDataset:
+             name: str | None = None, encoder: LabelGrid | None = None) -> OrdinalDataset:
     """Precomputed embeddings and labels from a numpy ``.npz`` file.
 
     The file holds ``embeddings`` (or ``features``) ``[N, d]`` and ``labels`` ``[N]`` in label units;
-    ``[N, H, W]`` or ``[N, C, H, W]`` arrays are read as images. Grid arguments as in :func:`load_table`.
+    ``[N, H, W]`` or ``[N, C, H, W]`` arrays are read as images. Grid arguments (``grid``; ``encoder``
+    its deprecated old name) as in :func:`load_table`.
     """
     # The keyword API users call: the grid arguments become one LabelSpec.
     path = Path(path)
@@ -617,7 +620,7 @@ def load_npz(path: str | Path, step: float | None = None, min_value: float | Non
     identity = DatasetIdentity(name or file_stem(path), "embeddings" if x.ndim == 2 else "images",
                                source=str(path), schema=schema)
     return make_dataset(torch.from_numpy(x.astype(np.float32)), values, identity,
-                        LabelSpec(encoder, step, min_value, max_value))
+                        LabelSpec(renamed_grid(grid, encoder), step, min_value, max_value))
 
 
 def _npz_arrays(path: Path, features_key: str | None, labels_key: str) -> tuple[np.ndarray, np.ndarray, str]:
