@@ -251,7 +251,6 @@ def format_scores(scores: dict[str, float]) -> str:
 def predict_command(args: argparse.Namespace) -> int:
     """``sol-ext predict``: the prediction CSV of ``--data`` by the run in ``args.run_dir`` (to a
     file or stdout), and its scores where the data carry labels."""
-    from pathlib import Path
 
     from .checkpoint import atomic_write_stream
     from .errors import UsageError
@@ -270,17 +269,7 @@ def predict_command(args: argparse.Namespace) -> int:
     path = None if to_stdout else check_output(
         str(default) if args.output is None else args.output, "--output", inputs=inputs,
         replaceable=[default], overwrite=args.overwrite)
-    if args.delimiter is not None:
-        from .data.tables import table_format
-
-        read = Path(args.data) / "labels.csv" if Path(args.data).is_dir() else Path(args.data)
-        if table_format(read) != "csv":  # as train refuses it
-            raise UsageError(f"--delimiter {args.delimiter} applies to CSV files only; {args.data} is not one: "
-                             f"leave --delimiter out.")
-        model.preprocessing = {**model.preprocessing, "delimiter": args.delimiter}
-    if args.encoding is not None:
-        schema = model.preprocessing.get("schema", {})
-        model.preprocessing = {**model.preprocessing, "schema": {**schema, "encoding": args.encoding}}
+    _read_as_told(args, model)
     from .data import inputs as data_inputs
 
     # a table file is read once and predicted and written a slice at a time; the first slice meets
@@ -312,6 +301,25 @@ def predict_command(args: argparse.Namespace) -> int:
     if scores is not None:
         print(format_scores(scores), file=report)
     return 0
+
+
+def _read_as_told(args: argparse.Namespace, model: TrainedModel) -> None:
+    """``--delimiter`` and ``--encoding`` of ``sol-ext predict``, set on ``model`` for reading ``--data``."""
+    from pathlib import Path
+
+    from .errors import UsageError
+
+    if args.delimiter is not None:
+        from .data.tables import table_format
+
+        read = Path(args.data) / "labels.csv" if Path(args.data).is_dir() else Path(args.data)
+        if table_format(read) != "csv":  # as train refuses it
+            raise UsageError(f"--delimiter {args.delimiter} applies to CSV files only; {args.data} is not one: "
+                             f"leave --delimiter out.")
+        model.preprocessing = {**model.preprocessing, "delimiter": args.delimiter}
+    if args.encoding is not None:
+        schema = model.preprocessing.get("schema", {})
+        model.preprocessing = {**model.preprocessing, "schema": {**schema, "encoding": args.encoding}}
 
 
 class _Written:
