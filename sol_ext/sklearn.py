@@ -55,9 +55,10 @@ from .driver.data.frames import (
     table_features,
     text_columns,
 )
+from .driver.fit import FitContext
 from .driver.model import model_from_state
 from .driver.prepare import PreparedData, preprocessing_record
-from .driver.train import train, validation_split
+from .driver.train import check_run, fit_run, validation_split
 from .labels import LabelGrid
 
 __all__ = ["SOLRanker", "EXPECTED_FAILED_CHECKS", "CONFIG_PARAMS"]
@@ -321,9 +322,11 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             advice = re.sub(r" \(in Python: [^)]*\)", "", str(err))
             raise ValueError(f"SOLRanker: {advice}") from None
         ranks = encoder.encode(values)
+        split = None  # worked out once, here, and handed to the run's checks
         if config.val_fraction > 0:
             try:
-                fit_rows = validation_split(ranks, config.val_fraction, config.seed).fit
+                split = validation_split(ranks, config.val_fraction, config.seed)
+                fit_rows = split.fit
             except ValueError:
                 raise ValueError(f"val_fraction={config.val_fraction:g} of {len(values)} samples leaves "
                                  f"an empty validation split or nothing to train on; give more "
@@ -341,11 +344,12 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
                                  "tabular", feature_names=tuple(names), schema=schema)
         data = _prepared(dataset)
         with _torch_threads(threads):  # in memory: nothing is written, not even to a temp dir
-            outcome = train(config, data, None, log=print if verbose else lambda _line: None)
+            config.validate()
+            log = print if verbose else lambda _line: None
+            outcome = fit_run(check_run(config, data, None, False, FitContext(log=log, split=split)))
             model = model_from_state(outcome.best_state, device=config.device)
             # as a run does: the validation split's probabilities calibrate predict_interval
-            split = validation_split(data.train_given, config.val_fraction, config.seed)
-            store_validation_calibration(model, validation_probabilities(model, data, split.val))
+            store_validation_calibration(model, validation_probabilities(model, data, split and split.val))
         self.model_ = model
         self.classes_ = _classes(encoder, label_dtype)
         self.history_ = outcome.results
@@ -544,7 +548,7 @@ def _prepared(ds: OrdinalDataset) -> PreparedData:
     """The run's data as :func:`sol_ext.driver.prepare.prepare_data` would give them for a table
     with these features and labels as given (no noise), and no test set."""
     scaling = feature_scaling(ds)
-    enc = ds.encoder
+    enc = ds.grid
     preprocessing = preprocessing_record(ds)
     n_features = ds.features.shape[1]
     return PreparedData(

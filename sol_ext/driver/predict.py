@@ -263,10 +263,8 @@ def format_scores(scores: dict[str, float]) -> str:
 def predict_command(args: argparse.Namespace) -> int:
     """``sol-ext predict``: the prediction CSV of ``--data`` by the run in ``args.run_dir`` (to a
     file or stdout), and its scores where the data carry labels."""
-    from pathlib import Path
 
     from .checkpoint import atomic_write_stream
-    from .device import resolve_device
     from .errors import UsageError
     from .loader import auto_workers
     from .model import load_run
@@ -276,24 +274,14 @@ def predict_command(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 0:
         raise UsageError(f"--workers must be >= 0, got {args.workers}.")
     to_stdout = args.output == "-"
-    model = load_run(args.run_dir, device=resolve_device(args.device),
+    model = load_run(args.run_dir, device=args.device,  # the device is resolved (and checked) there
                      workers=auto_workers() if args.workers is None else args.workers)
     default = args.run_dir / "predictions.csv"  # a rerun replaces it
     inputs = [("the --data file", args.data), *run_data(args.run_dir, model)]
     path = None if to_stdout else check_output(
         str(default) if args.output is None else args.output, "--output", inputs=inputs,
         replaceable=[default], overwrite=args.overwrite)
-    if args.delimiter is not None:
-        from .data.tables import table_format
-
-        read = Path(args.data) / "labels.csv" if Path(args.data).is_dir() else Path(args.data)
-        if table_format(read) != "csv":  # as train refuses it
-            raise UsageError(f"--delimiter {args.delimiter} applies to CSV files only; {args.data} is not one: "
-                             f"leave --delimiter out.")
-        model.preprocessing = {**model.preprocessing, "delimiter": args.delimiter}
-    if args.encoding is not None:
-        schema = model.preprocessing.get("schema", {})
-        model.preprocessing = {**model.preprocessing, "schema": {**schema, "encoding": args.encoding}}
+    _read_as_told(args, model)
     from .data import inputs as data_inputs
 
     # a table file is read once and predicted and written a slice at a time; the first slice meets
@@ -339,6 +327,25 @@ def _system_memory_pool() -> Iterator[None]:
         yield
     finally:
         pa.set_memory_pool(previous)
+
+
+def _read_as_told(args: argparse.Namespace, model: TrainedModel) -> None:
+    """``--delimiter`` and ``--encoding`` of ``sol-ext predict``, set on ``model`` for reading ``--data``."""
+    from pathlib import Path
+
+    from .errors import UsageError
+
+    if args.delimiter is not None:
+        from .data.tables import table_format
+
+        read = Path(args.data) / "labels.csv" if Path(args.data).is_dir() else Path(args.data)
+        if table_format(read) != "csv":  # as train refuses it
+            raise UsageError(f"--delimiter {args.delimiter} applies to CSV files only; {args.data} is not one: "
+                             f"leave --delimiter out.")
+        model.preprocessing = {**model.preprocessing, "delimiter": args.delimiter}
+    if args.encoding is not None:
+        schema = model.preprocessing.get("schema", {})
+        model.preprocessing = {**model.preprocessing, "schema": {**schema, "encoding": args.encoding}}
 
 
 class _Written:

@@ -81,7 +81,7 @@ def preprocessing_record(train: OrdinalDataset, delimiter: Optional[str] = None)
     ``scaling`` (mean and std, float64; ``None`` for images) and the label ``grid``. Saved with the
     model (:attr:`PreparedData.preprocessing`)."""
     scaling = feature_scaling(train)
-    enc = train.encoder
+    enc = train.grid
     return {
         "kind": train.kind, "schema": dict(train.schema), "feature_names": list(train.feature_names),
         "input_shape": list(train.features.shape[1:]), "delimiter": delimiter,
@@ -145,7 +145,7 @@ def prepare_data(config: TrainConfig) -> PreparedData:
         train, test = train_test_split(full, test_fraction=config.test_fraction, seed=config.seed)
         # the split depends on the ranks and the seed only: split row numbers the same way
         numbers = OrdinalDataset(torch.arange(len(full), dtype=torch.float64)[:, None], full.ranks,
-                                 full.encoder, full.name, "tabular")
+                                 full.grid, full.name, "tabular")
         rows = train_test_split(numbers, test_fraction=config.test_fraction,
                                 seed=config.seed)[0].features[:, 0].round().long()
     preprocessing = preprocessing_record(train, config.delimiter)
@@ -156,13 +156,13 @@ def prepare_data(config: TrainConfig) -> PreparedData:
         if test is not None:
             test = dataclasses.replace(test, features=apply_scaling(test.features, mean_std))
     config.augmentation(train.kind)  # refuses augmentation of vectors before anything trains
-    n = int(train.encoder.num_ranks)
+    n = int(train.grid.num_ranks)
     noisy = add_label_noise(train.ranks, n, noise=config.noise, kappa=config.kappa,
                             seed=config.seed, fraction=config.noise_fraction)
     # the labels of a built-in set are clean; a user's file may be noisy already (unknown truth)
     labels_known_clean = (config.test_data is None and is_builtin(config.data)) or noisy.scale > 0
     return PreparedData(
-        name=train.name, kind=train.kind, encoder=train.encoder,
+        name=train.name, kind=train.kind, encoder=train.grid,
         train_x=_float(train.features), train_given=noisy.noisy.long(),
         train_clean=noisy.clean.long() if labels_known_clean else None,
         test_x=_float(train.features[:0] if test is None else test.features),

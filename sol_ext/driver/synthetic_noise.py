@@ -174,14 +174,10 @@ def add_label_noise(
     Returns:
         :class:`NoisyLabels` with int64 ``noisy`` and ``clean`` ``[N]`` on the device of ``clean_ranks``.
     """
+    # The keyword API users call: its arguments are checked by _check_noise_options.
     kind = _check_noise(noise)
     kappa = _check_kappa(kappa)
-    if not (0.0 <= float(fraction) <= 1.0):
-        raise ValueError(f"fraction must be in [0, 1] (share of samples that get noise), got {fraction}")
-    if (peak is not None or width is not None) and kind != "input-dependent":
-        raise ValueError(f"peak and width apply only to noise='input-dependent', not to noise={kind!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    _check_noise_options(kind, fraction, peak, width, seed)
     device = clean_ranks.device if isinstance(clean_ranks, torch.Tensor) else torch.device("cpu")
     clean = _as_ranks(clean_ranks, num_ranks)
     c = clean.numpy().astype(np.float64)
@@ -200,16 +196,32 @@ def add_label_noise(
 
     noise_seq, pick_seq = np.random.SeedSequence(int(seed)).spawn(2)
     e = _draw(kind, np.random.default_rng(noise_seq), c, s, peak, width)
-    selected = np.ones(c.size, dtype=bool)
-    if fraction < 1.0:
-        count = int(math.floor(fraction * c.size + 0.5))
-        selected[:] = False
-        selected[np.random.default_rng(pick_seq).permutation(c.size)[:count]] = True
+    selected = _noised_samples(c.size, fraction, pick_seq)
     # Round half up, like LabelGrid.encode; ties have probability zero for continuous noise anyway.
     noisy = np.clip(np.floor(c + e + 0.5), 0, num_ranks - 1)
     noisy = np.where(selected, noisy, c).astype(np.int64)
     return NoisyLabels(noisy=torch.from_numpy(noisy).to(device), clean=clean.clone().to(device),
                        selected=torch.from_numpy(selected).to(device), scale=s)
+
+
+def _check_noise_options(kind: str, fraction: float, peak: float | None, width: float | None, seed: Any) -> None:
+    """ValueError naming the argument of :func:`add_label_noise` that is out of its range."""
+    if not (0.0 <= float(fraction) <= 1.0):
+        raise ValueError(f"fraction must be in [0, 1] (share of samples that get noise), got {fraction}")
+    if (peak is not None or width is not None) and kind != "input-dependent":
+        raise ValueError(f"peak and width apply only to noise='input-dependent', not to noise={kind!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+
+
+def _noised_samples(size: int, fraction: float, pick_seq: np.random.SeedSequence) -> np.ndarray:
+    """``[size]`` bool: the samples that get noise, every one, or a random ``fraction`` of them."""
+    selected = np.ones(size, dtype=bool)
+    if fraction < 1.0:
+        count = int(math.floor(fraction * size + 0.5))
+        selected[:] = False
+        selected[np.random.default_rng(pick_seq).permutation(size)[:count]] = True
+    return selected
 
 
 def noise_statistics(noisy: Any, clean: Any) -> dict[str, float]:

@@ -188,7 +188,8 @@ def check_run(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], 
         raise ValueError("--pairs balanced is not supported under torchrun: the distributed loss "
                          "covers all pairs of the global batch (--pairs all).")
     config.check_ranks(data.num_ranks)  # tau and sigma against the data's ranks
-    split = _checked_split(config, data)  # a validation split too small for the data says so here
+    # a validation split too small for the data says so here (unless the caller worked it out)
+    split = _checked_split(config, data) if context.split is None else context.split
     if resume and par.is_main:
         check_resume(out_dir, config, data.fingerprint())
     device = resolve_device(config.device, par) if context.device is None else context.device

@@ -83,7 +83,7 @@ def test_load_csv_basic(tmp_path):
     ds = load_table(p, "age")
     assert ds.kind == "tabular" and ds.name == "t"
     assert ds.features.dtype == torch.float32 and ds.features.tolist() == [[1, 2], [3, 4], [5, 6]]
-    assert ds.encoder == LabelGrid(20.0, 1.0, 3)
+    assert ds.grid == LabelGrid(20.0, 1.0, 3)
     assert ds.ranks.tolist() == [0, 2, 1]
     assert ds.feature_names == ("a", "b")
     assert load_table(p, "age", feature_columns=["b"]).features.tolist() == [[2], [4], [6]]
@@ -96,7 +96,7 @@ def test_load_csv_gz_and_categorical(tmp_path):
     ds = load_table(p, "y", categorical=["sex"])
     assert ds.feature_names == ("sex=F", "sex=M", "x")
     assert ds.features.tolist() == [[0, 1, 1], [1, 0, 2], [0, 1, 3]]
-    assert ds.encoder.step == 0.25 and ds.ranks.tolist() == [0, 1, 2]
+    assert ds.grid.step == 0.25 and ds.ranks.tolist() == [0, 1, 2]
     fixed = load_table(p, "y", categorical={"sex": ["F", "I", "M"]})
     assert fixed.features.shape == (3, 4)
     with pytest.raises(ValueError, match="outside its categories"):
@@ -130,17 +130,17 @@ def test_shared_encoder_for_train_and_test_files(tmp_path):
     train = _write(tmp_path / "train.csv", "x,label\n1,10\n2,14\n3,12\n4,11\n")
     test = _write(tmp_path / "test.csv", "x,label\n5,12\n6,13\n")
     tr, te = load_train_test(train, test)
-    assert te.encoder == tr.encoder == LabelGrid(10.0, 1.0, 5)
+    assert te.grid == tr.grid == LabelGrid(10.0, 1.0, 5)
     assert te.ranks.tolist() == [2, 3]
-    # the same through load_dataset with encoder=
-    assert load_dataset(test, encoder=tr.encoder).ranks.tolist() == [2, 3]
+    # the same through load_dataset with grid=
+    assert load_dataset(test, grid=tr.grid).ranks.tolist() == [2, 3]
     wide = _write(tmp_path / "wide.csv", "x,label\n5,12\n5,30\n")
     with pytest.raises(ValueError, match=r"label value 30 \(data row 1\) is outside"):  # rows as the other errors
         load_train_test(train, wide)
     tr2, te2 = load_train_test(train, wide, min_value=0, max_value=40)
     assert te2.ranks.tolist() == [12, 30]
-    with pytest.raises(ValueError, match="either encoder= or step"):
-        load_table(test, encoder=tr.encoder, step=1)
+    with pytest.raises(ValueError, match="either grid= or step"):
+        load_table(test, grid=tr.grid, step=1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -153,7 +153,7 @@ def test_load_npz_embeddings(tmp_path):
              labels=np.array([0.1, 0.3, 0.2, 0.1]))
     ds = load_npz(p)
     assert ds.kind == "embeddings" and ds.features.shape == (4, 3) and ds.features.dtype == torch.float32
-    assert ds.encoder.step == pytest.approx(0.1) and ds.ranks.tolist() == [0, 2, 1, 0]
+    assert ds.grid.step == pytest.approx(0.1) and ds.ranks.tolist() == [0, 2, 1, 0]
     q = tmp_path / "feat.npz"
     np.savez(q, features=np.zeros((2, 5, 6)), labels=np.array([1, 2]))
     img = load_npz(q)
@@ -198,7 +198,7 @@ def image_folder(tmp_path):
 def test_load_image_folder_grayscale(image_folder):
     ds = load_image_folder(image_folder / "labels.csv", image_size=8)
     assert ds.kind == "images" and ds.features.shape == (4, 1, 8, 8)
-    assert ds.encoder == LabelGrid(0.0, 12.0, 3) and ds.ranks.tolist() == [0, 1, 2, 1]
+    assert ds.grid == LabelGrid(0.0, 12.0, 3) and ds.ranks.tolist() == [0, 1, 2, 1]
     assert isinstance(ds.features, ImageFiles)  # decoded on access, not at load
     assert ds.features.read(2).mean().item() == pytest.approx(80 / 255, abs=1e-5)
     assert torch.equal(ds.features.load(), load_image_folder(image_folder / "labels.csv", image_size=8,
@@ -259,7 +259,7 @@ def test_degradation_loader_on_small_files(tmp_path):
     root = _fake_idx(tmp_path)
     ds = load_fashion_mnist_degradation(levels=4, samples_per_level=5, root=root, seed=1)
     assert ds.features.shape == (20, 1, 28, 28) and ds.kind == "images"
-    assert ds.encoder == LabelGrid(0.0, 1.0, 4)
+    assert ds.grid == LabelGrid(0.0, 1.0, 4)
     assert torch.bincount(ds.ranks).tolist() == [5, 5, 5, 5]
     assert float(ds.features.min()) >= 0.0 and float(ds.features.max()) <= 1.0
     rough = _roughness(ds.features)
@@ -314,7 +314,7 @@ def abalone():
 
 def test_abalone(abalone):
     assert abalone.features.shape == (4177, 10) and abalone.kind == "tabular"
-    assert abalone.encoder == LabelGrid(1.0, 1.0, 29)
+    assert abalone.grid == LabelGrid(1.0, 1.0, 29)
     assert int(abalone.ranks.min()) == 0 and int(abalone.ranks.max()) == 28
     assert abalone.labels.min().item() == 1.0 and abalone.labels.max().item() == 29.0
     assert torch.all(abalone.features[:, :3].sum(dim=1) == 1)  # sex one-hot
@@ -337,7 +337,7 @@ def test_load_dataset_csv_and_npz(tmp_path):
     assert load_dataset(p).ranks.tolist() == [0, 1]
     q = tmp_path / "e.npz"
     np.savez(q, embeddings=np.zeros((2, 4)), labels=np.array([5, 7]))
-    assert load_dataset(str(q)).encoder == LabelGrid(5.0, 2.0, 2)
+    assert load_dataset(str(q)).grid == LabelGrid(5.0, 2.0, 2)
 
 
 def test_train_test_split_is_deterministic_stratified_and_disjoint(abalone):
@@ -386,7 +386,7 @@ def test_wine_red_built_in():
 
     wine = load_dataset("wine-red")
     assert wine.features.shape == (1599, 11) and wine.kind == "tabular" and wine.name == "wine-red"
-    assert wine.encoder == LabelGrid(3.0, 1.0, 6) and wine.num_ranks == 6
+    assert wine.grid == LabelGrid(3.0, 1.0, 6) and wine.num_ranks == 6
     assert int(wine.ranks.min()) == 0 and int(wine.ranks.max()) == 5
     assert wine.labels.min().item() == 3.0 and wine.labels.max().item() == 8.0
     assert torch.bincount(wine.ranks).tolist() == [10, 53, 681, 638, 199, 18]
@@ -402,7 +402,7 @@ _COMMA_TABLE = "a,b,age\n1,2.5,20\n3,4,22\n5,6,21\n"
 
 
 def _same_table(ds, ref):
-    assert ds.feature_names == ref.feature_names and ds.encoder == ref.encoder
+    assert ds.feature_names == ref.feature_names and ds.grid == ref.grid
     assert torch.equal(ds.features, ref.features) and torch.equal(ds.ranks, ref.ranks)
 
 
@@ -869,3 +869,23 @@ def test_named_pipe_as_data(tmp_path, capsys, name):
         (load_table if name.endswith(".csv") else load_npz)(tmp_path / name)
     with pytest.raises(ValueError, match="not a regular file"):
         read_inputs(tmp_path / name, {"format": "csv", "columns": ["a"]})
+
+
+
+def test_the_label_grid_is_grid_and_its_old_name_encoder_still_works_with_a_warning(tmp_path):
+    """"Encoder" is the network: the dataset's label grid is ``grid`` and the loaders take ``grid=``;
+    ``.encoder`` and ``encoder=`` still work for one release, with a DeprecationWarning."""
+    train = _write(tmp_path / "train.csv", "x,label\n1,10\n2,14\n3,12\n")
+    test = _write(tmp_path / "test.csv", "x,label\n5,12\n6,14\n")
+    tr = load_table(train)  # the grid 10, 12, 14
+    with pytest.warns(DeprecationWarning, match=r"OrdinalDataset\.encoder .*use OrdinalDataset\.grid"):
+        assert tr.encoder is tr.grid
+    for load in (load_table, load_dataset):
+        with pytest.warns(DeprecationWarning, match="encoder= .*use grid="):
+            assert load(test, encoder=tr.grid).grid == tr.grid
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="grid= .*not both"):
+        load_table(test, grid=tr.grid, encoder=tr.grid)
+    npz = tmp_path / "e.npz"
+    np.savez(npz, embeddings=np.zeros((2, 3)), labels=np.array([12.0, 14.0]))
+    with pytest.warns(DeprecationWarning, match="encoder= .*use grid="):
+        assert load_npz(npz, encoder=tr.grid).ranks.tolist() == [1, 2]

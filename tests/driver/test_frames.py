@@ -80,7 +80,7 @@ def test_parquet_and_feather_load_as_the_csv_does(numeric, tmp_path):
     feather.write_feather(table, tmp_path / "t.arrow")
     for name in ("t.parquet", "t.feather", "t.arrow"):
         ds = load_dataset(tmp_path / name, label_column="score")
-        assert ds.feature_names == ref.feature_names and ds.encoder == ref.encoder
+        assert ds.feature_names == ref.feature_names and ds.grid == ref.grid
         assert np.array_equal(ds.features.numpy(), ref.features.numpy()) and np.array_equal(ds.ranks, ref.ranks)
         assert ds.features.dtype == ref.features.dtype
 
@@ -367,9 +367,9 @@ def test_arrow_columns_reach_numpy_exactly_without_importing_pandas():
     assert _to_numpy(pa.array([1.0, None])).tolist()[0] == 1.0  # nulls: pyarrow's own conversion
     pytest.importorskip("pandas")  # installed, so that its absence from sys.modules means something
     code = ("import sys\n"
-            "from sol_ext.driver.data.tables import read_table_features\n"
+            "from sol_ext.driver.data.tables import TableRead, read_table_features\n"
             f"x, *_ = read_table_features({str(DATASETS_DIR / 'winequality-red.csv.gz')!r}, "
-            "['fixed acidity', 'alcohol'], {}, 'quality', label_optional=True)\n"
+            "TableRead(['fixed acidity', 'alcohol'], {}, 'quality', label_optional=True))\n"
             "assert x.shape == (1599, 2), x.shape\n"
             "print('pandas' in sys.modules)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -490,3 +490,23 @@ def test_predict_refuses_a_delimiter_for_a_file_that_is_not_csv(finished, tmp_pa
                  f"--delimiter ; applies to CSV files only; {table} is not one")
     assert main(["predict", str(out), "--data", str(data), "--delimiter", ",",
                  "--output", str(tmp_path / "p.csv")]) == 0
+
+
+def test_predict_command_resolves_the_device_once(user_files, tmp_path, monkeypatch, capsys):
+    """`sol-ext predict --device` is checked where the run is loaded, and nowhere else."""
+    import sol_ext.driver.device as device_module
+    import sol_ext.driver.model as model_module
+
+    root, train, test, _, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    calls = []
+    resolve = device_module.resolve_device
+    for module in (device_module, model_module):  # where it is defined, and where it is imported
+        monkeypatch.setattr(module, "resolve_device", lambda name, *a: calls.append(name) or resolve(name, *a))
+    assert main(["predict", str(out), "--data", str(test), "--device", "cpu",
+                 "--output", str(tmp_path / "pred.csv")]) == 0
+    assert calls == ["cpu"]
+    capsys.readouterr()
+    assert main(["predict", str(out), "--data", str(test), "--device", "mps:0",
+                 "--output", str(tmp_path / "pred2.csv")]) == 2
+    assert "'mps:0' is not a device" in capsys.readouterr().err

@@ -407,3 +407,21 @@ def test_a_run_saved_before_heads_saved_their_settings_still_loads(small_problem
     assert "_extra_state" in state["head"]
     del state["head"]["_extra_state"]
     np.testing.assert_array_equal(model_from_state(state).predict(X), small_fitted.model_.predict(X))
+
+
+def test_fit_works_out_the_validation_split_once(problem, monkeypatch):
+    """SOLRanker.fit checks its validation split and hands that split to the run: not computed twice."""
+    import sol_ext.driver.train as train_module
+    import sol_ext.sklearn as sklearn_module
+
+    X, y, _, _ = problem
+    calls = []
+
+    def counted(*args):
+        calls.append(len(args[0]))
+        return train_module.validation_split(*args)
+
+    monkeypatch.setattr(sklearn_module, "validation_split", counted)
+    monkeypatch.setattr(train_module, "_checked_split", lambda *a: pytest.fail("split worked out again"))
+    SOLRanker(epochs=1, batch_size=64, sigma=1.0).fit(X, y)
+    assert calls == [300]

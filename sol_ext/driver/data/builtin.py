@@ -45,7 +45,7 @@ def load_abalone() -> OrdinalDataset:
     splitting, so test data never shape the scaling.
     """
     return load_table(DATASETS_DIR / "abalone.csv.gz", label_column="Rings",
-                    encoder=LabelGrid(min_value=1.0, step=1.0, num_ranks=29),
+                    grid=LabelGrid(min_value=1.0, step=1.0, num_ranks=29),
                     categorical={"Sex": ABALONE_SEX}, name="abalone")
 
 
@@ -57,7 +57,7 @@ def load_wine_red() -> OrdinalDataset:
     unscaled: call :func:`standardize` after splitting. The file is UCI's semicolon-delimited CSV.
     """
     return load_table(DATASETS_DIR / "winequality-red.csv.gz", label_column="quality",
-                    encoder=LabelGrid(min_value=3.0, step=1.0, num_ranks=6), name="wine-red",
+                    grid=LabelGrid(min_value=3.0, step=1.0, num_ranks=6), name="wine-red",
                     delimiter=";")
 
 
@@ -143,15 +143,9 @@ def load_fashion_mnist_degradation(levels: int = 8, samples_per_level: int = 500
     if isinstance(samples_per_level, bool) or int(samples_per_level) != samples_per_level \
             or samples_per_level < 1:
         raise ValueError(f"samples_per_level must be an integer >= 1, got {samples_per_level}")
+    # The keyword API users call; the images are read by _fashion_mnist_images, degraded by _degrade.
     levels, samples_per_level = int(levels), int(samples_per_level)
-    folder = FASHION_MNIST_DIR if root is None else Path(root)
-    path = folder / ("train-images-idx3-ubyte.gz" if split == "train" else "t10k-images-idx3-ubyte.gz")
-    if not path.is_file():
-        raise FileNotFoundError(f"Fashion-MNIST not found: {path} is missing. Install it with "
-                                f"`{FASHION_MNIST_INSTALL}` (Debian/Ubuntu, as root), or put "
-                                f"train-images-idx3-ubyte.gz and t10k-images-idx3-ubyte.gz in {folder} (in "
-                                "Python: or pass root= another folder)")
-    images = _read_idx_images(path)
+    images = _fashion_mnist_images(root, split)
     total = levels * samples_per_level
     if total > images.shape[0]:
         raise ValueError(f"levels * samples_per_level = {total} exceeds the {images.shape[0]} images of the "
@@ -159,9 +153,35 @@ def load_fashion_mnist_degradation(levels: int = 8, samples_per_level: int = 500
     rng = np.random.default_rng(seed)
     pick = rng.choice(images.shape[0], size=total, replace=False)
     level = rng.permutation(np.repeat(np.arange(levels), samples_per_level))
-    x = torch.from_numpy(images[pick].astype(np.float32) / 255.0)[:, None]
+    x = _degrade(torch.from_numpy(images[pick].astype(np.float32) / 255.0)[:, None], level, strengths, kind, seed)
+    if image_size is not None and image_size_pair(image_size) != tuple(x.shape[2:]):
+        x = torch.nn.functional.interpolate(x, size=image_size_pair(image_size), mode="bilinear",
+                                            antialias=True, align_corners=False).clamp_(0.0, 1.0)
+    grid = LabelGrid(min_value=0.0, step=1.0, num_ranks=levels)
+    # new images for prediction: an image folder, read as 28 x 28 grayscale
+    schema = {"format": "images", "path_column": "path", "label_column": "label",
+              "image_size": [int(x.shape[2]), int(x.shape[3])], "channels": 1}
+    return OrdinalDataset(features=x, ranks=torch.from_numpy(level.astype(np.int64)), grid=grid,
+                          name=f"fashion-mnist-{kind}", kind="images", schema=schema)
+
+
+def _fashion_mnist_images(root: str | Path | None, split: str) -> np.ndarray:
+    """The uint8 images ``[N, 28, 28]`` of a Fashion-MNIST split, from ``root`` (default Debian's folder)."""
+    folder = FASHION_MNIST_DIR if root is None else Path(root)
+    path = folder / ("train-images-idx3-ubyte.gz" if split == "train" else "t10k-images-idx3-ubyte.gz")
+    if not path.is_file():
+        raise FileNotFoundError(f"Fashion-MNIST not found: {path} is missing. Install it with "
+                                f"`{FASHION_MNIST_INSTALL}` (Debian/Ubuntu, as root), or put "
+                                f"train-images-idx3-ubyte.gz and t10k-images-idx3-ubyte.gz in {folder} (in "
+                                "Python: or pass root= another folder)")
+    return _read_idx_images(path)
+
+
+def _degrade(x: torch.Tensor, level: np.ndarray, strengths: list[float], kind: str, seed: int) -> torch.Tensor:
+    """Images ``x`` ``[N, 1, H, W]`` (changed in place), each blurred or noised with the strength of its
+    ``level``; the noise drawn from a generator seeded with ``seed``."""
     noise_gen = torch.Generator().manual_seed(int(seed))
-    for k in range(1, levels):
+    for k in range(1, len(strengths)):
         rows = torch.from_numpy(np.flatnonzero(level == k))
         s = strengths[k]
         if kind == "blur":
@@ -169,12 +189,4 @@ def load_fashion_mnist_degradation(levels: int = 8, samples_per_level: int = 500
         else:
             noisy = x[rows] + s * torch.randn(x[rows].shape, generator=noise_gen)
             x[rows] = noisy.clamp_(0.0, 1.0)
-    if image_size is not None and image_size_pair(image_size) != tuple(x.shape[2:]):
-        x = torch.nn.functional.interpolate(x, size=image_size_pair(image_size), mode="bilinear",
-                                            antialias=True, align_corners=False).clamp_(0.0, 1.0)
-    encoder = LabelGrid(min_value=0.0, step=1.0, num_ranks=levels)
-    # new images for prediction: an image folder, read as 28 x 28 grayscale
-    schema = {"format": "images", "path_column": "path", "label_column": "label",
-              "image_size": [int(x.shape[2]), int(x.shape[3])], "channels": 1}
-    return OrdinalDataset(features=x, ranks=torch.from_numpy(level.astype(np.int64)), encoder=encoder,
-                          name=f"fashion-mnist-{kind}", kind="images", schema=schema)
+    return x

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..._deprecation import moved_names
+from ..._deprecation import moved_names, warn_deprecated
 from ...labels import MAX_INFERRED_RANKS, LabelGrid, LabelScaleWarning, infer_step
 from .image_files import ImageFiles
 
-__all__ = ["OrdinalDataset", "make_dataset", "KINDS", "LabelGrid", "infer_step", "LabelScaleWarning",
+__all__ = ["OrdinalDataset", "make_dataset", "LabelSpec", "DatasetIdentity", "renamed_grid", "KINDS", "LabelGrid", "infer_step", "LabelScaleWarning",
            "MAX_INFERRED_RANKS"]
 
 # The label grid was RankEncoder here until it moved into the library as sol_ext.labels.LabelGrid.
@@ -39,7 +39,8 @@ class OrdinalDataset:
         features: float32 ``[N, F]`` for ``kind`` "tabular"/"embeddings", ``[N, C, H, W]`` in [0, 1] for
             "images": a tensor, or :class:`~sol_ext.driver.data.ImageFiles` decoded on access.
         ranks: int64 ``[N]`` in ``0 … n-1``: the labels as given (clean truth, or noisy training labels).
-        encoder: the label grid; ``encoder.decode(ranks)`` gives label values.
+        grid: the label grid; ``grid.decode(ranks)`` gives label values. (Its old name ``encoder``
+            still reads it, with a DeprecationWarning: "encoder" is the network.)
         name: a short name for reports ("abalone", a file stem).
         kind: "tabular" | "embeddings" | "images".
         feature_names: names of the ``F`` columns for tabular data ("Sex=F", "Length", …), else empty.
@@ -51,7 +52,7 @@ class OrdinalDataset:
 
     features: torch.Tensor
     ranks: torch.Tensor
-    encoder: LabelGrid
+    grid: LabelGrid
     name: str
     kind: str
     feature_names: tuple[str, ...] = ()
@@ -80,8 +81,8 @@ class OrdinalDataset:
         if r.numel() == 0:
             raise ValueError(f"dataset {self.name!r} is empty: no samples")
         lo, hi = int(r.min()), int(r.max())
-        if lo < 0 or hi >= self.encoder.num_ranks:
-            raise ValueError(f"ranks must lie in 0 … {self.encoder.num_ranks - 1}, got {lo} … {hi}")
+        if lo < 0 or hi >= self.grid.num_ranks:
+            raise ValueError(f"ranks must lie in 0 … {self.grid.num_ranks - 1}, got {lo} … {hi}")
         self.feature_names = tuple(self.feature_names)
         if lazy:
             return
@@ -99,12 +100,18 @@ class OrdinalDataset:
 
     @property
     def num_ranks(self) -> int:
-        return self.encoder.num_ranks
+        return self.grid.num_ranks
+
+    @property
+    def encoder(self) -> LabelGrid:
+        """Deprecated name of :attr:`grid` (an encoder is the network)."""
+        warn_deprecated("OrdinalDataset.encoder", "OrdinalDataset.grid")
+        return self.grid
 
     @property
     def labels(self) -> torch.Tensor:
         """The ranks in label units, float64 ``[N]``."""
-        return self.encoder.decode(self.ranks)
+        return self.grid.decode(self.ranks)
 
     def subset(self, index: Any) -> "OrdinalDataset":
         """The samples at ``index`` (indices or a bool mask ``[N]``), same grid."""
@@ -117,31 +124,71 @@ class OrdinalDataset:
         return dataclasses.replace(self, ranks=torch.as_tensor(ranks, dtype=torch.int64).cpu())
 
 
-def make_dataset(features: torch.Tensor, values: np.ndarray, *, name: str, kind: str,
-                 encoder: LabelGrid | None, step: float | None, min_value: float | None,
-                 max_value: float | None, feature_names: Sequence[str] = (),
-                 source: str = "", schema: dict[str, Any] | None = None,
-                 ids: Sequence[str] | None = None) -> OrdinalDataset:
-    """Encode label values ``[N]`` (fitting the grid unless ``encoder`` is given) and build the dataset."""
+@dataclass(frozen=True)
+class LabelSpec:
+    """How a loader's label values become ranks: on ``grid`` when given (a test file on the training
+    file's grid), else on a grid fitted to the labels with whichever of ``step``, ``min_value``,
+    ``max_value`` are given (:meth:`~sol_ext.labels.LabelGrid.fit`)."""
+
+    grid: LabelGrid | None = None
+    step: float | None = None
+    min_value: float | None = None
+    max_value: float | None = None
+
+    def grid_for(self, values: np.ndarray) -> LabelGrid:
+        """The grid ``values`` are encoded on: ``grid``, or one fitted to them."""
+        if self.grid is not None:
+            if self.step is not None or self.min_value is not None or self.max_value is not None:
+                raise ValueError("pass either grid= or step/min_value/max_value, not both")
+            return self.grid
+        return LabelGrid.fit(values, step=self.step, min_value=self.min_value, max_value=self.max_value)
+
+
+@dataclass(frozen=True)
+class DatasetIdentity:
+    """What a loaded dataset is, beside its features and labels: the :class:`OrdinalDataset` fields
+    of the same names, and ``source``, the file named in errors about its labels."""
+
+    name: str
+    kind: str
+    source: str = ""
+    schema: dict[str, Any] | None = None
+    feature_names: Sequence[str] = ()
+    ids: Sequence[str] | None = None
+
+
+def make_dataset(features: torch.Tensor, values: np.ndarray, identity: DatasetIdentity,
+                 labels: LabelSpec) -> OrdinalDataset:
+    """Encode label values ``[N]`` on the grid ``labels`` gives (fitting it unless it is fixed) and
+    build the dataset."""
+    where, schema = identity.source or identity.name, identity.schema
     if values.size == 0:
-        raise ValueError(f"{source or name} has no samples")
-    if encoder is not None:
-        if step is not None or min_value is not None or max_value is not None:
-            raise ValueError("pass either encoder= or step/min_value/max_value, not both")
-    else:
-        try:
-            encoder = LabelGrid.fit(values, step=step, min_value=min_value, max_value=max_value)
-        except ValueError as err:
-            raise ValueError(f"{_labels_of(source or name, schema)}: {err}") from None
+        raise ValueError(f"{where} has no samples")
+    try:
+        grid = labels.grid_for(values)
+    except ValueError as err:
+        if labels.grid is not None:  # both a grid and grid settings: the caller's mistake, not the file's
+            raise
+        raise ValueError(f"{_labels_of(where, schema)}: {err}") from None
     # a file's labels are every data row in order (a row without one is refused when read)
     in_file = (schema or {}).get("format") in ("csv", "table", "images")
     try:
-        ranks = encoder.encode(values, (lambda i: f"data row {i}") if in_file else "index {}".format)
+        ranks = grid.encode(values, (lambda i: f"data row {i}") if in_file else "index {}".format)
     except ValueError as err:
-        raise ValueError(f"{_labels_of(source or name, schema)}: {err}") from None
-    return OrdinalDataset(features=features, ranks=ranks, encoder=encoder, name=name, kind=kind,
-                          feature_names=tuple(feature_names), schema=dict(schema or {}),
-                          ids=None if ids is None else tuple(ids))
+        raise ValueError(f"{_labels_of(where, schema)}: {err}") from None
+    return OrdinalDataset(features=features, ranks=ranks, grid=grid, name=identity.name, kind=identity.kind,
+                          feature_names=tuple(identity.feature_names), schema=dict(schema or {}),
+                          ids=None if identity.ids is None else tuple(identity.ids))
+
+
+def renamed_grid(grid: LabelGrid | None, encoder: LabelGrid | None) -> LabelGrid | None:
+    """A loader's ``grid=``, or its old name ``encoder=`` (with a DeprecationWarning); not both."""
+    if encoder is None:
+        return grid
+    warn_deprecated("encoder= (the label grid)", "grid=", stacklevel=4)
+    if grid is not None:
+        raise ValueError("pass grid= (encoder= is its old name), not both")
+    return encoder
 
 
 def _labels_of(where: str, schema: dict[str, Any] | None) -> str:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ...labels import LabelGrid
-from .encoding import OrdinalDataset, make_dataset
+from .encoding import DatasetIdentity, LabelSpec, OrdinalDataset, make_dataset, renamed_grid
 from .image_files import GRAY_MODES, ImageFiles, image_size_pair, import_pil
 from .tables import column_index, file_stem, parse_labels, read_csv_rows
 
@@ -33,9 +35,10 @@ def _image_modes(files: list[Path], csv_path: Path) -> list[str]:
 def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path_column: str = "path",
                       label_column: str = "label", image_size: int | tuple[int, int] | None = 64,
                       step: float | None = None, min_value: float | None = None,
-                      max_value: float | None = None, *, encoder: LabelGrid | None = None,
+                      max_value: float | None = None, *, grid: LabelGrid | None = None,
                       channels: int | None = None, name: str | None = None,
-                      delimiter: str | None = None, in_memory: bool = False) -> OrdinalDataset:
+                      delimiter: str | None = None, in_memory: bool = False,
+                      encoder: LabelGrid | None = None) -> OrdinalDataset:
     """Images listed in a CSV of ``(path, label)`` rows, decoded with Pillow (PNG, JPEG, BMP, TIFF, …).
 
     Args:
@@ -46,23 +49,40 @@ def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path
         channels: 1 (grayscale) or 3 (RGB); default 1 when every image is grayscale, else 3.
         in_memory: decode every image now into one tensor (``N * C * H * W * 4`` bytes); by default
             the images stay files, decoded when a batch needs them.
-        step, min_value, max_value, encoder, name, delimiter: as in :func:`load_table`.
+        step, min_value, max_value, grid, name, delimiter: as in :func:`load_table` (``encoder``:
+            the deprecated old name of ``grid``).
 
     Returns:
         ``OrdinalDataset`` of kind "images" whose features are :class:`ImageFiles` (``[N, C, H, W]``,
         decoded to float32 in [0, 1] on access), or the decoded tensor with ``in_memory=True``. Every
         file's header is read here, so a missing file or one that is no image is refused at once.
     """
+    # The keyword API users call: the listing is read by _listed_images, the grid arguments become
+    # one LabelSpec.
     csv_path = Path(csv_path)
+    size = image_size_pair(64 if image_size is None else image_size)
+    if channels not in (None, 1, 3):
+        raise ValueError(f"channels must be 1, 3 or None (automatic), got {channels}")
+    files, values = _listed_images(csv_path, root, path_column, label_column, delimiter)
+    modes = _image_modes(files, csv_path)
+    if channels is None:
+        channels = 1 if all(m in GRAY_MODES for m in modes) else 3
+    images = ImageFiles(files, channels, size, source=str(csv_path))
+    schema = {"format": "images", "path_column": path_column, "label_column": label_column,
+              "image_size": list(size), "channels": channels}
+    identity = DatasetIdentity(name or file_stem(csv_path), "images", source=str(csv_path), schema=schema)
+    return make_dataset(images.load() if in_memory else images, values, identity,
+                        LabelSpec(renamed_grid(grid, encoder), step, min_value, max_value))
+
+
+def _listed_images(csv_path: Path, root: str | Path | None, path_column: str, label_column: str,
+                   delimiter: str | None) -> tuple[list[Path], np.ndarray]:
+    """The image files an image list names (each checked to be a file) and their labels ``[N]``."""
     header, body = read_csv_rows(csv_path, delimiter)
     jp = column_index(header, path_column, csv_path, "path")
     jl = column_index(header, label_column, csv_path, "label")
     values = parse_labels(body, jl, label_column, csv_path)
     root = csv_path.parent if root is None else Path(root)
-    size = image_size_pair(64 if image_size is None else image_size)
-    if channels not in (None, 1, 3):
-        raise ValueError(f"channels must be 1, 3 or None (automatic), got {channels}")
-
     files = []
     for i, row in enumerate(body):
         p = Path(row[jp])
@@ -72,12 +92,4 @@ def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path
             raise FileNotFoundError(f"image {p} (data row {i} of {csv_path}) {what}; paths are read "
                                     f"relative to {root} (the list's folder; in Python: root=)")
         files.append(p)
-    modes = _image_modes(files, csv_path)
-    if channels is None:
-        channels = 1 if all(m in GRAY_MODES for m in modes) else 3
-    images = ImageFiles(files, channels, size, source=str(csv_path))
-    schema = {"format": "images", "path_column": path_column, "label_column": label_column,
-              "image_size": list(size), "channels": channels}
-    return make_dataset(images.load() if in_memory else images, values, name=name or file_stem(csv_path),
-                        kind="images", encoder=encoder, step=step, min_value=min_value,
-                        max_value=max_value, source=str(csv_path), schema=schema)
+    return files, values

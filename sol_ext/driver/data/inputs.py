@@ -24,6 +24,7 @@ from .frames import cell_texts, fill_missing, table_features, table_labels
 from .image_files import ImageFiles
 from .load import BUILTIN_NAMES, TABULAR_FORMATS, load_dataset
 from .tables import (
+    TableRead,
     column_index,
     open_npz,
     parse_labels,
@@ -165,10 +166,10 @@ def table_slices(spec: str | Path, schema: dict[str, Any], delimiter: Optional[s
     kind = table_format(path) or "csv"
     delimiter = builtin_delimiter if where is not None else (delimiter if kind == "csv" else None)
     label_column = schema.get("label_column")
-    table, origin, has_label = read_feature_table(
-        path, list(schema["columns"]), schema.get("categorical", {}), label_column, delimiter, label_optional=True,
-        where=where, id_column=schema.get("id_column"),
-        encoding=schema.get("encoding") if kind == "csv" else None)
+    read = TableRead(list(schema["columns"]), schema.get("categorical", {}), label_column, delimiter=delimiter,
+                     encoding=schema.get("encoding") if kind == "csv" else None,
+                     id_column=schema.get("id_column"), label_optional=True, where=where)
+    table, origin, has_label = read_feature_table(path, read)
     values = table_labels(table, label_column, origin, optional=True) if has_label else None
     if has_label:  # the labels are read: the column's buffer goes back
         table = table.drop_columns([label_column])
@@ -207,11 +208,11 @@ def _read_table(path: Path, schema: dict[str, Any], delimiter: Optional[str], wh
                 handle_unknown: str = "error") -> Inputs:
     categorical = {k: list(v) for k, v in schema.get("categorical", {}).items()}
     # a row with a missing cell is filled so the model can run, and marked: its prediction is left empty
-    x, _, _, values, ids, incomplete = read_table_features(
-        path, list(schema["columns"]), categorical, schema.get("label_column"), delimiter,
-        label_optional=True, where=where, id_column=schema.get("id_column"), missing="mark",
-        encoding=schema.get("encoding") if (table_format(path) or "csv") == "csv" else None,
-        handle_unknown=handle_unknown)
+    read = TableRead(list(schema["columns"]), categorical, schema.get("label_column"), delimiter=delimiter,
+                     encoding=schema.get("encoding") if (table_format(path) or "csv") == "csv" else None,
+                     id_column=schema.get("id_column"), label_optional=True, where=where, missing="mark",
+                     handle_unknown=handle_unknown)
+    x, _, _, values, ids, incomplete = read_table_features(path, read)
     return Inputs(torch.from_numpy(x), ids, values, incomplete)
 
 

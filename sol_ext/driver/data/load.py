@@ -43,7 +43,8 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
 
     ``image_size=`` (a side, or ``(H, W)``) resizes images (image lists: 64 by default; Fashion-MNIST:
     28); it is an error for tables.
-    Pass ``encoder=`` to put the data on an existing grid (a test file on the training file's grid).
+    Pass ``grid=`` to put the data on an existing grid (a test file on the training file's grid);
+    ``encoder=`` is its old name, deprecated.
     ``delimiter=`` (one character, or "comma"/"semicolon"/"tab") is the cell separator of a CSV; None
     (the default) detects comma, semicolon or tab from the header. It applies to CSV/TSV files only.
     """
@@ -53,36 +54,9 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
     # text columns one-hot where the data are a table; nothing to encode elsewhere
     one_hot_text = options.pop("one_hot_text", False)
     missing = options.pop("missing", "error")  # images, arrays and the built-in data have no missing cells
-    for option in _TABLE_OPTIONS:
-        if options.get(option) in (None, (), []):
-            options.pop(option, None)
-        elif key.lower() in BUILTIN_NAMES or key.lower().endswith(".npz") or Path(key).is_dir():
-            raise ValueError(f"{option}= applies to tables (CSV, Parquet, Feather); {key!r} is not one: "
-                             f"leave {option}= out")
-    delimiter = check_delimiter(options.pop("delimiter", None))
-    encoding = options.pop("encoding", None)
-    csv_options = options if delimiter is None else {**options, "delimiter": delimiter}
-    if encoding is not None:  # CSV tables only (load_table refuses it for Parquet and Feather)
-        if key.lower() in BUILTIN_NAMES or key.lower().endswith(".npz") or Path(key).is_dir():
-            raise ValueError(f"encoding={encoding!r} applies to CSV files only; {key!r} is not one: leave "
-                             "encoding out")
-        csv_options = {**csv_options, "encoding": encoding}
-    if delimiter is not None and (key.lower() in BUILTIN_NAMES or key.lower().endswith(".npz")):
-        raise ValueError(f"delimiter={delimiter!r} applies to CSV files only; {key!r} is not one: leave "
-                         "delimiter out")
-    if options.get("label_column") is not None and (key.lower() in BUILTIN_NAMES or key.lower().endswith(".npz")):
-        raise ValueError(f"label_column={options['label_column']!r} applies to tables (CSV, Parquet, Feather) and "
-                         f"image folders; {key!r} is neither, so do not pass label_column=")
-    if "image_size" in options and key.lower() in ("abalone", "wine-red"):
-        raise ValueError(f"image_size={options['image_size']} applies to images; {key!r} is a table")
-    if key.lower() == "abalone":
-        return load_abalone(**options)
-    if key.lower() == "wine-red":
-        return load_wine_red(**options)
-    if key.lower() == "fashion-mnist":
-        return load_fashion_mnist_degradation(**options)
-    if key.lower() in ("fashion-mnist-blur", "fashion-mnist-noise"):
-        return load_fashion_mnist_degradation(kind=key.lower().rsplit("-", 1)[1], **options)
+    csv_options = _csv_options(key, options)
+    if key.lower() in BUILTIN_NAMES:
+        return _load_builtin(key.lower(), options)
     path = Path(key)
     if path.is_dir():
         listing = path / "labels.csv"
@@ -93,15 +67,62 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
     if not path.exists():
         raise FileNotFoundError(f"no dataset {key!r}: not a built-in name ({', '.join(BUILTIN_NAMES)}) nor an "
                                 f"existing {_KNOWN_FILES}")
-    name = path.name.lower()
-    fmt = table_format(path)
-    if "image_size" in options and fmt != "csv":
+    if "image_size" in options and table_format(path) != "csv":
         raise ValueError(f"image_size={options['image_size']} applies to images; {path} is not an "
                          "image list")
-    if name.endswith(".npz"):
+    if path.name.lower().endswith(".npz"):
         return load_npz(path, **options)
+    return _load_table_file(path, options, csv_options, one_hot_text=one_hot_text, missing=missing)
+
+
+def _csv_options(key: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` (from which ``delimiter`` and ``encoding`` are taken) with those two where given:
+    the options of a CSV file's loader. ValueError for an option of tables given data ``key`` that is
+    none (a built-in data set, an ``.npz``, a folder)."""
+    not_a_table = key.lower() in BUILTIN_NAMES or key.lower().endswith(".npz")
+    for option in _TABLE_OPTIONS:
+        if options.get(option) in (None, (), []):
+            options.pop(option, None)
+        elif not_a_table or Path(key).is_dir():
+            raise ValueError(f"{option}= applies to tables (CSV, Parquet, Feather); {key!r} is not one: "
+                             f"leave {option}= out")
+    delimiter = check_delimiter(options.pop("delimiter", None))
+    encoding = options.pop("encoding", None)
+    csv_options = options if delimiter is None else {**options, "delimiter": delimiter}
+    if encoding is not None:  # CSV tables only (load_table refuses it for Parquet and Feather)
+        if not_a_table or Path(key).is_dir():
+            raise ValueError(f"encoding={encoding!r} applies to CSV files only; {key!r} is not one: leave "
+                             "encoding out")
+        csv_options = {**csv_options, "encoding": encoding}
+    if delimiter is not None and not_a_table:
+        raise ValueError(f"delimiter={delimiter!r} applies to CSV files only; {key!r} is not one: leave "
+                         "delimiter out")
+    if options.get("label_column") is not None and not_a_table:
+        raise ValueError(f"label_column={options['label_column']!r} applies to tables (CSV, Parquet, Feather) and "
+                         f"image folders; {key!r} is neither, so do not pass label_column=")
+    return csv_options
+
+
+def _load_builtin(name: str, options: dict[str, Any]) -> OrdinalDataset:
+    """The built-in data set ``name`` (one of ``BUILTIN_NAMES``), ``options`` going to its loader."""
+    if "image_size" in options and name in ("abalone", "wine-red"):
+        raise ValueError(f"image_size={options['image_size']} applies to images; {name!r} is a table")
+    if name == "abalone":
+        return load_abalone(**options)
+    if name == "wine-red":
+        return load_wine_red(**options)
+    if name == "fashion-mnist":
+        return load_fashion_mnist_degradation(**options)
+    return load_fashion_mnist_degradation(kind=name.rsplit("-", 1)[1], **options)
+
+
+def _load_table_file(path: Path, options: dict[str, Any], csv_options: dict[str, Any], *, one_hot_text: bool,
+                     missing: str) -> OrdinalDataset:
+    """A table file (or an image list: a CSV with a ``path`` column) by its format."""
+    fmt = table_format(path)
     if fmt == "csv":
-        if "path_column" in options or "path" in table_columns(path, delimiter, encoding):
+        if "path_column" in options or "path" in table_columns(path, csv_options.get("delimiter"),
+                                                               csv_options.get("encoding")):
             for option in ("encoding", *_TABLE_OPTIONS):
                 if option in csv_options:
                     raise ValueError(f"{option}= applies to tables; {path} is an image list (it has a "
@@ -110,7 +131,6 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
         if "image_size" in options:
             raise ValueError(f"image_size={options['image_size']} applies to images; {path} has no "
                              "'path' column, so it is read as a table")
-        return load_table(path, **csv_options, one_hot_text=one_hot_text, missing=missing)
     if fmt is not None:
         return load_table(path, **csv_options, one_hot_text=one_hot_text, missing=missing)
     raise ValueError(f"cannot tell the format of {path}: expected a {_KNOWN_FILES.replace(' file or', ' or')} "
@@ -132,7 +152,7 @@ def load_train_test(train_spec: str | Path, test_spec: str | Path, test_label_co
     """
     train = load_dataset(train_spec, **options)
     rest = {k: v for k, v in options.items()
-            if k not in ("step", "min_value", "max_value", "encoder", "one_hot_text", "drop_columns")}
+            if k not in ("step", "min_value", "max_value", "grid", "encoder", "one_hot_text", "drop_columns")}
     # a test row with a missing value cannot be scored fairly by a filled-in guess: left out or refused
     if rest.get("missing") == "impute":
         rest["missing"] = "skip"
@@ -145,7 +165,7 @@ def load_train_test(train_spec: str | Path, test_spec: str | Path, test_label_co
                     categorical={k: list(v) for k, v in train.schema["categorical"].items()})
     if train.schema.get("format") == "images" and not is_builtin(test_spec):
         rest["channels"] = train.schema["channels"]  # gray or colour as the training images
-    test = load_dataset(test_spec, encoder=train.encoder, **rest)
+    test = load_dataset(test_spec, grid=train.grid, **rest)
     if train.features.shape[1:] != test.features.shape[1:]:
         raise ValueError(f"train and test features differ in shape: {tuple(train.features.shape[1:])} vs "
                          f"{tuple(test.features.shape[1:])}")

@@ -18,6 +18,7 @@ import math
 import re
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ import torch
 from ..._deprecation import moved_names
 from ...labels import LabelGrid
 from ..errors import DataFileError, data_file_errors
-from .encoding import OrdinalDataset, make_dataset
+from .encoding import DatasetIdentity, LabelSpec, OrdinalDataset, make_dataset, renamed_grid
 from .frames import (
     MissingValuesWarning,
     TableOrigin,
@@ -45,7 +46,8 @@ from .frames import (
     table_labels,
 )
 
-__all__ = ["load_table", "load_npz", "read_table", "read_table_features", "read_feature_table", "table_columns",
+__all__ = ["load_table", "load_npz", "read_table", "read_table_features", "read_feature_table", "TableRead",
+           "read_table_dataset", "table_columns",
            "table_format", "TABLE_SUFFIXES", "SNIFFED_DELIMITERS"]
 
 # Delimiters told apart when a CSV's delimiter is not given, in order of preference on a tie.
@@ -361,32 +363,59 @@ def _categorical_map(categorical: Sequence[str] | Mapping[str, Sequence[str]]) -
             else {c: [] for c in categorical})
 
 
-def read_table_features(path: str | Path, columns: Sequence[str], categorical: Mapping[str, Sequence[str]],
-                        label_column: str | None, delimiter: str | None = None, label_optional: bool = False,
-                        where: str | None = None, one_hot_text: bool = False, id_column: str | None = None,
-                        missing: str = "error", encoding: str | None = None, handle_unknown: str = "error"
+@dataclass(frozen=True)
+class TableRead:
+    """Which columns of a table file to read, and how: the one description :func:`load_table` (training
+    data) and prediction's readers (:mod:`~.inputs`) give :func:`read_table_features`.
+
+    Attributes:
+        columns: the feature columns, in order.
+        categorical: ``{column: categories}`` one-hot encoded (empty categories: its sorted values).
+        label_column: the labels' column, or None.
+        delimiter, encoding: a CSV's cell separator (None: detected) and text encoding (None: UTF-8).
+        id_column: a column naming each row, or None (rows are numbered from 0).
+        label_optional: a file without the label column (or with it empty) is read without labels.
+        where: the data's name in errors (default the path).
+        one_hot_text: columns of words (:func:`~.frames.holds_words`) are categorical too.
+        missing: what rows with a missing feature cell get (:func:`~.frames.fill_missing`).
+        handle_unknown: what a category not in ``categorical`` gets (:func:`~.frames.table_features`).
+    """
+
+    columns: Sequence[str]
+    categorical: Mapping[str, Sequence[str]]
+    label_column: str | None
+    delimiter: str | None = None
+    encoding: str | None = None
+    id_column: str | None = None
+    label_optional: bool = False
+    where: str | None = None
+    one_hot_text: bool = False
+    missing: str = "error"
+    handle_unknown: str = "error"
+
+
+def read_table_features(path: str | Path, read: TableRead
                         ) -> tuple[np.ndarray, list[str], dict[str, list[str]], np.ndarray | None, list[str],
                                    np.ndarray | None]:
-    """A table file's features (:func:`~.frames.table_features` of ``columns``), its labels (None when
-    ``label_optional`` and the file has none, or an empty label column) and the id of each row: the
-    cells of ``id_column``, else the row number from 0. ``one_hot_text``: columns of words
-    (:func:`~.frames.holds_words`) are categorical too, their categories their sorted values.
-    ``where`` names the data in errors (default the path). ``missing``: what rows with a missing
-    feature cell get (:func:`~.frames.fill_missing`); the last item is ``[N]`` bool of those rows of
-    the file (None where none has one), the rest are of the rows kept."""
-    table, origin, has_label = read_feature_table(path, columns, categorical, label_column, delimiter,
-                                                  label_optional, where, id_column, encoding)
-    if one_hot_text:
+    """A table file's features (:func:`~.frames.table_features` of ``read.columns``), its labels (None
+    when ``read.label_optional`` and the file has none, or an empty label column) and the id of each
+    row: the cells of ``read.id_column``, else the row number from 0. The last item is ``[N]`` bool
+    of the rows of the file with a missing feature cell (None where none has one), the rest are of
+    the rows kept (``read.missing``)."""
+    table, origin, has_label = read_feature_table(path, read)
+    columns, categorical = list(read.columns), dict(read.categorical)
+    if read.one_hot_text:
         words = [c for c in columns if c not in categorical and _text_typed(table.column(c))
                  and holds_words(table.column(c), origin)]
         categorical = {**categorical, **{c: [] for c in words}}
     row_numbers = np.arange(table.num_rows)
-    table, incomplete = fill_missing(table, columns, categorical, origin, missing)
-    if missing == "skip" and incomplete is not None:
+    table, incomplete = fill_missing(table, columns, categorical, origin, read.missing)
+    if read.missing == "skip" and incomplete is not None:
         row_numbers = row_numbers[~incomplete]
-    x, names, used = table_features(table, columns, categorical, origin, handle_unknown)
-    values = table_labels(table, label_column, origin, optional=label_optional) if has_label else None
-    ids = cell_texts(table.column(id_column)) if id_column is not None else [str(i) for i in row_numbers]
+    x, names, used = table_features(table, columns, categorical, origin, read.handle_unknown)
+    values = (table_labels(table, read.label_column, origin, optional=read.label_optional)
+              if has_label else None)
+    ids = cell_texts(table.column(read.id_column)) if read.id_column is not None else [str(i) for i in row_numbers]
     del table
     # the table's buffers stay with pyarrow's allocator once freed: hand them back, so that the label
     # encoding after this reuses memory instead of adding to the peak
@@ -394,29 +423,31 @@ def read_table_features(path: str | Path, columns: Sequence[str], categorical: M
     return x, names, used, values, ids, incomplete
 
 
-def read_feature_table(path: str | Path, columns: Sequence[str], categorical: Mapping[str, Sequence[str]],
-                       label_column: str | None, delimiter: str | None = None, label_optional: bool = False,
-                       where: str | None = None, id_column: str | None = None, encoding: str | None = None
-                       ) -> tuple[pa.Table, TableOrigin, bool]:
+def read_feature_table(path: str | Path, read: TableRead) -> tuple[pa.Table, TableOrigin, bool]:
     """The columns of a table file that :func:`read_table_features` converts, as read (numbers typed
     where every cell converts, else text), before any conversion: the table, where it came from
     (for errors) and whether it has the label column. A missing column is refused by name before
     any row is read."""
     path = Path(path)
+    delimiter, encoding, label_column, id_column = read.delimiter, read.encoding, read.label_column, read.id_column
     header = table_columns(path, delimiter, encoding)
     decimal_comma = ((table_format(path) or "csv") == "csv"
                      and _csv_header(path, check_delimiter(delimiter), _check_encoding(encoding))[1] != ",")
-    origin = TableOrigin(where or str(path), decimal_comma=decimal_comma)
+    origin = TableOrigin(read.where or str(path), decimal_comma=decimal_comma)
     present = set(header)
-    for name in columns:
+    # the file's columns without rows, built only to be refused (pyarrow's pa.array imports pandas)
+    def empty() -> pa.Table:
+        return pa.table({c: pa.array([], pa.string()) for c in header})
+    for name in read.columns:
         if name not in present:  # before reading any row: the message lists the file's columns
-            table_features(pa.table({c: pa.array([], pa.string()) for c in header}), [name], {}, origin)
+            table_features(empty(), [name], {}, origin)
     has_label = label_column is not None and label_column in header
-    if label_column is not None and not has_label and not label_optional:
-        table_labels(pa.table({c: pa.array([], pa.string()) for c in header}), label_column, origin)
+    if label_column is not None and not has_label and not read.label_optional:
+        table_labels(empty(), label_column, origin)
     if id_column is not None and id_column not in present:
-        table_features(pa.table({c: pa.array([], pa.string()) for c in header}), [id_column], {}, origin)
-    types: dict[str, pa.DataType] = {c: (pa.string() if c in categorical else pa.float32()) for c in columns}
+        table_features(empty(), [id_column], {}, origin)
+    types: dict[str, pa.DataType] = {c: (pa.string() if c in read.categorical else pa.float32())
+                                     for c in read.columns}
     if has_label:  # an optional label column left empty does not convert: the text read sees it
         types[label_column] = pa.float64()
     if id_column is not None:
@@ -433,11 +464,12 @@ def _text_typed(col: pa.ChunkedArray) -> bool:
 
 def load_table(path: str | Path, label_column: str = "label", feature_columns: Sequence[str] | None = None,
                step: float | None = None, min_value: float | None = None, max_value: float | None = None,
-               *, encoder: LabelGrid | None = None,
+               *, grid: LabelGrid | None = None,
                categorical: Sequence[str] | Mapping[str, Sequence[str]] = (),
                name: str | None = None, delimiter: str | None = None, one_hot_text: bool = False,
                id_column: str | None = None, drop_columns: Sequence[str] = (),
-               missing: str = "error", encoding: str | None = None) -> OrdinalDataset:
+               missing: str = "error", encoding: str | None = None,
+               encoder: LabelGrid | None = None) -> OrdinalDataset:
     """A tabular dataset from a table file with named columns: CSV/TSV with a header row (``.csv``,
     ``.tsv``, also gzipped ``.gz``), Parquet (``.parquet``) or Feather / Arrow IPC (``.feather``, ``.arrow``),
     read by pyarrow.
@@ -447,7 +479,7 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
         label_column: the column of label values (numbers), mapped to ranks on the grid.
         feature_columns: the input columns, in order; default every column but the label.
         step, min_value, max_value: the grid, each inferred from the labels when not given.
-        encoder: a fixed grid instead (e.g. the training set's, when loading a test file).
+        grid: a fixed label grid instead (e.g. the training set's, when loading a test file).
         categorical: columns to one-hot encode, either names (categories = sorted distinct values) or
             ``{name: categories}`` (use this when train and test files must get the same columns).
         name: dataset name; default the file stem.
@@ -462,21 +494,41 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
         missing: rows with a missing feature cell: ``"error"`` names every such cell, ``"skip"`` leaves
             the rows out (with a :class:`~.frames.MissingValuesWarning` counting them), ``"impute"``
             fills each cell with its column's median or most common category (warned likewise).
+        encoder: the old name of ``grid`` (deprecated: an encoder is the network).
 
     Returns:
         ``OrdinalDataset`` of kind "tabular" with raw (unscaled) float32 features ``[N, F]``; scale them
         with :func:`standardize` after splitting.
     """
+    # The keyword API users call; it checks the arguments against the file's header and hands the
+    # reading to read_table_dataset as one TableRead and one LabelSpec.
     path = Path(path)
     fmt = table_format(path) or "csv"  # any other name is read as CSV text, as before
-    if fmt != "csv" and delimiter is not None:
-        raise ValueError(f"delimiter={delimiter!r} applies to CSV files only; {path} is a {fmt} file: leave "
-                         "delimiter out")
-    if fmt != "csv" and encoding is not None:
-        raise ValueError(f"encoding={encoding!r} applies to CSV files only; {path} is a {fmt} file: leave "
-                         "encoding out")
+    for option, value in (("delimiter", delimiter), ("encoding", encoding)):
+        if fmt != "csv" and value is not None:
+            raise ValueError(f"{option}={value!r} applies to CSV files only; {path} is a {fmt} file: leave "
+                             f"{option} out")
     encoding = _check_encoding(encoding)
     header = table_columns(path, delimiter, encoding)
+    columns = _feature_columns(path, header, label_column, feature_columns, id_column, drop_columns)
+    cats = _categorical_map(categorical)
+    for c in cats:
+        if c not in columns:
+            raise ValueError(f"categorical column {c!r} is not among the feature columns {list(columns)}")
+    if label_column not in header:
+        table_labels(pa.table({c: pa.array([], pa.string()) for c in header}), label_column, TableOrigin(str(path)))
+    if missing == "mark":
+        raise ValueError("missing='mark' is for prediction; expected 'error', 'skip' or 'impute'")
+    read = TableRead(columns, cats, label_column, delimiter=delimiter, encoding=encoding, id_column=id_column,
+                     one_hot_text=one_hot_text, missing=missing)
+    return read_table_dataset(path, read, LabelSpec(renamed_grid(grid, encoder), step, min_value, max_value), name)
+
+
+def _feature_columns(path: Path, header: list[str], label_column: str, feature_columns: Sequence[str] | None,
+                     id_column: str | None, drop_columns: Sequence[str]) -> list[str]:
+    """The feature columns :func:`load_table` reads: ``feature_columns``, or every column of ``header``
+    but the label, the id, ``drop_columns`` and a pandas index; ValueError for a column named twice
+    over or not in the file."""
     for role, names in (("drop_columns", drop_columns), ("id_column", [] if id_column is None else [id_column])):
         unknown = [c for c in names if c not in header]
         if unknown:
@@ -492,34 +544,27 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
         raise ValueError(f"the label column {label_column!r} cannot also be a feature column")
     if id_column is not None and id_column in feature_columns:
         raise ValueError(f"the id column {id_column!r} cannot also be a feature column")
-    cats = _categorical_map(categorical)
-    for c in cats:
-        if c not in feature_columns:
-            raise ValueError(f"categorical column {c!r} is not among the feature columns "
-                             f"{list(feature_columns)}")
-    origin = TableOrigin(str(path))
-    if label_column not in header:
-        table_labels(pa.table({c: pa.array([], pa.string()) for c in header}), label_column, origin)
-    if missing == "mark":
-        raise ValueError("missing='mark' is for prediction; expected 'error', 'skip' or 'impute'")
-    x, names, used, values, ids, incomplete = read_table_features(
-        path, list(feature_columns), cats, label_column, delimiter, one_hot_text=one_hot_text,
-        id_column=id_column, missing=missing, encoding=encoding)
+    return list(feature_columns)
+
+
+def read_table_dataset(path: Path, read: TableRead, labels: LabelSpec, name: str | None = None) -> OrdinalDataset:
+    """The dataset :func:`load_table` returns, from arguments already checked against the file (its
+    columns exist, ``read.missing`` is not "mark"): its ``read`` columns, labels on the grid of ``labels``, named ``name`` (default the file stem)."""
+    x, names, used, values, ids, incomplete = read_table_features(path, read)
     if incomplete is not None:
-        what = "left out" if missing == "skip" else "filled with their column's median or most common value"
+        what = "left out" if read.missing == "skip" else "filled with their column's median or most common value"
         warnings.warn(f"{path}: {int(incomplete.sum())} of {incomplete.size} rows have a missing feature "
-                      f"value; they were {what} (missing={missing})", MissingValuesWarning, stacklevel=2)
-    keep_ids = id_column is not None or (missing == "skip" and incomplete is not None)
-    schema = {"format": "csv" if fmt == "csv" else "table", "columns": list(feature_columns),
-              "categorical": used, "label_column": label_column}
-    if id_column is not None:
-        schema["id_column"] = id_column
-    if encoding is not None:
-        schema["encoding"] = encoding  # a file to predict is read so too
-    return make_dataset(torch.from_numpy(x), values, name=name or file_stem(path),
-                        kind="tabular", encoder=encoder, step=step, min_value=min_value,
-                        max_value=max_value, feature_names=names, source=str(path), schema=schema,
-                        ids=ids if keep_ids else None)
+                      f"value; they were {what} (missing={read.missing})", MissingValuesWarning, stacklevel=3)
+    keep_ids = read.id_column is not None or (read.missing == "skip" and incomplete is not None)
+    schema = {"format": "csv" if (table_format(path) or "csv") == "csv" else "table", "columns": list(read.columns),
+              "categorical": used, "label_column": read.label_column}
+    if read.id_column is not None:
+        schema["id_column"] = read.id_column
+    if read.encoding is not None:
+        schema["encoding"] = read.encoding  # a file to predict is read so too
+    identity = DatasetIdentity(name or file_stem(path), "tabular", source=str(path), schema=schema,
+                               feature_names=names, ids=ids if keep_ids else None)
+    return make_dataset(torch.from_numpy(x), values, identity, labels)
 
 
 # load_csv was this loader's first name, from before it read Parquet and Feather too.
@@ -559,15 +604,28 @@ def refuse_complex(path: Path, key: str, a: np.ndarray) -> None:
 
 
 def load_npz(path: str | Path, step: float | None = None, min_value: float | None = None,
-             max_value: float | None = None, *, encoder: LabelGrid | None = None,
+             max_value: float | None = None, *, grid: LabelGrid | None = None,
              features_key: str | None = None, labels_key: str = "labels",
-             name: str | None = None) -> OrdinalDataset:
+             name: str | None = None, encoder: LabelGrid | None = None) -> OrdinalDataset:
     """Precomputed embeddings and labels from a numpy ``.npz`` file.
 
     The file holds ``embeddings`` (or ``features``) ``[N, d]`` and ``labels`` ``[N]`` in label units;
-    ``[N, H, W]`` or ``[N, C, H, W]`` arrays are read as images. Grid arguments as in :func:`load_table`.
+    ``[N, H, W]`` or ``[N, C, H, W]`` arrays are read as images. Grid arguments (``grid``; ``encoder``
+    its deprecated old name) as in :func:`load_table`.
     """
+    # The keyword API users call: the grid arguments become one LabelSpec.
     path = Path(path)
+    x, values, features_key = _npz_arrays(path, features_key, labels_key)
+    schema = {"format": "npz", "features_key": features_key, "labels_key": labels_key}
+    identity = DatasetIdentity(name or file_stem(path), "embeddings" if x.ndim == 2 else "images",
+                               source=str(path), schema=schema)
+    return make_dataset(torch.from_numpy(x.astype(np.float32)), values, identity,
+                        LabelSpec(renamed_grid(grid, encoder), step, min_value, max_value))
+
+
+def _npz_arrays(path: Path, features_key: str | None, labels_key: str) -> tuple[np.ndarray, np.ndarray, str]:
+    """The features (``[N, d]`` or ``[N, C, H, W]``) and float64 labels ``[N]`` of an ``.npz`` file, and
+    the features' key (``features_key``, else the one of ``embeddings``/``features`` it holds)."""
     require_file(path, f".npz file not found: {path}")
     with open_npz(path) as npz:
         keys = list(npz.keys())
@@ -597,8 +655,4 @@ def load_npz(path: str | Path, step: float | None = None, min_value: float | Non
     if not np.all(np.isfinite(values)):
         i = int(np.flatnonzero(~np.isfinite(values))[0])
         raise ValueError(f"{path}: label {i} is {values[i]}; labels must be finite numbers")
-    kind = "embeddings" if x.ndim == 2 else "images"
-    schema = {"format": "npz", "features_key": features_key, "labels_key": labels_key}
-    return make_dataset(torch.from_numpy(x.astype(np.float32)), values, name=name or file_stem(path),
-                        kind=kind, encoder=encoder, step=step, min_value=min_value, max_value=max_value,
-                        source=str(path), schema=schema)
+    return x, values, features_key
