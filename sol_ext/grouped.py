@@ -191,6 +191,8 @@ _MATMUL_MAX_RANKS = 48
 # cache (about 3 times faster than whole rows of a million values): blocks of at most this many positions
 # times ranks in a chunk (divided by n / 8 for the row gathers, whose temporaries have n columns).
 _BLOCK_VALUES = 2**17
+
+
 def grouped_order_sum(
     D: torch.Tensor,
     labels: torch.Tensor,

@@ -313,7 +313,6 @@ def noise_kernel(
     return reference.noise_kernel(num_ranks, sigma, dtype=dtype, device=device)
 
 
-
 __getattr__ = moved_names(__name__, {
     "cuda_kernels_available": (lambda: _extension.cuda_kernels_available, "use sol_ext.cuda_kernels_available"),
 })

@@ -142,7 +142,6 @@ def tiny_csv(path, n=120, num_ranks=10, seed=0, step=None):
     return write_csv(path, rows)
 
 
-
 def load_benchmark(name: str):
     """The module of ``benchmarks/<name>.py`` (the benchmarks are scripts, not a package)."""
     path = os.path.join(REPO_ROOT, "benchmarks", f"{name}.py")

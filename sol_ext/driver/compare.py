@@ -28,6 +28,7 @@ __all__ = ["DEFAULT_SETTINGS", "COMPARE_METHODS", "default_methods", "method_con
            "mean_std", "mean_std_table",
            "write_comparison", "compare_command"]
 
+
 def default_methods() -> list[str]:
     """Every method but ``sol-paper``; ``corn`` only where coral-pytorch is installed."""
     try:
@@ -43,6 +44,7 @@ def method_config(base: TrainConfig, method: str) -> TrainConfig:
     if method == "sol-paper":
         return dataclasses.replace(base, method="sol", **PAPER_SETTINGS)
     return dataclasses.replace(base, method=method)
+
 
 # Gaussian at several kappas, the other noise types at 0.3 (the paper's Table 1 layout).
 DEFAULT_KAPPAS = (0.0, 0.2, 0.3, 0.4)

@@ -220,8 +220,6 @@ def _batches(n: int, batch_size: int, generator: torch.Generator,
     return out
 
 
-
-
 @dataclass
 class _Split:
     """Row numbers of the training data the encoder fits (``fit``) and of the validation split."""

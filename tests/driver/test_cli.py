@@ -127,6 +127,7 @@ def test_compare_with_a_test_file_heads_the_column_without_added_noise_labels_as
     records = json.loads((out / "compare.json").read_text())
     assert {r["kappa"] for r in records} == {0.0}
 
+
 def test_default_dataset_one_epoch(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--epochs", "1", "--output", str(out), "--no-plots"]) == 0
@@ -235,7 +236,6 @@ def test_label_noise_option_reaches_the_run_and_bad_values_are_refused(tmp_path,
     assert json.loads((out / "results.json").read_text())["config"]["label_noise"] == 1.5
     expect_error(capsys, ["train", "--label-noise", "-1", "--output", str(tmp_path / "o")],
                  "label noise must be 'auto' or a finite std")
-
 
 
 # ---------------------------------------------------------------------------------------------

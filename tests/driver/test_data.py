@@ -637,6 +637,7 @@ def test_the_former_dispatch_module_still_loads_and_warns():
 # Bad data files: one clear line naming the file and what was expected (exit status 2), never a
 # traceback nor a silent misreading
 
+
 FLAGS = command_line_flags(build_parser())
 
 
@@ -869,7 +870,6 @@ def test_named_pipe_as_data(tmp_path, capsys, name):
         (load_table if name.endswith(".csv") else load_npz)(tmp_path / name)
     with pytest.raises(ValueError, match="not a regular file"):
         read_inputs(tmp_path / name, {"format": "csv", "columns": ["a"]})
-
 
 
 def test_the_label_grid_is_grid_and_its_old_name_encoder_still_works_with_a_warning(tmp_path):

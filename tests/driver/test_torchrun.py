@@ -98,7 +98,6 @@ def _worker(rank, world_size, out_dir):
     torch.save({"h": h, "centroids": centroids}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
-
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_sharded_embedding_and_all_reduced_centroids_equal_one_process(world_size, tmp_path):
     """Every process ends with the same embeddings and centroids, equal to one process's on the

@@ -275,7 +275,6 @@ def _worker(rank, world_size, cases, out_dir):
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
-
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ddp_step_equals_one_process_on_the_concatenated_batch(world_size, tmp_path):

@@ -764,6 +764,7 @@ def test_training_step_captured_in_a_cuda_graph_replays_the_eager_gradients(expl
     torch.testing.assert_close(mu.grad, expected[1], rtol=1e-5, atol=1e-6)
     assert not torch.equal(h.grad, eager[0])  # the replay computed the new step, not the captured one
 
+
 @pytest.mark.slow
 def test_training_step_compiled_with_reduce_overhead_runs_in_cuda_graphs_and_matches_eager():
     """torch.compile(mode="reduce-overhead") of encoder + loss (check_values=False): PyTorch records the

@@ -13,7 +13,6 @@ from .encoding import OrdinalDataset
 __all__ = ["split_indices", "train_test_split", "standardize", "feature_scaling", "apply_scaling"]
 
 
-
 def split_indices(ranks: Any, test_fraction: float = 0.2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Row numbers ``(train, test)`` (int64, ascending) of a deterministic split stratified by rank.
 
