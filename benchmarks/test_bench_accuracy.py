@@ -10,9 +10,9 @@ import os
 import subprocess
 import sys
 
-from common import load_benchmark
+from common import REPO_ROOT, load_benchmark
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO_ROOT)
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_accuracy.py")
 
 

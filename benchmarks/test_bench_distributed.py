@@ -12,10 +12,9 @@ import sys
 import pytest
 import torch
 
-from common import MULTIPROCESS_TIMEOUT_S
+from common import MULTIPROCESS_TIMEOUT_S, REPO_ROOT
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
-                      "bench_distributed.py")
+SCRIPT = os.path.join(str(REPO_ROOT), "benchmarks", "bench_distributed.py")
 TABLE_HEADER = "| global batch N | processes | per process B | step (median) |"
 
 
@@ -24,7 +23,7 @@ TABLE_HEADER = "| global batch N | processes | per process B | step (median) |"
 def test_quick_benchmark_runs_and_prints_its_table():
     result = subprocess.run(
         [sys.executable, SCRIPT, "--quick"], capture_output=True, text=True, timeout=MULTIPROCESS_TIMEOUT_S,
-        cwd=os.path.dirname(os.path.dirname(SCRIPT)),
+        cwd=str(REPO_ROOT),
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert TABLE_HEADER in result.stdout

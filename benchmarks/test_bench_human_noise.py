@@ -12,9 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-from common import load_benchmark
+from common import REPO_ROOT, load_benchmark
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO_ROOT)
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_human_noise.py")
 
 
