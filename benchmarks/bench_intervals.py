@@ -9,18 +9,22 @@ training labels, and its probabilities on the calibration rows, with their noisy
 
 - ``sol_ext.intervals`` with each score (``hpd``, ``cumulative``, ``absolute``), target ``labels``;
 - the same scores with target ``clean``, told the labels' noise exactly (the likelihood matrix of the
-  injected noise, rounded and clipped as the noise is);
+  injected noise, rounded and clipped as the noise is), with the default fitted deconvolution and with
+  ``deconvolve=False``;
 - class sets made contiguous, as split conformal classification libraries build them from the same
   probabilities: LAC (MAPIE's ``"lac"``, crepes' default hinge score: every rank with ``p >= 1 - q``) and
   APS (MAPIE's ``"aps"``: the most probable ranks until their mass reaches the threshold, not randomized),
   each closed to ``[min, max]`` of its set.
 
 On the test rows each method reports the coverage of the noisy label, the coverage of the clean rank and
-the mean width (ranks), at 80 % and 90 %. Cells: abalone and wine-red with Gaussian and Laplacian noise
-(kappa 1), and VADER (``../shared/data/vader_dev.npz`` when present: one rater's label for training and
-calibration, the rounded consensus as the clean rank; its noise is no model's, so only the labels target
-and the baselines run there). Results go to ``benchmarks/results/intervals/intervals.json`` and a
-markdown table beside it.
+the mean width (ranks), at 80 % and 90 %. Cells: abalone, wine-red and Fashion-MNIST blur levels (its
+pixels as features) with Gaussian and Laplacian noise, abalone and wine-red with rank-dependent noise (a
+Gaussian whose std grows near the middle ranks: ``input-dependent``), all at kappa 1; and VADER
+(``../shared/data/vader_dev.npz`` when present: one rater's label for training and calibration, the rounded
+consensus as the clean rank). VADER's noise is no model's: its clean target is told a Gaussian whose std is
+estimated from a twice-labelled subset (300 calibration sentences with two more raters each, ``std(first -
+second) / sqrt(2)``). Results go to ``benchmarks/results/intervals/intervals.json`` and a markdown table
+beside it.
 """
 from __future__ import annotations
 
@@ -36,7 +40,12 @@ import numpy as np
 import torch
 
 from sol_ext.driver.data import load_dataset
-from sol_ext.driver.synthetic_noise import add_label_noise, noise_scale
+from sol_ext.driver.synthetic_noise import (
+    add_label_noise,
+    default_peak_width,
+    input_dependent_scale,
+    noise_scale,
+)
 from sol_ext.intervals import SCORES, calibrate_intervals, rank_intervals
 from sol_ext.sklearn import SOLRanker
 
@@ -44,8 +53,10 @@ RESULTS = Path(__file__).resolve().parent / "results" / "intervals"
 VADER = Path(__file__).resolve().parents[2] / "shared" / "data" / "vader_dev.npz"
 COVERAGES = (0.8, 0.9)
 CELLS = (("abalone", "gaussian"), ("abalone", "laplacian"), ("wine-red", "gaussian"), ("wine-red", "laplacian"),
-         ("vader", "raters"))
+         ("fashion-mnist-blur", "gaussian"), ("fashion-mnist-blur", "laplacian"), ("abalone", "input-dependent"),
+         ("wine-red", "input-dependent"), ("vader", "raters"))
 KAPPA = 1.0
+TWICE_LABELLED = 300  # VADER calibration sentences given two more raters, to estimate the noise's std
 
 
 # --------------------------------------------------------------------------------------------------
@@ -78,9 +89,12 @@ def class_set_intervals(p_cal: np.ndarray, y_cal: np.ndarray, p: np.ndarray, cov
 # Data and noise
 
 
-def noise_likelihood(kind: str, scale: float, n: int) -> torch.Tensor:
+def noise_likelihood(kind: str, scale, n: int) -> torch.Tensor:
     """``L [n, n]``: row ``c`` the distribution of ``clip(floor(c + e + 0.5), 0, n - 1)`` for the noise
-    ``e`` that :func:`sol_ext.driver.synthetic_noise.add_label_noise` draws (Gaussian std ``scale``, Laplace scale ``scale``)."""
+    ``e`` that :func:`sol_ext.driver.synthetic_noise.add_label_noise` draws (Gaussian std ``scale``, Laplace
+    scale ``scale``); ``scale`` is a number or ``[n]``, one per clean rank."""
+    scale = np.broadcast_to(np.asarray(scale, dtype=np.float64), (n,))[:, None]
+
     def cdf(x: np.ndarray) -> np.ndarray:
         if kind == "gaussian":
             return 0.5 * (1 + np.vectorize(math.erf)(x / (scale * math.sqrt(2))))
@@ -105,7 +119,25 @@ def cell_data(name: str, noise: str, seed: int):
     clean = ds.ranks.numpy()
     n = ds.num_ranks
     noisy = add_label_noise(clean, n, noise, kappa=KAPPA, seed=seed).noisy.numpy()
-    return ds.features.numpy(), clean, noisy, n, noise_likelihood(noise, noise_scale(clean, KAPPA), n)
+    s = noise_scale(clean, KAPPA)
+    if noise == "input-dependent":
+        likelihood = noise_likelihood("gaussian", input_dependent_scale(np.arange(n), s, *default_peak_width(n)), n)
+    else:
+        likelihood = noise_likelihood(noise, s, n)
+    return ds.features.reshape(len(clean), -1).numpy(), clean, noisy, n, likelihood
+
+
+def twice_labelled_noise_std(rows: np.ndarray, seed: int) -> float:
+    """VADER: the std of one rater's noise, from ``TWICE_LABELLED`` of ``rows`` with two more ratings each
+    (two raters drawn at random among those who rated the sentence): ``std(first - second) / sqrt(2)``."""
+    ratings = np.load(VADER)["ratings"]
+    rng = np.random.default_rng(seed)
+    differences = []
+    for row in rng.choice(rows, size=min(TWICE_LABELLED, len(rows)), replace=False):
+        given = ratings[row][ratings[row] != -99]
+        first, second = rng.choice(given, size=2, replace=False)
+        differences.append(float(first) - float(second))
+    return float(np.std(differences) / math.sqrt(2))
 
 
 def probabilities_on_the_grid(ranker: SOLRanker, x: np.ndarray, n: int) -> np.ndarray:
@@ -139,9 +171,11 @@ def run_cell(name: str, noise: str, seed: int, epochs: int | None) -> list[dict]
                      "width": float(np.mean(upper - lower + 1))})
 
     pc, pt = torch.from_numpy(p_cal), torch.from_numpy(p_test)
+    if likelihood is None:  # VADER: a Gaussian of the std a twice-labelled subset gives
+        likelihood = twice_labelled_noise_std(cal, seed)
     for score in SCORES:
         labels = calibrate_intervals(pc, torch.from_numpy(noisy[cal]), score=score)
-        clean_cals = {} if likelihood is None else {
+        clean_cals = {
             target: calibrate_intervals(pc, torch.from_numpy(noisy[cal]), score=score, target="clean",
                                         label_noise=likelihood, deconvolve=deconvolve)
             for target, deconvolve in (("clean", True), ("clean, deconvolve=False", False))}

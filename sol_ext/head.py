@@ -342,15 +342,15 @@ class SOLHead(nn.Module):
     @torch.no_grad()
     def calibrate_intervals(self, h: torch.Tensor, labels: torch.Tensor, *, score: str = "hpd",
                             target: str = "labels", label_noise: LabelNoise = None,
-                            deconvolve: bool = False) -> IntervalCalibration:
+                            deconvolve: bool = True) -> IntervalCalibration:
         """Calibrate :meth:`predict_interval` by split conformal prediction on held-out embeddings
         ``h [M, d]`` (rows the encoder and the head did not train on) and their labels as ranks ``[M]``.
         The calibration is kept in the head's buffers, so it is saved with ``state_dict()``.
 
         ``score``: ``"hpd"``, ``"cumulative"`` or ``"absolute"``; ``target="clean"`` with ``label_noise``
-        (the labels' noise std in ranks, or a matrix) aims the coverage at the clean rank; ``deconvolve``
-        reads the head's probabilities as the noisy labels' distribution (:mod:`sol_ext.intervals`,
-        docs/intervals.md).
+        (the labels' noise std in ranks, or a matrix) aims the coverage at the clean rank, deconvolving
+        the head's probabilities through that noise as far as the labels say (``deconvolve=False``:
+        not at all; :mod:`sol_ext.intervals`, docs/intervals.md).
         """
         labels = self._check_labels("labels", labels, "h", h)
         calibration = calibrate_intervals(self.predict_proba(h), labels, score=score, target=target,

@@ -411,7 +411,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         return self._table(X).expected
 
     def calibrate_intervals(self, X: Any, y: Any, *, score: str = "hpd", target: str = "labels",
-                            label_noise: Any = None, deconvolve: bool = False) -> "SOLRanker":
+                            label_noise: Any = None, deconvolve: bool = True) -> "SOLRanker":
         """Calibrate :meth:`predict_interval` by split conformal prediction on held-out rows ``X`` with
         labels ``y`` (rows :meth:`fit` did not train on); options as
         :meth:`sol_ext.driver.model.TrainedModel.calibrate_intervals` (docs/intervals.md). Returns

@@ -346,7 +346,7 @@ class TrainedModel:
     # -- intervals ---------------------------------------------------------------------------
     def calibrate_intervals(self, data: DataLike, labels: Any = None, *, score: str = "hpd",
                             target: str = "labels", label_noise: Any = None,
-                            deconvolve: bool = False) -> IntervalCalibration:
+                            deconvolve: bool = True) -> IntervalCalibration:
         """Calibrate :meth:`predict_interval` by split conformal prediction on ``data`` the run did
         not train on, with its labels: a file's label column, or ``labels`` ``[N]`` in label units.
         ``score``, ``target`` and ``deconvolve`` as :func:`sol_ext.intervals.calibrate_intervals`;
@@ -390,7 +390,7 @@ class TrainedModel:
 
     def _calibrate(self, probabilities: torch.Tensor, ranks: torch.Tensor, *, score: str = "hpd",
                    target: str = "labels", label_noise: Any = None,
-                   deconvolve: bool = False) -> IntervalCalibration:
+                   deconvolve: bool = True) -> IntervalCalibration:
         """The calibration of ``probabilities [M, n]`` and their label ranks ``[M]``, kept on the model."""
         noise = label_noise
         if isinstance(noise, numbers.Real) and not isinstance(noise, bool):

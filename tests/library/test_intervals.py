@@ -17,6 +17,7 @@ from sol_ext.intervals import (
     SCORES,
     IntervalCalibration,
     calibrate_intervals,
+    fitted_deconvolution,
     nonconformity_scores,
     rank_intervals,
 )
@@ -84,25 +85,51 @@ def test_the_threshold_is_the_finite_sample_quantile():
     assert bool((lower == 0).all() and (upper == N_RANKS - 1).all())
 
 
-@pytest.mark.parametrize("score", SCORES)
-@pytest.mark.parametrize("learned", ["noisy labels", "clean ranks"])
-def test_the_clean_target_covers_the_clean_rank_where_the_noise_is_the_models(score, learned):
-    """The labels are the clean rank with SOL's discrete Gaussian noise, and the model learned either the
-    noisy labels' distribution exactly (``p = π L``: ``deconvolve=True``) or the clean rank's (the
-    default). Calibrated on the noisy labels, the clean target covers the clean rank at
-    the requested rate, with narrower intervals than plain split conformal on those labels."""
-    sigma = 1.5
+def noisy_calibration_case(learned: str, sigma: float = 1.5):
+    """A model calibrated by construction whose labels are the clean rank with SOL's discrete Gaussian
+    noise; the model learned either the noisy labels' distribution exactly (``p = π L``) or the clean
+    rank's (``p = π``). Returns the calibration rows' ``p`` and noisy labels, the new rows' ``p`` and
+    clean ranks."""
     likelihood = noise_kernel(N_RANKS, sigma)
     pi_cal, clean_cal = calibrated_model(3000, seed=5)
     noisy_cal = torch.multinomial(likelihood[clean_cal], 1, generator=torch.Generator().manual_seed(6))[:, 0]
     pi, clean = calibrated_model(30000, seed=7)
     p_cal, p = (pi_cal @ likelihood, pi @ likelihood) if learned == "noisy labels" else (pi_cal, pi)
+    return p_cal, noisy_cal, p, clean
+
+
+@pytest.mark.parametrize("score", SCORES)
+@pytest.mark.parametrize("learned", ["noisy labels", "clean ranks"])
+def test_the_clean_target_covers_the_clean_rank_where_the_noise_is_the_models(score, learned):
+    """Whichever of the two the model learned, the clean target (its default, fitted deconvolution),
+    calibrated on the noisy labels, covers the clean rank at the requested rate, with narrower
+    intervals than plain split conformal on those labels."""
+    sigma = 1.5
+    p_cal, noisy_cal, p, clean = noisy_calibration_case(learned, sigma)
     plain = rank_intervals(p, calibrate_intervals(p_cal, noisy_cal, score=score), 0.9)
-    aimed = rank_intervals(p, calibrate_intervals(p_cal, noisy_cal, score=score, target="clean", label_noise=sigma,
-                                                  deconvolve=learned == "noisy labels"), 0.9)
+    aimed = rank_intervals(p, calibrate_intervals(p_cal, noisy_cal, score=score, target="clean",
+                                                  label_noise=sigma), 0.9)
     assert abs(covered(*aimed, clean) - 0.9) <= 0.02
     assert covered(*plain, clean) > 0.93  # calibrated on noisier labels: wider than it needs to be
     assert (aimed[1] - aimed[0]).double().mean() < (plain[1] - plain[0]).double().mean()
+
+
+def test_the_deconvolution_goes_as_far_as_the_labels_say():
+    """The fitted deconvolution keeps a model of the clean rank nearly as it is, and takes a model of
+    the noisy labels most of the way back to the clean rank's distribution; ``deconvolve=False``
+    reads the probabilities as the clean rank's, which only holds for the first."""
+    sigma = 1.5
+    likelihood = noise_kernel(N_RANKS, sigma)
+    p_cal, noisy_cal, _, _ = noisy_calibration_case("clean ranks", sigma)
+    kept, kept_iterations = fitted_deconvolution(p_cal, noisy_cal, sigma)
+    blurred, blurred_iterations = fitted_deconvolution(p_cal @ likelihood, noisy_cal, likelihood)
+    assert kept_iterations <= 3 < 20 <= blurred_iterations
+    assert (kept - p_cal).abs().sum(dim=1).mean() < 0.05
+    assert (blurred - p_cal).abs().sum(dim=1).mean() < 0.5 * (p_cal @ likelihood - p_cal).abs().sum(dim=1).mean()
+    assert torch.allclose(blurred.sum(dim=1), torch.ones(len(blurred), dtype=blurred.dtype)) and (blurred >= 0).all()
+    p_cal, noisy_cal, p, clean = noisy_calibration_case("clean ranks", sigma)
+    as_given = calibrate_intervals(p_cal, noisy_cal, target="clean", label_noise=sigma, deconvolve=False)
+    assert abs(covered(*rank_intervals(p, as_given, 0.9), clean) - 0.9) <= 0.02
 
 
 @pytest.mark.parametrize("call, error, names", [
@@ -113,6 +140,8 @@ def test_the_clean_target_covers_the_clean_rank_where_the_noise_is_the_models(sc
     (lambda p, y: calibrate_intervals(p, y, target="clean", label_noise=1.0, deconvolve="no"), TypeError,
      "deconvolve"),
     (lambda p, y: calibrate_intervals(p * 2, y), ValueError, "probabilities"),
+    (lambda p, y: fitted_deconvolution(p, y, None), ValueError, "label_noise"),
+    (lambda p, y: fitted_deconvolution(p, y[:-1], 1.0), ValueError, "ranks"),
     (lambda p, y: calibrate_intervals(p, y + N_RANKS), ValueError, "ranks"),
     (lambda p, y: rank_intervals(p, calibrate_intervals(p, y), coverage=1.0), ValueError, "coverage"),
     (lambda p, y: rank_intervals(p, "0.9"), TypeError, "calibration"),
