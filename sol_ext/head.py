@@ -31,9 +31,9 @@ from torch import nn
 
 from . import _validation as check
 from .centroids import compute_centroids, damp_centroids
+from .intervals import DEFAULT_SCORE, IntervalCalibration, LabelNoise, calibrate_intervals, rank_intervals
 from .intervals import SCORES as INTERVAL_SCORES
 from .intervals import TARGETS as INTERVAL_TARGETS
-from .intervals import IntervalCalibration, LabelNoise, calibrate_intervals, rank_intervals
 from .loss import StochasticOrderLoss
 from .ops import noise_kernel
 from .readout import (
@@ -340,7 +340,7 @@ class SOLHead(nn.Module):
 
     # -- intervals -----------------------------------------------------------------------------
     @torch.no_grad()
-    def calibrate_intervals(self, h: torch.Tensor, labels: torch.Tensor, *, score: str = "hpd",
+    def calibrate_intervals(self, h: torch.Tensor, labels: torch.Tensor, *, score: str = DEFAULT_SCORE,
                             target: str = "labels", label_noise: LabelNoise = None,
                             deconvolve: bool = True) -> IntervalCalibration:
         """Calibrate :meth:`predict_interval` by split conformal prediction on held-out embeddings

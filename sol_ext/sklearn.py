@@ -59,6 +59,7 @@ from .driver.fit import FitContext
 from .driver.model import model_from_state
 from .driver.prepare import PreparedData, preprocessing_record
 from .driver.train import check_run, fit_run, validation_split
+from .intervals import DEFAULT_SCORE
 from .labels import LabelGrid
 
 __all__ = ["SOLRanker", "EXPECTED_FAILED_CHECKS", "CONFIG_PARAMS"]
@@ -410,7 +411,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         """``[N]`` float64 expected label ``sum_k classes_[k] * p_k(x)`` (label units)."""
         return self._table(X).expected
 
-    def calibrate_intervals(self, X: Any, y: Any, *, score: str = "hpd", target: str = "labels",
+    def calibrate_intervals(self, X: Any, y: Any, *, score: str = DEFAULT_SCORE, target: str = "labels",
                             label_noise: Any = None, deconvolve: bool = True) -> "SOLRanker":
         """Calibrate :meth:`predict_interval` by split conformal prediction on held-out rows ``X`` with
         labels ``y`` (rows :meth:`fit` did not train on); options as

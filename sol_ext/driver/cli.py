@@ -152,7 +152,7 @@ def _add_interval_options(parser: argparse.ArgumentParser, what: str):
     group.add_argument("--calibration", default=None, metavar="FILE",
                        help="held-out rows with labels, which the run did not train on, to calibrate --interval "
                             "on instead of the validation split the run stored")
-    group.add_argument("--interval-score", choices=("hpd", "cumulative", "absolute"), default="hpd",
+    group.add_argument("--interval-score", choices=("hpd", "cumulative", "absolute"), default="cumulative",
                        help="the nonconformity score (default: %(default)s)")
     return group
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..head import SOLHead
-from ..intervals import IntervalCalibration, calibrate_intervals, rank_intervals
+from ..intervals import DEFAULT_SCORE, IntervalCalibration, calibrate_intervals, rank_intervals
 from ..labels import LabelGrid
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from .config import TrainConfig
@@ -344,7 +344,7 @@ class TrainedModel:
         return self.predict_table(data).expected
 
     # -- intervals ---------------------------------------------------------------------------
-    def calibrate_intervals(self, data: DataLike, labels: Any = None, *, score: str = "hpd",
+    def calibrate_intervals(self, data: DataLike, labels: Any = None, *, score: str = DEFAULT_SCORE,
                             target: str = "labels", label_noise: Any = None,
                             deconvolve: bool = True) -> IntervalCalibration:
         """Calibrate :meth:`predict_interval` by split conformal prediction on ``data`` the run did
@@ -388,7 +388,7 @@ class TrainedModel:
         stored = self.stored_calibration
         return self._calibrate(stored["probabilities"], stored["ranks"], **options)
 
-    def _calibrate(self, probabilities: torch.Tensor, ranks: torch.Tensor, *, score: str = "hpd",
+    def _calibrate(self, probabilities: torch.Tensor, ranks: torch.Tensor, *, score: str = DEFAULT_SCORE,
                    target: str = "labels", label_noise: Any = None,
                    deconvolve: bool = True) -> IntervalCalibration:
         """The calibration of ``probabilities [M, n]`` and their label ranks ``[M]``, kept on the model."""

@@ -256,19 +256,21 @@ def test_predict_writes_interval_columns_and_says_how_often_they_held(user_files
 
 def test_exported_program_and_onnx_model_hold_the_intervals_calibration(user_files, tmp_path):
     """sol-ext export --interval 0.9 --calibration FILE: the .pt2 program and the ONNX model return lower
-    and upper as load_run's predict_interval after the same calibration, without the data."""
+    and upper as load_run's predict_interval after the same calibration, without the data. (The rows
+    predicted are not the calibration rows: one of those has a score at the threshold itself, where the
+    program's probabilities, equal to within 1e-7, may fall on either side.)"""
     pytest.importorskip("onnxscript")
     onnxruntime = pytest.importorskip("onnxruntime")
     root, train, test, x, _ = user_files
     out, _ = train_run(root, train, test, "sol")
     model = sol_ext.load_run(out)
-    model.calibrate_intervals(test)
+    model.calibrate_intervals(train)
     lower, upper = model.predict_interval(x, 0.9)
     for form in ("pt2", "onnx"):
         program = tmp_path / form / f"model.{form}"
         program.parent.mkdir()
         assert main(["export", str(out), "--output", str(program), "--interval", "0.9",
-                     "--calibration", str(test)]) == 0
+                     "--calibration", str(train)]) == 0
         assert json.loads((program.parent / "model.json").read_text())["intervals"]["coverage"] == 0.9
         if form == "pt2":
             got = [t.numpy() for t in torch.export.load(program).module()(torch.from_numpy(x))]
@@ -510,3 +512,16 @@ def test_predict_command_resolves_the_device_once(user_files, tmp_path, monkeypa
     assert main(["predict", str(out), "--data", str(test), "--device", "mps:0",
                  "--output", str(tmp_path / "pred2.csv")]) == 2
     assert "'mps:0' is not a device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["predict", "export"])
+def test_the_command_lines_interval_scores_are_the_librarys(command):
+    """--interval-score offers the scores of sol_ext.intervals and defaults to the library's default,
+    so a run's intervals are the same from the command line and from load_run."""
+    from sol_ext.driver.cli import build_parser
+    from sol_ext.intervals import DEFAULT_SCORE, SCORES
+
+    parser = build_parser()
+    subcommand = next(a for a in parser._subparsers._group_actions if a.dest == "command").choices[command]
+    option = next(a for a in subcommand._actions if "--interval-score" in a.option_strings)
+    assert tuple(option.choices) == SCORES and option.default == DEFAULT_SCORE

@@ -303,6 +303,7 @@ def test_fit_calibrates_intervals_on_its_validation_split_without_changing_the_f
     rows by hand; calibrate_intervals still replaces it; and the fitted probabilities are those of a fit
     that stores no calibration."""
     from sol_ext.driver.fit import validation_split
+    from sol_ext.intervals import DEFAULT_SCORE
     from sol_ext.labels import LabelGrid
 
     X, y = ordinal_problem(400, seed=5)
@@ -313,7 +314,7 @@ def test_fit_calibrates_intervals_on_its_validation_split_without_changing_the_f
     by_hand = SOLRanker(**SMALL, random_state=2).fit(X, y).calibrate_intervals(X[val], y[val])
     np.testing.assert_array_equal(by_hand.predict_interval(X, coverage=0.9), (lower, upper))
     assert np.mean((y[val] >= lower[val]) & (y[val] <= upper[val])) >= 0.9
-    assert ranker.model_.intervals.score == "hpd" and ranker.model_.intervals.count == len(val)
+    assert ranker.model_.intervals.score == DEFAULT_SCORE and ranker.model_.intervals.count == len(val)
     ranker.calibrate_intervals(X[:40], y[:40], score="absolute")  # an explicit calibration replaces it
     assert ranker.model_.intervals.score == "absolute" and ranker.model_.intervals.count == 40
     monkeypatch.setattr("sol_ext.sklearn.store_validation_calibration", lambda model, validation: None)
