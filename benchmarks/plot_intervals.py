@@ -3,11 +3,12 @@ and target, drawn from the stored results (no rerun).
 
     python benchmarks/plot_intervals.py        # benchmarks/results/intervals/intervals.json -> docs/img/intervals.png
 
-Top row: how often the intervals calibrated on the noisy labels (target ``labels``) held the noisy label,
-for the three scores of :mod:`sol_ext.intervals` and the class sets (LAC, APS) made contiguous. Bottom
-row: how often the intervals held the clean rank, for the ``labels`` target and the two readings of the
-``clean`` target (``deconvolve=False``, the default, and ``deconvolve=True``), per score. The diagonal is
-the requested coverage; the error bars are the standard deviation over seeds. Needs matplotlib.
+Each cell has two panels. The upper one: how often the intervals calibrated on the noisy labels
+(target ``labels``) held the noisy label, for the three scores of :mod:`sol_ext.intervals` and the class
+sets (LAC, APS) made contiguous. The lower one: how often the intervals held the clean rank, for the
+``labels`` target and the two readings of the ``clean`` target (the default fitted deconvolution, and
+``deconvolve=False``), per score. The diagonal is the requested coverage; the error bars are the standard
+deviation over seeds. Needs matplotlib.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ FIGURE = ROOT / "docs" / "img" / "intervals.png"
 SCORES = ("hpd", "cumulative", "absolute")
 CLASS_SETS = ("lac", "aps")
 # the results' target names, and how the figure names them
-CLEAN_TARGETS = {"labels": "labels", "clean, deconvolve=False": "clean (default)",
-                 "clean": "clean, deconvolve=True"}
+CLEAN_TARGETS = {"labels": "labels", "clean": "clean (default)",
+                 "clean, deconvolve=False": "clean, deconvolve=False"}
+CELLS_PER_ROW = 5
 MARKERS = {"hpd": "o", "cumulative": "s", "absolute": "^", "lac": "v", "aps": "D"}
 
 
@@ -45,7 +47,15 @@ def figure(results: dict, path: Path) -> None:
 
     summary, cells = results["summary"], results["cells"]
     requested = sorted({r["coverage"] for r in summary})
-    fig, axes = plt.subplots(2, len(cells), figsize=(3.2 * len(cells), 6.4), sharex=True, squeeze=False)
+    # cells in blocks of CELLS_PER_ROW columns, each block two rows: the noisy label above the clean rank
+    blocks = -(-len(cells) // CELLS_PER_ROW)
+    columns = min(len(cells), CELLS_PER_ROW)
+    fig, grid = plt.subplots(2 * blocks, columns, figsize=(3.2 * columns, 3.2 * 2 * blocks), sharex=True,
+                             squeeze=False)
+    axes = [[grid[2 * (j // columns) + row][j % columns] for j in range(len(cells))] for row in (0, 1)]
+    for j in range(len(cells), blocks * columns):  # the last block's empty places
+        grid[-2][j % columns].axis("off")
+        grid[-1][j % columns].axis("off")
     lows = [requested[0] - 0.05, requested[-1] + 0.05]
     for j, cell in enumerate(cells):
         top, bottom = axes[0][j], axes[1][j]
@@ -67,11 +77,16 @@ def figure(results: dict, path: Path) -> None:
             ax.grid(alpha=0.3)
         top.set_title(cell)
         bottom.set_xlabel("requested coverage")
-    axes[0][0].set_ylabel("noisy label held (target labels)")
-    axes[1][0].set_ylabel("clean rank held")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    # the first cell has every target (VADER has no clean target): its lines name them all
-    axes[1][-1].legend(*axes[1][0].get_legend_handles_labels(), fontsize=6, loc="lower right")
+        if j % columns == 0:
+            top.set_ylabel("noisy label held (target labels)")
+            bottom.set_ylabel("clean rank held")
+    # the first cell has every method and target: its lines name them all, in an empty place if there is one
+    for row, size in ((0, 7), (1, 6)):
+        lines = axes[row][0].get_legend_handles_labels()
+        if len(cells) < blocks * columns:
+            grid[row - 2][-1].legend(*lines, fontsize=size + 1, loc="center")
+        else:
+            axes[row][-1].legend(*lines, fontsize=size, loc="lower right")
     fig.suptitle(f"Rank intervals: coverage held vs requested ({results['seeds']} seeds, label noise "
                  f"kappa = {results['kappa']:g}; dashed: held = requested)", fontsize=10)
     fig.tight_layout()
