@@ -42,7 +42,7 @@ from . import _validation as check
 from .ops import noise_kernel
 
 __all__ = ["SCORES", "DEFAULT_SCORE", "TARGETS", "IntervalCalibration", "calibrate_intervals", "nonconformity_scores",
-           "rank_intervals", "intervals_at", "fitted_deconvolution"]
+           "rank_intervals", "intervals_at", "fitted_deconvolution", "noise_std_from_pairs"]
 
 SCORES = ("hpd", "cumulative", "absolute")
 # The narrowest intervals at the coverage asked in benchmarks/bench_intervals.py: on 13 of its 18 cells and
@@ -248,6 +248,31 @@ def intervals_at(p: torch.Tensor, score: str, threshold: float) -> tuple[torch.T
     upper = torch.where(inside, ranks, -1).max(dim=1).values
     empty = upper < 0
     return torch.where(empty, fallback, lower), torch.where(empty, fallback, upper)
+
+
+def noise_std_from_pairs(first: Any, second: Any) -> float:
+    """The std of the labels' noise, from items labelled twice: ``first [K]`` and ``second [K]`` are two
+    labels of the same ``K`` items, given independently (two raters, two readings). With each label the
+    clean value plus its own noise of std ``s``, ``first - second`` has std ``s * sqrt(2)``; the
+    estimate is ``std(first - second) / sqrt(2)``, in the labels' units: what a run's
+    ``calibrate_intervals(..., label_noise=)`` and ``sol-ext predict --label-noise`` take
+    (:func:`calibrate_intervals` takes ranks: divide by the grid's step). A rater's own bias counts as
+    noise; labels that are not independent (one rater twice) make the estimate too small."""
+    pairs = []
+    for name, values in (("first", first), ("second", second)):
+        try:
+            array = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise TypeError(f"{name} must be numbers, one label per item, got {type(values).__name__}") from error
+        if not bool(torch.isfinite(array).all()):
+            raise ValueError(f"{name}: every label must be a finite number (no NaN or inf)")
+        pairs.append(array)
+    if pairs[0].numel() != pairs[1].numel():
+        raise ValueError(f"first and second must label the same items: got {pairs[0].numel()} and "
+                         f"{pairs[1].numel()} labels")
+    if pairs[0].numel() < 2:
+        raise ValueError(f"first and second: at least 2 items labelled twice are needed, got {pairs[0].numel()}")
+    return float((pairs[0] - pairs[1]).std(unbiased=True)) / math.sqrt(2)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from sol_ext.intervals import (
     IntervalCalibration,
     calibrate_intervals,
     fitted_deconvolution,
+    noise_std_from_pairs,
     nonconformity_scores,
     rank_intervals,
 )
@@ -130,6 +131,29 @@ def test_the_deconvolution_goes_as_far_as_the_labels_say():
     p_cal, noisy_cal, p, clean = noisy_calibration_case("clean ranks", sigma)
     as_given = calibrate_intervals(p_cal, noisy_cal, target="clean", label_noise=sigma, deconvolve=False)
     assert abs(covered(*rank_intervals(p, as_given, 0.9), clean) - 0.9) <= 0.02
+
+
+def test_a_twice_labelled_subset_gives_the_noise_std():
+    """Two independent noisy labels of each item: std(first - second) / sqrt(2) is the noise's std, and
+    it does not depend on how the clean values spread."""
+    gen = torch.Generator().manual_seed(11)
+    clean = torch.randint(0, 30, (20000,), generator=gen).double()
+    first, second = (clean + 1.3 * torch.randn(20000, generator=gen, dtype=torch.float64) for _ in range(2))
+    assert abs(noise_std_from_pairs(first, second) - 1.3) < 0.03
+    assert abs(noise_std_from_pairs(first.tolist(), second.numpy()) - 1.3) < 0.03  # lists and arrays too
+    assert noise_std_from_pairs(clean, clean) == 0.0
+
+
+@pytest.mark.parametrize("first, second, error, names", [
+    ([1, 2, 3], [1, 2], ValueError, "same items"),
+    ([1], [2], ValueError, "at least 2"),
+    ([1, float("nan")], [1, 2], ValueError, "first"),
+    ([1, 2], [1, float("inf")], ValueError, "second"),
+    (["a", "b"], [1, 2], TypeError, "first"),
+])
+def test_bad_pairs_are_refused_by_name(first, second, error, names):
+    with pytest.raises(error, match=names):
+        noise_std_from_pairs(first, second)
 
 
 @pytest.mark.parametrize("call, error, names", [
