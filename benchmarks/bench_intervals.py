@@ -46,7 +46,7 @@ from sol_ext.driver.synthetic_noise import (
     input_dependent_scale,
     noise_scale,
 )
-from sol_ext.intervals import SCORES, calibrate_intervals, rank_intervals
+from sol_ext.intervals import SCORES, calibrate_intervals, noise_std_from_pairs, rank_intervals
 from sol_ext.sklearn import SOLRanker
 
 RESULTS = Path(__file__).resolve().parent / "results" / "intervals"
@@ -128,16 +128,15 @@ def cell_data(name: str, noise: str, seed: int, kappa: float = KAPPA):
 
 
 def twice_labelled_noise_std(rows: np.ndarray, seed: int) -> float:
-    """VADER: the std of one rater's noise, from ``TWICE_LABELLED`` of ``rows`` with two more ratings each
-    (two raters drawn at random among those who rated the sentence): ``std(first - second) / sqrt(2)``."""
+    """VADER: the std of one rater's noise (:func:`sol_ext.intervals.noise_std_from_pairs`), from
+    ``TWICE_LABELLED`` of ``rows`` with two more ratings each (two raters drawn at random among those who
+    rated the sentence)."""
     ratings = np.load(VADER)["ratings"]
     rng = np.random.default_rng(seed)
-    differences = []
-    for row in rng.choice(rows, size=min(TWICE_LABELLED, len(rows)), replace=False):
-        given = ratings[row][ratings[row] != -99]
-        first, second = rng.choice(given, size=2, replace=False)
-        differences.append(float(first) - float(second))
-    return float(np.std(differences) / math.sqrt(2))
+    pairs = [rng.choice(ratings[row][ratings[row] != -99], size=2, replace=False)
+             for row in rng.choice(rows, size=min(TWICE_LABELLED, len(rows)), replace=False)]
+    first, second = np.asarray(pairs, dtype=np.float64).T
+    return noise_std_from_pairs(first, second)
 
 
 def probabilities_on_the_grid(ranker: SOLRanker, x: np.ndarray, n: int) -> np.ndarray:

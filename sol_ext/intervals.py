@@ -209,15 +209,16 @@ def _fitted_deconvolution(p: torch.Tensor, likelihood: torch.Tensor,
     rows = torch.arange(p.shape[0], device=p.device)
     ranks = ranks.long()
 
-    def label_log_likelihood(clean: torch.Tensor) -> float:
-        return float((clean @ likelihood)[rows, ranks].clamp_min(1e-300).log().mean())
+    def label_log_likelihood(blurred: torch.Tensor) -> float:  # blurred = π L, the labels' distribution
+        return float(blurred[rows, ranks].clamp_min(1e-300).log().mean())
 
-    best, best_fit, best_iterations = p, label_log_likelihood(p), 0
-    clean = p
+    clean, blurred = p, p @ likelihood
+    best, best_fit, best_iterations = p, label_log_likelihood(blurred), 0
     for iteration in range(1, MAX_DECONVOLUTION_ITERATIONS + 1):
-        clean = clean * ((p / (clean @ likelihood).clamp_min(1e-300)) @ likelihood.T)
+        clean = clean * ((p / blurred.clamp_min(1e-300)) @ likelihood.T)
         clean = clean / clean.sum(dim=1, keepdim=True)
-        fit = label_log_likelihood(clean)
+        blurred = clean @ likelihood
+        fit = label_log_likelihood(blurred)
         if fit > best_fit:
             best, best_fit, best_iterations = clean, fit, iteration
         elif iteration - best_iterations >= DECONVOLUTION_PATIENCE:
