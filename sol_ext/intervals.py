@@ -23,10 +23,12 @@ calibration weighs every rank ``c`` of a calibration row by the clean-rank poste
 ``q(c) ∝ π(c | x) L[c, y]`` instead of counting the label alone. ``π`` is the model's distribution of the
 clean rank. A model trained on noisy labels learns something between the clean rank's distribution and the
 noisy label's (``p = π L``), so by default (``deconvolve=True``) ``π`` is fitted: Richardson–Lucy
-iterations deconvolve ``p`` through ``L`` starting from ``p`` itself (which keeps every iterate a
-distribution), and the iterate kept is the one under which the calibration rows' noisy labels are most likely,
-``max mean log (π L)[i, y_i]``: none when ``p`` already reads as the clean rank's, many when ``p`` is the
-noisy labels'. ``deconvolve=False`` takes ``π = p`` as it is. With the noise as given and ``π`` right, the
+iterations (a multiplicative fixed-point iteration that keeps every iterate a distribution) deconvolve
+``p`` through ``L`` starting from ``p`` itself, and the iterate kept is the one under which the
+calibration rows' noisy labels are most likely, ``mean log (π L)[i, y_i]`` (maximum likelihood over the
+iterations): no iteration when ``p`` already reads as the clean rank's, many when ``p`` is the noisy
+labels'. Where that likelihood is flat, the iteration it picks varies from one calibration set to the
+next, and so does the coverage (docs/intervals.md). ``deconvolve=False`` takes ``π = p`` as it is. With the noise as given and ``π`` right, the
 intervals cover the clean rank at the requested rate in expectation; on real models ``π`` is an estimate
 (benchmarks/bench_intervals.py measures it, docs/intervals.md).
 """
@@ -49,9 +51,9 @@ SCORES = ("hpd", "cumulative", "absolute")
 # coverages (the real VADER ratings among them), where "hpd" was narrowest on 2 (docs/intervals.md)
 DEFAULT_SCORE = "cumulative"
 TARGETS = ("labels", "clean")
-# The clean-rank deconvolution tries up to this many Richardson–Lucy iterations, and stops early once the
-# calibration labels' likelihood has not grown for DECONVOLUTION_PATIENCE of them (it rises, then falls or
-# levels off). On the benchmark's abalone and wine-red cells the best iteration ranged from 7 to the cap.
+# The clean-rank deconvolution looks for the best fit among up to this many Richardson–Lucy iterations,
+# and stops early once the calibration labels' likelihood has not grown for DECONVOLUTION_PATIENCE of them
+# (it rises, then falls or levels off).
 MAX_DECONVOLUTION_ITERATIONS = 500
 DECONVOLUTION_PATIENCE = 50
 
@@ -196,9 +198,12 @@ def fitted_deconvolution(probabilities: torch.Tensor, ranks: torch.Tensor,
     and the labels' noise (``label_noise`` as :func:`calibrate_intervals`). Richardson–Lucy
     iterations deconvolve the probabilities through the noise ``L``, starting from them, and stop at
     the iteration (0 … at most :data:`MAX_DECONVOLUTION_ITERATIONS`) under which the labels are most
-    likely, ``mean log (π L)[i, ranks_i]``. Every row of ``π`` is non-negative and sums to 1."""
+    likely, ``mean log (π L)[i, ranks_i]``. Every row of ``π`` is non-negative and sums to 1; a rank
+    the probabilities give 0 keeps 0 (each iteration multiplies)."""
     p = _checked_probabilities(probabilities)
     ranks = check.check_ranks("ranks", torch.as_tensor(ranks, device=p.device), p.shape[1], length=p.shape[0])
+    if p.shape[0] == 0:
+        raise ValueError("probabilities: no rows; deconvolve the probabilities of at least one labelled row")
     return _fitted_deconvolution(p, _label_likelihood(label_noise, p.shape[1]).to(p.device), ranks)
 
 
@@ -212,6 +217,7 @@ def _fitted_deconvolution(p: torch.Tensor, likelihood: torch.Tensor,
     def label_log_likelihood(blurred: torch.Tensor) -> float:  # blurred = π L, the labels' distribution
         return float(blurred[rows, ranks].clamp_min(1e-300).log().mean())
 
+    p = p / p.sum(dim=1, keepdim=True)  # rows summing to 1 within rounding, exactly
     clean, blurred = p, p @ likelihood
     best, best_fit, best_iterations = p, label_log_likelihood(blurred), 0
     for iteration in range(1, MAX_DECONVOLUTION_ITERATIONS + 1):
@@ -254,26 +260,31 @@ def intervals_at(p: torch.Tensor, score: str, threshold: float) -> tuple[torch.T
 def noise_std_from_pairs(first: Any, second: Any) -> float:
     """The std of the labels' noise, from items labelled twice: ``first [K]`` and ``second [K]`` are two
     labels of the same ``K`` items, given independently (two raters, two readings). With each label the
-    clean value plus its own noise of std ``s``, ``first - second`` has std ``s * sqrt(2)``; the
-    estimate is ``std(first - second) / sqrt(2)``, in the labels' units: what a run's
+    clean value plus its own zero-mean noise of std ``s``, ``first - second`` has mean square ``2 s^2``;
+    the estimate is ``sqrt(mean((first - second)^2) / 2)``, in the labels' units: what a run's
     ``calibrate_intervals(..., label_noise=)`` and ``sol-ext predict --label-noise`` take
-    (:func:`calibrate_intervals` takes ranks: divide by the grid's step). A rater's own bias counts as
-    noise; labels that are not independent (one rater twice) make the estimate too small."""
-    pairs = []
+    (:func:`calibrate_intervals` takes ranks: divide by the grid's step). A rater's constant bias
+    counts as noise too (the mean square keeps it); labels that are not independent (one rater twice)
+    make the estimate too small."""
+    labels = []
     for name, values in (("first", first), ("second", second)):
+        if isinstance(values, torch.Tensor):
+            values = values.detach().cpu()
         try:
-            array = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+            array = torch.as_tensor(values, dtype=torch.float64)
         except (TypeError, ValueError, RuntimeError) as error:
             raise TypeError(f"{name} must be numbers, one label per item, got {type(values).__name__}") from error
+        if array.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, one label per item, got shape {tuple(array.shape)}")
         if not bool(torch.isfinite(array).all()):
             raise ValueError(f"{name}: every label must be a finite number (no NaN or inf)")
-        pairs.append(array)
-    if pairs[0].numel() != pairs[1].numel():
-        raise ValueError(f"first and second must label the same items: got {pairs[0].numel()} and "
-                         f"{pairs[1].numel()} labels")
-    if pairs[0].numel() < 2:
-        raise ValueError(f"first and second: at least 2 items labelled twice are needed, got {pairs[0].numel()}")
-    return float((pairs[0] - pairs[1]).std(unbiased=True)) / math.sqrt(2)
+        labels.append(array)
+    if labels[0].numel() != labels[1].numel():
+        raise ValueError(f"first and second must label the same items: got {labels[0].numel()} and "
+                         f"{labels[1].numel()} labels")
+    if labels[0].numel() < 2:
+        raise ValueError(f"first and second: at least 2 items labelled twice are needed, got {labels[0].numel()}")
+    return math.sqrt(float((labels[0] - labels[1]).square().mean()) / 2)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -304,7 +315,7 @@ def _checked_probabilities(probabilities: Any) -> torch.Tensor:
 def _label_likelihood(label_noise: LabelNoise, n: int) -> torch.Tensor:
     """``L [n, n]``: row ``c`` the distribution of a label given clean rank ``c``."""
     if label_noise is None:
-        raise ValueError("target='clean' needs label_noise: the std of the labels' noise in ranks (SOL's "
+        raise ValueError("label_noise is needed (target='clean'): the std of the labels' noise in ranks (SOL's "
                          "sigma), or a matrix [n, n] whose row c is the distribution of a label given clean rank c")
     if isinstance(label_noise, torch.Tensor):
         if label_noise.shape != (n, n):

@@ -514,14 +514,18 @@ def test_predict_command_resolves_the_device_once(user_files, tmp_path, monkeypa
     assert "'mps:0' is not a device" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["predict", "export"])
-def test_the_command_lines_interval_scores_are_the_librarys(command):
-    """--interval-score offers the scores of sol_ext.intervals and defaults to the library's default,
-    so a run's intervals are the same from the command line and from load_run."""
+@pytest.mark.parametrize("command", [["predict", "RUN", "--data", "new.csv"], ["export", "RUN"]])
+def test_the_command_lines_interval_scores_are_the_librarys(command, capsys):
+    """--interval-score takes each score of sol_ext.intervals, refuses an unknown one, and defaults to
+    the library's default, so a run's intervals are the same from the command line and from load_run.
+    (The command line names them itself: it does not import torch to parse its arguments.)"""
     from sol_ext.driver.cli import build_parser
     from sol_ext.intervals import DEFAULT_SCORE, SCORES
 
     parser = build_parser()
-    subcommand = next(a for a in parser._subparsers._group_actions if a.dest == "command").choices[command]
-    option = next(a for a in subcommand._actions if "--interval-score" in a.option_strings)
-    assert tuple(option.choices) == SCORES and option.default == DEFAULT_SCORE
+    assert parser.parse_args(command).interval_score == DEFAULT_SCORE
+    for score in SCORES:
+        assert parser.parse_args([*command, "--interval-score", score]).interval_score == score
+    with pytest.raises(SystemExit):
+        parser.parse_args([*command, "--interval-score", "widest"])
+    assert "invalid choice: 'widest'" in capsys.readouterr().err
