@@ -115,6 +115,10 @@ def _add_predict(sub) -> argparse.ArgumentParser:
                          "--label-noise; default: %(default)s)")
     iv.add_argument("--label-noise", type=float, default=None, metavar="STD",
                     help="the std of the calibration labels' noise, in label units, for --interval-target clean")
+    iv.add_argument("--no-deconvolve", dest="deconvolve", action="store_false",
+                    help="--interval-target clean: read the run's probabilities as the clean rank's as they are, "
+                         "rather than deconvolving them through the noise as far as the labels say "
+                         "(docs/intervals.md: safer where the noise std is a guess)")
 
     return pr
 

@@ -210,7 +210,8 @@ def _calibrated_coverage(args: argparse.Namespace, model: TrainedModel) -> Optio
     from .errors import UsageError
 
     if args.interval is None:
-        for flag, value in (("--calibration", args.calibration), ("--label-noise", args.label_noise)):
+        for flag, value in (("--calibration", args.calibration), ("--label-noise", args.label_noise),
+                            ("--no-deconvolve", None if args.deconvolve else False)):
             if value is not None:
                 raise UsageError(f"{flag} applies to --interval only; add --interval COVERAGE or leave {flag} out.")
         return None
@@ -219,8 +220,10 @@ def _calibrated_coverage(args: argparse.Namespace, model: TrainedModel) -> Optio
     if (args.interval_target == "clean") != (args.label_noise is not None):
         raise UsageError("--interval-target clean needs --label-noise STD (the labels' noise, label units), "
                          "and --label-noise applies to it only.")
+    if not args.deconvolve and args.interval_target != "clean":
+        raise UsageError("--no-deconvolve applies to --interval-target clean only; add it or leave --no-deconvolve out.")
     calibrate_from_args(args, model, score=args.interval_score, target=args.interval_target,
-                        label_noise=args.label_noise)
+                        label_noise=args.label_noise, deconvolve=args.deconvolve)
     return args.interval
 
 

@@ -249,9 +249,31 @@ def test_predict_writes_interval_columns_and_says_how_often_they_held(user_files
     for argv, flag in ((["--calibration", str(train)], "--calibration"),
                        (["--interval", "1.5", "--calibration", str(train)], "--interval"),
                        (["--interval", "0.9", "--calibration", str(train), "--interval-target", "clean"],
-                        "--label-noise")):
+                        "--label-noise"),
+                       (["--interval", "0.9", "--calibration", str(train), "--no-deconvolve"], "--no-deconvolve"),
+                       (["--no-deconvolve"], "--no-deconvolve")):
         assert main(["predict", str(out), "--data", str(test), "--output", "-", *argv]) == 2, argv
         assert flag in capsys.readouterr().err, argv
+
+
+@pytest.mark.parametrize("deconvolve", [True, False])
+def test_predict_aims_intervals_at_the_clean_label_as_the_library_does(user_files, tmp_path, deconvolve):
+    """sol-ext predict --interval-target clean --label-noise STD [--no-deconvolve]: the intervals of
+    load_run(...).calibrate_intervals(target="clean", label_noise=STD, deconvolve=...) on the same file.
+    (With a noise std of 2 the two readings differ on this run, so the flag is seen to reach the library.)"""
+    root, train, test, _, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    flags = [] if deconvolve else ["--no-deconvolve"]
+    assert main(["predict", str(out), "--data", str(test), "--interval", "0.9", "--calibration", str(train),
+                 "--interval-target", "clean", "--label-noise", "2", *flags,
+                 "--output", str(tmp_path / "p.csv")]) == 0
+    with open(tmp_path / "p.csv") as f:
+        rows = list(csv.DictReader(f))
+    model = sol_ext.load_run(out)
+    calibration = model.calibrate_intervals(train, target="clean", label_noise=2.0, deconvolve=deconvolve)
+    assert calibration.target == "clean"
+    lower, upper = model.predict_interval(test, 0.9)
+    assert [float(r["lower"]) for r in rows] == lower.tolist() and [float(r["upper"]) for r in rows] == upper.tolist()
 
 
 def test_exported_program_and_onnx_model_hold_the_intervals_calibration(user_files, tmp_path):
