@@ -21,16 +21,16 @@ label noise known (``label_noise``: the std of a discrete Gaussian on the ranks,
 matrix ``L [n, n]`` whose row ``c`` is the distribution of a label given clean rank ``c``), the
 calibration weighs every rank ``c`` of a calibration row by the clean-rank posterior
 ``q(c) ∝ π(c | x) L[c, y]`` instead of counting the label alone. ``π`` is the model's distribution of the
-clean rank. A model trained on noisy labels learns something between the clean rank's distribution and the
-noisy label's (``p = π L``), so by default (``deconvolve=True``) ``π`` is fitted: Richardson–Lucy
+clean rank. A model trained on noisy labels may learn anything between the clean rank's distribution and
+the noisy label's (``p = π L``), so by default (``deconvolve=True``) ``π`` is fitted: Richardson–Lucy
 iterations (a multiplicative fixed-point iteration that keeps every iterate a distribution) deconvolve
 ``p`` through ``L`` starting from ``p`` itself, and the iterate kept is the one under which the
 calibration rows' noisy labels are most likely, ``mean log (π L)[i, y_i]`` (maximum likelihood over the
 iterations): no iteration when ``p`` already reads as the clean rank's, many when ``p`` is the noisy
 labels'. Where that likelihood is flat, the iteration it picks varies from one calibration set to the
-next, and so does the coverage (docs/intervals.md). ``deconvolve=False`` takes ``π = p`` as it is. With the noise as given and ``π`` right, the
-intervals cover the clean rank at the requested rate in expectation; on real models ``π`` is an estimate
-(benchmarks/bench_intervals.py measures it, docs/intervals.md).
+next, and so does the coverage. ``deconvolve=False`` takes ``π = p`` as it is. With the noise as given
+and ``π`` right, the intervals cover the clean rank at the requested rate in expectation; on real models
+``π`` is an estimate, which benchmarks/bench_intervals.py measures (docs/intervals.md).
 """
 from __future__ import annotations
 
@@ -43,8 +43,9 @@ import torch
 from . import _validation as check
 from .ops import noise_kernel
 
-__all__ = ["SCORES", "DEFAULT_SCORE", "TARGETS", "IntervalCalibration", "calibrate_intervals", "nonconformity_scores",
-           "rank_intervals", "intervals_at", "fitted_deconvolution", "noise_std_from_pairs"]
+__all__ = ["SCORES", "DEFAULT_SCORE", "TARGETS", "IntervalCalibration", "calibrate_intervals",
+           "nonconformity_scores", "rank_intervals", "intervals_at", "fitted_deconvolution",
+           "noise_std_from_pairs"]
 
 SCORES = ("hpd", "cumulative", "absolute")
 # The narrowest intervals at the coverage asked in benchmarks/bench_intervals.py: on 13 of its 18 cells and

@@ -221,7 +221,8 @@ def _calibrated_coverage(args: argparse.Namespace, model: TrainedModel) -> Optio
         raise UsageError("--interval-target clean needs --label-noise STD (the labels' noise, label units), "
                          "and --label-noise applies to it only.")
     if not args.deconvolve and args.interval_target != "clean":
-        raise UsageError("--no-deconvolve applies to --interval-target clean only; add it or leave --no-deconvolve out.")
+        raise UsageError("--no-deconvolve applies to --interval-target clean only; add it or leave "
+                         "--no-deconvolve out.")
     calibrate_from_args(args, model, score=args.interval_score, target=args.interval_target,
                         label_noise=args.label_noise, deconvolve=args.deconvolve)
     return args.interval

@@ -128,7 +128,8 @@ def test_the_deconvolution_goes_as_far_as_the_labels_say():
     assert (kept - p_cal).abs().sum(dim=1).mean() < 0.05
     assert (blurred - p_cal).abs().sum(dim=1).mean() < 0.5 * (p_cal @ likelihood - p_cal).abs().sum(dim=1).mean()
     assert torch.allclose(blurred.sum(dim=1), torch.ones(len(blurred), dtype=blurred.dtype)) and (blurred >= 0).all()
-    for learned, p_cal_read, p_read in (("clean ranks", p_cal, p), ("noisy labels", p_cal @ likelihood, p @ likelihood)):
+    for learned, p_cal_read, p_read in (("clean ranks", p_cal, p),
+                                        ("noisy labels", p_cal @ likelihood, p @ likelihood)):
         as_given = calibrate_intervals(p_cal_read, noisy_cal, target="clean", label_noise=sigma, deconvolve=False)
         held = covered(*rank_intervals(p_read, as_given, 0.9), clean)
         assert abs(held - 0.9) <= 0.02 if learned == "clean ranks" else held > 0.93, (learned, held)
