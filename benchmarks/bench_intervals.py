@@ -10,7 +10,8 @@ training labels, and its probabilities on the calibration rows, with their noisy
 - ``sol_ext.intervals`` with each score (``hpd``, ``cumulative``, ``absolute``), target ``labels``;
 - the same scores with target ``clean``, told the labels' noise exactly (the likelihood matrix of the
   injected noise, rounded and clipped as the noise is), with the default fitted deconvolution and with
-  ``deconvolve=False``;
+  ``deconvolve=False``; and told SOL's own sigma (the std of its noise model, which the ranker picks for
+  accuracy) as the noise's std;
 - class sets made contiguous, as split conformal classification libraries build them from the same
   probabilities: LAC (MAPIE's ``"lac"``, crepes' default hinge score: every rank with ``p >= 1 - q``) and
   APS (MAPIE's ``"aps"``: the most probable ranks until their mass reaches the threshold, not randomized),
@@ -185,6 +186,7 @@ def run_cell(name: str, noise: str, seed: int, epochs: int | None,
     model = {"cell": f"{name} {noise}", "seed": seed,
              "clean_accuracy": float(np.mean(p_test.argmax(axis=1) == clean[test])),
              "noise_std": likelihood if isinstance(likelihood, float) else None,
+             "sol_sigma": ranker.history_["sigma_selected"],
              "deconvolution_iterations": fitted_deconvolution(pc, torch.from_numpy(noisy[cal]), likelihood)[1]}
     for score in SCORES:
         labels = calibrate_intervals(pc, torch.from_numpy(noisy[cal]), score=score)
@@ -192,6 +194,10 @@ def run_cell(name: str, noise: str, seed: int, epochs: int | None,
             target: calibrate_intervals(pc, torch.from_numpy(noisy[cal]), score=score, target="clean",
                                         label_noise=likelihood, deconvolve=deconvolve)
             for target, deconvolve in (("clean", True), ("clean, deconvolve=False", False))}
+        # SOL's own sigma (the std of its noise model, picked for accuracy) told as the labels' noise
+        clean_cals["clean, SOL's sigma"] = calibrate_intervals(
+            pc, torch.from_numpy(noisy[cal]), score=score, target="clean",
+            label_noise=ranker.history_["sigma_selected"])
         for coverage in COVERAGES:
             record(score, "labels", coverage, *(t.numpy() for t in rank_intervals(pt, labels, coverage)))
             for target, clean_cal in clean_cals.items():
