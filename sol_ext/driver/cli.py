@@ -108,17 +108,8 @@ def _add_predict(sub) -> argparse.ArgumentParser:
     pr.add_argument("--workers", type=int, default=None,
                     help="DataLoader processes decoding image files; 0: this process (default: the "
                          "free CPU cores, at most 8)")
-    iv = _add_interval_options(pr, "add columns lower and upper (label units): an interval per row that holds "
-                                   "its label with this probability, e.g. 0.9")
-    iv.add_argument("--interval-target", choices=("labels", "clean"), default="labels",
-                    help="cover the labels as given, or the clean label behind noisy ones (needs "
-                         "--label-noise; default: %(default)s)")
-    iv.add_argument("--label-noise", type=float, default=None, metavar="STD",
-                    help="the std of the calibration labels' noise, in label units, for --interval-target clean")
-    iv.add_argument("--no-deconvolve", dest="deconvolve", action="store_false",
-                    help="--interval-target clean: read the run's probabilities as the clean rank's as they are, "
-                         "rather than deconvolving them through the noise as far as the labels say "
-                         "(docs/intervals.md: safer where the noise std is a guess)")
+    _add_interval_options(pr, "add columns lower and upper (label units): an interval per row that holds "
+                              "its label with this probability, e.g. 0.9")
 
     return pr
 
@@ -149,7 +140,9 @@ def _add_export(sub) -> argparse.ArgumentParser:
 
 
 def _add_interval_options(parser: argparse.ArgumentParser, what: str):
-    """``--interval``, ``--calibration`` and ``--interval-score`` of predict and export, in their group."""
+    """The interval options of predict and export, in their group: ``--interval``, ``--calibration``,
+    ``--interval-score``, and the clean target's ``--interval-target``, ``--label-noise`` and
+    ``--no-deconvolve``."""
     group = parser.add_argument_group("rank intervals (split conformal; docs/intervals.md)")
     group.add_argument("--interval", type=float, default=None, metavar="COVERAGE",
                        help=f"{what}; calibrated on the run's validation split, or on --calibration")
@@ -158,6 +151,15 @@ def _add_interval_options(parser: argparse.ArgumentParser, what: str):
                             "on instead of the validation split the run stored")
     group.add_argument("--interval-score", choices=("hpd", "cumulative", "absolute"), default="cumulative",
                        help="the nonconformity score (default: %(default)s)")
+    group.add_argument("--interval-target", choices=("labels", "clean"), default="labels",
+                       help="cover the labels as given, or the clean label behind noisy ones (needs "
+                            "--label-noise; default: %(default)s)")
+    group.add_argument("--label-noise", type=float, default=None, metavar="STD",
+                       help="the std of the calibration labels' noise, in label units, for --interval-target clean")
+    group.add_argument("--no-deconvolve", dest="deconvolve", action="store_false",
+                       help="--interval-target clean: read the run's probabilities as the clean rank's as they "
+                            "are, rather than deconvolving them through the noise as far as the labels say "
+                            "(docs/intervals.md: safer where the noise std is a guess)")
     return group
 
 

@@ -249,15 +249,9 @@ def export_command(args) -> int:
                         stdout_ok=False)
     check_output(str(sidecar_path(path)), f"--output {text} (its sidecar)", inputs=inputs,
                  replaceable=own, overwrite=args.overwrite, stdout_ok=False)
-    coverage = args.interval
-    if coverage is not None:
-        if not 0 < coverage < 1:
-            raise UsageError(f"--interval {coverage:g}: expected a coverage strictly between 0 and 1, e.g. 0.9.")
-        from .predict import calibrate_from_args
+    from .predict import calibrated_coverage
 
-        calibrate_from_args(args, model, score=args.interval_score)
-    elif args.calibration is not None:
-        raise UsageError("--calibration applies to --interval only; add --interval COVERAGE or leave it out.")
+    coverage = calibrated_coverage(args, model)
     if form == "onnx":
         try:
             side = export_onnx(model, path, coverage=coverage)

@@ -204,9 +204,9 @@ def _kappa(pairs: np.ndarray) -> float:
     return float(1.0 - observed / chance)
 
 
-def _calibrated_coverage(args: argparse.Namespace, model: TrainedModel) -> Optional[float]:
-    """``--interval``: check the interval options, calibrate ``model`` (:func:`calibrate_from_args`) and
-    return the coverage; None without ``--interval``."""
+def calibrated_coverage(args: argparse.Namespace, model: TrainedModel) -> Optional[float]:
+    """``--interval`` of predict and export: check the interval options, calibrate ``model``
+    (:func:`calibrate_from_args`) and return the coverage; None without ``--interval``."""
     from .errors import UsageError
 
     if args.interval is None:
@@ -293,7 +293,7 @@ def predict_command(args: argparse.Namespace) -> int:
     with _system_memory_pool():
         slices = model.predict_slices(args.data, data_inputs.SLICE_ROWS)
         first = next(slices)
-        written = _Written(model, _calibrated_coverage(args, model), args.skip_missing)
+        written = _Written(model, calibrated_coverage(args, model), args.skip_missing)
 
         def write(f) -> None:
             for part in itertools.chain([first], slices):

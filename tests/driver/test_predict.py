@@ -536,6 +536,30 @@ def test_predict_command_resolves_the_device_once(user_files, tmp_path, monkeypa
     assert "'mps:0' is not a device" in capsys.readouterr().err
 
 
+def test_export_holds_the_clean_targets_calibration(user_files, tmp_path, capsys):
+    """sol-ext export --interval 0.9 --interval-target clean --label-noise STD [--no-deconvolve]: the
+    program returns the intervals of load_run's model calibrated the same way, and its sidecar names
+    the target; the clean target's options are refused where they do not apply, as in predict."""
+    root, train, test, x, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    for flags, deconvolve in (([], True), (["--no-deconvolve"], False)):
+        program = tmp_path / f"clean{len(flags)}" / "model.pt2"
+        program.parent.mkdir()
+        assert main(["export", str(out), "--output", str(program), "--interval", "0.9", "--calibration", str(train),
+                     "--interval-target", "clean", "--label-noise", "2", *flags]) == 0
+        assert json.loads((program.parent / "model.json").read_text())["intervals"]["target"] == "clean"
+        model = sol_ext.load_run(out)
+        model.calibrate_intervals(train, target="clean", label_noise=2.0, deconvolve=deconvolve)
+        lower, upper = model.predict_interval(x, 0.9)
+        got = torch.export.load(program).module()(torch.from_numpy(x))
+        assert np.array_equal(got[3].numpy(), lower) and np.array_equal(got[4].numpy(), upper), flags
+    for argv, flag in ((["--interval", "0.9", "--interval-target", "clean"], "--label-noise"),
+                       (["--label-noise", "2"], "--label-noise"), (["--no-deconvolve"], "--no-deconvolve")):
+        capsys.readouterr()
+        assert main(["export", str(out), "--output", str(tmp_path / "refused.pt2"), *argv]) == 2, argv
+        assert flag in capsys.readouterr().err, argv
+
+
 @pytest.mark.parametrize("command", [["predict", "RUN", "--data", "new.csv"], ["export", "RUN"]])
 def test_the_command_lines_interval_scores_are_the_librarys(command, capsys):
     """--interval-score takes each score of sol_ext.intervals, refuses an unknown one, and defaults to
