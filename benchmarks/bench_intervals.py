@@ -20,12 +20,13 @@ training labels, and its probabilities on the calibration rows, with their noisy
 On the test rows each method reports the coverage of the noisy label, the coverage of the clean rank and
 the mean width (ranks), at 80 % and 90 %. Cells: abalone, wine-red and Fashion-MNIST blur levels (its
 pixels as features) with Gaussian and Laplacian noise, abalone and wine-red with rank-dependent noise (a
-Gaussian whose std grows near the middle ranks: ``input-dependent``), all at kappa 0.3 (``--kappa``); and VADER
-(``../shared/data/vader_dev.npz`` when present: one rater's label for training and calibration, the rounded
-consensus as the clean rank). VADER's noise is no model's: its clean target is told a Gaussian whose std is
-estimated from a twice-labelled subset (300 calibration sentences with two more raters each, ``std(first -
-second) / sqrt(2)``). Results go to ``benchmarks/results/intervals/intervals.json`` and a markdown table
-beside it.
+Gaussian whose std doubles around rank 0.39 (n - 1): ``input-dependent``), all at kappa 0.3 (``--kappa``);
+and VADER (``../shared/data/vader_dev.npz`` when present: one rater's label for training and calibration,
+the rounded mean of all the sentence's raters, that one among them, as the clean rank). VADER's noise is no
+model's: its clean target is told a Gaussian whose std is estimated from a twice-labelled subset (300
+calibration sentences, two of each one's ratings, :func:`sol_ext.intervals.noise_std_from_pairs`).
+Results go to ``benchmarks/results/intervals/intervals.json`` (with each seed's model under ``models``)
+and a markdown table beside it.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ CELLS = (("abalone", "gaussian"), ("abalone", "laplacian"), ("wine-red", "gaussi
          ("fashion-mnist-blur", "gaussian"), ("fashion-mnist-blur", "laplacian"), ("abalone", "input-dependent"),
          ("wine-red", "input-dependent"), ("vader", "raters"))
 KAPPA = 0.3  # the noise ratio of the paper's main tables (it reports 0.2, 0.3, 0.4)
-TWICE_LABELLED = 300  # VADER calibration sentences given two more raters, to estimate the noise's std
+TWICE_LABELLED = 300  # VADER calibration sentences whose two ratings estimate the noise's std
 
 
 # --------------------------------------------------------------------------------------------------
@@ -136,8 +137,8 @@ def cell_data(name: str, noise: str, seed: int, kappa: float = KAPPA):
 
 def twice_labelled_noise_std(rows: np.ndarray, seed: int) -> float:
     """VADER: the std of one rater's noise (:func:`sol_ext.intervals.noise_std_from_pairs`), from
-    ``TWICE_LABELLED`` of ``rows`` with two more ratings each (two raters drawn at random among those who
-    rated the sentence)."""
+    ``TWICE_LABELLED`` of ``rows``, two ratings of each drawn at random among the sentence's (the
+    training rater's possibly among them)."""
     ratings = np.load(VADER)["ratings"]
     rng = np.random.default_rng(seed)
     pairs = [rng.choice(ratings[row][ratings[row] != -99], size=2, replace=False)
