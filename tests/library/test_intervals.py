@@ -148,8 +148,9 @@ def test_a_twice_labelled_subset_gives_the_noise_std(spread):
 
 
 def test_a_raters_constant_bias_counts_as_noise():
-    """The second rater always says one more: relative to the clean values that is noise of std 1/2
-    per label on average, which the mean square keeps (a std of the differences would drop it)."""
+    """The second rater always says one more than the first, who says the clean value: a square error
+    of 0 and 1, 1/2 per label, which the mean square keeps (std sqrt(1/2)); the std of the differences
+    would be 0."""
     clean = torch.arange(100, dtype=torch.float64)
     assert noise_std_from_pairs(clean, clean + 1) == pytest.approx(math.sqrt(0.5))
 
