@@ -263,7 +263,7 @@ def noise_std_from_pairs(first: Any, second: Any) -> float:
     labels of the same ``K`` items, given independently (two raters, two readings). With each label the
     clean value plus its own zero-mean noise of std ``s``, ``first - second`` has mean square ``2 s^2``;
     the estimate is ``sqrt(mean((first - second)^2) / 2)``, in the labels' units: what a run's
-    ``calibrate_intervals(..., label_noise=)`` and ``sol-ext predict --label-noise`` take
+    ``calibrate_intervals(..., label_noise=)`` and ``sol-ext predict``/``export --label-noise`` take
     (:func:`calibrate_intervals` takes ranks: divide by the grid's step). A rater's constant bias
     counts as noise too (the mean square keeps it); labels that are not independent (one rater twice)
     make the estimate too small."""

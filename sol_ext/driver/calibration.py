@@ -5,7 +5,8 @@ It runs once the run has finished, from ``best.pt`` (the selected epoch, as :fun
 reads it):
 
 * the validation split's rank probabilities and labels as given go into ``best.pt``
-  (:data:`~sol_ext.driver.model.CALIBRATION_KEY`), so that ``sol-ext predict --interval`` and
+  (:data:`~sol_ext.driver.model.CALIBRATION_KEY`), so that ``sol-ext predict --interval``, ``sol-ext
+  export --interval`` and
   :meth:`sol_ext.driver.model.TrainedModel.predict_interval` need no data;
 * the expected calibration error and the reliability curve of the validation split (against its
   labels as given) and of the test set (against its labels) go into ``results.json``

@@ -151,9 +151,9 @@ def _add_interval_options(parser: argparse.ArgumentParser, what: str):
                             "on instead of the validation split the run stored")
     group.add_argument("--interval-score", choices=("hpd", "cumulative", "absolute"), default="cumulative",
                        help="the nonconformity score (default: %(default)s)")
-    group.add_argument("--interval-target", choices=("labels", "clean"), default="labels",
+    group.add_argument("--interval-target", choices=("labels", "clean"), default=None,
                        help="cover the labels as given, or the clean label behind noisy ones (needs "
-                            "--label-noise; default: %(default)s)")
+                            "--label-noise; default: labels)")
     group.add_argument("--label-noise", type=float, default=None, metavar="STD",
                        help="the std of the calibration labels' noise, in label units, for --interval-target clean")
     group.add_argument("--no-deconvolve", dest="deconvolve", action="store_false",

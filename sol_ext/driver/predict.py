@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import io
 import itertools
+import math
 import os
 import re
 import sys
@@ -22,7 +23,8 @@ import pyarrow.csv as pa_csv
 from .data.frames import string_array
 from .model import Prediction, TrainedModel
 
-__all__ = ["prediction_csv", "write_prediction_csv", "score_prediction", "format_scores", "predict_command", "calibrate_from_args"]
+__all__ = ["prediction_csv", "write_prediction_csv", "score_prediction", "format_scores", "predict_command",
+           "calibrated_coverage", "calibrate_from_args"]
 
 
 _NEEDS_QUOTES = re.compile(r'[,"\r\n]')
@@ -209,21 +211,29 @@ def calibrated_coverage(args: argparse.Namespace, model: TrainedModel) -> Option
     (:func:`calibrate_from_args`) and return the coverage; None without ``--interval``."""
     from .errors import UsageError
 
+    clean_options = "--interval-target clean --label-noise STD"
     if args.interval is None:
-        for flag, value in (("--calibration", args.calibration), ("--label-noise", args.label_noise),
-                            ("--no-deconvolve", None if args.deconvolve else False)):
+        for flag, value, needs in (("--calibration", args.calibration, ""),
+                                   ("--interval-target", args.interval_target, ""),
+                                   ("--label-noise", args.label_noise, f" {clean_options}"),
+                                   ("--no-deconvolve", None if args.deconvolve else False, f" {clean_options}")):
             if value is not None:
-                raise UsageError(f"{flag} applies to --interval only; add --interval COVERAGE or leave {flag} out.")
+                raise UsageError(f"{flag} applies to --interval only; add --interval COVERAGE{needs} or leave "
+                                 f"{flag} out.")
         return None
     if not 0 < args.interval < 1:
         raise UsageError(f"--interval {args.interval:g}: expected a coverage strictly between 0 and 1, e.g. 0.9.")
-    if (args.interval_target == "clean") != (args.label_noise is not None):
+    target = args.interval_target or "labels"
+    if (target == "clean") != (args.label_noise is not None):
         raise UsageError("--interval-target clean needs --label-noise STD (the labels' noise, label units), "
                          "and --label-noise applies to it only.")
-    if not args.deconvolve and args.interval_target != "clean":
-        raise UsageError("--no-deconvolve applies to --interval-target clean only; add it or leave "
-                         "--no-deconvolve out.")
-    calibrate_from_args(args, model, score=args.interval_score, target=args.interval_target,
+    if args.label_noise is not None and not (math.isfinite(args.label_noise) and args.label_noise > 0):
+        raise UsageError(f"--label-noise {args.label_noise:g}: expected the std of the labels' noise, a number "
+                         f"> 0 in label units (e.g. 0.5).")
+    if not args.deconvolve and target != "clean":
+        raise UsageError(f"--no-deconvolve applies to the clean target only; add {clean_options} or leave "
+                         f"--no-deconvolve out.")
+    calibrate_from_args(args, model, score=args.interval_score, target=target,
                         label_noise=args.label_noise, deconvolve=args.deconvolve)
     return args.interval
 

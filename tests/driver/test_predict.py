@@ -251,7 +251,10 @@ def test_predict_writes_interval_columns_and_says_how_often_they_held(user_files
                        (["--interval", "0.9", "--calibration", str(train), "--interval-target", "clean"],
                         "--label-noise"),
                        (["--interval", "0.9", "--calibration", str(train), "--no-deconvolve"], "--no-deconvolve"),
-                       (["--no-deconvolve"], "--no-deconvolve")):
+                       (["--no-deconvolve"], "--no-deconvolve"),
+                       (["--interval-target", "clean"], "--interval-target"),
+                       (["--interval", "0.9", "--calibration", str(train), "--interval-target", "clean",
+                         "--label-noise", "-1"], "--label-noise")):
         assert main(["predict", str(out), "--data", str(test), "--output", "-", *argv]) == 2, argv
         assert flag in capsys.readouterr().err, argv
 
@@ -260,7 +263,8 @@ def test_predict_writes_interval_columns_and_says_how_often_they_held(user_files
 def test_predict_aims_intervals_at_the_clean_label_as_the_library_does(user_files, tmp_path, deconvolve):
     """sol-ext predict --interval-target clean --label-noise STD [--no-deconvolve]: the intervals of
     load_run(...).calibrate_intervals(target="clean", label_noise=STD, deconvolve=...) on the same file.
-    (With a noise std of 2 the two readings differ on this run, so the flag is seen to reach the library.)"""
+    (The test checks that the two readings differ on this run, so that the flag is seen to reach the
+    library.)"""
     root, train, test, _, _ = user_files
     out, _ = train_run(root, train, test, "sol")
     flags = [] if deconvolve else ["--no-deconvolve"]
@@ -270,9 +274,12 @@ def test_predict_aims_intervals_at_the_clean_label_as_the_library_does(user_file
     with open(tmp_path / "p.csv") as f:
         rows = list(csv.DictReader(f))
     model = sol_ext.load_run(out)
-    calibration = model.calibrate_intervals(train, target="clean", label_noise=2.0, deconvolve=deconvolve)
-    assert calibration.target == "clean"
-    lower, upper = model.predict_interval(test, 0.9)
+    readings = {}
+    for reading in (True, False):
+        model.calibrate_intervals(train, target="clean", label_noise=2.0, deconvolve=reading)
+        readings[reading] = model.predict_interval(test, 0.9)
+    assert not all(np.array_equal(a, b) for a, b in zip(readings[True], readings[False]))  # the flag shows
+    lower, upper = readings[deconvolve]
     assert [float(r["lower"]) for r in rows] == lower.tolist() and [float(r["upper"]) for r in rows] == upper.tolist()
 
 
@@ -542,6 +549,7 @@ def test_export_holds_the_clean_targets_calibration(user_files, tmp_path, capsys
     the target; the clean target's options are refused where they do not apply, as in predict."""
     root, train, test, x, _ = user_files
     out, _ = train_run(root, train, test, "sol")
+    intervals = {}
     for flags, deconvolve in (([], True), (["--no-deconvolve"], False)):
         program = tmp_path / f"clean{len(flags)}" / "model.pt2"
         program.parent.mkdir()
@@ -550,11 +558,15 @@ def test_export_holds_the_clean_targets_calibration(user_files, tmp_path, capsys
         assert json.loads((program.parent / "model.json").read_text())["intervals"]["target"] == "clean"
         model = sol_ext.load_run(out)
         model.calibrate_intervals(train, target="clean", label_noise=2.0, deconvolve=deconvolve)
-        lower, upper = model.predict_interval(x, 0.9)
+        lower, upper = intervals[deconvolve] = model.predict_interval(x, 0.9)
         got = torch.export.load(program).module()(torch.from_numpy(x))
         assert np.array_equal(got[3].numpy(), lower) and np.array_equal(got[4].numpy(), upper), flags
+    assert not all(np.array_equal(a, b) for a, b in zip(intervals[True], intervals[False]))  # the flag shows
     for argv, flag in ((["--interval", "0.9", "--interval-target", "clean"], "--label-noise"),
-                       (["--label-noise", "2"], "--label-noise"), (["--no-deconvolve"], "--no-deconvolve")):
+                       (["--label-noise", "2"], "--label-noise"), (["--no-deconvolve"], "--no-deconvolve"),
+                       (["--interval", "0.9", "--no-deconvolve"], "--no-deconvolve"),
+                       (["--interval-target", "clean"], "--interval-target"),
+                       (["--calibration", str(train)], "--calibration"), (["--interval", "1.5"], "--interval")):
         capsys.readouterr()
         assert main(["export", str(out), "--output", str(tmp_path / "refused.pt2"), *argv]) == 2, argv
         assert flag in capsys.readouterr().err, argv
