@@ -140,6 +140,38 @@ def _extension():
 if shutil.which("ninja") is None:
     _say("ninja not found: compiling one file at a time (pip install ninja to build faster)")
 
+# The program and the integrations, each an extra; `dev` is everything the test suite, the lint and the
+# documentation site use, pinned where the tests compare against a package exactly (scripts/setup.sh
+# installs it).
+TRAIN = [  # sol-ext and what it is built of (sol_ext.driver: load_run, SOLRanker)
+    "matplotlib", "tqdm", "pillow",
+    "pyarrow>=16",  # table files (CSV, Parquet, Feather) and data frames
+    "tomli; python_version < '3.11'", "tomli-w",  # reads and writes --config files and a run's config.toml
+    "scikit-learn>=1.6",  # the estimator SOLRanker (sol_ext.driver.sklearn)
+]
+EXTRAS = {
+    "train": TRAIN,
+    "vision": ["torchvision"],  # the driver's image backbones (--encoder resnet18, ...)
+    "baselines": ["coral-pytorch"],  # --method corn
+    "torchmetrics": ["torchmetrics"],  # sol_ext.torchmetrics
+    "lightning": ["lightning>=2.0"],  # sol_ext.lightning.SOLModule
+    "hf": ["transformers>=4.46", "accelerate"],  # sol_ext.hf
+    # export a trained run to ONNX (onnx, onnxscript) and run it without torch (onnxruntime)
+    "onnx": ["onnx>=1.17", "onnxscript>=0.3", "onnxruntime>=1.20"],
+    # the documentation site: mkdocs build --strict (mkdocs.yml); the math rendered to MathML as it builds
+    "docs": ["mkdocs-material>=9.6", "mkdocstrings[python]>=1.0", "mkdocstrings-python>=2.0", "latex2mathml>=3.77"],
+}
+EXTRAS["dev"] = TRAIN + [
+    "pytest", "pytest-benchmark", "ruff==0.16.9",  # ruff pinned: new releases add checks
+    "coral-pytorch", "cleanlab==2.9.*",  # the baselines the tests and benchmarks compare with
+    "pandas==3.1.*", "polars==2.1.*",  # data frames as input (tests/driver/test_frames.py)
+    "torchmetrics==1.9.*", "lightning==2.6.*", "transformers==5.24.*", "accelerate==1.15.*",
+    "onnx==1.23.*", "onnxscript==0.7.*", "onnxruntime==1.32.*",
+    # pinned: new releases change what mkdocs build --strict warns about
+    "mkdocs-material==9.8.2", "mkdocstrings[python]==1.0.8", "mkdocstrings-python==2.0.11", "latex2mathml==3.81.1",
+]
+
+
 setup(
     name="sol_ext",
     version="0.1.0",
@@ -151,25 +183,10 @@ setup(
     packages=find_packages(include=["sol_ext", "sol_ext.*"]),
     py_modules=["sol_ext_launcher"],  # the command's entry point, outside the package (see there)
     package_data={"sol_ext": ["datasets/*", "py.typed"]},  # py.typed: the package has type hints
-    # the kernels load only beside the torch they were compiled with (sol_ext/__init__.py checks)
-    install_requires=[f"torch=={torch.__version__.split('+')[0]}", "numpy", "matplotlib", "tqdm",
-                      "pillow",
-                      "pyarrow>=16",  # table files (CSV, Parquet, Feather) and data frames
-                      "tomli; python_version < '3.11'",  # reads --config files before Python 3.11
-                      "tomli-w"],  # writes them (a run's config.toml, --print-config)
-    extras_require={"vision": ["torchvision"],
-                    "test": ["pytest", "pytest-benchmark", "scikit-learn"],
-                    "sklearn": ["scikit-learn>=1.6"],   # sol_ext.sklearn.SOLRanker
-                    # --method corn; the label-audit comparison of benchmarks/bench_accuracy.py
-                    "baselines": ["coral-pytorch"], "bench": ["coral-pytorch", "cleanlab"],
-                    "torchmetrics": ["torchmetrics"],   # sol_ext.torchmetrics
-                    "lightning": ["lightning>=2.0"],    # sol_ext.lightning.SOLModule
-                    "hf": ["transformers>=4.46", "accelerate"],   # sol_ext.hf.SOLTrainer
-                    # export to ONNX (onnx, onnxscript) and run it without torch (onnxruntime)
-                    "onnx": ["onnx>=1.17", "onnxscript>=0.3", "onnxruntime>=1.20"],
-                    # the documentation site: mkdocs build --strict (mkdocs.yml)
-                    "docs": ["mkdocs-material>=9.6", "mkdocstrings[python]>=1.0", "mkdocstrings-python>=2.0",
-                             "latex2mathml>=3.77"]},   # the math, rendered to MathML as the site builds
+    # The library (the loss, SOLHead, the ops and their kernels, metrics, intervals, label issues) needs torch
+    # and numpy only; the kernels load only beside the torch they were compiled with (_extension.py checks).
+    install_requires=[f"torch=={torch.__version__.split('+')[0]}", "numpy"],
+    extras_require=EXTRAS,
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension},
     entry_points={"console_scripts": ["sol-ext = sol_ext_launcher:main"]},

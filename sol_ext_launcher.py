@@ -7,11 +7,24 @@ inside their own import and go on half-initialized. So while the package loads, 
 raise at all: it ends the program at once.
 """
 
+import importlib.util
 import os
 import signal
 import sys
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program ended by Ctrl-C
+EXIT_MISSING = 1
+
+# The modules of the `train` extra (setup.py) that the program imports: `pip install sol_ext` gives the
+# library alone, and the program says how to add what it needs before anything fails half-way.
+PROGRAM_MODULES = {"pyarrow": "pyarrow", "matplotlib": "matplotlib", "tqdm": "tqdm", "PIL": "pillow",
+                   "tomli_w": "tomli-w", "sklearn": "scikit-learn"}
+INSTALL_PROGRAM = "pip install 'sol_ext[train]'   (from a source folder: pip install '.[train]')"
+
+
+def missing_program_packages() -> list:
+    """The packages of the `train` extra that this environment lacks (pip names)."""
+    return [package for module, package in PROGRAM_MODULES.items() if importlib.util.find_spec(module) is None]
 
 
 def _quit_while_starting(signum, frame) -> None:
@@ -23,6 +36,11 @@ def _quit_while_starting(signum, frame) -> None:
 
 def main() -> int:
     """Import and run ``sol_ext.driver.cli.main``; a Ctrl-C at any point exits quietly with 130."""
+    missing = missing_program_packages()
+    if missing:
+        sys.stderr.write(f"sol-ext: the program needs {', '.join(missing)}, which the library alone does not "
+                         f"install. Add them with:\n    {INSTALL_PROGRAM}\n")
+        return EXIT_MISSING
     previous = signal.signal(signal.SIGINT, _quit_while_starting)
     try:
         from sol_ext.driver.cli import main as cli_main

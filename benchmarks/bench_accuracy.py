@@ -14,7 +14,7 @@ Writes ``accuracy.md`` (mean ± std of test MAE, CS and Pearson, and training-la
 final), ``accuracy.json`` (every run), ``accuracy.png``, and, where cleanlab is installed,
 precision and recall of the flagged training labels of ``sol-ext audit`` against cleanlab's
 ``find_label_issues`` on the same model probabilities. Needs coral-pytorch for ``corn``
-(``pip install .[baselines]``) and optionally cleanlab (``pip install .[bench]``).
+(``pip install .[baselines]``) and optionally cleanlab (both in ``pip install .[dev]``).
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ def peak_memory(counts: list[int], args: argparse.Namespace, work: Path) -> list
     rows = []
     for count in counts:
         listing = make_images(work / f"images-{count}", count)
-        cmd = [sys.executable, "-m", "sol_ext", "train", "--data", str(listing), "--image-size", "224",
+        cmd = [sys.executable, "-m", "sol_ext.driver", "train", "--data", str(listing), "--image-size", "224",
                *encoder, "--sigma", "1", "--epochs", "1",
                "--batch-size", str(args.batch_size),
                "--output", str(work / f"run-{count}"), "--quiet", "--no-plots", "--device", args.device]

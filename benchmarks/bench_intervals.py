@@ -55,7 +55,7 @@ from sol_ext.intervals import (
     noise_std_from_pairs,
     rank_intervals,
 )
-from sol_ext.sklearn import SOLRanker
+from sol_ext.driver.sklearn import SOLRanker
 
 RESULTS = Path(__file__).resolve().parent / "results" / "intervals"
 VADER = Path(__file__).resolve().parents[2] / "shared" / "data" / "vader_dev.npz"

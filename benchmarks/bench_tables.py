@@ -15,7 +15,7 @@ this process:
   before it, in a fresh subprocess that has loaded a 100-row file first, so that one-time imports do
   not count; Linux), as a multiple of the float32 feature matrix, target <= 4;
 - ``sol-ext predict`` of a ``--predict-rows`` CSV to a CSV, with a run trained for one epoch on 2,000
-  rows, rows per second end to end (``python -m sol_ext predict``: the interpreter's start, torch's
+  rows, rows per second end to end (``python -m sol_ext.driver predict``: the interpreter's start, torch's
   import and the exit included), target >= 100,000; also the same command in this process;
 - ``sol-ext predict`` of a long CSV (``--stream-rows``, default 2,000,000), which reads the file once and
   predicts and writes it a slice at a time: rows per second and the peak resident memory it adds (in
@@ -168,7 +168,7 @@ def predict_rate(folder: Path, rows: int, repeats: int) -> dict:
     assert main(["train", "--data", str(train), "--output", str(run), "--epochs", "1", "--sigma", "1",
                  "--quiet", "--no-plots"]) == 0
     out = folder / "predictions.csv"
-    command = [sys.executable, "-m", "sol_ext", "predict", str(run), "--data", str(new), "--output", str(out),
+    command = [sys.executable, "-m", "sol_ext.driver", "predict", str(run), "--data", str(new), "--output", str(out),
                "--overwrite"]
     end_to_end = median_seconds(lambda: subprocess.run(command, check=True, capture_output=True), repeats)
     start = time.perf_counter()

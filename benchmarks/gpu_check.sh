@@ -285,14 +285,14 @@ run_step sweep 150 bash -c sweep
 run_step fuzz 240 bash -c fuzz
 # the default training (abalone, 20 epochs) in float32 and mixed precision (float16 + GradScaler);
 # compare with `sol-ext train --device cpu --seed 0|1|2` of the same configuration
-run_step driver 120 "$PY" -m sol_ext train --device cuda --no-plots --output "$LOG/run-fp32" --overwrite
+run_step driver 120 "$PY" -m sol_ext.driver train --device cuda --no-plots --output "$LOG/run-fp32" --overwrite
 # image training throughput: SOL's epoch against l1's, resnet18 at 224 px, batch 64, AMP (docs/images.md)
 run_step bench_images 180 "$PY" benchmarks/bench_images.py --device cuda --image-size 224 --batch-size 64 --amp \
   --images "${IMAGES:-1000}" --workers "${IMAGE_WORKERS:-8}" --json "$LOG/bench-images.json"
 # the rest of the suite on the GPU, the benchmarks' smoke tests too: its CUDA cases by default (PYTEST_ARGS="" for all)
 # shellcheck disable=SC2086
 run_step tests 300 "$PY" -m pytest -q -p no:cacheprovider tests benchmarks --ignore=tests/ops/test_cuda.py ${PYTEST_ARGS--k cuda}
-run_step driver_amp 120 "$PY" -m sol_ext train --device cuda --amp --no-plots --output "$LOG/run-amp" --overwrite
+run_step driver_amp 120 "$PY" -m sol_ext.driver train --device cuda --amp --no-plots --output "$LOG/run-amp" --overwrite
 
 for name in "${STEPS[@]}"; do
   case "${STATUS[$name]:-}" in

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv, install torch and the other requirements, and build sol_ext against that torch.
+# Create .venv, install torch, build sol_ext against it with everything the program, the tests, the lint
+# and the documentation site use (the extras `train` and `dev` of setup.py).
 #
 #   TORCH_SPEC   which torch to install (default: torch==2.14.1, a CUDA 13.0 build)
 #   TORCHVISION_SPEC  the torchvision that matches it, for the VGG16-BN encoder (default:
@@ -17,8 +18,8 @@ if [ -n "$TORCHVISION_SPEC" ]; then
   # --no-deps: torchvision pins one torch; never let it replace the one chosen above.
   .venv/bin/python -m pip install -q --no-deps "$TORCHVISION_SPEC"
 fi
-.venv/bin/python -m pip install -q -r requirements.txt
-# --no-build-isolation: use .venv's torch and build tools as they are. (Plain `pip install -e .` finds
-# the same torch through build_backend/, after first setting up an isolated build environment.)
-MAX_JOBS="${MAX_JOBS:-2}" .venv/bin/python -m pip install -q --no-build-isolation -e .
+# What the build itself needs: --no-build-isolation below uses these and .venv's torch as they are. (Plain
+# `pip install -e .` finds the same torch through build_backend/, in an isolated build environment.)
+.venv/bin/python -m pip install -q setuptools wheel ninja numpy
+MAX_JOBS="${MAX_JOBS:-2}" .venv/bin/python -m pip install -q --no-build-isolation -e ".[dev]"
 .venv/bin/python -c "import sol_ext; print('sol_ext ready: CUDA kernels compiled:', sol_ext.cuda_kernels_available())"

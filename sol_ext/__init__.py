@@ -9,7 +9,6 @@ from . import (
     grouped,  # noqa: F401  submodules, imported as sol_ext.grouped and sol_ext.reference
     reference,  # noqa: F401
 )
-from ._deprecation import moved_names
 from ._extension import cuda_kernels_available
 from .head import SOLHead
 from .label_issues import find_label_issues, get_label_quality_scores
@@ -26,23 +25,13 @@ from .ops import (
 __version__ = "0.1.0"
 
 
-def load_run(path, device="cpu", workers=0, handle_unknown="error"):
-    """The model of a ``sol-ext train`` run folder, ready to predict on new data: see
-    :func:`sol_ext.driver.model.load_run` (``predict``, ``predict_proba``, ``embed``; ``workers``
-    DataLoader processes decode image files; ``handle_unknown="ignore"`` takes a category training
-    did not see as none of its column's)."""
-    from .driver.model import load_run as _load_run  # the driver loads only when asked for
-
-    return _load_run(path, device=device, workers=workers, handle_unknown=handle_unknown)
-
-
-# What users call: the loss, the head, the functional ops, the label grid, label issues and trained runs.
+# What users call: the loss, the head, the functional ops, the label grid and label issues. Trained runs
+# (load_run) and the scikit-learn estimator belong to the program: sol_ext.driver.
 # Building blocks live in their modules: sol_ext.ops, sol_ext.label_issues, sol_ext.grouped, sol_ext.reference.
 __all__ = [
     "StochasticOrderLoss",
     "SOLHead",
     "LabelGrid",
-    "load_run",
     "find_label_issues",
     "get_label_quality_scores",
     "stochastic_dissimilarity",
@@ -52,10 +41,3 @@ __all__ = [
     "noise_kernel",
     "cuda_kernels_available",
 ]
-
-# Building blocks exported here until their modules became their one place.
-__getattr__ = moved_names(__name__, {
-    "order_loss_block": ("sol_ext.ops", "order_loss_block"),
-    "ordering_probability_table": ("sol_ext.ops", "ordering_probability_table"),
-    "label_issue_scores": ("sol_ext.label_issues", "label_issue_scores"),
-})

@@ -1,7 +1,7 @@
 """The end of a ``sol-ext train`` run: how well its rank probabilities are calibrated, and the rows its
 rank intervals are calibrated on by default (docs/intervals.md).
 
-It runs once the run has finished, from ``best.pt`` (the selected epoch, as :func:`sol_ext.load_run`
+It runs once the run has finished, from ``best.pt`` (the selected epoch, as :func:`sol_ext.driver.load_run`
 reads it):
 
 * the validation split's rank probabilities and labels as given go into ``best.pt``

@@ -38,7 +38,7 @@ __all__ = ["CHECKPOINT_NAME", "BEST_NAME", "SIGMA_SEARCH_NAME", "SIGMA_SEARCH_RE
            "atomic_write_files"]
 
 CHECKPOINT_NAME = "checkpoint.pt"  # the last epoch: what --resume continues
-BEST_NAME = "best.pt"              # the selected epoch: the run's model (sol_ext.load_run)
+BEST_NAME = "best.pt"              # the selected epoch: the run's model (sol_ext.driver.load_run)
 SIGMA_SEARCH_NAME = "sigma-search"  # the trials of sigma "auto", until the search is done
 SIGMA_SEARCH_RECORD = "search.json"  # in SIGMA_SEARCH_NAME: the trials that finished
 FORMAT_VERSION = 2  # 2: the SOL head and the predictor record (load_run) replace "centroids"
@@ -49,7 +49,7 @@ def _cpu(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 def predictor_record(config: TrainConfig, data: PreparedData) -> dict[str, Any]:
-    """What :func:`sol_ext.load_run` needs beside the weights to predict on new data: the method
+    """What :func:`sol_ext.driver.load_run` needs beside the weights to predict on new data: the method
     and encoder settings (sigma resolved), the input shape, and the data's preprocessing; and the
     folder the config's relative paths were read from (:func:`run_paths`)."""
     return {"config": config.to_dict(), "input_shape": list(data.input_shape), "kind": data.kind,

@@ -54,7 +54,7 @@ def _add_train(sub) -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train one model and report test MAE/CS",
                        description="Train SOL or a baseline. With no option: abalone, Gaussian "
                                    "label noise at kappa 0.3, SOL. Data-parallel under torchrun: "
-                                   "torchrun --nproc-per-node N -m sol_ext train ... (--batch-size "
+                                   "torchrun --nproc-per-node N -m sol_ext.driver train ... (--batch-size "
                                    "is then per process).")
     add_settings(t)  # every TrainConfig field (sol_ext.driver.config.setting)
     t.add_argument("--output", default=None,

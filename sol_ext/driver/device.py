@@ -1,5 +1,5 @@
 """The device a command runs on, from ``--device``: importable without the training loop, so
-that ``sol-ext predict`` and :func:`sol_ext.load_run` need none of it."""
+that ``sol-ext predict`` and :func:`sol_ext.driver.load_run` need none of it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Data-parallel runs of ``sol-ext train`` under ``torchrun``: which process this is, and the few
 collectives Algorithm 1 needs beyond DDP's gradient averaging.
 
-``torchrun --nproc-per-node W -m sol_ext train ...`` starts ``W`` processes with ``WORLD_SIZE``,
+``torchrun --nproc-per-node W -m sol_ext.driver train ...`` starts ``W`` processes with ``WORLD_SIZE``,
 ``RANK`` and ``LOCAL_RANK`` in their environment; :meth:`Parallel.from_environment` reads them, and
 :meth:`Parallel.start` joins the process group (``nccl`` for GPUs, one per process, ``gloo`` on CPUs).
 Without torchrun, :class:`Parallel` is the single process and every collective returns its input.

@@ -135,7 +135,7 @@ def test_default_dataset_one_epoch(tmp_path, capsys):
 
 
 def test_python_dash_m_entry(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "sol_ext", "train", "--help"],
+    proc = subprocess.run([sys.executable, "-m", "sol_ext.driver", "train", "--help"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "--kappa" in proc.stdout
 

@@ -306,7 +306,7 @@ def test_a_named_pipe_as_config_is_refused_without_waiting(tmp_path):
     pipe = tmp_path / "run.toml"
     os.mkfifo(pipe)
     root = REPO_ROOT
-    proc = subprocess.run([sys.executable, "-m", "sol_ext", "train", "--config", str(pipe)],
+    proc = subprocess.run([sys.executable, "-m", "sol_ext.driver", "train", "--config", str(pipe)],
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(root)})
     assert proc.returncode == 2, proc.stderr

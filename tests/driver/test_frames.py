@@ -14,7 +14,7 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
-import sol_ext
+import sol_ext.driver
 from sol_ext.driver.cli import main
 from sol_ext.driver.data import DATASETS_DIR, load_dataset, load_table, read_inputs
 from sol_ext.driver.data.frames import TableOrigin, table_features
@@ -88,12 +88,12 @@ def test_parquet_and_feather_load_as_the_csv_does(numeric, tmp_path):
 def test_parquet_as_training_and_prediction_data(numeric, tmp_path):
     root, out, columns = numeric
     pq.write_table(pa.table(columns), tmp_path / "t.parquet")
-    model = sol_ext.load_run(out)
+    model = sol_ext.driver.load_run(out)
     assert np.array_equal(model.predict(tmp_path / "t.parquet"), model.predict(root / "train.csv"))
     assert main(["train", "--data", str(tmp_path / "t.parquet"), "--label-column", "score", "--output",
                  str(tmp_path / "run"), *FAST]) == 0
-    assert np.array_equal(sol_ext.load_run(tmp_path / "run").predict(root / "train.csv"),
-                          sol_ext.load_run(tmp_path / "run").predict(tmp_path / "t.parquet"))
+    assert np.array_equal(sol_ext.driver.load_run(tmp_path / "run").predict(root / "train.csv"),
+                          sol_ext.driver.load_run(tmp_path / "run").predict(tmp_path / "t.parquet"))
 
 
 def test_damaged_parquet_and_delimiter_for_parquet_are_one_line(tmp_path):
@@ -119,7 +119,7 @@ def test_predict_file_with_an_empty_label_column_has_no_labels(numeric, tmp_path
     root, out, columns = numeric
     lines = (root / "train.csv").read_text().splitlines()[:6]
     (tmp_path / "new.csv").write_text("\n".join([lines[0]] + [ln.rsplit(",", 1)[0] + "," for ln in lines[1:]]))
-    model = sol_ext.load_run(out)
+    model = sol_ext.driver.load_run(out)
     table = model.predict_table(tmp_path / "new.csv")
     assert table.values is None and len(table.ids) == 5
     assert main(["predict", str(out), "--data", str(tmp_path / "new.csv"), "--output", "-"]) == 0
@@ -150,7 +150,7 @@ def frames(columns):
 
 def test_frames_are_read_by_column_name(numeric):
     root, out, columns = numeric
-    model = sol_ext.load_run(out)
+    model = sol_ext.driver.load_run(out)
     ref = model.predict(root / "train.csv")
     shuffled = {k: columns[k] for k in ("d", "score", "b", "a", "c")}  # another order, the label among them
     extra = {**shuffled, "notes": np.array(["x"] * len(columns["a"]))}
@@ -164,7 +164,7 @@ def test_frames_are_read_by_column_name(numeric):
 
 def test_a_frame_without_a_training_column_is_refused_by_name(numeric):
     _, out, columns = numeric
-    model = sol_ext.load_run(out)
+    model = sol_ext.driver.load_run(out)
     partial = {k: columns[k] for k in ("a", "b", "d")}
     for frame in frames(partial):
         with pytest.raises(ValueError, match="data has no feature column 'c'"):
@@ -178,7 +178,7 @@ def test_a_frame_without_a_training_column_is_refused_by_name(numeric):
 def test_frames_get_the_runs_categories(abalone_run):
     out, columns = abalone_run
     pd = pytest.importorskip("pandas")
-    model = sol_ext.load_run(out)
+    model = sol_ext.driver.load_run(out)
     assert model.feature_names[:3] == ["Sex=F", "Sex=I", "Sex=M"]
     ref = model.predict("abalone")
     frame = pd.DataFrame({k: columns[k] for k in reversed(list(columns))})
@@ -194,7 +194,7 @@ def test_frames_get_the_runs_categories(abalone_run):
 def test_a_builtin_name_goes_through_the_runs_columns(numeric, capsys):
     _, out, _ = numeric
     with pytest.raises(ValueError, match=r"wine-red \(winequality-red\.csv\.gz\) has no feature column 'a'"):
-        sol_ext.load_run(out).predict("wine-red")
+        sol_ext.driver.load_run(out).predict("wine-red")
     assert main(["predict", str(out), "--data", "wine-red", "--output", "-"]) == 2
     err = capsys.readouterr().err
     assert "no feature column 'a'" in err and "MAE" not in err
@@ -213,14 +213,14 @@ def test_a_builtin_name_goes_through_the_runs_columns(numeric, capsys):
     ([[1, 2, 3, 4], [1, 2]], "could not be read as one array"),
 ])
 def test_predict_refuses_what_is_not_data(numeric, data, match):
-    model = sol_ext.load_run(numeric[1])
+    model = sol_ext.driver.load_run(numeric[1])
     with pytest.raises(ValueError, match=match) as info:
         model.predict(data)
     assert str(info.value).startswith("data") and len(str(info.value).splitlines()) == 1
 
 
 def test_predict_takes_uint64_and_names_float32_overflow(numeric):
-    model = sol_ext.load_run(numeric[1])
+    model = sol_ext.driver.load_run(numeric[1])
     assert model.predict(np.ones((2, 4), dtype=np.uint64)).shape == (2,)
     with pytest.raises(ValueError, match=r"1e\+300 at index \[0, 2\] overflows float32"):
         model.predict(np.array([[0, 0, 1e300, 0]]))
@@ -230,7 +230,7 @@ def test_predict_takes_uint64_and_names_float32_overflow(numeric):
 
 def test_predictions_on_a_whole_number_grid_are_int64(numeric, tmp_path):
     root, out, _ = numeric
-    model = sol_ext.load_run(out)
+    model = sol_ext.driver.load_run(out)
     table = model.predict_table(root / "train.csv")
     assert table.prediction.dtype == np.int64 and model.predict(root / "train.csv").dtype == np.int64
     assert table.expected.dtype == np.float64
@@ -313,7 +313,7 @@ def test_read_inputs_of_a_feather_file(numeric, tmp_path):
 def test_solranker_fits_and_predicts_frames_by_column_name():
     pytest.importorskip("sklearn")
     pd = pytest.importorskip("pandas")
-    from sol_ext.sklearn import SOLRanker
+    from sol_ext.driver.sklearn import SOLRanker
 
     rng = np.random.default_rng(0)
     n = 120
@@ -338,7 +338,7 @@ def test_solranker_fits_and_predicts_frames_by_column_name():
 @pytest.mark.filterwarnings("ignore:X has feature names")  # scikit-learn's note on pandas, as for any estimator
 def test_solranker_fitted_on_arrays_takes_polars_and_arrow_by_position():
     pytest.importorskip("sklearn")
-    from sol_ext.sklearn import SOLRanker
+    from sol_ext.driver.sklearn import SOLRanker
 
     rng = np.random.default_rng(1)
     x = rng.normal(size=(80, 2))
@@ -382,7 +382,7 @@ def test_an_id_column_one_hot_encoded_is_named_and_its_errors_stay_short():
     on new ids refused in a message that lists a few of them, not every category."""
     pytest.importorskip("sklearn")
     from sol_ext.driver.data.frames import ManyCategoriesWarning
-    from sol_ext.sklearn import SOLRanker
+    from sol_ext.driver.sklearn import SOLRanker
 
     rng = np.random.default_rng(0)
     n = 300

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from sol_ext import load_run
+from sol_ext.driver import load_run
 from sol_ext.driver.checkpoint import load_checkpoint
 from sol_ext.driver.cli import main
 from sol_ext.driver.config import BASELINE_WEIGHT_DECAY, TrainConfig

@@ -4,7 +4,7 @@ waits beside a busy process) and gives torch's thread setting back afterwards.""
 import numpy as np
 import torch
 
-import sol_ext
+import sol_ext.driver
 from sol_ext.driver.cli import main
 
 
@@ -18,7 +18,7 @@ def test_predict_embeds_vectors_on_one_thread_and_restores_the_setting(tmp_path)
         code = main(["train", "--data", str(tmp_path / "d.npz"), "--output", str(tmp_path / "run"), "--epochs", "1",
                      "--batch-size", "32", "--embedding-dim", "4", "--hidden", "8", "--quiet", "--no-plots"])
         assert code == 0
-        model = sol_ext.load_run(tmp_path / "run")
+        model = sol_ext.driver.load_run(tmp_path / "run")
         seen = []
         model.model.register_forward_pre_hook(lambda module, args: seen.append(torch.get_num_threads()))
         torch.set_num_threads(2)

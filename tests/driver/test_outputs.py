@@ -325,7 +325,7 @@ def test_version_flags(capsys):
             main([flag])
         assert stop.value.code == 0
         assert capsys.readouterr().out.strip() == f"sol-ext {sol_ext.__version__}"
-    proc = subprocess.run([sys.executable, "-m", "sol_ext", "--version"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "sol_ext.driver", "--version"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.strip() == f"sol-ext {sol_ext.__version__}"
 
@@ -341,7 +341,7 @@ def test_the_command_ends_without_the_shutdown_but_runs_exit_handlers_and_flushe
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 3
     assert proc.stdout == "unflushed output; handler ran\n"
-    proc = subprocess.run([sys.executable, "-m", "sol_ext", "predict"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "sol_ext.driver", "predict"], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and "RUN_DIR" in proc.stderr  # argparse's own exit is kept
 

@@ -319,7 +319,7 @@ def test_cli_predictions_on_a_table_equal_solrankers_row_for_row(tmp_path, capsy
     import numpy as np
     import pandas as pd
 
-    from sol_ext.sklearn import SOLRanker
+    from sol_ext.driver.sklearn import SOLRanker
 
     rng = np.random.default_rng(5)
     n = 150
@@ -372,7 +372,7 @@ def test_a_wine_table_trains_and_predicts_with_one_command_each(kind, tmp_path, 
 
     from sol_ext.driver.data import read_inputs
     from sol_ext.driver.model import load_run
-    from sol_ext.sklearn import SOLRanker
+    from sol_ext.driver.sklearn import SOLRanker
 
     train_rows, new_rows = _wine_rows(missing=True), _wine_rows(n=60, seed=1, missing=True)
     columns = list(train_rows[0])
@@ -450,7 +450,7 @@ def test_sigterm_during_train_says_what_the_folder_holds(tmp_path, capsys, monke
 def test_solranker_fit_on_an_empty_frame_names_the_problem():
     import pandas as pd
 
-    from sol_ext.sklearn import SOLRanker
+    from sol_ext.driver.sklearn import SOLRanker
 
     with pytest.raises(ValueError, match="no rows"):
         SOLRanker(epochs=1).fit(pd.DataFrame({"a": pd.Series([], dtype=float)}), pd.Series([], dtype=float))
@@ -484,8 +484,8 @@ def test_unseen_categories_are_refused_or_ignored_as_asked(tmp_path, capsys):
     import numpy as np
     import pandas as pd
 
-    from sol_ext import load_run
-    from sol_ext.sklearn import SOLRanker
+    from sol_ext.driver import load_run
+    from sol_ext.driver.sklearn import SOLRanker
 
     data = _write_rows(tmp_path / "wine.csv", _wine_rows())
     out = tmp_path / "run"

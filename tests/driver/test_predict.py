@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-import sol_ext
+import sol_ext.driver
 from common import expect_error
 from sol_ext.driver.cli import main
 from sol_ext.driver.data import load_dataset, split_indices
@@ -56,7 +56,7 @@ def test_load_run_predicts_the_runs_test_mae_for_every_method(user_files, method
         pytest.importorskip("coral_pytorch")
     root, train, test, x, y = user_files
     out, results = train_run(root, train, test, method)
-    model = sol_ext.load_run(out)
+    model = sol_ext.driver.load_run(out)
     assert model.method == method
     table = model.predict_table(test)
     assert np.mean(np.abs(table.prediction - y)) == results["test"]["mae"]
@@ -109,7 +109,7 @@ def test_predict_on_a_file_without_labels_and_bad_inputs(user_files, tmp_path, c
         f.write("a,b,score\n1,2,3\n")
     assert main(["predict", str(out), "--data", str(tmp_path / "few.csv")]) == 2
     assert "feature column 'c'" in capsys.readouterr().err
-    model = sol_ext.load_run(out)
+    model = sol_ext.driver.load_run(out)
     with pytest.raises(ValueError, match=r"\[4\]"):
         model.predict(np.zeros((3, 5)))
     with pytest.raises(ValueError, match="NaN"):
@@ -124,7 +124,7 @@ def test_a_builtin_run_reads_new_rows_with_its_one_hot_columns(tmp_path):
     out = tmp_path / "run"
     assert main(["train", "--output", str(out), "--sigma", "1", *FAST]) == 0
     results = json.loads((out / "results.json").read_text())
-    model = sol_ext.load_run(out)
+    model = sol_ext.driver.load_run(out)
     full = load_dataset("abalone")
     _, test_rows = split_indices(full.ranks, 0.2, 0)
     pred = model.predict("abalone")
@@ -165,7 +165,7 @@ np.savez({str(tmp_path / 'out.npz')!r}, prediction=prediction.numpy(), expected=
 """
     subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
     got = np.load(tmp_path / "out.npz")
-    table = sol_ext.load_run(out).predict_table(x)
+    table = sol_ext.driver.load_run(out).predict_table(x)
     assert np.array_equal(got["prediction"], table.prediction)
     assert got["one"][0] == table.prediction[0]
     np.testing.assert_allclose(got["probabilities"], table.probabilities, rtol=0, atol=1e-6)
@@ -182,7 +182,7 @@ def test_onnx_model_runs_without_torch_as_the_exported_program(user_files, tmp_p
 
     root, train, test, x, _ = user_files
     out, _ = train_run(root, train, test, method)
-    model = sol_ext.load_run(out)
+    model = sol_ext.driver.load_run(out)
     export_run(model, tmp_path / "model.pt2")
     assert main(["export", str(out), "--format", "onnx"]) == 0  # RUN/model.onnx, as export_onnx writes it
     assert export_onnx(model, tmp_path / "model.onnx") == tmp_path / "model.json"
@@ -216,7 +216,7 @@ def test_a_run_gives_calibrated_rank_intervals_in_label_units(user_files, tmp_pa
     covered (the threshold is the ceil((M + 1) coverage)-th smallest score)."""
     root, train, test, x, y = user_files
     out, _ = train_run(root, train, test, method)
-    model = sol_ext.load_run(out)
+    model = sol_ext.driver.load_run(out)
     with pytest.raises(ValueError, match="labels="):
         model.calibrate_intervals(x)
     calibration = model.calibrate_intervals(test, score="cumulative")
@@ -242,7 +242,7 @@ def test_predict_writes_interval_columns_and_says_how_often_they_held(user_files
     assert "intervals at 90%: mean width" in printed and "holding the data's label in" in printed
     with open(tmp_path / "p.csv") as f:
         rows = list(csv.DictReader(f))
-    model = sol_ext.load_run(out)
+    model = sol_ext.driver.load_run(out)
     model.calibrate_intervals(train)
     lower, upper = model.predict_interval(test, 0.9)
     assert [float(r["lower"]) for r in rows] == lower.tolist() and [float(r["upper"]) for r in rows] == upper.tolist()
@@ -273,7 +273,7 @@ def test_predict_aims_intervals_at_the_clean_label_as_the_library_does(user_file
                  "--output", str(tmp_path / "p.csv")]) == 0
     with open(tmp_path / "p.csv") as f:
         rows = list(csv.DictReader(f))
-    model = sol_ext.load_run(out)
+    model = sol_ext.driver.load_run(out)
     readings = {}
     for reading in (True, False):
         model.calibrate_intervals(train, target="clean", label_noise=2.0, deconvolve=reading)
@@ -292,7 +292,7 @@ def test_exported_program_and_onnx_model_hold_the_intervals_calibration(user_fil
     onnxruntime = pytest.importorskip("onnxruntime")
     root, train, test, x, _ = user_files
     out, _ = train_run(root, train, test, "sol")
-    model = sol_ext.load_run(out)
+    model = sol_ext.driver.load_run(out)
     model.calibrate_intervals(train)
     lower, upper = model.predict_interval(x, 0.9)
     for form in ("pt2", "onnx"):
@@ -323,13 +323,13 @@ def test_a_run_stores_its_validation_split_to_calibrate_intervals_on(user_files,
     stored = state[CALIBRATION_KEY]
     val_rows = state["val_rows"].numpy()
     assert stored["probabilities"].shape == (len(val_rows), results["data"]["num_ranks"])
-    model = sol_ext.load_run(out)
+    model = sol_ext.driver.load_run(out)
     table = model.predict_table(train)
     np.testing.assert_allclose(stored["probabilities"].numpy(), table.probabilities[val_rows], rtol=0, atol=1e-6)
     assert torch.equal(stored["ranks"], model.encoder.encode(table.values[val_rows]))
     assert model.intervals is not None and model.intervals.count == len(val_rows)
     lower, upper = model.predict_interval(test, 0.9)
-    again = sol_ext.load_run(out)
+    again = sol_ext.driver.load_run(out)
     again.calibrate_intervals_of(rows_of(table, np.isin(np.arange(len(table.ids)), val_rows)), table.values[val_rows])
     assert again.intervals.count == len(val_rows)
     np.testing.assert_array_equal(again.predict_interval(test, 0.9)[0], lower)
@@ -359,7 +359,7 @@ def test_a_run_stores_its_validation_split_to_calibrate_intervals_on(user_files,
     torch.save({k: v for k, v in state.items() if k != CALIBRATION_KEY}, old / "best.pt")
     for run in (paper, old):
         with pytest.raises(RuntimeError, match="calibrate_intervals"):
-            sol_ext.load_run(run).predict_interval(x)
+            sol_ext.driver.load_run(run).predict_interval(x)
         for command in (["predict", str(run), "--data", str(test), "--output", "-"], ["export", str(run)]):
             assert main([*command, "--interval", "0.9"]) == 2
             err = capsys.readouterr().err
@@ -379,7 +379,7 @@ def test_results_hold_the_calibration_error_and_a_reliability_plot(user_files, t
     assert main(argv) == 0
     results = json.loads((out / "results.json").read_text())
     calibration = results["calibration"]
-    model = sol_ext.load_run(out)
+    model = sol_ext.driver.load_run(out)
     val_rows = torch.load(out / "best.pt", weights_only=True)["val_rows"].numpy()
     table, test_table = model.predict_table(train), model.predict_table(test)
     val_ece = expected_calibration_error(table.probabilities[val_rows], model.encoder.encode(table.values[val_rows]))
@@ -440,7 +440,7 @@ def test_a_test_file_with_the_columns_in_another_order_is_read_by_name(user_file
     assert main(["train", "--data", str(train), "--test-data", str(shuffled), "--label-column", "score",
                  "--method", "sol", "--sigma", "1", "--output", str(again), *FAST]) == 0
     assert json.loads((again / "results.json").read_text())["test"] == results["test"]
-    assert np.array_equal(sol_ext.load_run(out).predict(shuffled), sol_ext.load_run(out).predict(test))
+    assert np.array_equal(sol_ext.driver.load_run(out).predict(shuffled), sol_ext.driver.load_run(out).predict(test))
 
 
 def test_checkpoints_of_an_earlier_format_are_refused_and_overwrite_replaces_them(user_files, tmp_path, capsys):
@@ -471,14 +471,14 @@ def test_npz_labels_of_another_length_are_refused(tmp_path):
     assert main(["train", "--data", str(tmp_path / "d.npz"), "--sigma", "1", "--output", str(out), *FAST]) == 0
     np.savez(tmp_path / "bad.npz", embeddings=x, labels=y[:10])
     with pytest.raises(ValueError, match="one label per row"):
-        sol_ext.load_run(out).predict(tmp_path / "bad.npz")
-    assert sol_ext.load_run(out).predict(tmp_path / "d.npz").shape == (40,)
+        sol_ext.driver.load_run(out).predict(tmp_path / "bad.npz")
+    assert sol_ext.driver.load_run(out).predict(tmp_path / "d.npz").shape == (40,)
     x[[7, 9], 1] = np.nan  # rows with a NaN feature: the file and the first row named
     np.savez(tmp_path / "nan.npz", embeddings=x, labels=y)
     with pytest.raises(ValueError, match=r"nan.npz: 2 row\(s\) have NaN or infinite features, the first row 7"):
-        sol_ext.load_run(out).predict(tmp_path / "nan.npz")
+        sol_ext.driver.load_run(out).predict(tmp_path / "nan.npz")
     with pytest.raises(ValueError, match=r"^data: 2 row\(s\) have NaN or infinite features, the first row 7"):
-        sol_ext.load_run(out).predict(x)
+        sol_ext.driver.load_run(out).predict(x)
 
 
 def test_the_cuts_read_out_is_fitted_saved_predicted_and_exported(user_files, tmp_path):
@@ -492,7 +492,7 @@ def test_the_cuts_read_out_is_fitted_saved_predicted_and_exported(user_files, tm
                  "--sigma", "1", "--readout", "cuts", "--val-fraction", "0.2", "--output", str(out),
                  *FAST]) == 0
     results = json.loads((out / "results.json").read_text())
-    model = sol_ext.load_run(out)
+    model = sol_ext.driver.load_run(out)
     assert model.head.readout == "cuts" and results["config"]["readout"] == "cuts"
     table = model.predict_table(test)
     assert np.mean(np.abs(table.prediction - y)) == results["test"]["mae"]  # the run's own figure
@@ -556,7 +556,7 @@ def test_export_holds_the_clean_targets_calibration(user_files, tmp_path, capsys
         assert main(["export", str(out), "--output", str(program), "--interval", "0.9", "--calibration", str(train),
                      "--interval-target", "clean", "--label-noise", "2", *flags]) == 0
         assert json.loads((program.parent / "model.json").read_text())["intervals"]["target"] == "clean"
-        model = sol_ext.load_run(out)
+        model = sol_ext.driver.load_run(out)
         model.calibrate_intervals(train, target="clean", label_noise=2.0, deconvolve=deconvolve)
         lower, upper = intervals[deconvolve] = model.predict_interval(x, 0.9)
         got = torch.export.load(program).module()(torch.from_numpy(x))

@@ -123,7 +123,7 @@ TRAIN = ["train", "--epochs", "1", "--no-plots", "--quiet", "--seed", "3"]
 
 
 def _torchrun(args, cwd, processes=2, script=None):
-    target = [script] if script else ["-m", "sol_ext"]
+    target = [script] if script else ["-m", "sol_ext.driver"]
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
          *target, *args],
@@ -131,7 +131,7 @@ def _torchrun(args, cwd, processes=2, script=None):
 
 
 def _single(args, cwd):
-    return subprocess.run([sys.executable, "-m", "sol_ext", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sol_ext.driver", *args], capture_output=True, text=True,
                           timeout=MULTIPROCESS_TIMEOUT_S, cwd=cwd)
 
 

@@ -1,6 +1,6 @@
-"""What imports what: the library's core imports no module of the ``sol-ext`` program nor any integration's
-library, and a trained run predicts (``sol_ext.load_run``, ``sol-ext predict``) without importing the
-training loop."""
+"""What imports what: the library (``sol_ext`` outside ``sol_ext/driver/``) imports no module of the
+``sol-ext`` program, nor any package but torch and numpy, nor an integration's library; and a trained run
+predicts (``sol_ext.driver.load_run``, ``sol-ext predict``) without importing the training loop."""
 
 import ast
 import json
@@ -13,9 +13,8 @@ from common import REPO_ROOT, tiny_csv
 from sol_ext.driver.cli import main
 
 ROOT = REPO_ROOT
-# The library modules that may reach the driver: the lazy `load_run` entry (inside the function),
-# the scikit-learn estimator, which wraps the program, and `python -m sol_ext`, which is it.
-DRIVER_USERS = {"__init__.py", "sklearn.py", "__main__.py"}
+LIBRARY = ROOT / "sol_ext"
+PROGRAM = LIBRARY / "driver"
 # The training loop: what prediction must not import (the command line still reads the torchrun
 # environment, sol_ext.driver.parallel, to refuse running predict under it).
 TRAINING_MODULES = ("sol_ext.driver.train", "sol_ext.driver.fit", "sol_ext.driver.tuning",
@@ -37,15 +36,38 @@ def _driver_imports(path: Path, top_level_only: bool) -> list[str]:
     return found
 
 
-def test_the_library_core_imports_no_driver_module():
-    core = [p for p in (ROOT / "sol_ext").glob("*.py") if p.name not in DRIVER_USERS]
-    assert {p.name for p in core} >= {"ops.py", "loss.py", "head.py", "centroids.py", "label_issues.py",
-                                      "metrics.py", "distributed.py", "lightning.py", "hf.py",
-                                      "torchmetrics.py", "refine.py"}
-    offending = {p.name: _driver_imports(p, top_level_only=False) for p in core}
+def _library_modules() -> list[Path]:
+    return [p for p in sorted(LIBRARY.rglob("*.py")) if PROGRAM not in p.parents]
+
+
+def test_no_library_module_imports_the_program():
+    """The boundary is the package: no module of ``sol_ext`` outside ``sol_ext/driver/`` imports from it."""
+    library = _library_modules()
+    assert {p.name for p in library} >= {"__init__.py", "ops.py", "loss.py", "head.py", "centroids.py",
+                                         "label_issues.py", "metrics.py", "distributed.py", "lightning.py",
+                                         "hf.py", "torchmetrics.py", "refine.py", "intervals.py"}
+    offending = {str(p.relative_to(ROOT)): _driver_imports(p, top_level_only=False) for p in library}
     assert {name: found for name, found in offending.items() if found} == {}
-    # the package's own entry reaches the driver only inside load_run, when it is called
-    assert _driver_imports(ROOT / "sol_ext" / "__init__.py", top_level_only=True) == []
+
+
+# What `pip install .` gives is torch and numpy; the program's packages (the `train` extra) and the
+# integrations' come only with their extras.
+PROGRAM_PACKAGES = ("pyarrow", "matplotlib", "tqdm", "PIL", "tomli_w", "sklearn", "pandas", "polars", "scipy")
+
+
+def test_the_library_imports_no_package_but_torch_and_numpy():
+    modules = sorted(p.stem for p in LIBRARY.glob("*.py")
+                     if p.stem not in ("__init__", "lightning", "hf", "torchmetrics"))
+    # what torch itself loads when it is there (torch.hub takes tqdm) is torch's, not the library's
+    code = ("import sys, numpy, torch\n"
+            "before = set(sys.modules)\n"
+            "import sol_ext\n"
+            f"for name in {modules!r}: __import__('sol_ext.' + name)\n"
+            f"print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in {PROGRAM_PACKAGES!r}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
 
 
 def test_the_ast_check_sees_a_driver_import(tmp_path):
@@ -75,8 +97,8 @@ def _modules_after(code: str, tmp_path) -> list[str]:
 
 def test_load_run_predicts_without_the_training_loop(tmp_path):
     run = _trained_run(tmp_path)
-    code = ("import json, sys, torch, sol_ext\n"
-            f"model = sol_ext.load_run({str(run)!r})\n"
+    code = ("import json, sys, torch, sol_ext.driver\n"
+            f"model = sol_ext.driver.load_run({str(run)!r})\n"
             "print(model.predict(torch.zeros(3, 2)).shape, file=sys.stderr)\n"
             f"print(json.dumps([m for m in {TRAINING_MODULES!r} if m in sys.modules]))\n")
     assert _modules_after(code, tmp_path) == []

@@ -487,7 +487,7 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
             ``"comma"``/``"semicolon"``/``"tab"``; default None detects comma, semicolon or tab from the
             header line (quoted names allowed, as in UCI's semicolon files). CSV files only.
         one_hot_text: one-hot encode every column of words too (categories: its sorted values), as
-            :class:`sol_ext.sklearn.SOLRanker` does a data frame's text columns.
+            :class:`sol_ext.driver.sklearn.SOLRanker` does a data frame's text columns.
         id_column: a column naming each row (kept out of the features; the dataset's ``ids``).
         drop_columns: columns left out of the default feature columns.
         encoding: the text encoding of a CSV, e.g. ``"cp1252"`` (Windows-1252); default UTF-8.

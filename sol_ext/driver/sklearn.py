@@ -5,7 +5,7 @@ and labels ``y [N]`` on an ordered numeric scale, exactly as ``sol-ext train`` t
 (same defaults, same standardization, same validation split and model selection), and predicts
 in the labels' own units::
 
-    from sol_ext.sklearn import SOLRanker
+    from sol_ext.driver.sklearn import SOLRanker
 
     ranker = SOLRanker().fit(X_train, ages)          # ages 16 … 77, possibly noisy
     ranker.predict(X_test)                           # ages (least-MAE read-out)
@@ -16,7 +16,7 @@ The labels are taken as given (no noise is added: they may be noisy already; SOL
 that). The run's summary (selected epoch, sigma search, relabeling counts, per-epoch history) is
 ``history_``.
 
-This module needs scikit-learn (``pip install 'sol_ext[sklearn]'``); the rest of the package does not.
+This module needs scikit-learn (``pip install 'sol_ext[train]'``); the rest of the package does not.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ try:
         validate_data,
     )
 except ImportError as exc:  # validate_data is scikit-learn >= 1.6
-    raise ImportError("sol_ext.sklearn needs scikit-learn >= 1.6: pip install 'sol_ext[sklearn]' "
+    raise ImportError("sol_ext.driver.sklearn needs scikit-learn >= 1.6: pip install 'sol_ext[train]' "
                       "(or pip install scikit-learn).") from exc
 
 import contextlib
@@ -44,10 +44,10 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
-from .driver.calibration import store_validation_calibration, validation_probabilities
-from .driver.config import PAPER_SETTINGS, RENAMED_SETTINGS, TrainConfig
-from .driver.data import OrdinalDataset, apply_scaling, feature_scaling
-from .driver.data.frames import (
+from .calibration import store_validation_calibration, validation_probabilities
+from .config import PAPER_SETTINGS, RENAMED_SETTINGS, TrainConfig
+from .data import OrdinalDataset, apply_scaling, feature_scaling
+from .data.frames import (
     TableOrigin,
     as_arrow_table,
     has_column_names,
@@ -55,12 +55,12 @@ from .driver.data.frames import (
     table_features,
     text_columns,
 )
-from .driver.fit import FitContext
-from .driver.model import model_from_state
-from .driver.prepare import PreparedData, preprocessing_record
-from .driver.train import check_run, fit_run, validation_split
-from .intervals import DEFAULT_SCORE
-from .labels import LabelGrid
+from .fit import FitContext
+from .model import model_from_state
+from .prepare import PreparedData, preprocessing_record
+from .train import check_run, fit_run, validation_split
+from ..intervals import DEFAULT_SCORE
+from ..labels import LabelGrid
 
 __all__ = ["SOLRanker", "EXPECTED_FAILED_CHECKS", "CONFIG_PARAMS"]
 
