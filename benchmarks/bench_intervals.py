@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from sol_ext.driver.data import load_dataset
+from sol_ext.driver.sklearn import SOLRanker
 from sol_ext.driver.synthetic_noise import (
     add_label_noise,
     default_peak_width,
@@ -55,7 +56,6 @@ from sol_ext.intervals import (
     noise_std_from_pairs,
     rank_intervals,
 )
-from sol_ext.driver.sklearn import SOLRanker
 
 RESULTS = Path(__file__).resolve().parent / "results" / "intervals"
 VADER = Path(__file__).resolve().parents[2] / "shared" / "data" / "vader_dev.npz"

@@ -44,6 +44,8 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
+from ..intervals import DEFAULT_SCORE
+from ..labels import LabelGrid
 from .calibration import store_validation_calibration, validation_probabilities
 from .config import PAPER_SETTINGS, RENAMED_SETTINGS, TrainConfig
 from .data import OrdinalDataset, apply_scaling, feature_scaling
@@ -59,8 +61,6 @@ from .fit import FitContext
 from .model import model_from_state
 from .prepare import PreparedData, preprocessing_record
 from .train import check_run, fit_run, validation_split
-from ..intervals import DEFAULT_SCORE
-from ..labels import LabelGrid
 
 __all__ = ["SOLRanker", "EXPECTED_FAILED_CHECKS", "CONFIG_PARAMS"]
 

@@ -20,8 +20,8 @@ from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 
 from sol_ext.driver.config import PAPER_SETTINGS, SIGMA_GRID, TrainConfig  # noqa: E402
 from sol_ext.driver.model import TrainedModel, model_from_state  # noqa: E402
-from sol_ext.driver.train import validation_split  # noqa: E402
 from sol_ext.driver.sklearn import CONFIG_PARAMS, EXPECTED_FAILED_CHECKS, SOLRanker  # noqa: E402
+from sol_ext.driver.train import validation_split  # noqa: E402
 
 # small and quick: one training per fit (no sigma search), a tiny MLP
 SMALL = dict(epochs=2, sigma=1.0, hidden=(16,), embedding_dim=4)
@@ -420,8 +420,8 @@ def test_a_run_saved_before_heads_saved_their_settings_still_loads(small_problem
 
 def test_fit_works_out_the_validation_split_once(problem, monkeypatch):
     """SOLRanker.fit checks its validation split and hands that split to the run: not computed twice."""
-    import sol_ext.driver.train as train_module
     import sol_ext.driver.sklearn as sklearn_module
+    import sol_ext.driver.train as train_module
 
     X, y, _, _ = problem
     calls = []
