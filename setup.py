@@ -158,8 +158,10 @@ EXTRAS = {
     "hf": ["transformers>=4.46", "accelerate"],  # sol_ext.hf
     # export a trained run to ONNX (onnx, onnxscript) and run it without torch (onnxruntime)
     "onnx": ["onnx>=1.17", "onnxscript>=0.3", "onnxruntime>=1.20"],
-    # the documentation site: mkdocs build --strict (mkdocs.yml); the math rendered to MathML as it builds
-    "docs": ["mkdocs-material>=9.6", "mkdocstrings[python]>=1.0", "mkdocstrings-python>=2.0", "latex2mathml>=3.77"],
+    # the documentation site: mkdocs build --strict (mkdocs.yml); the math rendered to MathML as it builds;
+    # ruff wraps the API reference's signatures (mkdocstrings formats them with it when it is there)
+    "docs": ["mkdocs-material>=9.6", "mkdocstrings[python]>=1.0", "mkdocstrings-python>=2.0",
+             "latex2mathml>=3.77", "ruff"],
 }
 EXTRAS["dev"] = TRAIN + [
     "pytest", "pytest-benchmark", "ruff==0.16.9",  # ruff pinned: new releases add checks

@@ -14,20 +14,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from . import readout
-from ._deprecation import moved_names, warn_deprecated
-from .ops import stochastic_dissimilarity
-
 __all__ = ["embed", "compute_centroids", "damp_centroids", "centroid_span", "fill_missing_centroids"]
-
-# Read-outs and the label-noise fit lived here until they got their own modules.
-__getattr__ = moved_names(__name__, {
-    **{name: ("sol_ext.readout", name) for name in (
-        "dissimilarities", "RankPosterior", "fit_rank_posterior", "rank_posterior", "median_ranks",
-        "expected_ranks", "CUT_FITS", "fit_rank_cuts", "cut_ranks")},
-    **{name: ("sol_ext.refine", name) for name in (
-        "label_noise_kernel", "LABEL_NOISE_GRID", "LabelNoiseFit", "fit_label_noise", "fit_through_label_noise")},
-})
 
 
 @torch.no_grad()
@@ -164,52 +151,3 @@ def fill_missing_centroids(mu: torch.Tensor, defined: torch.Tensor) -> torch.Ten
     w = ((ranks - lo).to(mu.dtype) / span).clamp(0, 1).unsqueeze(1)
     filled = mu[lo] * (1 - w) + mu[hi] * w
     return torch.where(defined.unsqueeze(1), mu, filled)
-
-
-# --------------------------------------------------------------------------------------------------
-# Deprecated read-outs: SOLHead.predict is the one way to read ranks out of a trained head.
-
-
-def predict_ranks(embeddings: torch.Tensor, centroids: torch.Tensor, sigma: float,
-                  batch_size: int = 4096, backend: str = "auto") -> torch.Tensor:
-    """The paper's read-out (eq. 6, ``--inference nearest``): ``argmin_q D[x, q]``, first
-    minimum on ties. It ignores how common each rank is.
-
-    Deprecated: use :meth:`sol_ext.SOLHead.predict` with ``readout="nearest"``, or
-    ``sol_ext.readout.dissimilarities(embeddings, centroids, sigma).argmin(dim=1)``.
-
-    Args:
-        embeddings: ``[N, d]``.
-        centroids: ``[n, d]``.
-        sigma: noise-kernel std in rank units (the one used in training).
-        batch_size: rows of ``D`` computed at once (``D`` is ``[batch, n]``).
-        backend: ``"auto"``, ``"fused"`` or ``"reference"``.
-
-    Returns:
-        ``[N]`` int64 predicted ranks in ``0 … n-1``.
-    """
-    warn_deprecated("sol_ext.centroids.predict_ranks",
-                    'SOLHead.predict(h, readout="nearest") or sol_ext.readout.dissimilarities(...).argmin(dim=1)')
-    out = []
-    with torch.no_grad():
-        for i in range(0, embeddings.shape[0], batch_size):
-            d = stochastic_dissimilarity(embeddings[i:i + batch_size], centroids, sigma=sigma,
-                                         backend=backend)
-            out.append(torch.argmin(d, dim=1))  # torch.argmin returns the first minimum
-    if not out:
-        return torch.zeros(0, dtype=torch.long, device=embeddings.device)
-    return torch.cat(out)
-
-
-def posterior_median_ranks(dissimilarity: torch.Tensor, posterior) -> torch.Tensor:
-    """The driver's ``--inference posterior`` read-out (not in the paper): the median rank of
-    ``p(q | x)`` for each row of ``D [N, n]``.
-
-    Returns ``[N]`` int64 ranks in ``0 … n-1``.
-
-    Deprecated: use :meth:`sol_ext.SOLHead.predict` (its default read-out), or
-    ``sol_ext.readout.median_ranks(sol_ext.readout.rank_posterior(dissimilarity, posterior))``.
-    """
-    warn_deprecated("sol_ext.centroids.posterior_median_ranks",
-                    "SOLHead.predict(h) or sol_ext.readout.median_ranks(sol_ext.readout.rank_posterior(d, posterior))")
-    return readout.median_ranks(readout.rank_posterior(dissimilarity, posterior))

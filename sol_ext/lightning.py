@@ -53,7 +53,6 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from . import _validation as check
 from . import metrics
-from ._deprecation import warn_deprecated
 from .distributed import (
     DistributedStochasticOrderLoss,
     gather_all,
@@ -354,13 +353,6 @@ class SOLModule(pl.LightningModule):
         grid = self.label_values.to(probabilities.device)
         return SOLPrediction(ranks=ranks, labels=grid[ranks] if not self._values_are_ranks else ranks,
                              probabilities=probabilities, expected=probabilities @ grid, embeddings=h)
-
-    def predict_ranks(self, inputs: Any) -> torch.Tensor:
-        """``[B]`` int64 ranks of a batch of inputs (the head's read-out; encoder in eval mode).
-
-        Deprecated: use ``predict(inputs).ranks``, which also gives the labels and probabilities."""
-        warn_deprecated("SOLModule.predict_ranks(inputs)", "SOLModule.predict(inputs).ranks")
-        return self.predict(inputs).ranks
 
     def forward(self, inputs: Any) -> torch.Tensor:
         """Embeddings ``[B, d]`` of a batch of inputs (:meth:`embed`); :meth:`predict` gives ranks,

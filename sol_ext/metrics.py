@@ -13,11 +13,11 @@ depend on the device or the input dtype.
   labels=range(K))``. Quadratic weighting makes it unchanged by a common shift and scale of both inputs,
   so label values on a grid ``min + step * rank`` give the same kappa as their ranks; :func:`summarize`
   relies on that.
-* :func:`macro_mae` (alias :func:`amae`, its name in the ordinal-regression literature) averages the
+* :func:`macro_mae` (AMAE in the ordinal-regression literature) averages the
   MAE of each true value's samples (Baccianella et al., 2009), so a rare rank weighs as much as a common
-  one; :func:`maximum_mae` (alias :func:`mmae`) is the largest of them, and :func:`per_rank_mae` gives
+  one; :func:`maximum_mae` (MMAE) is the largest of them, and :func:`per_rank_mae` gives
   them all.
-* :func:`ranked_probability_score` (alias :func:`rps`) scores probabilities ``[N, K]`` rather than
+* :func:`ranked_probability_score` (RPS) scores probabilities ``[N, K]`` rather than
   point predictions: the squared distance between the predicted and the true cumulative distribution.
 * :func:`expected_calibration_error` and :func:`reliability_curve` say how far the probability of the
   most probable rank is from how often that rank is right.
@@ -32,10 +32,9 @@ import numpy as np
 import torch
 
 from . import _validation as check
-from ._deprecation import moved_names
 
 __all__ = ["mae", "cumulative_score", "cs_curve", "pearson", "spearman", "quadratic_weighted_kappa",
-           "macro_mae", "amae", "maximum_mae", "mmae", "per_rank_mae", "ranked_probability_score", "rps",
+           "macro_mae", "maximum_mae", "per_rank_mae", "ranked_probability_score",
            "expected_calibration_error", "reliability_curve", "summarize"]
 
 ArrayLike = Any  # torch.Tensor | np.ndarray | Sequence[float]
@@ -192,9 +191,6 @@ def quadratic_weighted_kappa(pred: ArrayLike, true: ArrayLike, num_ranks: int | 
     return _quadratic_kappa(p, t)
 
 
-# qwk was a second name of quadratic_weighted_kappa (summarize still reports it under the key "qwk").
-__getattr__ = moved_names(__name__, {"qwk": ("sol_ext.metrics", "quadratic_weighted_kappa")})
-
 
 def _per_value_mae(p: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct values of ``t`` (increasing) and the MAE of the samples that have each of them."""
@@ -213,8 +209,6 @@ def macro_mae(pred: ArrayLike, true: ArrayLike) -> float:
     return float(np.mean(per_value))
 
 
-amae = macro_mae
-
 
 def maximum_mae(pred: ArrayLike, true: ArrayLike) -> float:
     """The worst per-value MAE: the largest, over the distinct values of ``true``, of the MAE of their
@@ -225,8 +219,6 @@ def maximum_mae(pred: ArrayLike, true: ArrayLike) -> float:
     _, per_value = _per_value_mae(*_as_pair(pred, true))
     return float(np.max(per_value))
 
-
-mmae = maximum_mae
 
 
 def per_rank_mae(pred: ArrayLike, true: ArrayLike) -> dict[float, float]:
@@ -263,8 +255,6 @@ def ranked_probability_score(probs: ArrayLike, true: ArrayLike) -> float:
     observed = (np.arange(p.shape[1])[None, :] >= t[:, None]).astype(np.float64)
     return float(np.mean(np.sum((predicted - observed) ** 2, axis=1)))
 
-
-rps = ranked_probability_score
 
 
 def reliability_curve(probs: ArrayLike, true: ArrayLike, bins: int = 15) -> dict[str, np.ndarray]:

@@ -13,9 +13,9 @@ Lightning: accumulate with ``update(pred, true)`` over batches, read with ``comp
 Each metric gives the value of its :mod:`sol_ext.metrics` function on all the samples passed to
 ``update`` (the same definitions, float64 sums): :class:`MAE` = :func:`~sol_ext.metrics.mae`,
 :class:`CumulativeScore` = :func:`~sol_ext.metrics.cumulative_score` (percent within ``theta``),
-:class:`MacroMAE` (alias :class:`AMAE`) = :func:`~sol_ext.metrics.macro_mae`, :class:`MaximumMAE` (alias
-:class:`MMAE`) = :func:`~sol_ext.metrics.maximum_mae`, :class:`QuadraticWeightedKappa` =
-:func:`~sol_ext.metrics.quadratic_weighted_kappa` and :class:`RankedProbabilityScore` (alias :class:`RPS`)
+:class:`MacroMAE` = :func:`~sol_ext.metrics.macro_mae`, :class:`MaximumMAE`
+= :func:`~sol_ext.metrics.maximum_mae`, :class:`QuadraticWeightedKappa` =
+:func:`~sol_ext.metrics.quadratic_weighted_kappa` and :class:`RankedProbabilityScore`
 = :func:`~sol_ext.metrics.ranked_probability_score`, which takes probabilities ``[N, K]`` in place of
 predictions. Their states are sums (``dist_reduce_fx="sum"``), so under DDP ``compute()`` gives the
 value on the samples of every process together. All but :class:`MAE` and :class:`CumulativeScore` keep
@@ -49,8 +49,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAE", "MacroMAE", "AMAE", "MaximumMAE", "MMAE", "QuadraticWeightedKappa", "QWK", "CumulativeScore",
-           "RankedProbabilityScore", "RPS"]
+__all__ = ["MAE", "MacroMAE", "MaximumMAE", "QuadraticWeightedKappa", "CumulativeScore", "RankedProbabilityScore"]
 
 
 def _check_num_ranks(num_ranks: Any) -> int:
@@ -238,8 +237,6 @@ class MacroMAE(_PairMetric):
         return (self.sum_abs_error[present] / self.count[present]).mean()
 
 
-AMAE = MacroMAE  # its name in the ordinal-regression literature (average MAE)
-
 
 class MaximumMAE(MacroMAE):
     """The worst per-rank MAE (MMAE): the largest, over the true ranks present, of the MAE of their
@@ -258,8 +255,6 @@ class MaximumMAE(MacroMAE):
         present = self.count > 0
         return (self.sum_abs_error[present] / self.count[present]).max()
 
-
-MMAE = MaximumMAE
 
 
 class QuadraticWeightedKappa(_PairMetric):
@@ -312,8 +307,6 @@ class QuadraticWeightedKappa(_PairMetric):
         return 1.0 - observed / chance
 
 
-QWK = QuadraticWeightedKappa
-
 
 class RankedProbabilityScore(_PairMetric):
     """The ranked probability score of rank probabilities, lower is better (=
@@ -363,6 +356,3 @@ class RankedProbabilityScore(_PairMetric):
         """The mean ranked probability score of every sample so far, a float64 scalar tensor."""
         self._need_samples(self.count)
         return self.sum_score / self.count
-
-
-RPS = RankedProbabilityScore

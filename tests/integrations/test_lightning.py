@@ -230,8 +230,6 @@ def test_predictions_give_probabilities_expected_values_and_labels_on_the_grid(t
     out = by_value.predict(x[:10])
     assert isinstance(out, SOLPrediction)
     assert torch.equal(out.ranks, by_rank.predict(x[:10]).ranks)
-    with pytest.warns(DeprecationWarning, match=r"SOLModule\.predict_ranks\(inputs\) is deprecated.*predict\(inputs\)\.ranks"):
-        assert torch.equal(by_rank.predict_ranks(x[:10]), out.ranks)
     assert torch.equal(out.labels, 20.0 + 2 * out.ranks.double())
     assert out.probabilities.shape == (10, NUM_RANKS)
     torch.testing.assert_close(out.probabilities.sum(dim=1), torch.ones(10, dtype=torch.float64))

@@ -18,11 +18,7 @@ pytest.importorskip("torchmetrics")
 from common import REPO_ROOT, spawn_processes  # noqa: E402
 from sol_ext import metrics  # noqa: E402
 from sol_ext.torchmetrics import (  # noqa: E402
-    AMAE,
     MAE,
-    MMAE,
-    QWK,
-    RPS,
     CumulativeScore,
     MacroMAE,
     MaximumMAE,
@@ -84,7 +80,7 @@ def test_float32_and_column_inputs_are_accepted():
 
 def test_reset_forgets_the_samples():
     pred, true = _samples(40, seed=1, real=False)
-    metric = QWK(NUM_RANKS)
+    metric = QuadraticWeightedKappa(NUM_RANKS)
     metric.update(torch.zeros_like(pred), true)
     metric.reset()
     metric.update(pred, true)
@@ -101,10 +97,6 @@ def test_macro_mae_per_rank_is_per_rank_mae():
     assert {r: float(per_rank[r]) for r in range(NUM_RANKS) if r in expected} == pytest.approx(expected)
 
 
-def test_literature_names_are_the_same_metrics():
-    assert AMAE is MacroMAE and MMAE is MaximumMAE and RPS is RankedProbabilityScore and QWK is QuadraticWeightedKappa
-
-
 @pytest.mark.parametrize("splits", [[60], [1, 29, 0, 30]])
 def test_rps_over_updates_is_the_function_on_all_samples(splits):
     gen = torch.Generator().manual_seed(len(splits))
@@ -118,8 +110,8 @@ def test_rps_over_updates_is_the_function_on_all_samples(splits):
     value = metric.compute()
     assert value.dtype == torch.float64
     assert float(value) == pytest.approx(metrics.ranked_probability_score(probs, true), rel=1e-12)
-    assert float(RPS(NUM_RANKS)(probs[:5].float(), true[:5])) == pytest.approx(
-        metrics.rps(probs[:5], true[:5]), rel=1e-6)
+    assert float(RankedProbabilityScore(NUM_RANKS)(probs[:5].float(), true[:5])) == pytest.approx(
+        metrics.ranked_probability_score(probs[:5], true[:5]), rel=1e-6)
 
 
 @pytest.mark.parametrize(("probs", "true", "message"), [
@@ -130,23 +122,23 @@ def test_rps_over_updates_is_the_function_on_all_samples(splits):
 ])
 def test_rps_refuses_bad_samples(probs, true, message):
     with pytest.raises(ValueError, match=message):
-        RPS(4).update(probs, true)
+        RankedProbabilityScore(4).update(probs, true)
 
 
-@pytest.mark.parametrize("make", [lambda: QWK(3), lambda: MAE(), lambda: MacroMAE(3), lambda: RPS(3)])
+@pytest.mark.parametrize("make", [lambda: QuadraticWeightedKappa(3), lambda: MAE(), lambda: MacroMAE(3), lambda: RankedProbabilityScore(3)])
 def test_a_metric_on_the_meta_device_refuses_update_by_name(make):
     metric = make().to("meta")
     with pytest.raises(RuntimeError, match=r"update needs a device that holds data \(cpu, cuda\), got the meta device"):
-        metric.update(torch.tensor([[1.0, 0.0, 0.0]]) if isinstance(metric, RPS) else torch.tensor([0]),
+        metric.update(torch.tensor([[1.0, 0.0, 0.0]]) if isinstance(metric, RankedProbabilityScore) else torch.tensor([0]),
                       torch.tensor([0]))
 
 
 def test_qwk_of_constant_inputs_is_that_of_sol_ext_metrics():
     """Both inputs the same constant: NaN, as sol_ext.metrics (and scikit-learn); different constants: 0."""
-    same = QWK(4)
+    same = QuadraticWeightedKappa(4)
     same.update(torch.full((5,), 2), torch.full((5,), 2))
     assert math.isnan(float(same.compute())) and math.isnan(metrics.quadratic_weighted_kappa([2] * 5, [2] * 5))
-    other = QWK(4)
+    other = QuadraticWeightedKappa(4)
     other.update(torch.full((5,), 1), torch.full((5,), 3))
     assert float(other.compute()) == metrics.quadratic_weighted_kappa([1] * 5, [3] * 5) == 0.0
 
@@ -154,7 +146,7 @@ def test_qwk_of_constant_inputs_is_that_of_sol_ext_metrics():
 def test_qwk_equals_scikit_learn():
     sklearn_metrics = pytest.importorskip("sklearn.metrics")
     pred, true = _samples(80, seed=3, real=False)
-    metric = QWK(NUM_RANKS)
+    metric = QuadraticWeightedKappa(NUM_RANKS)
     metric.update(pred, true)
     expected = sklearn_metrics.cohen_kappa_score(true, pred, weights="quadratic", labels=list(range(NUM_RANKS)))
     assert float(metric.compute()) == pytest.approx(expected, rel=1e-12)
@@ -162,8 +154,8 @@ def test_qwk_equals_scikit_learn():
 
 @pytest.mark.parametrize(("make", "message"), [
     (lambda: MacroMAE(0), "num_ranks must be an integer >= 1"),
-    (lambda: QWK(3.0), "num_ranks must be an integer >= 1"),
-    (lambda: QWK(True), "num_ranks must be an integer >= 1"),
+    (lambda: QuadraticWeightedKappa(3.0), "num_ranks must be an integer >= 1"),
+    (lambda: QuadraticWeightedKappa(True), "num_ranks must be an integer >= 1"),
     (lambda: CumulativeScore(-1), "theta must be a finite number >= 0"),
     (lambda: CumulativeScore(float("nan")), "theta must be a finite number >= 0"),
 ])
@@ -178,8 +170,8 @@ def test_bad_settings_are_refused(make, message):
     (MAE, [1.0, float("inf")], [1.0, 2.0], r"pred contains a non-finite value \(inf\) at index 1"),
     (lambda: MacroMAE(3), [0.0, 1.0], [0, 3], "true must hold integer ranks 0 … num_ranks-1 = 0 … 2, got 3.0"),
     (lambda: MacroMAE(3), [0.0, 1.0], [0, 1.5], "true must hold integer ranks"),
-    (lambda: QWK(3), [0.5, 1.0], [0, 1], "pred must hold integer ranks"),
-    (lambda: QWK(3), [0, 1], [-1, 1], "true must hold integer ranks"),
+    (lambda: QuadraticWeightedKappa(3), [0.5, 1.0], [0, 1], "pred must hold integer ranks"),
+    (lambda: QuadraticWeightedKappa(3), [0, 1], [-1, 1], "true must hold integer ranks"),
 ])
 def test_bad_samples_are_refused(make, pred, true, message):
     with pytest.raises(ValueError, match=message):
@@ -189,11 +181,11 @@ def test_bad_samples_are_refused(make, pred, true, message):
 def test_numpy_settings_are_accepted():
     np = pytest.importorskip("numpy")
     assert CumulativeScore(theta=np.int64(1)).theta == 1.0 and CumulativeScore(np.float32(0.5)).theta == 0.5
-    assert MacroMAE(np.int64(5)).num_ranks == 5 and QWK(np.int32(4)).num_ranks == 4
+    assert MacroMAE(np.int64(5)).num_ranks == 5 and QuadraticWeightedKappa(np.int32(4)).num_ranks == 4
 
 
 @pytest.mark.parametrize(("make", "pred", "true"), [
-    (lambda: QWK(3, validate_args=False), [3, 0, 1], [0, 0, 1]),   # pred 3 once counted as (true 1, pred 0)
+    (lambda: QuadraticWeightedKappa(3, validate_args=False), [3, 0, 1], [0, 0, 1]),   # pred 3 once counted as (true 1, pred 0)
     (lambda: MacroMAE(3, validate_args=False), [0.0, 1.0], [0, 1.5]),  # 1.5 once truncated to rank 1
 ])
 def test_ranks_out_of_range_are_refused_on_the_cpu_also_without_validate_args(make, pred, true):

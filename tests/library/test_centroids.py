@@ -1,12 +1,11 @@
 """Centroid rule (docs/math.md §8), and the read-outs that lived in sol_ext.centroids until sol_ext.readout."""
 
-import importlib
 
 import pytest
 import torch
 
 import sol_ext
-from sol_ext.centroids import compute_centroids, embed, fill_missing_centroids, predict_ranks
+from sol_ext.centroids import compute_centroids, embed, fill_missing_centroids
 from sol_ext.driver.config import NO_NOISE_SIGMA
 
 
@@ -84,7 +83,9 @@ def test_no_noise_sigma_gives_identity_kernel_and_hard_probabilities():
     assert torch.equal(pr, want)
 
 
-def test_predict_ranks_is_argmin_of_explicit_dissimilarity():
+def test_dissimilarities_in_batches_are_the_explicit_dissimilarity():
+    from sol_ext.readout import dissimilarities
+
     g = torch.Generator().manual_seed(1)
     n, d = 6, 4
     h = torch.randn(50, d, generator=g, dtype=torch.float64)
@@ -92,16 +93,7 @@ def test_predict_ranks_is_argmin_of_explicit_dissimilarity():
     P = sol_ext.noise_kernel(n, 1.0)
     D = torch.stack([(P[q][None, :] * ((h[:, None, :] - mu[None]) ** 2).sum(-1)).sum(1)
                      for q in range(n)], dim=1)
-    with pytest.warns(DeprecationWarning, match="SOLHead.predict"):
-        assert torch.equal(predict_ranks(h, mu, 1.0, batch_size=7), D.argmin(dim=1))
-
-
-def test_predict_ranks_takes_first_minimum_on_ties():
-    mu = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
-    h = torch.tensor([[0.0, 5.0], [5.0, 0.0]], dtype=torch.float64)
-    # identity kernel: ranks 1 and 2 (and 0 and 3) tie exactly; the lower rank wins
-    with pytest.warns(DeprecationWarning):
-        assert predict_ranks(h, mu, NO_NOISE_SIGMA).tolist() == [1, 0]
+    torch.testing.assert_close(dissimilarities(h, mu, 1.0, batch_size=7), D)  # in batches of 7 rows
 
 
 def test_embed_restores_training_mode_and_keeps_no_graph():
@@ -124,38 +116,3 @@ def test_damped_centroids_average_with_the_previous_ones_then_normalize():
     assert centroid_span(old) == pytest.approx(2 ** 0.5)
     with pytest.raises(ValueError, match="momentum"):
         damp_centroids(old, rule, 1.0, normalize=True)
-
-
-def test_the_deprecated_read_outs_agree_with_the_head_and_the_readout_module():
-    from sol_ext.centroids import posterior_median_ranks
-    from sol_ext.readout import dissimilarities, fit_rank_posterior, median_ranks, rank_posterior
-
-    g = torch.Generator().manual_seed(0)
-    n = 8
-    r = torch.randint(0, n, (300,), generator=g)
-    h = torch.nn.functional.normalize(torch.randn(300, 4, generator=g), dim=1)
-    head = sol_ext.SOLHead(n, 4)
-    head.update(h, r)
-    d = dissimilarities(h, head.centroids, head.sigma)
-    with pytest.warns(DeprecationWarning, match=r"centroids\.predict_ranks is deprecated.*readout=\"nearest\""):
-        nearest = predict_ranks(h, head.centroids, head.sigma)
-    assert torch.equal(nearest, head.predict(h, readout="nearest"))
-    posterior = fit_rank_posterior(d, r, n)
-    with pytest.warns(DeprecationWarning, match=r"centroids\.posterior_median_ranks is deprecated"):
-        median = posterior_median_ranks(d, posterior)
-    assert torch.equal(median, median_ranks(rank_posterior(d, posterior)))
-
-
-@pytest.mark.parametrize("name, module", [
-    *[(name, "sol_ext.readout") for name in (
-        "dissimilarities", "RankPosterior", "fit_rank_posterior", "rank_posterior", "median_ranks",
-        "expected_ranks", "CUT_FITS", "fit_rank_cuts", "cut_ranks")],
-    *[(name, "sol_ext.refine") for name in (
-        "label_noise_kernel", "LABEL_NOISE_GRID", "LabelNoiseFit", "fit_label_noise", "fit_through_label_noise")],
-])
-def test_names_that_moved_out_of_centroids_still_work_and_warn(name, module):
-    import sol_ext.centroids as centroids
-
-    with pytest.warns(DeprecationWarning, match=rf"sol_ext\.centroids\.{name} is deprecated.*{module}\.{name}"):
-        old = getattr(centroids, name)
-    assert old is getattr(importlib.import_module(module), name)

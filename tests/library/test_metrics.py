@@ -10,18 +10,15 @@ import torch
 
 from sol_ext import metrics
 from sol_ext.metrics import (
-    amae,
     cs_curve,
     cumulative_score,
     macro_mae,
     mae,
     maximum_mae,
-    mmae,
     pearson,
     per_rank_mae,
     quadratic_weighted_kappa,
     ranked_probability_score,
-    rps,
     spearman,
     summarize,
 )
@@ -123,8 +120,6 @@ def test_qwk_hand_case():
     pred, true = np.array([0, 1, 2, 2, 3]), np.array([0, 2, 2, 1, 3])
     assert quadratic_weighted_kappa(pred, true) == pytest.approx(_qwk_by_table(pred, true, 4))
     assert quadratic_weighted_kappa(pred, true, num_ranks=10) == pytest.approx(_qwk_by_table(pred, true, 10))
-    with pytest.warns(DeprecationWarning, match=r"sol_ext\.metrics\.qwk is deprecated.*quadratic_weighted_kappa"):
-        assert metrics.qwk is quadratic_weighted_kappa
 
 
 def test_qwk_matches_sklearn_on_random_cases():
@@ -252,10 +247,9 @@ def test_cumulative_scores_refuse_a_bad_theta_by_name():
         cs_curve([1, 2], [1, 2], [1, float("nan")])
 
 
-def test_amae_is_macro_mae_and_mmae_the_worst_rank():
+def test_macro_mae_averages_the_ranks_and_maximum_mae_is_the_worst():
     true = np.array([0, 0, 0, 1, 2, 2])
     pred = np.array([0, 0, 1, 3, 2, 1])   # per rank: 1/3, 2, 1/2
-    assert amae is macro_mae and mmae is maximum_mae
     assert macro_mae(pred, true) == pytest.approx((1 / 3 + 2 + 0.5) / 3)
     assert maximum_mae(pred, true) == 2.0
     assert maximum_mae(pred, true) == max(per_rank_mae(pred, true).values())
@@ -278,7 +272,6 @@ def test_ranked_probability_score_hand_cases():
     probs = np.array([[0.2, 0.5, 0.3], [0.6, 0.3, 0.1]])
     true = np.array([2, 0])
     by_hand = ((0.2 - 0) ** 2 + (0.7 - 0) ** 2 + 0 + (0.6 - 1) ** 2 + (0.9 - 1) ** 2 + 0) / 2
-    assert rps is ranked_probability_score
     assert ranked_probability_score(probs, true) == pytest.approx(by_hand)
     assert ranked_probability_score(torch.tensor(probs, dtype=torch.float32), torch.tensor(true)) == \
         pytest.approx(by_hand, abs=1e-6)
@@ -310,7 +303,8 @@ def test_ranked_probability_score_bad_inputs(probs, true, match):
 
 
 def test_every_public_name_is_exported():
-    assert {"amae", "mmae", "maximum_mae", "rps", "ranked_probability_score"} <= set(metrics.__all__)
+    assert {"macro_mae", "maximum_mae", "ranked_probability_score"} <= set(metrics.__all__)
+    assert all(hasattr(metrics, name) for name in metrics.__all__)
 
 
 # ---------------------------------------------------------------------------------------------
