@@ -395,7 +395,7 @@ def test_the_math_of_a_page_becomes_mathml():
 @pytest.mark.slow
 def test_the_site_builds_with_no_warning(tmp_path):
     """``mkdocs build --strict``: every page, link, anchor, included part and API entry resolves."""
-    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "latex2mathml"):
+    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "latex2mathml", "ruff"):
         if importlib.util.find_spec(module.split(".")[0]) is None:
             pytest.skip(f"{module} is not installed (pip install .[docs])")
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
@@ -416,7 +416,7 @@ def _visible_text(page: str) -> str:
 def check_the_built_site(site: Path) -> None:
     """What a reader sees: the math typeset (MathML, no formula left as code or plain text), at
     least three figures whose files are there, the install command and the quickstart on the home
-    page, and API entries one per parameter without torch's hooks."""
+    page, and API entries one per parameter, with wrapped signatures and without torch's hooks."""
     math_page = (site / "math" / "index.html").read_text(encoding="utf-8")
     assert math_page.count("<math") >= 60, math_page.count("<math")
     assert "^2" not in _visible_text(math_page)
@@ -436,6 +436,10 @@ def check_the_built_site(site: Path) -> None:
 
     home = html.unescape(re.sub(r"<[^>]+>", "", (site / "index.html").read_text(encoding="utf-8")))
     assert "pip install torch" in home and "sol_ext.SOLHead(" in home and "head.update(" in home
+
+    # signatures wrapped one parameter a line (mkdocstrings formats them with ruff), not one long line
+    loss_api = html.unescape(re.sub(r"<[^>]+>", "", (site / "api" / "loss" / "index.html").read_text(encoding="utf-8")))
+    assert re.search(r"StochasticOrderLoss\(\n\s+num_ranks: int,\n\s+sigma: float", loss_api)
 
     head_api = (site / "api" / "head" / "index.html").read_text(encoding="utf-8")
     assert "get_extra_state" not in head_api and "set_extra_state" not in head_api
