@@ -21,6 +21,7 @@ from .ops import (
     order_loss,
     ordering_probabilities,
     stochastic_dissimilarity,
+    stochastic_order_loss,
 )
 
 __version__ = "0.1.0"
@@ -40,6 +41,7 @@ def load_run(path, device="cpu", workers=0, handle_unknown="error"):
 # Building blocks live in their modules: sol_ext.ops, sol_ext.label_issues, sol_ext.grouped, sol_ext.reference.
 __all__ = [
     "StochasticOrderLoss",
+    "stochastic_order_loss",
     "SOLHead",
     "LabelGrid",
     "load_run",

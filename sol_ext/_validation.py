@@ -144,6 +144,12 @@ def check_loss_finite(loss: torch.Tensor, dtype: torch.dtype, inputs: str, large
                      "terms of about |D| + margin each; scale them down or compute in float64")
 
 
+def check_embedding_loss_finite(loss: torch.Tensor, h: torch.Tensor, mu: torch.Tensor, margin: float) -> None:
+    """:func:`check_loss_finite` of a loss of embeddings ``h`` and centroids ``mu``."""
+    check_loss_finite(loss, h.dtype, "h and mu",
+                      lambda: max(h.detach().abs().max().item(), mu.detach().abs().max().item()), margin)
+
+
 def check_same_device(**tensors) -> None:
     """Run before any check that reads values, so that a tensor on the wrong device is named as such."""
     present = {name: t for name, t in tensors.items() if isinstance(t, torch.Tensor)}
@@ -170,12 +176,13 @@ def check_embeddings(h: torch.Tensor, mu: torch.Tensor, values: bool = True) -> 
         check_finite("mu", mu)
 
 
-def check_dissimilarities(D: torch.Tensor, name: str = "D") -> float:
-    """``D [B, n]``, floating and finite; returns its largest ``|value|`` (0 where values cannot be read)."""
+def check_dissimilarities(D: torch.Tensor, name: str = "D", values: bool = True) -> float:
+    """``D [B, n]``, floating, and finite when ``values``; returns its largest ``|value|`` (0 where values
+    are not read)."""
     check_floating(name, D, 2, "[B, n]")
     if D.shape[1] < 1:
         raise ValueError(f"{name} must have at least one rank column (shape [B, n], n >= 1), got {tuple(D.shape)}")
-    if values_hidden(D) or D.numel() == 0:
+    if not values or values_hidden(D) or D.numel() == 0:
         return 0.0
     return max(abs(v) for v in extremes(name, D))
 

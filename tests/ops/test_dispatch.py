@@ -1,5 +1,5 @@
 """sol_ext._dispatch: the choice of what runs (the algorithm argument, the auto rule between the pairwise
-and the grouped order loss) and the routing names that moved there from sol_ext.grouped."""
+and the grouped order loss, the plan of the whole loss)."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 
 import sol_ext
 from common import load_benchmark
-from sol_ext import _dispatch, grouped
+from sol_ext import _dispatch
 
 CountOps = load_benchmark("bench_overhead").CountOps  # counts the operations a call dispatches
 
@@ -55,15 +55,6 @@ def test_auto_rule():
     assert choose("auto", 8192, 7, torch.device("meta"), fused=True) == "pairwise"
     assert choose("pairwise", 8192, 7, cpu, fused=True) == "pairwise"
     assert choose("grouped", 3, 7, cpu, fused=True) == "grouped"
-
-
-@pytest.mark.parametrize("name", ["grouped_is_faster", "fused_cuda_step"])
-def test_routing_names_moved_to_dispatch_still_work_with_a_warning(name):
-    with pytest.warns(DeprecationWarning, match=f"sol_ext.grouped.{name} is deprecated"):
-        moved = getattr(grouped, name)
-    assert moved is getattr(_dispatch, name)
-    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
-        grouped.no_such_name  # noqa: B018
 
 
 def test_auto_module_uses_grouped_for_a_large_batch():

@@ -281,10 +281,3 @@ def test_the_library_does_not_reduce_through_the_reference(monkeypatch):
             for algorithm in ("pairwise", "grouped"):
                 sol_ext.StochasticOrderLoss(5, reduction=reduction, backend=backend, algorithm=algorithm)(h, labels, mu)
     sol_ext.order_loss(D, labels, algorithm="grouped")
-
-
-def test_cuda_kernels_available_from_ops_still_works_with_a_warning():
-    with pytest.warns(DeprecationWarning, match="use sol_ext.cuda_kernels_available"):
-        moved = sol_ext.ops.cuda_kernels_available
-    assert moved is sol_ext.cuda_kernels_available
-    assert moved() == torch._C._dispatch_has_kernel_for_dispatch_key("sol_ext::order_loss", "CUDA")
