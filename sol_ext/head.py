@@ -449,7 +449,10 @@ class SOLHead(nn.Module):
     def _require(self, what: str, caller: str) -> None:
         if what == "centroids" and self._centroids_known:  # no read of the buffer (see __init__)
             return
-        ready = bool(self.has_centroids if what == "centroids" else self.has_readout)
+        if what == "centroids" and check.tracing():  # torch.compile cannot branch on the buffer's value
+            ready = False
+        else:
+            ready = bool(self.has_centroids if what == "centroids" else self.has_readout)
         if what == "centroids":
             self._centroids_known = ready
         if not ready:
