@@ -378,7 +378,7 @@ def test_grouped_refuses_explicit_pairs_and_per_pair_losses():
     with pytest.raises(ValueError, match="algorithm='grouped'.*reduction='none'"):
         sol_ext.order_loss(D, labels, reduction="none", algorithm="grouped")
     criterion = sol_ext.StochasticOrderLoss(4, algorithm="grouped")
-    with pytest.raises(ValueError, match="StochasticOrderLoss: algorithm='grouped'.*explicit pairs"):
+    with pytest.raises(ValueError, match="sol_ext.stochastic_order_loss: algorithm='grouped'.*explicit pairs"):
         criterion(torch.randn(5, 3), labels, torch.randn(4, 3), pairs)
     # auto takes pairwise for them
     assert sol_ext.order_loss(D, labels, reduction="none").shape == (10,)
