@@ -40,6 +40,8 @@ def check_reduction(reduction, allow_none: bool = True) -> str:
 
 
 def _is_real(value) -> bool:
+    if type(value) in (float, int):  # the usual case, without the ABC check (the loss checks its settings per call)
+        return True
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
@@ -65,10 +67,11 @@ INT64_MAX = 2**63 - 1
 def check_int(name: str, value, minimum: int) -> int:
     """An integer in ``minimum … 2**63 - 1`` (the kernels take int64); integral floats such as 3.0 are
     accepted, 3.5 is not."""
-    if _is_real(value) and not isinstance(value, numbers.Integral) and float(value).is_integer():
-        value = int(value)
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}")
+    if type(value) is not int:  # the usual case skips the ABC checks
+        if _is_real(value) and not isinstance(value, numbers.Integral) and float(value).is_integer():
+            value = int(value)
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
     if value > INT64_MAX:
