@@ -20,6 +20,7 @@ from .ops import (
     order_loss,
     ordering_probabilities,
     stochastic_dissimilarity,
+    stochastic_order_loss,
 )
 
 __version__ = "0.1.0"
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 # Building blocks live in their modules: sol_ext.ops, sol_ext.label_issues, sol_ext.grouped, sol_ext.reference.
 __all__ = [
     "StochasticOrderLoss",
+    "stochastic_order_loss",
     "SOLHead",
     "LabelGrid",
     "find_label_issues",

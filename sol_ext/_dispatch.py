@@ -9,13 +9,19 @@ Every entry point (the functional ops of :mod:`sol_ext.ops`, :class:`~sol_ext.St
     with computing(D.device):                                # autocast off: the dtype is chosen
         ...                                                  # fused kernels, reference or grouped
 
+The whole loss (:func:`sol_ext.ops.stochastic_order_loss`) takes its plan from :func:`plan_loss`: which op runs
+(a one-op step or the leaf ops), pairwise or grouped, and where its value checks run.
+
 Backends: ``"auto"`` uses the fused kernels when this build has them for the tensors' device and dtype,
 and otherwise the plain-PyTorch reference with a warning that says why (once per cause); ``"fused"``
 uses the kernels or raises; ``"reference"`` always uses :mod:`sol_ext.reference`. Meta tensors run the
 fake kernels. Algorithms of the all-pairs order loss: :func:`choose_algorithm` (``"auto"``:
 :func:`grouped_is_faster`); the grouped algorithm's fused op or torch operations: :func:`grouped_op_runs`;
-its one-op step on CUDA (``SOL_EXT_CUDA_GROUPED=fused``): :func:`fused_cuda_step`. Every such decision
-lives here; :mod:`sol_ext.grouped` is the algorithm alone.
+its one-op step on CUDA (``SOL_EXT_CUDA_GROUPED=fused``): :func:`fused_cuda_step`. These are the Python
+side's decisions; the CUDA kernels still choose between implementations of their own by environment
+variables (``SOL_EXT_CUDA_DISSIMILARITY``, ``SOL_EXT_CUDA_ALL_PAIRS_BACKWARD``, ``SOL_EXT_CUDA_GROUPED``,
+csrc/cuda/), of which Python reads only ``SOL_EXT_CUDA_GROUPED``, here. :mod:`sol_ext.grouped` is the
+algorithm alone.
 
 Mixed precision, as PyTorch's own losses do it: floating inputs of mixed dtypes are promoted to the wider
 one, and under ``torch.autocast`` the ops compute in float32 (float64 stays float64). The casts are
@@ -36,8 +42,8 @@ from . import _validation as check
 from ._extension import cuda_kernels_available
 
 __all__ = [
-    "prepare", "route", "Route", "computing", "choose_algorithm", "grouped_is_faster", "grouped_op_runs",
-    "fused_cuda_step", "cuda_kernels_available",
+    "prepare", "prepare_loss", "route", "Route", "plan_loss", "LossPlan", "computing", "choose_algorithm",
+    "grouped_is_faster", "grouped_op_runs", "fused_cuda_step", "cuda_kernels_available",
 ]
 
 _CPU_DTYPES = (torch.float32, torch.float64)
@@ -201,7 +207,7 @@ def choose_algorithm(
     ``"auto"`` keeps pairwise for explicit ``pairs``, for ``reduction="none"`` (per-pair losses), for
     ``backend="reference"`` (the oracle stays the plain formulas, which also support double backward
     through ``D``'s kernels), while ``torch.compile`` traces and on meta tensors (the fused ops have fake
-    kernels); otherwise it applies :func:`sol_ext.grouped.grouped_is_faster` (the measured rule, docs/performance.md).
+    kernels); otherwise it applies :func:`grouped_is_faster` (the measured rule, docs/performance.md).
     """
     check.check_choice("algorithm", algorithm, check.ALGORITHMS)
     if algorithm == "grouped":
@@ -279,3 +285,98 @@ def fused_cuda_step(h: torch.Tensor) -> bool:
     direction with the fused kernels of the CUDA op: only with ``SOL_EXT_CUDA_GROUPED=fused`` until that
     path has run on a GPU (csrc/cuda/grouped_order_loss_kernel.cu says what differs)."""
     return os.environ.get("SOL_EXT_CUDA_GROUPED") == "fused" and h.device.type == "cuda" and grouped_op_runs(h)
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole loss: its plan and its inputs
+# ---------------------------------------------------------------------------------------------
+
+# The ops a plan names: one op per direction (csrc/stochastic_order_loss.cpp), or the leaf ops one by one.
+GROUPED_STEP, PAIRWISE_STEP, LEAF_OPS = "grouped_stochastic_order_loss", "stochastic_order_loss", "leaf_ops"
+
+
+@dataclass(frozen=True)
+class LossPlan:
+    """How one call of the whole loss (:func:`sol_ext.ops.stochastic_order_loss`) runs.
+
+    ``op``: :data:`GROUPED_STEP` or :data:`PAIRWISE_STEP`, the loss as one op per direction with one
+    autograd node (at small batches a step's time is mostly per-call overhead), or :data:`LEAF_OPS`: ``D``,
+    then the order and discriminative terms. ``algorithm``: ``"pairwise"`` or ``"grouped"``, for the order
+    term over all pairs. ``backend``: ``"fused"`` or ``"reference"``, what the leaf ops run. ``checks``: where
+    the value checks run: ``"op"`` inside the CPU grouped op (which reads its inputs and its loss itself),
+    ``"python"`` on the inputs before the op and on ``D`` and the loss after it, ``"indices"``
+    (``check_values=False`` on a CPU path in plain torch operations, where a negative index would silently
+    wrap around) only the ranges of ``labels`` and ``pairs``, or ``"none"``.
+    """
+
+    op: str
+    algorithm: str
+    backend: str
+    checks: str
+
+
+def plan_loss(
+    where: str,
+    backend: str,
+    h: torch.Tensor,
+    num_ranks: int,
+    *,
+    algorithm: str = "auto",
+    pairs: Optional[torch.Tensor] = None,
+    reduction: str = "mean",
+    check_values: bool = True,
+    leaf_ops: bool = False,
+) -> LossPlan:
+    """The :class:`LossPlan` of one call of ``sol_ext.<where>`` on embeddings ``h`` (checked and promoted).
+    ``leaf_ops``: the caller runs the leaf ops itself (the distributed loss, which gathers ``D``)."""
+    how = route(where, backend, h.device, h.dtype, algorithm=algorithm, batch_size=h.shape[0], num_ranks=num_ranks,
+                pairs=pairs, reduction=reduction)
+    on_cpu = h.device.type == "cpu"
+    if leaf_ops:
+        op = LEAF_OPS
+    elif how.fused and how.algorithm == "grouped" and (on_cpu or fused_cuda_step(h)):
+        op = GROUPED_STEP
+    elif how.fused and how.algorithm == "pairwise":
+        op = PAIRWISE_STEP
+    else:
+        op = LEAF_OPS
+    if check_values:
+        checks = "op" if op == GROUPED_STEP and on_cpu else "python"
+    else:  # the kernels check their indices themselves; a GPU asserts them on the device (check_ranks)
+        checks = "indices" if on_cpu and not how.fused else "none"
+    return LossPlan(op=op, algorithm=how.algorithm, backend="fused" if how.fused else "reference", checks=checks)
+
+
+def prepare_loss(
+    where: str,
+    h: torch.Tensor,
+    labels: torch.Tensor,
+    mu: torch.Tensor,
+    pairs: Optional[torch.Tensor] = None,
+    *,
+    num_ranks: Optional[int] = None,
+    backend: str = "auto",
+    algorithm: str = "auto",
+    reduction: str = "mean",
+    check_values: bool = True,
+    leaf_ops: bool = False,
+) -> tuple:
+    """``(h, labels, mu, pairs, plan)``: the arguments of the whole loss checked and promoted (:func:`prepare`),
+    its :class:`LossPlan`, and the inputs' values read where the plan says (``plan.checks == "python"``:
+    NaN/inf embeddings and out-of-range labels and pairs are refused here). ``num_ranks``: the rows ``mu``
+    must have (default: whatever it has)."""
+    h, mu = prepare({"h": h, "mu": mu}, labels=labels, pairs=pairs)
+    check.check_embeddings(h, mu, values=False)
+    if num_ranks is not None and mu.shape[0] != num_ranks:
+        raise ValueError(
+            f"mu must have num_ranks={num_ranks} rows (one centroid per rank), got shape {tuple(mu.shape)}"
+        )
+    plan = plan_loss(where, backend, h, mu.shape[0], algorithm=algorithm, pairs=pairs, reduction=reduction,
+                     check_values=check_values, leaf_ops=leaf_ops)
+    read = plan.checks in ("python", "indices")
+    labels = check.check_ranks("labels", labels, mu.shape[0], length=h.shape[0], values=read)
+    pairs = check.check_pairs(pairs, h.shape[0], values=read)
+    if plan.checks == "python":
+        check.check_finite("h", h)
+        check.check_finite("mu", mu)
+    return h, labels, mu, pairs, plan

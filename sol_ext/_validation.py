@@ -40,6 +40,8 @@ def check_reduction(reduction, allow_none: bool = True) -> str:
 
 
 def _is_real(value) -> bool:
+    if type(value) in (float, int):  # the usual case, without the ABC check (the loss checks its settings per call)
+        return True
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
@@ -65,10 +67,11 @@ INT64_MAX = 2**63 - 1
 def check_int(name: str, value, minimum: int) -> int:
     """An integer in ``minimum … 2**63 - 1`` (the kernels take int64); integral floats such as 3.0 are
     accepted, 3.5 is not."""
-    if _is_real(value) and not isinstance(value, numbers.Integral) and float(value).is_integer():
-        value = int(value)
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}")
+    if type(value) is not int:  # the usual case skips the ABC checks
+        if _is_real(value) and not isinstance(value, numbers.Integral) and float(value).is_integer():
+            value = int(value)
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
     if value > INT64_MAX:
@@ -144,6 +147,12 @@ def check_loss_finite(loss: torch.Tensor, dtype: torch.dtype, inputs: str, large
                      "terms of about |D| + margin each; scale them down or compute in float64")
 
 
+def check_embedding_loss_finite(loss: torch.Tensor, h: torch.Tensor, mu: torch.Tensor, margin: float) -> None:
+    """:func:`check_loss_finite` of a loss of embeddings ``h`` and centroids ``mu``."""
+    check_loss_finite(loss, h.dtype, "h and mu",
+                      lambda: max(h.detach().abs().max().item(), mu.detach().abs().max().item()), margin)
+
+
 def check_same_device(**tensors) -> None:
     """Run before any check that reads values, so that a tensor on the wrong device is named as such."""
     present = {name: t for name, t in tensors.items() if isinstance(t, torch.Tensor)}
@@ -170,12 +179,13 @@ def check_embeddings(h: torch.Tensor, mu: torch.Tensor, values: bool = True) -> 
         check_finite("mu", mu)
 
 
-def check_dissimilarities(D: torch.Tensor, name: str = "D") -> float:
-    """``D [B, n]``, floating and finite; returns its largest ``|value|`` (0 where values cannot be read)."""
+def check_dissimilarities(D: torch.Tensor, name: str = "D", values: bool = True) -> float:
+    """``D [B, n]``, floating, and finite when ``values``; returns its largest ``|value|`` (0 where values
+    are not read)."""
     check_floating(name, D, 2, "[B, n]")
     if D.shape[1] < 1:
         raise ValueError(f"{name} must have at least one rank column (shape [B, n], n >= 1), got {tuple(D.shape)}")
-    if values_hidden(D) or D.numel() == 0:
+    if not values or values_hidden(D) or D.numel() == 0:
         return 0.0
     return max(abs(v) for v in extremes(name, D))
 

@@ -55,12 +55,12 @@ import torch.distributed as dist
 from torch import nn
 
 from . import _validation as check
-from ._dispatch import computing, route
+from ._dispatch import computing, prepare_loss, route
 from ._reduction import reduce_losses
 from .grouped import grouped_order_loss
-from .head import SOLHead, checked_labels
+from .head import SOLHead
 from .loss import StochasticOrderLoss
-from .ops import unchecked_order_loss_block_rows
+from .ops import disc_loss, order_loss_block, stochastic_dissimilarity
 
 __all__ = ["DistributedStochasticOrderLoss", "gather_rows", "zigzag_layout", "gather_all", "shard",
            "all_reduce_sum", "update_centroids", "update_head"]
@@ -194,14 +194,17 @@ class DistributedStochasticOrderLoss(nn.Module):
                 "supported (pass pairs=None, or use sol_ext.StochasticOrderLoss on one process)"
             )
         world, rank = _group_size_and_rank(self.group)
-        c = self.loss  # its checks (check_values too), D and discriminative term; the order term over all processes
-        h, labels, mu, _ = c._prepare(h, labels, mu, None)
+        c = self.loss  # its settings and checks; D and the discriminative term here, the order term over all processes
         where = "DistributedStochasticOrderLoss"
-        fused = route(where, c.backend, h.device, h.dtype).fused
-        if not (c.check_values or fused):
-            check.check_indices_on_cpu(labels, c.num_ranks)  # as StochasticOrderLoss.forward
+        h, labels, mu, _, plan = prepare_loss(
+            where, h, labels, mu, num_ranks=c.num_ranks, backend=c.backend, reduction=c.reduction,
+            check_values=c.check_values, leaf_ops=True,
+        )
+        # the inputs are checked: the ops below run on plan.backend without reading values again
         with computing(h.device):
-            D = c._dissimilarities(h, mu, fused)
+            D = stochastic_dissimilarity(h, mu, c.sigma, backend=plan.backend, check_values=False)
+            if plan.checks == "python":
+                check.check_dissimilarities_finite(D, h, mu)
             D_cat, labels_cat, _, sizes = gather_rows(D, labels, self.group)
             total = sum(sizes)
             how = route(  # by the global batch size, the same on every process
@@ -218,12 +221,12 @@ class DistributedStochasticOrderLoss(nn.Module):
                 D_all = torch.cat([D_cat[a:b] for a, b in segments])
                 labels_all = torch.cat([labels_cat[a:b] for a, b in segments])
                 rows = torch.cat([
-                    unchecked_order_loss_block_rows(D[part], labels[part], D_all, labels_all, offset, c.sigma,
-                                                    c.tau, c.margin, c.convention, fused)
+                    order_loss_block(D[part], labels[part], D_all, labels_all, offset, c.sigma, c.tau, c.margin,
+                                     c.convention, backend=plan.backend, check_values=False)
                     for part, offset in ((slice(0, split), offsets[0]), (slice(split, None), offsets[1]))
                 ])
                 order = reduce_losses(rows, "sum")
-            disc = c._disc_term(D, labels, fused, "sum")
+            disc = disc_loss(D, labels, c.T, "sum", backend=plan.backend, check_values=False)
             if c.reduction == "mean":  # the global counts: N(N-1)/2 pairs, N samples (an empty set gives 0)
                 order = order / max(total * (total - 1) // 2, 1)
                 disc = disc / max(total, 1)
@@ -231,7 +234,7 @@ class DistributedStochasticOrderLoss(nn.Module):
             value = share.detach().clone()
             dist.all_reduce(value, group=self.group)
             if c.check_values:  # on the global value: every process raises, none waits in a collective
-                c._check_finite(value, h, mu)
+                check.check_embedding_loss_finite(value, h, mu, c.margin)
             return _GlobalValue.apply(share * world, value)
 
     def extra_repr(self) -> str:
@@ -310,8 +313,8 @@ def update_centroids(head: "SOLHead", h: torch.Tensor, labels, group=None) -> to
         group: the ``torch.distributed`` process group; without an initialized one, this process alone.
 
     Returns the new centroids ``[n, d]``, the same on every process: those of one process on the
-    whole training set (to the rounding of the sums). Every process must call it (an all-reduce)."""
-    labels = checked_labels(head, "h", h, "labels", labels)
+    whole training set (to the rounding of the sums). Every process must call it (an all-reduce); the
+    arguments are checked before it."""
     return head.update_centroids(h, labels, all_reduce=all_reduce_sum(group))
 
 
@@ -337,19 +340,8 @@ def update_head(head: "SOLHead", h: torch.Tensor, labels, val_h: Optional[torch.
     must call it: the arguments are checked before the first collective, so that bad input raises
     on the process that has it (the others then wait in the collective until the group's timeout).
     """
-    if (val_h is None) != (val_labels is None):
-        raise ValueError("pass val_h and val_labels together, or neither.")
-    labels = checked_labels(head, "h", h, "labels", labels)
-    if val_h is not None:
-        val_labels = checked_labels(head, "val_h", val_h, "val_labels", val_labels)
     if not is_distributed(group):
         head.update(h, labels, val_h, val_labels)
         return
-    head.update_centroids(h, labels, all_reduce=all_reduce_sum(group))
-    all_labels = gather_all(labels, group)
-    if val_h is None:
-        head.fit_readout(gather_all(h, group), all_labels)
-    else:
-        head.fit_readout(gather_all(val_h, group), gather_all(val_labels, group), prior_labels=all_labels,
-                         cuts=False)
-        head.fit_cuts(gather_all(h, group), all_labels)  # as head.update: on the training set
+    head.update(h, labels, val_h, val_labels, all_reduce=all_reduce_sum(group),
+                gather=lambda t: gather_all(t, group))

@@ -9,29 +9,25 @@ no host synchronization). Elsewhere (MPS, half precision, a build without CUDA k
 operations (sort, searchsorted, cumsum, index_add) do, so it runs on every device torch runs on. The result and the gradient equal the pairwise ones up to rounding;
 the hinges' decisions (which pairs contribute, ties included) are the same (docs/math.md §13.4).
 
-On the CPU, :class:`sol_ext.StochasticOrderLoss` runs its whole step with this algorithm as one op per
-direction, ``torch.ops.sol_ext.grouped_stochastic_order_loss`` (csrc/stochastic_order_loss.cpp), so that a
-busy machine does not stall it (docs/math.md §13.6); on CUDA too with ``SOL_EXT_CUDA_GROUPED=fused``
-(off by default until that path has run on a GPU).
+On the CPU, :func:`sol_ext.ops.stochastic_order_loss` (and so :class:`sol_ext.StochasticOrderLoss`) runs its
+whole step with this algorithm as one op per direction, ``torch.ops.sol_ext.grouped_stochastic_order_loss``
+(csrc/stochastic_order_loss.cpp), so that a busy machine does not stall it (docs/math.md §13.6); on CUDA too
+with ``SOL_EXT_CUDA_GROUPED=fused`` (off by default until that path has run on a GPU).
 
-This module is the algorithm alone. Which path runs is :mod:`sol_ext._dispatch`'s to say: ``algorithm``
-of :class:`sol_ext.StochasticOrderLoss` and :func:`sol_ext.order_loss` picks between pairwise and grouped
-(``"auto"``: :func:`sol_ext._dispatch.grouped_is_faster`, the measured rule), the fused op or the torch
-operations (:func:`sol_ext._dispatch.grouped_op_runs`), and the one-op step on CUDA
-(:func:`sol_ext._dispatch.fused_cuda_step`).
+This module is the algorithm alone. Which path runs is decided with the rest of the dispatch:
+``algorithm`` of :func:`sol_ext.ops.stochastic_order_loss` and :func:`sol_ext.order_loss` picks between
+pairwise and grouped (``"auto"``: the rule measured in docs/performance.md), and the fused op runs for CPU
+and CUDA float32/float64, the torch operations elsewhere.
 """
 from __future__ import annotations
 
 import functools
-from types import SimpleNamespace
 from typing import Optional
 
 import torch
 
-from . import _dispatch
 from . import _validation as check
 from ._autograd import grouped_sum_backward, setup_grouped_sum
-from ._deprecation import moved_names
 from ._dispatch import grouped_op_runs
 from ._reduction import reduced_dtype
 from ._rows import deterministic_sum, searchsorted_rows, sort_rows
@@ -461,13 +457,3 @@ def grouped_order_loss(
         total = total * (1.0 / (normalizer if normalizer is not None else max(_num_pairs(D.shape[0]), 1)))
     return total.to(reduced_dtype(D.dtype))
 
-
-# Names that moved keep working for one release, with a DeprecationWarning.
-__getattr__ = moved_names(__name__, {
-    "grouped_is_faster": (lambda: _dispatch.grouped_is_faster,
-                          "the rule of algorithm='auto' is sol_ext._dispatch.grouped_is_faster"),
-    "fused_cuda_step": (lambda: _dispatch.fused_cuda_step, "which path runs is sol_ext._dispatch's to say"),
-    "GroupedOrderLoss": (lambda: SimpleNamespace(apply=grouped_order_loss),
-                         "use sol_ext.order_loss(D, labels, algorithm='grouped'), or grouped_order_loss with "
-                         "the arguments of GroupedOrderLoss.apply"),
-})

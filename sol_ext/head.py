@@ -67,13 +67,6 @@ _EXTRA_STATE = "_extra_state"
 _INTERVAL_BUFFERS = ("interval_scores", "interval_weights", "interval_codes")
 
 
-def checked_labels(head: "SOLHead", name: str, h: torch.Tensor, labels_name: str, labels) -> torch.Tensor:
-    """``labels`` as int64 ranks on ``h``'s device, after ``head``'s checks of the embeddings ``h`` and of
-    ``labels`` (for :mod:`sol_ext.distributed`, which updates a head across processes)."""
-    head._check_embeddings(name, h)
-    return head._check_labels(labels_name, labels, name, h).to(h.device)
-
-
 class SOLHead(nn.Module):
     """SOL's rank centroids, loss and read-out for embeddings of size ``embedding_dim``.
 
@@ -129,6 +122,10 @@ class SOLHead(nn.Module):
         self.register_buffer("cuts", torch.arange(max(n - 1, 0), dtype=torch.float64) + 0.5)
         self.register_buffer("has_centroids", torch.zeros((), dtype=torch.bool))
         self.register_buffer("has_readout", torch.zeros((), dtype=torch.bool))
+        # has_centroids as a Python flag, for loss(): checked without reading the buffer (a host-device
+        # synchronization on a GPU, and a graph break under torch.compile). Kept in step with the buffer
+        # by update_centroids and load_state_dict.
+        self._centroids_known = False
 
     # -- settings ----------------------------------------------------------------------------
     @property
@@ -208,6 +205,7 @@ class SOLHead(nn.Module):
                                  all_reduce=all_reduce)
         self.centroids = damp_centroids(previous, rule, self.momentum, normalize=self.normalize)
         self.has_centroids.fill_(True)
+        self._centroids_known = True
         return self.centroids
 
     @torch.no_grad()
@@ -271,11 +269,18 @@ class SOLHead(nn.Module):
         return self.cuts
 
     def update(self, h: torch.Tensor, labels: torch.Tensor, val_h: Optional[torch.Tensor] = None,
-               val_labels: Optional[torch.Tensor] = None) -> None:
+               val_labels: Optional[torch.Tensor] = None, *,
+               all_reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+               gather: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
         """End of an epoch: :meth:`update_centroids` on the training set ``(h, labels)``, then
         :meth:`fit_readout` on the validation split ``(val_h, val_labels)`` when given (better
         calibrated), else on the training set; the prior is the training labels' frequency, and
-        the cuts (:meth:`fit_cuts`) are fitted on the training set."""
+        the cuts (:meth:`fit_cuts`) are fitted on the training set.
+
+        In data-parallel training each process passes its share of the rows, with ``all_reduce`` (sums
+        a tensor over the processes, for the centroid rule) and ``gather`` (concatenates a tensor's rows
+        over the processes, for the read-out); :func:`sol_ext.distributed.update_head` passes both.
+        Every argument is checked before the first of them runs."""
         if (val_h is None) != (val_labels is None):
             raise ValueError("pass val_h and val_labels together, or neither.")
         # every argument is checked before the centroids change: a refused update leaves the head as it was
@@ -284,7 +289,11 @@ class SOLHead(nn.Module):
         if val_h is not None:
             self._check_embeddings("val_h", val_h)
             val_labels = self._check_labels("val_labels", val_labels, "val_h", val_h)
-        self.update_centroids(h, labels)
+        self.update_centroids(h, labels, all_reduce=all_reduce)
+        if gather is not None:  # the read-out is fitted on every process's rows
+            h, labels = gather(h), gather(labels)
+            if val_h is not None:
+                val_h, val_labels = gather(val_h), gather(val_labels)
         if val_h is None:
             self.fit_readout(h, labels)
         else:
@@ -430,6 +439,7 @@ class SOLHead(nn.Module):
                 delattr(self, name)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
+        self._centroids_known = bool(self.has_centroids)
         if settings_key not in state_dict and settings_key in missing_keys:
             missing_keys.remove(settings_key)  # saved before heads saved their settings: load unchecked
         if prefix + "cuts" in missing_keys and self.readout != "cuts":
@@ -437,8 +447,15 @@ class SOLHead(nn.Module):
 
     # -- checks ------------------------------------------------------------------------------
     def _require(self, what: str, caller: str) -> None:
-        ready = self.has_centroids if what == "centroids" else self.has_readout
-        if not bool(ready):
+        if what == "centroids" and self._centroids_known:  # no read of the buffer (see __init__)
+            return
+        if what == "centroids" and check.tracing():  # torch.compile cannot branch on the buffer's value
+            ready = False
+        else:
+            ready = bool(self.has_centroids if what == "centroids" else self.has_readout)
+        if what == "centroids":
+            self._centroids_known = ready
+        if not ready:
             first = "update_centroids() or update()" if what == "centroids" else "fit_readout() or update()"
             raise RuntimeError(f"SOLHead.{caller}: the head has no {what} yet; call {first} on the "
                                f"training embeddings first (or load_state_dict of a trained head).")
@@ -459,7 +476,7 @@ class SOLHead(nn.Module):
         if labels.dim() == 1 and labels.shape[0] != rows.shape[0]:
             raise ValueError(f"{name} must hold one rank per row of {rows_name}: {rows_name} has "
                              f"{rows.shape[0]} rows, {name} has {labels.shape[0]} values")
-        return check.check_ranks(name, labels, self.num_ranks, length=rows.shape[0])
+        return check.check_ranks(name, labels, self.num_ranks, length=rows.shape[0]).to(rows.device)
 
     def extra_repr(self) -> str:
         return (f"num_ranks={self.num_ranks}, embedding_dim={self.embedding_dim}, "

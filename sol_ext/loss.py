@@ -7,25 +7,27 @@ import torch
 from torch import nn
 
 from . import _validation as check
-from ._dispatch import computing, fused_cuda_step, prepare, route
-from ._reduction import reduce_losses
-from .grouped import grouped_order_loss
-from .ops import unchecked_disc_losses, unchecked_dissimilarity, unchecked_order_losses
+from .ops import stochastic_order_loss
 
 
 class StochasticOrderLoss(nn.Module):
     """``L = order_loss(D) + disc_weight * disc_loss(D)`` with ``D = stochastic_dissimilarity(h, mu)``.
 
-    The loss of paper eq. 17 plus lambda times eq. 10 (docs/math.md §7), for one batch::
+    The loss of paper eq. 17 plus lambda times eq. 10 (docs/math.md §7), for one batch, with its settings
+    checked once; :func:`sol_ext.ops.stochastic_order_loss` is the same loss as a function::
 
         criterion = sol_ext.StochasticOrderLoss(num_ranks=62)
         loss = criterion(h, labels, centroids)        # h [B, d], labels [B] int, centroids [n, d]
         loss.backward()
 
+    The loss does not make the centroids: :class:`sol_ext.SOLHead` keeps them and refreshes them by the
+    closed-form rule (:func:`sol_ext.centroids.compute_centroids`) between epochs (docs/loop.md).
+
     Args:
         num_ranks: number of ranks ``n`` (>= 1); ``mu`` must have ``n`` rows.
         sigma: std of the label-noise model in rank units (> 0).
-        tau: ``x ~ y`` threshold in ranks (int >= 0). margin: hinge margin gamma (>= 0).
+        tau: ``x ~ y`` threshold in ranks (int >= 0); 1 by default, as for :class:`sol_ext.SOLHead` (the
+            paper's 3 lumps most pairs together when there are few ranks). margin: hinge margin gamma (>= 0).
         T: neighbour range of the discriminative loss (int >= 1). disc_weight: lambda (>= 0).
         convention: ``"paper"`` (default) or ``"official"`` (the authors' code, docs/math.md §10).
         reduction: ``"mean"`` (each part averaged over its pairs or samples) or ``"sum"``.
@@ -33,10 +35,10 @@ class StochasticOrderLoss(nn.Module):
         algorithm: how the order loss over all pairs is evaluated: ``"pairwise"`` pair by pair
             (``O(B^2 n)``, the fused kernel or the reference), ``"grouped"`` by sorting each rank's column of
             ``D`` (``O(n^2 B + n B log B)``, docs/math.md §13; not with explicit ``pairs``), or ``"auto"``
-            (default): the faster for the batch size, the number of ranks and the device
-            (:func:`sol_ext._dispatch.grouped_is_faster`); pairwise for explicit pairs and with
-            ``backend="reference"``. The same value and gradients up to rounding. On a GPU, grouped reads
-            one flag per chunk of ranks back to the host (its tie checks), also with ``check_values=False``.
+            (default): the faster for the batch size, the number of ranks and the device (the rule measured
+            in docs/performance.md); pairwise for explicit pairs and with ``backend="reference"``. The same
+            value and gradients up to rounding. On a GPU, grouped reads one flag per chunk of ranks back to
+            the host (its tie checks), also with ``check_values=False``.
         check_values: read the inputs' values to refuse NaN/inf embeddings and out-of-range labels or
             pairs with a ``ValueError`` (default), and the loss's to refuse an overflow to inf or NaN from
             finite but huge embeddings. On a GPU that costs host-device synchronizations per
@@ -54,7 +56,7 @@ class StochasticOrderLoss(nn.Module):
         self,
         num_ranks: int,
         sigma: float = 1.0,
-        tau: int = 3,
+        tau: int = 1,
         margin: float = 0.25,
         T: int = 1,
         disc_weight: float = 1.0,
@@ -82,90 +84,11 @@ class StochasticOrderLoss(nn.Module):
     def forward(
         self, h: torch.Tensor, labels: torch.Tensor, mu: torch.Tensor, pairs: Optional[torch.Tensor] = None
     ) -> torch.Tensor:
-        # On the CPU the values are read once the path is known: the grouped op reads them itself.
-        on_cpu = isinstance(h, torch.Tensor) and h.device.type == "cpu"
-        h, labels, mu, pairs = self._prepare(h, labels, mu, pairs, values=self.check_values and not on_cpu)
-        how = route(
-            "StochasticOrderLoss", self.backend, h.device, h.dtype, algorithm=self.algorithm, batch_size=h.shape[0],
-            num_ranks=self.num_ranks, pairs=pairs, reduction=self.reduction,
+        return stochastic_order_loss(
+            h, labels, mu, pairs, self.sigma, self.tau, self.margin, self.T, self.disc_weight, self.convention,
+            self.reduction, num_ranks=self.num_ranks, backend=self.backend, algorithm=self.algorithm,
+            check_values=self.check_values,
         )
-        if not (self.check_values or how.fused):
-            check.check_indices_on_cpu(labels, self.num_ranks, pairs, h.shape[0])
-        with computing(h.device):
-            if how.fused and how.algorithm == "grouped" and (on_cpu or fused_cuda_step(h)):
-                # one op per direction (csrc/stochastic_order_loss.cpp); on the CPU with the value checks
-                # inside and no OpenMP team, which on a busy machine waits for a descheduled thread
-                need_grad = torch.is_grad_enabled() and (h.requires_grad or mu.requires_grad)
-                loss, D, _ = torch.ops.sol_ext.grouped_stochastic_order_loss(
-                    h, mu, labels, self.sigma, self.tau, self.margin, self.T, self.disc_weight, self.convention,
-                    self.reduction, self.check_values and on_cpu, need_grad,
-                )
-                if self.check_values and not on_cpu:
-                    check.check_dissimilarities_finite(D, h, mu)
-                    self._check_finite(loss, h, mu)
-                return loss  # on the CPU the op checked it
-            if self.check_values and on_cpu:
-                self._check_values(h, labels, mu, pairs)
-            if how.fused and how.algorithm == "pairwise":
-                # one op per direction and one autograd node (csrc/stochastic_order_loss.cpp): at small
-                # batches a step's time is mostly per-call overhead
-                loss, D = torch.ops.sol_ext.stochastic_order_loss(
-                    h, mu, labels, pairs, self.sigma, self.tau, self.margin, self.T, self.disc_weight,
-                    self.convention, self.reduction,
-                )
-                if self.check_values:
-                    check.check_dissimilarities_finite(D, h, mu)
-                    self._check_finite(loss, h, mu)
-                return loss
-            D = self._dissimilarities(h, mu, how.fused)
-            if how.algorithm == "grouped":  # D by the kernels (or the reference), the all-pairs sum by sorting
-                order = grouped_order_loss(D, labels, self.sigma, self.tau, self.margin, self.convention, self.reduction)
-            else:
-                order = reduce_losses(
-                    unchecked_order_losses(D, labels, pairs, self.sigma, self.tau, self.margin, self.convention, how.fused),
-                    self.reduction,
-                )
-            loss = order + self.disc_weight * self._disc_term(D, labels, how.fused, self.reduction)
-            if self.check_values:
-                self._check_finite(loss, h, mu)
-            return loss
-
-    # The steps of forward, also run by DistributedStochasticOrderLoss on this loss's settings.
-
-    def _prepare(self, h, labels, mu, pairs, values: Optional[bool] = None):
-        """The arguments checked and promoted (:mod:`sol_ext._dispatch`); their values read when ``values``
-        (default ``check_values``), else left to :meth:`_check_values`."""
-        values = self.check_values if values is None else values
-        h, mu = prepare({"h": h, "mu": mu}, labels=labels, pairs=pairs)
-        check.check_embeddings(h, mu, values=values)
-        if mu.shape[0] != self.num_ranks:
-            raise ValueError(
-                f"mu must have num_ranks={self.num_ranks} rows (one centroid per rank), got shape {tuple(mu.shape)}"
-            )
-        labels = check.check_ranks("labels", labels, self.num_ranks, length=h.shape[0], values=values)
-        pairs = check.check_pairs(pairs, h.shape[0], values=values)
-        return h, labels, mu, pairs
-
-    def _check_values(self, h, labels, mu, pairs) -> None:
-        """The value checks of :meth:`_prepare`, on its results."""
-        check.check_finite("h", h)
-        check.check_finite("mu", mu)
-        check.check_ranks("labels", labels, self.num_ranks)
-        check.check_pairs(pairs, h.shape[0])
-
-    def _check_finite(self, loss: torch.Tensor, h: torch.Tensor, mu: torch.Tensor) -> None:
-        """Finite but huge ``h`` and ``mu`` can overflow the loss (the CPU grouped op checks its own)."""
-        check.check_loss_finite(loss, h.dtype, "h and mu", lambda: max(h.detach().abs().max().item(),
-                                                                       mu.detach().abs().max().item()), self.margin)
-
-    def _dissimilarities(self, h: torch.Tensor, mu: torch.Tensor, fused: bool) -> torch.Tensor:
-        D = unchecked_dissimilarity(h, mu, self.sigma, fused)
-        if self.check_values:
-            check.check_dissimilarities_finite(D, h, mu)
-        return D
-
-    def _disc_term(self, D: torch.Tensor, labels: torch.Tensor, fused: bool, reduction: str) -> torch.Tensor:
-        return reduce_losses(unchecked_disc_losses(D, labels, self.T, fused), reduction)
 
     def extra_repr(self) -> str:
         return (

@@ -182,8 +182,8 @@ def reduce_losses(losses: torch.Tensor, reduction: str) -> torch.Tensor:
     """``"none"``: as is; ``"sum"``; ``"mean"``, where an empty set gives 0 rather than NaN (docs/math.md §7).
 
     The oracle's own reduction, written plainly: the sum is accumulated in float64 and returned in float32
-    for float16/bfloat16 losses, in their dtype otherwise. The library's reduction
-    (``sol_ext._reduction``) gives the same value up to the order of the additions.
+    for float16/bfloat16 losses, in their dtype otherwise. The reductions of the fused ops give the same
+    value up to the order of the additions.
     """
     if reduction == "none":
         return losses

@@ -330,3 +330,45 @@ def test_a_head_inside_a_model_is_checked_under_its_prefix(trained):
     assert "head._extra_state" in model.state_dict()
     with pytest.raises(RuntimeError, match="sigma 1.0 saved, 2.0 here"):
         other.load_state_dict(model.state_dict())
+
+
+# -- torch.compile ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("centroids_from", ["update_centroids", "load_state_dict"])
+def test_a_training_step_through_head_loss_compiles_in_one_graph_and_matches_eager(centroids_from):
+    """torch.compile(fullgraph=True) of encoder + head.loss: whether the head has centroids is known without
+    reading its has_centroids buffer (which would break the graph), whether they came from the centroid
+    rule or from a saved state; loss and gradients are eager's."""
+    torch._dynamo.reset()
+    h, labels = normalized_clusters(seed=4)
+    torch.manual_seed(0)
+    encoder = Normalized(nn.Linear(DIM, DIM))
+    head = sol_ext.SOLHead(N_RANKS, DIM)
+    head.update_centroids(h, labels)
+    if centroids_from == "load_state_dict":
+        head = sol_ext.SOLHead.from_state_dict(head.state_dict())
+
+    def step(x, y):
+        return head.loss(encoder(x), y)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")  # the graph, without inductor's build
+    results = []
+    for fn in (compiled, step):
+        encoder.zero_grad()
+        loss = fn(h, labels)
+        loss.backward()
+        results.append((loss.detach(), encoder.encoder.weight.grad.clone()))
+    assert torch.equal(results[0][0], results[1][0])
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_a_compiled_step_of_a_head_without_centroids_names_what_to_call():
+    torch._dynamo.reset()
+    head = sol_ext.SOLHead(N_RANKS, DIM)
+    compiled = torch.compile(lambda x, y: head.loss(x, y), fullgraph=True, backend="aot_eager")
+    h, labels = normalized_clusters()
+    with pytest.raises(Exception, match=r"no centroids yet; call update_centroids\(\) or update\(\)"):
+        compiled(h, labels)

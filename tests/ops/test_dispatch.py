@@ -1,5 +1,5 @@
 """sol_ext._dispatch: the choice of what runs (the algorithm argument, the auto rule between the pairwise
-and the grouped order loss) and the routing names that moved there from sol_ext.grouped."""
+and the grouped order loss, the plan of the whole loss)."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 
 import sol_ext
 from common import load_benchmark
-from sol_ext import _dispatch, grouped
+from sol_ext import _dispatch
 
 CountOps = load_benchmark("bench_overhead").CountOps  # counts the operations a call dispatches
 
@@ -57,15 +57,6 @@ def test_auto_rule():
     assert choose("grouped", 3, 7, cpu, fused=True) == "grouped"
 
 
-@pytest.mark.parametrize("name", ["grouped_is_faster", "fused_cuda_step"])
-def test_routing_names_moved_to_dispatch_still_work_with_a_warning(name):
-    with pytest.warns(DeprecationWarning, match=f"sol_ext.grouped.{name} is deprecated"):
-        moved = getattr(grouped, name)
-    assert moved is getattr(_dispatch, name)
-    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
-        grouped.no_such_name  # noqa: B018
-
-
 def test_auto_module_uses_grouped_for_a_large_batch():
     h, mu = torch.randn(600, 8), torch.randn(5, 8)
     labels = torch.randint(0, 5, (600,))
@@ -74,3 +65,28 @@ def test_auto_module_uses_grouped_for_a_large_batch():
         with CountOps() as counted:
             sol_ext.StochasticOrderLoss(5)(h[:B], labels[:B], mu)
         assert [op for op in counted.ops if op.startswith("sol_ext.")] == [expected]
+
+
+@pytest.mark.parametrize("check_values", [True, False])
+def test_the_plan_of_the_whole_loss_on_the_cpu(check_values):
+    """Which op runs and where the value checks run: the one-op steps with the fused kernels (the grouped one
+    reads its inputs itself), the leaf ops for the reference, whose indices are read even without value
+    checks (a negative one would wrap around)."""
+    plan = _dispatch.plan_loss
+    small, large = torch.zeros(8, 4), torch.zeros(600, 4)
+    pairwise_step = plan("loss", "auto", small, 5, check_values=check_values)
+    assert (pairwise_step.op, pairwise_step.algorithm, pairwise_step.backend) == ("stochastic_order_loss", "pairwise",
+                                                                                  "fused")
+    grouped_step = plan("loss", "auto", large, 5, check_values=check_values)
+    assert (grouped_step.op, grouped_step.algorithm) == ("grouped_stochastic_order_loss", "grouped")
+    reference = plan("loss", "reference", small, 5, check_values=check_values)
+    assert (reference.op, reference.backend) == ("leaf_ops", "reference")
+    leaf = plan("loss", "auto", large, 5, check_values=check_values, leaf_ops=True)
+    assert (leaf.op, leaf.algorithm, leaf.backend) == ("leaf_ops", "grouped", "fused")
+    if check_values:
+        assert [p.checks for p in (pairwise_step, grouped_step, reference, leaf)] == ["python", "op", "python",
+                                                                                     "python"]
+    else:
+        assert [p.checks for p in (pairwise_step, grouped_step, reference, leaf)] == ["none", "none", "indices",
+                                                                                     "none"]
+

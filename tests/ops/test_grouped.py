@@ -195,17 +195,6 @@ def test_gradcheck(convention):
     assert torch.autograd.gradgradcheck(fn, (D,))  # piecewise linear: the second derivative is 0
 
 
-def test_grouped_order_loss_function_still_works_with_a_warning():
-    gen = torch.Generator().manual_seed(0)
-    D = (torch.randn(9, 6, generator=gen, dtype=torch.float64) * 3).requires_grad_()
-    labels = torch.randint(0, 6, (9,), generator=gen)
-    with pytest.warns(DeprecationWarning, match="GroupedOrderLoss is deprecated"):
-        old = grouped.GroupedOrderLoss.apply(D, labels, 1.1, 1, 0.05, "paper", "mean")
-    new = grouped.grouped_order_loss(D, labels, 1.1, 1, 0.05, "paper", "mean")
-    assert torch.equal(old, new)
-    assert torch.equal(torch.autograd.grad(old, D)[0], torch.autograd.grad(new, D)[0])
-
-
 def test_gradient_penalty_through_the_grouped_loss_equals_the_reference():
     """backward is differentiable (the loss is piecewise linear in D): a gradient penalty built with
     create_graph=True through the reference dissimilarity matches the all-reference one."""
@@ -389,7 +378,7 @@ def test_grouped_refuses_explicit_pairs_and_per_pair_losses():
     with pytest.raises(ValueError, match="algorithm='grouped'.*reduction='none'"):
         sol_ext.order_loss(D, labels, reduction="none", algorithm="grouped")
     criterion = sol_ext.StochasticOrderLoss(4, algorithm="grouped")
-    with pytest.raises(ValueError, match="StochasticOrderLoss: algorithm='grouped'.*explicit pairs"):
+    with pytest.raises(ValueError, match="sol_ext.stochastic_order_loss: algorithm='grouped'.*explicit pairs"):
         criterion(torch.randn(5, 3), labels, torch.randn(4, 3), pairs)
     # auto takes pairwise for them
     assert sol_ext.order_loss(D, labels, reduction="none").shape == (10,)

@@ -113,6 +113,76 @@ def test_module_matches_reference(seed, reduction, device):
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("algorithm", ["pairwise", "grouped"])
+@pytest.mark.parametrize("backend", ["fused", "reference"])
+def test_the_functional_loss_is_the_module_and_the_sum_of_its_parts(backend, algorithm, device):
+    """sol_ext.ops.stochastic_order_loss is what StochasticOrderLoss computes (bit for bit: the module calls it)
+    and the composition of the leaf ops, order_loss + disc_weight * disc_loss of stochastic_dissimilarity."""
+    gen = torch.Generator().manual_seed(11)
+    h = torch.randn(70, 6, generator=gen, dtype=torch.float64).to(device)
+    mu = torch.randn(5, 6, generator=gen, dtype=torch.float64).to(device)
+    labels = random_labels(70, 5, gen).to(device)
+    settings = dict(sigma=0.8, tau=2, margin=0.1, T=2, disc_weight=0.6, convention="official", reduction="sum")
+    results = {}
+    for name in ("function", "module", "parts"):
+        h_, mu_ = h.clone().requires_grad_(True), mu.clone().requires_grad_(True)
+        if name == "function":
+            loss = sol_ext.ops.stochastic_order_loss(h_, labels, mu_, **settings, backend=backend, algorithm=algorithm)
+        elif name == "module":
+            loss = sol_ext.StochasticOrderLoss(5, **settings, backend=backend, algorithm=algorithm)(h_, labels, mu_)
+        else:
+            D = sol_ext.stochastic_dissimilarity(h_, mu_, settings["sigma"], backend=backend)
+            order = sol_ext.order_loss(D, labels, None, settings["sigma"], settings["tau"], settings["margin"],
+                                       settings["convention"], "sum", backend=backend, algorithm=algorithm)
+            loss = order + settings["disc_weight"] * sol_ext.disc_loss(D, labels, settings["T"], "sum", backend=backend)
+        results[name] = (loss, *torch.autograd.grad(loss, (h_, mu_)))
+    assert all(torch.equal(a, b) for a, b in zip(results["function"], results["module"]))
+    for what, value, parts in zip(("loss", "dh", "dmu"), results["function"], results["parts"]):
+        assert_rel_close(value, parts, REL_TOL[torch.float64], what)
+
+
+def test_the_functional_loss_checks_its_settings_and_the_rows_of_mu():
+    h, mu, labels = torch.randn(4, 3), torch.randn(5, 3), torch.tensor([0, 1, 2, 4])
+    with pytest.raises(ValueError, match=r"tau must be an integer >= 0"):
+        sol_ext.ops.stochastic_order_loss(h, labels, mu, tau=-1)
+    with pytest.raises(ValueError, match=r"reduction must be one of \"mean\", \"sum\""):
+        sol_ext.ops.stochastic_order_loss(h, labels, mu, reduction="none")
+    with pytest.raises(TypeError, match=r"check_values must be True or False"):
+        sol_ext.ops.stochastic_order_loss(h, labels, mu, check_values=1)
+    with pytest.raises(ValueError, match=r"mu must have num_ranks=6 rows \(one centroid per rank\)"):
+        sol_ext.ops.stochastic_order_loss(h, labels, mu, num_ranks=6)
+    with pytest.raises(ValueError, match=r"labels must lie in 0 … 4"):
+        sol_ext.ops.stochastic_order_loss(h, labels + 1, mu)
+
+
+def test_without_value_checks_the_ops_read_no_values():
+    """check_values=False: a NaN goes through (no host read), as in StochasticOrderLoss; the reference's
+    indices are still checked on the CPU, where -1 would wrap around."""
+    gen = torch.Generator().manual_seed(2)
+    h, mu = torch.randn(6, 3, generator=gen), torch.randn(4, 3, generator=gen)
+    labels = torch.tensor([0, 1, 2, 3, 0, 1])
+    h[1, 2] = math.nan
+    with pytest.raises(ValueError, match="h contains 1 NaN or inf"):
+        sol_ext.stochastic_dissimilarity(h, mu)
+    D = sol_ext.stochastic_dissimilarity(h, mu, check_values=False)
+    assert torch.isnan(D[1]).all() and torch.isfinite(D[0]).all()
+    assert torch.isnan(sol_ext.order_loss(D, labels, check_values=False))
+    assert torch.isnan(sol_ext.disc_loss(D, labels, check_values=False))
+    assert torch.isnan(sol_ext.ops.order_loss_block(D[:3], labels[:3], D, labels, 0, check_values=False)).any()
+    assert torch.isnan(sol_ext.ops.stochastic_order_loss(h, labels, mu, check_values=False))
+    wrapped = torch.tensor([-1, 1, 2, 3, 0, 1])
+    finite = torch.randn(6, 4, generator=gen)
+    for call in (
+        lambda: sol_ext.order_loss(finite, wrapped, backend="reference", check_values=False),
+        lambda: sol_ext.disc_loss(finite, wrapped, backend="reference", check_values=False),
+        lambda: sol_ext.ops.order_loss_block(finite, wrapped, finite, labels, 0, backend="reference",
+                                             check_values=False),
+    ):
+        with pytest.raises(ValueError, match=r"labels must lie in 0 … 3"):
+            call()
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
 def test_only_needed_gradients_are_computed(device):
     h = torch.randn(6, 4, dtype=torch.float64, device=device)
     mu = torch.randn(5, 4, dtype=torch.float64, device=device, requires_grad=True)
@@ -281,10 +351,3 @@ def test_the_library_does_not_reduce_through_the_reference(monkeypatch):
             for algorithm in ("pairwise", "grouped"):
                 sol_ext.StochasticOrderLoss(5, reduction=reduction, backend=backend, algorithm=algorithm)(h, labels, mu)
     sol_ext.order_loss(D, labels, algorithm="grouped")
-
-
-def test_cuda_kernels_available_from_ops_still_works_with_a_warning():
-    with pytest.warns(DeprecationWarning, match="use sol_ext.cuda_kernels_available"):
-        moved = sol_ext.ops.cuda_kernels_available
-    assert moved is sol_ext.cuda_kernels_available
-    assert moved() == torch._C._dispatch_has_kernel_for_dispatch_key("sol_ext::order_loss", "CUDA")
