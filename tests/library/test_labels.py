@@ -1,6 +1,4 @@
-"""sol_ext.labels: the label grid between label values and ranks, and its old name RankEncoder."""
-
-import importlib
+"""sol_ext.labels: the label grid between label values and ranks."""
 
 import numpy as np
 import pytest
@@ -116,9 +114,3 @@ def test_label_grid_is_exported_at_the_top_level():
     assert sol_ext.LabelGrid is LabelGrid and "LabelGrid" in sol_ext.__all__
 
 
-@pytest.mark.parametrize("module", ["sol_ext.driver.data", "sol_ext.driver.data.encoding"])
-def test_rank_encoder_still_works_from_its_old_places_and_warns(module):
-    with pytest.warns(DeprecationWarning, match=r"RankEncoder is deprecated.*sol_ext\.labels\.LabelGrid"):
-        old = importlib.import_module(module).RankEncoder
-    assert old is LabelGrid
-    assert old.fit([1, 2, 3]) == LabelGrid(1.0, 1.0, 3)
