@@ -56,7 +56,7 @@ SIGMA_GRID = (0.25, 0.5, 1.0)
 FALLBACK_SIGMA = 1.0
 
 # weight_ema="auto" (the default): for the SOL methods, an average of the weights over about this
-# share of the steps so far (decay 1 - 1 / (share * step), sol_ext.driver.fit.WeightAverage);
+# share of the steps so far (decay 1 - 1 / (share * step), sol_ext.driver.weight_ema.WeightAverage);
 # none for the baselines.
 # Measured (docs/measured.md, "Many ranks"): SOL's embedding fits label noise within a few epochs and the
 # average undoes part of it (62 ranks with annotator noise: test MAE 2.33 -> 2.25). A fixed decay

@@ -75,8 +75,8 @@ def _checked_split(config: TrainConfig, data: PreparedData):
 @dataclass
 class CheckedRun:
     """A run whose settings :func:`check_run` has checked against its data, its processes and
-    (resuming) its folder: what :func:`fit_run` trains. ``context`` holds what the checks worked
-    out (the device, the validation split), which every fit of the run takes as it is."""
+    (resuming) its folder: what :func:`fit_run` trains. ``context`` holds what the checks decided
+    (the device, the validation split), which every fit of the run takes as it is."""
 
     config: TrainConfig
     data: PreparedData
@@ -103,8 +103,8 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resu
             (the outcome's ``best_state`` is the selected epoch's state, ``best.pt``'s content).
         resume: continue from the checkpoint in ``out_dir``, or the trials of an interrupted sigma
             search there (same configuration and data, else
-            :class:`sol_ext.driver.checkpoint.CheckpointMismatch`); ``config.epochs`` may be
-            larger, not smaller than the epochs already run (:func:`check_resume`).
+            :class:`~sol_ext.driver.checkpoint.CheckpointMismatch`); ``config.epochs`` may be larger,
+            not smaller than the epochs already run (:func:`~sol_ext.driver.checkpoint.check_resume`).
         log: receives one line per epoch.
         parallel: this process's place in a torchrun run (its process group started); default one
             process. ``config.batch_size`` is then per process, the global batch ``W`` times it.
