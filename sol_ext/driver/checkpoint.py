@@ -31,10 +31,11 @@ import torch
 from .config import SIGMA_GRID, TrainConfig, config_mismatches
 from .prepare import PreparedData
 
-__all__ = ["CHECKPOINT_NAME", "BEST_NAME", "SIGMA_SEARCH_NAME", "SIGMA_SEARCH_RECORD",
-           "sigma_search_progress", "read_search_record", "trial_dir", "check_resume", "default_output", "EpochState", "SelectedEpoch",
-           "RunState", "predictor_record", "load_run_state", "run_paths", "run_data", "CheckpointMismatch", "save_checkpoint", "load_checkpoint",
-           "check_resumable", "checkpoint_epoch", "atomic_write_bytes", "atomic_write_text", "atomic_write_stream",
+__all__ = ["CHECKPOINT_NAME", "BEST_NAME", "SIGMA_SEARCH_NAME", "SIGMA_SEARCH_RECORD", "EpochState",
+           "SelectedEpoch", "RunState", "predictor_record", "save_checkpoint", "load_checkpoint",
+           "CheckpointMismatch", "check_resumable", "checkpoint_epoch", "check_resume", "load_run_state",
+           "run_paths", "run_data", "default_output", "trial_dir", "sigma_search_progress",
+           "read_search_record", "atomic_write_bytes", "atomic_write_text", "atomic_write_stream",
            "atomic_write_files"]
 
 CHECKPOINT_NAME = "checkpoint.pt"  # the last epoch: what --resume continues
@@ -419,7 +420,8 @@ def check_resume(out_dir: Path, config: TrainConfig, fingerprint: dict[str, Any]
         for sigma in SIGMA_GRID:
             path = trial_dir(out_dir / SIGMA_SEARCH_NAME, sigma) / CHECKPOINT_NAME
             if path.is_file():
-                done = max(done, check_resumable(path, dataclasses.replace(config, sigma=float(sigma)), fingerprint))
+                trial = dataclasses.replace(config, sigma=float(sigma))
+                done = max(done, check_resumable(path, trial, fingerprint))
     if config.epochs < done:
         raise ValueError(f"epochs={config.epochs} is fewer than the {done} epochs the run in "
                          f"{out_dir} has already run; resume with epochs={done} or more.")

@@ -70,9 +70,9 @@ def _real_array(data: Any) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
 
 
-def _integer_grid(encoder: LabelGrid) -> bool:
+def _integer_grid(grid: LabelGrid) -> bool:
     """Whether every label value of the grid is a whole number (integer minimum and step)."""
-    return float(encoder.min_value).is_integer() and float(encoder.step).is_integer()
+    return float(grid.min_value).is_integer() and float(grid.step).is_integer()
 
 
 @dataclass

@@ -55,7 +55,10 @@ def test_best_pt_and_checkpoint_pt_are_the_records_of_an_epoch(tmp_path):
     resume_entries = ["optimizer", "history", "best_epoch", "torch_rng", "generator_rng", "elapsed_s"]
     assert list(last)[1:] == epoch_fields + resume_entries + [
         k for k in ("trained_model", "weight_ema_steps") if k in last]
-    assert last["best_epoch"] == best["epoch"] and RunState.__dataclass_fields__["state"]
+    assert last["best_epoch"] == best["epoch"]
+    resumed = RunState(EpochState.from_dict(last), torch.optim.SGD([torch.zeros(1)], lr=1.0),
+                       torch.Generator(), last["history"], last["best_epoch"], last["elapsed_s"])
+    assert list(resumed.to_dict()) == epoch_fields + resume_entries
     for state in ({**best, "format_version": 1}, [best]):
         torch.save(state, tmp_path / "other.pt")
         with pytest.raises(CheckpointMismatch, match=f"not a sol_ext checkpoint of format {FORMAT_VERSION}"):

@@ -9,6 +9,7 @@ import torch
 from common import TINY_SETTINGS, tiny_data
 from sol_ext.driver.checkpoint import CHECKPOINT_NAME, CheckpointMismatch, load_checkpoint
 from sol_ext.driver.config import TrainConfig
+from sol_ext.driver.device import resolve_device
 from sol_ext.driver.fit import Fit, FitContext, validation_split
 from sol_ext.driver.train import BEST_NAME, check_run, train
 
@@ -40,7 +41,7 @@ def test_the_run_s_checks_decide_the_device_and_split_of_every_fit():
     context = check_run(BASE, data, None, False, log=quiet).context
     split = validation_split(data.train_given, BASE.val_fraction, BASE.seed)
     assert torch.equal(context.split.fit, split.fit) and torch.equal(context.split.val, split.val)
-    assert context.device == torch.device("cpu") or BASE.device == "auto"
+    assert context.device == resolve_device(BASE.device)
     fit = Fit(BASE, data, None, context)
     assert fit.split is context.split and fit.device == context.device
     with pytest.raises(TypeError):

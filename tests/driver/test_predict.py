@@ -457,7 +457,7 @@ def test_checkpoints_of_an_earlier_format_are_refused_and_overwrite_replaces_the
     state = torch.load(copy / "best.pt", weights_only=True)
     torch.save({**state, "format_version": 1}, copy / "best.pt")
     assert main(["predict", str(copy), "--data", str(test)]) == 2
-    assert "earlier version of sol_ext" in capsys.readouterr().err
+    assert "is not a sol_ext checkpoint of format 2; train the run again" in capsys.readouterr().err
     # --overwrite trains afresh over it; the new model is the one predict reads
     assert main(["train", "--data", str(train), "--test-data", str(test), "--label-column", "score",
                  "--method", "l1", "--output", str(copy), "--overwrite", *FAST]) == 0
