@@ -850,5 +850,3 @@ def test_named_pipe_as_data(tmp_path, capsys, name):
         (load_table if name.endswith(".csv") else load_npz)(tmp_path / name)
     with pytest.raises(ValueError, match="not a regular file"):
         read_inputs(tmp_path / name, {"format": "csv", "columns": ["a"]})
-
-

@@ -1,8 +1,6 @@
 """sol_ext.driver.pairs: the authors' pair sampler (``--pairs balanced``), and its former path sol_ext.pairs."""
 
-import importlib
 
-import pytest
 import torch
 
 from sol_ext.driver.pairs import balanced_pairs, sample_references
@@ -32,10 +30,3 @@ def test_sample_references_respects_the_chosen_relation():
     assert {(0, 0), (0, 1), (0, 5), (0, 9)} <= seen
     # only one training sample of rank 5: its similar reference is itself
     assert (5, 5) in seen
-
-
-def test_the_pair_sampler_still_works_from_its_library_path_and_warns():
-    for name in ("PAIR_MODES", "sample_references", "balanced_pairs"):
-        with pytest.warns(DeprecationWarning, match=rf"sol_ext\.pairs\.{name} is deprecated.*sol_ext\.driver\.pairs\.{name}"):
-            moved = getattr(importlib.import_module("sol_ext.pairs"), name)
-        assert moved is getattr(importlib.import_module("sol_ext.driver.pairs"), name)

@@ -242,5 +242,3 @@ def test_output_where_no_folder_can_be_made_is_refused(tmp_path, capsys):
     data = tiny_csv(tmp_path / "d.csv")
     expect_error(capsys, train_argv(data, "/proc/sol-ext-x", *SIGMA1), "--output /proc/sol-ext-x",
                  "cannot create the folder", absent=("Errno",))
-
-

@@ -178,15 +178,3 @@ def test_bad_ranks():
         add_label_noise(torch.zeros(2, 2, dtype=torch.long), 10)
     with pytest.raises(ValueError, match="num_ranks"):
         add_label_noise(torch.tensor([0]), 0)
-
-
-@pytest.mark.parametrize("name", ["NOISE_TYPES", "NoisyLabels", "add_label_noise", "noise_scale", "noise_statistics",
-                                  "noise_key", "default_peak_width", "input_dependent_scale"])
-def test_the_noise_generators_still_work_from_their_library_path_and_warn(name):
-    import importlib
-
-    import sol_ext.driver.synthetic_noise as synthetic_noise
-
-    with pytest.warns(DeprecationWarning, match=rf"sol_ext\.noise\.{name} is deprecated.*synthetic_noise\.{name}"):
-        moved = getattr(importlib.import_module("sol_ext.noise"), name)
-    assert moved is getattr(synthetic_noise, name)

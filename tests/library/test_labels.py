@@ -112,5 +112,3 @@ def test_labels_equal_up_to_round_off_still_share_a_rank():
 
 def test_label_grid_is_exported_at_the_top_level():
     assert sol_ext.LabelGrid is LabelGrid and "LabelGrid" in sol_ext.__all__
-
-
