@@ -151,7 +151,7 @@ def prepared_data(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, 
     train_set, test_set = part(x_train, y_train), part(x_test, y_test)
     preprocessing = preprocessing_record(train_set)
     scaling = (preprocessing["scaling"]["mean"], preprocessing["scaling"]["std"])
-    return PreparedData(name=name, kind="embeddings", encoder=grid,
+    return PreparedData(name=name, kind="embeddings", grid=grid,
                         train_x=apply_scaling(train_set.features, scaling), train_given=train_set.ranks,
                         train_clean=None, test_x=apply_scaling(test_set.features, scaling),
                         test_ranks=test_set.ranks, train_rows=torch.arange(len(y_train)),
@@ -241,7 +241,7 @@ def run(data: dict[str, np.ndarray], methods: Sequence[str], raters: Sequence[st
                 start = time.perf_counter()
                 outcome = train(cfg, prepared, run_dir, log=lambda _line: None)
                 res = outcome.results
-                pred = prepared.encoder.decode(outcome.test_pred.cpu()).numpy()
+                pred = prepared.grid.decode(outcome.test_pred.cpu()).numpy()
                 record = {"raters": setting, "method": row, "seed": seed, "split": "dev" if dev else "test",
                           "options": options, "n_train": int(len(train_rows)), "n_judged": int(len(judged_rows)),
                           "train_label_mae": label_mae, **metric_summary(pred, y_test),

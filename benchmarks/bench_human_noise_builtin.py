@@ -89,7 +89,7 @@ def main(argv=None) -> int:
                               log=lambda _line: None)
                         record = {"data": data, "kappa": kappa, "seed": seed, "method": row, "options": options,
                                   **readouts(run_dir, prepared.test_x, prepared.test_ranks.numpy(),
-                                             float(prepared.encoder.step))}
+                                             float(prepared.grid.step))}
                         records.append(record)
                         print(f"{data} kappa {kappa:g} seed {seed} {row}: MAE {record['posterior']['mae']:.3f} "
                               f"(cuts {record['cuts']['mae']:.3f})", flush=True)

@@ -199,7 +199,7 @@ def array_data(name: str, kind: str, x_train: np.ndarray, given: np.ndarray, cle
     train_set = OrdinalDataset(torch.from_numpy(x_train.astype(np.float32)), ranks(given), grid, name, kind)
     preprocessing = preprocessing_record(train_set)
     scaling = (preprocessing["scaling"]["mean"], preprocessing["scaling"]["std"])
-    return PreparedData(name=name, kind=kind, encoder=grid,
+    return PreparedData(name=name, kind=kind, grid=grid,
                         train_x=apply_scaling(train_set.features, scaling), train_given=train_set.ranks,
                         train_clean=ranks(clean),
                         test_x=apply_scaling(torch.from_numpy(x_test.astype(np.float32)), scaling),

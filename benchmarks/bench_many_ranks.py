@@ -166,7 +166,7 @@ def run(methods, seeds, epochs, work_dir: Path, log=print, sol_options=None,
                 outcome = train(cfg, prepared, work_dir / "runs" / name.replace(" ", "-") / method / f"seed{seed}",
                                 log=lambda _line: None)
                 res = outcome.results
-                decode = prepared.encoder.decode
+                decode = prepared.grid.decode
                 test_pred = decode(outcome.test_pred.cpu()).numpy()
                 train_pred = decode(outcome.train_pred.cpu()).numpy()
                 records.append({"labels": name, "method": method, "seed": seed, "mae": res["test"]["mae"],

@@ -57,8 +57,8 @@ def test_the_rank_grid_is_the_rating_scale_even_where_the_training_labels_miss_a
     y_train = rng.integers(-2, 3, 20)                        # no -4 … -3 nor 3 … 4
     y_test = np.array([-4, 4, 0, 1, 2, -1, 0, 0, 3, -3])
     data = bench.prepared_data(x[:20], y_train, x[20:], y_test)
-    assert data.num_ranks == 9 and data.encoder.min_value == -4
-    assert np.array_equal(data.encoder.decode(data.test_ranks).numpy(), y_test)
+    assert data.num_ranks == 9 and data.grid.min_value == -4
+    assert np.array_equal(data.grid.decode(data.test_ranks).numpy(), y_test)
     assert np.allclose(data.train_x.mean(0).numpy(), 0, atol=1e-5)  # standardized on the training rows
 
 

@@ -182,3 +182,28 @@ def expect_error(capsys, argv, *needles, absent=()):
     for needle in absent:
         assert needle not in err, err
     return err
+
+
+# The driver's tests on a small prepared data set: ranks readable from the features.
+TINY_SETTINGS = dict(data="tiny", epochs=2, batch_size=16, embedding_dim=4, hidden=(16,), lr=1e-2, beta=0.5)
+
+
+def tiny_data(n_train=96, n_test=32, num_ranks=8, seed=0):
+    """A driver's PreparedData: ranks readable from the features, plus label noise on the training part."""
+    from sol_ext.driver.prepare import PreparedData
+    from sol_ext.labels import LabelGrid
+
+    g = torch.Generator().manual_seed(seed)
+
+    def make(n):
+        r = torch.randint(0, num_ranks, (n,), generator=g)
+        x = torch.randn(n, 4, generator=g) * 0.3
+        x[:, 0] += r.float()
+        return x, r
+
+    xtr, clean = make(n_train)
+    xte, rte = make(n_test)
+    noisy = (clean + torch.randint(-2, 3, (n_train,), generator=g)).clamp(0, num_ranks - 1)
+    return PreparedData(name="tiny", kind="tabular", grid=LabelGrid(10.0, 0.5, num_ranks),
+                        train_x=xtr, train_given=noisy, train_clean=clean, test_x=xte,
+                        test_ranks=rte, train_rows=torch.arange(n_train))

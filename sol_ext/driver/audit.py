@@ -29,8 +29,6 @@ from ..readout import median_ranks
 from ..refine import label_noise_kernel, refine_labels
 from .checkpoint import atomic_write_text, load_run_state, run_paths
 from .config import TrainConfig
-from .device import resolve_device
-from .fit import FitContext
 from .loader import RunInputs, embedding_batch_size
 from .methods import head_probabilities
 from .model import TrainedModel, load_run
@@ -341,8 +339,7 @@ def cross_validated_probabilities(config: TrainConfig, data: PreparedData, folds
     given = data.train_given.long()
     if given.numel() < 2 * folds:
         raise ValueError(f"folds={folds} needs at least {2 * folds} training rows, got {given.numel()}")
-    config.validate()  # once: every fold trains with these settings, on the device resolved here
-    quiet = FitContext(log=lambda _line: None, device=resolve_device(config.device))
+    config.validate()  # once: every fold trains with these settings
     started = time.perf_counter()
     fold = fold_of_rows(given, folds, config.seed)
     probabilities = torch.zeros(given.numel(), data.num_ranks, dtype=torch.float64)
@@ -357,8 +354,9 @@ def cross_validated_probabilities(config: TrainConfig, data: PreparedData, folds
             train_rows=None if data.train_rows is None else data.train_rows[keep],
             preprocessing=preprocessing)
         with tempfile.TemporaryDirectory(prefix="sol-ext-audit-") as tmp:
-            fit_run(check_run(config, part, Path(tmp), False, quiet))
-            model = load_run(tmp, device=quiet.device)
+            run = check_run(config, part, Path(tmp), False, log=lambda _line: None)
+            fit_run(run)
+            model = load_run(tmp, device=run.context.device)
             probabilities[held] = _probabilities(model, data.train_x[held])
         log(f"fold {k + 1}/{folds}: trained on {keep.numel()} rows, judged {held.numel()} "
             f"({time.perf_counter() - started:.0f} s)")
@@ -383,8 +381,8 @@ def audit_command(args) -> int:
     its summary."""
     import sys
 
+    from .checkpoint import run_data
     from .errors import UsageError
-    from .options import run_data
     from .outputs import check_output
 
     to_stdout = args.csv == "-"

@@ -29,8 +29,7 @@ import torch
 from ..metrics import expected_calibration_error, reliability_curve
 from .checkpoint import BEST_NAME, load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .device import resolve_device
-from .fit import FitContext, validation_split
+from .fit import FitContext
 from .model import CALIBRATION_KEY, TrainedModel, model_from_state
 from .prepare import PreparedData
 
@@ -55,19 +54,17 @@ class HeldOutProbabilities:
 
 
 def calibrate_run(out_dir: Path, config: TrainConfig, data: PreparedData,
-                  results: Optional[dict[str, Any]] = None, *, context: Optional[FitContext] = None,
+                  results: Optional[dict[str, Any]] = None, *, context: FitContext,
                   ) -> Optional[HeldOutProbabilities]:
     """Add the validation split's rank probabilities and given labels to ``out_dir/best.pt`` (a run
     without a validation split: ``best.pt`` is left untouched) and, given the run's ``results``, put
     the calibration's figures into them (``results["calibration"]``, :func:`calibration_summary`).
-    ``context``: the device and validation split the run's checks worked out (default: work them out).
+    ``context``: the device and validation split the run's checks decided.
     Returns the validation split's probabilities, or ``None``."""
-    context = context or FitContext()
     path = Path(out_dir) / BEST_NAME
     state = load_checkpoint(path)
-    model = _selected_model(state, context.device or resolve_device(config.device))
-    split = context.split or validation_split(data.train_given, config.val_fraction, config.seed)
-    validation = validation_probabilities(model, data, split.val)
+    model = _selected_model(state, context.device)
+    validation = validation_probabilities(model, data, context.split.val)
     if validation is not None:
         state[CALIBRATION_KEY] = {"probabilities": validation.probabilities, "ranks": validation.ranks}
         state.pop("format_version", None)  # save_checkpoint writes the current one

@@ -3,9 +3,9 @@ read back with a configuration check.
 
 A run folder (``sol-ext train --output``) holds
 
-* ``checkpoint.pt``, after every epoch: :func:`epoch_state` plus :func:`resumable_state` (the
+* ``checkpoint.pt``, after every epoch: :class:`RunState` (the epoch's :class:`EpochState`, the
   optimizer, the history, the random states), so a stopped run resumes exactly where it stopped;
-* ``best.pt``, the selected epoch: :func:`epoch_state` plus :func:`selected_state` (test
+* ``best.pt``, the selected epoch: :class:`SelectedEpoch` (its :class:`EpochState`, the test
   embeddings, the audit's per-sample arrays). It is the run's model: the weights, the SOL head,
   and :func:`predictor_record` (the settings and preprocessing that prediction needs), read by
   :func:`sol_ext.driver.model.load_run`;
@@ -28,20 +28,21 @@ from typing import Any, BinaryIO, Callable, Optional
 
 import torch
 
-from .config import TrainConfig, config_mismatches
+from .config import SIGMA_GRID, TrainConfig, config_mismatches
 from .prepare import PreparedData
 
-__all__ = ["CHECKPOINT_NAME", "BEST_NAME", "SIGMA_SEARCH_NAME", "SIGMA_SEARCH_RECORD",
-           "sigma_search_progress", "read_search_record", "EpochState", "migrated", "selected_state",
-           "resumable_state", "ResumePoint", "predictor_record", "load_run_state", "CheckpointMismatch", "save_checkpoint", "load_checkpoint",
-           "check_resumable", "checkpoint_epoch", "atomic_write_bytes", "atomic_write_text", "atomic_write_stream",
+__all__ = ["CHECKPOINT_NAME", "BEST_NAME", "SIGMA_SEARCH_NAME", "SIGMA_SEARCH_RECORD", "EpochState",
+           "SelectedEpoch", "RunState", "predictor_record", "save_checkpoint", "load_checkpoint",
+           "CheckpointMismatch", "check_resumable", "checkpoint_epoch", "check_resume", "load_run_state",
+           "run_paths", "run_data", "default_output", "trial_dir", "sigma_search_progress",
+           "read_search_record", "atomic_write_bytes", "atomic_write_text", "atomic_write_stream",
            "atomic_write_files"]
 
 CHECKPOINT_NAME = "checkpoint.pt"  # the last epoch: what --resume continues
 BEST_NAME = "best.pt"              # the selected epoch: the run's model (sol_ext.driver.load_run)
 SIGMA_SEARCH_NAME = "sigma-search"  # the trials of sigma "auto", until the search is done
 SIGMA_SEARCH_RECORD = "search.json"  # in SIGMA_SEARCH_NAME: the trials that finished
-FORMAT_VERSION = 2  # 2: the SOL head and the predictor record (load_run) replace "centroids"
+FORMAT_VERSION = 2  # saved in every file: a file of another format is refused
 
 
 def _cpu(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -59,8 +60,8 @@ def predictor_record(config: TrainConfig, data: PreparedData) -> dict[str, Any]:
 @dataclass
 class EpochState:
     """What both files hold after an epoch (tensors on the CPU), as one record: :meth:`to_dict` is
-    the dict saved (``best.pt`` adds :func:`selected_state`'s entries, ``checkpoint.pt``
-    :func:`resumable_state`'s), :meth:`from_dict` reads one back after :func:`migrated`.
+    the dict saved (``best.pt`` adds :class:`SelectedEpoch`'s entries, ``checkpoint.pt``
+    :class:`RunState`'s), :meth:`from_dict` reads one back.
 
     ``config`` as given (sigma possibly ``"auto"``) and the data's ``fingerprint`` (checked on
     resume); the encoder's ``model`` and the SOL ``head`` state dicts; ``predictor``
@@ -109,42 +110,43 @@ class EpochState:
         return cls(**{f.name: state[f.name] for f in dataclasses.fields(cls)})
 
 
-def migrated(state: Any, path: Path) -> dict[str, Any]:
-    """The state read from ``path`` in the current format: the one place a format change is
-    handled. Format 2 is current (the SOL head and the predictor record replaced format 1's
-    "centroids"); a state without ``corrected_labels`` (saved before the posterior rule kept them
-    apart) has them in ``labels``.
+def _checked_format(state: Any, path: Path) -> dict[str, Any]:
+    """The state read from ``path``, which must be a sol_ext checkpoint of the current format.
 
     Raises:
-        CheckpointMismatch: format 1, which cannot be resumed or predicted with, or no sol_ext
-            checkpoint.
+        CheckpointMismatch: no sol_ext checkpoint, or one of another format.
     """
-    if isinstance(state, dict) and state.get("format_version") == 1:
-        raise CheckpointMismatch(f"{str(path)!r} was written by an earlier version of sol_ext (checkpoint "
-                                 f"format 1), which this one cannot resume or predict with; train the "
-                                 f"run again, or with another --output.")
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointMismatch(f"{str(path)!r} is not a sol_ext checkpoint of format "
-                                 f"{FORMAT_VERSION}.")
-    if "labels" in state and "corrected_labels" not in state:
-        state["corrected_labels"] = state["labels"]
+                                 f"{FORMAT_VERSION}; train the run again, or with another --output.")
     return state
 
 
-def selected_state(state: dict[str, Any], *, test_embeddings: torch.Tensor,
-                   audit: Optional[dict[str, torch.Tensor]]) -> dict[str, Any]:
-    """``best.pt``: an :class:`EpochState` plus the selected epoch's test embeddings and the
-    audit's per-sample arrays (``[N, n]`` probabilities: for the selected epoch only)."""
-    return {**state, "test_embeddings": _cpu(test_embeddings), "audit": audit}
+@dataclass
+class SelectedEpoch:
+    """``best.pt``: the selected epoch's :class:`EpochState`, its test embeddings and the audit's
+    per-sample arrays (``[N, n]`` probabilities: for the selected epoch only)."""
+
+    state: EpochState
+    test_embeddings: torch.Tensor
+    audit: Optional[dict[str, torch.Tensor]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.state.to_dict(), "test_embeddings": self.test_embeddings, "audit": self.audit}
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> "SelectedEpoch":
+        return cls(EpochState.from_dict(state), state["test_embeddings"], state["audit"])
 
 
 @dataclass
-class ResumePoint:
-    """What a run needs to continue after an epoch, beside the epoch's :class:`EpochState`: the
-    optimizer, the shuffling generator, the per-epoch history, the selected epoch so far and the
+class RunState:
+    """``checkpoint.pt``: the epoch's :class:`EpochState` and what a run needs to continue after it:
+    the optimizer, the shuffling generator, the per-epoch history, the selected epoch so far and the
     time spent; with ``weight_ema`` (the state's "model" is then the average), the trained model
     and the average's step count."""
 
+    state: EpochState
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
     history: list[dict[str, Any]]
@@ -154,18 +156,13 @@ class ResumePoint:
     averaged_steps: Optional[int] = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The entries ``checkpoint.pt`` adds to the epoch's state (torch's random state too)."""
+        """The saved dict: the epoch's state, then what resuming needs (torch's random state too)."""
         extra = {} if self.trained_model is None else {
             "trained_model": self.trained_model.state_dict(), "weight_ema_steps": self.averaged_steps}
-        return {"optimizer": self.optimizer.state_dict(), "history": self.history,
-                "best_epoch": self.best_epoch, "torch_rng": torch.get_rng_state(),
-                "generator_rng": self.generator.get_state(), "elapsed_s": self.elapsed_s, **extra}
-
-
-def resumable_state(state: dict[str, Any], point: ResumePoint) -> dict[str, Any]:
-    """``checkpoint.pt``: an :class:`EpochState` (``state``, as a dict) plus what resuming needs
-    (:class:`ResumePoint`)."""
-    return {**state, **point.to_dict()}
+        return {**self.state.to_dict(), "optimizer": self.optimizer.state_dict(),
+                "history": self.history, "best_epoch": self.best_epoch,
+                "torch_rng": torch.get_rng_state(), "generator_rng": self.generator.get_state(),
+                "elapsed_s": self.elapsed_s, **extra}
 
 
 def load_run_state(run_dir: Path) -> dict[str, Any]:
@@ -189,6 +186,19 @@ def run_paths(config: dict[str, Any], read_from: Optional[str]) -> dict[str, Opt
         return str(there) if there.exists() else given
 
     return {key: located(config.get(key)) for key in ("data", "test_data", "weights")}
+
+
+def run_data(run_dir: Path, model=None) -> list[tuple[str, Optional[str]]]:
+    """``(what, path)`` of the data files the run in ``run_dir`` was trained on (from its loaded
+    ``model`` where given), found from any working folder: inputs no output may replace."""
+    if model is not None:
+        config, read_from = dataclasses.asdict(model.config), model.read_from
+    else:
+        state = load_run_state(run_dir)
+        config, read_from = state.get("config", {}), (state.get("predictor") or {}).get("read_from")
+    paths = run_paths(config, read_from)
+    return [(f"the training data of {run_dir}", paths["data"]),
+            (f"the test data of {run_dir}", paths["test_data"])]
 
 
 class CheckpointMismatch(ValueError):
@@ -313,9 +323,10 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Save ``state`` (tensors, plain Python values) atomically to ``path``."""
-    _replace_atomically(path, lambda f: torch.save({"format_version": FORMAT_VERSION, **state}, f))
+def save_checkpoint(path: Path, state: dict[str, Any] | SelectedEpoch | RunState) -> None:
+    """Save ``state`` (a record, or a dict of tensors and plain Python values) atomically to ``path``."""
+    entries = state if isinstance(state, dict) else state.to_dict()
+    _replace_atomically(path, lambda f: torch.save({"format_version": FORMAT_VERSION, **entries}, f))
 
 
 def load_checkpoint(path: Path, config: TrainConfig | None = None,
@@ -337,7 +348,7 @@ def load_checkpoint(path: Path, config: TrainConfig | None = None,
     except Exception as exc:  # a truncated or foreign file: say which file, not the pickle detail
         raise CheckpointMismatch(f"cannot read checkpoint {str(path)!r} ({type(exc).__name__}); "
                                  f"it is damaged or not a sol_ext checkpoint.") from exc
-    state = migrated(state, path)
+    state = _checked_format(state, path)
     if config is not None:
         saved = TrainConfig.from_dict(state["config"])
         diff = config_mismatches(saved, config)
@@ -381,6 +392,49 @@ def read_search_record(search_dir: Path) -> dict[str, Any]:
     if not isinstance(record, dict) or not isinstance(record.get("finished"), dict):
         return {"finished": {}}
     return record
+
+
+def trial_dir(work_dir: Path, sigma: float) -> Path:
+    """Where :class:`~sol_ext.driver.train.SigmaSearch` trains the candidate ``sigma`` inside ``work_dir``."""
+    return Path(work_dir) / f"sigma{sigma:g}"
+
+
+def check_resume(out_dir: Path, config: TrainConfig, fingerprint: dict[str, Any]) -> int:
+    """Check, without changing anything, that the run in ``out_dir`` (its checkpoint, or the
+    trials of its interrupted sigma search) can continue as a run of ``config`` on data with
+    ``fingerprint``; return the epochs it has run.
+
+    Raises:
+        FileNotFoundError: nothing to resume in ``out_dir``.
+        CheckpointMismatch: another configuration or other data.
+        ValueError: naming ``epochs=``: fewer epochs than the run has already run.
+    """
+    out_dir = Path(out_dir)
+    search = None
+    if not (out_dir / CHECKPOINT_NAME).is_file() and config.searches_sigma:
+        search = sigma_search_progress(out_dir)
+    if search is None:
+        done = check_resumable(out_dir / CHECKPOINT_NAME, config, fingerprint)
+    else:
+        done = 0
+        for sigma in SIGMA_GRID:
+            path = trial_dir(out_dir / SIGMA_SEARCH_NAME, sigma) / CHECKPOINT_NAME
+            if path.is_file():
+                trial = dataclasses.replace(config, sigma=float(sigma))
+                done = max(done, check_resumable(path, trial, fingerprint))
+    if config.epochs < done:
+        raise ValueError(f"epochs={config.epochs} is fewer than the {done} epochs the run in "
+                         f"{out_dir} has already run; resume with epochs={done} or more.")
+    return done
+
+
+def default_output(cfg: TrainConfig, paper: bool = False) -> Path:
+    """``runs/<data>-<method>[-paper]-<noise><kappa>-seed<k>``: ``sol-paper`` as ``sol-ext
+    compare`` names sol with ``--paper``; ``none`` without a kappa where no noise is added."""
+    data = Path(cfg.data).name.split(".")[0] or "data"
+    method = f"{cfg.method}-paper" if paper else cfg.method
+    noise = "none" if cfg.noise == "none" else f"{cfg.noise}{cfg.kappa:g}"
+    return Path("runs") / f"{data}-{method}-{noise}-seed{cfg.seed}"
 
 
 def sigma_search_progress(out_dir: Path) -> Optional[dict[str, Any]]:

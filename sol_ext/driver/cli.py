@@ -255,8 +255,9 @@ def end_process(status: int) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``sol-ext``; returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)  # argparse exits with status 2 on bad syntax
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # which options were typed (--config)
+    # argparse exits with status 2 on bad syntax; every setting's option defaults to None, so
+    # those not None are the ones typed (options.train_config lets them override a --config file)
+    args = parser.parse_args(argv)
     try:
         from .parallel import Parallel
 

@@ -13,12 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import torch
-
 from .checkpoint import atomic_write_text
 from .config import COMPARE_METHODS, METHODS, PAPER_SETTINGS, TrainConfig
 from .device import resolve_device
-from .fit import FitContext
 from .prepare import prepare_data
 from .synthetic_noise import NOISE_TYPES, noise_key
 from .train import check_run, fit_run
@@ -68,14 +65,12 @@ def noise_settings(kappas: Sequence[float] | None = None,
 
 @dataclass(frozen=True)
 class Comparison:
-    """A checked comparison (:func:`check_comparison`): every (setting, method, seed) of ``base``,
-    on ``device``."""
+    """A checked comparison (:func:`check_comparison`): every (setting, method, seed) of ``base``."""
 
     base: TrainConfig
     methods: Sequence[str]
     settings: Sequence[tuple[str, float]]
     seeds: Sequence[int]
-    device: torch.device
 
 
 def check_comparison(base: TrainConfig, methods: Sequence[str],
@@ -113,13 +108,13 @@ def check_comparison(base: TrainConfig, methods: Sequence[str],
             raise ValueError(f"--noises: unknown noise type {noise!r}; expected some of "
                              f"{', '.join(known)} (Gaussian noise and clean labels are the "
                              f"--kappas columns).")
-    device = resolve_device(base.device)
+    resolve_device(base.device)  # a --device that is not there is refused before the first run
     for noise, kappa in settings:
         for seed in seeds:
             for method in methods:
                 method_config(dataclasses.replace(base, noise=noise, kappa=kappa, seed=seed),
                               method).validate()
-    return Comparison(base, tuple(methods), tuple(settings), tuple(seeds), device)
+    return Comparison(base, tuple(methods), tuple(settings), tuple(seeds))
 
 
 def _label(noise: str, kappa: float) -> str:
@@ -144,14 +139,14 @@ def train_comparison(comparison: Comparison, out_dir: Path,
     by :func:`check_comparison`)."""
     records = []
     total = len(comparison.settings) * len(comparison.seeds) * len(comparison.methods)
-    quiet = FitContext(log=lambda _line: None, device=comparison.device)
     for noise, kappa in comparison.settings:
         for seed in comparison.seeds:
             data_cfg = dataclasses.replace(comparison.base, noise=noise, kappa=kappa, seed=seed)
             data = prepare_data(data_cfg)
             for method in comparison.methods:
                 run_dir = out_dir / f"{noise}-{kappa:g}" / method / f"seed{seed}"
-                run = check_run(method_config(data_cfg, method), data, run_dir, False, quiet)
+                run = check_run(method_config(data_cfg, method), data, run_dir, False,
+                                log=lambda _line: None)
                 records.append({"noise": noise, "kappa": kappa, "method": method, "seed": seed,
                                 **_figures(fit_run(run).results)})
                 r = records[-1]
@@ -242,6 +237,7 @@ def write_comparison(records: Sequence[dict[str, Any]], table: str, out_dir: Pat
 
 def compare_command(args) -> int:
     """``sol-ext compare``: every option checked, then every run, then the tables."""
+    from .console import say
     from .data import is_builtin
     from .options import (
         check_test_data,
@@ -249,15 +245,14 @@ def compare_command(args) -> int:
         data_inputs,
         data_kind,
         output_folder,
-        say,
         set_threads,
         train_config,
     )
     from .outputs import check_compare_folder
     from .rundir import run_folder
 
-    check_threads(args.threads)
     base = train_config(args, noise="gaussian")
+    check_threads(args.threads)
     check_test_data(args, base)
     out = output_folder(args.output)
     settings = noise_settings(args.kappas, args.noises)

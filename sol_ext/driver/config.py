@@ -14,10 +14,8 @@ in ~20 epochs.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import typing
-import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Union
 
@@ -26,10 +24,10 @@ from .encoders import TORCHVISION_ENCODERS, check_encoder_name, is_pretrainable
 from .loader import AUGMENTATIONS
 from .pairs import PAIR_MODES
 
-__all__ = ["METHODS", "COMPARE_METHODS", "INFERENCE_MODES", "RELABEL_RULES", "PAPER_SETTINGS", "SIGMA_GRID", "FALLBACK_SIGMA",
+__all__ = ["METHODS", "COMPARE_METHODS", "READOUTS", "RELABEL_RULES", "PAPER_SETTINGS", "SIGMA_GRID", "FALLBACK_SIGMA",
            "NO_NOISE_SIGMA", "WEIGHT_EMA_SHARE", "SOL_WEIGHT_DECAY_PER_RANK", "BASELINE_WEIGHT_DECAY",
            "MAX_IMAGE_SIZE", "MAX_EPOCHS", "TrainConfig", "CONFIG_FIELDS_FREE_ON_RESUME", "config_mismatches",
-           "OPTION_GROUPS", "setting", "option_of", "setting_kinds", "RENAMED_SETTINGS"]
+           "OPTION_GROUPS", "setting", "option_of", "setting_kinds"]
 
 METHODS = ("sol", "sol-no-noise", "l1", "ce", "corn")
 
@@ -39,7 +37,7 @@ COMPARE_METHODS = (*METHODS, "sol-paper")
 # Rank read-out of the SOL methods: the posterior median with a label-frequency prior, the paper's
 # nearest expectation (eq. 6), or the expected rank against cuts fitted to the training labels (the
 # default; neither it nor the median is in the paper); see TrainConfig.readout.
-INFERENCE_MODES = ("posterior", "nearest", "cuts")
+READOUTS = ("posterior", "nearest", "cuts")
 
 # Relabeling rule of "sol": "posterior" (default, not in the paper) or the paper's "outlier"
 # rule (docs/math.md §8); see sol_ext.refine.
@@ -58,7 +56,7 @@ SIGMA_GRID = (0.25, 0.5, 1.0)
 FALLBACK_SIGMA = 1.0
 
 # weight_ema="auto" (the default): for the SOL methods, an average of the weights over about this
-# share of the steps so far (decay 1 - 1 / (share * step), sol_ext.driver.fit.WeightAverage);
+# share of the steps so far (decay 1 - 1 / (share * step), sol_ext.driver.weight_ema.WeightAverage);
 # none for the baselines.
 # Measured (docs/measured.md, "Many ranks"): SOL's embedding fits label noise within a few epochs and the
 # average undoes part of it (62 ranks with annotator noise: test MAE 2.33 -> 2.25). A fixed decay
@@ -119,9 +117,9 @@ def _need(ok: bool, message: str) -> None:
 
 
 # How a setting's command-line option is spelled and shown, beside its help and group: argparse's
-# choices and metavar, the option's flag (default: "--" and the field's name with dashes), other
-# spellings kept as they are, and former spellings accepted with a warning for one release.
-_OPTION_FORM = {"choices": None, "metavar": None, "flag": None, "aliases": (), "deprecated": ()}
+# choices and metavar, the option's flag (default: "--" and the field's name with dashes) and other
+# spellings kept as they are.
+_OPTION_FORM = {"choices": None, "metavar": None, "flag": None, "aliases": ()}
 
 
 def setting(default: Any, help: str, group: Optional[str], *, paper: Any = _NOT_IN_PAPER,
@@ -137,16 +135,14 @@ def setting(default: Any, help: str, group: Optional[str], *, paper: Any = _NOT_
         paper: the value of the paper's Algorithm 1, applied by ``--paper`` (:data:`PAPER_SETTINGS`).
         form: how the option is spelled and shown (:data:`_OPTION_FORM`): ``choices`` and
             ``metavar`` as argparse's; ``flag``, the option's spelling (default ``--`` and the
-            field's name with dashes); ``aliases``, other spellings kept as they are;
-            ``deprecated``, former spellings accepted with a warning for one release.
+            field's name with dashes); ``aliases``, other spellings kept as they are.
     """
     unknown = sorted(set(form) - set(_OPTION_FORM))
     if unknown:
         raise TypeError(f"setting() got {', '.join(unknown)}; an option's form is some of "
                         f"{', '.join(_OPTION_FORM)}.")
     form = {**_OPTION_FORM, **form}
-    metadata = {"help": help, "group": group, "paper": paper, **form,
-                "aliases": tuple(form["aliases"]), "deprecated": tuple(form["deprecated"])}
+    metadata = {"help": help, "group": group, "paper": paper, **form, "aliases": tuple(form["aliases"])}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -229,7 +225,7 @@ class TrainConfig:
         None, "local .pth state dict of the torchvision model (e.g. torchvision's "
         "resnet18-f37072fd.pth; vgg16_bn's for vgg16bn); nothing is downloaded. Images are then "
         "normalized with ImageNet's mean and std, inside the model", "method and encoder",
-        metavar="FILE", deprecated=("--vgg-weights",))
+        metavar="FILE")
     # -- images
     image_size: Optional[int] = setting(
         None, "side every image is resized to (default: 64 for an image list, 28 for "
@@ -283,12 +279,10 @@ class TrainConfig:
         "cuts", "rank read-out (SOLHead's readout=): 'posterior' = posterior median of p(q|x) ~ freq(q) exp(-D[x,q]/t) "
         "(not in the paper); 'nearest' = argmin_q D[x,q] (paper eq. 6); 'cuts' = the expected rank "
         "under p(q|x) against a cut per rank, fitted to the training labels for least MAE (not in "
-        "the paper; docs/math.md §12.4a)", "SOL settings", choices=INFERENCE_MODES, paper="nearest",
-        deprecated=("--inference",))
+        "the paper; docs/math.md §12.4a)", "SOL settings", choices=READOUTS, paper="nearest")
     momentum: float = setting(
         0.5, "centroid momentum m (SOLHead's momentum=): centroids <- normalize(m*old + "
-        "(1-m)*rule) each epoch; 0 = the paper", "SOL settings", paper=0.0,
-        deprecated=("--centroid-momentum",))
+        "(1-m)*rule) each epoch; 0 = the paper", "SOL settings", paper=0.0)
     # model selection: the epoch of best MAE on a stratified split of the (noisy) training data
     val_fraction: float = setting(
         0.1, "share of the training data (noisy labels) held out to pick the best epoch; 0: the "
@@ -398,6 +392,11 @@ class TrainConfig:
         return self.val_fraction > 0
 
     @property
+    def searches_sigma(self) -> bool:
+        """Whether a run picks sigma by a search (one training per candidate of :data:`SIGMA_GRID`)."""
+        return self.method == "sol" and self.sigma == "auto" and self.selects_model
+
+    @property
     def refines(self) -> bool:
         """Whether labels are refined after each epoch (SOL only; default on for ``sol``)."""
         if not self.uses_centroids:
@@ -433,8 +432,8 @@ class TrainConfig:
         check_encoder_name(self.encoder)
         _need(self.pairs in PAIR_MODES,
               f"unknown pair set {self.pairs!r}; expected one of {', '.join(PAIR_MODES)}.")
-        _need(self.readout in INFERENCE_MODES,
-              f"unknown readout {self.readout!r}; expected one of {', '.join(INFERENCE_MODES)}.")
+        _need(self.readout in READOUTS,
+              f"unknown readout {self.readout!r}; expected one of {', '.join(READOUTS)}.")
         _need(self.convention in ("paper", "official"),
               f"unknown convention {self.convention!r}; expected 'paper' or 'official'.")
 
@@ -544,14 +543,6 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
-        d = dict(d)
-        if "vgg_weights" in d:  # the name before torchvision backbones took weights too
-            d["weights"] = d.pop("vgg_weights")
-        for old, new in RENAMED_SETTINGS.items():  # saved before the settings took SOLHead's names
-            if old in d:
-                d[new] = d.pop(old)
-        if "augment" not in d:  # a run from before augmentation existed trained without it
-            d["augment"] = "none"
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:
@@ -559,45 +550,6 @@ class TrainConfig:
                              f"written by another version of sol_ext.")
         return cls(**d)
 
-
-# Former names of settings -> their names now, SOLHead's (readout=, momentum=). Runs saved with the
-# former names load as they are; a TrainConfig built or read with them warns, for one release.
-RENAMED_SETTINGS = {"inference": "readout", "centroid_momentum": "momentum"}
-
-
-def warn_renamed(old: str, new: str, where: str = "TrainConfig") -> None:
-    """The DeprecationWarning of a setting used by its former name."""
-    warnings.warn(f"{where}: {old} is deprecated and will be removed; use {new}, its name in "
-                  f"SOLHead", DeprecationWarning, stacklevel=3)
-
-
-def _accept_renamed(init):
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        for old, new in RENAMED_SETTINGS.items():
-            if old in kwargs:
-                warn_renamed(old, new)
-                if new in kwargs:
-                    raise TypeError(f"TrainConfig got {old}= and {new}=, one setting; pass {new}=.")
-                kwargs[new] = kwargs.pop(old)
-        init(self, *args, **kwargs)
-    return __init__
-
-
-def _renamed_property(old: str, new: str) -> property:
-    def get(self):
-        warn_renamed(old, new)
-        return getattr(self, new)
-
-    def set_(self, value):
-        warn_renamed(old, new)
-        setattr(self, new, value)
-    return property(get, set_, doc=f"Deprecated name of :attr:`{new}`.")
-
-
-TrainConfig.__init__ = _accept_renamed(TrainConfig.__init__)
-for _old, _new in RENAMED_SETTINGS.items():
-    setattr(TrainConfig, _old, _renamed_property(_old, _new))
 
 # The settings of the paper's Algorithm 1 (docs/math.md §8, §11) where our defaults differ, from each
 # field's setting(paper=...); `--paper` applies them, so the published procedure is reproduced with

@@ -25,7 +25,6 @@ or the ``tomli`` package; it is written by ``tomli-w``.
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import json
 import os
@@ -34,10 +33,10 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .config import RENAMED_SETTINGS, TrainConfig, setting_kinds, warn_renamed
+from .config import TrainConfig, setting_kinds
 from .errors import UsageError
 
-__all__ = ["read_config_file", "config_toml", "options_given", "FIELD_KINDS", "CONFIG_FILE_NAME"]
+__all__ = ["read_config_file", "config_toml", "FIELD_KINDS", "CONFIG_FILE_NAME"]
 
 # A run folder's copy of its settings (written beside results.json): --config reads it back.
 CONFIG_FILE_NAME = "config.toml"
@@ -146,11 +145,6 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     spelled: dict[str, str] = {}
     for key, value in _load_toml(path).items():
         name = key.replace("-", "_")
-        if name in RENAMED_SETTINGS:  # a file written before the settings took SOLHead's names
-            warn_renamed(key, RENAMED_SETTINGS[name], where=f"--config {path}")
-            print(f"sol-ext: warning: --config {path}: '{key}' is deprecated; use "
-                  f"'{RENAMED_SETTINGS[name]}'.", file=sys.stderr)
-            name = RENAMED_SETTINGS[name]
         if name not in FIELD_KINDS and name not in OPTION_KINDS:
             if isinstance(value, dict):
                 raise UsageError(f"--config {path}: unknown table [{key}]; the settings are "
@@ -247,18 +241,3 @@ def config_toml(config: TrainConfig, paper: bool = False, output: Optional[str] 
         lines.append(_toml_line("threads", threads))
     return "\n".join(lines) + "\n"
 
-
-def options_given(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
-    """The destinations of the options that ``argv`` gives, not those set by a default (so that a
-    file's value is overridden only by an option the user typed, even one equal to its default).
-
-    ``parser`` is changed (every default suppressed): pass a fresh one, built as the one that
-    parsed ``argv``."""
-    stack = [parser]
-    while stack:
-        p = stack.pop()
-        for action in p._actions:
-            if isinstance(action.choices, dict):  # the subcommands
-                stack.extend(c for c in action.choices.values() if isinstance(c, argparse.ArgumentParser))
-            action.default = argparse.SUPPRESS
-    return set(vars(parser.parse_args(list(argv))))

@@ -65,7 +65,7 @@ class ExportedPredictor(nn.Module):
         self.scaled = scaling is not None
         self.register_buffer("mean", scaling[0].clone() if self.scaled else torch.zeros(0, dtype=torch.float64))
         self.register_buffer("std", scaling[1].clone() if self.scaled else torch.ones(0, dtype=torch.float64))
-        self.register_buffer("values", trained.encoder.values().to(torch.float64))
+        self.register_buffer("values", trained.grid.values().to(torch.float64))
         self.readout = "posterior"
         if trained.head is not None:
             head = copy.deepcopy(trained.head).cpu()
@@ -231,9 +231,9 @@ def _write_with_sidecar(trained: TrainedModel, output: Path, side: Path, program
 
 def export_command(args) -> int:
     """``sol-ext export``: the run in ``args.run_dir`` as a torch.export program and its sidecar."""
+    from .checkpoint import run_data
     from .errors import UsageError
     from .model import load_run
-    from .options import run_data
     from .outputs import check_output
 
     form = args.format or ("onnx" if str(args.output or "").lower().endswith(".onnx") else "pt2")

@@ -2,7 +2,7 @@
 
 The entry point is :func:`sol_ext.driver.train.train`, which checks the settings, plans the fits
 (one per sigma candidate where sigma is ``"auto"``, :class:`sol_ext.driver.train.SigmaSearch`) and
-trains each, epoch by epoch; :func:`train_run` trains one whole fit.
+trains each, epoch by epoch, in :func:`sol_ext.driver.train.fit_run`.
 
 Per epoch:
 1. train the encoder on shuffled batches of the current labels, with the centroids fixed;
@@ -35,7 +35,6 @@ checkpoints.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 import time
@@ -50,7 +49,6 @@ from .. import distributed
 from ..centroids import centroid_span, embed
 from ..distributed import DistributedStochasticOrderLoss
 from ..head import SOLHead
-from ..metrics import per_rank_mae, summarize
 from ..readout import median_ranks, rank_posterior
 from ..refine import (
     LabelNoiseFit,
@@ -64,67 +62,23 @@ from .checkpoint import (
     CHECKPOINT_NAME,
     CheckpointMismatch,
     EpochState,
-    ResumePoint,
+    RunState,
+    SelectedEpoch,
     load_checkpoint,
     predictor_record,
-    resumable_state,
     save_checkpoint,
-    selected_state,
 )
-from .config import WEIGHT_EMA_SHARE, TrainConfig
+from .config import TrainConfig
 from .data import split_indices
-from .device import resolve_device
 from .loader import RunInputs, auto_workers, embedding_batch_size, training_transform
 from .methods import RankModel, build_model, encoder_name, head_loss, head_ranks, make_sol_head
 from .pairs import balanced_pairs, sample_references
 from .parallel import Parallel
 from .prepare import PreparedData
-from .synthetic_noise import noise_statistics
+from .report import RunOutcome, epoch_line, label_stats, run_results, test_set_metrics
+from .weight_ema import weight_average
 
-__all__ = ["RunOutcome", "Fit", "FitContext", "train_run", "resolve_device", "cs_theta_of",
-           "validation_split", "run_results", "WeightAverage"]
-
-
-@dataclass
-class RunOutcome:
-    """What a finished run hands to reporting.
-
-    Attributes:
-        results: JSON-ready summary (configuration, final metrics, per-epoch history).
-        test_embeddings: ``[M, d]`` final test embeddings (CPU).
-        test_pred: ``[M]`` predicted test ranks.
-        train_pred: ``[N]`` predicted training ranks (final model and centroids).
-        labels: ``[N]`` the run's corrected training ranks: the posterior rule's corrections
-            (the encoder trained on the given labels), or the outlier rule's relabeled labels.
-        best_state: the selected epoch's state, what ``best.pt`` holds, for a run trained in
-            memory (no output folder; :func:`sol_ext.driver.model.model_from_state` makes it a
-            model); ``None`` for a run with a folder, which has it in ``best.pt``.
-    """
-
-    results: dict[str, Any]
-    test_embeddings: torch.Tensor
-    test_pred: torch.Tensor
-    train_pred: torch.Tensor
-    labels: torch.Tensor
-    best_state: Optional[dict[str, Any]] = None
-
-
-def cs_theta_of(config: TrainConfig, data: PreparedData) -> float:
-    """CS threshold in label units: ``config.cs_theta`` or 2 rank steps."""
-    return float(config.cs_theta) if config.cs_theta is not None else 2.0 * float(data.encoder.step)
-
-
-def _label_stats(labels: torch.Tensor, clean: Optional[torch.Tensor]) -> Optional[dict[str, float]]:
-    return None if clean is None else noise_statistics(labels, clean)
-
-
-def _test_metrics(config: TrainConfig, data: PreparedData,
-                  pred: torch.Tensor) -> Optional[dict[str, float]]:
-    """Metrics against the clean test labels, in label units; ``None`` without a test set."""
-    if pred.numel() == 0:
-        return None
-    decode = data.encoder.decode
-    return summarize(decode(pred.cpu()), decode(data.test_ranks), cs_theta_of(config, data))
+__all__ = ["Fit", "FitContext", "Split", "validation_split"]
 
 
 class _Progress:
@@ -147,68 +101,6 @@ class _Progress:
             self.bar.close()
 
 
-class WeightAverage:
-    """An exponential moving average of a model's weights over the training steps (``weight_ema``).
-
-    ``model`` is a copy of the trained model. After ``t`` calls of :meth:`update` its parameters and
-    floating-point buffers are ``sum_{s <= t} (1 - d) d^(t-s) w_s / (1 - d^t)`` for the trained
-    weights ``w_s`` after step ``s`` and ``d = decay``: the average with Adam's bias correction, so
-    the first epochs are averages of what has been trained, not pulled towards the initial weights
-    (on small data sets an epoch has few steps: 18 on wine-red, where ``0.99^18 = 0.83`` of an
-    uncorrected average would still be the initialization after the first epoch). Other buffers,
-    such as batch norm's step count, are copied. Every process of a torchrun run holds the same
-    trained weights after each step (DDP), hence the same average.
-
-    With ``share`` instead of ``decay`` (``weight_ema="auto"``) the decay of step ``t`` is
-    ``1 - 1 / max(share * t, 1)``: the average spans about the last ``share`` of the steps so far,
-    so it follows a network that still learns fast early on and averages longer as training
-    settles, whatever the data set's size and the run's length. It depends on the step alone, so
-    a resumed run continues the average an unbroken run would have.
-    """
-
-    def __init__(self, model: torch.nn.Module, decay: Optional[float] = None, steps: int = 0,
-                 share: Optional[float] = None):
-        if (decay is None) == (share is None):
-            raise ValueError("WeightAverage takes a decay or a share, not both or neither.")
-        if decay is not None and not 0.0 < decay < 1.0:
-            raise ValueError(f"weight_ema must be in (0, 1) for an average, got {decay}.")
-        if share is not None and not 0.0 < share <= 1.0:
-            raise ValueError(f"share must be in (0, 1], got {share}.")
-        self.decay = None if decay is None else float(decay)
-        self.share = None if share is None else float(share)
-        self.steps = int(steps)  # updates so far (saved in checkpoint.pt for a resumed run)
-        self.model = copy.deepcopy(model)
-        self.model.requires_grad_(False)
-
-    def _keep(self) -> float:
-        """The weight of step ``self.steps`` on the previous average."""
-        t = self.steps
-        if self.share is not None:
-            return 1.0 - 1.0 / max(self.share * t, 1.0)
-        d = self.decay
-        # the bias-corrected average's: d (1 - d^(t-1)) / (1 - d^t)
-        return d * (1.0 - d ** (t - 1)) / (1.0 - d ** t)
-
-    @torch.no_grad()
-    def update(self, model: torch.nn.Module) -> None:
-        self.steps += 1
-        keep = self._keep()
-        for mine, theirs in zip(self.model.parameters(), model.parameters()):
-            mine.lerp_(theirs.detach(), 1.0 - keep)
-        for mine, theirs in zip(self.model.buffers(), model.buffers()):
-            if mine.is_floating_point():
-                mine.lerp_(theirs.detach(), 1.0 - keep)
-            else:
-                mine.copy_(theirs)
-
-
-def _weight_average(config: TrainConfig, model: torch.nn.Module) -> Optional[WeightAverage]:
-    """The moving average of ``config.weight_ema`` over ``model``'s weights, or None for none."""
-    if config.weight_ema == "auto":
-        return WeightAverage(model, share=WEIGHT_EMA_SHARE) if config.uses_centroids else None
-    return WeightAverage(model, decay=config.weight_ema) if config.weight_ema > 0 else None
-
-
 def _batches(n: int, batch_size: int, generator: torch.Generator,
              smallest: int = 2) -> list[torch.Tensor]:
     """Shuffled index batches; a last batch of fewer than ``smallest`` samples is dropped (one
@@ -221,20 +113,20 @@ def _batches(n: int, batch_size: int, generator: torch.Generator,
 
 
 @dataclass
-class _Split:
+class Split:
     """Row numbers of the training data the encoder fits (``fit``) and of the validation split."""
 
     fit: torch.Tensor
     val: Optional[torch.Tensor]
 
 
-def validation_split(given: torch.Tensor, fraction: float, seed: int) -> _Split:
+def validation_split(given: torch.Tensor, fraction: float, seed: int) -> Split:
     """A split of the training rows, stratified by their (noisy) given ranks; ``fraction`` 0:
     every row is fitted and there is no validation split."""
     if fraction <= 0:
-        return _Split(fit=torch.arange(given.numel()), val=None)
+        return Split(fit=torch.arange(given.numel()), val=None)
     fit, val = split_indices(given.cpu(), test_fraction=fraction, seed=seed + 7919)
-    return _Split(fit=fit, val=val)
+    return Split(fit=fit, val=val)
 
 
 @dataclass
@@ -340,7 +232,7 @@ def _embed_all(model: RankModel, inputs: RunInputs, batch_size: int, device: tor
     return distributed.gather_all(local)
 
 
-def _run_inputs(config: TrainConfig, data: PreparedData, split: _Split, device: torch.device,
+def _run_inputs(config: TrainConfig, data: PreparedData, split: Split, device: torch.device,
                 par: Parallel, progress: bool = False) -> tuple[RunInputs, Optional[RunInputs], RunInputs]:
     """The fitted rows (augmented, for images), the validation split and the test set; with
     ``progress``, the passes that decode image files show a bar."""
@@ -359,48 +251,23 @@ def _run_inputs(config: TrainConfig, data: PreparedData, split: _Split, device: 
             part(data.test_x, "test images"))
 
 
-def _state_digest(labels: torch.Tensor, centroids: Optional[torch.Tensor]) -> torch.Tensor:
-    """A few float64 numbers that change with any label or centroid value (position-weighted sums)."""
-    weights = torch.arange(1, labels.numel() + 1, dtype=torch.float64, device=labels.device)
-    digest = [labels.double().sum(), (labels.double() * weights).sum()]
-    if centroids is not None:
-        c = centroids.detach().double().flatten()
-        digest += [c.sum(), (c * torch.arange(1, c.numel() + 1, dtype=torch.float64, device=c.device)).sum()]
-    return torch.stack(digest)
-
-
-def _check_same_state(par: Parallel, epoch: int, labels: torch.Tensor,
-                      centroids: Optional[torch.Tensor]) -> None:
-    """Every process must hold rank 0's labels and centroids after an epoch (broadcast and
-    all-reduced, so equal by construction); a difference would let the processes drift apart
-    silently, so it stops the run."""
-    if not par.enabled:
-        return
-    mine = _state_digest(labels, centroids)
-    theirs = par.broadcast(mine.clone())
-    if not torch.equal(mine, theirs):
-        raise RuntimeError(f"process {par.rank} holds other labels or centroids than rank 0 after "
-                           f"epoch {epoch}; the data-parallel run is out of step.")
-
-
 @dataclass
 class FitContext:
-    """How a fit runs beside its settings: its place in a torchrun run (default one process), where
-    its per-epoch lines go, whether it shows a progress bar per epoch, and what the run's checks
-    already worked out (:func:`sol_ext.driver.train.check_run`): the device and the validation
-    split, handed down so that no fit works them out again (``None``: the fit does)."""
+    """How the fits of a run run beside their settings, as :func:`sol_ext.driver.train.check_run`
+    decided it once for all of them: the run's place in a torchrun run, where its per-epoch lines
+    go, whether it shows a progress bar per epoch, its device and its validation split."""
 
-    parallel: Optional[Parallel] = None
-    log: Callable[[str], None] = print
-    progress: bool = False
-    device: Optional[torch.device] = None
-    split: Optional[_Split] = None
+    parallel: Parallel
+    log: Callable[[str], None]
+    progress: bool
+    device: torch.device
+    split: Split
 
 
 class Fit:
     """One training run of ``config.method`` on ``data`` (Algorithm 1 for SOL), an epoch at a time::
 
-        fit = Fit(config, data, out_dir)
+        fit = Fit(config, data, out_dir, check_run(config, data, out_dir, False).context)
         fit.start(resume=False)
         for epoch in fit.epochs():
             fit.end_of_epoch(epoch, fit.train_one_epoch(epoch))
@@ -408,60 +275,60 @@ class Fit:
 
     It checkpoints to ``out_dir/checkpoint.pt`` every epoch and the best epoch so far to
     ``out_dir/best.pt``; with ``out_dir=None`` nothing is written and the outcome holds the selected
-    epoch's state. ``config`` is the run's configuration as given (saved in the checkpoints); with
-    ``sigma="auto"``, ``sigma_choice`` (``{"sigma": value, "val_mae": ...}``) says which sigma the
-    run trains with. :func:`sol_ext.driver.train.train` checks the settings and picks sigma first.
+    epoch's state. ``config.sigma`` is a number: where the run was asked for sigma ``"auto"``,
+    ``sigma_choice`` (``{"sigma": value, "val_mae": ...}``) says how it was picked, and the files
+    and results record the run as asked (:meth:`config_as_given`).
+    :func:`sol_ext.driver.train.train` checks the settings and picks sigma first.
     """
 
     def __init__(self, config: TrainConfig, data: PreparedData, out_dir: Optional[Path],
-                 sigma_choice: Optional[dict[str, Any]] = None, context: Optional[FitContext] = None):
-        context = context or FitContext()
+                 context: FitContext, sigma_choice: Optional[dict[str, Any]] = None):
+        if sigma_choice is not None and config.sigma != sigma_choice["sigma"]:
+            raise ValueError(f"sigma={config.sigma!r} is not the picked sigma {sigma_choice['sigma']!r}: "
+                             f"a fit trains with its sigma resolved.")
         self.config, self.data, self.out_dir, self.sigma_choice = config, data, out_dir, sigma_choice
-        self.run_config = (config if sigma_choice is None
-                           else dataclasses.replace(config, sigma=sigma_choice["sigma"]))
-        self.par = context.parallel or Parallel()
-        self.log, self.progress = context.log, context.progress
-        self.context = context
+        self.par, self.log, self.progress = context.parallel, context.log, context.progress
+        self.device, self.split = context.device, context.split
         self.in_memory = out_dir is None
+
+    def config_as_given(self) -> TrainConfig:
+        """The run's configuration as it was asked for: sigma ``"auto"`` where a choice picked it
+        (what the checkpoints and the results record, and what a resumed run is checked against)."""
+        return self.config if self.sigma_choice is None else dataclasses.replace(self.config, sigma="auto")
 
     # -- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
-        """The split, the inputs, the model, optimizer and head, and the epoch-0 state."""
-        config, data, par = self.config, self.data, self.par
-        known = self.context  # the run's device and split, where its checks worked them out
-        self.device = resolve_device(config.device, par) if known.device is None else known.device
+        """The inputs, the model, optimizer and head, and the epoch-0 state."""
+        config, data, par, split = self.config, self.data, self.par, self.split
         if par.is_main and not self.in_memory:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         self.eval_bs = embedding_batch_size(data.kind, config.batch_size)
         self.started = time.perf_counter()
-        self.split = (validation_split(data.train_given, config.val_fraction, config.seed)
-                      if known.split is None else known.split)
-        self.fit_x, self.val_x, self.test_x = _run_inputs(config, data, self.split, self.device, par,
+        self.fit_x, self.val_x, self.test_x = _run_inputs(config, data, split, self.device, par,
                                                           self.progress)
-        self.given = data.train_given[self.split.fit].to(self.device)
-        self.clean = None if data.train_clean is None else data.train_clean[self.split.fit]
-        self.val_labels = (None if self.split.val is None
-                           else data.train_given[self.split.val].to(self.device))
+        self.given = data.train_given[split.fit].to(self.device)
+        self.clean = None if data.train_clean is None else data.train_clean[split.fit]
+        self.val_labels = None if split.val is None else data.train_given[split.val].to(self.device)
         torch.manual_seed(config.seed)
         self.gen = torch.Generator().manual_seed(config.seed + 1)  # shuffling and pair sampling
         (self.model, self.step_model, self.optimizer, self.head, self.sol_loss,
-         self.scaler) = _learner(self.run_config, data, self.device, par)
+         self.scaler) = _learner(config, data, self.device, par)
         # the weights every pass over the data uses (embedding, centroids, read-out, checkpoints'
         # "model"): the trained ones, or their moving average (weight_ema)
-        self.averaged = _weight_average(config, self.model)
+        self.averaged = weight_average(config, self.model)
         self.eval_model = self.model if self.averaged is None else self.averaged.model
         self.fingerprint = data.fingerprint()
         self.history: list[dict[str, Any]] = []
         self.labels = self.given.clone()
         self.first_epoch, self.elapsed_before = 1, 0.0
-        self.best: Optional[dict[str, Any]] = None
+        self.best: Optional[SelectedEpoch] = None
 
     def resume(self) -> None:
         """Continue from ``out_dir/checkpoint.pt`` (checked against the configuration and data)."""
         if self.in_memory:
             raise ValueError("a run trained in memory (no output folder) has no checkpoint to resume.")
         par, ckpt_path = self.par, self.out_dir / CHECKPOINT_NAME
-        state = par.broadcast_object(load_checkpoint(ckpt_path, self.config, self.fingerprint)
+        state = par.broadcast_object(load_checkpoint(ckpt_path, self.config_as_given(), self.fingerprint)
                                      if par.is_main else None)
         _check_same_world(state, par, ckpt_path)
         # with weight_ema, "model" holds the averaged weights and "trained_model" the trained ones
@@ -475,11 +342,11 @@ class Fit:
         self.labels = state["labels"].to(self.device)
         self.history = state["history"]
         self.first_epoch = state["epoch"] + 1
-        self.elapsed_before = float(state.get("elapsed_s", 0.0))
-        self.sigma_choice = state.get("sigma_choice", self.sigma_choice)
+        self.elapsed_before = float(state["elapsed_s"])
         torch.set_rng_state(state["torch_rng"])
         self.gen.set_state(state["generator_rng"])
-        self.best = par.broadcast_object(load_checkpoint(self.out_dir / BEST_NAME) if par.is_main else None)
+        best = par.broadcast_object(load_checkpoint(self.out_dir / BEST_NAME) if par.is_main else None)
+        self.best = SelectedEpoch.from_dict(best)
         self.log(f"resuming {self.out_dir} after epoch {state['epoch']}")
 
     def start(self, resume: bool = False) -> None:
@@ -494,7 +361,7 @@ class Fit:
         """The epochs still to train; ``patience`` epochs without a better one end them early."""
         for epoch in range(self.first_epoch, self.config.epochs + 1):
             if self.best is not None and self.config.patience is not None \
-                    and epoch - 1 - self.best["epoch"] >= self.config.patience:
+                    and epoch - 1 - self.best.state.epoch >= self.config.patience:
                 return  # also a resumed run that had already stopped early
             yield epoch
 
@@ -506,7 +373,7 @@ class Fit:
         """``(rows of this process's share, rows with the references, global batch size)`` of each
         step of an epoch, drawn from the shuffling generator (and, with ``--pairs balanced``, the
         reference samples)."""
-        config, labels, world = self.run_config, self.labels, self.par.world_size
+        config, labels, world = self.config, self.labels, self.par.world_size
         plan = []
         for idx in _batches(labels.numel(), config.batch_size * world, self.gen, smallest=2 * world):
             global_count = idx.numel()
@@ -529,7 +396,7 @@ class Fit:
         global batch of fewer than ``2 W`` samples is dropped, so no process steps on fewer than
         two. With ``weight_ema``, the moving average follows every step."""
         self._epoch_started = time.perf_counter()
-        config, par, labels, model = self.run_config, self.par, self.labels, self.model
+        config, par, labels, model = self.config, self.par, self.labels, self.model
         model.train()
         device = labels.device
         amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
@@ -570,7 +437,7 @@ class Fit:
             value = value.float() * share
             loss = loss * (share * self.par.world_size)
         if not torch.isfinite(value):
-            raise FloatingPointError(_diverged(self.run_config, epoch, f"the loss ({float(value)})"))
+            raise FloatingPointError(_diverged(self.config, epoch, f"the loss ({float(value)})"))
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:  # float16: scale the loss so small gradients do not flush to 0
             self.scaler.scale(loss).backward()
@@ -590,7 +457,7 @@ class Fit:
         record: dict[str, Any] = {"epoch": epoch, "train_loss": loss}
         out = self._read_out(record)
         corrected, suggestion = self._relabel(record, out)
-        record["labels_after"] = _label_stats(corrected.cpu(), self.clean)
+        record["labels_after"] = label_stats(corrected.cpu(), self.clean)
         self.evaluate(record, out, steps_done)
         self.save(epoch, record, out, (corrected, suggestion))
 
@@ -599,7 +466,7 @@ class Fit:
         fit_h = self._embed(self.fit_x)
         val_h = None if self.val_x is None else self._embed(self.val_x)
         test_h = self._embed(self.test_x)
-        config, n = self.run_config, self.data.num_ranks
+        config, n = self.config, self.data.num_ranks
         if self.head is not None:
             out = _sol_readout(config, self.head, fit_h, self.labels,
                                None if val_h is None else (val_h, self.val_labels), test_h)
@@ -607,7 +474,7 @@ class Fit:
         else:
             out = _head_readout(config, self.eval_model, n, fit_h, val_h, test_h)
         record["train_mae_vs_labels"] = _rank_mae(out.fit_pred, self.labels)
-        record["labels_before"] = _label_stats(self.labels.cpu(), self.clean)
+        record["labels_before"] = label_stats(self.labels.cpu(), self.clean)
         return out
 
     def _relabel(self, record: dict[str, Any], out: _Readout):
@@ -632,70 +499,59 @@ class Fit:
             record.update(outliers=0, relabeled=0, step=0.0)
         self.labels = par.broadcast(self.labels.contiguous())  # every process trains on rank 0's labels
         corrected = self.labels if suggestion is None else par.broadcast(corrected.contiguous())
-        _check_same_state(par, record["epoch"], corrected,
-                          None if self.head is None else self.head.centroids)
+        par.check_same_state(record["epoch"], corrected, None if self.head is None else self.head.centroids)
         return corrected, suggestion
 
     def evaluate(self, record: dict[str, Any], out: _Readout, steps_done: float) -> None:
         """4. the validation MAE (model selection) and the test metrics (reported only); the
         epoch's record joins the history and its line is logged."""
         record["val_mae"] = None if out.val_pred is None else _rank_mae(out.val_pred, self.val_labels)
-        record["test"] = _test_metrics(self.config, self.data, out.test_pred)
+        record["test"] = test_set_metrics(self.config, self.data, out.test_pred)
         # the training steps, and the passes over every sample that follow them (embedding,
         # centroid rule, read-out, relabeling, validation and test)
         record["seconds"] = {"steps": steps_done - self._epoch_started,
                              "end_of_epoch": time.perf_counter() - steps_done}
         self.history.append(record)
-        self.log(_epoch_line(record, self.config.epochs))
+        self.log(epoch_line(record, self.config.epochs))
 
     def save(self, epoch: int, record: dict[str, Any], out: _Readout, relabeled) -> None:
         """The best epoch so far (``best.pt``, or kept in memory) and the checkpoint."""
         config, data, par, split = self.config, self.data, self.par, self.split
         corrected, suggestion = relabeled
         improved = par.agree(self.best is None or record["val_mae"] is None
-                             or record["val_mae"] < self.best["val_mae"], self.device)
+                             or record["val_mae"] < self.best.state.val_mae, self.device)
         snapshot = EpochState.of_epoch(
-            config, self.eval_model, self.head, fingerprint=self.fingerprint, epoch=epoch,
-            world_size=par.world_size, predictor=predictor_record(self.run_config, data),
+            self.config_as_given(), self.eval_model, self.head, fingerprint=self.fingerprint,
+            epoch=epoch, world_size=par.world_size, predictor=predictor_record(config, data),
             labels=self.labels, corrected_labels=corrected, given_labels=self.given,
             clean_labels=self.clean, train_rows=_rows(data, split.fit),
             val_rows=None if split.val is None else _rows(data, split.val), train_pred=out.fit_pred,
             test_pred=out.test_pred, val_mae=record["val_mae"], sigma_choice=self.sigma_choice,
-            label_noise_std=record.get("label_noise_std")).to_dict()
+            label_noise_std=record.get("label_noise_std"))
         if improved:
-            self.best = selected_state(snapshot, test_embeddings=out.test_h,
-                                       audit=_audit_arrays(config, data, split, out, suggestion))
+            self.best = SelectedEpoch(snapshot, out.test_h.detach().cpu(),
+                                      _audit_arrays(config, data, split, out, suggestion))
             if self.in_memory:  # the state holds the live weights: keep the selected epoch's
-                self.best = _copied(self.best)
+                self.best = SelectedEpoch.from_dict(_copied(self.best.to_dict()))
             elif par.is_main:
                 save_checkpoint(self.out_dir / BEST_NAME, self.best)
         if par.is_main and not self.in_memory:
             averaged = self.averaged
-            save_checkpoint(self.out_dir / CHECKPOINT_NAME, resumable_state(snapshot, ResumePoint(
-                self.optimizer, self.gen, self.history, self.best["epoch"],
+            save_checkpoint(self.out_dir / CHECKPOINT_NAME, RunState(
+                snapshot, self.optimizer, self.gen, self.history, self.best.state.epoch,
                 self.elapsed_before + time.perf_counter() - self.started,
                 trained_model=None if averaged is None else self.model,
-                averaged_steps=None if averaged is None else averaged.steps)))
+                averaged_steps=None if averaged is None else averaged.steps))
 
     def outcome(self) -> RunOutcome:
         """The selected epoch's outcome (the best validation MAE, or the last epoch)."""
         best = self.best
-        results = run_results(self.config, self.data, self.history, best, self.sigma_choice,
-                              self.elapsed_before + time.perf_counter() - self.started)
-        return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
-                          test_pred=best["test_pred"], train_pred=best["train_pred"],
-                          labels=corrected_labels(best), best_state=best if self.in_memory else None)
-
-
-def train_run(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resume: bool = False,
-              sigma_choice: Optional[dict[str, Any]] = None,
-              context: Optional[FitContext] = None) -> RunOutcome:
-    """A whole :class:`Fit`: every epoch of one training run (see there)."""
-    fit = Fit(config, data, out_dir, sigma_choice, context)
-    fit.start(resume)
-    for epoch in fit.epochs():
-        fit.end_of_epoch(epoch, fit.train_one_epoch(epoch))
-    return fit.outcome()
+        results = run_results(self.config_as_given(), self.data, self.history, best.state,
+                              self.sigma_choice, self.elapsed_before + time.perf_counter() - self.started)
+        return RunOutcome(results=results, test_embeddings=best.test_embeddings,
+                          test_pred=best.state.test_pred, train_pred=best.state.train_pred,
+                          labels=best.state.corrected_labels,
+                          best_state=best.to_dict() if self.in_memory else None)
 
 
 def _copied(value: Any) -> Any:
@@ -758,7 +614,7 @@ def _rows(data: PreparedData, index: torch.Tensor) -> torch.Tensor:
     return (index if data.train_rows is None else data.train_rows[index]).cpu()
 
 
-def _audit_arrays(config: TrainConfig, data: PreparedData, split: _Split, out: _Readout,
+def _audit_arrays(config: TrainConfig, data: PreparedData, split: Split, out: _Readout,
                   suggestion) -> Optional[dict[str, torch.Tensor]]:
     """Per-sample suggestions of the posterior relabeling rule over every training row (fitted
     and validation), for ``sol-ext audit``; ``None`` when the run does not use that rule."""
@@ -787,62 +643,3 @@ def _audit_arrays(config: TrainConfig, data: PreparedData, split: _Split, out: _
 def _diverged(config: TrainConfig, epoch: int, what: str) -> str:
     return (f"training diverged in epoch {epoch}: {what} became NaN or infinite at learning "
             f"rate {config.lr:g}; lower --lr, or keep embeddings normalized (the default).")
-
-
-def _epoch_line(r: dict[str, Any], epochs: int) -> str:
-    t = r["test"]
-    line = f"epoch {r['epoch']:>3}/{epochs}  loss {r['train_loss']:.4f}"
-    if r.get("val_mae") is not None:
-        line += f"  val MAE {r['val_mae']:.3f}"
-    if t is not None:
-        line += f"  test MAE {t['mae']:.3f}  CS {t['cs']:.1f}%"
-    if r["relabeled"] or r["outliers"]:
-        line += f"  relabeled {r['relabeled']}"
-    if r["labels_after"] is not None:
-        line += f"  label MAE {r['labels_before']['mae']:.3f}->{r['labels_after']['mae']:.3f}"
-    return line
-
-
-def corrected_labels(state: dict[str, Any]) -> torch.Tensor:
-    """The run's corrected training labels: the posterior rule's corrections, or the labels
-    trained on (the outlier rule's relabels; :func:`~sol_ext.driver.checkpoint.migrated` fills
-    them in for checkpoints saved before they were kept apart)."""
-    return state["corrected_labels"]
-
-
-def run_results(config: TrainConfig, data: PreparedData, history: list[dict[str, Any]],
-                best: dict[str, Any], sigma_choice: Optional[dict[str, Any]],
-                seconds: float) -> dict[str, Any]:
-    """``results.json`` of a run of ``config`` on ``data``: its settings, the selected epoch
-    ``best`` (its state; the processes that trained it), its sigma choice, the per-epoch
-    ``history`` and the time it took."""
-    chosen = history[best["epoch"] - 1]
-    enc = data.encoder
-    given = best["given_labels"]
-    clean = best["clean_labels"]
-    return {
-        "config": config.to_dict(),
-        "world_size": int(best.get("world_size", 1)),
-        "data": {"name": data.name, "kind": data.kind, "num_ranks": data.num_ranks,
-                 "min_value": float(enc.min_value), "step": float(enc.step),
-                 "n_train": int(given.numel()),
-                 "n_val": 0 if best["val_rows"] is None else int(best["val_rows"].numel()),
-                 "n_test": int(data.test_x.shape[0])},
-        "cs_theta": cs_theta_of(config, data),
-        "selected_epoch": best["epoch"],
-        "epochs_run": len(history),
-        "selection": "best validation MAE (noisy labels)" if config.selects_model else "last epoch",
-        "val_mae": chosen["val_mae"],
-        "sigma_selected": None if sigma_choice is None else sigma_choice["sigma"],
-        "sigma_search": sigma_choice,
-        "test": chosen["test"],
-        # MAE of the test samples of each true label value (label units), at the selected epoch
-        "test_per_rank_mae": {} if chosen["test"] is None else {f"{v:g}": e for v, e in per_rank_mae(
-            data.encoder.decode(best["test_pred"]), data.encoder.decode(data.test_ranks)).items()},
-        "relabeled_total": int(sum(r["relabeled"] for r in history)),
-        "labels_changed": int((corrected_labels(best) != given).sum()),
-        "label_noise_given": _label_stats(given, clean),
-        "label_noise_final": _label_stats(corrected_labels(best), clean),
-        "history": history,
-        "seconds": seconds,
-    }

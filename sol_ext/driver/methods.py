@@ -11,9 +11,6 @@
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -100,26 +97,6 @@ def head_loss(method: str, model: RankModel, embeddings: torch.Tensor, labels: t
     if method == "corn":
         return require_coral().losses.corn_loss(model.head(embeddings), labels, num_ranks)
     raise ValueError(f"method {method!r} has no output head: its loss is the SOL head's.")
-
-
-def _training_loss(config: TrainConfig, model: RankModel, embeddings: torch.Tensor,
-                   labels: torch.Tensor, *rest: Any, **pairs: Any) -> torch.Tensor:
-    """The former ``training_loss(config, model, embeddings, labels, num_ranks, centroids,
-    sol_loss, pairs=None)``."""
-    num_ranks, centroids, sol_loss, *positional = rest
-    if config.uses_centroids:
-        chosen = pairs.get("pairs", positional[0] if positional else None)
-        return sol_loss(embeddings, labels, centroids, pairs=chosen)
-    return head_loss(config.method, model, embeddings, labels, num_ranks)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "training_loss":  # the deprecated name, for one release
-        warnings.warn("sol_ext.driver.methods.training_loss is deprecated and will be removed: a fit "
-                      "calls its SOL head's loss, or head_loss for the baselines.",
-                      DeprecationWarning, stacklevel=2)
-        return _training_loss
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @torch.no_grad()

@@ -70,9 +70,9 @@ def _real_array(data: Any) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
 
 
-def _integer_grid(encoder: LabelGrid) -> bool:
+def _integer_grid(grid: LabelGrid) -> bool:
     """Whether every label value of the grid is a whole number (integer minimum and step)."""
-    return float(encoder.min_value).is_integer() and float(encoder.step).is_integer()
+    return float(grid.min_value).is_integer() and float(grid.step).is_integer()
 
 
 @dataclass
@@ -131,7 +131,7 @@ class TrainedModel:
         self.kind = record["kind"]
         self.input_shape = tuple(record["input_shape"])
         grid = self.preprocessing["grid"]
-        self.encoder = LabelGrid(grid["min_value"], grid["step"], grid["num_ranks"])
+        self.grid = LabelGrid(grid["min_value"], grid["step"], grid["num_ranks"])
         scaling = self.preprocessing["scaling"]
         self.scaling = None if scaling is None else (scaling["mean"].to(torch.float64),
                                                      scaling["std"].to(torch.float64))
@@ -148,12 +148,12 @@ class TrainedModel:
 
     @property
     def num_ranks(self) -> int:
-        return self.encoder.num_ranks
+        return self.grid.num_ranks
 
     @property
     def label_values(self) -> np.ndarray:
         """``[n]`` the label value of each rank (the columns of :meth:`predict_proba`)."""
-        return self.encoder.values().numpy()
+        return self.grid.values().numpy()
 
     @property
     def feature_names(self) -> list[str]:
@@ -306,10 +306,10 @@ class TrainedModel:
     def _predicted(self, x: torch.Tensor | ImageFiles, ids: list[str], values: Optional[np.ndarray],
                    incomplete: Optional[np.ndarray]) -> Prediction:
         probabilities, ranks = self.rank_probabilities(self._embed(x))
-        label_values = self.encoder.values().to(torch.float64)
+        label_values = self.grid.values().to(torch.float64)
         expected = probabilities.cpu() @ label_values
-        prediction = self.encoder.decode(ranks.cpu()).numpy()
-        if _integer_grid(self.encoder):  # whole labels come back as integers, as SOLRanker's do
+        prediction = self.grid.decode(ranks.cpu()).numpy()
+        if _integer_grid(self.grid):  # whole labels come back as integers, as SOLRanker's do
             prediction = prediction.round().astype(np.int64)
         return Prediction(ids=ids, ranks=ranks.cpu().numpy(), prediction=prediction,
                           expected=expected.numpy(), probabilities=probabilities.cpu().numpy(),
@@ -369,7 +369,7 @@ class TrainedModel:
         keep = np.isfinite(table.probabilities).all(axis=1)
         if table.incomplete is not None:
             keep &= ~table.incomplete
-        return self._calibrate(torch.from_numpy(table.probabilities[keep]), self.encoder.encode(values[keep]),
+        return self._calibrate(torch.from_numpy(table.probabilities[keep]), self.grid.encode(values[keep]),
                                **options)
 
     def calibrate_intervals_on_validation(self, **options: Any) -> IntervalCalibration:
@@ -394,7 +394,7 @@ class TrainedModel:
         """The calibration of ``probabilities [M, n]`` and their label ranks ``[M]``, kept on the model."""
         noise = label_noise
         if isinstance(noise, numbers.Real) and not isinstance(noise, bool):
-            noise = float(noise) / self.encoder.step  # label units -> ranks
+            noise = float(noise) / self.grid.step  # label units -> ranks
         self.intervals = calibrate_intervals(probabilities, ranks, score=score, target=target,
                                              label_noise=noise, deconvolve=deconvolve)
         return self.intervals
@@ -415,7 +415,7 @@ class TrainedModel:
         lower, upper = np.full(len(keep), np.nan), np.full(len(keep), np.nan)
         if keep.any():
             low, high = rank_intervals(torch.from_numpy(table.probabilities[keep]), self.intervals, coverage)
-            lower[keep], upper[keep] = self.encoder.decode(low).numpy(), self.encoder.decode(high).numpy()
+            lower[keep], upper[keep] = self.grid.decode(low).numpy(), self.grid.decode(high).numpy()
         return lower, upper
 
     def to_state(self) -> dict[str, Any]:
@@ -431,7 +431,7 @@ class TrainedModel:
 
     def __repr__(self) -> str:
         return (f"TrainedModel(method={self.method!r}, kind={self.kind!r}, ranks={self.num_ranks} "
-                f"({self.encoder.min_value:g} … {self.encoder.max_value:g} step {self.encoder.step:g}))")
+                f"({self.grid.min_value:g} … {self.grid.max_value:g} step {self.grid.step:g}))")
 
 
 def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int = 0,

@@ -12,8 +12,6 @@ import argparse
 import dataclasses
 import filecmp
 import os
-import sys
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Collection
 
@@ -21,8 +19,7 @@ from .config import OPTION_GROUPS, PAPER_SETTINGS, TrainConfig, option_of, setti
 from .errors import UsageError
 
 __all__ = ["add_settings", "train_config", "comma_list", "number_or_auto", "check_threads",
-           "set_threads", "check_test_data", "output_folder", "default_output", "data_inputs",
-           "run_data", "say", "warn"]
+           "set_threads", "check_test_data", "output_folder", "data_inputs"]
 
 THREADS_PER_CORE = 4  # --threads beyond this many per CPU core is a typo (torch fails on 100000)
 
@@ -53,21 +50,6 @@ _PARSE = {("str",): str, ("int",): int, ("float",): float, ("float", "auto"): nu
           ("int list",): comma_list(int)}
 
 
-class _DeprecatedFlag(argparse.Action):
-    """Stores like the option it stands for, and warns that the spelling will go."""
-
-    def __init__(self, *args, new_flag: str, **kwargs):
-        self.new_flag = new_flag
-        super().__init__(*args, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        warnings.warn(f"{option_string} is deprecated and will be removed; use {self.new_flag}",
-                      DeprecationWarning, stacklevel=2)
-        print(f"sol-ext: warning: {option_string} is deprecated; use {self.new_flag}.",
-              file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
 def _help(option: dict[str, Any]) -> str:
     """The option's help with its default, where it has one (a None default is said in words)."""
     default = option["default"]
@@ -77,7 +59,7 @@ def _help(option: dict[str, Any]) -> str:
     return f"{option['help']} (default: {shown})"
 
 
-def _add_setting(group: argparse._ActionsContainer, name: str, kinds: tuple[str, ...]) -> None:
+def _add_setting(group, name: str, kinds: tuple[str, ...]) -> None:
     """The option(s) of the TrainConfig field ``name`` in ``group``. Every default is None: a setting
     not typed keeps the file's value, --paper's, or the field's default (:func:`train_config`)."""
     option = option_of(name)
@@ -94,19 +76,15 @@ def _add_setting(group: argparse._ActionsContainer, name: str, kinds: tuple[str,
         else:
             group.add_argument(flag, dest=name, action="store_true", default=None, help=help_text)
         return
-    parse = _PARSE[kinds]
-    group.add_argument(flag, *option["aliases"], dest=name, type=parse, default=None,
+    group.add_argument(flag, *option["aliases"], dest=name, type=_PARSE[kinds], default=None,
                        choices=option["choices"], metavar=option["metavar"], help=help_text)
-    for old in option["deprecated"]:
-        group.add_argument(old, dest=name, action=_DeprecatedFlag, new_flag=flag, type=parse, default=None, choices=option["choices"], help=argparse.SUPPRESS)
 
 
-def add_settings(parser: argparse.ArgumentParser,
-                 skip: Collection[str] = ()) -> dict[str, argparse._ActionsContainer]:
+def add_settings(parser: argparse.ArgumentParser, skip: Collection[str] = ()) -> dict[str, Any]:
     """Add an option for every TrainConfig field but those in ``skip``, in the groups of
     :data:`~sol_ext.driver.config.OPTION_GROUPS` (a field of no group goes to ``parser`` itself);
-    return the groups by title, for the command's own options."""
-    groups: dict[str, argparse._ActionsContainer] = {
+    return the argument groups by title, for the command's own options."""
+    groups = {
         title: parser.add_argument_group(title, description) for title, description in OPTION_GROUPS.items()}
     for name, kinds in setting_kinds().items():
         if name not in skip:
@@ -115,10 +93,10 @@ def add_settings(parser: argparse.ArgumentParser,
     groups["SOL settings"].add_argument(
         "--paper", action="store_true",
         help="the published procedure: " + ", ".join(f"{k}={v}" for k, v in PAPER_SETTINGS.items()))
-    groups["optimization"].add_argument(
-        "--threads", type=int, default=0,
-        help="CPU threads of torch; 0: 1 for the MLP encoder (its small products lose more to "
-             "thread hand-offs than they gain), torch's default otherwise")
+    groups["optimization"].add_argument(  # None: not typed (a --config file may set it), else 0
+        "--threads", type=int, default=None,
+        help="CPU threads of torch; 0 (default): 1 for the MLP encoder (its small products lose "
+             "more to thread hand-offs than they gain), torch's default otherwise")
     return groups
 
 
@@ -126,27 +104,25 @@ def add_settings(parser: argparse.ArgumentParser,
 
 def train_config(args: argparse.Namespace, **override) -> TrainConfig:
     """The run's configuration: the defaults, or the paper's settings with ``--paper``, then the
-    ``--config`` file's settings, then every option given on the command line. The file's
-    ``output`` and ``threads`` are set on ``args`` where the command line does not give them."""
+    ``--config`` file's settings, then every option typed on the command line (every setting's
+    option defaults to None: one not None was typed, even one equal to its default). The file's
+    ``output`` and ``threads`` are set on ``args`` where the command line does not give them;
+    ``threads`` not given at all is 0."""
     names = {f.name for f in dataclasses.fields(TrainConfig)}
-    from_file = None
-    given = None  # without a file, every option that is not None applies
+    typed = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    from_file = {}
     if getattr(args, "config", None) is not None:
-        from .cli import build_parser
-        from .config_file import options_given, read_config_file
+        from .config_file import read_config_file
 
         from_file = read_config_file(args.config)
         args.paper = from_file.pop("paper", False) or args.paper  # also names the output folder
-        given = options_given(build_parser(), args.argv)
         for option in ("output", "threads"):  # options of the command, not of the training
-            if option in from_file and option not in given:
+            if option in from_file and getattr(args, option) is None:
                 setattr(args, option, from_file[option])
             from_file.pop(option, None)
-    values = dict(PAPER_SETTINGS) if getattr(args, "paper", False) else {}
-    values.update(from_file or {})
-    values.update({k: v for k, v in vars(args).items()
-                   if k in names and v is not None and (given is None or k in given)})
-    values.update(override)
+    if getattr(args, "threads", 0) is None:
+        args.threads = 0
+    values = {**(PAPER_SETTINGS if getattr(args, "paper", False) else {}), **from_file, **typed, **override}
     try:
         return TrainConfig(**values).validate()
     except ValueError as exc:
@@ -197,28 +173,6 @@ def data_kind(cfg: TrainConfig) -> str:
     return load_dataset(cfg.data, **opts).kind
 
 
-def say(line: str) -> None:
-    print(line, flush=True)  # progress lines show up at once, also when piped to a file
-
-
-def warn(line: str) -> None:
-    print(f"sol-ext: warning: {line}", file=sys.stderr, flush=True)
-
-
-def note(line: str) -> None:
-    """A line about what a command left out, not a problem with its input or result."""
-    print(f"sol-ext: note: {line}", file=sys.stderr, flush=True)
-
-
-def default_output(cfg: TrainConfig, paper: bool = False) -> Path:
-    """``runs/<data>-<method>[-paper]-<noise><kappa>-seed<k>``: ``sol-paper`` as ``sol-ext
-    compare`` names sol with ``--paper``; ``none`` without a kappa where no noise is added."""
-    data = Path(cfg.data).name.split(".")[0] or "data"
-    method = f"{cfg.method}-paper" if paper else cfg.method
-    noise = "none" if cfg.noise == "none" else f"{cfg.noise}{cfg.kappa:g}"
-    return Path("runs") / f"{data}-{method}-{noise}-seed{cfg.seed}"
-
-
 def output_folder(text: str, flag: str = "--output") -> Path:
     """The folder ``text`` of ``flag``; an empty path is refused (it would mean ``.``)."""
     if not text:
@@ -229,21 +183,6 @@ def output_folder(text: str, flag: str = "--output") -> Path:
 def data_inputs(cfg: TrainConfig) -> list:
     """``(what, path)`` of the data a run reads: no output may be written over them."""
     return [("the --data file", cfg.data), ("the --test-data file", cfg.test_data)]
-
-
-def run_data(run_dir: Path, model=None) -> list:
-    """The data files the run in ``run_dir`` was trained on (from its loaded ``model`` where given),
-    found from any working folder, as inputs no output may replace."""
-    from .checkpoint import load_run_state, run_paths
-
-    if model is not None:
-        config, read_from = dataclasses.asdict(model.config), model.read_from
-    else:
-        state = load_run_state(run_dir)
-        config, read_from = state.get("config", {}), (state.get("predictor") or {}).get("read_from")
-    paths = run_paths(config, read_from)
-    return [(f"the training data of {run_dir}", paths["data"]),
-            (f"the test data of {run_dir}", paths["test_data"])]
 
 
 def _same_data(a: str, b: str) -> bool:

@@ -20,12 +20,12 @@ import gc
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Parallel", "TORCHRUN_VARIABLES"]
+__all__ = ["Parallel", "TORCHRUN_VARIABLES", "state_digest"]
 
 TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
 
@@ -112,3 +112,26 @@ class Parallel:
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
+
+    def check_same_state(self, epoch: int, labels: torch.Tensor,
+                         centroids: Optional[torch.Tensor]) -> None:
+        """Every process must hold rank 0's labels and centroids after an epoch (broadcast and
+        all-reduced, so equal by construction); a difference would let the processes drift apart
+        silently, so it stops the run."""
+        if not self.enabled:
+            return
+        mine = state_digest(labels, centroids)
+        theirs = self.broadcast(mine.clone())
+        if not torch.equal(mine, theirs):
+            raise RuntimeError(f"process {self.rank} holds other labels or centroids than rank 0 after "
+                               f"epoch {epoch}; the data-parallel run is out of step.")
+
+
+def state_digest(labels: torch.Tensor, centroids: Optional[torch.Tensor]) -> torch.Tensor:
+    """A few float64 numbers that change with any label or centroid value (position-weighted sums)."""
+    weights = torch.arange(1, labels.numel() + 1, dtype=torch.float64, device=labels.device)
+    digest = [labels.double().sum(), (labels.double() * weights).sum()]
+    if centroids is not None:
+        c = centroids.detach().double().flatten()
+        digest += [c.sum(), (c * torch.arange(1, c.numel() + 1, dtype=torch.float64, device=c.device)).sum()]
+    return torch.stack(digest)

@@ -169,7 +169,7 @@ class _ScoreTotals:
             entry[0] += total
             entry[1] += count
         if self.pairs is not None:
-            encoder = self.model.encoder
+            encoder = self.model.grid
             try:
                 true_ranks = encoder.encode(true).numpy()
             except ValueError:
@@ -278,11 +278,11 @@ def predict_command(args: argparse.Namespace) -> int:
     """``sol-ext predict``: the prediction CSV of ``--data`` by the run in ``args.run_dir`` (to a
     file or stdout), and its scores where the data carry labels."""
 
-    from .checkpoint import atomic_write_stream
+    from .checkpoint import atomic_write_stream, run_data
+    from .console import warn
     from .errors import UsageError
     from .loader import auto_workers
     from .model import load_run
-    from .options import run_data, warn
     from .outputs import check_output
 
     if args.workers is not None and args.workers < 0:

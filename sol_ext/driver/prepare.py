@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import torch
 
+from ..labels import LabelGrid
 from .config import TrainConfig
 from .data import (
     ImageFiles,
@@ -31,7 +32,7 @@ class PreparedData:
 
     Attributes:
         name, kind: data set name and kind (``tabular``, ``embeddings`` or ``images``).
-        encoder: the ``LabelGrid`` mapping label values to ranks (shared by both sets).
+        grid: the ``LabelGrid`` mapping label values to ranks (shared by both sets).
         train_x: ``[N, ...]`` float32 training inputs (images: a tensor, or
             :class:`~sol_ext.driver.data.ImageFiles` decoded when a batch needs them).
         train_given: ``[N]`` int64 training ranks as given to the learner (noisy).
@@ -47,7 +48,7 @@ class PreparedData:
 
     name: str
     kind: str
-    encoder: Any
+    grid: LabelGrid
     train_x: torch.Tensor | ImageFiles
     train_given: torch.Tensor
     train_clean: Optional[torch.Tensor]
@@ -60,7 +61,7 @@ class PreparedData:
 
     @property
     def num_ranks(self) -> int:
-        return int(self.encoder.num_ranks)
+        return int(self.grid.num_ranks)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -69,7 +70,7 @@ class PreparedData:
     def fingerprint(self) -> dict[str, Any]:
         """What a checkpoint must agree on to be resumed with these data."""
         return {"name": self.name, "kind": self.kind, "num_ranks": self.num_ranks,
-                "min_value": float(self.encoder.min_value), "step": float(self.encoder.step),
+                "min_value": float(self.grid.min_value), "step": float(self.grid.step),
                 "n_train": int(self.train_x.shape[0]), "n_test": int(self.test_x.shape[0]),
                 "input_shape": list(self.input_shape),
                 "given_label_sum": int(self.train_given.sum())}
@@ -162,7 +163,7 @@ def prepare_data(config: TrainConfig) -> PreparedData:
     # the labels of a built-in set are clean; a user's file may be noisy already (unknown truth)
     labels_known_clean = (config.test_data is None and is_builtin(config.data)) or noisy.scale > 0
     return PreparedData(
-        name=train.name, kind=train.kind, encoder=train.grid,
+        name=train.name, kind=train.kind, grid=train.grid,
         train_x=_float(train.features), train_given=noisy.noisy.long(),
         train_clean=noisy.clean.long() if labels_known_clean else None,
         test_x=_float(train.features[:0] if test is None else test.features),

@@ -47,7 +47,7 @@ import torch
 from ..intervals import DEFAULT_SCORE
 from ..labels import LabelGrid
 from .calibration import store_validation_calibration, validation_probabilities
-from .config import PAPER_SETTINGS, RENAMED_SETTINGS, TrainConfig
+from .config import PAPER_SETTINGS, TrainConfig
 from .data import OrdinalDataset, apply_scaling, feature_scaling
 from .data.frames import (
     TableOrigin,
@@ -57,7 +57,6 @@ from .data.frames import (
     table_features,
     text_columns,
 )
-from .fit import FitContext
 from .model import model_from_state
 from .prepare import PreparedData, preprocessing_record
 from .train import check_run, fit_run, validation_split
@@ -245,7 +244,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
     def train_config(self) -> TrainConfig:
         """The driver configuration of these parameters, checked (``ValueError`` naming a bad one)."""
         values = {name: getattr(self, name) for name in CONFIG_PARAMS}
-        for old, new in RENAMED_SETTINGS.items():  # the deprecated names, where given
+        for old, new in (("inference", "readout"), ("centroid_momentum", "momentum")):  # the deprecated names, where given
             if getattr(self, old) is not None:
                 warnings.warn(f"SOLRanker's {old} is deprecated and will be removed; use {new}, "
                               f"its name in SOLHead", FutureWarning, stacklevel=2)
@@ -323,7 +322,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             advice = re.sub(r" \(in Python: [^)]*\)", "", str(err))
             raise ValueError(f"SOLRanker: {advice}") from None
         ranks = encoder.encode(values)
-        split = None  # worked out once, here, and handed to the run's checks
+        split = None  # checked here; the run's checks decide the same split
         if config.val_fraction > 0:
             try:
                 split = validation_split(ranks, config.val_fraction, config.seed)
@@ -347,7 +346,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         with _torch_threads(threads):  # in memory: nothing is written, not even to a temp dir
             config.validate()
             log = print if verbose else lambda _line: None
-            outcome = fit_run(check_run(config, data, None, False, FitContext(log=log, split=split)))
+            outcome = fit_run(check_run(config, data, None, False, log=log))
             model = model_from_state(outcome.best_state, device=config.device)
             # as a run does: the validation split's probabilities calibrate predict_interval
             store_validation_calibration(model, validation_probabilities(model, data, split and split.val))
@@ -553,7 +552,7 @@ def _prepared(ds: OrdinalDataset) -> PreparedData:
     preprocessing = preprocessing_record(ds)
     n_features = ds.features.shape[1]
     return PreparedData(
-        name=ds.name, kind=ds.kind, encoder=enc,
+        name=ds.name, kind=ds.kind, grid=enc,
         train_x=apply_scaling(ds.features, scaling).float(), train_given=ds.ranks.long(),
         train_clean=None,
         test_x=torch.zeros((0, n_features), dtype=torch.float32),

@@ -1,15 +1,15 @@
 """``train`` and the ``sol-ext train`` command: the driver's entry point, in the order a run takes.
 
 1. :func:`check_run`: every check of the settings against the data, the processes and (resuming)
-   the run folder, once; the device and the validation split it works out go to every fit.
+   the run folder, once; the device and the validation split it decides go to every fit.
 2. :func:`plan_run`: what trains, decided once: one :class:`~sol_ext.driver.fit.Fit`
    (:class:`SingleRun`), or one per sigma candidate where sigma is ``"auto"`` (:class:`SigmaSearch`,
    whose winner's training is the run); resumed or not.
 3. :func:`fit_run`: every fit of the plan, epoch by epoch, in one loop.
 
 Module layers, top to bottom, without an import circle: ``train`` (checks, plans, the loop and the
-command) → ``fit`` (:class:`~sol_ext.driver.fit.Fit`: epochs, read-outs, relabeling) →
-``checkpoint`` (the run folder's format) and ``methods``.
+command) → ``fit`` (:class:`~sol_ext.driver.fit.Fit`: epochs, read-outs, relabeling) → ``report``
+(the outcome and results), ``checkpoint`` (the run folder's format) and ``methods``.
 """
 
 from __future__ import annotations
@@ -31,60 +31,29 @@ from .checkpoint import (
     SIGMA_SEARCH_NAME,
     SIGMA_SEARCH_RECORD,
     atomic_write_text,
-    check_resumable,
+    check_resume,
+    default_output,
     load_checkpoint,
     read_search_record,
     save_checkpoint,
     sigma_search_progress,
+    trial_dir,
 )
 from .config import FALLBACK_SIGMA, SIGMA_GRID, TrainConfig
 from .config_file import CONFIG_FILE_NAME, config_toml
+from .console import say, warn
+from .device import resolve_device
 from .errors import UsageError
-from .fit import (
-    Fit,
-    FitContext,
-    RunOutcome,
-    corrected_labels,
-    cs_theta_of,
-    resolve_device,
-    run_results,
-    validation_split,
-)
-from .options import (
-    check_test_data,
-    check_threads,
-    data_inputs,
-    default_output,
-    output_folder,
-    say,
-    set_threads,
-    train_config,
-    warn,
-)
+from .fit import Fit, FitContext, validation_split
+from .options import check_test_data, check_threads, data_inputs, output_folder, set_threads, train_config
 from .outputs import check_run_inputs
 from .parallel import Parallel
 from .prepare import PreparedData, prepare_data
-from .report import clear_results, format_table, noise_label, write_outputs
+from .report import RunOutcome, clear_results, format_table, noise_label, write_outputs
 from .rundir import check_output_folder, run_folder
 
-__all__ = ["train", "check_run", "fit_run", "CheckedRun", "plan_run", "train_command", "RunOutcome",
-           "resolve_device", "cs_theta_of", "validation_split", "BEST_NAME", "SIGMA_SEARCH_NAME",
-           "fitted_samples", "check_resume", "searches_sigma",
-           "Trial", "SingleRun", "SigmaSearch", "trial_dir", "trial_config"]
-
-
-def searches_sigma(config: TrainConfig) -> bool:
-    """Whether a run of ``config`` picks sigma by a search (one training per candidate)."""
-    return config.method == "sol" and config.sigma == "auto" and config.selects_model
-
-
-def fitted_samples(config: TrainConfig, data: PreparedData) -> int:
-    """How many training samples the encoder fits: those the validation split leaves.
-
-    Raises:
-        ValueError: naming ``val_fraction=``: the split leaves an empty part (too few samples).
-    """
-    return int(_checked_split(config, data).fit.numel())
+__all__ = ["train", "check_run", "fit_run", "CheckedRun", "plan_run", "train_command", "validation_split",
+           "BEST_NAME", "SIGMA_SEARCH_NAME", "Trial", "SingleRun", "SigmaSearch", "trial_config"]
 
 
 def _checked_split(config: TrainConfig, data: PreparedData):
@@ -103,39 +72,11 @@ def _checked_split(config: TrainConfig, data: PreparedData):
             f"val_fraction=0 (no split: the last epoch is the model).") from exc
 
 
-def check_resume(out_dir: Path, config: TrainConfig, fingerprint: dict[str, Any]) -> int:
-    """Check, without changing anything, that the run in ``out_dir`` (its checkpoint, or the
-    trials of its interrupted sigma search) can continue as a run of ``config`` on data with
-    ``fingerprint``; return the epochs it has run.
-
-    Raises:
-        FileNotFoundError: nothing to resume in ``out_dir``.
-        CheckpointMismatch: another configuration or other data.
-        ValueError: naming ``epochs=``: fewer epochs than the run has already run.
-    """
-    out_dir = Path(out_dir)
-    search = None
-    if not (out_dir / CHECKPOINT_NAME).is_file() and searches_sigma(config):
-        search = sigma_search_progress(out_dir)
-    if search is None:
-        done = check_resumable(out_dir / CHECKPOINT_NAME, config, fingerprint)
-    else:
-        done = 0
-        for sigma in SIGMA_GRID:
-            path = trial_dir(out_dir / SIGMA_SEARCH_NAME, sigma) / CHECKPOINT_NAME
-            if path.is_file():
-                done = max(done, check_resumable(path, trial_config(config, sigma), fingerprint))
-    if config.epochs < done:
-        raise ValueError(f"epochs={config.epochs} is fewer than the {done} epochs the run in "
-                         f"{out_dir} has already run; resume with epochs={done} or more.")
-    return done
-
-
 @dataclass
 class CheckedRun:
     """A run whose settings :func:`check_run` has checked against its data, its processes and
-    (resuming) its folder: what :func:`fit_run` trains. ``context`` holds what the checks worked
-    out (the device, the validation split), which every fit of the run takes as it is."""
+    (resuming) its folder: what :func:`fit_run` trains. ``context`` holds what the checks decided
+    (the device, the validation split), which every fit of the run takes as it is."""
 
     config: TrainConfig
     data: PreparedData
@@ -162,8 +103,8 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resu
             (the outcome's ``best_state`` is the selected epoch's state, ``best.pt``'s content).
         resume: continue from the checkpoint in ``out_dir``, or the trials of an interrupted sigma
             search there (same configuration and data, else
-            :class:`sol_ext.driver.checkpoint.CheckpointMismatch`); ``config.epochs`` may be
-            larger, not smaller than the epochs already run (:func:`check_resume`).
+            :class:`~sol_ext.driver.checkpoint.CheckpointMismatch`); ``config.epochs`` may be larger,
+            not smaller than the epochs already run (:func:`~sol_ext.driver.checkpoint.check_resume`).
         log: receives one line per epoch.
         parallel: this process's place in a torchrun run (its process group started); default one
             process. ``config.batch_size`` is then per process, the global batch ``W`` times it.
@@ -173,30 +114,29 @@ def train(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resu
         validation labels, or the last epoch without a validation split).
     """
     config.validate()  # a call from Python; `sol-ext train` validates as it reads the options
-    return fit_run(check_run(config, data, out_dir, resume, FitContext(parallel, log)))
+    return fit_run(check_run(config, data, out_dir, resume, parallel=parallel, log=log))
 
 
-def check_run(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resume: bool,
-              context: FitContext) -> CheckedRun:
+def check_run(config: TrainConfig, data: PreparedData, out_dir: Optional[Path], resume: bool, *,
+              parallel: Optional[Parallel] = None, log: Callable[[str], None] = print,
+              progress: bool = False) -> CheckedRun:
     """Every check of a run's settings (already valid on their own) against the data, the
-    processes and (resuming) the run in ``out_dir``, before anything trains; the run, with the
-    device and the validation split these checks worked out in its context."""
-    par = context.parallel or Parallel()
+    processes (``parallel``, default one) and (resuming) the run in ``out_dir``, before anything
+    trains; the run, with what these checks decided once for all its fits in its context: the
+    device, the validation split, and where its lines (``log``, and a progress bar with
+    ``progress``) go: rank 0 speaks for the run."""
+    par = parallel or Parallel()
     if resume and out_dir is None:
         raise ValueError("a run trained in memory (no output folder) has no checkpoint to resume.")
     if par.enabled and config.pairs == "balanced":
         raise ValueError("--pairs balanced is not supported under torchrun: the distributed loss "
                          "covers all pairs of the global batch (--pairs all).")
     config.check_ranks(data.num_ranks)  # tau and sigma against the data's ranks
-    # a validation split too small for the data says so here (unless the caller worked it out)
-    split = _checked_split(config, data) if context.split is None else context.split
+    split = _checked_split(config, data)  # a validation split too small for the data says so
     if resume and par.is_main:
         check_resume(out_dir, config, data.fingerprint())
-    device = resolve_device(config.device, par) if context.device is None else context.device
-    speaks = par.is_main  # rank 0 speaks for the run
-    context = dataclasses.replace(
-        context, parallel=par, log=context.log if speaks else (lambda _line: None),
-        progress=context.progress and speaks, device=device, split=split)
+    context = FitContext(par, log if par.is_main else (lambda _line: None), progress and par.is_main,
+                         resolve_device(config.device, par), split)
     return CheckedRun(config, data, out_dir, resume, context)
 
 
@@ -208,8 +148,8 @@ def fit_run(run: CheckedRun) -> RunOutcome:
     plan = plan_run(run.config, run.out_dir, run.resume, context.parallel, context.log)
     try:
         for trial in plan.trials():
-            fit = Fit(trial.config, run.data, trial.out_dir, trial.sigma_choice,
-                      dataclasses.replace(context, log=trial.log))
+            fit = Fit(trial.config, run.data, trial.out_dir, dataclasses.replace(context, log=trial.log),
+                      trial.sigma_choice)
             fit.start(trial.resume)
             for epoch in fit.epochs():
                 fit.end_of_epoch(epoch, fit.train_one_epoch(epoch))
@@ -217,30 +157,31 @@ def fit_run(run: CheckedRun) -> RunOutcome:
     except BaseException:
         plan.abandon()
         raise
-    return plan.outcome(run.data, time.perf_counter() - started)
+    return plan.outcome(time.perf_counter() - started)
 
 
 def plan_run(config: TrainConfig, out_dir: Optional[Path], resume: bool, par: Parallel,
              log: Callable[[str], None]):
     """What the run trains, decided once: a sigma search (fresh, resumed, or in memory), or one fit
     (resumed or not) with the sigma it keeps: a resumed run keeps its pick, a run without a
-    validation split the paper's."""
+    validation split the paper's. Every fit of the plan trains with its sigma resolved."""
     if not (config.method == "sol" and config.sigma == "auto"):  # sol-no-noise has no sigma to pick
         return SingleRun(Trial(config, out_dir, resume, log=log))
     # interrupted in the search: its trials continue (checkpoint.pt is written last, on adoption)
-    if resume and searches_sigma(config) and par.broadcast_object(
+    if resume and config.searches_sigma and par.broadcast_object(
             not (out_dir / CHECKPOINT_NAME).is_file() if par.is_main else None):
         return SigmaSearch(config, out_dir, par, log, resume=True)
     if resume:
         if par.is_main:  # the search was adopted
             shutil.rmtree(out_dir / SIGMA_SEARCH_NAME, ignore_errors=True)
-        saved = par.broadcast_object(load_checkpoint(out_dir / CHECKPOINT_NAME, config)
-                                     if par.is_main else None)
-        return SingleRun(Trial(config, out_dir, True, saved["sigma_choice"], log))
+        choice = par.broadcast_object(load_checkpoint(out_dir / CHECKPOINT_NAME, config)["sigma_choice"]
+                                      if par.is_main else None)
+        return SingleRun(Trial(trial_config(config, choice["sigma"]), out_dir, True, choice, log))
     if not config.selects_model:
         log(f"sigma auto needs a validation split (--val-fraction > 0); using sigma "
             f"{FALLBACK_SIGMA:g}, the paper's")
-        return SingleRun(Trial(config, out_dir, False, {"sigma": FALLBACK_SIGMA, "val_mae": None}, log))
+        choice = {"sigma": FALLBACK_SIGMA, "val_mae": None}
+        return SingleRun(Trial(trial_config(config, FALLBACK_SIGMA), out_dir, False, choice, log))
     return SigmaSearch(config, out_dir, par, log)
 
 
@@ -252,28 +193,16 @@ def plan_run(config: TrainConfig, out_dir: Optional[Path], resume: bool, par: Pa
 # (against the noisy validation labels, as the epoch is; never the test set), one full training run
 # per candidate: one Fit each, trained by the loop of fit_run.
 
-def trial_dir(work_dir: Path, sigma: float) -> Path:
-    """Where :class:`SigmaSearch` trains the candidate ``sigma`` inside ``work_dir``."""
-    return Path(work_dir) / f"sigma{sigma:g}"
-
-
 def trial_config(config: TrainConfig, sigma: float) -> TrainConfig:
     """The configuration of the trial of ``sigma`` in a search for ``config``."""
     return dataclasses.replace(config, sigma=float(sigma))
 
 
-def _trial_log(log: Callable[[str], None], sigma: float, number: int,
-               trials: int) -> Callable[[str], None]:
-    """``log`` with the trial named before each line of its run (one per epoch): a search trains
-    several times over, and without them it would be a long silent wait."""
-    return lambda line: log(f"sigma {sigma:g} (trial {number}/{trials}): {line}")
-
-
 @dataclass
 class Trial:
-    """One :class:`~sol_ext.driver.fit.Fit` of a run: its configuration, its folder (``None``: in
-    memory), whether it continues from its checkpoint there, its sigma choice (a run of
-    ``sigma="auto"`` that trains one sigma) and where its lines go."""
+    """One :class:`~sol_ext.driver.fit.Fit` of a run: its configuration (sigma resolved), its folder
+    (``None``: in memory), whether it continues from its checkpoint there, its sigma choice (a run
+    of ``sigma="auto"`` that trains one sigma) and where its lines go."""
 
     config: TrainConfig
     out_dir: Optional[Path]
@@ -297,7 +226,7 @@ class SingleRun:
     def abandon(self) -> None:
         """Nothing to clean: the run's checkpoint, if any, is for --resume."""
 
-    def outcome(self, data: PreparedData, seconds: float) -> RunOutcome:
+    def outcome(self, seconds: float) -> RunOutcome:
         return self._outcome
 
 
@@ -327,7 +256,6 @@ class SigmaSearch:
         self.record.update(config=config.to_dict(), grid=[float(s) for s in self.grid])
         self.scores: dict[float, float] = {}
         self.outcomes: dict[float, RunOutcome] = {}
-        self.started = time.perf_counter()
 
     def trials(self) -> Iterator[Trial]:
         for number, sigma in enumerate(self.grid, start=1):
@@ -335,15 +263,16 @@ class SigmaSearch:
             # rank 0 alone reads the folder: every process must take the same branch
             again = self.resume and self.par.broadcast_object(
                 (where / CHECKPOINT_NAME).is_file() if self.par.is_main else None)
-            yield Trial(trial_config(self.config, sigma), where, again,
-                        log=_trial_log(self.log, sigma, number, len(self.grid)))
+            # each line of the trial's run names it: a search trains several times over, and
+            # without them it would be a long silent wait
+            yield Trial(trial_config(self.config, sigma), where, again, log=lambda line, s=sigma, k=number:
+                        self.log(f"sigma {s:g} (trial {k}/{len(self.grid)}): {line}"))
 
     def finished(self, trial: Trial, outcome: RunOutcome) -> None:
         sigma = float(trial.config.sigma)
         self.scores[sigma] = float(outcome.results["val_mae"])
-        if self.work is None:  # in memory: the winner's outcome is the run's
-            self.outcomes[sigma] = outcome
-        elif self.par.is_main:
+        self.outcomes[sigma] = outcome  # the winner's becomes the run's
+        if self.work is not None and self.par.is_main:
             self.record["finished"][f"{sigma:g}"] = {
                 "val_mae": self.scores[sigma], "selected_epoch": outcome.results["selected_epoch"],
                 "epochs_run": outcome.results["epochs_run"]}
@@ -355,42 +284,28 @@ class SigmaSearch:
         if self.work is not None and self.par.is_main and sigma_search_progress(self.out_dir) is None:
             shutil.rmtree(self.work, ignore_errors=True)  # nothing to resume: no half-done trials
 
-    def outcome(self, data: PreparedData, seconds: float) -> RunOutcome:
-        """The winner's training as the run of ``config``, with its sigma choice."""
+    def outcome(self, seconds: float) -> RunOutcome:
+        """The winner's training as the run of ``config``, with its sigma choice: its outcome, and
+        (with a folder) its checkpoints, which move into ``out_dir``."""
         best = min(self.scores, key=lambda s: self.scores[s])
         self.log(f"sigma auto -> {best:g}")
         choice = {"sigma": best, "val_mae": {f"{s:g}": v for s, v in self.scores.items()}}
-        if self.work is not None:
-            return self._adopt(data, choice, seconds)
-        winner = self.outcomes[best]
-        state = {**winner.best_state, "config": self.config.to_dict(), "sigma_choice": choice}
-        results = run_results(self.config, data, winner.results["history"], state, choice, seconds)
-        return RunOutcome(results=results, test_embeddings=state["test_embeddings"],
-                          test_pred=state["test_pred"], train_pred=state["train_pred"],
-                          labels=corrected_labels(state), best_state=state)
+        if self.work is not None and self.par.is_main:
+            self._adopt(choice)
+        self.par.barrier()  # the run's files are in place before any process goes on
+        return self.outcomes[best].adopted(self.config, choice, seconds)
 
-    def _adopt(self, data: PreparedData, sigma_choice: dict[str, Any], seconds: float) -> RunOutcome:
-        """The run of the picked sigma from the search folder as this run's: its checkpoints,
-        relabeled as the run of ``config`` (``sigma="auto"``) with its ``sigma_choice``, move into
-        ``out_dir``."""
-        config, par, states = self.config, self.par, None
-        if par.is_main:
-            winner = trial_dir(self.work, sigma_choice["sigma"])
-            states = {}
-            # best.pt first: checkpoint.pt marks the search as done (a Ctrl-C between the two
-            # leaves the search, which --resume adopts again)
-            for name in (BEST_NAME, CHECKPOINT_NAME):
-                state = load_checkpoint(winner / name)
-                state.update(config=config.to_dict(), sigma_choice=sigma_choice)
-                save_checkpoint(self.out_dir / name, state)
-                states[name] = state
-            shutil.rmtree(self.work, ignore_errors=True)
-        states = par.broadcast_object(states)
-        best, history = states[BEST_NAME], states[CHECKPOINT_NAME]["history"]
-        results = run_results(config, data, history, best, sigma_choice, seconds)
-        return RunOutcome(results=results, test_embeddings=best["test_embeddings"],
-                          test_pred=best["test_pred"], train_pred=best["train_pred"],
-                          labels=corrected_labels(best))
+    def _adopt(self, sigma_choice: dict[str, Any]) -> None:
+        """The checkpoints of the picked sigma, relabeled as the run of ``config`` (``sigma="auto"``)
+        with its ``sigma_choice``, move from the search folder into ``out_dir``."""
+        winner = trial_dir(self.work, sigma_choice["sigma"])
+        # best.pt first: checkpoint.pt marks the search as done (a Ctrl-C between the two leaves
+        # the search, which --resume adopts again)
+        for name in (BEST_NAME, CHECKPOINT_NAME):
+            state = load_checkpoint(winner / name)
+            state.update(config=self.config.to_dict(), sigma_choice=sigma_choice)
+            save_checkpoint(self.out_dir / name, state)
+        shutil.rmtree(self.work, ignore_errors=True)
 
 
 # -- the `sol-ext train` command -------------------------------------------------------------------
@@ -408,12 +323,9 @@ def train_command(args: argparse.Namespace) -> int:
         sys.stdout.write(config_toml(cfg, paper=args.paper, output=args.output, threads=args.threads))
         return 0
     par = Parallel.from_environment()  # torchrun: one of several processes
-    device = resolve_device(cfg.device, par)  # once per command: every fit takes it from the context
-    context = FitContext(par, (lambda _line: None) if args.quiet or not par.is_main else say,
-                         progress=not args.quiet and sys.stdout.isatty(), device=device)
     out = (output_folder(args.output) if args.output is not None
            else default_output(cfg, paper=args.paper))
-    par.start(device)
+    par.start(resolve_device(cfg.device, par))  # the process group's backend: nccl for GPUs
     try:
         if par.is_main:  # before the lock file: a folder that is not a run's stays untouched
             check_output_folder(out)
@@ -422,7 +334,7 @@ def train_command(args: argparse.Namespace) -> int:
         with run_folder(out) if par.is_main else contextlib.nullcontext(out):
             if par.is_main:
                 _check_run_folder(args, cfg, out)
-            run, start = _prepare_run(args, cfg, out, context)
+            run, start = _prepare_run(args, cfg, out, par)
             outcome = fit_run(run)
             if par.is_main:
                 _write_run(args, run, outcome, start)
@@ -444,7 +356,7 @@ def _check_run_folder(args: argparse.Namespace, cfg: TrainConfig, out: Path) -> 
         what = "a run" if has_run else "an unfinished sigma search (--sigma auto)"
         raise UsageError(f"{out} already holds {what}; pass --resume to continue it, "
                          f"--overwrite to start afresh, or another --output.")
-    if args.resume and search and not searches_sigma(cfg):
+    if args.resume and search and not cfg.searches_sigma:
         raise UsageError(f"--resume: {out} holds an unfinished sigma search, which "
                          f"continues with the options it started with (--sigma auto); "
                          f"or pass --overwrite to start afresh.")
@@ -453,16 +365,16 @@ def _check_run_folder(args: argparse.Namespace, cfg: TrainConfig, out: Path) -> 
 
 
 def _prepare_run(args: argparse.Namespace, cfg: TrainConfig, out: Path,
-                 context: FitContext) -> tuple[CheckedRun, float]:
+                 par: Parallel) -> tuple[CheckedRun, float]:
     """Load the data, check the run against them (a resume before anything changes), say what
     trains, or clear an overwritten run; returns the checked run and the start time."""
-    par = context.parallel
     start = time.perf_counter()
     data = prepare_data(cfg)
     # the settings were validated as the options were read; a too small validation split names
     # --val-fraction, a resume with other settings or data is refused (the last results stay
     # until the resumed run writes its own)
-    run = check_run(cfg, data, out, args.resume, context)
+    run = check_run(cfg, data, out, args.resume, parallel=par, log=(lambda _line: None) if args.quiet else say,
+                    progress=not args.quiet and sys.stdout.isatty())
     if par.is_main:
         _warn_if_few_fitted(cfg, int(data.train_given.numel()), int(run.context.split.fit.numel()),
                             par.world_size)
@@ -505,3 +417,4 @@ def _warn_if_few_fitted(cfg: TrainConfig, n_train: int, n_fit: int, world_size: 
     warn(f"the encoder fits only {n_fit} training {samples}{held}, fewer than two batches of "
          f"{batch}: its results mean little; lower --val-fraction or --batch-size, or use more "
          f"data.")
+

@@ -21,7 +21,6 @@ FEATURES = {
     "own_table",  # a user's own table on the command line (docs/data.md)
     "torchrun",  # sol-ext train on several processes (docs/distributed.md)
     "weight_decay",  # --weight-decay auto (docs/driver.md)
-    "weight_ema",  # --weight-ema (docs/driver.md)
     "docs", "readme", "packaging", "layout",  # the documentation, pip install ., this file
 }
 
@@ -34,12 +33,9 @@ TESTED_IN = {
     "sol_ext/_rows.py": "ops/test_grouped.py",
     "sol_ext/reference.py": "ops/test_ops.py",  # the oracle the fused ops are held to
     "sol_ext/driver/calibration.py": "driver/test_predict.py",  # a run's stored interval calibration
-    "sol_ext/driver/checkpoint.py": "driver/test_rundir.py",
     "sol_ext/driver/compare.py": "driver/test_cli.py",
-    "sol_ext/driver/config.py": "driver/test_config_file.py",
     "sol_ext/driver/device.py": "driver/test_cli.py",
     "sol_ext/driver/export.py": "driver/test_predict.py",
-    "sol_ext/driver/fit.py": "driver/test_train.py",  # one fit is what train runs
     "sol_ext/driver/loader.py": "driver/test_images.py",
     "sol_ext/driver/methods.py": "driver/test_train.py",
     "sol_ext/driver/options.py": "driver/test_config_file.py",
@@ -47,7 +43,6 @@ TESTED_IN = {
     "sol_ext/driver/plots.py": "driver/test_outputs.py",
     "sol_ext/driver/prepare.py": "driver/test_train.py",
     "sol_ext/driver/report.py": "driver/test_outputs.py",
-    "sol_ext/driver/run.py": "driver/test_train.py",
     "sol_ext/driver/data/builtin.py": "driver/test_data.py",
     "sol_ext/driver/data/encoding.py": "driver/test_data.py",
     "sol_ext/driver/data/image_files.py": "driver/test_images.py",

@@ -50,9 +50,9 @@ def test_each_row_is_judged_by_a_model_that_did_not_train_on_it(tmp_path, monkey
     trained_on = []
     real_check = audit_module.check_run
 
-    def spy(cfg, part, *args):
+    def spy(cfg, part, *args, **kwargs):
         trained_on.append(part.train_rows.clone())
-        return real_check(cfg, part, *args)
+        return real_check(cfg, part, *args, **kwargs)
 
     monkeypatch.setattr(audit_module, "check_run", spy)
     oos = cross_validated_probabilities(config, data, folds=3, log=lambda _line: None)

@@ -613,26 +613,6 @@ def test_a_scale_the_labels_fill_or_the_user_gives_warns_nothing():
         load_abalone()
 
 
-@pytest.mark.parametrize("module", ["sol_ext.driver.data", "sol_ext.driver.data.tables"])
-def test_load_csv_still_loads_a_table_and_warns(module, tmp_path):
-    import importlib
-
-    path = tmp_path / "d.csv"
-    path.write_text("x,label\n1,20\n2,21\n3,22\n")
-    with pytest.warns(DeprecationWarning, match=r"load_csv is deprecated.*load_table"):
-        old = importlib.import_module(module).load_csv
-    assert old is load_table
-    assert old(path).ranks.tolist() == [0, 1, 2]
-
-
-def test_the_former_dispatch_module_still_loads_and_warns():
-    import sol_ext.driver.data.dispatch as dispatch
-    from sol_ext.driver.data import load
-
-    for name in ("load_dataset", "load_train_test", "is_builtin", "TABULAR_FORMATS"):
-        with pytest.warns(DeprecationWarning, match=rf"data\.dispatch\.{name} is deprecated.*data\.load\.{name}"):
-            assert getattr(dispatch, name) is getattr(load, name)
-
 # --------------------------------------------------------------------------------------------------
 # Bad data files: one clear line naming the file and what was expected (exit status 2), never a
 # traceback nor a silent misreading
@@ -870,22 +850,3 @@ def test_named_pipe_as_data(tmp_path, capsys, name):
         (load_table if name.endswith(".csv") else load_npz)(tmp_path / name)
     with pytest.raises(ValueError, match="not a regular file"):
         read_inputs(tmp_path / name, {"format": "csv", "columns": ["a"]})
-
-
-def test_the_label_grid_is_grid_and_its_old_name_encoder_still_works_with_a_warning(tmp_path):
-    """"Encoder" is the network: the dataset's label grid is ``grid`` and the loaders take ``grid=``;
-    ``.encoder`` and ``encoder=`` still work for one release, with a DeprecationWarning."""
-    train = _write(tmp_path / "train.csv", "x,label\n1,10\n2,14\n3,12\n")
-    test = _write(tmp_path / "test.csv", "x,label\n5,12\n6,14\n")
-    tr = load_table(train)  # the grid 10, 12, 14
-    with pytest.warns(DeprecationWarning, match=r"OrdinalDataset\.encoder .*use OrdinalDataset\.grid"):
-        assert tr.encoder is tr.grid
-    for load in (load_table, load_dataset):
-        with pytest.warns(DeprecationWarning, match="encoder= .*use grid="):
-            assert load(test, encoder=tr.grid).grid == tr.grid
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="grid= .*not both"):
-        load_table(test, grid=tr.grid, encoder=tr.grid)
-    npz = tmp_path / "e.npz"
-    np.savez(npz, embeddings=np.zeros((2, 3)), labels=np.array([12.0, 14.0]))
-    with pytest.warns(DeprecationWarning, match="encoder= .*use grid="):
-        assert load_npz(npz, encoder=tr.grid).ranks.tolist() == [1, 2]

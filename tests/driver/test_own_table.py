@@ -18,7 +18,6 @@ FAST = ["--epochs", "1", "--sigma", "1", "--batch-size", "16", "--embedding-dim"
 def resolved(argv: list[str]):
     """The TrainConfig that ``sol-ext train ARGV`` runs with."""
     args = build_parser().parse_args(["train", *argv])
-    args.argv = ["train", *argv]
     return train_config(args)
 
 

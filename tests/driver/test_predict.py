@@ -326,7 +326,7 @@ def test_a_run_stores_its_validation_split_to_calibrate_intervals_on(user_files,
     model = sol_ext.driver.load_run(out)
     table = model.predict_table(train)
     np.testing.assert_allclose(stored["probabilities"].numpy(), table.probabilities[val_rows], rtol=0, atol=1e-6)
-    assert torch.equal(stored["ranks"], model.encoder.encode(table.values[val_rows]))
+    assert torch.equal(stored["ranks"], model.grid.encode(table.values[val_rows]))
     assert model.intervals is not None and model.intervals.count == len(val_rows)
     lower, upper = model.predict_interval(test, 0.9)
     again = sol_ext.driver.load_run(out)
@@ -382,8 +382,8 @@ def test_results_hold_the_calibration_error_and_a_reliability_plot(user_files, t
     model = sol_ext.driver.load_run(out)
     val_rows = torch.load(out / "best.pt", weights_only=True)["val_rows"].numpy()
     table, test_table = model.predict_table(train), model.predict_table(test)
-    val_ece = expected_calibration_error(table.probabilities[val_rows], model.encoder.encode(table.values[val_rows]))
-    test_ece = expected_calibration_error(test_table.probabilities, model.encoder.encode(y))
+    val_ece = expected_calibration_error(table.probabilities[val_rows], model.grid.encode(table.values[val_rows]))
+    test_ece = expected_calibration_error(test_table.probabilities, model.grid.encode(y))
     assert calibration["validation"]["ece"] == pytest.approx(val_ece, abs=1e-6)
     assert calibration["test"]["ece"] == pytest.approx(test_ece, abs=1e-6)
     assert calibration["validation"]["rows"] == len(val_rows) == sum(calibration["validation"]["reliability"]["count"])
@@ -404,13 +404,15 @@ def test_storing_the_validation_calibration_leaves_the_random_state(user_files):
     from sol_ext.driver.calibration import calibrate_run
     from sol_ext.driver.config import TrainConfig
     from sol_ext.driver.prepare import prepare_data
+    from sol_ext.driver.train import check_run
 
     root, train, test, _, _ = user_files
     out, _ = train_run(root, train, test, "sol")
     config = TrainConfig(data=str(train), test_data=str(test), label_column="score", sigma=1.0)
     data = prepare_data(config)
     before = torch.get_rng_state()
-    assert calibrate_run(out, config, data, {}) is not None
+    context = check_run(config, data, None, False).context
+    assert calibrate_run(out, config, data, {}, context=context) is not None
     assert torch.equal(torch.get_rng_state(), before)
 
 
@@ -455,7 +457,7 @@ def test_checkpoints_of_an_earlier_format_are_refused_and_overwrite_replaces_the
     state = torch.load(copy / "best.pt", weights_only=True)
     torch.save({**state, "format_version": 1}, copy / "best.pt")
     assert main(["predict", str(copy), "--data", str(test)]) == 2
-    assert "earlier version of sol_ext" in capsys.readouterr().err
+    assert "is not a sol_ext checkpoint of format 2; train the run again" in capsys.readouterr().err
     # --overwrite trains afresh over it; the new model is the one predict reads
     assert main(["train", "--data", str(train), "--test-data", str(test), "--label-column", "score",
                  "--method", "l1", "--output", str(copy), "--overwrite", *FAST]) == 0

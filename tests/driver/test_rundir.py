@@ -3,19 +3,13 @@ checks made before anything in the folder changes, and what an interrupted run s
 
 import json
 import os
-import stat
-import threading
 from pathlib import Path
 
 import pytest
 import torch
 
-from common import QUICK_TRAIN, expect_error, snapshot, tiny_csv, train_argv
+from common import expect_error, snapshot, tiny_csv, train_argv
 from sol_ext.driver.checkpoint import (
-    CheckpointMismatch,
-    atomic_write_text,
-    check_resumable,
-    checkpoint_epoch,
     save_checkpoint,
 )
 from sol_ext.driver.cli import main
@@ -85,51 +79,9 @@ def test_lock_taken_on_a_removed_lock_file_is_taken_again(tmp_path, monkeypatch)
         assert os.path.samestat(os.fstat(calls[1]), os.stat(out / LOCK_NAME))
 
 
-def test_atomic_writes_never_touch_another_writers_temporary_file(tmp_path):
-    target = tmp_path / "results.json"
-    # a second run writing the same file at this moment (the old fixed temporary name)
-    other = tmp_path / ".results.json.tmp"
-    other.write_text("half of another run's results")
-    atomic_write_text(target, "mine")
-    save_checkpoint(tmp_path / "checkpoint.pt", {"epoch": 1})
-    assert target.read_text() == "mine"
-    assert other.read_text() == "half of another run's results"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".results.json.tmp", "checkpoint.pt",
-                                                          "results.json"]
-
-
-class _Unsaveable:
-    def __reduce__(self):
-        raise RuntimeError("cannot be saved")
-
-
-def test_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path):
-    target = tmp_path / "checkpoint.pt"
-    save_checkpoint(target, {"epoch": 1})
-    with pytest.raises(RuntimeError, match="cannot be saved"):
-        save_checkpoint(target, {"epoch": 2, "bad": _Unsaveable()})
-    assert checkpoint_epoch(target) == 1
-    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
-
-
 def _state(config, epoch=3, fingerprint=None):
     return {"config": config.to_dict(), "fingerprint": fingerprint or {"n_train": 10},
             "epoch": epoch, "model": {"w": torch.zeros(2)}}
-
-
-def test_check_resumable_refuses_other_settings_data_and_damage(tmp_path):
-    cfg = TrainConfig()
-    path = tmp_path / "checkpoint.pt"
-    save_checkpoint(path, _state(cfg))
-    assert check_resumable(path, cfg, {"n_train": 10}) == 3
-    with pytest.raises(CheckpointMismatch, match="another configuration"):
-        check_resumable(path, TrainConfig(margin=0.123), {"n_train": 10})
-    with pytest.raises(CheckpointMismatch, match="other data"):
-        check_resumable(path, cfg, {"n_train": 11})
-    path.write_bytes(path.read_bytes()[:100])
-    with pytest.raises(CheckpointMismatch, match="damaged"):
-        check_resumable(path, cfg, {"n_train": 10})
-    assert checkpoint_epoch(path) is None and checkpoint_epoch(tmp_path / "none.pt") is None
 
 
 def test_interruption_note_says_what_the_folder_holds(tmp_path):
@@ -149,27 +101,6 @@ def test_run_folder_turns_ctrl_c_into_a_note_and_releases_the_lock(tmp_path):
         with run_folder(out, note=lambda: "compare.md was not written"):
             raise KeyboardInterrupt
     assert not out.exists()  # created here, nothing written: removed with its lock
-
-
-def test_atomic_writes_follow_links_and_write_into_what_is_not_a_regular_file(tmp_path):
-    """A symbolic link keeps pointing at the file, which gets the new text; a named pipe (as
-    /dev/null or a terminal) is written into, not replaced by a file."""
-    target = tmp_path / "real.csv"
-    target.write_text("old")
-    link = tmp_path / "link.csv"
-    link.symlink_to(target)
-    atomic_write_text(link, "new")
-    assert link.is_symlink() and target.read_text() == "new"
-
-    pipe = tmp_path / "pipe"
-    os.mkfifo(pipe)
-    received = []
-    reader = threading.Thread(target=lambda: received.append(pipe.read_text()), daemon=True)
-    reader.start()
-    atomic_write_text(pipe, "through the pipe")
-    reader.join(timeout=60)
-    assert received == ["through the pipe"] and stat.S_ISFIFO(pipe.stat().st_mode)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.csv", "pipe", "real.csv"]  # no temporary
 
 
 # --------------------------------------------------------------------------------------------------
@@ -311,20 +242,3 @@ def test_output_where_no_folder_can_be_made_is_refused(tmp_path, capsys):
     data = tiny_csv(tmp_path / "d.csv")
     expect_error(capsys, train_argv(data, "/proc/sol-ext-x", *SIGMA1), "--output /proc/sol-ext-x",
                  "cannot create the folder", absent=("Errno",))
-
-
-def test_default_output_names_paper_and_no_noise(tmp_path, capsys, monkeypatch):
-    train = tiny_csv(tmp_path / "train.csv", seed=1)
-    test = tiny_csv(tmp_path / "test.csv", n=40, seed=2)
-    monkeypatch.chdir(tmp_path)
-    base = ["train", "--data", str(train), "--test-data", str(test), *QUICK_TRAIN, "--epochs", "1"]
-    assert main([*base, *SIGMA1]) == 0
-    assert main([*base, "--paper"]) == 0
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [
-        "train-sol-none-seed0", "train-sol-paper-none-seed0"]
-
-    from sol_ext.driver.config import TrainConfig
-    from sol_ext.driver.options import default_output as _default_output
-
-    assert _default_output(TrainConfig(), paper=True) == Path("runs/abalone-sol-paper-gaussian0.3-seed0")
-    assert _default_output(TrainConfig(), paper=False) == Path("runs/abalone-sol-gaussian0.3-seed0")

@@ -420,19 +420,26 @@ def test_a_run_saved_before_heads_saved_their_settings_still_loads(small_problem
     np.testing.assert_array_equal(model_from_state(state).predict(X), small_fitted.model_.predict(X))
 
 
-def test_fit_works_out_the_validation_split_once(problem, monkeypatch):
-    """SOLRanker.fit checks its validation split and hands that split to the run: not computed twice."""
+def test_fit_trains_on_the_validation_split_it_checked(problem, monkeypatch):
+    """SOLRanker.fit checks its validation split, and the run's checks decide the same one."""
     import sol_ext.driver.sklearn as sklearn_module
     import sol_ext.driver.train as train_module
 
     X, y, _, _ = problem
-    calls = []
+    checked, decided = [], []
 
     def counted(*args):
-        calls.append(len(args[0]))
-        return train_module.validation_split(*args)
+        checked.append(train_module.validation_split(*args))
+        return checked[-1]
 
+    def spy(*args, **kwargs):
+        run = real_check(*args, **kwargs)
+        decided.append(run.context.split)
+        return run
+
+    real_check = sklearn_module.check_run
     monkeypatch.setattr(sklearn_module, "validation_split", counted)
-    monkeypatch.setattr(train_module, "_checked_split", lambda *a: pytest.fail("split worked out again"))
+    monkeypatch.setattr(sklearn_module, "check_run", spy)
     SOLRanker(epochs=1, batch_size=64, sigma=1.0).fit(X, y)
-    assert calls == [300]
+    assert len(checked) == len(decided) == 1 and len(checked[0].fit) + len(checked[0].val) == 300
+    assert torch.equal(checked[0].fit, decided[0].fit) and torch.equal(checked[0].val, decided[0].val)

@@ -25,9 +25,9 @@ import torch
 from common import MULTIPROCESS_TIMEOUT_S, multiprocess_env, spawn_processes
 from sol_ext import distributed
 from sol_ext.centroids import compute_centroids, embed
-from sol_ext.driver.fit import _embed_all, _state_digest
+from sol_ext.driver.fit import _embed_all
 from sol_ext.driver.loader import RunInputs
-from sol_ext.driver.parallel import Parallel
+from sol_ext.driver.parallel import Parallel, state_digest
 from sol_ext.ops import noise_kernel
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
@@ -59,13 +59,13 @@ def test_environment_of_a_single_process_and_of_torchrun(monkeypatch):
 def test_state_digest_changes_with_any_label_or_centroid():
     labels = torch.tensor([0, 3, 1, 1])
     centroids = torch.randn(4, 3)
-    base = _state_digest(labels, centroids)
+    base = state_digest(labels, centroids)
     swapped = labels[[1, 0, 2, 3]]  # same multiset, other order
-    assert not torch.equal(base, _state_digest(swapped, centroids))
+    assert not torch.equal(base, state_digest(swapped, centroids))
     nudged = centroids.clone()
     nudged[2, 1] += 1e-6
-    assert not torch.equal(base, _state_digest(labels, nudged))
-    assert torch.equal(base, _state_digest(labels.clone(), centroids.clone()))
+    assert not torch.equal(base, state_digest(labels, nudged))
+    assert torch.equal(base, state_digest(labels.clone(), centroids.clone()))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -6,12 +6,12 @@ import dataclasses
 import pytest
 import torch
 
-import sol_ext.driver.fit as fit_module
+import sol_ext.driver.weight_ema as weight_ema_module
 from sol_ext.driver.checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from sol_ext.driver.cli import build_parser
 from sol_ext.driver.config import PAPER_SETTINGS, WEIGHT_EMA_SHARE, TrainConfig
-from sol_ext.driver.fit import WeightAverage
 from sol_ext.driver.train import train
+from sol_ext.driver.weight_ema import WeightAverage
 from test_train import BASE, quiet, tiny_data
 
 
@@ -107,12 +107,12 @@ def averages(monkeypatch):
     """The (decay, share) of every WeightAverage the driver makes."""
     made = []
 
-    class Spy(fit_module.WeightAverage):
+    class Spy(weight_ema_module.WeightAverage):
         def __init__(self, model, decay=None, steps=0, share=None):
             made.append((decay, share))
             super().__init__(model, decay, steps, share)
 
-    monkeypatch.setattr(fit_module, "WeightAverage", Spy)
+    monkeypatch.setattr(weight_ema_module, "WeightAverage", Spy)
     return made
 
 

@@ -156,7 +156,7 @@ def test_a_plain_training_loop_with_the_head_matches_the_driver(tmp_path):
     assert torch.equal(test_pred, outcome.test_pred)
     best = torch.load(tmp_path / "best.pt", weights_only=True)
     assert torch.equal(head.centroids, best["head"]["centroids"])
-    mae = (data.encoder.decode(test_pred) - data.encoder.decode(data.test_ranks)).abs().mean()
+    mae = (data.grid.decode(test_pred) - data.grid.decode(data.test_ranks)).abs().mean()
     assert float(mae) == outcome.results["test"]["mae"]
 
 

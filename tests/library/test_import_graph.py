@@ -111,3 +111,56 @@ def test_the_private_name_check_sees_a_private_import(tmp_path):
     source = tmp_path / "example.py"
     source.write_text("from .ops import _hidden, shown\nfrom . import _validation as check\n", encoding="utf-8")
     assert list(_imports(source)) == [("ops", ["_hidden", "shown"]), ("_validation", [])]
+
+
+# -- the sol-ext program (sol_ext/driver/ and its data/ package) ----------------------------------
+
+DRIVER = PACKAGE / "driver"
+
+
+def _driver_modules() -> dict[str, Path]:
+    """Dotted name -> file of every module of the driver (a package by its ``__init__.py``)."""
+    modules = {}
+    for path in sorted(DRIVER.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _driver_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Driver module -> the driver modules it imports anywhere in the file (lazy imports and
+    ``TYPE_CHECKING`` blocks too); ``from .data import x`` is the package ``data``, or its module
+    ``x`` where there is one."""
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                    module = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    module = node.module or ""
+                found = [f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module
+                         for a in node.names]
+            elif isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            else:
+                continue
+            targets |= {m for m in found if m in modules and m != name}
+        graph[name] = targets
+    return graph
+
+
+def test_the_driver_graph_sees_the_imports():
+    graph = _driver_graph(_driver_modules())
+    assert {"sol_ext.driver.fit", "sol_ext.driver.checkpoint"} <= graph["sol_ext.driver.train"]
+    assert "sol_ext.driver.data.load" in graph["sol_ext.driver.data"]
+    assert "sol_ext.driver.options" in graph["sol_ext.driver.cli"]
+
+
+def test_the_driver_has_no_import_cycle():
+    """No chain of imports inside the program, at module level, inside functions or for type
+    checking only, comes back to where it started (the command line and its options included)."""
+    assert _cycles(_driver_graph(_driver_modules())) == []

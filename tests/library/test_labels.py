@@ -1,5 +1,4 @@
-"""sol_ext.labels: the label grid between label values and ranks, and its old name RankEncoder."""
-
+"""sol_ext.labels: the label grid between label values and ranks."""
 
 import numpy as np
 import pytest

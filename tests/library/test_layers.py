@@ -17,8 +17,7 @@ LIBRARY = ROOT / "sol_ext"
 PROGRAM = LIBRARY / "driver"
 # The training loop: what prediction must not import (the command line still reads the torchrun
 # environment, sol_ext.driver.parallel, to refuse running predict under it).
-TRAINING_MODULES = ("sol_ext.driver.train", "sol_ext.driver.fit", "sol_ext.driver.tuning",
-                    "sol_ext.driver.run", "sol_ext.refine", "sol_ext.distributed")
+TRAINING_MODULES = ("sol_ext.driver.train", "sol_ext.driver.fit", "sol_ext.refine", "sol_ext.distributed")
 
 
 def _driver_imports(path: Path, top_level_only: bool) -> list[str]:
@@ -73,7 +72,7 @@ def test_the_library_imports_no_package_but_torch_and_numpy():
 def test_the_ast_check_sees_a_driver_import(tmp_path):
     """The check above finds each spelling of an import of the driver."""
     for text in ("from .driver.config import TrainConfig\n", "from .driver import cli\n",
-                 "import sol_ext.driver.run\n", "def f():\n    from sol_ext.driver.model import load_run\n"):
+                 "import sol_ext.driver.fit\n", "def f():\n    from sol_ext.driver.model import load_run\n"):
         path = tmp_path / "m.py"
         path.write_text(text)
         assert _driver_imports(path, top_level_only=False), text

@@ -27,7 +27,6 @@ and ``.npz``), ``frames`` (tables to features), ``image_files`` (:class:`ImageFi
 as a run's training data were, for prediction). Import from here.
 """
 
-from ..._deprecation import moved_names
 from .builtin import (
     DATASETS_DIR,
     FASHION_MNIST_DIR,
@@ -53,9 +52,3 @@ __all__ = [
     "standardize", "feature_scaling", "apply_scaling", "Inputs", "read_inputs",
     "DATASETS_DIR", "FASHION_MNIST_DIR", "FASHION_MNIST_INSTALL",
 ]
-
-# Former names: the label grid moved into the library as sol_ext.labels.LabelGrid; load_csv is load_table.
-__getattr__ = moved_names(__name__, {
-    "RankEncoder": ("sol_ext.labels", "LabelGrid"),
-    "load_csv": ("sol_ext.driver.data", "load_table"),  # its first name, from before Parquet and Feather
-})

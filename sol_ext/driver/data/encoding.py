@@ -14,15 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..._deprecation import moved_names, warn_deprecated
 from ...labels import MAX_INFERRED_RANKS, LabelGrid, LabelScaleWarning, infer_step
 from .image_files import ImageFiles
 
-__all__ = ["OrdinalDataset", "make_dataset", "LabelSpec", "DatasetIdentity", "renamed_grid", "KINDS", "LabelGrid", "infer_step", "LabelScaleWarning",
+__all__ = ["OrdinalDataset", "make_dataset", "LabelSpec", "DatasetIdentity", "KINDS", "LabelGrid", "infer_step", "LabelScaleWarning",
            "MAX_INFERRED_RANKS"]
-
-# The label grid was RankEncoder here until it moved into the library as sol_ext.labels.LabelGrid.
-__getattr__ = moved_names(__name__, {"RankEncoder": ("sol_ext.labels", "LabelGrid")})
 
 KINDS = ("tabular", "embeddings", "images")
 
@@ -39,8 +35,7 @@ class OrdinalDataset:
         features: float32 ``[N, F]`` for ``kind`` "tabular"/"embeddings", ``[N, C, H, W]`` in [0, 1] for
             "images": a tensor, or :class:`~sol_ext.driver.data.ImageFiles` decoded on access.
         ranks: int64 ``[N]`` in ``0 … n-1``: the labels as given (clean truth, or noisy training labels).
-        grid: the label grid; ``grid.decode(ranks)`` gives label values. (Its old name ``encoder``
-            still reads it, with a DeprecationWarning: "encoder" is the network.)
+        grid: the label grid; ``grid.decode(ranks)`` gives label values.
         name: a short name for reports ("abalone", a file stem).
         kind: "tabular" | "embeddings" | "images".
         feature_names: names of the ``F`` columns for tabular data ("Sex=F", "Length", …), else empty.
@@ -101,12 +96,6 @@ class OrdinalDataset:
     @property
     def num_ranks(self) -> int:
         return self.grid.num_ranks
-
-    @property
-    def encoder(self) -> LabelGrid:
-        """Deprecated name of :attr:`grid` (an encoder is the network)."""
-        warn_deprecated("OrdinalDataset.encoder", "OrdinalDataset.grid")
-        return self.grid
 
     @property
     def labels(self) -> torch.Tensor:
@@ -179,16 +168,6 @@ def make_dataset(features: torch.Tensor, values: np.ndarray, identity: DatasetId
     return OrdinalDataset(features=features, ranks=ranks, grid=grid, name=identity.name, kind=identity.kind,
                           feature_names=tuple(identity.feature_names), schema=dict(schema or {}),
                           ids=None if identity.ids is None else tuple(identity.ids))
-
-
-def renamed_grid(grid: LabelGrid | None, encoder: LabelGrid | None) -> LabelGrid | None:
-    """A loader's ``grid=``, or its old name ``encoder=`` (with a DeprecationWarning); not both."""
-    if encoder is None:
-        return grid
-    warn_deprecated("encoder= (the label grid)", "grid=", stacklevel=4)
-    if grid is not None:
-        raise ValueError("pass grid= (encoder= is its old name), not both")
-    return encoder
 
 
 def _labels_of(where: str, schema: dict[str, Any] | None) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ...labels import LabelGrid
-from .encoding import DatasetIdentity, LabelSpec, OrdinalDataset, make_dataset, renamed_grid
+from .encoding import DatasetIdentity, LabelSpec, OrdinalDataset, make_dataset
 from .image_files import GRAY_MODES, ImageFiles, image_size_pair, import_pil
 from .tables import column_index, file_stem, parse_labels, read_csv_rows
 
@@ -37,8 +37,7 @@ def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path
                       step: float | None = None, min_value: float | None = None,
                       max_value: float | None = None, *, grid: LabelGrid | None = None,
                       channels: int | None = None, name: str | None = None,
-                      delimiter: str | None = None, in_memory: bool = False,
-                      encoder: LabelGrid | None = None) -> OrdinalDataset:
+                      delimiter: str | None = None, in_memory: bool = False) -> OrdinalDataset:
     """Images listed in a CSV of ``(path, label)`` rows, decoded with Pillow (PNG, JPEG, BMP, TIFF, …).
 
     Args:
@@ -49,8 +48,7 @@ def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path
         channels: 1 (grayscale) or 3 (RGB); default 1 when every image is grayscale, else 3.
         in_memory: decode every image now into one tensor (``N * C * H * W * 4`` bytes); by default
             the images stay files, decoded when a batch needs them.
-        step, min_value, max_value, grid, name, delimiter: as in :func:`load_table` (``encoder``:
-            the deprecated old name of ``grid``).
+        step, min_value, max_value, grid, name, delimiter: as in :func:`load_table`.
 
     Returns:
         ``OrdinalDataset`` of kind "images" whose features are :class:`ImageFiles` (``[N, C, H, W]``,
@@ -72,7 +70,7 @@ def load_image_folder(csv_path: str | Path, root: str | Path | None = None, path
               "image_size": list(size), "channels": channels}
     identity = DatasetIdentity(name or file_stem(csv_path), "images", source=str(csv_path), schema=schema)
     return make_dataset(images.load() if in_memory else images, values, identity,
-                        LabelSpec(renamed_grid(grid, encoder), step, min_value, max_value))
+                        LabelSpec(grid, step, min_value, max_value))
 
 
 def _listed_images(csv_path: Path, root: str | Path | None, path_column: str, label_column: str,

@@ -43,8 +43,7 @@ def load_dataset(spec: str | Path, **options: Any) -> OrdinalDataset:
 
     ``image_size=`` (a side, or ``(H, W)``) resizes images (image lists: 64 by default; Fashion-MNIST:
     28); it is an error for tables.
-    Pass ``grid=`` to put the data on an existing grid (a test file on the training file's grid);
-    ``encoder=`` is its old name, deprecated.
+    Pass ``grid=`` to put the data on an existing grid (a test file on the training file's grid).
     ``delimiter=`` (one character, or "comma"/"semicolon"/"tab") is the cell separator of a CSV; None
     (the default) detects comma, semicolon or tab from the header. It applies to CSV/TSV files only.
     """
@@ -152,7 +151,7 @@ def load_train_test(train_spec: str | Path, test_spec: str | Path, test_label_co
     """
     train = load_dataset(train_spec, **options)
     rest = {k: v for k, v in options.items()
-            if k not in ("step", "min_value", "max_value", "grid", "encoder", "one_hot_text", "drop_columns")}
+            if k not in ("step", "min_value", "max_value", "grid", "one_hot_text", "drop_columns")}
     # a test row with a missing value cannot be scored fairly by a filled-in guess: left out or refused
     if rest.get("missing") == "impute":
         rest["missing"] = "skip"

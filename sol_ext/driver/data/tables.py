@@ -29,10 +29,9 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import torch
 
-from ..._deprecation import moved_names
 from ...labels import LabelGrid
 from ..errors import DataFileError, data_file_errors
-from .encoding import DatasetIdentity, LabelSpec, OrdinalDataset, make_dataset, renamed_grid
+from .encoding import DatasetIdentity, LabelSpec, OrdinalDataset, make_dataset
 from .frames import (
     MissingValuesWarning,
     TableOrigin,
@@ -468,8 +467,7 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
                categorical: Sequence[str] | Mapping[str, Sequence[str]] = (),
                name: str | None = None, delimiter: str | None = None, one_hot_text: bool = False,
                id_column: str | None = None, drop_columns: Sequence[str] = (),
-               missing: str = "error", encoding: str | None = None,
-               encoder: LabelGrid | None = None) -> OrdinalDataset:
+               missing: str = "error", encoding: str | None = None) -> OrdinalDataset:
     """A tabular dataset from a table file with named columns: CSV/TSV with a header row (``.csv``,
     ``.tsv``, also gzipped ``.gz``), Parquet (``.parquet``) or Feather / Arrow IPC (``.feather``, ``.arrow``),
     read by pyarrow.
@@ -494,7 +492,6 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
         missing: rows with a missing feature cell: ``"error"`` names every such cell, ``"skip"`` leaves
             the rows out (with a :class:`~.frames.MissingValuesWarning` counting them), ``"impute"``
             fills each cell with its column's median or most common category (warned likewise).
-        encoder: the old name of ``grid`` (deprecated: an encoder is the network).
 
     Returns:
         ``OrdinalDataset`` of kind "tabular" with raw (unscaled) float32 features ``[N, F]``; scale them
@@ -521,7 +518,7 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
         raise ValueError("missing='mark' is for prediction; expected 'error', 'skip' or 'impute'")
     read = TableRead(columns, cats, label_column, delimiter=delimiter, encoding=encoding, id_column=id_column,
                      one_hot_text=one_hot_text, missing=missing)
-    return read_table_dataset(path, read, LabelSpec(renamed_grid(grid, encoder), step, min_value, max_value), name)
+    return read_table_dataset(path, read, LabelSpec(grid, step, min_value, max_value), name)
 
 
 def _feature_columns(path: Path, header: list[str], label_column: str, feature_columns: Sequence[str] | None,
@@ -567,10 +564,6 @@ def read_table_dataset(path: Path, read: TableRead, labels: LabelSpec, name: str
     return make_dataset(torch.from_numpy(x), values, identity, labels)
 
 
-# load_csv was this loader's first name, from before it read Parquet and Feather too.
-__getattr__ = moved_names(__name__, {"load_csv": ("sol_ext.driver.data.tables", "load_table")})
-
-
 def file_stem(path: Path) -> str:
     """A data file's name without its data suffixes (``ages.csv.gz`` -> ``ages``): the data set's default name."""
     name = path.name
@@ -606,12 +599,12 @@ def refuse_complex(path: Path, key: str, a: np.ndarray) -> None:
 def load_npz(path: str | Path, step: float | None = None, min_value: float | None = None,
              max_value: float | None = None, *, grid: LabelGrid | None = None,
              features_key: str | None = None, labels_key: str = "labels",
-             name: str | None = None, encoder: LabelGrid | None = None) -> OrdinalDataset:
+             name: str | None = None) -> OrdinalDataset:
     """Precomputed embeddings and labels from a numpy ``.npz`` file.
 
     The file holds ``embeddings`` (or ``features``) ``[N, d]`` and ``labels`` ``[N]`` in label units;
-    ``[N, H, W]`` or ``[N, C, H, W]`` arrays are read as images. Grid arguments (``grid``; ``encoder``
-    its deprecated old name) as in :func:`load_table`.
+    ``[N, H, W]`` or ``[N, C, H, W]`` arrays are read as images. Grid arguments (``grid``) as in
+    :func:`load_table`.
     """
     # The keyword API users call: the grid arguments become one LabelSpec.
     path = Path(path)
@@ -620,7 +613,7 @@ def load_npz(path: str | Path, step: float | None = None, min_value: float | Non
     identity = DatasetIdentity(name or file_stem(path), "embeddings" if x.ndim == 2 else "images",
                                source=str(path), schema=schema)
     return make_dataset(torch.from_numpy(x.astype(np.float32)), values, identity,
-                        LabelSpec(renamed_grid(grid, encoder), step, min_value, max_value))
+                        LabelSpec(grid, step, min_value, max_value))
 
 
 def _npz_arrays(path: Path, features_key: str | None, labels_key: str) -> tuple[np.ndarray, np.ndarray, str]:
