@@ -26,7 +26,6 @@ FEATURES = {
 
 # Modules whose tests live in the test file of the module or feature that uses them.
 TESTED_IN = {
-    "sol_ext/_deprecation.py": "library/test_sol_ext.py",  # the retired names warn
     "sol_ext/_extension.py": "ops/test_cuda.py",
     "sol_ext/_fake.py": "ops/test_autograd.py",  # opcheck's fake-tensor checks
     "sol_ext/_reduction.py": "ops/test_autograd.py",
