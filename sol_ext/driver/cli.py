@@ -115,17 +115,19 @@ def _add_predict(sub) -> argparse.ArgumentParser:
 
 
 def _add_export(sub) -> argparse.ArgumentParser:
-    ex = sub.add_parser("export", help="write a trained run as a torch.export program (.pt2)",
+    ex = sub.add_parser("export", help="write a trained run as a torch.export (.pt2) or ONNX (.onnx) program",
                         description="A torch.export program that loads and predicts with plain "
-                                    "torch (torch.export.load(PATH).module()(x)), without sol_ext; "
+                                    "torch (torch.export.load(PATH).module()(x)), without sol_ext, "
+                                    "or with --format onnx an ONNX model that onnxruntime runs; "
                                     "x is float32 or float64 [N, F] raw features in the training "
                                     "column order (one-hot columns included) or images [N, C, H, W] "
                                     "in [0, 1]; a row with NaN or inf gets NaN outputs. Beside it, "
-                                    "PATH with the suffix .json names the columns and label values.")
+                                    "PATH.json (model.pt2.json) names the columns and label values.")
     ex.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="output folder of 'sol-ext train'")
     ex.add_argument("--output", default=None,
-                    help="the program's path; its sidecar is the same path with .json as suffix "
-                         "(default: RUN_DIR/model.pt2 and RUN_DIR/model.json, replaced by a rerun). "
+                    help="the program's path; its sidecar is the same path with .json added "
+                         "(default: RUN_DIR/model.pt2 and RUN_DIR/model.pt2.json, or with --format onnx "
+                         "RUN_DIR/model.onnx and RUN_DIR/model.onnx.json, replaced by a rerun). "
                          "Never a file sol-ext wrote into a run folder; another existing file needs "
                          "--overwrite")
     ex.add_argument("--overwrite", action="store_true",

@@ -53,7 +53,7 @@ def own_run(run, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["best.pt", "checkpoint.pt", "results.json", "audit.csv",
-                                  "model.pt2", "model.json"])
+                                  "model.pt2", "model.pt2.json"])
 def test_predict_refuses_to_write_over_the_runs_files(run, capsys, name):
     out, data = run
     before = snapshot(out)
@@ -162,14 +162,14 @@ def test_a_rerun_replaces_the_commands_own_default_outputs(own_run, capsys):
                  ["export", str(out)],
                  ["predict", str(out), "--data", str(data), "--output", str(out / "predictions.csv")]):
         assert main(argv) == 0, capsys.readouterr().err
-    assert {"predictions.csv", "audit.csv", "model.pt2", "model.json"} <= set(snapshot(out))
+    assert {"predictions.csv", "audit.csv", "model.pt2", "model.pt2.json"} <= set(snapshot(out))
 
 
 @pytest.mark.parametrize("name,needle", [
-    ("model.json", "sidecar"),             # the program and its sidecar would be one file
+    ("model.json", "sidecar"),             # a program named .json would be taken for a sidecar
     ("best.pt", "written by sol-ext"),
     ("checkpoint.pt", "written by sol-ext"),
-    ("results.pt2", "results.json"),        # its sidecar would replace results.json
+    ("results", "results.json"),            # its sidecar would replace results.json
     ("audit.csv", "written by sol-ext"),
 ])
 def test_export_refuses_to_write_over_the_runs_files(run, capsys, name, needle):
@@ -186,12 +186,46 @@ def test_export_refuses_an_existing_file_or_sidecar_without_overwrite(run, tmp_p
     mine.write_text("a,b\n1,2\n")
     expect_error(capsys, ["export", str(out), "--output", str(mine)], f"--output {mine}",
                  "--overwrite")
-    (tmp_path / "prog.json").write_text("{}")  # the sidecar of prog.pt2
+    (tmp_path / "prog.pt2.json").write_text("{}")  # the sidecar of prog.pt2
     expect_error(capsys, ["export", str(out), "--output", str(tmp_path / "prog.pt2")],
-                 "prog.json", "--overwrite")
+                 "prog.pt2.json", "--overwrite")
     assert mine.read_text() == "a,b\n1,2\n" and not (tmp_path / "prog.pt2").exists()
     assert main(["export", str(out), "--output", str(tmp_path / "prog.pt2"), "--overwrite"]) == 0
-    assert json.loads((tmp_path / "prog.json").read_text())["format"] == "sol_ext exported model"
+    assert json.loads((tmp_path / "prog.pt2.json").read_text())["format"] == "sol_ext exported model"
+
+
+def test_a_pt2_and_an_onnx_export_of_one_run_keep_a_sidecar_each(own_run, capsys):
+    """The second export's sidecar is its own: the .pt2's record of its intervals stays, and the
+    reverse."""
+    pytest.importorskip("onnxscript")
+    out, _ = own_run
+    assert main(["export", str(out), "--interval", "0.9"]) == 0
+    assert main(["export", str(out), "--format", "onnx"]) == 0
+    assert json.loads((out / "model.pt2.json").read_text())["intervals"]["coverage"] == 0.9
+    assert "intervals" not in json.loads((out / "model.onnx.json").read_text())
+    assert main(["export", str(out), "--format", "onnx", "--interval", "0.8"]) == 0
+    assert main(["export", str(out)]) == 0
+    assert json.loads((out / "model.onnx.json").read_text())["intervals"]["coverage"] == 0.8
+    assert "intervals" not in json.loads((out / "model.pt2.json").read_text())
+    assert not (out / "model.json").exists()
+    capsys.readouterr()
+
+
+def test_no_command_writes_over_the_onnx_export_or_a_named_export(own_run, capsys):
+    """RUN/model.onnx and an export of another name into the run folder (known by its sidecar's
+    content) are sol-ext's files: predict, audit and export refuse them even with --overwrite."""
+    pytest.importorskip("onnxscript")
+    out, data = own_run
+    assert main(["export", str(out), "--format", "onnx"]) == 0
+    assert main(["export", str(out), "--output", str(out / "iv.pt2")]) == 0
+    before = snapshot(out)
+    for target in (out / "model.onnx", out / "model.onnx.json", out / "iv.pt2", out / "iv.pt2.json"):
+        for argv, flag in ((["predict", str(out), "--data", str(data), "--output", str(target)], "--output"),
+                           (["audit", str(out), "--in-sample", "--csv", str(target)], "--csv"),
+                           (["export", str(out), "--format", "pt2", "--output", str(target)], "--output")):
+            refused = "sidecar" if argv[0] == "export" and target.suffix == ".json" else "written by sol-ext"
+            expect_error(capsys, [*argv, "--overwrite"], f"{flag} {target}", refused)
+    assert snapshot(out) == before
 
 
 def test_audit_refuses_to_write_over_the_runs_files_and_its_data(run, capsys):
@@ -231,7 +265,7 @@ def test_compare_refuses_a_folder_of_other_files(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def program(run):
     out, _ = run
-    return torch.export.load(str(out / "model.pt2")).module(), json.loads((out / "model.json").read_text())
+    return torch.export.load(str(out / "model.pt2")).module(), json.loads((out / "model.pt2.json").read_text())
 
 
 def test_a_row_with_nan_or_inf_gives_nan_not_a_rank(program):

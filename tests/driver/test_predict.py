@@ -148,7 +148,7 @@ def test_exported_program_predicts_without_sol_ext(user_files, tmp_path, method)
     root, train, test, x, _ = user_files
     out, _ = train_run(root, train, test, method)
     assert main(["export", str(out), "--output", str(tmp_path / "model.pt2")]) == 0
-    side = json.loads((tmp_path / "model.json").read_text())
+    side = json.loads((tmp_path / "model.pt2.json").read_text())
     assert side["inputs"]["feature_names"] == ["a", "b", "c", "d"]
     assert side["label_values"] == [float(v) for v in range(2, 19)]
     np.save(tmp_path / "x.npy", x)
@@ -185,7 +185,7 @@ def test_onnx_model_runs_without_torch_as_the_exported_program(user_files, tmp_p
     model = sol_ext.driver.load_run(out)
     export_run(model, tmp_path / "model.pt2")
     assert main(["export", str(out), "--format", "onnx"]) == 0  # RUN/model.onnx, as export_onnx writes it
-    assert export_onnx(model, tmp_path / "model.onnx") == tmp_path / "model.json"
+    assert export_onnx(model, tmp_path / "model.onnx") == tmp_path / "model.onnx.json"
     assert (out / "model.onnx").read_bytes() == (tmp_path / "model.onnx").read_bytes()
     np.save(tmp_path / "x.npy", x.astype(np.float32))
     script = f"""
@@ -300,7 +300,7 @@ def test_exported_program_and_onnx_model_hold_the_intervals_calibration(user_fil
         program.parent.mkdir()
         assert main(["export", str(out), "--output", str(program), "--interval", "0.9",
                      "--calibration", str(train)]) == 0
-        assert json.loads((program.parent / "model.json").read_text())["intervals"]["coverage"] == 0.9
+        assert json.loads((program.parent / f"model.{form}.json").read_text())["intervals"]["coverage"] == 0.9
         if form == "pt2":
             got = [t.numpy() for t in torch.export.load(program).module()(torch.from_numpy(x))]
         else:
@@ -555,7 +555,7 @@ def test_export_holds_the_clean_targets_calibration(user_files, tmp_path, capsys
         program.parent.mkdir()
         assert main(["export", str(out), "--output", str(program), "--interval", "0.9", "--calibration", str(train),
                      "--interval-target", "clean", "--label-noise", "2", *flags]) == 0
-        assert json.loads((program.parent / "model.json").read_text())["intervals"]["target"] == "clean"
+        assert json.loads((program.parent / "model.pt2.json").read_text())["intervals"]["target"] == "clean"
         model = sol_ext.driver.load_run(out)
         model.calibrate_intervals(train, target="clean", label_noise=2.0, deconvolve=deconvolve)
         lower, upper = intervals[deconvolve] = model.predict_interval(x, 0.9)
