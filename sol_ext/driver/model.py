@@ -476,12 +476,18 @@ def model_from_state(state: dict[str, Any], device: torch.device | str = "cpu",
     # the weights come from the run: never read a pretrained-weights file again
     config = dataclasses.replace(TrainConfig.from_dict(record["config"]), weights=None)
     n = int(record["preprocessing"]["grid"]["num_ranks"])
-    model = build_model(config, tuple(record["input_shape"]), record["kind"], n)
-    model.load_state_dict(state["model"])
-    head = None
-    if config.uses_centroids:
-        head = make_sol_head(config, n)
-        head.load_state_dict(state["head"])
+    try:
+        model = build_model(config, tuple(record["input_shape"]), record["kind"], n)
+        model.load_state_dict(state["model"])
+        head = None
+        if config.uses_centroids:
+            head = make_sol_head(config, n)
+            head.load_state_dict(state["head"])
+    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+        # the weights were saved by the settings beside them: a mismatch is a file changed by hand
+        raise ValueError(f"{source} does not match its own settings ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:200]}): the file was edited or damaged; "
+                         f"restore it from a copy, or train the run again.") from None
     trained = TrainedModel(config, model, head, record, resolve_device(str(device)), workers)
     stored = state.get(CALIBRATION_KEY)
     if stored is not None:  # the run's validation split: intervals need no data

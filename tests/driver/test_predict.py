@@ -587,3 +587,41 @@ def test_the_command_lines_interval_scores_are_the_librarys(command, capsys):
     with pytest.raises(SystemExit):
         parser.parse_args([*command, "--interval-score", "widest"])
     assert "invalid choice: 'widest'" in capsys.readouterr().err
+
+
+def test_a_best_pt_with_changed_bytes_is_refused_as_damaged(user_files, tmp_path, capsys):
+    """64 bytes flipped inside best.pt's weights: the zip's checksums catch it, and predict and
+    load_run refuse the file by name instead of predicting with other weights."""
+    import shutil
+    import zipfile
+
+    root, train, test, _, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    raw = bytearray((run / "best.pt").read_bytes())
+    with zipfile.ZipFile(run / "best.pt") as archive:
+        weights = max(archive.infolist(), key=lambda info: info.file_size)  # the largest tensor
+        start = weights.header_offset + 30 + len(weights.filename) + len(weights.extra) + 8
+    raw[start:start + 64] = bytes(b ^ 0x5A for b in raw[start:start + 64])
+    (run / "best.pt").write_bytes(bytes(raw))
+    expect_error(capsys, ["predict", str(run), "--data", str(test), "--output", "-"],
+                 str(run / "best.pt"), "damaged", "checksum", "train the run again")
+    with pytest.raises(ValueError, match="damaged"):
+        sol_ext.driver.load_run(run)
+
+
+def test_a_best_pt_whose_settings_no_longer_fit_its_weights_is_one_line(user_files, tmp_path, capsys):
+    """best.pt re-saved with another grid in its record: one line naming the file as edited or
+    damaged, no traceback."""
+    import shutil
+
+    root, train, test, _, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    state = torch.load(run / "best.pt", weights_only=True)
+    state["predictor"]["preprocessing"]["grid"]["num_ranks"] = 3
+    torch.save(state, run / "best.pt")
+    expect_error(capsys, ["predict", str(run), "--data", str(test), "--output", "-"],
+                 str(run / "best.pt"), "edited or damaged", absent=("Traceback",))
