@@ -242,6 +242,19 @@ def test_missing_cells_skipped_imputed_or_counted_in_training(tmp_path, capsys):
                  "(5 cells in 5 of 160 rows)", "--missing skip")
 
 
+def test_a_missing_label_after_a_skipped_row_is_named_by_its_own_data_row(tmp_path, capsys):
+    """--missing skip leaves data row 2 out; the missing label in data row 10 is still named data
+    row 10, not by its place among the rows kept."""
+    from common import expect_error
+
+    rows = [(i % 5, i % 3, i % 4) for i in range(40)]
+    rows[2] = ("", 1, 2)
+    rows[10] = (1, 1, "")
+    data = write_csv(tmp_path / "d.csv", rows)
+    expect_error(capsys, ["train", "--data", str(data), "--missing", "skip", "--output", str(tmp_path / "o"),
+                          *FAST], "label column 'label'", "data row 10", absent=("data row 9",))
+
+
 def test_predict_leaves_rows_with_missing_cells_empty_or_out(tmp_path, capsys):
     import csv
 

@@ -12,9 +12,10 @@ with its own ``to_arrow``/``from_pandas`` route.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -47,9 +48,18 @@ class TableOrigin:
     name: str
     file: bool = True
     decimal_comma: bool = False  # cells such as "0,25" are numbers (a CSV whose delimiter is not ",")
+    # the data row of each row of the table, where rows were left out (missing="skip"); None: the same
+    rows: Optional[np.ndarray] = field(default=None, compare=False)
 
     def row(self, i: int) -> str:
+        i = int(self.rows[i]) if self.rows is not None else int(i)
         return f"data row {i}" if self.file else f"row {i}"
+
+    def kept(self, rows: np.ndarray) -> "TableOrigin":
+        """This origin for the table of only ``rows`` (numbers of this origin's rows): its errors
+        still name the data rows as given."""
+        rows = np.asarray(rows) if self.rows is None else self.rows[rows]
+        return dataclasses.replace(self, rows=rows)
 
 
 # --------------------------------------------------------------------------------------------------

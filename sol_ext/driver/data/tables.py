@@ -412,6 +412,7 @@ def read_table_features(path: str | Path, read: TableRead
     table, incomplete = fill_missing(table, columns, categorical, origin, read.missing)
     if read.missing == "skip" and incomplete is not None:
         row_numbers = row_numbers[~incomplete]
+        origin = origin.kept(row_numbers)  # an error in a later column names the file's row
     x, names, used = table_features(table, columns, categorical, origin, read.handle_unknown)
     values = (table_labels(table, read.label_column, origin, optional=read.label_optional)
               if has_label else None)
