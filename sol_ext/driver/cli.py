@@ -102,9 +102,14 @@ def _add_predict(sub) -> argparse.ArgumentParser:
     pr.add_argument("--overwrite", action="store_true",
                     help="replace an existing --output file that is neither an input nor sol-ext's")
     pr.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto (default: %(default)s)")
-    pr.add_argument("--skip-missing", action="store_true",
-                    help="leave rows with a missing feature value out of the CSV (default: written "
-                         "with empty predictions)")
+    pr.add_argument("--missing", choices=("empty", "skip", "impute", "error"), default=None,
+                    help="rows with a missing feature value: written with empty predictions (empty), left "
+                         "out of the CSV (skip), filled with the training file's median or most common "
+                         "category and predicted (impute), or refused (error). Default: impute for a run "
+                         "trained with --missing impute, else empty")
+    pr.add_argument("--handle-unknown", choices=("error", "ignore"), default="error",
+                    help="a category of a text column that training did not see: refused (error, the "
+                         "default) or encoded as none of the column's categories (ignore)")
     pr.add_argument("--workers", type=int, default=None,
                     help="DataLoader processes decoding image files; 0: this process (default: the "
                          "free CPU cores, at most 8)")

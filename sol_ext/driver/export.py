@@ -64,6 +64,10 @@ class ExportedPredictor(nn.Module):
         self.n = trained.num_ranks
         self.model = copy.deepcopy(trained.model).cpu().eval()  # the trained model stays put
         scaling = trained.scaling
+        # a run trained with --missing impute fills a NaN of a numeric column as its predictions do
+        fill = trained.fill_vector() if trained.missing == "impute" else None
+        self.imputed = fill is not None
+        self.register_buffer("fill", fill if self.imputed else torch.zeros(0, dtype=torch.float64))
         self.scaled = scaling is not None
         self.register_buffer("mean", scaling[0].clone() if self.scaled else torch.zeros(0, dtype=torch.float64))
         self.register_buffer("std", scaling[1].clone() if self.scaled else torch.ones(0, dtype=torch.float64))
@@ -84,6 +88,9 @@ class ExportedPredictor(nn.Module):
         row that is not finite."""
         # a copy into a new tensor casts any dtype; x.to() would be traced as a no-op that the
         # program then asserts (float32 only)
+        if self.imputed:
+            x64 = torch.empty(x.shape, dtype=torch.float64).copy_(x)
+            x = torch.where(torch.isnan(x64) & ~torch.isnan(self.fill), self.fill, x64)
         if self.scaled:
             x64 = torch.empty(x.shape, dtype=torch.float64).copy_(x)
             x = ((x64 - self.mean) / self.std).to(torch.float32)
@@ -148,7 +155,11 @@ def sidecar(trained: TrainedModel, coverage: Optional[float] = None) -> dict[str
                    if trained.scaling is not None else "none: images in [0, 1]"},
         "outputs": ["prediction [N] float64, label units", "expected [N] float64, label units",
                     "probabilities [N, n] float64, one column per label value"],
-        "non_finite_rows": "a row with NaN or inf gets NaN prediction, expected and probabilities",
+        "non_finite_rows": "a row with NaN or inf gets NaN prediction, expected and probabilities"
+                           + ("; a NaN of a numeric column is filled with missing.fill_values first (the run was "
+                              "trained with --missing impute)" if trained.missing == "impute" else ""),
+        **({"missing": {"fill_values": {k: v for k, v in schema.get("fill_values", {}).items()}}}
+           if trained.missing == "impute" else {}),
         "label_values": [float(v) for v in trained.label_values],
         **intervals,
     }

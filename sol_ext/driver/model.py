@@ -25,7 +25,15 @@ from ..labels import LabelGrid
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from .config import TrainConfig
 from .data import ImageFiles, apply_scaling, read_inputs
-from .data.frames import FLOAT32_MAX, TableOrigin, as_arrow_table, cell_texts, is_table_like, table_features
+from .data.frames import (
+    FLOAT32_MAX,
+    TableOrigin,
+    as_arrow_table,
+    cell_texts,
+    fill_missing,
+    is_table_like,
+    table_features,
+)
 from .data.inputs import SLICE_ROWS, table_slices
 from .device import resolve_device
 from .loader import RunInputs, embedding_batch_size
@@ -35,6 +43,8 @@ __all__ = ["TrainedModel", "Prediction", "load_run", "model_from_state", "CALIBR
 
 # the entry of best.pt holding the rows intervals are calibrated on by default (the validation split)
 CALIBRATION_KEY = "interval_calibration"
+# the entry of TrainedModel.to_state holding the calibration in use (calibrate_intervals' last)
+INTERVALS_KEY = "intervals"
 
 DataLike = Any  # a data spec (built-in name, file or folder path), a data frame or raw features [N, ...]
 
@@ -84,9 +94,11 @@ class Prediction:
             data row number from 0, or the image path.
         ranks: ``[N]`` int64 predicted ranks ``0 … n-1``.
         prediction: ``[N]`` predicted labels, in label units: int64 on a grid of whole numbers
-            (integer minimum and step), else float64.
-        expected: ``[N]`` float64 expected label ``sum_q value_q p(q | x)``.
-        probabilities: ``[N, n]`` float64 ``p(q | x)``, columns in the order of ``label_values``.
+            (integer minimum and step), else float64; float64 with NaN for the rows of
+            ``incomplete`` where there are any.
+        expected: ``[N]`` float64 expected label ``sum_q value_q p(q | x)`` (NaN: ``incomplete``).
+        probabilities: ``[N, n]`` float64 ``p(q | x)``, columns in the order of ``label_values``
+            (NaN: ``incomplete``).
         label_values: ``[n]`` float64 the label value of each rank.
         values: ``[N]`` float64 the data's own labels, when it has a label column; else ``None``.
     """
@@ -121,6 +133,10 @@ class TrainedModel:
         # a category of a text column that training did not see: "error", or "ignore" (no
         # category; load_run's handle_unknown= sets it)
         self.handle_unknown = "error"
+        # a row with a missing feature value: "mark" (no prediction: NaN), "impute" (filled with the
+        # training file's values and predicted; the default of a run trained with --missing impute)
+        # or "error"; load_run's missing= sets it
+        self.missing = "impute" if record["preprocessing"].get("schema", {}).get("missing") == "impute" else "mark"
         self.device = torch.device(device)
         # DataLoader processes decoding image files for a prediction (0: this process)
         self.workers = int(workers)
@@ -179,17 +195,40 @@ class TrainedModel:
         incomplete = None
         if isinstance(data, (str, Path)):
             inputs = read_inputs(data, self.preprocessing.get("schema", {}),
-                                 delimiter=self.preprocessing.get("delimiter"), handle_unknown=self.handle_unknown)
+                                 delimiter=self.preprocessing.get("delimiter"), handle_unknown=self.handle_unknown,
+                                 missing=self.missing)
             x, ids, values, incomplete = inputs.features, inputs.ids, inputs.values, inputs.incomplete
         elif is_table_like(data):
-            x = self._frame_features(data)
+            x, incomplete = self._frame_features(data)
             ids, values = self._frame_ids(data, x.shape[0]), None
         else:
             x = _real_array(data)
             if x.dim() == 1 and len(self.input_shape) == 1:
                 x = x[None]
+            if self.missing == "impute":
+                x = self._imputed_array(x)
             ids, values = [str(i) for i in range(x.shape[0])], None
         return self._model_inputs(data, x), ids, values, incomplete
+
+    def _imputed_array(self, x: torch.Tensor) -> torch.Tensor:
+        """Raw features ``x`` [N, F] with a NaN in a numeric column filled with the training file's
+        value, as a run trained with ``--missing impute`` fills a file's empty cell (its exported
+        program does the same)."""
+        fill = self.fill_vector()
+        if fill is None or x.dim() != 2 or x.shape[1] != fill.numel():
+            return x
+        fill = fill.to(x.dtype)
+        return torch.where(torch.isnan(x) & ~torch.isnan(fill), fill, x)
+
+    def fill_vector(self) -> Optional[torch.Tensor]:
+        """``[F]`` float64: the value a NaN raw feature is imputed with, in :attr:`feature_names`
+        order (the training file's median of a numeric column; NaN for a one-hot column, whose
+        category is filled before encoding), or None where the run kept no such values."""
+        fill = self.preprocessing.get("schema", {}).get("fill_values")
+        if not fill or not self.feature_names:
+            return None
+        return torch.tensor([float(fill[name]) if name in fill and not isinstance(fill[name], str) else float("nan")
+                             for name in self.feature_names], dtype=torch.float64)
 
     def _model_inputs(self, data: DataLike, x: torch.Tensor | ImageFiles) -> torch.Tensor | ImageFiles:
         """Raw inputs ``x`` of ``data`` checked against the run's input shape, finite, and scaled."""
@@ -222,8 +261,9 @@ class TrainedModel:
             return [str(i) for i in index]
         return [str(i) for i in range(n)]
 
-    def _frame_features(self, data: Any) -> torch.Tensor:
-        """A data frame's features by the run's columns (:func:`~.data.frames.table_features`)."""
+    def _frame_features(self, data: Any) -> tuple[torch.Tensor, Optional[np.ndarray]]:
+        """A data frame's features by the run's columns (:func:`~.data.frames.table_features`), and
+        its rows with a missing value (as a file's: :attr:`missing`)."""
         schema = self.preprocessing.get("schema", {})
         if "columns" not in schema:
             what = "images" if self.kind == "images" else "arrays without column names"
@@ -232,9 +272,14 @@ class TrainedModel:
                              "features in the training order")
         table = as_arrow_table(data)
         categorical = {k: list(v) for k, v in schema.get("categorical", {}).items()}
-        x, _, _ = table_features(table, list(schema["columns"]), categorical, TableOrigin("data", file=False),
-                                 self.handle_unknown)
-        return torch.from_numpy(x)
+        columns, origin = list(schema["columns"]), TableOrigin("data", file=False)
+        for name in columns:  # before filling: a missing column is named by table_features
+            if name not in table.column_names:
+                table_features(table, [name], categorical, origin, self.handle_unknown)
+        table, incomplete = fill_missing(table, columns, categorical, origin, self.missing,
+                                         schema.get("fill_values") or {})
+        x, _, _ = table_features(table, columns, categorical, origin, self.handle_unknown)
+        return torch.from_numpy(x), (None if self.missing == "impute" else incomplete)
 
     # -- predictions -------------------------------------------------------------------------
     @torch.no_grad()
@@ -280,7 +325,8 @@ class TrainedModel:
             try:
                 slices = table_slices(data, self.preprocessing.get("schema", {}),
                                       delimiter=self.preprocessing.get("delimiter"),
-                                      handle_unknown=self.handle_unknown, rows_per_slice=rows_per_slice)
+                                      handle_unknown=self.handle_unknown, rows_per_slice=rows_per_slice,
+                                      missing=self.missing)
             except ValueError:
                 self._raise_whole_error(data)
                 raise
@@ -307,12 +353,19 @@ class TrainedModel:
                    incomplete: Optional[np.ndarray]) -> Prediction:
         probabilities, ranks = self.rank_probabilities(self._embed(x))
         label_values = self.encoder.values().to(torch.float64)
-        expected = probabilities.cpu() @ label_values
+        probabilities = probabilities.cpu().to(torch.float64)
+        expected = (probabilities @ label_values).numpy()
+        probabilities = probabilities.numpy()
         prediction = self.encoder.decode(ranks.cpu()).numpy()
         if _integer_grid(self.encoder):  # whole labels come back as integers, as SOLRanker's do
             prediction = prediction.round().astype(np.int64)
+        if incomplete is not None and incomplete.any():
+            # a row with a missing feature value has no prediction: NaN, as sol-ext predict leaves it empty
+            prediction = np.where(incomplete, np.nan, prediction)
+            expected = np.where(incomplete, np.nan, expected)
+            probabilities = np.where(incomplete[:, None], np.nan, probabilities)
         return Prediction(ids=ids, ranks=ranks.cpu().numpy(), prediction=prediction,
-                          expected=expected.numpy(), probabilities=probabilities.cpu().numpy(),
+                          expected=expected, probabilities=probabilities,
                           label_values=label_values.numpy(), values=values,
                           id_name=self.preprocessing.get("schema", {}).get("id_column") or "id",
                           incomplete=incomplete)
@@ -419,7 +472,9 @@ class TrainedModel:
         return lower, upper
 
     def to_state(self) -> dict[str, Any]:
-        """The entries of ``best.pt`` that :func:`model_from_state` rebuilds this model from (CPU)."""
+        """The entries of ``best.pt`` that :func:`model_from_state` rebuilds this model from (CPU),
+        with the interval calibration in use (that of the last :meth:`calibrate_intervals`, which a
+        pickled ``SOLRanker`` keeps)."""
         return {
             "predictor": {"config": self.config.to_dict(), "input_shape": list(self.input_shape),
                           "kind": self.kind, "preprocessing": self.preprocessing, "read_from": self.read_from},
@@ -427,6 +482,7 @@ class TrainedModel:
             "head": None if self.head is None else {k: v.detach().cpu()
                                                     for k, v in self.head.state_dict().items()},
             **({} if self.stored_calibration is None else {CALIBRATION_KEY: dict(self.stored_calibration)}),
+            **({} if self.intervals is None else {INTERVALS_KEY: self.intervals.to_state()}),
         }
 
     def __repr__(self) -> str:
@@ -435,7 +491,7 @@ class TrainedModel:
 
 
 def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int = 0,
-             handle_unknown: str = "error") -> TrainedModel:
+             handle_unknown: str = "error", missing: Optional[str] = None) -> TrainedModel:
     """The model of a ``sol-ext train`` run folder (its selected epoch, ``best.pt``; the last
     checkpoint where there is none), ready to predict. Runs of every method load. A run that stored
     its validation split's probabilities (``sol-ext train`` does) comes with its rank intervals
@@ -444,6 +500,12 @@ def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int 
     ``handle_unknown``: a category of a text column that training did not see is an error
     (``"error"``, the default) or none of its column's categories (``"ignore"``: its one-hot
     features all 0, as scikit-learn's ``OneHotEncoder(handle_unknown="ignore")``).
+
+    ``missing``: a row of a file or data frame with a missing feature value gets no prediction
+    (``"mark"``: NaN prediction, expected, probabilities and interval, as ``sol-ext predict`` leaves
+    the row empty), is filled with the training file's median or most common category and predicted
+    (``"impute"``; a NaN of a raw feature array too), or is refused (``"error"``). Default: ``"impute"``
+    for a run trained with ``--missing impute``, else ``"mark"``.
 
     Raises:
         FileNotFoundError: ``path`` holds no run.
@@ -460,8 +522,12 @@ def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int 
                                 f"'sol-ext train' (with {BEST_NAME}).")
     if handle_unknown not in ("error", "ignore"):
         raise ValueError(f"handle_unknown={handle_unknown!r}; expected 'error' or 'ignore'")
+    if missing not in (None, "mark", "impute", "error"):
+        raise ValueError(f"missing={missing!r}; expected 'mark', 'impute' or 'error'")
     model = model_from_state(load_checkpoint(file), device, source=str(file), workers=workers)
     model.handle_unknown = handle_unknown
+    if missing is not None:
+        model.missing = missing
     return model
 
 
@@ -494,4 +560,6 @@ def model_from_state(state: dict[str, Any], device: torch.device | str = "cpu",
         trained.stored_calibration = {"probabilities": stored["probabilities"].to(torch.float64),
                                       "ranks": stored["ranks"].to(torch.int64)}
         trained.calibrate_intervals_on_validation()
+    if state.get(INTERVALS_KEY) is not None:  # to_state's: the calibration that was in use
+        trained.intervals = IntervalCalibration.from_state(state[INTERVALS_KEY])
     return trained

@@ -84,7 +84,11 @@ def write_prediction_csv(out: BinaryIO, prediction: Prediction,
     precision of the dissimilarities they come from (so a probability below 1.4e-45 reads 0).
     """
     names = [prediction.id_name, "prediction", "expected"]
-    predicted = _label_values(prediction.prediction)
+    predicted = prediction.prediction
+    if predicted.dtype.kind == "f" and np.isnan(predicted).any() and np.all(np.mod(prediction.label_values, 1) == 0):
+        # the rows without a prediction (NaN) are emptied below: the others stay whole numbers
+        predicted = np.where(np.isnan(predicted), prediction.label_values[0], predicted).astype(np.int64)
+    predicted = _label_values(predicted)
     columns = [string_array(prediction.ids), _numbers(predicted, predicted.dtype),
                _numbers(_ten_digits(prediction.expected, prediction.label_values), np.float64)]
     if interval is not None:
@@ -289,7 +293,9 @@ def predict_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--workers must be >= 0, got {args.workers}.")
     to_stdout = args.output == "-"
     model = load_run(args.run_dir, device=args.device,  # the device is resolved (and checked) there
-                     workers=auto_workers() if args.workers is None else args.workers)
+                     workers=auto_workers() if args.workers is None else args.workers,
+                     handle_unknown=args.handle_unknown)
+    missing = _missing_policy(args, model)
     default = args.run_dir / "predictions.csv"  # a rerun replaces it
     inputs = [("the --data file", args.data), *run_data(args.run_dir, model)]
     path = None if to_stdout else check_output(
@@ -303,7 +309,7 @@ def predict_command(args: argparse.Namespace) -> int:
     with _system_memory_pool():
         slices = model.predict_slices(args.data, data_inputs.SLICE_ROWS)
         first = next(slices)
-        written = _Written(model, calibrated_coverage(args, model), args.skip_missing)
+        written = _Written(model, calibrated_coverage(args, model), missing == "skip")
 
         def write(f) -> None:
             for part in itertools.chain([first], slices):
@@ -317,8 +323,9 @@ def predict_command(args: argparse.Namespace) -> int:
             atomic_write_stream(path, write)
     if written.incomplete:
         warn(f"{args.data}: {written.incomplete} of {written.read} rows have a missing feature value; "
-             + ("they are left out (--skip-missing)." if args.skip_missing else
-                "their predictions are left empty (--skip-missing leaves them out)."))
+             + ("they are left out (--missing skip)." if missing == "skip" else
+                "their predictions are left empty (--missing skip leaves them out, --missing impute fills "
+                "them with the training file's values)."))
     report = sys.stderr if to_stdout else sys.stdout  # beside the CSV on stdout, on stderr
     if written.coverage is not None:
         print(written.interval_summary(), file=report)
@@ -328,6 +335,20 @@ def predict_command(args: argparse.Namespace) -> int:
     if scores is not None:
         print(format_scores(scores), file=report)
     return 0
+
+
+def _missing_policy(args: argparse.Namespace, model: TrainedModel) -> str:
+    """``--missing`` of ``sol-ext predict`` (default: impute for a run trained with ``--missing
+    impute``, else empty), set on ``model`` as the reading it needs; returns the option."""
+    from .errors import UsageError
+
+    missing = args.missing or ("impute" if model.missing == "impute" else "empty")
+    if missing == "impute" and not model.preprocessing.get("schema", {}).get("fill_values"):
+        raise UsageError(f"--missing impute: the run in {args.run_dir} kept no values to fill a missing cell "
+                         f"with (it was not trained on a table file, or by an earlier version of sol_ext); "
+                         f"use --missing empty or skip, or fill the cells in the file.")
+    model.missing = {"empty": "mark", "skip": "mark"}.get(missing, missing)
+    return missing
 
 
 @contextlib.contextmanager

@@ -271,11 +271,81 @@ def test_predict_leaves_rows_with_missing_cells_empty_or_out(tmp_path, capsys):
     empty = [r["wine_id"] for r in rows if r["prediction"] == ""]
     assert empty == [f"W1-{i:04d}" for i in range(160) if i % 37 == 5]
     assert all(r["expected"] == "" and r["p_5"] == "" for r in rows if r["prediction"] == "")
-    assert main(["predict", str(out), "--data", str(new), "--skip-missing", "--output",
+    assert main(["predict", str(out), "--data", str(new), "--missing", "skip", "--output",
                  str(tmp_path / "kept.csv")]) == 0
     kept = list(csv.DictReader(open(tmp_path / "kept.csv", encoding="utf-8")))
     assert [r["wine_id"] for r in kept] == [r["wine_id"] for r in rows if r["prediction"] != ""]
     assert [r["prediction"] for r in kept] == [r["prediction"] for r in rows if r["prediction"] != ""]
+
+
+def test_python_predictions_leave_rows_with_a_missing_value_without_one_as_predict_does(wine_run, tmp_path):
+    """load_run(run).predict(file) and predict_interval give NaN for the rows sol-ext predict leaves
+    empty (a missing feature value), not a prediction from a filled-in value; a data frame with the
+    same empty cells gives the same."""
+    import numpy as np
+    import pandas as pd
+
+    from sol_ext.driver.model import load_run
+
+    _, out = wine_run
+    new = _write_rows(tmp_path / "new.csv", _wine_rows(seed=1, missing=True))
+    model = load_run(out)
+    table = model.predict_table(new)
+    rows = np.flatnonzero(table.incomplete)
+    assert rows.tolist() == [i for i in range(160) if i % 37 == 5]
+    predicted = model.predict(new)
+    assert np.isnan(predicted[rows]).all() and np.isfinite(np.delete(predicted, rows)).all()
+    lower, upper = model.predict_interval(new, 0.9)
+    assert (np.isnan(lower) == table.incomplete).all() and (np.isnan(upper) == table.incomplete).all()
+    assert np.isnan(model.expected(new)[rows]).all() and np.isnan(model.predict_proba(new)[rows]).all()
+    frame = pd.read_csv(new)
+    np.testing.assert_array_equal(model.predict(frame), predicted)
+    complete = _write_rows(tmp_path / "complete.csv", _wine_rows(seed=1))
+    assert model.predict(complete).dtype == np.int64  # whole labels stay integers where every row has one
+
+
+def test_a_run_trained_with_impute_fills_missing_cells_as_training_did_everywhere(tmp_path, capsys):
+    """--missing impute travels with the run: sol-ext predict, load_run on a file, a data frame and a
+    raw array with NaN, and the exported program fill a missing cell with the training file's median
+    and predict the row, all alike."""
+    import csv
+
+    import numpy as np
+    import pandas as pd
+
+    from sol_ext.driver.model import load_run
+
+    data = _write_rows(tmp_path / "wine.csv", _wine_rows(missing=True))
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
+                 "--missing", "impute", "--output", str(out), "--quiet", *FAST]) == 0
+    new_rows = _wine_rows(seed=1, missing=True)
+    new = _write_rows(tmp_path / "new.csv", new_rows)
+    capsys.readouterr()
+    assert main(["predict", str(out), "--data", str(new)]) == 0
+    assert "missing feature value" not in capsys.readouterr().err
+    written = list(csv.DictReader(open(out / "predictions.csv", encoding="utf-8")))
+    assert all(r["prediction"] != "" for r in written)
+    model = load_run(out)
+    median = float(np.median([1990 + i % 20 for i in range(160) if i % 37 != 5]))
+    assert model.preprocessing["schema"]["fill_values"]["vintage"] == median
+    from_file = model.predict(new)
+    assert from_file.dtype == np.int64
+    assert [int(r["prediction"]) for r in written] == from_file.tolist()
+    np.testing.assert_array_equal(model.predict(pd.read_csv(new)), from_file)
+    filled = _write_rows(tmp_path / "filled.csv", [{**r, "vintage": r["vintage"] or median} for r in new_rows])
+    np.testing.assert_array_equal(model.predict(filled), from_file)
+    x = model.features(filled)[0]  # scaled; the raw array: undo the scaling, then empty the cells again
+    mean, std = model.scaling
+    raw = (x.double() * std + mean).numpy()
+    column = model.feature_names.index("vintage")
+    raw[[i for i in range(160) if i % 37 == 5], column] = np.nan
+    np.testing.assert_array_equal(model.predict(raw), from_file)
+    assert main(["export", str(out)]) == 0
+    program = torch.export.load(str(out / "model.pt2")).module()
+    np.testing.assert_array_equal(program(torch.from_numpy(raw))[0].numpy(), from_file)
+    assert main(["predict", str(out), "--data", str(new), "--missing", "empty", "--output", "-"]) == 0
+    assert ",," in capsys.readouterr().out  # asked for: the rows are left empty
 
 
 # -- done when: a wine-quality-like table, start to finish -----------------------------------------------
@@ -284,7 +354,7 @@ def test_predict_leaves_rows_with_missing_cells_empty_or_out(tmp_path, capsys):
 def test_predict_in_slices_writes_what_one_slice_writes(kind, wine_run, tmp_path, capsys, monkeypatch):
     """sol-ext predict reads a table file once and predicts and writes it a slice at a time: in slices of
     7 rows it writes the bytes, the summary lines and the warnings it writes in one slice, with an id
-    that needs quotes in one slice only, rows with a missing cell, --interval and --skip-missing, to a
+    that needs quotes in one slice only, rows with a missing cell, --interval and --missing skip, to a
     file and to stdout; a bad cell in a later slice is named by its row in the file, and leaves the
     output file as it was."""
     from sol_ext.driver.data import inputs
@@ -299,7 +369,7 @@ def test_predict_in_slices_writes_what_one_slice_writes(kind, wine_run, tmp_path
     assert [len(p.ids) for p in load_run(out).predict_slices(new, 7)] == [7] * 8 + [4]
     target = tmp_path / "p.csv"
     capsys.readouterr()
-    for extra in ([], ["--interval", "0.8"], ["--skip-missing"], ["--output", "-"]):
+    for extra in ([], ["--interval", "0.8"], ["--missing", "skip"], ["--output", "-"]):
         written = []
         for rows_per_slice in (7, 10**6):
             monkeypatch.setattr(inputs, "SLICE_ROWS", rows_per_slice)

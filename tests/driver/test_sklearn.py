@@ -434,3 +434,18 @@ def test_fit_works_out_the_validation_split_once(problem, monkeypatch):
     monkeypatch.setattr(train_module, "_checked_split", lambda *a: pytest.fail("split worked out again"))
     SOLRanker(epochs=1, batch_size=64, sigma=1.0).fit(X, y)
     assert calls == [300]
+
+
+def test_pickling_keeps_the_calibration_of_calibrate_intervals():
+    """A pickled ranker (joblib too) predicts the intervals of its last calibrate_intervals, not the
+    validation split's; with val_fraction=0 as well; to_state / model_from_state alike."""
+    X, y = ordinal_problem(400, seed=4)
+    for val_fraction in (0.1, 0.0):
+        ranker = SOLRanker(**SMALL, val_fraction=val_fraction).fit(X[:250], y[:250])
+        ranker.calibrate_intervals(X[250:], y[250:], score="hpd")
+        again = pickle.loads(pickle.dumps(ranker))
+        kept, back = ranker.model_.intervals, again.model_.intervals
+        assert (back.score, back.count) == (kept.score, kept.count) == ("hpd", 150)
+        np.testing.assert_array_equal(again.predict_interval(X[:50], 0.8), ranker.predict_interval(X[:50], 0.8))
+        rebuilt = model_from_state(ranker.model_.to_state())
+        assert (rebuilt.intervals.score, rebuilt.intervals.count) == ("hpd", 150)

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 __all__ = ["is_table_like", "has_column_names", "as_arrow_table", "table_features", "table_labels",
-           "text_columns", "holds_words", "cell_texts", "fill_missing", "MISSING_POLICIES", "string_array", "TableOrigin", "MISSING_CELLS",
+           "text_columns", "holds_words", "cell_texts", "fill_missing", "fill_values", "MISSING_POLICIES", "string_array", "TableOrigin", "MISSING_CELLS",
            "FLOAT32_MAX"]
 
 # Cells that mean "no value" in a text column (compared lower-cased, after stripping blanks).
@@ -210,10 +210,11 @@ def _missing_mask(col: pa.ChunkedArray) -> Optional[np.ndarray]:
     return np.asarray(mask.to_pylist(), dtype=bool)
 
 
-def _fill_value(col: pa.ChunkedArray, missing: np.ndarray, name: str, origin: TableOrigin,
+def _fill_value(col: pa.ChunkedArray, missing: Optional[np.ndarray], name: str, origin: TableOrigin,
                 categorical: bool) -> Any:
-    """The value a missing cell of ``col`` gets: the most common category, else the median number."""
-    present = col.filter(pa.array(~missing))
+    """The value a missing cell of ``col`` gets: the most common category, else the median number
+    (``missing``: the cells without a value, None where every cell has one)."""
+    present = col if missing is None else col.filter(pa.array(~missing))
     if categorical or (is_text_type(col.type) and holds_words(present, origin)):
         counts = pc.value_counts(_text(present)).to_pylist()
         return max(counts, key=lambda c: (c["counts"], c["values"]))["values"] if counts else ""
@@ -224,14 +225,29 @@ def _fill_value(col: pa.ChunkedArray, missing: np.ndarray, name: str, origin: Ta
     return float(np.median(values)) if values.size else 0.0
 
 
+def fill_values(table: pa.Table, columns: Sequence[str], categorical: Mapping[str, Sequence[str]],
+                origin: TableOrigin) -> dict[str, Any]:
+    """What :func:`fill_missing` fills a missing cell of each of ``columns`` with, from the cells
+    present: the median (numbers) or the most common category (text). A run keeps these of its
+    training file, so that a prediction fills a cell as training did."""
+    values = {}
+    for name in columns:
+        col = table.column(name)
+        mask = _missing_mask(col)
+        values[name] = _fill_value(col, mask, name, origin, name in categorical)
+    return values
+
+
 def fill_missing(table: pa.Table, columns: Sequence[str], categorical: Mapping[str, Sequence[str]],
-                 origin: TableOrigin, policy: str) -> tuple[pa.Table, Optional[np.ndarray]]:
+                 origin: TableOrigin, policy: str, fill: Optional[Mapping[str, Any]] = None
+                 ) -> tuple[pa.Table, Optional[np.ndarray]]:
     """``table`` with its missing feature cells dealt with by ``policy`` (:data:`MISSING_POLICIES`), and
     ``[N]`` bool of the rows that had one (of the table as given; None where none had).
 
     "error" raises one ValueError counting every missing cell, by column with its first row; "skip"
-    keeps the other rows; "impute" and "mark" fill each cell with its column's median (numbers) or
-    most common category (text), from the cells present.
+    keeps the other rows; "impute" and "mark" fill each cell with ``fill[column]`` (the values of a
+    run's training file, :func:`fill_values`) where given, else with its column's median (numbers)
+    or most common category (text), from the cells present.
     """
     if policy not in MISSING_POLICIES:
         raise ValueError(f"missing={policy!r}; expected one of {', '.join(MISSING_POLICIES)}")
@@ -259,7 +275,8 @@ def fill_missing(table: pa.Table, columns: Sequence[str], categorical: Mapping[s
         return table.filter(pa.array(~incomplete)), incomplete
     for name, mask in masks.items():
         col = table.column(name)
-        value = _fill_value(col, mask, name, origin, name in categorical)
+        value = fill[name] if fill is not None and name in fill else _fill_value(col, mask, name, origin,
+                                                                                 name in categorical)
         if is_text_type(col.type) or pa.types.is_dictionary(col.type):
             filled = pc.if_else(pa.array(mask), pa.scalar(str(value) if not isinstance(value, float)
                                                           else repr(value)), _text(col))
