@@ -348,6 +348,35 @@ def test_a_run_trained_with_impute_fills_missing_cells_as_training_did_everywher
     assert ",," in capsys.readouterr().out  # asked for: the rows are left empty
 
 
+def test_predicts_advice_names_what_the_predict_command_can_do(wine_run, tmp_path, capsys):
+    """An unseen category points at predict's own --handle-unknown (which then predicts), a word in
+    a numeric column says to fix the cell and names train's options as training's, and a file
+    without the run's id column is told about the id column."""
+    import csv
+
+    from common import expect_error
+
+    _, out = wine_run
+    rows = _wine_rows(n=30, seed=3)
+    rows[4]["region"] = "Algarve"
+    novel = _write_rows(tmp_path / "novel.csv", rows)
+    expect_error(capsys, ["predict", str(out), "--data", str(novel), "--output", "-"], "'Algarve'",
+                 "--handle-unknown 'ignore'", absent=("handle_unknown",))
+    assert main(["predict", str(out), "--data", str(novel), "--handle-unknown", "ignore", "--output",
+                 str(tmp_path / "p.csv")]) == 0
+    assert len(list(csv.DictReader(open(tmp_path / "p.csv", encoding="utf-8")))) == 30
+    rows = _wine_rows(n=30, seed=3)
+    rows[7]["acidity"] = "high"
+    word = _write_rows(tmp_path / "word.csv", rows)
+    line = expect_error(capsys, ["predict", str(out), "--data", str(word), "--output", "-"], "'high'",
+                        "data row 7", "fix the cell", "train again with it in --categorical")
+    assert line.index("fix the cell") < line.index("--categorical")
+    no_id = _write_rows(tmp_path / "noid.csv", _wine_rows(n=30, seed=3),
+                        columns=[c for c in _wine_rows(n=1)[0] if c != "wine_id"])
+    expect_error(capsys, ["predict", str(out), "--data", str(no_id), "--output", "-"], "no id column 'wine_id'",
+                 "names each row by it", absent=("feature column", "--feature-columns"))
+
+
 # -- done when: a wine-quality-like table, start to finish -----------------------------------------------
 
 @pytest.mark.parametrize("kind", ["csv", "parquet"])

@@ -50,6 +50,9 @@ class TableOrigin:
     decimal_comma: bool = False  # cells such as "0,25" are numbers (a CSV whose delimiter is not ",")
     # the data row of each row of the table, where rows were left out (missing="skip"); None: the same
     rows: Optional[np.ndarray] = field(default=None, compare=False)
+    # read with a trained run's columns (prediction): advice names what the data can change, and
+    # names a training option as one
+    for_run: bool = False
 
     def row(self, i: int) -> str:
         i = int(self.rows[i]) if self.rows is not None else int(i)
@@ -134,9 +137,11 @@ def _column(table: pa.Table, name: str, origin: TableOrigin, role: str,
         hint = (" The header was read as one column: if its cells are separated by some other character, "
                 "pass it as delimiter=." if len(names) == 1 and origin.file else "")
         fix = {"label": "Pass the right name with label_column=",
-               "feature": ("Give the file that column (in Python: or choose others with feature_columns=)"
+               "feature": ("Give the file that column: the run was trained on it" if origin.for_run and origin.file
+                           else "Give the file that column (in Python: or choose others with feature_columns=)"
                            if origin.file else "Give the data that column, by that name"),
-               }.get(role, f"Pass the right name with {role}_column=")
+               }.get(role, "Give the file that column: the run names each row by it" if origin.for_run
+                     else f"Pass the right name with {role}_column=")
         raise ValueError(f"{origin.name} has no {role} column {name!r}; its columns are {listed(names)}.{hint} "
                          f"{fix}")
     return table.column(position)
@@ -356,7 +361,9 @@ def _numbers_from_text(col: pa.ChunkedArray, name: str, origin: TableOrigin, rol
         if pc.fill_null(missing, True)[bad].as_py():
             raise ValueError(f"{origin.name}: feature column {name!r} has a missing value (NaN) in "
                              f"{origin.row(bad)}; drop or impute such rows before loading")
-        advice = ("fix the cell, or name the column in categorical= to one-hot encode it or in "
+        advice = ("fix the cell: the run reads this column as numbers (to read it as categories or leave it "
+                  "out, train again with it in categorical= or drop_columns=)" if origin.for_run else
+                  "fix the cell, or name the column in categorical= to one-hot encode it or in "
                   "drop_columns= to leave it out" if origin.file else
                   "encode it as numbers, or train with it as a categorical column")
         raise ValueError(f"{origin.name}: feature column {name!r} has a non-numeric value {cell!r} in "
@@ -474,7 +481,8 @@ def _categories(col: pa.ChunkedArray, name: str, origin: TableOrigin,
     if handle_unknown != "ignore" and _first(unknown) is not None:
         found = sorted(set(pc.filter(cells, unknown).to_pylist()))
         raise ValueError(f"{origin.name}: categorical column {name!r} has values {listed(found)} outside its "
-                         f"categories {listed(cats)}; handle_unknown='ignore' encodes them as none of them")
+                         f"categories {listed(cats)}; fix the cells, or pass handle_unknown='ignore' to encode "
+                         f"them as none of the categories (all of the column's one-hot features 0)")
     return cells, cats
 
 

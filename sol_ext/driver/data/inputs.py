@@ -180,7 +180,7 @@ def table_slices(spec: str | Path, schema: dict[str, Any], delimiter: Optional[s
     label_column = schema.get("label_column")
     read = TableRead(list(schema["columns"]), schema.get("categorical", {}), label_column, delimiter=delimiter,
                      encoding=schema.get("encoding") if kind == "csv" else None,
-                     id_column=schema.get("id_column"), label_optional=True, where=where)
+                     id_column=schema.get("id_column"), label_optional=True, where=where, for_run=True)
     table, origin, has_label = read_feature_table(path, read)
     values = table_labels(table, label_column, origin, optional=True) if has_label else None
     if has_label:  # the labels are read: the column's buffer goes back
@@ -224,7 +224,7 @@ def _read_table(path: Path, schema: dict[str, Any], delimiter: Optional[str], wh
     read = TableRead(list(schema["columns"]), categorical, schema.get("label_column"), delimiter=delimiter,
                      encoding=schema.get("encoding") if (table_format(path) or "csv") == "csv" else None,
                      id_column=schema.get("id_column"), label_optional=True, where=where, missing=missing,
-                     handle_unknown=handle_unknown, fill=schema.get("fill_values") or {})
+                     handle_unknown=handle_unknown, fill=schema.get("fill_values") or {}, for_run=True)
     x, _, _, values, ids, incomplete, _ = read_table_features(path, read)
     return Inputs(torch.from_numpy(x), ids, values, None if missing == "impute" else incomplete)
 

@@ -383,6 +383,8 @@ class TableRead:
         handle_unknown: what a category not in ``categorical`` gets (:func:`~.frames.table_features`).
         fill: what a missing cell of a column is filled with (a run's :func:`~.frames.fill_values`);
             None: its column's median or most common category in this file.
+        for_run: the columns are a trained run's (a prediction): errors advise what the file can
+            change.
     """
 
     columns: Sequence[str]
@@ -397,6 +399,7 @@ class TableRead:
     missing: str = "error"
     handle_unknown: str = "error"
     fill: Mapping[str, Any] | None = None
+    for_run: bool = False
 
 
 def read_table_features(path: str | Path, read: TableRead
@@ -448,7 +451,7 @@ def read_feature_table(path: str | Path, read: TableRead) -> tuple[pa.Table, Tab
     header = table_columns(path, delimiter, encoding)
     decimal_comma = ((table_format(path) or "csv") == "csv"
                      and _csv_header(path, check_delimiter(delimiter), _check_encoding(encoding))[1] != ",")
-    origin = TableOrigin(read.where or str(path), decimal_comma=decimal_comma)
+    origin = TableOrigin(read.where or str(path), decimal_comma=decimal_comma, for_run=read.for_run)
     present = set(header)
     # the file's columns without rows, built only to be refused (pyarrow's pa.array imports pandas)
     def empty() -> pa.Table:
@@ -460,7 +463,9 @@ def read_feature_table(path: str | Path, read: TableRead) -> tuple[pa.Table, Tab
     if label_column is not None and not has_label and not read.label_optional:
         table_labels(empty(), label_column, origin)
     if id_column is not None and id_column not in present:
-        table_features(empty(), [id_column], {}, origin)
+        raise ValueError(f"{origin.name} has no id column {id_column!r}; its columns are {listed(header)}. "
+                         + ("Give the file that column: the run names each row by it" if read.for_run else
+                            "Pass the right name with id_column="))
     types: dict[str, pa.DataType] = {c: (pa.string() if c in read.categorical else pa.float32())
                                      for c in read.columns}
     if has_label:  # an optional label column left empty does not convert: the text read sees it
