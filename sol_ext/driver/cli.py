@@ -156,8 +156,8 @@ def _add_interval_options(parser: argparse.ArgumentParser, what: str):
     group.add_argument("--calibration", default=None, metavar="FILE",
                        help="held-out rows with labels, which the run did not train on, to calibrate --interval "
                             "on instead of the validation split the run stored")
-    group.add_argument("--interval-score", choices=("hpd", "cumulative", "absolute"), default="cumulative",
-                       help="the nonconformity score (default: %(default)s)")
+    group.add_argument("--interval-score", choices=("hpd", "cumulative", "absolute"), default=None,
+                       help="the nonconformity score (default: cumulative)")
     group.add_argument("--interval-target", choices=("labels", "clean"), default=None,
                        help="cover the labels as given, or the clean label behind noisy ones (needs "
                             "--label-noise; default: labels)")

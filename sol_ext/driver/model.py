@@ -408,22 +408,41 @@ class TrainedModel:
         is kept on this model (:attr:`intervals`) and returned."""
         table = self.predict_table(data)
         values = table.values if labels is None else np.asarray(labels, dtype=np.float64).reshape(-1)
+        file = isinstance(data, (str, Path))
         if values is None:
-            raise ValueError("data: no labels to calibrate intervals on; give data with the run's label "
-                             "column, or labels= (one label per row, in label units)")
+            column = self.preprocessing.get("schema", {}).get("label_column")
+            holds = f"no label column {column!r} (the run's)" if column and file else "no labels"
+            raise ValueError(f"{data if file else 'data'}: {holds} to calibrate intervals on; give rows with "
+                             f"their labels" + (f" in a column {column!r}" if column else "")
+                             + " (in Python: or labels=, one label per row in label units)")
         return self.calibrate_intervals_of(table, values, score=score, target=target, label_noise=label_noise,
-                                           deconvolve=deconvolve)
+                                           deconvolve=deconvolve, where=str(data) if file else "labels",
+                                           rows="data row" if file else "index")
 
-    def calibrate_intervals_of(self, table: Prediction, values: np.ndarray, **options: Any) -> IntervalCalibration:
+    def calibrate_intervals_of(self, table: Prediction, values: np.ndarray, *, where: str = "labels",
+                               rows: str = "index", **options: Any) -> IntervalCalibration:
         """:meth:`calibrate_intervals` on rows already predicted (:meth:`predict_table`), with their
-        labels ``values`` ``[N]`` in label units; ``options`` as there."""
+        labels ``values`` ``[N]`` in label units; ``options`` as there. A label off the run's grid is
+        refused naming ``where`` and its row (``rows``: "data row" for a file, else "index"),
+        counted among all of ``table``'s rows."""
         if values.shape[0] != len(table.ids):
             raise ValueError(f"labels: {values.shape[0]} labels for {len(table.ids)} rows of data")
         keep = np.isfinite(table.probabilities).all(axis=1)
         if table.incomplete is not None:
             keep &= ~table.incomplete
-        return self._calibrate(torch.from_numpy(table.probabilities[keep]), self.encoder.encode(values[keep]),
-                               **options)
+        kept = np.flatnonzero(keep)
+        try:
+            ranks = self.encoder.encode(values[keep], position=lambda i: f"{rows} {int(kept[i])}")
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+        grid = self.encoder
+        off = np.flatnonzero(np.abs(grid.decode(ranks).numpy() - values[keep]) > 1e-6 * grid.step)
+        if off.size:
+            i = int(off[0])
+            raise ValueError(f"{where}: label value {values[kept[i]]:g} ({rows} {int(kept[i])}) is not a value of the run's "
+                             f"grid {grid.min_value:g} … {grid.max_value:g} (step {grid.step:g}); {off.size} "
+                             f"value(s) are not: give the labels in the run's units")
+        return self._calibrate(torch.from_numpy(table.probabilities[keep]), ranks, **options)
 
     def calibrate_intervals_on_validation(self, **options: Any) -> IntervalCalibration:
         """:meth:`calibrate_intervals` on the rows the run stored for it: its validation split, with the

@@ -218,6 +218,7 @@ def calibrated_coverage(args: argparse.Namespace, model: TrainedModel) -> Option
     clean_options = "--interval-target clean --label-noise STD"
     if args.interval is None:
         for flag, value, needs in (("--calibration", args.calibration, ""),
+                                   ("--interval-score", args.interval_score, ""),
                                    ("--interval-target", args.interval_target, ""),
                                    ("--label-noise", args.label_noise, f" {clean_options}"),
                                    ("--no-deconvolve", None if args.deconvolve else False, f" {clean_options}")):
@@ -237,7 +238,9 @@ def calibrated_coverage(args: argparse.Namespace, model: TrainedModel) -> Option
     if not args.deconvolve and target != "clean":
         raise UsageError(f"--no-deconvolve applies to the clean target only; add {clean_options} or leave "
                          f"--no-deconvolve out.")
-    calibrate_from_args(args, model, score=args.interval_score, target=target,
+    from ..intervals import DEFAULT_SCORE
+
+    calibrate_from_args(args, model, score=args.interval_score or DEFAULT_SCORE, target=target,
                         label_noise=args.label_noise, deconvolve=args.deconvolve)
     return args.interval
 
@@ -253,7 +256,13 @@ def calibrate_from_args(args: argparse.Namespace, model: TrainedModel, **options
     from .errors import UsageError
 
     if args.calibration is not None:
-        model.calibrate_intervals(args.calibration, **options)
+        try:
+            model.calibrate_intervals(args.calibration, **options)
+        except ValueError as err:  # the file's labels: say which option gave it
+            message = re.sub(r" \(in Python: [^)]*\)", "", str(err))  # no keyword the command lacks
+            if not message.startswith(str(args.calibration)):
+                message = f"{args.calibration}: {message}"
+            raise UsageError(f"--calibration {message}") from None
     elif model.stored_calibration is not None:
         model.calibrate_intervals_on_validation(**options)
     else:

@@ -253,6 +253,7 @@ def test_predict_writes_interval_columns_and_says_how_often_they_held(user_files
                        (["--interval", "0.9", "--calibration", str(train), "--no-deconvolve"], "--no-deconvolve"),
                        (["--no-deconvolve"], "--no-deconvolve"),
                        (["--interval-target", "clean"], "--interval-target"),
+                       (["--interval-score", "hpd"], "--interval-score"),
                        (["--interval", "0.9", "--calibration", str(train), "--interval-target", "clean",
                          "--label-noise", "-1"], "--label-noise")):
         assert main(["predict", str(out), "--data", str(test), "--output", "-", *argv]) == 2, argv
@@ -566,6 +567,7 @@ def test_export_holds_the_clean_targets_calibration(user_files, tmp_path, capsys
                        (["--label-noise", "2"], "--label-noise"), (["--no-deconvolve"], "--no-deconvolve"),
                        (["--interval", "0.9", "--no-deconvolve"], "--no-deconvolve"),
                        (["--interval-target", "clean"], "--interval-target"),
+                       (["--interval-score", "hpd"], "--interval-score"),
                        (["--calibration", str(train)], "--calibration"), (["--interval", "1.5"], "--interval")):
         capsys.readouterr()
         assert main(["export", str(out), "--output", str(tmp_path / "refused.pt2"), *argv]) == 2, argv
@@ -625,3 +627,27 @@ def test_a_best_pt_whose_settings_no_longer_fit_its_weights_is_one_line(user_fil
     torch.save(state, run / "best.pt")
     expect_error(capsys, ["predict", str(run), "--data", str(test), "--output", "-"],
                  str(run / "best.pt"), "edited or damaged", absent=("Traceback",))
+
+
+def test_a_calibration_files_bad_label_is_named_by_the_file_and_its_data_row(user_files, tmp_path, capsys):
+    """--calibration FILE: a label outside the grid, after a row without a prediction (a missing
+    feature value), is named by --calibration, the file and its own data row; a label off the grid's
+    steps and a file without the run's label column likewise."""
+    root, train, test, _, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    lines = open(test).read().splitlines()
+    header, rows = lines[0], lines[1:20]
+    rows[1] = "," + rows[1].split(",", 1)[1]  # data row 1: no value in column a
+    shifted = rows[:4] + [rows[4].rsplit(",", 1)[0] + ",99"] + rows[5:]
+    bad = tmp_path / "cal.csv"
+    bad.write_text("\n".join([header, *shifted]) + "\n")
+    argv = ["predict", str(out), "--data", str(test), "--interval", "0.9", "--output", "-", "--calibration"]
+    expect_error(capsys, [*argv, str(bad)], f"--calibration {bad}", "label value 99 (data row 4)",
+                 absent=("index",))
+    off = tmp_path / "off.csv"
+    off.write_text("\n".join([header, *(r.rsplit(",", 1)[0] + ",5.4" for r in rows[2:])]) + "\n")
+    expect_error(capsys, [*argv, str(off)], f"--calibration {off}", "5.4", "not a value of the run's grid")
+    unlabelled = tmp_path / "nolabel.csv"
+    unlabelled.write_text("\n".join(r.rsplit(",", 1)[0] for r in lines[:20]) + "\n")
+    expect_error(capsys, [*argv, str(unlabelled)], f"--calibration {unlabelled}", "no label column 'score'",
+                 absent=("labels=",))
