@@ -377,6 +377,31 @@ def test_predicts_advice_names_what_the_predict_command_can_do(wine_run, tmp_pat
                  "names each row by it", absent=("feature column", "--feature-columns"))
 
 
+@pytest.mark.parametrize("flags,values", [(["--label-step", "2"], "1, 3, 5, 7, 9"),
+                                          (["--label-min", "-0.5", "--label-step", "1"], "0, 1, 2, 3, 4, …")])
+def test_labels_off_a_given_grid_are_refused_not_rounded(tmp_path, capsys, flags, values):
+    """--label-step 2 on grades 0 … 9, or --label-min -0.5 on whole grades: the labels off the grid
+    are named with what to do, where they used to be rounded onto a neighbouring rank."""
+    from common import expect_error
+
+    data = write_csv(tmp_path / "d.csv", [(i % 7, i % 3, i % 10) for i in range(100)])
+    line = expect_error(capsys, ["train", "--data", str(data), *flags, "--output", str(tmp_path / "o"), *FAST],
+                        "label column 'label'", f"label values {values}", "not on the label grid",
+                        "--label-step", "--label-min")
+    assert "data row 1" in line or "data row 0" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_test_labels_off_the_training_grid_are_refused(tmp_path, capsys):
+    """--test-data whose labels fall between the training grid's values (odd grades on even ones)."""
+    from common import expect_error
+
+    data = write_csv(tmp_path / "d.csv", [(i % 7, i % 3, 2 * (i % 5)) for i in range(100)])
+    test = write_csv(tmp_path / "t.csv", [(i % 7, i % 3, i % 9) for i in range(40)])
+    expect_error(capsys, ["train", "--data", str(data), "--test-data", str(test), "--output", str(tmp_path / "o"),
+                          *FAST], str(test), "label values 1, 3, 5, 7", "not on the label grid")
+
+
 # -- done when: a wine-quality-like table, start to finish -----------------------------------------------
 
 @pytest.mark.parametrize("kind", ["csv", "parquet"])
