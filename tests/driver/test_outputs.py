@@ -364,6 +364,31 @@ def test_version_flags(capsys):
     assert proc.returncode == 0 and proc.stdout.strip() == f"sol-ext {sol_ext.__version__}"
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h", "--version", "-V"])
+def test_help_and_version_answer_without_importing_torch(flag, monkeypatch):
+    """The launcher answers sol-ext --help and --version alone without loading sol_ext (torch): the
+    same text as the program's own parser gives."""
+    import io
+    from contextlib import redirect_stdout
+
+    import sol_ext_launcher
+    from sol_ext.driver.cli import build_parser
+
+    monkeypatch.setenv("COLUMNS", "100")
+    code = ("import sys, sol_ext_launcher\n"
+            f"sys.argv = ['sol-ext', {flag!r}]\n"
+            "status = sol_ext_launcher.main()\n"
+            "print('torch loaded:', 'torch' in sys.modules, 'status:', status)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    answer, last = proc.stdout.rsplit("torch loaded:", 1)
+    assert last.split() == ["False", "status:", "0"]
+    program = io.StringIO()
+    with redirect_stdout(program), pytest.raises(SystemExit):
+        build_parser().parse_args([flag])
+    assert answer == program.getvalue()
+
+
 def test_the_command_ends_without_the_shutdown_but_runs_exit_handlers_and_flushes():
     # end_process skips the interpreter's teardown (0.3 s with torch loaded); what a user relies on stays
     code = ("import atexit, sys\n"
