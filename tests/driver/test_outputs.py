@@ -371,7 +371,6 @@ def test_help_and_version_answer_without_importing_torch(flag, monkeypatch):
     import io
     from contextlib import redirect_stdout
 
-    import sol_ext_launcher
     from sol_ext.driver.cli import build_parser
 
     monkeypatch.setenv("COLUMNS", "100")
