@@ -236,8 +236,9 @@ def fill_values(table: pa.Table, columns: Sequence[str], categorical: Mapping[st
     present: the median (numbers) or the most common category (text). A run keeps these of its
     training file, so that a prediction fills a cell as training did."""
     values = {}
+    positions = _positions(table)
     for name in columns:
-        col = table.column(name)
+        col = table.column(positions[name])
         mask = _missing_mask(col)
         values[name] = _fill_value(col, mask, name, origin, name in categorical)
     return values
@@ -257,9 +258,10 @@ def fill_missing(table: pa.Table, columns: Sequence[str], categorical: Mapping[s
     if policy not in MISSING_POLICIES:
         raise ValueError(f"missing={policy!r}; expected one of {', '.join(MISSING_POLICIES)}")
     masks = {}
+    positions = _positions(table)  # once: table.column_names is a new list at every call
     for name in columns:
-        if name in table.column_names:
-            mask = _missing_mask(table.column(name))
+        if name in positions:
+            mask = _missing_mask(table.column(positions[name]))
             if mask is not None:
                 masks[name] = mask
     if not masks:
@@ -288,7 +290,7 @@ def fill_missing(table: pa.Table, columns: Sequence[str], categorical: Mapping[s
         else:
             target = col.type if pa.types.is_floating(col.type) else pa.float64()
             filled = pc.if_else(pa.array(mask), pa.scalar(value, target), col.cast(target))
-        table = table.set_column(table.column_names.index(name), name, filled)
+        table = table.set_column(positions[name], name, filled)
     return table, incomplete
 
 

@@ -305,8 +305,10 @@ def read_table(path: str | Path, types: Mapping[str, pa.DataType], delimiter: st
             return _read_ipc(path, list(types))
     encoding = _check_encoding(encoding)
     raw, delimiter = _csv_header(path, check_delimiter(delimiter), encoding)
-    names = [c.strip() for c in raw]
-    wanted = {raw[names.index(n)]: t for n, t in types.items()}
+    position = {}
+    for k, c in enumerate(raw):  # the first of a name, as list.index finds it (not once per column)
+        position.setdefault(c.strip(), k)
+    wanted = {raw[position[n]]: t for n, t in types.items()}
     table = _read_csv_typed(path, delimiter, wanted, encoding)
     if table is None or not _all_finite(table):
         table = _drop_blank_rows(_read_csv_typed(path, delimiter, {c: pa.string() for c in wanted}, encoding))
