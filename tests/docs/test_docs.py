@@ -142,6 +142,9 @@ def _check_use(scope: dict, folder: Path) -> None:
 def _check_sklearn(scope: dict, folder: Path) -> None:
     assert scope["ranker"].predict(scope["X"][:3]).shape == (3,)
     assert set(scope["search"].best_params_) == {"solranker__margin"}
+    lower, upper = scope["lower"], scope["upper"]  # through the pipeline's steps, in predict's dtype
+    assert lower.shape == upper.shape == (100,) and lower.dtype == scope["pipeline"].predict(scope["rows"][:2]).dtype
+    assert (lower <= upper).all() and scope["imputing"].predict(scope["holes"][300:]).shape == (100,)
 
 
 CHECKS = {"use.md": _check_use, "sklearn.md": _check_sklearn}

@@ -449,3 +449,32 @@ def test_pickling_keeps_the_calibration_of_calibrate_intervals():
         np.testing.assert_array_equal(again.predict_interval(X[:50], 0.8), ranker.predict_interval(X[:50], 0.8))
         rebuilt = model_from_state(ranker.model_.to_state())
         assert (rebuilt.intervals.score, rebuilt.intervals.count) == ("hpd", 150)
+
+
+def test_sparse_input_missing_values_and_interval_dtypes():
+    """A scipy sparse X (OneHotEncoder's default) fits and predicts as its dense copy; missing="impute"
+    fills NaN with fit's column medians (a row with NaN predicts as the row filled so), where the
+    default refuses it; predict_interval gives integer labels in predict's dtype."""
+    from scipy import sparse
+
+    X, y = ordinal_problem(300, seed=6)
+    y = y.astype(np.int64)
+    dense = SOLRanker(**SMALL).fit(X, y)
+    sparse_fit = SOLRanker(**SMALL).fit(sparse.csr_matrix(X), y)
+    np.testing.assert_array_equal(sparse_fit.predict(sparse.csr_matrix(X)), dense.predict(X))
+    np.testing.assert_array_equal(sparse_fit.predict_proba(X), dense.predict_proba(X))
+    lower, upper = dense.predict_interval(X[:20], 0.9)
+    assert lower.dtype == upper.dtype == dense.predict(X[:2]).dtype == np.int64
+    holes = X.copy()
+    holes[::5, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        SOLRanker(**SMALL).fit(holes, y)
+    imputing = SOLRanker(**SMALL, missing="impute").fit(holes, y)
+    median = np.median(X[np.arange(len(X)) % 5 != 0, 1])
+    assert imputing.model_.preprocessing["schema"]["fill_values"]["x1"] == pytest.approx(median)
+    filled = np.where(np.isnan(holes), median, holes)
+    np.testing.assert_array_equal(imputing.predict(holes), imputing.predict(filled))
+    again = pickle.loads(pickle.dumps(imputing))
+    np.testing.assert_array_equal(again.predict(holes), imputing.predict(filled))
+    with pytest.raises(ValueError, match="missing='drop'"):
+        SOLRanker(**SMALL, missing="drop").fit(X, y)
