@@ -89,8 +89,9 @@ def _add_predict(sub) -> argparse.ArgumentParser:
                                     "label column, prints MAE, QWK and macro-MAE against it.")
     pr.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="output folder of 'sol-ext train'")
     pr.add_argument("--data", required=True,
-                    help="a .csv/.csv.gz/.npz file, an image folder, or a built-in name, with the "
-                         "training data's columns (the label column is optional)")
+                    help="a CSV/TSV (also gzipped), Parquet, Feather/Arrow or .npz file, an image "
+                         "folder, or a built-in name, with the training data's columns (the label "
+                         "column is optional)")
     pr.add_argument("--delimiter", default=None,
                     help="cell separator of a CSV file (default: the training file's, else sniffed)")
     pr.add_argument("--encoding", default=None,

@@ -419,3 +419,22 @@ def test_audit_predict_export_outputs_that_are_folders_are_refused(finished, tmp
     expect_error(capsys, ["audit", str(out), "--csv", str(afile / "a.csv")], "--csv",
                  "is a file", absent=(".tmp", "Errno"))
     assert list(folder.iterdir()) == [] and snapshot(out) == before
+
+
+def test_the_help_and_the_api_page_say_what_the_commands_take():
+    """predict --help names every file kind --data reads, the top-level help names both export
+    formats, and docs/api/index.md gives load_run's signature as the code has it."""
+    import inspect
+
+    from sol_ext.driver.cli import build_parser
+    from sol_ext.driver.model import load_run
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a.choices, dict)).choices
+    data_help = next(a.help for a in commands["predict"]._actions if a.dest == "data")
+    assert all(kind in data_help for kind in ("CSV", "TSV", "Parquet", "Feather", ".npz", "image folder"))
+    assert ".pt2" in parser.format_help() and "ONNX" in parser.format_help()
+    page = (ROOT / "docs" / "api" / "index.md").read_text(encoding="utf-8")
+    shown = ", ".join(f"{p.name}={p.default!r}".replace("'", '"') if p.default is not p.empty else p.name
+                      for p in inspect.signature(load_run).parameters.values())
+    assert f"sol_ext.driver.load_run({shown})" in page, shown

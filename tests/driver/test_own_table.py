@@ -402,6 +402,14 @@ def test_test_labels_off_the_training_grid_are_refused(tmp_path, capsys):
                           *FAST], str(test), "label values 1, 3, 5, 7", "not on the label grid")
 
 
+def test_the_free_text_warning_names_the_option_that_leaves_the_column_out(tmp_path, capsys):
+    rows = [(f"note {i} about it", i % 5, i % 4) for i in range(120)]
+    data = write_csv(tmp_path / "d.csv", rows, header=("comment", "b", "label"))
+    assert main(["train", "--data", str(data), "--output", str(tmp_path / "o"), "--quiet", *FAST]) == 0
+    err = capsys.readouterr().err
+    assert "text column 'comment'" in err and "leave it out of the features (--drop-columns)" in err
+
+
 # -- done when: a wine-quality-like table, start to finish -----------------------------------------------
 
 @pytest.mark.parametrize("kind", ["csv", "parquet"])

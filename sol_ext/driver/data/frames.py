@@ -477,7 +477,7 @@ def _categories(col: pa.ChunkedArray, name: str, origin: TableOrigin,
     if not given and len(cats) > max(MANY_CATEGORIES, MANY_CATEGORIES_SHARE * len(cells)):
         warnings.warn(f"{origin.name}: text column {name!r} has {len(cats):,} distinct values in {len(cells):,} "
                       f"rows; one-hot encoded, it makes {len(cats):,} features that say little about new "
-                      "rows. If it is an id or free text, leave it out of the features.",
+                      "rows. If it is an id or free text, leave it out of the features (drop_columns=).",
                       ManyCategoriesWarning, stacklevel=2)
     unknown = pc.invert(pc.is_in(cells, string_array(cats)))
     if handle_unknown != "ignore" and _first(unknown) is not None:
