@@ -256,6 +256,9 @@ def export_command(args) -> int:
     own = [default, sidecar_path(default)]  # a rerun replaces the default export
     inputs = run_data(args.run_dir, model)
     text = str(default) if args.output is None else args.output
+    if text == "-":
+        raise UsageError("--output -: an exported program cannot go to stdout (it is two files, the program "
+                         "and its sidecar); give a file path, e.g. model.pt2.")
     if text and Path(text).suffix.lower() == SIDECAR_SUFFIX:
         raise UsageError(f"--output {text}: a program named .json would be taken for a sidecar; "
                          f"choose a name that does not end in .json, e.g. model.{form}.")

@@ -186,10 +186,8 @@ class _ScoreTotals:
 
     def scores(self) -> Optional[dict[str, float]]:
         """The scores of every row added; ``None`` when the data have no labels."""
-        if not self.labelled:
+        if not self.labelled or self.n == 0:  # no labels, or no row with a prediction to score
             return None
-        if self.n == 0:
-            raise ValueError("metrics need at least one sample, got empty pred and true")
         per_value = [total / count for _, (total, count) in sorted(self.by_value.items())]
         return {"n": float(self.n), "mae": self.absolute / self.n, "macro_mae": float(np.mean(per_value)),
                 "qwk": float("nan") if self.pairs is None else _kappa(self.pairs)}
@@ -242,7 +240,29 @@ def calibrated_coverage(args: argparse.Namespace, model: TrainedModel) -> Option
 
     calibrate_from_args(args, model, score=args.interval_score or DEFAULT_SCORE, target=target,
                         label_noise=args.label_noise, deconvolve=args.deconvolve)
+    _warn_about_the_calibration(args, model)
     return args.interval
+
+
+def _warn_about_the_calibration(args: argparse.Namespace, model: TrainedModel) -> None:
+    """One warning line where the intervals cannot be what ``--interval`` asks: too few calibration
+    rows for the coverage (every interval is then the whole scale), or a --calibration file that is
+    the run's training data (intervals come out too narrow)."""
+    from pathlib import Path
+
+    from .options import run_data, warn
+
+    count = model.intervals.count
+    if math.isinf(model.intervals.threshold(args.interval)):
+        warn(f"--interval {args.interval:g}: {count} calibration row{'s' if count != 1 else ''} cannot calibrate "
+             f"{args.interval:.0%} (it needs at least {math.ceil(round(args.interval / (1 - args.interval), 9))}); every "
+             f"interval is the whole scale: calibrate on more held-out rows.")
+    if args.calibration is not None:
+        for what, given in run_data(args.run_dir, model)[:1]:  # the training data, not the test data
+            if given and Path(given).is_file() and Path(args.calibration).is_file() \
+                    and os.path.samefile(given, args.calibration):
+                warn(f"--calibration {args.calibration}: is {what}, rows the run trained on; intervals "
+                     f"calibrated on them come out too narrow: calibrate on held-out rows.")
 
 
 def calibrate_from_args(args: argparse.Namespace, model: TrainedModel, **options) -> None:
@@ -443,7 +463,7 @@ class _IntervalTotals:
 
     def summary(self, coverage: float) -> str:
         mean = self.width / self.known if self.known else float("nan")
-        line = f"intervals at {coverage:.0%}: mean width {mean:.4g} (label units)"
+        line = f"intervals at {coverage:.0%}: mean width {mean:.4g} (upper - lower, label units)"
         if self.labelled:
             line += (f", holding the data's label in {self.held / self.known if self.known else float('nan'):.1%} "
                      f"of {self.known} rows")

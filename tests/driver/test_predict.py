@@ -651,3 +651,29 @@ def test_a_calibration_files_bad_label_is_named_by_the_file_and_its_data_row(use
     unlabelled.write_text("\n".join(r.rsplit(",", 1)[0] for r in lines[:20]) + "\n")
     expect_error(capsys, [*argv, str(unlabelled)], f"--calibration {unlabelled}", "no label column 'score'",
                  absent=("labels=",))
+
+
+def test_predict_and_export_rough_edges(user_files, tmp_path, capsys):
+    """One calibration row at 90% and the run's own training file as --calibration are warned
+    about; a file whose every row lacks a value writes its CSV and exits 0 without scores;
+    export --output - is refused; the printed width says what it measures."""
+    root, train, test, _, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    lines = open(test).read().splitlines()
+    one = tmp_path / "one.csv"
+    one.write_text("\n".join(lines[:2]) + "\n")
+    argv = ["predict", str(out), "--data", str(test), "--interval", "0.9", "--output", str(tmp_path / "p.csv")]
+    assert main([*argv, "--calibration", str(one)]) == 0
+    captured = capsys.readouterr()
+    assert "1 calibration row cannot calibrate 90% (it needs at least 9)" in captured.err
+    assert "(upper - lower, label units)" in captured.out
+    assert main([*argv, "--overwrite", "--calibration", str(train)]) == 0
+    assert "rows the run trained on" in capsys.readouterr().err
+    empty = tmp_path / "empty.csv"
+    empty.write_text("\n".join([lines[0], *("," + line.split(",", 1)[1] for line in lines[1:6])]) + "\n")
+    assert main(["predict", str(out), "--data", str(empty), "--output", str(tmp_path / "e.csv")]) == 0
+    captured = capsys.readouterr()
+    assert "5 of 5 rows have a missing feature value" in captured.err and "MAE" not in captured.out
+    assert len(open(tmp_path / "e.csv").read().splitlines()) == 6
+    expect_error(capsys, ["export", str(out), "--output", "-"], "--output -", "stdout")
+    assert not (tmp_path / "-").exists()
