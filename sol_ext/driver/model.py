@@ -156,6 +156,8 @@ class TrainedModel:
         # the held-out rows the run stored to calibrate intervals on (its validation split):
         # {"probabilities": [M, n] float64, "ranks": [M] int64}, or None (set by load_run)
         self.stored_calibration: Optional[dict[str, torch.Tensor]] = None
+        # why the stored calibration rows could not be used (a damaged best.pt), or None
+        self.stored_calibration_problem: Optional[str] = None
 
     # -- what the model is -------------------------------------------------------------------
     @property
@@ -453,6 +455,8 @@ class TrainedModel:
             RuntimeError: the run stored no calibration rows (it had no validation split, or was
                 trained by a version of sol_ext that did not store them).
         """
+        if self.stored_calibration is None and self.stored_calibration_problem is not None:
+            raise RuntimeError(self.stored_calibration_problem)
         if self.stored_calibration is None:
             raise RuntimeError("the run holds no calibration rows (trained without a validation split, or by "
                                "an earlier version of sol_ext): call calibrate_intervals() on held-out data "
@@ -550,6 +554,22 @@ def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int 
     return model
 
 
+def _stored_calibration_problem(stored: Any, n: int) -> Optional[str]:
+    """What is wrong with a run's stored calibration rows (``[M, n]`` probabilities, ``[M]`` ranks in
+    ``0 … n-1``), or None."""
+    try:
+        p, r = stored["probabilities"], stored["ranks"]
+        if p.dim() != 2 or p.shape[1] != n or r.shape != (p.shape[0],):
+            return f"probabilities {list(p.shape)} and ranks {list(r.shape)} for {n} ranks"
+        if r.numel() and (int(r.min()) < 0 or int(r.max()) >= n):
+            return f"ranks {int(r.min())} … {int(r.max())}, outside 0 … {n - 1}"
+        if not bool(torch.isfinite(p).all()):
+            return "probabilities that are not finite"
+    except (KeyError, TypeError, AttributeError, RuntimeError) as exc:
+        return type(exc).__name__
+    return None
+
+
 def model_from_state(state: dict[str, Any], device: torch.device | str = "cpu",
                      source: str = "the state", workers: int = 0) -> TrainedModel:
     """A :class:`TrainedModel` from the ``predictor``, ``model`` and ``head`` entries of a run's
@@ -576,9 +596,15 @@ def model_from_state(state: dict[str, Any], device: torch.device | str = "cpu",
     trained = TrainedModel(config, model, head, record, resolve_device(str(device)), workers)
     stored = state.get(CALIBRATION_KEY)
     if stored is not None:  # the run's validation split: intervals need no data
-        trained.stored_calibration = {"probabilities": stored["probabilities"].to(torch.float64),
-                                      "ranks": stored["ranks"].to(torch.int64)}
-        trained.calibrate_intervals_on_validation()
+        problem = _stored_calibration_problem(stored, n)
+        if problem is None:
+            trained.stored_calibration = {"probabilities": stored["probabilities"].to(torch.float64),
+                                          "ranks": stored["ranks"].to(torch.int64)}
+            trained.calibrate_intervals_on_validation()
+        else:  # a prediction without intervals needs none of it
+            trained.stored_calibration_problem = (
+                f"{source}: its stored calibration rows are damaged ({problem}); restore the file from a "
+                f"copy, or calibrate on held-out rows with labels (sol-ext predict --calibration FILE)")
     if state.get(INTERVALS_KEY) is not None:  # to_state's: the calibration that was in use
         trained.intervals = IntervalCalibration.from_state(state[INTERVALS_KEY])
     return trained

@@ -285,6 +285,8 @@ def calibrate_from_args(args: argparse.Namespace, model: TrainedModel, **options
             raise UsageError(f"--calibration {message}") from None
     elif model.stored_calibration is not None:
         model.calibrate_intervals_on_validation(**options)
+    elif model.stored_calibration_problem is not None:
+        raise UsageError(f"--interval: {model.stored_calibration_problem}.")
     else:
         raise UsageError(f"--interval: the run in {args.run_dir} holds no calibration (it was trained without a "
                          f"validation split, --val-fraction 0, or by an earlier version of sol_ext); pass "

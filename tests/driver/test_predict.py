@@ -677,3 +677,22 @@ def test_predict_and_export_rough_edges(user_files, tmp_path, capsys):
     assert len(open(tmp_path / "e.csv").read().splitlines()) == 6
     expect_error(capsys, ["export", str(out), "--output", "-"], "--output -", "stdout")
     assert not (tmp_path / "-").exists()
+
+
+def test_a_damaged_stored_calibration_fails_only_the_intervals_naming_best_pt(user_files, tmp_path, capsys):
+    import shutil
+
+    from sol_ext.driver.model import CALIBRATION_KEY
+
+    root, train, test, _, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    state = torch.load(run / "best.pt", weights_only=True)
+    state[CALIBRATION_KEY]["ranks"] = state[CALIBRATION_KEY]["ranks"] + 50
+    torch.save(state, run / "best.pt")
+    assert main(["predict", str(run), "--data", str(test), "--output", str(tmp_path / "p.csv")]) == 0
+    expect_error(capsys, ["predict", str(run), "--data", str(test), "--interval", "0.9", "--output", "-"],
+                 str(run / "best.pt"), "stored calibration rows are damaged", "--calibration FILE")
+    assert main(["predict", str(run), "--data", str(test), "--interval", "0.9", "--calibration", str(train),
+                 "--output", str(tmp_path / "q.csv")]) == 0
