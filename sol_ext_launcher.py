@@ -5,8 +5,16 @@ compiled kernels, which takes seconds, and a Ctrl-C in that time would otherwise
 with a ``KeyboardInterrupt`` traceback, or worse: some libraries swallow a KeyboardInterrupt raised
 inside their own import and go on half-initialized. So while the package loads, Ctrl-C does not
 raise at all: it ends the program at once.
+
+``sol-ext --help`` and ``sol-ext --version`` are answered here, without loading the package (and so
+torch): the version from the installed distribution's metadata, the help from :func:`top_level_parser`,
+which holds the same text as the program's own parser (``sol_ext.driver.cli.build_parser``; a test
+keeps the two equal). A command's own help (``sol-ext predict --help``) needs the program's parser,
+which is built inside the package.
 """
 
+import argparse
+import importlib.metadata
 import importlib.util
 import os
 import signal
@@ -27,6 +35,50 @@ def missing_program_packages() -> list:
     return [package for module, package in PROGRAM_MODULES.items() if importlib.util.find_spec(module) is None]
 
 
+# What `sol-ext --help` shows: the program's description, its options and each command's one line, as
+# sol_ext.driver.cli.build_parser gives them.
+DESCRIPTION = "Stochastic Order Learning: rank estimation from noisy labels."
+TRACEBACK_HELP = ("print the full traceback above an error's one line (also SOL_EXT_TRACEBACK=1): for "
+                  "debugging your data or the package")
+COMMANDS = (("train", "train one model and report test MAE/CS"),
+            ("predict", "predict labels for new data with a trained run"),
+            ("export", "write a trained run as a torch.export (.pt2) or ONNX (.onnx) program"),
+            ("audit", "list the training labels that look wrong, as CSV"),
+            ("compare", "SOL against the baselines under label noise"))
+
+
+def installed_version() -> str:
+    """The version of the installed ``sol_ext`` distribution, read from its metadata."""
+    return importlib.metadata.version("sol_ext")
+
+
+def top_level_parser(version: str) -> argparse.ArgumentParser:
+    """The program's parser down to the commands' names, for ``--help`` and ``--version``."""
+    parser = argparse.ArgumentParser(prog="sol-ext", description=DESCRIPTION)
+    parser.add_argument("-V", "--version", action="version", version=f"%(prog)s {version}")
+    parser.add_argument("--traceback", action="store_true", default=False, help=TRACEBACK_HELP)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, text in COMMANDS:
+        sub.add_parser(name, help=text)
+    return parser
+
+
+def answer_without_the_package(argv: list) -> bool:
+    """Answer ``sol-ext --help`` / ``-h`` / ``--version`` / ``-V`` (alone) here; False for anything
+    else, which the program answers."""
+    if len(argv) != 1 or argv[0] not in ("-h", "--help", "-V", "--version"):
+        return False
+    try:
+        version = installed_version()
+    except importlib.metadata.PackageNotFoundError:  # a source tree without an install: the package says
+        return False
+    try:
+        top_level_parser(version).parse_args(argv)
+    except SystemExit:  # argparse's way out after printing
+        pass
+    return True
+
+
 def _quit_while_starting(signum, frame) -> None:
     # Nothing has been written yet, so there is nothing to clean up.
     sys.stderr.write("sol-ext: interrupted while starting; nothing was written.\n")
@@ -36,6 +88,9 @@ def _quit_while_starting(signum, frame) -> None:
 
 def main() -> int:
     """Import and run ``sol_ext.driver.cli.main``; a Ctrl-C at any point exits quietly with 130."""
+    if answer_without_the_package(sys.argv[1:]):
+        sys.stdout.flush()
+        return 0
     missing = missing_program_packages()
     if missing:
         sys.stderr.write(f"sol-ext: the program needs {', '.join(missing)}, which the library alone does not "

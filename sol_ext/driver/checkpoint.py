@@ -329,12 +329,37 @@ def save_checkpoint(path: Path, state: dict[str, Any] | SelectedEpoch | RunState
     _replace_atomically(path, lambda f: torch.save({"format_version": FORMAT_VERSION, **entries}, f))
 
 
+def verify_checksums(path: Path) -> None:
+    """Check every entry of the checkpoint ``path`` (a zip file, as ``torch.save`` writes it) against
+    the CRC-32 stored beside it when it was written: ``torch.load`` does not, so bytes changed on
+    the disk would otherwise load as other weights.
+
+    Raises:
+        CheckpointMismatch: an entry's content no longer matches its checksum, or the file is no
+            zip file (damaged, or not written by sol-ext).
+    """
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise CheckpointMismatch(f"cannot read checkpoint {str(path)!r} ({type(exc).__name__}); it is "
+                                 f"damaged or not a sol_ext checkpoint: restore it from a copy, or "
+                                 f"train the run again.") from None
+    if bad is not None:
+        raise CheckpointMismatch(f"checkpoint {str(path)!r} is damaged: its part {bad.split('/')[-1]!r} "
+                                 f"no longer matches the checksum stored when sol-ext wrote it; "
+                                 f"restore the file from a copy, or train the run again.")
+
+
 def load_checkpoint(path: Path, config: TrainConfig | None = None,
                     fingerprint: dict[str, Any] | None = None, *,
                     mmap: bool = False) -> dict[str, Any]:
     """Load a checkpoint; with ``config``/``fingerprint`` given, check that it belongs to them.
 
-    ``mmap=True`` maps the tensors from the file instead of reading them (fast for a check).
+    ``mmap=True`` maps the tensors from the file instead of reading them (fast for a check);
+    otherwise the file's checksums are verified first (:func:`verify_checksums`).
 
     Raises:
         FileNotFoundError: no checkpoint at ``path``.
@@ -343,6 +368,8 @@ def load_checkpoint(path: Path, config: TrainConfig | None = None,
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {str(path)!r}; expected the output folder of a "
                                 f"'sol-ext train' run.")
+    if not mmap:
+        verify_checksums(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # a truncated or foreign file: say which file, not the pickle detail

@@ -89,8 +89,9 @@ def _add_predict(sub) -> argparse.ArgumentParser:
                                     "label column, prints MAE, QWK and macro-MAE against it.")
     pr.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="output folder of 'sol-ext train'")
     pr.add_argument("--data", required=True,
-                    help="a .csv/.csv.gz/.npz file, an image folder, or a built-in name, with the "
-                         "training data's columns (the label column is optional)")
+                    help="a CSV/TSV (also gzipped), Parquet, Feather/Arrow or .npz file, an image "
+                         "folder, or a built-in name, with the training data's columns (the label "
+                         "column is optional)")
     pr.add_argument("--delimiter", default=None,
                     help="cell separator of a CSV file (default: the training file's, else sniffed)")
     pr.add_argument("--encoding", default=None,
@@ -102,9 +103,14 @@ def _add_predict(sub) -> argparse.ArgumentParser:
     pr.add_argument("--overwrite", action="store_true",
                     help="replace an existing --output file that is neither an input nor sol-ext's")
     pr.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto (default: %(default)s)")
-    pr.add_argument("--skip-missing", action="store_true",
-                    help="leave rows with a missing feature value out of the CSV (default: written "
-                         "with empty predictions)")
+    pr.add_argument("--missing", choices=("empty", "skip", "impute", "error"), default=None,
+                    help="rows with a missing feature value: written with empty predictions (empty), left "
+                         "out of the CSV (skip), filled with the training file's median or most common "
+                         "category and predicted (impute), or refused (error). Default: impute for a run "
+                         "trained with --missing impute, else empty")
+    pr.add_argument("--handle-unknown", choices=("error", "ignore"), default="error",
+                    help="a category of a text column that training did not see: refused (error, the "
+                         "default) or encoded as none of the column's categories (ignore)")
     pr.add_argument("--workers", type=int, default=None,
                     help="DataLoader processes decoding image files; 0: this process (default: the "
                          "free CPU cores, at most 8)")
@@ -115,17 +121,19 @@ def _add_predict(sub) -> argparse.ArgumentParser:
 
 
 def _add_export(sub) -> argparse.ArgumentParser:
-    ex = sub.add_parser("export", help="write a trained run as a torch.export program (.pt2)",
+    ex = sub.add_parser("export", help="write a trained run as a torch.export (.pt2) or ONNX (.onnx) program",
                         description="A torch.export program that loads and predicts with plain "
-                                    "torch (torch.export.load(PATH).module()(x)), without sol_ext; "
+                                    "torch (torch.export.load(PATH).module()(x)), without sol_ext, "
+                                    "or with --format onnx an ONNX model that onnxruntime runs; "
                                     "x is float32 or float64 [N, F] raw features in the training "
                                     "column order (one-hot columns included) or images [N, C, H, W] "
                                     "in [0, 1]; a row with NaN or inf gets NaN outputs. Beside it, "
-                                    "PATH with the suffix .json names the columns and label values.")
+                                    "PATH.json (model.pt2.json) names the columns and label values.")
     ex.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="output folder of 'sol-ext train'")
     ex.add_argument("--output", default=None,
-                    help="the program's path; its sidecar is the same path with .json as suffix "
-                         "(default: RUN_DIR/model.pt2 and RUN_DIR/model.json, replaced by a rerun). "
+                    help="the program's path; its sidecar is the same path with .json added "
+                         "(default: RUN_DIR/model.pt2 and RUN_DIR/model.pt2.json, or with --format onnx "
+                         "RUN_DIR/model.onnx and RUN_DIR/model.onnx.json, replaced by a rerun). "
                          "Never a file sol-ext wrote into a run folder; another existing file needs "
                          "--overwrite")
     ex.add_argument("--overwrite", action="store_true",
@@ -149,8 +157,8 @@ def _add_interval_options(parser: argparse.ArgumentParser, what: str):
     group.add_argument("--calibration", default=None, metavar="FILE",
                        help="held-out rows with labels, which the run did not train on, to calibrate --interval "
                             "on instead of the validation split the run stored")
-    group.add_argument("--interval-score", choices=("hpd", "cumulative", "absolute"), default="cumulative",
-                       help="the nonconformity score (default: %(default)s)")
+    group.add_argument("--interval-score", choices=("hpd", "cumulative", "absolute"), default=None,
+                       help="the nonconformity score (default: cumulative)")
     group.add_argument("--interval-target", choices=("labels", "clean"), default=None,
                        help="cover the labels as given, or the clean label behind noisy ones (needs "
                             "--label-noise; default: labels)")

@@ -14,9 +14,10 @@ infinite value (or one that overflows float32) gets NaN for all three outputs: N
 value, so such a prediction cannot be mistaken for one. The input's shape is checked by the loaded
 program's own guard (``Guard failed: x.size()[1] == F``); the sidecar's ``inputs.shape`` says it.
 
-Beside the program goes its sidecar, the same path with the suffix ``.json`` (``model.pt2`` ->
-``model.json``; :func:`sidecar_path`): the columns, the one-hot categories of each categorical
-column, and the label value of each probability column.
+Beside the program goes its sidecar, the program's path with ``.json`` added (``model.pt2`` ->
+``model.pt2.json``, ``model.onnx`` -> ``model.onnx.json``; :func:`sidecar_path`), so that the two
+exports of one run keep a sidecar each: the columns, the one-hot categories of each categorical
+column, the label value of each probability column and, with a coverage, the intervals.
 
 :func:`export_onnx` writes the same computation as an ONNX model (``model.onnx``, with the same
 sidecar), which onnxruntime runs without torch or sol_ext: input ``x``, outputs ``prediction``,
@@ -39,6 +40,7 @@ from ..intervals import intervals_at
 from .checkpoint import atomic_write_files
 from .methods import head_probabilities, head_ranks
 from .model import TrainedModel
+from .outputs import SIDECAR_FORMAT
 
 __all__ = ["ExportedPredictor", "export_run", "export_onnx", "sidecar_path", "SIDECAR_SUFFIX",
            "export_command"]
@@ -62,6 +64,10 @@ class ExportedPredictor(nn.Module):
         self.n = trained.num_ranks
         self.model = copy.deepcopy(trained.model).cpu().eval()  # the trained model stays put
         scaling = trained.scaling
+        # a run trained with --missing impute fills a NaN of a numeric column as its predictions do
+        fill = trained.fill_vector() if trained.missing == "impute" else None
+        self.imputed = fill is not None
+        self.register_buffer("fill", fill if self.imputed else torch.zeros(0, dtype=torch.float64))
         self.scaled = scaling is not None
         self.register_buffer("mean", scaling[0].clone() if self.scaled else torch.zeros(0, dtype=torch.float64))
         self.register_buffer("std", scaling[1].clone() if self.scaled else torch.ones(0, dtype=torch.float64))
@@ -82,6 +88,9 @@ class ExportedPredictor(nn.Module):
         row that is not finite."""
         # a copy into a new tensor casts any dtype; x.to() would be traced as a no-op that the
         # program then asserts (float32 only)
+        if self.imputed:
+            x64 = torch.empty(x.shape, dtype=torch.float64).copy_(x)
+            x = torch.where(torch.isnan(x64) & ~torch.isnan(self.fill), self.fill, x64)
         if self.scaled:
             x64 = torch.empty(x.shape, dtype=torch.float64).copy_(x)
             x = ((x64 - self.mean) / self.std).to(torch.float32)
@@ -134,7 +143,7 @@ def sidecar(trained: TrainedModel, coverage: Optional[float] = None) -> dict[str
         "calibration_rows": trained.intervals.count,
         "outputs": "lower [N], upper [N] float64, label units: the interval of each row"}}
     return {
-        "format": "sol_ext exported model",
+        "format": SIDECAR_FORMAT,
         "method": trained.method,
         "inputs": {"kind": trained.kind, "shape": ["N", *trained.input_shape],
                    "dtype": "float32 (other dtypes are cast inside)",
@@ -146,15 +155,21 @@ def sidecar(trained: TrainedModel, coverage: Optional[float] = None) -> dict[str
                    if trained.scaling is not None else "none: images in [0, 1]"},
         "outputs": ["prediction [N] float64, label units", "expected [N] float64, label units",
                     "probabilities [N, n] float64, one column per label value"],
-        "non_finite_rows": "a row with NaN or inf gets NaN prediction, expected and probabilities",
+        "non_finite_rows": "a row with NaN or inf gets NaN prediction, expected and probabilities"
+                           + ("; a NaN of a numeric column is filled with missing.fill_values first (the run was "
+                              "trained with --missing impute)" if trained.missing == "impute" else ""),
+        **({"missing": {"fill_values": {k: v for k, v in schema.get("fill_values", {}).items()}}}
+           if trained.missing == "impute" else {}),
         "label_values": [float(v) for v in trained.label_values],
         **intervals,
     }
 
 
 def sidecar_path(program: Path | str) -> Path:
-    """The sidecar of the program ``program``: the same path with the suffix ``.json``."""
-    return Path(program).with_suffix(SIDECAR_SUFFIX)
+    """The sidecar of the program ``program``: its path with ``.json`` added (``model.onnx.json``),
+    so that a ``.pt2`` and an ``.onnx`` export of one name never share one."""
+    program = Path(program)
+    return program.with_name(program.name + SIDECAR_SUFFIX)
 
 
 def export_run(trained: TrainedModel, output: Path, example: Optional[torch.Tensor] = None,
@@ -167,7 +182,7 @@ def export_run(trained: TrainedModel, output: Path, example: Optional[torch.Tens
     the folder as it was; the two renames that follow are not one atomic step).
 
     Raises:
-        ValueError: ``output`` ends in ``.json`` (the program and its sidecar would be one file).
+        ValueError: ``output`` ends in ``.json`` (it would be taken for a sidecar).
         OSError: a file cannot be written (one line naming it).
     """
     output, side = _output_and_sidecar(output, "model.pt2")
@@ -207,11 +222,10 @@ def export_onnx(trained: TrainedModel, output: Path, example: Optional[torch.Ten
 
 def _output_and_sidecar(output: Path, example_name: str) -> tuple[Path, Path]:
     output = Path(output)
-    side = sidecar_path(output)
-    if side == output:
-        raise ValueError(f"output {output}: the program would share its name with its .json "
-                         f"sidecar; choose a name that does not end in .json, e.g. {example_name}.")
-    return output, side
+    if output.suffix.lower() == SIDECAR_SUFFIX:
+        raise ValueError(f"output {output}: a program named .json would be taken for a sidecar; "
+                         f"choose a name that does not end in .json, e.g. {example_name}.")
+    return output, sidecar_path(output)
 
 
 def _exported_module(trained: TrainedModel, example: Optional[torch.Tensor], coverage: Optional[float]):
@@ -242,9 +256,12 @@ def export_command(args) -> int:
     own = [default, sidecar_path(default)]  # a rerun replaces the default export
     inputs = run_data(args.run_dir, model)
     text = str(default) if args.output is None else args.output
-    if text and sidecar_path(text) == Path(text):
-        raise UsageError(f"--output {text}: the program would share its name with its .json "
-                         f"sidecar; choose a name that does not end in .json, e.g. model.{form}.")
+    if text == "-":
+        raise UsageError("--output -: an exported program cannot go to stdout (it is two files, the program "
+                         "and its sidecar); give a file path, e.g. model.pt2.")
+    if text and Path(text).suffix.lower() == SIDECAR_SUFFIX:
+        raise UsageError(f"--output {text}: a program named .json would be taken for a sidecar; "
+                         f"choose a name that does not end in .json, e.g. model.{form}.")
     path = check_output(text, "--output", inputs=inputs, replaceable=own, overwrite=args.overwrite,
                         stdout_ok=False)
     check_output(str(sidecar_path(path)), f"--output {text} (its sidecar)", inputs=inputs,

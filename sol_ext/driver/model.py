@@ -25,7 +25,15 @@ from ..labels import LabelGrid
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from .config import TrainConfig
 from .data import ImageFiles, apply_scaling, read_inputs
-from .data.frames import FLOAT32_MAX, TableOrigin, as_arrow_table, cell_texts, is_table_like, table_features
+from .data.frames import (
+    FLOAT32_MAX,
+    TableOrigin,
+    as_arrow_table,
+    cell_texts,
+    fill_missing,
+    is_table_like,
+    table_features,
+)
 from .data.inputs import SLICE_ROWS, table_slices
 from .device import resolve_device
 from .loader import RunInputs, embedding_batch_size
@@ -35,6 +43,8 @@ __all__ = ["TrainedModel", "Prediction", "load_run", "model_from_state", "CALIBR
 
 # the entry of best.pt holding the rows intervals are calibrated on by default (the validation split)
 CALIBRATION_KEY = "interval_calibration"
+# the entry of TrainedModel.to_state holding the calibration in use (calibrate_intervals' last)
+INTERVALS_KEY = "intervals"
 
 DataLike = Any  # a data spec (built-in name, file or folder path), a data frame or raw features [N, ...]
 
@@ -84,9 +94,11 @@ class Prediction:
             data row number from 0, or the image path.
         ranks: ``[N]`` int64 predicted ranks ``0 … n-1``.
         prediction: ``[N]`` predicted labels, in label units: int64 on a grid of whole numbers
-            (integer minimum and step), else float64.
-        expected: ``[N]`` float64 expected label ``sum_q value_q p(q | x)``.
-        probabilities: ``[N, n]`` float64 ``p(q | x)``, columns in the order of ``label_values``.
+            (integer minimum and step), else float64; float64 with NaN for the rows of
+            ``incomplete`` where there are any.
+        expected: ``[N]`` float64 expected label ``sum_q value_q p(q | x)`` (NaN: ``incomplete``).
+        probabilities: ``[N, n]`` float64 ``p(q | x)``, columns in the order of ``label_values``
+            (NaN: ``incomplete``).
         label_values: ``[n]`` float64 the label value of each rank.
         values: ``[N]`` float64 the data's own labels, when it has a label column; else ``None``.
     """
@@ -121,6 +133,10 @@ class TrainedModel:
         # a category of a text column that training did not see: "error", or "ignore" (no
         # category; load_run's handle_unknown= sets it)
         self.handle_unknown = "error"
+        # a row with a missing feature value: "mark" (no prediction: NaN), "impute" (filled with the
+        # training file's values and predicted; the default of a run trained with --missing impute)
+        # or "error"; load_run's missing= sets it
+        self.missing = "impute" if record["preprocessing"].get("schema", {}).get("missing") == "impute" else "mark"
         self.device = torch.device(device)
         # DataLoader processes decoding image files for a prediction (0: this process)
         self.workers = int(workers)
@@ -140,6 +156,8 @@ class TrainedModel:
         # the held-out rows the run stored to calibrate intervals on (its validation split):
         # {"probabilities": [M, n] float64, "ranks": [M] int64}, or None (set by load_run)
         self.stored_calibration: Optional[dict[str, torch.Tensor]] = None
+        # why the stored calibration rows could not be used (a damaged best.pt), or None
+        self.stored_calibration_problem: Optional[str] = None
 
     # -- what the model is -------------------------------------------------------------------
     @property
@@ -179,17 +197,40 @@ class TrainedModel:
         incomplete = None
         if isinstance(data, (str, Path)):
             inputs = read_inputs(data, self.preprocessing.get("schema", {}),
-                                 delimiter=self.preprocessing.get("delimiter"), handle_unknown=self.handle_unknown)
+                                 delimiter=self.preprocessing.get("delimiter"), handle_unknown=self.handle_unknown,
+                                 missing=self.missing)
             x, ids, values, incomplete = inputs.features, inputs.ids, inputs.values, inputs.incomplete
         elif is_table_like(data):
-            x = self._frame_features(data)
+            x, incomplete = self._frame_features(data)
             ids, values = self._frame_ids(data, x.shape[0]), None
         else:
             x = _real_array(data)
             if x.dim() == 1 and len(self.input_shape) == 1:
                 x = x[None]
+            if self.missing == "impute":
+                x = self._imputed_array(x)
             ids, values = [str(i) for i in range(x.shape[0])], None
         return self._model_inputs(data, x), ids, values, incomplete
+
+    def _imputed_array(self, x: torch.Tensor) -> torch.Tensor:
+        """Raw features ``x`` [N, F] with a NaN in a numeric column filled with the training file's
+        value, as a run trained with ``--missing impute`` fills a file's empty cell (its exported
+        program does the same)."""
+        fill = self.fill_vector()
+        if fill is None or x.dim() != 2 or x.shape[1] != fill.numel():
+            return x
+        fill = fill.to(x.dtype)
+        return torch.where(torch.isnan(x) & ~torch.isnan(fill), fill, x)
+
+    def fill_vector(self) -> Optional[torch.Tensor]:
+        """``[F]`` float64: the value a NaN raw feature is imputed with, in :attr:`feature_names`
+        order (the training file's median of a numeric column; NaN for a one-hot column, whose
+        category is filled before encoding), or None where the run kept no such values."""
+        fill = self.preprocessing.get("schema", {}).get("fill_values")
+        if not fill or not self.feature_names:
+            return None
+        return torch.tensor([float(fill[name]) if name in fill and not isinstance(fill[name], str) else float("nan")
+                             for name in self.feature_names], dtype=torch.float64)
 
     def _model_inputs(self, data: DataLike, x: torch.Tensor | ImageFiles) -> torch.Tensor | ImageFiles:
         """Raw inputs ``x`` of ``data`` checked against the run's input shape, finite, and scaled."""
@@ -222,8 +263,9 @@ class TrainedModel:
             return [str(i) for i in index]
         return [str(i) for i in range(n)]
 
-    def _frame_features(self, data: Any) -> torch.Tensor:
-        """A data frame's features by the run's columns (:func:`~.data.frames.table_features`)."""
+    def _frame_features(self, data: Any) -> tuple[torch.Tensor, Optional[np.ndarray]]:
+        """A data frame's features by the run's columns (:func:`~.data.frames.table_features`), and
+        its rows with a missing value (as a file's: :attr:`missing`)."""
         schema = self.preprocessing.get("schema", {})
         if "columns" not in schema:
             what = "images" if self.kind == "images" else "arrays without column names"
@@ -232,9 +274,14 @@ class TrainedModel:
                              "features in the training order")
         table = as_arrow_table(data)
         categorical = {k: list(v) for k, v in schema.get("categorical", {}).items()}
-        x, _, _ = table_features(table, list(schema["columns"]), categorical, TableOrigin("data", file=False),
-                                 self.handle_unknown)
-        return torch.from_numpy(x)
+        columns, origin = list(schema["columns"]), TableOrigin("data", file=False)
+        for name in columns:  # before filling: a missing column is named by table_features
+            if name not in table.column_names:
+                table_features(table, [name], categorical, origin, self.handle_unknown)
+        table, incomplete = fill_missing(table, columns, categorical, origin, self.missing,
+                                         schema.get("fill_values") or {})
+        x, _, _ = table_features(table, columns, categorical, origin, self.handle_unknown)
+        return torch.from_numpy(x), (None if self.missing == "impute" else incomplete)
 
     # -- predictions -------------------------------------------------------------------------
     @torch.no_grad()
@@ -280,7 +327,8 @@ class TrainedModel:
             try:
                 slices = table_slices(data, self.preprocessing.get("schema", {}),
                                       delimiter=self.preprocessing.get("delimiter"),
-                                      handle_unknown=self.handle_unknown, rows_per_slice=rows_per_slice)
+                                      handle_unknown=self.handle_unknown, rows_per_slice=rows_per_slice,
+                                      missing=self.missing)
             except ValueError:
                 self._raise_whole_error(data)
                 raise
@@ -307,12 +355,19 @@ class TrainedModel:
                    incomplete: Optional[np.ndarray]) -> Prediction:
         probabilities, ranks = self.rank_probabilities(self._embed(x))
         label_values = self.grid.values().to(torch.float64)
-        expected = probabilities.cpu() @ label_values
+        probabilities = probabilities.cpu().to(torch.float64)
+        expected = (probabilities @ label_values).numpy()
+        probabilities = probabilities.numpy()
         prediction = self.grid.decode(ranks.cpu()).numpy()
         if _integer_grid(self.grid):  # whole labels come back as integers, as SOLRanker's do
             prediction = prediction.round().astype(np.int64)
+        if incomplete is not None and incomplete.any():
+            # a row with a missing feature value has no prediction: NaN, as sol-ext predict leaves it empty
+            prediction = np.where(incomplete, np.nan, prediction)
+            expected = np.where(incomplete, np.nan, expected)
+            probabilities = np.where(incomplete[:, None], np.nan, probabilities)
         return Prediction(ids=ids, ranks=ranks.cpu().numpy(), prediction=prediction,
-                          expected=expected.numpy(), probabilities=probabilities.cpu().numpy(),
+                          expected=expected, probabilities=probabilities,
                           label_values=label_values.numpy(), values=values,
                           id_name=self.preprocessing.get("schema", {}).get("id_column") or "id",
                           incomplete=incomplete)
@@ -355,22 +410,41 @@ class TrainedModel:
         is kept on this model (:attr:`intervals`) and returned."""
         table = self.predict_table(data)
         values = table.values if labels is None else np.asarray(labels, dtype=np.float64).reshape(-1)
+        file = isinstance(data, (str, Path))
         if values is None:
-            raise ValueError("data: no labels to calibrate intervals on; give data with the run's label "
-                             "column, or labels= (one label per row, in label units)")
+            column = self.preprocessing.get("schema", {}).get("label_column")
+            holds = f"no label column {column!r} (the run's)" if column and file else "no labels"
+            raise ValueError(f"{data if file else 'data'}: {holds} to calibrate intervals on; give rows with "
+                             f"their labels" + (f" in a column {column!r}" if column else "")
+                             + " (in Python: or labels=, one label per row in label units)")
         return self.calibrate_intervals_of(table, values, score=score, target=target, label_noise=label_noise,
-                                           deconvolve=deconvolve)
+                                           deconvolve=deconvolve, where=str(data) if file else "labels",
+                                           rows="data row" if file else "index")
 
-    def calibrate_intervals_of(self, table: Prediction, values: np.ndarray, **options: Any) -> IntervalCalibration:
+    def calibrate_intervals_of(self, table: Prediction, values: np.ndarray, *, where: str = "labels",
+                               rows: str = "index", **options: Any) -> IntervalCalibration:
         """:meth:`calibrate_intervals` on rows already predicted (:meth:`predict_table`), with their
-        labels ``values`` ``[N]`` in label units; ``options`` as there."""
+        labels ``values`` ``[N]`` in label units; ``options`` as there. A label off the run's grid is
+        refused naming ``where`` and its row (``rows``: "data row" for a file, else "index"),
+        counted among all of ``table``'s rows."""
         if values.shape[0] != len(table.ids):
             raise ValueError(f"labels: {values.shape[0]} labels for {len(table.ids)} rows of data")
         keep = np.isfinite(table.probabilities).all(axis=1)
         if table.incomplete is not None:
             keep &= ~table.incomplete
-        return self._calibrate(torch.from_numpy(table.probabilities[keep]), self.grid.encode(values[keep]),
-                               **options)
+        kept = np.flatnonzero(keep)
+        try:
+            ranks = self.grid.encode(values[keep], position=lambda i: f"{rows} {int(kept[i])}")
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+        grid = self.grid
+        off = np.flatnonzero(np.abs(grid.decode(ranks).numpy() - values[keep]) > 1e-6 * grid.step)
+        if off.size:
+            i = int(off[0])
+            raise ValueError(f"{where}: label value {values[kept[i]]:g} ({rows} {int(kept[i])}) is not a value of the run's "
+                             f"grid {grid.min_value:g} … {grid.max_value:g} (step {grid.step:g}); {off.size} "
+                             f"value(s) are not: give the labels in the run's units")
+        return self._calibrate(torch.from_numpy(table.probabilities[keep]), ranks, **options)
 
     def calibrate_intervals_on_validation(self, **options: Any) -> IntervalCalibration:
         """:meth:`calibrate_intervals` on the rows the run stored for it: its validation split, with the
@@ -381,6 +455,8 @@ class TrainedModel:
             RuntimeError: the run stored no calibration rows (it had no validation split, or was
                 trained by a version of sol_ext that did not store them).
         """
+        if self.stored_calibration is None and self.stored_calibration_problem is not None:
+            raise RuntimeError(self.stored_calibration_problem)
         if self.stored_calibration is None:
             raise RuntimeError("the run holds no calibration rows (trained without a validation split, or by "
                                "an earlier version of sol_ext): call calibrate_intervals() on held-out data "
@@ -419,7 +495,9 @@ class TrainedModel:
         return lower, upper
 
     def to_state(self) -> dict[str, Any]:
-        """The entries of ``best.pt`` that :func:`model_from_state` rebuilds this model from (CPU)."""
+        """The entries of ``best.pt`` that :func:`model_from_state` rebuilds this model from (CPU),
+        with the interval calibration in use (that of the last :meth:`calibrate_intervals`, which a
+        pickled ``SOLRanker`` keeps)."""
         return {
             "predictor": {"config": self.config.to_dict(), "input_shape": list(self.input_shape),
                           "kind": self.kind, "preprocessing": self.preprocessing, "read_from": self.read_from},
@@ -427,6 +505,7 @@ class TrainedModel:
             "head": None if self.head is None else {k: v.detach().cpu()
                                                     for k, v in self.head.state_dict().items()},
             **({} if self.stored_calibration is None else {CALIBRATION_KEY: dict(self.stored_calibration)}),
+            **({} if self.intervals is None else {INTERVALS_KEY: self.intervals.to_state()}),
         }
 
     def __repr__(self) -> str:
@@ -435,7 +514,7 @@ class TrainedModel:
 
 
 def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int = 0,
-             handle_unknown: str = "error") -> TrainedModel:
+             handle_unknown: str = "error", missing: Optional[str] = None) -> TrainedModel:
     """The model of a ``sol-ext train`` run folder (its selected epoch, ``best.pt``; the last
     checkpoint where there is none), ready to predict. Runs of every method load. A run that stored
     its validation split's probabilities (``sol-ext train`` does) comes with its rank intervals
@@ -444,6 +523,12 @@ def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int 
     ``handle_unknown``: a category of a text column that training did not see is an error
     (``"error"``, the default) or none of its column's categories (``"ignore"``: its one-hot
     features all 0, as scikit-learn's ``OneHotEncoder(handle_unknown="ignore")``).
+
+    ``missing``: a row of a file or data frame with a missing feature value gets no prediction
+    (``"mark"``: NaN prediction, expected, probabilities and interval, as ``sol-ext predict`` leaves
+    the row empty), is filled with the training file's median or most common category and predicted
+    (``"impute"``; a NaN of a raw feature array too), or is refused (``"error"``). Default: ``"impute"``
+    for a run trained with ``--missing impute``, else ``"mark"``.
 
     Raises:
         FileNotFoundError: ``path`` holds no run.
@@ -460,9 +545,29 @@ def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int 
                                 f"'sol-ext train' (with {BEST_NAME}).")
     if handle_unknown not in ("error", "ignore"):
         raise ValueError(f"handle_unknown={handle_unknown!r}; expected 'error' or 'ignore'")
+    if missing not in (None, "mark", "impute", "error"):
+        raise ValueError(f"missing={missing!r}; expected 'mark', 'impute' or 'error'")
     model = model_from_state(load_checkpoint(file), device, source=str(file), workers=workers)
     model.handle_unknown = handle_unknown
+    if missing is not None:
+        model.missing = missing
     return model
+
+
+def _stored_calibration_problem(stored: Any, n: int) -> Optional[str]:
+    """What is wrong with a run's stored calibration rows (``[M, n]`` probabilities, ``[M]`` ranks in
+    ``0 … n-1``), or None."""
+    try:
+        p, r = stored["probabilities"], stored["ranks"]
+        if p.dim() != 2 or p.shape[1] != n or r.shape != (p.shape[0],):
+            return f"probabilities {list(p.shape)} and ranks {list(r.shape)} for {n} ranks"
+        if r.numel() and (int(r.min()) < 0 or int(r.max()) >= n):
+            return f"ranks {int(r.min())} … {int(r.max())}, outside 0 … {n - 1}"
+        if not bool(torch.isfinite(p).all()):
+            return "probabilities that are not finite"
+    except (KeyError, TypeError, AttributeError, RuntimeError) as exc:
+        return type(exc).__name__
+    return None
 
 
 def model_from_state(state: dict[str, Any], device: torch.device | str = "cpu",
@@ -476,16 +581,30 @@ def model_from_state(state: dict[str, Any], device: torch.device | str = "cpu",
     # the weights come from the run: never read a pretrained-weights file again
     config = dataclasses.replace(TrainConfig.from_dict(record["config"]), weights=None)
     n = int(record["preprocessing"]["grid"]["num_ranks"])
-    model = build_model(config, tuple(record["input_shape"]), record["kind"], n)
-    model.load_state_dict(state["model"])
-    head = None
-    if config.uses_centroids:
-        head = make_sol_head(config, n)
-        head.load_state_dict(state["head"])
+    try:
+        model = build_model(config, tuple(record["input_shape"]), record["kind"], n)
+        model.load_state_dict(state["model"])
+        head = None
+        if config.uses_centroids:
+            head = make_sol_head(config, n)
+            head.load_state_dict(state["head"])
+    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+        # the weights were saved by the settings beside them: a mismatch is a file changed by hand
+        raise ValueError(f"{source} does not match its own settings ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:200]}): the file was edited or damaged; "
+                         f"restore it from a copy, or train the run again.") from None
     trained = TrainedModel(config, model, head, record, resolve_device(str(device)), workers)
     stored = state.get(CALIBRATION_KEY)
     if stored is not None:  # the run's validation split: intervals need no data
-        trained.stored_calibration = {"probabilities": stored["probabilities"].to(torch.float64),
-                                      "ranks": stored["ranks"].to(torch.int64)}
-        trained.calibrate_intervals_on_validation()
+        problem = _stored_calibration_problem(stored, n)
+        if problem is None:
+            trained.stored_calibration = {"probabilities": stored["probabilities"].to(torch.float64),
+                                          "ranks": stored["ranks"].to(torch.int64)}
+            trained.calibrate_intervals_on_validation()
+        else:  # a prediction without intervals needs none of it
+            trained.stored_calibration_problem = (
+                f"{source}: its stored calibration rows are damaged ({problem}); restore the file from a "
+                f"copy, or calibrate on held-out rows with labels (sol-ext predict --calibration FILE)")
+    if state.get(INTERVALS_KEY) is not None:  # to_state's: the calibration that was in use
+        trained.intervals = IntervalCalibration.from_state(state[INTERVALS_KEY])
     return trained

@@ -9,8 +9,10 @@ flag and the file, when it would replace
   found from any working folder), or a file of an input folder (an image folder's ``labels.csv``
   and images), always;
 * a file sol-ext wrote into a run folder (``best.pt``, ``checkpoint.pt``, ``results.json``,
-  ``config.toml``, the plots, ``predictions.csv``, ``audit.csv``, ``model.pt2``/``model.json`` of an export, anything
-  under ``sigma-search/``) or a comparison's ``compare.json``/``compare.md``, always, unless it is
+  ``config.toml``, the plots, ``predictions.csv``, ``audit.csv``, the exports ``model.pt2``,
+  ``model.onnx`` and their sidecars ``model.pt2.json``, ``model.onnx.json``, an export of another name
+  there (recognised by its sidecar's content), anything under ``sigma-search/``) or a comparison's
+  ``compare.json``/``compare.md``, always, unless it is
   the command's own default output (a rerun of ``sol-ext predict RUN`` replaces
   ``RUN/predictions.csv``, as one expects);
 * any other existing file, unless ``--overwrite`` is given.
@@ -18,6 +20,7 @@ flag and the file, when it would replace
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Tuple
@@ -32,7 +35,9 @@ __all__ = ["RUN_FILE_NAMES", "COMPARE_FILE_NAMES", "Input", "check_output", "che
 
 # What sol-ext writes into a run folder (the lock and the temporaries are the run's too).
 RUN_FILE_NAMES = frozenset({CHECKPOINT_NAME, BEST_NAME, RESULTS_NAME, CONFIG_FILE_NAME, *PLOT_NAMES,
-                            "predictions.csv", "audit.csv", "model.pt2", "model.json", ".lock"})
+                            "predictions.csv", "audit.csv", "model.pt2", "model.pt2.json",
+                            "model.onnx", "model.onnx.json", ".lock"})
+SIDECAR_FORMAT = "sol_ext exported model"  # an export's sidecar says so: how it is recognised
 COMPARE_FILE_NAMES = frozenset({"compare.json", "compare.md"})
 
 # what an input is ("the --data file") and its path, a built-in data set's name, or None
@@ -48,12 +53,28 @@ def _holds_run(folder: Path) -> bool:
         or (folder / SIGMA_SEARCH_NAME).is_dir()
 
 
+def _is_sidecar(path: Path) -> bool:
+    """Whether ``path`` is the JSON sidecar of an exported program (read by content, not name)."""
+    try:
+        if not path.is_file() or path.stat().st_size > 10_000_000:
+            return False
+        return json.loads(path.read_text(encoding="utf-8")).get("format") == SIDECAR_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _is_export(real: Path) -> bool:
+    """Whether ``real`` is a program sol-ext exported (its sidecar beside it) or such a sidecar."""
+    return _is_sidecar(real.with_name(real.name + ".json")) or \
+        (real.suffix == ".json" and real.with_suffix("").is_file() and _is_sidecar(real))
+
+
 def package_file_owner(path: Path | str) -> Optional[str]:
     """The folder whose sol-ext output ``path`` is (a run folder or a comparison's), or None
     when ``path`` is not a file sol-ext wrote there."""
     real = _real(path)
     folder = real.parent
-    if real.name in RUN_FILE_NAMES and _holds_run(folder):
+    if (real.name in RUN_FILE_NAMES or _is_export(real)) and _holds_run(folder):
         return f"the run folder {folder}"
     if real.name in COMPARE_FILE_NAMES and any((folder / n).is_file() for n in COMPARE_FILE_NAMES):
         return f"the comparison folder {folder}"

@@ -84,7 +84,11 @@ def write_prediction_csv(out: BinaryIO, prediction: Prediction,
     precision of the dissimilarities they come from (so a probability below 1.4e-45 reads 0).
     """
     names = [prediction.id_name, "prediction", "expected"]
-    predicted = _label_values(prediction.prediction)
+    predicted = prediction.prediction
+    if predicted.dtype.kind == "f" and np.isnan(predicted).any() and np.all(np.mod(prediction.label_values, 1) == 0):
+        # the rows without a prediction (NaN) are emptied below: the others stay whole numbers
+        predicted = np.where(np.isnan(predicted), prediction.label_values[0], predicted).astype(np.int64)
+    predicted = _label_values(predicted)
     columns = [string_array(prediction.ids), _numbers(predicted, predicted.dtype),
                _numbers(_ten_digits(prediction.expected, prediction.label_values), np.float64)]
     if interval is not None:
@@ -182,10 +186,8 @@ class _ScoreTotals:
 
     def scores(self) -> Optional[dict[str, float]]:
         """The scores of every row added; ``None`` when the data have no labels."""
-        if not self.labelled:
+        if not self.labelled or self.n == 0:  # no labels, or no row with a prediction to score
             return None
-        if self.n == 0:
-            raise ValueError("metrics need at least one sample, got empty pred and true")
         per_value = [total / count for _, (total, count) in sorted(self.by_value.items())]
         return {"n": float(self.n), "mae": self.absolute / self.n, "macro_mae": float(np.mean(per_value)),
                 "qwk": float("nan") if self.pairs is None else _kappa(self.pairs)}
@@ -214,6 +216,7 @@ def calibrated_coverage(args: argparse.Namespace, model: TrainedModel) -> Option
     clean_options = "--interval-target clean --label-noise STD"
     if args.interval is None:
         for flag, value, needs in (("--calibration", args.calibration, ""),
+                                   ("--interval-score", args.interval_score, ""),
                                    ("--interval-target", args.interval_target, ""),
                                    ("--label-noise", args.label_noise, f" {clean_options}"),
                                    ("--no-deconvolve", None if args.deconvolve else False, f" {clean_options}")):
@@ -233,9 +236,33 @@ def calibrated_coverage(args: argparse.Namespace, model: TrainedModel) -> Option
     if not args.deconvolve and target != "clean":
         raise UsageError(f"--no-deconvolve applies to the clean target only; add {clean_options} or leave "
                          f"--no-deconvolve out.")
-    calibrate_from_args(args, model, score=args.interval_score, target=target,
+    from ..intervals import DEFAULT_SCORE
+
+    calibrate_from_args(args, model, score=args.interval_score or DEFAULT_SCORE, target=target,
                         label_noise=args.label_noise, deconvolve=args.deconvolve)
+    _warn_about_the_calibration(args, model)
     return args.interval
+
+
+def _warn_about_the_calibration(args: argparse.Namespace, model: TrainedModel) -> None:
+    """One warning line where the intervals cannot be what ``--interval`` asks: too few calibration
+    rows for the coverage (every interval is then the whole scale), or a --calibration file that is
+    the run's training data (intervals come out too narrow)."""
+    from pathlib import Path
+
+    from .options import run_data, warn
+
+    count = model.intervals.count
+    if math.isinf(model.intervals.threshold(args.interval)):
+        warn(f"--interval {args.interval:g}: {count} calibration row{'s' if count != 1 else ''} cannot calibrate "
+             f"{args.interval:.0%} (it needs at least {math.ceil(round(args.interval / (1 - args.interval), 9))}); every "
+             f"interval is the whole scale: calibrate on more held-out rows.")
+    if args.calibration is not None:
+        for what, given in run_data(args.run_dir, model)[:1]:  # the training data, not the test data
+            if given and Path(given).is_file() and Path(args.calibration).is_file() \
+                    and os.path.samefile(given, args.calibration):
+                warn(f"--calibration {args.calibration}: is {what}, rows the run trained on; intervals "
+                     f"calibrated on them come out too narrow: calibrate on held-out rows.")
 
 
 def calibrate_from_args(args: argparse.Namespace, model: TrainedModel, **options) -> None:
@@ -249,9 +276,17 @@ def calibrate_from_args(args: argparse.Namespace, model: TrainedModel, **options
     from .errors import UsageError
 
     if args.calibration is not None:
-        model.calibrate_intervals(args.calibration, **options)
+        try:
+            model.calibrate_intervals(args.calibration, **options)
+        except ValueError as err:  # the file's labels: say which option gave it
+            message = re.sub(r" \(in Python: [^)]*\)", "", str(err))  # no keyword the command lacks
+            if not message.startswith(str(args.calibration)):
+                message = f"{args.calibration}: {message}"
+            raise UsageError(f"--calibration {message}") from None
     elif model.stored_calibration is not None:
         model.calibrate_intervals_on_validation(**options)
+    elif model.stored_calibration_problem is not None:
+        raise UsageError(f"--interval: {model.stored_calibration_problem}.")
     else:
         raise UsageError(f"--interval: the run in {args.run_dir} holds no calibration (it was trained without a "
                          f"validation split, --val-fraction 0, or by an earlier version of sol_ext); pass "
@@ -289,7 +324,9 @@ def predict_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--workers must be >= 0, got {args.workers}.")
     to_stdout = args.output == "-"
     model = load_run(args.run_dir, device=args.device,  # the device is resolved (and checked) there
-                     workers=auto_workers() if args.workers is None else args.workers)
+                     workers=auto_workers() if args.workers is None else args.workers,
+                     handle_unknown=args.handle_unknown)
+    missing = _missing_policy(args, model)
     default = args.run_dir / "predictions.csv"  # a rerun replaces it
     inputs = [("the --data file", args.data), *run_data(args.run_dir, model)]
     path = None if to_stdout else check_output(
@@ -303,7 +340,7 @@ def predict_command(args: argparse.Namespace) -> int:
     with _system_memory_pool():
         slices = model.predict_slices(args.data, data_inputs.SLICE_ROWS)
         first = next(slices)
-        written = _Written(model, calibrated_coverage(args, model), args.skip_missing)
+        written = _Written(model, calibrated_coverage(args, model), missing == "skip")
 
         def write(f) -> None:
             for part in itertools.chain([first], slices):
@@ -317,8 +354,9 @@ def predict_command(args: argparse.Namespace) -> int:
             atomic_write_stream(path, write)
     if written.incomplete:
         warn(f"{args.data}: {written.incomplete} of {written.read} rows have a missing feature value; "
-             + ("they are left out (--skip-missing)." if args.skip_missing else
-                "their predictions are left empty (--skip-missing leaves them out)."))
+             + ("they are left out (--missing skip)." if missing == "skip" else
+                "their predictions are left empty (--missing skip leaves them out, --missing impute fills "
+                "them with the training file's values)."))
     report = sys.stderr if to_stdout else sys.stdout  # beside the CSV on stdout, on stderr
     if written.coverage is not None:
         print(written.interval_summary(), file=report)
@@ -328,6 +366,20 @@ def predict_command(args: argparse.Namespace) -> int:
     if scores is not None:
         print(format_scores(scores), file=report)
     return 0
+
+
+def _missing_policy(args: argparse.Namespace, model: TrainedModel) -> str:
+    """``--missing`` of ``sol-ext predict`` (default: impute for a run trained with ``--missing
+    impute``, else empty), set on ``model`` as the reading it needs; returns the option."""
+    from .errors import UsageError
+
+    missing = args.missing or ("impute" if model.missing == "impute" else "empty")
+    if missing == "impute" and not model.preprocessing.get("schema", {}).get("fill_values"):
+        raise UsageError(f"--missing impute: the run in {args.run_dir} kept no values to fill a missing cell "
+                         f"with (it was not trained on a table file, or by an earlier version of sol_ext); "
+                         f"use --missing empty or skip, or fill the cells in the file.")
+    model.missing = {"empty": "mark", "skip": "mark"}.get(missing, missing)
+    return missing
 
 
 @contextlib.contextmanager
@@ -413,7 +465,7 @@ class _IntervalTotals:
 
     def summary(self, coverage: float) -> str:
         mean = self.width / self.known if self.known else float("nan")
-        line = f"intervals at {coverage:.0%}: mean width {mean:.4g} (label units)"
+        line = f"intervals at {coverage:.0%}: mean width {mean:.4g} (upper - lower, label units)"
         if self.labelled:
             line += (f", holding the data's label in {self.held / self.known if self.known else float('nan'):.1%} "
                      f"of {self.known} rows")

@@ -5,10 +5,12 @@ Two runs writing into one folder would overwrite each other's checkpoint and res
 holds an exclusive lock on ``<folder>/.lock`` (``flock``, released by the kernel even when the
 process dies) and a second run is refused at once with :class:`OutputFolderBusy`.
 
-A run writes into a new folder, an empty one, or a run folder: one that holds ``checkpoint.pt``
-or the ``sigma-search/`` folder of a sigma search (:func:`check_output_folder`). Any other folder
-(``--output .`` in a project, a folder of one's own files) is refused before anything in it
-changes, so a run never deletes or overwrites a file it did not write.
+A run writes into a new folder, an empty one, or a run folder: one whose ``checkpoint.pt`` or
+``best.pt`` is a sol-ext checkpoint (read, not taken by its name), or that holds the
+``sigma-search/`` folder of a sigma search (:func:`check_output_folder`). Any other folder
+(``--output .`` in a project, a folder of one's own files, one with another program's
+``checkpoint.pt``) is refused before anything in it changes, so a run never deletes or overwrites
+a file it did not write.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ try:
 except ImportError:  # pragma: no cover - not on Linux or macOS: no locking
     fcntl = None
 
-from .checkpoint import CHECKPOINT_NAME, SIGMA_SEARCH_NAME, checkpoint_epoch, sigma_search_progress
+from .checkpoint import BEST_NAME, CHECKPOINT_NAME, SIGMA_SEARCH_NAME, checkpoint_epoch, sigma_search_progress
 from .errors import UsageError
 
 __all__ = ["LOCK_NAME", "OutputFolderBusy", "RunInterrupted", "lock_output_folder",
@@ -124,9 +126,12 @@ def make_output_folder(out_dir: Path, flag: str = "--output") -> None:
 
 
 def is_run_folder(out_dir: Path) -> bool:
-    """Whether ``out_dir`` holds a run: ``checkpoint.pt``, or the trials of a sigma search."""
+    """Whether ``out_dir`` holds a run: a ``checkpoint.pt`` or ``best.pt`` that reads as a sol-ext
+    checkpoint (a file of that name written by another program does not count), or the trials of
+    a sigma search."""
     out_dir = Path(out_dir)
-    return (out_dir / CHECKPOINT_NAME).is_file() or (out_dir / SIGMA_SEARCH_NAME).is_dir()
+    return any(checkpoint_epoch(out_dir / name) is not None for name in (CHECKPOINT_NAME, BEST_NAME)) \
+        or (out_dir / SIGMA_SEARCH_NAME).is_dir()
 
 
 def check_output_folder(out_dir: Path, flag: str = "--output") -> None:
@@ -146,10 +151,13 @@ def check_output_folder(out_dir: Path, flag: str = "--output") -> None:
         raise UsageError(f"{flag} {out_dir}: cannot read the folder ({_reason(exc, out_dir)}).") from None
     if others:
         shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        foreign = [name for name in (CHECKPOINT_NAME, BEST_NAME) if (out_dir / name).exists()]
+        why = (f"its {' and '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} no sol-ext checkpoint "
+               f"(another program's, or damaged)" if foreign else f"no {CHECKPOINT_NAME}")
         raise UsageError(
             f"{flag} {out_dir}: the folder holds other files ({shown}) and is not a sol-ext run "
-            f"folder (no {CHECKPOINT_NAME}); a run writes into a new or empty folder or continues "
-            f"its own: choose another {flag}.")
+            f"folder ({why}); a run writes into a new or empty folder or continues "
+            f"its own, and --overwrite replaces only a run's files: choose another {flag}.")
 
 
 @contextlib.contextmanager

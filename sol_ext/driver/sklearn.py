@@ -52,6 +52,8 @@ from .data import OrdinalDataset, apply_scaling, feature_scaling
 from .data.frames import (
     TableOrigin,
     as_arrow_table,
+    fill_missing,
+    fill_values,
     has_column_names,
     is_table_like,
     table_features,
@@ -172,6 +174,13 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         handle_unknown: a category of a data frame's text column that ``fit`` did not see, at
             prediction: ``"error"`` (default) names it; ``"ignore"`` encodes it as none of its
             column's categories (its one-hot features all 0), as ``OneHotEncoder`` does.
+        missing: a missing feature value (NaN, or an empty cell of a data frame): ``"error"``
+            (default) refuses it; ``"impute"`` fills it with its column's median (a text column's
+            most common value) among ``fit``'s rows, in ``fit`` and at prediction alike, as
+            ``sol-ext train --missing impute`` does.
+
+    ``X`` may be a dense array, a scipy sparse matrix (what ``OneHotEncoder`` gives by default; it
+    is made dense, since the encoder is an MLP) or a data frame.
 
     Attributes:
         model_: the trained :class:`sol_ext.driver.model.TrainedModel` (it predicts from raw
@@ -201,7 +210,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
                  normalize: bool = True, amp: bool = False, backend: str = "auto", threads: int = 0,
                  weight_ema: float | str = "auto", verbose: int = 0, seed: Optional[int] = None,
                  inference: Optional[str] = None, centroid_momentum: Optional[float] = None,
-                 handle_unknown: str = "error"):
+                 handle_unknown: str = "error", missing: str = "error"):
         self.method = method
         self.epochs = epochs
         self.batch_size = batch_size
@@ -236,6 +245,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         self.threads = threads
         self.verbose = verbose
         self.handle_unknown = handle_unknown
+        self.missing = missing
         self.seed = seed
         self.inference = inference
         self.centroid_momentum = centroid_momentum
@@ -301,13 +311,20 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         verbose = self.verbose
         if not isinstance(verbose, numbers.Integral) or verbose < 0:  # bools are integers here
             raise ValueError(f"verbose must be an integer >= 0 or a bool (0: silent), got {verbose!r}.")
+        impute = self._imputes()
         if is_table_like(X) and has_column_names(X):  # columns by name; text columns one-hot
             X, y, names, schema = self._frame_inputs(X, y)
         else:
-            X, y = validate_data(self, X, y, dtype=[np.float64, np.float32])
+            X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], accept_sparse=True,
+                                 ensure_all_finite="allow-nan" if impute else True)
+            X = _dense(X)
             names = (list(map(str, self.feature_names_in_)) if hasattr(self, "feature_names_in_")
                      else [f"x{i}" for i in range(X.shape[1])])
             schema = {"format": "array"}
+            if impute:  # each column's median among the rows present, kept for prediction
+                fill = _column_medians(X)
+                X = np.where(np.isnan(X), fill[None, :], X)
+                schema.update(missing="impute", fill_values=dict(zip(names, map(float, fill))))
         values, label_dtype = _numeric_labels(y)
         if values.size == 0:
             raise ValueError("SOLRanker.fit: X and y have no rows (an empty data set); expected at least "
@@ -362,7 +379,12 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         table = as_arrow_table(X, "X")
         columns = table.column_names
         categorical = {c: [] for c in text_columns(table)}
-        x, names, used = table_features(table, columns, categorical, TableOrigin("X", file=False))
+        origin = TableOrigin("X", file=False)
+        fill = None
+        if self._imputes():
+            fill = fill_values(table, columns, categorical, origin)
+            table, _ = fill_missing(table, columns, categorical, origin, "impute", fill)
+        x, names, used = table_features(table, columns, categorical, origin)
         y = column_or_1d(np.asarray(y), warn=True)
         if y.dtype.kind in "fc":
             assert_all_finite(y, input_name="y")
@@ -370,7 +392,15 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         self.feature_names_in_ = np.asarray(columns, dtype=object)
         self.n_features_in_ = len(columns)
         schema = {"format": "table", "columns": columns, "categorical": used, "label_column": None}
+        if fill is not None:
+            schema.update(missing="impute", fill_values=fill)
         return x, y, names, schema
+
+    def _imputes(self) -> bool:
+        """Whether ``missing`` is "impute" (checked: "error" or "impute")."""
+        if self.missing not in ("error", "impute"):
+            raise ValueError(f"missing={self.missing!r}; expected 'error' or 'impute'")
+        return self.missing == "impute"
 
     # -- prediction --------------------------------------------------------------------------
     def _table(self, X: Any):
@@ -378,6 +408,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         if self.handle_unknown not in ("error", "ignore"):
             raise ValueError(f"handle_unknown={self.handle_unknown!r}; expected 'error' or 'ignore'")
         self.model_.handle_unknown = self.handle_unknown
+        self.model_.missing = "impute" if self._imputes() else "error"
         schema = self.model_.preprocessing.get("schema", {})
         if is_table_like(X) and has_column_names(X) and "columns" in schema:  # by name, as fitted
             with _torch_threads(self._threads()):
@@ -389,7 +420,8 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         if is_table_like(X) and not type(X).__module__.startswith("pandas"):
             table = as_arrow_table(X, "X")  # polars, pyarrow: by position, as an array
             X = table_features(table, table.column_names, {}, TableOrigin("X", file=False))[0]
-        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
+        X = _dense(validate_data(self, X, reset=False, dtype=[np.float64, np.float32], accept_sparse=True,
+                                 ensure_all_finite="allow-nan" if self._imputes() else True))
         with _torch_threads(self._threads()):
             return self.model_.predict_table(X)
 
@@ -398,8 +430,10 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         default the expected rank under :meth:`predict_proba` against cuts fitted to the training
         labels; ``inference="posterior"``: its median, ``"nearest"``: paper eq. 6; baselines:
         their head's prediction)."""
-        ranks = self._table(X).ranks  # checks that the estimator is fitted
-        return self.classes_[ranks]
+        table = self._table(X)  # checks that the estimator is fitted
+        if table.incomplete is not None and table.incomplete.any():  # not after missing="impute"
+            raise ValueError("X: rows with a missing value; pass missing='impute' or fill them first")
+        return self.classes_[table.ranks]
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """``[N, len(classes_)]`` probability of each label value ``classes_``; rows sum to 1."""
@@ -430,7 +464,11 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             raise RuntimeError("SOLRanker.predict_interval: no interval calibration, since fit had no validation "
                                "split (val_fraction=0); call calibrate_intervals(X_cal, y_cal) with held-out rows "
                                "and their labels first")
-        return self.model_.intervals_of(self._table(X), coverage)
+        lower, upper = self.model_.intervals_of(self._table(X), coverage)
+        if self.classes_.dtype.kind in "iu" and np.isfinite(lower).all() and np.isfinite(upper).all():
+            # integer labels: the bounds are classes, in predict's dtype
+            return lower.astype(self.classes_.dtype), upper.astype(self.classes_.dtype)
+        return lower, upper
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """Negative mean absolute error of :meth:`predict` against ``y``, in label units.
@@ -448,8 +486,8 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
     # -- scikit-learn metadata -----------------------------------------------------------------
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.allow_nan = False
-        tags.input_tags.sparse = False
+        tags.input_tags.allow_nan = self.missing == "impute"
+        tags.input_tags.sparse = True
         tags.target_tags.required = True
         tags.classifier_tags.multi_class = True
         tags.classifier_tags.multi_label = False
@@ -476,6 +514,22 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
 
 # ----------------------------------------------------------------------------------------------
 # helpers
+
+
+def _dense(X: Any) -> np.ndarray:
+    """``X`` as a dense array (a scipy sparse matrix made dense: the MLP takes dense rows)."""
+    return X.toarray() if hasattr(X, "toarray") else X
+
+
+def _column_medians(X: np.ndarray) -> np.ndarray:
+    """Each column's median over its values present (0 for a column without any), as
+    ``sol-ext train --missing impute`` fills a table's cells."""
+    present = ~np.isnan(X)
+    medians = np.zeros(X.shape[1])
+    for j in range(X.shape[1]):
+        if present[:, j].any():
+            medians[j] = float(np.median(X[present[:, j], j]))
+    return medians
 
 
 def _same(a: Any, b: Any) -> bool:

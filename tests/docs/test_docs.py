@@ -114,7 +114,7 @@ def _check_use(scope: dict, folder: Path) -> None:
 
     run = folder / "runs" / "mine"
     assert (folder / "pred.csv").is_file()
-    assert (run / "model.pt2").is_file() and (run / "model.json").is_file()
+    assert (run / "model.pt2").is_file() and (run / "model.pt2.json").is_file()
     labels = scope["model"].label_values
     assert scope["values"].shape == (100,) and scope["p"].shape == (100, len(labels))
     assert scope["prediction"].shape == (1,)
@@ -129,7 +129,7 @@ def _check_use(scope: dict, folder: Path) -> None:
         three_features = exported[0].replace("rows = [[0.1, -1.2, 0.3, 0.0]]", "rows = [[0.1, 0.2, 0.3]]")
         assert three_features != exported[0]
         exec(compile(three_features, "docs/use.md", "exec"), {})
-    side = json.loads((run / "model.json").read_text())
+    side = json.loads((run / "model.pt2.json").read_text())
     keys = re.findall(r"sidecar's\s+`([\w.]+)`", (DOCS / "use.md").read_text(encoding="utf-8"))
     assert {"inputs.feature_names", "label_values", "inputs.shape"} <= set(keys), keys
     for key in keys:
@@ -142,6 +142,9 @@ def _check_use(scope: dict, folder: Path) -> None:
 def _check_sklearn(scope: dict, folder: Path) -> None:
     assert scope["ranker"].predict(scope["X"][:3]).shape == (3,)
     assert set(scope["search"].best_params_) == {"solranker__margin"}
+    lower, upper = scope["lower"], scope["upper"]  # through the pipeline's steps, in predict's dtype
+    assert lower.shape == upper.shape == (100,) and lower.dtype == scope["pipeline"].predict(scope["rows"][:2]).dtype
+    assert (lower <= upper).all() and scope["imputing"].predict(scope["holes"][300:]).shape == (100,)
 
 
 CHECKS = {"use.md": _check_use, "sklearn.md": _check_sklearn}

@@ -53,7 +53,7 @@ def own_run(run, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["best.pt", "checkpoint.pt", "results.json", "audit.csv",
-                                  "model.pt2", "model.json"])
+                                  "model.pt2", "model.pt2.json"])
 def test_predict_refuses_to_write_over_the_runs_files(run, capsys, name):
     out, data = run
     before = snapshot(out)
@@ -162,14 +162,14 @@ def test_a_rerun_replaces_the_commands_own_default_outputs(own_run, capsys):
                  ["export", str(out)],
                  ["predict", str(out), "--data", str(data), "--output", str(out / "predictions.csv")]):
         assert main(argv) == 0, capsys.readouterr().err
-    assert {"predictions.csv", "audit.csv", "model.pt2", "model.json"} <= set(snapshot(out))
+    assert {"predictions.csv", "audit.csv", "model.pt2", "model.pt2.json"} <= set(snapshot(out))
 
 
 @pytest.mark.parametrize("name,needle", [
-    ("model.json", "sidecar"),             # the program and its sidecar would be one file
+    ("model.json", "sidecar"),             # a program named .json would be taken for a sidecar
     ("best.pt", "written by sol-ext"),
     ("checkpoint.pt", "written by sol-ext"),
-    ("results.pt2", "results.json"),        # its sidecar would replace results.json
+    ("results", "results.json"),            # its sidecar would replace results.json
     ("audit.csv", "written by sol-ext"),
 ])
 def test_export_refuses_to_write_over_the_runs_files(run, capsys, name, needle):
@@ -186,12 +186,46 @@ def test_export_refuses_an_existing_file_or_sidecar_without_overwrite(run, tmp_p
     mine.write_text("a,b\n1,2\n")
     expect_error(capsys, ["export", str(out), "--output", str(mine)], f"--output {mine}",
                  "--overwrite")
-    (tmp_path / "prog.json").write_text("{}")  # the sidecar of prog.pt2
+    (tmp_path / "prog.pt2.json").write_text("{}")  # the sidecar of prog.pt2
     expect_error(capsys, ["export", str(out), "--output", str(tmp_path / "prog.pt2")],
-                 "prog.json", "--overwrite")
+                 "prog.pt2.json", "--overwrite")
     assert mine.read_text() == "a,b\n1,2\n" and not (tmp_path / "prog.pt2").exists()
     assert main(["export", str(out), "--output", str(tmp_path / "prog.pt2"), "--overwrite"]) == 0
-    assert json.loads((tmp_path / "prog.json").read_text())["format"] == "sol_ext exported model"
+    assert json.loads((tmp_path / "prog.pt2.json").read_text())["format"] == "sol_ext exported model"
+
+
+def test_a_pt2_and_an_onnx_export_of_one_run_keep_a_sidecar_each(own_run, capsys):
+    """The second export's sidecar is its own: the .pt2's record of its intervals stays, and the
+    reverse."""
+    pytest.importorskip("onnxscript")
+    out, _ = own_run
+    assert main(["export", str(out), "--interval", "0.9"]) == 0
+    assert main(["export", str(out), "--format", "onnx"]) == 0
+    assert json.loads((out / "model.pt2.json").read_text())["intervals"]["coverage"] == 0.9
+    assert "intervals" not in json.loads((out / "model.onnx.json").read_text())
+    assert main(["export", str(out), "--format", "onnx", "--interval", "0.8"]) == 0
+    assert main(["export", str(out)]) == 0
+    assert json.loads((out / "model.onnx.json").read_text())["intervals"]["coverage"] == 0.8
+    assert "intervals" not in json.loads((out / "model.pt2.json").read_text())
+    assert not (out / "model.json").exists()
+    capsys.readouterr()
+
+
+def test_no_command_writes_over_the_onnx_export_or_a_named_export(own_run, capsys):
+    """RUN/model.onnx and an export of another name into the run folder (known by its sidecar's
+    content) are sol-ext's files: predict, audit and export refuse them even with --overwrite."""
+    pytest.importorskip("onnxscript")
+    out, data = own_run
+    assert main(["export", str(out), "--format", "onnx"]) == 0
+    assert main(["export", str(out), "--output", str(out / "iv.pt2")]) == 0
+    before = snapshot(out)
+    for target in (out / "model.onnx", out / "model.onnx.json", out / "iv.pt2", out / "iv.pt2.json"):
+        for argv, flag in ((["predict", str(out), "--data", str(data), "--output", str(target)], "--output"),
+                           (["audit", str(out), "--in-sample", "--csv", str(target)], "--csv"),
+                           (["export", str(out), "--format", "pt2", "--output", str(target)], "--output")):
+            refused = "sidecar" if argv[0] == "export" and target.suffix == ".json" else "written by sol-ext"
+            expect_error(capsys, [*argv, "--overwrite"], f"{flag} {target}", refused)
+    assert snapshot(out) == before
 
 
 def test_audit_refuses_to_write_over_the_runs_files_and_its_data(run, capsys):
@@ -231,7 +265,7 @@ def test_compare_refuses_a_folder_of_other_files(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def program(run):
     out, _ = run
-    return torch.export.load(str(out / "model.pt2")).module(), json.loads((out / "model.json").read_text())
+    return torch.export.load(str(out / "model.pt2")).module(), json.loads((out / "model.pt2.json").read_text())
 
 
 def test_a_row_with_nan_or_inf_gives_nan_not_a_rank(program):
@@ -330,6 +364,30 @@ def test_version_flags(capsys):
     assert proc.returncode == 0 and proc.stdout.strip() == f"sol-ext {sol_ext.__version__}"
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h", "--version", "-V"])
+def test_help_and_version_answer_without_importing_torch(flag, monkeypatch):
+    """The launcher answers sol-ext --help and --version alone without loading sol_ext (torch): the
+    same text as the program's own parser gives."""
+    import io
+    from contextlib import redirect_stdout
+
+    from sol_ext.driver.cli import build_parser
+
+    monkeypatch.setenv("COLUMNS", "100")
+    code = ("import sys, sol_ext_launcher\n"
+            f"sys.argv = ['sol-ext', {flag!r}]\n"
+            "status = sol_ext_launcher.main()\n"
+            "print('torch loaded:', 'torch' in sys.modules, 'status:', status)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    answer, last = proc.stdout.rsplit("torch loaded:", 1)
+    assert last.split() == ["False", "status:", "0"]
+    program = io.StringIO()
+    with redirect_stdout(program), pytest.raises(SystemExit):
+        build_parser().parse_args([flag])
+    assert answer == program.getvalue()
+
+
 def test_the_command_ends_without_the_shutdown_but_runs_exit_handlers_and_flushes():
     # end_process skips the interpreter's teardown (0.3 s with torch loaded); what a user relies on stays
     code = ("import atexit, sys\n"
@@ -361,3 +419,22 @@ def test_audit_predict_export_outputs_that_are_folders_are_refused(finished, tmp
     expect_error(capsys, ["audit", str(out), "--csv", str(afile / "a.csv")], "--csv",
                  "is a file", absent=(".tmp", "Errno"))
     assert list(folder.iterdir()) == [] and snapshot(out) == before
+
+
+def test_the_help_and_the_api_page_say_what_the_commands_take():
+    """predict --help names every file kind --data reads, the top-level help names both export
+    formats, and docs/api/index.md gives load_run's signature as the code has it."""
+    import inspect
+
+    from sol_ext.driver.cli import build_parser
+    from sol_ext.driver.model import load_run
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a.choices, dict)).choices
+    data_help = next(a.help for a in commands["predict"]._actions if a.dest == "data")
+    assert all(kind in data_help for kind in ("CSV", "TSV", "Parquet", "Feather", ".npz", "image folder"))
+    assert ".pt2" in parser.format_help() and "ONNX" in parser.format_help()
+    page = (ROOT / "docs" / "api" / "index.md").read_text(encoding="utf-8")
+    shown = ", ".join(f"{p.name}={p.default!r}".replace("'", '"') if p.default is not p.empty else p.name
+                      for p in inspect.signature(load_run).parameters.values())
+    assert f"sol_ext.driver.load_run({shown})" in page, shown

@@ -241,6 +241,19 @@ def test_missing_cells_skipped_imputed_or_counted_in_training(tmp_path, capsys):
                  "(5 cells in 5 of 160 rows)", "--missing skip")
 
 
+def test_a_missing_label_after_a_skipped_row_is_named_by_its_own_data_row(tmp_path, capsys):
+    """--missing skip leaves data row 2 out; the missing label in data row 10 is still named data
+    row 10, not by its place among the rows kept."""
+    from common import expect_error
+
+    rows = [(i % 5, i % 3, i % 4) for i in range(40)]
+    rows[2] = ("", 1, 2)
+    rows[10] = (1, 1, "")
+    data = write_csv(tmp_path / "d.csv", rows)
+    expect_error(capsys, ["train", "--data", str(data), "--missing", "skip", "--output", str(tmp_path / "o"),
+                          *FAST], "label column 'label'", "data row 10", absent=("data row 9",))
+
+
 def test_predict_leaves_rows_with_missing_cells_empty_or_out(tmp_path, capsys):
     import csv
 
@@ -257,11 +270,143 @@ def test_predict_leaves_rows_with_missing_cells_empty_or_out(tmp_path, capsys):
     empty = [r["wine_id"] for r in rows if r["prediction"] == ""]
     assert empty == [f"W1-{i:04d}" for i in range(160) if i % 37 == 5]
     assert all(r["expected"] == "" and r["p_5"] == "" for r in rows if r["prediction"] == "")
-    assert main(["predict", str(out), "--data", str(new), "--skip-missing", "--output",
+    assert main(["predict", str(out), "--data", str(new), "--missing", "skip", "--output",
                  str(tmp_path / "kept.csv")]) == 0
     kept = list(csv.DictReader(open(tmp_path / "kept.csv", encoding="utf-8")))
     assert [r["wine_id"] for r in kept] == [r["wine_id"] for r in rows if r["prediction"] != ""]
     assert [r["prediction"] for r in kept] == [r["prediction"] for r in rows if r["prediction"] != ""]
+
+
+def test_python_predictions_leave_rows_with_a_missing_value_without_one_as_predict_does(wine_run, tmp_path):
+    """load_run(run).predict(file) and predict_interval give NaN for the rows sol-ext predict leaves
+    empty (a missing feature value), not a prediction from a filled-in value; a data frame with the
+    same empty cells gives the same."""
+    import numpy as np
+    import pandas as pd
+
+    from sol_ext.driver.model import load_run
+
+    _, out = wine_run
+    new = _write_rows(tmp_path / "new.csv", _wine_rows(seed=1, missing=True))
+    model = load_run(out)
+    table = model.predict_table(new)
+    rows = np.flatnonzero(table.incomplete)
+    assert rows.tolist() == [i for i in range(160) if i % 37 == 5]
+    predicted = model.predict(new)
+    assert np.isnan(predicted[rows]).all() and np.isfinite(np.delete(predicted, rows)).all()
+    lower, upper = model.predict_interval(new, 0.9)
+    assert (np.isnan(lower) == table.incomplete).all() and (np.isnan(upper) == table.incomplete).all()
+    assert np.isnan(model.expected(new)[rows]).all() and np.isnan(model.predict_proba(new)[rows]).all()
+    frame = pd.read_csv(new)
+    np.testing.assert_array_equal(model.predict(frame), predicted)
+    complete = _write_rows(tmp_path / "complete.csv", _wine_rows(seed=1))
+    assert model.predict(complete).dtype == np.int64  # whole labels stay integers where every row has one
+
+
+def test_a_run_trained_with_impute_fills_missing_cells_as_training_did_everywhere(tmp_path, capsys):
+    """--missing impute travels with the run: sol-ext predict, load_run on a file, a data frame and a
+    raw array with NaN, and the exported program fill a missing cell with the training file's median
+    and predict the row, all alike."""
+    import csv
+
+    import numpy as np
+    import pandas as pd
+
+    from sol_ext.driver.model import load_run
+
+    data = _write_rows(tmp_path / "wine.csv", _wine_rows(missing=True))
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-column", "quality", "--id-column", "wine_id",
+                 "--missing", "impute", "--output", str(out), "--quiet", *FAST]) == 0
+    new_rows = _wine_rows(seed=1, missing=True)
+    new = _write_rows(tmp_path / "new.csv", new_rows)
+    capsys.readouterr()
+    assert main(["predict", str(out), "--data", str(new)]) == 0
+    assert "missing feature value" not in capsys.readouterr().err
+    written = list(csv.DictReader(open(out / "predictions.csv", encoding="utf-8")))
+    assert all(r["prediction"] != "" for r in written)
+    model = load_run(out)
+    median = float(np.median([1990 + i % 20 for i in range(160) if i % 37 != 5]))
+    assert model.preprocessing["schema"]["fill_values"]["vintage"] == median
+    from_file = model.predict(new)
+    assert from_file.dtype == np.int64
+    assert [int(r["prediction"]) for r in written] == from_file.tolist()
+    np.testing.assert_array_equal(model.predict(pd.read_csv(new)), from_file)
+    filled = _write_rows(tmp_path / "filled.csv", [{**r, "vintage": r["vintage"] or median} for r in new_rows])
+    np.testing.assert_array_equal(model.predict(filled), from_file)
+    x = model.features(filled)[0]  # scaled; the raw array: undo the scaling, then empty the cells again
+    mean, std = model.scaling
+    raw = (x.double() * std + mean).numpy()
+    column = model.feature_names.index("vintage")
+    raw[[i for i in range(160) if i % 37 == 5], column] = np.nan
+    np.testing.assert_array_equal(model.predict(raw), from_file)
+    assert main(["export", str(out)]) == 0
+    program = torch.export.load(str(out / "model.pt2")).module()
+    np.testing.assert_array_equal(program(torch.from_numpy(raw))[0].numpy(), from_file)
+    assert main(["predict", str(out), "--data", str(new), "--missing", "empty", "--output", "-"]) == 0
+    assert ",," in capsys.readouterr().out  # asked for: the rows are left empty
+
+
+def test_predicts_advice_names_what_the_predict_command_can_do(wine_run, tmp_path, capsys):
+    """An unseen category points at predict's own --handle-unknown (which then predicts), a word in
+    a numeric column says to fix the cell and names train's options as training's, and a file
+    without the run's id column is told about the id column."""
+    import csv
+
+    from common import expect_error
+
+    _, out = wine_run
+    rows = _wine_rows(n=30, seed=3)
+    rows[4]["region"] = "Algarve"
+    novel = _write_rows(tmp_path / "novel.csv", rows)
+    expect_error(capsys, ["predict", str(out), "--data", str(novel), "--output", "-"], "'Algarve'",
+                 "--handle-unknown 'ignore'", absent=("handle_unknown",))
+    assert main(["predict", str(out), "--data", str(novel), "--handle-unknown", "ignore", "--output",
+                 str(tmp_path / "p.csv")]) == 0
+    assert len(list(csv.DictReader(open(tmp_path / "p.csv", encoding="utf-8")))) == 30
+    rows = _wine_rows(n=30, seed=3)
+    rows[7]["acidity"] = "high"
+    word = _write_rows(tmp_path / "word.csv", rows)
+    line = expect_error(capsys, ["predict", str(out), "--data", str(word), "--output", "-"], "'high'",
+                        "data row 7", "fix the cell", "train again with it in --categorical")
+    assert line.index("fix the cell") < line.index("--categorical")
+    no_id = _write_rows(tmp_path / "noid.csv", _wine_rows(n=30, seed=3),
+                        columns=[c for c in _wine_rows(n=1)[0] if c != "wine_id"])
+    expect_error(capsys, ["predict", str(out), "--data", str(no_id), "--output", "-"], "no id column 'wine_id'",
+                 "names each row by it", absent=("feature column", "--feature-columns"))
+
+
+@pytest.mark.parametrize("flags,values", [(["--label-step", "2"], "1, 3, 5, 7, 9"),
+                                          (["--label-min", "-0.5", "--label-step", "1"], "0, 1, 2, 3, 4, …")])
+def test_labels_off_a_given_grid_are_refused_not_rounded(tmp_path, capsys, flags, values):
+    """--label-step 2 on grades 0 … 9, or --label-min -0.5 on whole grades: the labels off the grid
+    are named with what to do, where they used to be rounded onto a neighbouring rank."""
+    from common import expect_error
+
+    data = write_csv(tmp_path / "d.csv", [(i % 7, i % 3, i % 10) for i in range(100)])
+    line = expect_error(capsys, ["train", "--data", str(data), *flags, "--output", str(tmp_path / "o"), *FAST],
+                        "label column 'label'", f"label values {values}", "not on the label grid",
+                        "--label-step", "--label-min")
+    assert "data row 1" in line or "data row 0" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_test_labels_off_the_training_grid_are_refused(tmp_path, capsys):
+    """--test-data whose labels fall between the training grid's values (odd grades on even ones)."""
+    from common import expect_error
+
+    data = write_csv(tmp_path / "d.csv", [(i % 7, i % 3, 2 * (i % 5)) for i in range(100)])
+    test = write_csv(tmp_path / "t.csv", [(i % 7, i % 3, i % 9) for i in range(40)])
+    expect_error(capsys, ["train", "--data", str(data), "--test-data", str(test), "--output", str(tmp_path / "o"),
+                          *FAST], str(test), "label values 1, 3, 5, 7", "not on the label grid")
+
+
+def test_the_free_text_warning_names_the_option_that_leaves_the_column_out(tmp_path, capsys):
+    rows = [(f"note {i} about it", i % 5, i % 4) for i in range(120)]
+    data = write_csv(tmp_path / "d.csv", rows, header=("comment", "b", "label"))
+    assert main(["train", "--data", str(data), "--output", str(tmp_path / "o"), "--quiet", *FAST]) == 0
+    err = capsys.readouterr().err
+    assert "text column 'comment'" in err and "leave it out of the features (--drop-columns)" in err
 
 
 # -- done when: a wine-quality-like table, start to finish -----------------------------------------------
@@ -270,7 +415,7 @@ def test_predict_leaves_rows_with_missing_cells_empty_or_out(tmp_path, capsys):
 def test_predict_in_slices_writes_what_one_slice_writes(kind, wine_run, tmp_path, capsys, monkeypatch):
     """sol-ext predict reads a table file once and predicts and writes it a slice at a time: in slices of
     7 rows it writes the bytes, the summary lines and the warnings it writes in one slice, with an id
-    that needs quotes in one slice only, rows with a missing cell, --interval and --skip-missing, to a
+    that needs quotes in one slice only, rows with a missing cell, --interval and --missing skip, to a
     file and to stdout; a bad cell in a later slice is named by its row in the file, and leaves the
     output file as it was."""
     from sol_ext.driver.data import inputs
@@ -285,7 +430,7 @@ def test_predict_in_slices_writes_what_one_slice_writes(kind, wine_run, tmp_path
     assert [len(p.ids) for p in load_run(out).predict_slices(new, 7)] == [7] * 8 + [4]
     target = tmp_path / "p.csv"
     capsys.readouterr()
-    for extra in ([], ["--interval", "0.8"], ["--skip-missing"], ["--output", "-"]):
+    for extra in ([], ["--interval", "0.8"], ["--missing", "skip"], ["--output", "-"]):
         written = []
         for rows_per_slice in (7, 10**6):
             monkeypatch.setattr(inputs, "SLICE_ROWS", rows_per_slice)

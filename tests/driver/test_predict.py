@@ -148,7 +148,7 @@ def test_exported_program_predicts_without_sol_ext(user_files, tmp_path, method)
     root, train, test, x, _ = user_files
     out, _ = train_run(root, train, test, method)
     assert main(["export", str(out), "--output", str(tmp_path / "model.pt2")]) == 0
-    side = json.loads((tmp_path / "model.json").read_text())
+    side = json.loads((tmp_path / "model.pt2.json").read_text())
     assert side["inputs"]["feature_names"] == ["a", "b", "c", "d"]
     assert side["label_values"] == [float(v) for v in range(2, 19)]
     np.save(tmp_path / "x.npy", x)
@@ -185,7 +185,7 @@ def test_onnx_model_runs_without_torch_as_the_exported_program(user_files, tmp_p
     model = sol_ext.driver.load_run(out)
     export_run(model, tmp_path / "model.pt2")
     assert main(["export", str(out), "--format", "onnx"]) == 0  # RUN/model.onnx, as export_onnx writes it
-    assert export_onnx(model, tmp_path / "model.onnx") == tmp_path / "model.json"
+    assert export_onnx(model, tmp_path / "model.onnx") == tmp_path / "model.onnx.json"
     assert (out / "model.onnx").read_bytes() == (tmp_path / "model.onnx").read_bytes()
     np.save(tmp_path / "x.npy", x.astype(np.float32))
     script = f"""
@@ -253,6 +253,7 @@ def test_predict_writes_interval_columns_and_says_how_often_they_held(user_files
                        (["--interval", "0.9", "--calibration", str(train), "--no-deconvolve"], "--no-deconvolve"),
                        (["--no-deconvolve"], "--no-deconvolve"),
                        (["--interval-target", "clean"], "--interval-target"),
+                       (["--interval-score", "hpd"], "--interval-score"),
                        (["--interval", "0.9", "--calibration", str(train), "--interval-target", "clean",
                          "--label-noise", "-1"], "--label-noise")):
         assert main(["predict", str(out), "--data", str(test), "--output", "-", *argv]) == 2, argv
@@ -300,7 +301,7 @@ def test_exported_program_and_onnx_model_hold_the_intervals_calibration(user_fil
         program.parent.mkdir()
         assert main(["export", str(out), "--output", str(program), "--interval", "0.9",
                      "--calibration", str(train)]) == 0
-        assert json.loads((program.parent / "model.json").read_text())["intervals"]["coverage"] == 0.9
+        assert json.loads((program.parent / f"model.{form}.json").read_text())["intervals"]["coverage"] == 0.9
         if form == "pt2":
             got = [t.numpy() for t in torch.export.load(program).module()(torch.from_numpy(x))]
         else:
@@ -557,7 +558,7 @@ def test_export_holds_the_clean_targets_calibration(user_files, tmp_path, capsys
         program.parent.mkdir()
         assert main(["export", str(out), "--output", str(program), "--interval", "0.9", "--calibration", str(train),
                      "--interval-target", "clean", "--label-noise", "2", *flags]) == 0
-        assert json.loads((program.parent / "model.json").read_text())["intervals"]["target"] == "clean"
+        assert json.loads((program.parent / "model.pt2.json").read_text())["intervals"]["target"] == "clean"
         model = sol_ext.driver.load_run(out)
         model.calibrate_intervals(train, target="clean", label_noise=2.0, deconvolve=deconvolve)
         lower, upper = intervals[deconvolve] = model.predict_interval(x, 0.9)
@@ -568,6 +569,7 @@ def test_export_holds_the_clean_targets_calibration(user_files, tmp_path, capsys
                        (["--label-noise", "2"], "--label-noise"), (["--no-deconvolve"], "--no-deconvolve"),
                        (["--interval", "0.9", "--no-deconvolve"], "--no-deconvolve"),
                        (["--interval-target", "clean"], "--interval-target"),
+                       (["--interval-score", "hpd"], "--interval-score"),
                        (["--calibration", str(train)], "--calibration"), (["--interval", "1.5"], "--interval")):
         capsys.readouterr()
         assert main(["export", str(out), "--output", str(tmp_path / "refused.pt2"), *argv]) == 2, argv
@@ -589,3 +591,110 @@ def test_the_command_lines_interval_scores_are_the_librarys(command, capsys):
     with pytest.raises(SystemExit):
         parser.parse_args([*command, "--interval-score", "widest"])
     assert "invalid choice: 'widest'" in capsys.readouterr().err
+
+
+def test_a_best_pt_with_changed_bytes_is_refused_as_damaged(user_files, tmp_path, capsys):
+    """64 bytes flipped inside best.pt's weights: the zip's checksums catch it, and predict and
+    load_run refuse the file by name instead of predicting with other weights."""
+    import shutil
+    import zipfile
+
+    root, train, test, _, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    raw = bytearray((run / "best.pt").read_bytes())
+    with zipfile.ZipFile(run / "best.pt") as archive:
+        weights = max(archive.infolist(), key=lambda info: info.file_size)  # the largest tensor
+        start = weights.header_offset + 30 + len(weights.filename) + len(weights.extra) + 8
+    raw[start:start + 64] = bytes(b ^ 0x5A for b in raw[start:start + 64])
+    (run / "best.pt").write_bytes(bytes(raw))
+    expect_error(capsys, ["predict", str(run), "--data", str(test), "--output", "-"],
+                 str(run / "best.pt"), "damaged", "checksum", "train the run again")
+    with pytest.raises(ValueError, match="damaged"):
+        sol_ext.driver.load_run(run)
+
+
+def test_a_best_pt_whose_settings_no_longer_fit_its_weights_is_one_line(user_files, tmp_path, capsys):
+    """best.pt re-saved with another grid in its record: one line naming the file as edited or
+    damaged, no traceback."""
+    import shutil
+
+    root, train, test, _, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    state = torch.load(run / "best.pt", weights_only=True)
+    state["predictor"]["preprocessing"]["grid"]["num_ranks"] = 3
+    torch.save(state, run / "best.pt")
+    expect_error(capsys, ["predict", str(run), "--data", str(test), "--output", "-"],
+                 str(run / "best.pt"), "edited or damaged", absent=("Traceback",))
+
+
+def test_a_calibration_files_bad_label_is_named_by_the_file_and_its_data_row(user_files, tmp_path, capsys):
+    """--calibration FILE: a label outside the grid, after a row without a prediction (a missing
+    feature value), is named by --calibration, the file and its own data row; a label off the grid's
+    steps and a file without the run's label column likewise."""
+    root, train, test, _, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    lines = open(test).read().splitlines()
+    header, rows = lines[0], lines[1:20]
+    rows[1] = "," + rows[1].split(",", 1)[1]  # data row 1: no value in column a
+    shifted = rows[:4] + [rows[4].rsplit(",", 1)[0] + ",99"] + rows[5:]
+    bad = tmp_path / "cal.csv"
+    bad.write_text("\n".join([header, *shifted]) + "\n")
+    argv = ["predict", str(out), "--data", str(test), "--interval", "0.9", "--output", "-", "--calibration"]
+    expect_error(capsys, [*argv, str(bad)], f"--calibration {bad}", "label value 99 (data row 4)",
+                 absent=("index",))
+    off = tmp_path / "off.csv"
+    off.write_text("\n".join([header, *(r.rsplit(",", 1)[0] + ",5.4" for r in rows[2:])]) + "\n")
+    expect_error(capsys, [*argv, str(off)], f"--calibration {off}", "5.4", "not a value of the run's grid")
+    unlabelled = tmp_path / "nolabel.csv"
+    unlabelled.write_text("\n".join(r.rsplit(",", 1)[0] for r in lines[:20]) + "\n")
+    expect_error(capsys, [*argv, str(unlabelled)], f"--calibration {unlabelled}", "no label column 'score'",
+                 absent=("labels=",))
+
+
+def test_predict_and_export_rough_edges(user_files, tmp_path, capsys):
+    """One calibration row at 90% and the run's own training file as --calibration are warned
+    about; a file whose every row lacks a value writes its CSV and exits 0 without scores;
+    export --output - is refused; the printed width says what it measures."""
+    root, train, test, _, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    lines = open(test).read().splitlines()
+    one = tmp_path / "one.csv"
+    one.write_text("\n".join(lines[:2]) + "\n")
+    argv = ["predict", str(out), "--data", str(test), "--interval", "0.9", "--output", str(tmp_path / "p.csv")]
+    assert main([*argv, "--calibration", str(one)]) == 0
+    captured = capsys.readouterr()
+    assert "1 calibration row cannot calibrate 90% (it needs at least 9)" in captured.err
+    assert "(upper - lower, label units)" in captured.out
+    assert main([*argv, "--overwrite", "--calibration", str(train)]) == 0
+    assert "rows the run trained on" in capsys.readouterr().err
+    empty = tmp_path / "empty.csv"
+    empty.write_text("\n".join([lines[0], *("," + line.split(",", 1)[1] for line in lines[1:6])]) + "\n")
+    assert main(["predict", str(out), "--data", str(empty), "--output", str(tmp_path / "e.csv")]) == 0
+    captured = capsys.readouterr()
+    assert "5 of 5 rows have a missing feature value" in captured.err and "MAE" not in captured.out
+    assert len(open(tmp_path / "e.csv").read().splitlines()) == 6
+    expect_error(capsys, ["export", str(out), "--output", "-"], "--output -", "stdout")
+    assert not (tmp_path / "-").exists()
+
+
+def test_a_damaged_stored_calibration_fails_only_the_intervals_naming_best_pt(user_files, tmp_path, capsys):
+    import shutil
+
+    from sol_ext.driver.model import CALIBRATION_KEY
+
+    root, train, test, _, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    state = torch.load(run / "best.pt", weights_only=True)
+    state[CALIBRATION_KEY]["ranks"] = state[CALIBRATION_KEY]["ranks"] + 50
+    torch.save(state, run / "best.pt")
+    assert main(["predict", str(run), "--data", str(test), "--output", str(tmp_path / "p.csv")]) == 0
+    expect_error(capsys, ["predict", str(run), "--data", str(test), "--interval", "0.9", "--output", "-"],
+                 str(run / "best.pt"), "stored calibration rows are damaged", "--calibration FILE")
+    assert main(["predict", str(run), "--data", str(test), "--interval", "0.9", "--calibration", str(train),
+                 "--output", str(tmp_path / "q.csv")]) == 0

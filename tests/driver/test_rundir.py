@@ -160,6 +160,23 @@ def test_a_folder_with_other_files_and_no_run_is_refused_and_kept(tmp_path, caps
         assert snapshot(folder) == before
 
 
+@pytest.mark.parametrize("extra", [[], ["--overwrite"]])
+def test_a_checkpoint_pt_of_another_program_makes_no_run_folder(tmp_path, capsys, extra):
+    """A folder of one's own files with a checkpoint.pt that is no sol-ext checkpoint is refused,
+    also with --overwrite, which replaces only what sol-ext wrote; the message does not point at
+    --overwrite as the way out."""
+    data = tiny_csv(tmp_path / "d.csv")
+    folder = tmp_path / "thesis"
+    folder.mkdir()
+    (folder / "thesis.tex").write_text("\\documentclass{article}\n")
+    torch.save({"weights": torch.zeros(3)}, folder / "checkpoint.pt")  # another program's
+    before = snapshot(folder)
+    line = expect_error(capsys, train_argv(data, str(folder), *SIGMA1, *extra), f"--output {folder}",
+                        "not a sol-ext run folder", "checkpoint.pt is no sol-ext checkpoint")
+    assert "pass --overwrite" not in line
+    assert snapshot(folder) == before
+
+
 def test_an_existing_empty_folder_is_a_fine_output(tmp_path, capsys):
     data = tiny_csv(tmp_path / "d.csv")
     out = tmp_path / "empty"

@@ -443,3 +443,47 @@ def test_fit_trains_on_the_validation_split_it_checked(problem, monkeypatch):
     SOLRanker(epochs=1, batch_size=64, sigma=1.0).fit(X, y)
     assert len(checked) == len(decided) == 1 and len(checked[0].fit) + len(checked[0].val) == 300
     assert torch.equal(checked[0].fit, decided[0].fit) and torch.equal(checked[0].val, decided[0].val)
+
+
+def test_pickling_keeps_the_calibration_of_calibrate_intervals():
+    """A pickled ranker (joblib too) predicts the intervals of its last calibrate_intervals, not the
+    validation split's; with val_fraction=0 as well; to_state / model_from_state alike."""
+    X, y = ordinal_problem(400, seed=4)
+    for val_fraction in (0.1, 0.0):
+        ranker = SOLRanker(**SMALL, val_fraction=val_fraction).fit(X[:250], y[:250])
+        ranker.calibrate_intervals(X[250:], y[250:], score="hpd")
+        again = pickle.loads(pickle.dumps(ranker))
+        kept, back = ranker.model_.intervals, again.model_.intervals
+        assert (back.score, back.count) == (kept.score, kept.count) == ("hpd", 150)
+        np.testing.assert_array_equal(again.predict_interval(X[:50], 0.8), ranker.predict_interval(X[:50], 0.8))
+        rebuilt = model_from_state(ranker.model_.to_state())
+        assert (rebuilt.intervals.score, rebuilt.intervals.count) == ("hpd", 150)
+
+
+def test_sparse_input_missing_values_and_interval_dtypes():
+    """A scipy sparse X (OneHotEncoder's default) fits and predicts as its dense copy; missing="impute"
+    fills NaN with fit's column medians (a row with NaN predicts as the row filled so), where the
+    default refuses it; predict_interval gives integer labels in predict's dtype."""
+    from scipy import sparse
+
+    X, y = ordinal_problem(300, seed=6)
+    y = y.astype(np.int64)
+    dense = SOLRanker(**SMALL).fit(X, y)
+    sparse_fit = SOLRanker(**SMALL).fit(sparse.csr_matrix(X), y)
+    np.testing.assert_array_equal(sparse_fit.predict(sparse.csr_matrix(X)), dense.predict(X))
+    np.testing.assert_array_equal(sparse_fit.predict_proba(X), dense.predict_proba(X))
+    lower, upper = dense.predict_interval(X[:20], 0.9)
+    assert lower.dtype == upper.dtype == dense.predict(X[:2]).dtype == np.int64
+    holes = X.copy()
+    holes[::5, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        SOLRanker(**SMALL).fit(holes, y)
+    imputing = SOLRanker(**SMALL, missing="impute").fit(holes, y)
+    median = np.median(X[np.arange(len(X)) % 5 != 0, 1])
+    assert imputing.model_.preprocessing["schema"]["fill_values"]["x1"] == pytest.approx(median)
+    filled = np.where(np.isnan(holes), median, holes)
+    np.testing.assert_array_equal(imputing.predict(holes), imputing.predict(filled))
+    again = pickle.loads(pickle.dumps(imputing))
+    np.testing.assert_array_equal(again.predict(holes), imputing.predict(filled))
+    with pytest.raises(ValueError, match="missing='drop'"):
+        SOLRanker(**SMALL, missing="drop").fit(X, y)

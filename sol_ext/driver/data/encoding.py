@@ -165,9 +165,33 @@ def make_dataset(features: torch.Tensor, values: np.ndarray, identity: DatasetId
         ranks = grid.encode(values, (lambda i: f"data row {i}") if in_file else "index {}".format)
     except ValueError as err:
         raise ValueError(f"{_labels_of(where, schema)}: {err}") from None
+    if labels.grid is not None or labels.step is not None or labels.min_value is not None:
+        _refuse_labels_off_the_grid(values, ranks, grid, _labels_of(where, schema),
+                                    (lambda i: f"data row {i}") if in_file else "index {}".format,
+                                    fixed=labels.grid is not None)
     return OrdinalDataset(features=features, ranks=ranks, grid=grid, name=identity.name, kind=identity.kind,
                           feature_names=tuple(identity.feature_names), schema=dict(schema or {}),
                           ids=None if identity.ids is None else tuple(identity.ids))
+
+
+def _refuse_labels_off_the_grid(values: np.ndarray, ranks: torch.Tensor, grid: LabelGrid, where: str,
+                                position: Any, fixed: bool) -> None:
+    """ValueError when a label does not lie on a grid that was given (a step or minimum, or the
+    training file's grid for a test file): encoding would round it onto a neighbouring rank without a
+    word (labels 0 … 9 with a step of 2, or whole labels from a minimum of -0.5)."""
+    off = np.abs(grid.decode(ranks).numpy() - values) > 1e-6 * grid.step
+    if not off.any():
+        return
+    rows = np.flatnonzero(off)
+    shown = ", ".join(f"{v:g}" for v in np.unique(values[off])[:5]) + (", …" if np.unique(values[off]).size > 5 else "")
+    grid_text = (f"{grid.min_value:g}, {grid.min_value + grid.step:g}, {grid.min_value + 2 * grid.step:g} … "
+                 f"{grid.max_value:g}")
+    fix = ("encode the test labels as the training labels are, or train on labels that include these values"
+           if fixed else "choose a step and minimum the labels lie on (--label-step, --label-min; in Python: "
+           "step=, min_value=), or leave them out to infer the grid from the labels")
+    raise ValueError(f"{where}: label values {shown} ({len(rows)} rows, the first {position(int(rows[0]))}) are "
+                     f"not on the label grid {grid_text} (step {grid.step:g}), and would be rounded to its "
+                     f"nearest rank; {fix}")
 
 
 def _labels_of(where: str, schema: dict[str, Any] | None) -> str:

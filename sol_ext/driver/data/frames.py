@@ -12,9 +12,10 @@ with its own ``to_arrow``/``from_pandas`` route.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -22,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 __all__ = ["is_table_like", "has_column_names", "as_arrow_table", "table_features", "table_labels",
-           "text_columns", "holds_words", "cell_texts", "fill_missing", "MISSING_POLICIES", "string_array", "TableOrigin", "MISSING_CELLS",
+           "text_columns", "holds_words", "cell_texts", "fill_missing", "fill_values", "MISSING_POLICIES", "string_array", "TableOrigin", "MISSING_CELLS",
            "FLOAT32_MAX"]
 
 # Cells that mean "no value" in a text column (compared lower-cased, after stripping blanks).
@@ -47,9 +48,21 @@ class TableOrigin:
     name: str
     file: bool = True
     decimal_comma: bool = False  # cells such as "0,25" are numbers (a CSV whose delimiter is not ",")
+    # the data row of each row of the table, where rows were left out (missing="skip"); None: the same
+    rows: Optional[np.ndarray] = field(default=None, compare=False)
+    # read with a trained run's columns (prediction): advice names what the data can change, and
+    # names a training option as one
+    for_run: bool = False
 
     def row(self, i: int) -> str:
+        i = int(self.rows[i]) if self.rows is not None else int(i)
         return f"data row {i}" if self.file else f"row {i}"
+
+    def kept(self, rows: np.ndarray) -> "TableOrigin":
+        """This origin for the table of only ``rows`` (numbers of this origin's rows): its errors
+        still name the data rows as given."""
+        rows = np.asarray(rows) if self.rows is None else self.rows[rows]
+        return dataclasses.replace(self, rows=rows)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -124,9 +137,11 @@ def _column(table: pa.Table, name: str, origin: TableOrigin, role: str,
         hint = (" The header was read as one column: if its cells are separated by some other character, "
                 "pass it as delimiter=." if len(names) == 1 and origin.file else "")
         fix = {"label": "Pass the right name with label_column=",
-               "feature": ("Give the file that column (in Python: or choose others with feature_columns=)"
+               "feature": ("Give the file that column: the run was trained on it" if origin.for_run and origin.file
+                           else "Give the file that column (in Python: or choose others with feature_columns=)"
                            if origin.file else "Give the data that column, by that name"),
-               }.get(role, f"Pass the right name with {role}_column=")
+               }.get(role, "Give the file that column: the run names each row by it" if origin.for_run
+                     else f"Pass the right name with {role}_column=")
         raise ValueError(f"{origin.name} has no {role} column {name!r}; its columns are {listed(names)}.{hint} "
                          f"{fix}")
     return table.column(position)
@@ -200,10 +215,11 @@ def _missing_mask(col: pa.ChunkedArray) -> Optional[np.ndarray]:
     return np.asarray(mask.to_pylist(), dtype=bool)
 
 
-def _fill_value(col: pa.ChunkedArray, missing: np.ndarray, name: str, origin: TableOrigin,
+def _fill_value(col: pa.ChunkedArray, missing: Optional[np.ndarray], name: str, origin: TableOrigin,
                 categorical: bool) -> Any:
-    """The value a missing cell of ``col`` gets: the most common category, else the median number."""
-    present = col.filter(pa.array(~missing))
+    """The value a missing cell of ``col`` gets: the most common category, else the median number
+    (``missing``: the cells without a value, None where every cell has one)."""
+    present = col if missing is None else col.filter(pa.array(~missing))
     if categorical or (is_text_type(col.type) and holds_words(present, origin)):
         counts = pc.value_counts(_text(present)).to_pylist()
         return max(counts, key=lambda c: (c["counts"], c["values"]))["values"] if counts else ""
@@ -214,21 +230,38 @@ def _fill_value(col: pa.ChunkedArray, missing: np.ndarray, name: str, origin: Ta
     return float(np.median(values)) if values.size else 0.0
 
 
+def fill_values(table: pa.Table, columns: Sequence[str], categorical: Mapping[str, Sequence[str]],
+                origin: TableOrigin) -> dict[str, Any]:
+    """What :func:`fill_missing` fills a missing cell of each of ``columns`` with, from the cells
+    present: the median (numbers) or the most common category (text). A run keeps these of its
+    training file, so that a prediction fills a cell as training did."""
+    values = {}
+    positions = _positions(table)
+    for name in columns:
+        col = table.column(positions[name])
+        mask = _missing_mask(col)
+        values[name] = _fill_value(col, mask, name, origin, name in categorical)
+    return values
+
+
 def fill_missing(table: pa.Table, columns: Sequence[str], categorical: Mapping[str, Sequence[str]],
-                 origin: TableOrigin, policy: str) -> tuple[pa.Table, Optional[np.ndarray]]:
+                 origin: TableOrigin, policy: str, fill: Optional[Mapping[str, Any]] = None
+                 ) -> tuple[pa.Table, Optional[np.ndarray]]:
     """``table`` with its missing feature cells dealt with by ``policy`` (:data:`MISSING_POLICIES`), and
     ``[N]`` bool of the rows that had one (of the table as given; None where none had).
 
     "error" raises one ValueError counting every missing cell, by column with its first row; "skip"
-    keeps the other rows; "impute" and "mark" fill each cell with its column's median (numbers) or
-    most common category (text), from the cells present.
+    keeps the other rows; "impute" and "mark" fill each cell with ``fill[column]`` (the values of a
+    run's training file, :func:`fill_values`) where given, else with its column's median (numbers)
+    or most common category (text), from the cells present.
     """
     if policy not in MISSING_POLICIES:
         raise ValueError(f"missing={policy!r}; expected one of {', '.join(MISSING_POLICIES)}")
     masks = {}
+    positions = _positions(table)  # once: table.column_names is a new list at every call
     for name in columns:
-        if name in table.column_names:
-            mask = _missing_mask(table.column(name))
+        if name in positions:
+            mask = _missing_mask(table.column(positions[name]))
             if mask is not None:
                 masks[name] = mask
     if not masks:
@@ -249,14 +282,15 @@ def fill_missing(table: pa.Table, columns: Sequence[str], categorical: Mapping[s
         return table.filter(pa.array(~incomplete)), incomplete
     for name, mask in masks.items():
         col = table.column(name)
-        value = _fill_value(col, mask, name, origin, name in categorical)
+        value = fill[name] if fill is not None and name in fill else _fill_value(col, mask, name, origin,
+                                                                                 name in categorical)
         if is_text_type(col.type) or pa.types.is_dictionary(col.type):
             filled = pc.if_else(pa.array(mask), pa.scalar(str(value) if not isinstance(value, float)
                                                           else repr(value)), _text(col))
         else:
             target = col.type if pa.types.is_floating(col.type) else pa.float64()
             filled = pc.if_else(pa.array(mask), pa.scalar(value, target), col.cast(target))
-        table = table.set_column(table.column_names.index(name), name, filled)
+        table = table.set_column(positions[name], name, filled)
     return table, incomplete
 
 
@@ -329,7 +363,9 @@ def _numbers_from_text(col: pa.ChunkedArray, name: str, origin: TableOrigin, rol
         if pc.fill_null(missing, True)[bad].as_py():
             raise ValueError(f"{origin.name}: feature column {name!r} has a missing value (NaN) in "
                              f"{origin.row(bad)}; drop or impute such rows before loading")
-        advice = ("fix the cell, or name the column in categorical= to one-hot encode it or in "
+        advice = ("fix the cell: the run reads this column as numbers (to read it as categories or leave it "
+                  "out, train again with it in categorical= or drop_columns=)" if origin.for_run else
+                  "fix the cell, or name the column in categorical= to one-hot encode it or in "
                   "drop_columns= to leave it out" if origin.file else
                   "encode it as numbers, or train with it as a categorical column")
         raise ValueError(f"{origin.name}: feature column {name!r} has a non-numeric value {cell!r} in "
@@ -441,13 +477,14 @@ def _categories(col: pa.ChunkedArray, name: str, origin: TableOrigin,
     if not given and len(cats) > max(MANY_CATEGORIES, MANY_CATEGORIES_SHARE * len(cells)):
         warnings.warn(f"{origin.name}: text column {name!r} has {len(cats):,} distinct values in {len(cells):,} "
                       f"rows; one-hot encoded, it makes {len(cats):,} features that say little about new "
-                      "rows. If it is an id or free text, leave it out of the features.",
+                      "rows. If it is an id or free text, leave it out of the features (drop_columns=).",
                       ManyCategoriesWarning, stacklevel=2)
     unknown = pc.invert(pc.is_in(cells, string_array(cats)))
     if handle_unknown != "ignore" and _first(unknown) is not None:
         found = sorted(set(pc.filter(cells, unknown).to_pylist()))
         raise ValueError(f"{origin.name}: categorical column {name!r} has values {listed(found)} outside its "
-                         f"categories {listed(cats)}; handle_unknown='ignore' encodes them as none of them")
+                         f"categories {listed(cats)}; fix the cells, or pass handle_unknown='ignore' to encode "
+                         f"them as none of the categories (all of the column's one-hot features 0)")
     return cells, cats
 
 

@@ -67,18 +67,23 @@ class Inputs:
 
 
 def read_inputs(spec: str | Path, schema: dict[str, Any], delimiter: Optional[str] = None,
-                handle_unknown: str = "error") -> Inputs:
+                handle_unknown: str = "error", missing: str = "mark") -> Inputs:
     """Read ``spec`` (a built-in name; a CSV/TSV, Parquet, Feather or ``.npz`` file; or an image folder
     with ``labels.csv``) the way data of ``schema`` were read for training: a table's columns by name,
     in the training order, with the training categories (a category training did not see: an error,
-    or with ``handle_unknown="ignore"`` none of its column's); its label column optional."""
+    or with ``handle_unknown="ignore"`` none of its column's); its label column optional.
+
+    ``missing``: a table's row with a missing feature cell is filled with the training file's values
+    (``schema["fill_values"]``) and marked in ``incomplete`` (``"mark"``: no prediction), filled so
+    and predicted (``"impute"``, as a run trained with ``--missing impute`` does), or refused
+    (``"error"``)."""
     key = str(spec).strip()
     fmt = schema.get("format")
     if key.lower() in BUILTIN_NAMES:
         if key.lower() in _BUILTIN_TABLES and fmt in TABULAR_FORMATS:
             file, builtin_delimiter = _BUILTIN_TABLES[key.lower()]
             return _read_table(DATASETS_DIR / file, schema, builtin_delimiter, where=f"{key} ({file})",
-                               handle_unknown=handle_unknown)
+                               handle_unknown=handle_unknown, missing=missing)
         if key.lower() in _BUILTIN_TABLES or fmt != "images":
             kind = "a table" if key.lower() in _BUILTIN_TABLES else "images"
             raise ValueError(f"{key} is {kind} but the run was trained on {fmt or 'other'} data; give data "
@@ -104,7 +109,8 @@ def read_inputs(spec: str | Path, schema: dict[str, Any], delimiter: Optional[st
     if fmt == "images" and kind == "csv":
         return _read_image_list(path, schema, delimiter)
     if fmt in TABULAR_FORMATS:
-        return _read_table(path, schema, delimiter if kind == "csv" else None, handle_unknown=handle_unknown)
+        return _read_table(path, schema, delimiter if kind == "csv" else None, handle_unknown=handle_unknown,
+                           missing=missing)
     raise ValueError(f"{path} is a {'CSV' if kind == 'csv' else kind} file but the run was trained on "
                      f"{fmt or 'other'} data; give a file of the same kind")
 
@@ -123,6 +129,7 @@ class TableSlices:
     values: Optional[np.ndarray]
     handle_unknown: str
     rows_per_slice: int
+    missing: str = "mark"
 
     @property
     def rows(self) -> int:
@@ -141,8 +148,12 @@ class TableSlices:
         id_column = self.schema.get("id_column")
         for start in range(0, self.rows, self.rows_per_slice):
             part = self.table.slice(start, self.rows_per_slice)
-            # as read_inputs: a row with a missing cell is filled so the model runs, and marked
-            part, incomplete = fill_missing(part, columns, categorical, self.origin, "mark")
+            # as read_inputs: a row with a missing cell is filled as the training file's were, and marked
+            # (or, imputed, predicted)
+            part, incomplete = fill_missing(part, columns, categorical, self.origin, self.missing,
+                                            self.schema.get("fill_values"))
+            if self.missing == "impute":
+                incomplete = None
             x, _, _ = table_features(part, columns, categorical, self.origin, self.handle_unknown)
             ids = (cell_texts(part.column(id_column)) if id_column is not None
                    else [str(i) for i in range(start, start + part.num_rows)])
@@ -151,7 +162,8 @@ class TableSlices:
 
 
 def table_slices(spec: str | Path, schema: dict[str, Any], delimiter: Optional[str] = None,
-                 handle_unknown: str = "error", rows_per_slice: int = SLICE_ROWS) -> Optional[TableSlices]:
+                 handle_unknown: str = "error", rows_per_slice: int = SLICE_ROWS,
+                 missing: str = "mark") -> Optional[TableSlices]:
     """:func:`read_inputs` of a table file (a built-in table, CSV/TSV, Parquet, Feather) in slices: the
     file's columns are read at once, as typed as they convert (float32 features), and each slice is
     converted when it is reached, so that the memory a prediction needs beyond that read is a slice's.
@@ -168,13 +180,13 @@ def table_slices(spec: str | Path, schema: dict[str, Any], delimiter: Optional[s
     label_column = schema.get("label_column")
     read = TableRead(list(schema["columns"]), schema.get("categorical", {}), label_column, delimiter=delimiter,
                      encoding=schema.get("encoding") if kind == "csv" else None,
-                     id_column=schema.get("id_column"), label_optional=True, where=where)
+                     id_column=schema.get("id_column"), label_optional=True, where=where, for_run=True)
     table, origin, has_label = read_feature_table(path, read)
     values = table_labels(table, label_column, origin, optional=True) if has_label else None
     if has_label:  # the labels are read: the column's buffer goes back
         table = table.drop_columns([label_column])
     pa.default_memory_pool().release_unused()
-    return TableSlices(table, origin, schema, values, handle_unknown, int(rows_per_slice))
+    return TableSlices(table, origin, schema, values, handle_unknown, int(rows_per_slice), missing)
 
 
 def _table_file(spec: str | Path, schema: dict[str, Any]) -> Optional[tuple[Path, Optional[str], Optional[str]]]:
@@ -205,15 +217,16 @@ def _optional_labels(header: list[str], body: list[list[str]], label_column: Opt
 
 
 def _read_table(path: Path, schema: dict[str, Any], delimiter: Optional[str], where: Optional[str] = None,
-                handle_unknown: str = "error") -> Inputs:
+                handle_unknown: str = "error", missing: str = "mark") -> Inputs:
     categorical = {k: list(v) for k, v in schema.get("categorical", {}).items()}
-    # a row with a missing cell is filled so the model can run, and marked: its prediction is left empty
+    # a row with a missing cell is filled as the training file's were, so the model can run, and marked:
+    # its prediction is left empty (imputed: predicted)
     read = TableRead(list(schema["columns"]), categorical, schema.get("label_column"), delimiter=delimiter,
                      encoding=schema.get("encoding") if (table_format(path) or "csv") == "csv" else None,
-                     id_column=schema.get("id_column"), label_optional=True, where=where, missing="mark",
-                     handle_unknown=handle_unknown)
-    x, _, _, values, ids, incomplete = read_table_features(path, read)
-    return Inputs(torch.from_numpy(x), ids, values, incomplete)
+                     id_column=schema.get("id_column"), label_optional=True, where=where, missing=missing,
+                     handle_unknown=handle_unknown, fill=schema.get("fill_values") or {}, for_run=True)
+    x, _, _, values, ids, incomplete, _ = read_table_features(path, read)
+    return Inputs(torch.from_numpy(x), ids, values, None if missing == "impute" else incomplete)
 
 
 def _read_npz(path: Path, schema: dict[str, Any]) -> Inputs:

@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +38,7 @@ from .frames import (
     TableOrigin,
     cell_texts,
     fill_missing,
+    fill_values,
     holds_words,
     is_text_type,
     listed,
@@ -302,8 +304,10 @@ def read_table(path: str | Path, types: Mapping[str, pa.DataType], delimiter: st
             return _read_ipc(path, list(types))
     encoding = _check_encoding(encoding)
     raw, delimiter = _csv_header(path, check_delimiter(delimiter), encoding)
-    names = [c.strip() for c in raw]
-    wanted = {raw[names.index(n)]: t for n, t in types.items()}
+    position = {}
+    for k, c in enumerate(raw):  # the first of a name, as list.index finds it (not once per column)
+        position.setdefault(c.strip(), k)
+    wanted = {raw[position[n]]: t for n, t in types.items()}
     table = _read_csv_typed(path, delimiter, wanted, encoding)
     if table is None or not _all_finite(table):
         table = _drop_blank_rows(_read_csv_typed(path, delimiter, {c: pa.string() for c in wanted}, encoding))
@@ -378,6 +382,10 @@ class TableRead:
         one_hot_text: columns of words (:func:`~.frames.holds_words`) are categorical too.
         missing: what rows with a missing feature cell get (:func:`~.frames.fill_missing`).
         handle_unknown: what a category not in ``categorical`` gets (:func:`~.frames.table_features`).
+        fill: what a missing cell of a column is filled with (a run's :func:`~.frames.fill_values`);
+            None: its column's median or most common category in this file.
+        for_run: the columns are a trained run's (a prediction): errors advise what the file can
+            change.
     """
 
     columns: Sequence[str]
@@ -391,16 +399,21 @@ class TableRead:
     one_hot_text: bool = False
     missing: str = "error"
     handle_unknown: str = "error"
+    fill: Mapping[str, Any] | None = None
+    for_run: bool = False
 
 
 def read_table_features(path: str | Path, read: TableRead
                         ) -> tuple[np.ndarray, list[str], dict[str, list[str]], np.ndarray | None, list[str],
-                                   np.ndarray | None]:
+                                   np.ndarray | None, dict[str, Any] | None]:
     """A table file's features (:func:`~.frames.table_features` of ``read.columns``), its labels (None
     when ``read.label_optional`` and the file has none, or an empty label column) and the id of each
-    row: the cells of ``read.id_column``, else the row number from 0. The last item is ``[N]`` bool
-    of the rows of the file with a missing feature cell (None where none has one), the rest are of
-    the rows kept (``read.missing``)."""
+    row: the cells of ``read.id_column``, else the row number from 0. Then ``[N]`` bool of the rows of
+    the file with a missing feature cell (None where none has one), the rest are of the rows kept
+    (``read.missing``); last, what a missing cell of each column is filled with: ``read.fill``, or
+    for training data (``read.missing`` not "mark") those of this file (:func:`~.frames.fill_values`),
+    which a run keeps for its predictions (None where a column's cells do not convert: the features'
+    error says why)."""
     table, origin, has_label = read_feature_table(path, read)
     columns, categorical = list(read.columns), dict(read.categorical)
     if read.one_hot_text:
@@ -408,9 +421,16 @@ def read_table_features(path: str | Path, read: TableRead
                  and holds_words(table.column(c), origin)]
         categorical = {**categorical, **{c: [] for c in words}}
     row_numbers = np.arange(table.num_rows)
-    table, incomplete = fill_missing(table, columns, categorical, origin, read.missing)
+    fill = read.fill
+    if fill is None and read.missing != "mark":
+        try:
+            fill = fill_values(table, columns, categorical, origin)
+        except ValueError:  # a cell that is no number: table_features names it below
+            fill = None
+    table, incomplete = fill_missing(table, columns, categorical, origin, read.missing, fill)
     if read.missing == "skip" and incomplete is not None:
         row_numbers = row_numbers[~incomplete]
+        origin = origin.kept(row_numbers)  # an error in a later column names the file's row
     x, names, used = table_features(table, columns, categorical, origin, read.handle_unknown)
     values = (table_labels(table, read.label_column, origin, optional=read.label_optional)
               if has_label else None)
@@ -419,7 +439,7 @@ def read_table_features(path: str | Path, read: TableRead
     # the table's buffers stay with pyarrow's allocator once freed: hand them back, so that the label
     # encoding after this reuses memory instead of adding to the peak
     pa.default_memory_pool().release_unused()
-    return x, names, used, values, ids, incomplete
+    return x, names, used, values, ids, incomplete, fill
 
 
 def read_feature_table(path: str | Path, read: TableRead) -> tuple[pa.Table, TableOrigin, bool]:
@@ -432,7 +452,7 @@ def read_feature_table(path: str | Path, read: TableRead) -> tuple[pa.Table, Tab
     header = table_columns(path, delimiter, encoding)
     decimal_comma = ((table_format(path) or "csv") == "csv"
                      and _csv_header(path, check_delimiter(delimiter), _check_encoding(encoding))[1] != ",")
-    origin = TableOrigin(read.where or str(path), decimal_comma=decimal_comma)
+    origin = TableOrigin(read.where or str(path), decimal_comma=decimal_comma, for_run=read.for_run)
     present = set(header)
     # the file's columns without rows, built only to be refused (pyarrow's pa.array imports pandas)
     def empty() -> pa.Table:
@@ -444,7 +464,9 @@ def read_feature_table(path: str | Path, read: TableRead) -> tuple[pa.Table, Tab
     if label_column is not None and not has_label and not read.label_optional:
         table_labels(empty(), label_column, origin)
     if id_column is not None and id_column not in present:
-        table_features(empty(), [id_column], {}, origin)
+        raise ValueError(f"{origin.name} has no id column {id_column!r}; its columns are {listed(header)}. "
+                         + ("Give the file that column: the run names each row by it" if read.for_run else
+                            "Pass the right name with id_column="))
     types: dict[str, pa.DataType] = {c: (pa.string() if c in read.categorical else pa.float32())
                                      for c in read.columns}
     if has_label:  # an optional label column left empty does not convert: the text read sees it
@@ -547,7 +569,7 @@ def _feature_columns(path: Path, header: list[str], label_column: str, feature_c
 def read_table_dataset(path: Path, read: TableRead, labels: LabelSpec, name: str | None = None) -> OrdinalDataset:
     """The dataset :func:`load_table` returns, from arguments already checked against the file (its
     columns exist, ``read.missing`` is not "mark"): its ``read`` columns, labels on the grid of ``labels``, named ``name`` (default the file stem)."""
-    x, names, used, values, ids, incomplete = read_table_features(path, read)
+    x, names, used, values, ids, incomplete, fill = read_table_features(path, read)
     if incomplete is not None:
         what = "left out" if read.missing == "skip" else "filled with their column's median or most common value"
         warnings.warn(f"{path}: {int(incomplete.sum())} of {incomplete.size} rows have a missing feature "
@@ -559,6 +581,10 @@ def read_table_dataset(path: Path, read: TableRead, labels: LabelSpec, name: str
         schema["id_column"] = read.id_column
     if read.encoding is not None:
         schema["encoding"] = read.encoding  # a file to predict is read so too
+    # how a prediction fills a missing cell as this file's were (or would have been) filled
+    schema["missing"] = read.missing
+    if fill is not None:
+        schema["fill_values"] = fill
     identity = DatasetIdentity(name or file_stem(path), "tabular", source=str(path), schema=schema,
                                feature_names=names, ids=ids if keep_ids else None)
     return make_dataset(torch.from_numpy(x), values, identity, labels)
