@@ -64,7 +64,8 @@ std::vector<double> table_buffer(int64_t size, int64_t n) {
     return std::vector<double>(size, 0.0);
   } catch (const std::bad_alloc&) {
     C10_THROW_ERROR(ValueError, c10::str("num_ranks=", n, " needs probability tables of ", size,
-                                         " float64 values, more memory than could be allocated"));
+                                         " float64 values, more memory than could be allocated; use fewer "
+                                         "ranks (a coarser grid of labels)"));
   }
 }
 
@@ -214,6 +215,7 @@ std::vector<double> ordering_table_by_direct_sums(int64_t n, double sigma, int64
 // Pr(x > y) is Pr(x < y) of (b, a); Pr(x ~ y) is what the two leave of 1. The official convention adds
 // the clamped tail's top-rank mass, sum_{j > J} P[a, j] P[b, n - 1], to both (docs/math.md §10.2).
 std::vector<double> ordering_table_by_diagonal_sums(int64_t n, double sigma, int64_t tau, Convention convention) {
+  std::vector<double> table = table_buffer(n * n * 3, n);  // first: a grid too large is refused at once
   // lower_sums[t + n] = G(t) = sum_{d=-(n-1)}^{t} g(d) for t in -n..n-1 (G(-n) = 0).
   std::vector<double> weights(2 * n - 1), lower_sums(2 * n, 0.0);
   for (int64_t d = -(n - 1); d <= n - 1; ++d) {
@@ -229,8 +231,6 @@ std::vector<double> ordering_table_by_diagonal_sums(int64_t n, double sigma, int
   }
   const int64_t far = tau + 1;
   const int64_t last_j = n - 1 - far;  // -1 when tau = n - 1: never "x < y"
-
-  std::vector<double> table = table_buffer(n * n * 3, n);
   // Pass 1: Pr(x < y) of the paper, one diagonal s = a - b at a time, into slot 0 of (a, b) and slot 2
   // (Pr(x > y)) of (b, a). Each entry sums R_s over a range of u, taken from the cumulative sums of R_s
   // from the left or from the right, whichever leaves out less: R_s is unimodal in u (a product of
