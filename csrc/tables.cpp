@@ -237,7 +237,7 @@ std::vector<double> ordering_table_by_diagonal_sums(int64_t n, double sigma, int
   // log-concave terms), so a small sum away from its peak is never the difference of two large ones.
   // The diagonals go in blocks, whose entries are then written row by row: a row's entries on
   // neighbouring diagonals are neighbours, where one diagonal's entries are a row apart.
-  constexpr int64_t kDiagonalsPerBlock = 32;
+  constexpr int64_t kDiagonalsPerBlock = 128;
   const int64_t num_blocks = (2 * n - 1 + kDiagonalsPerBlock - 1) / kDiagonalsPerBlock;
   at::parallel_for(0, num_blocks, 1, [&](int64_t block_begin, int64_t block_end) {
     std::vector<double> from_left(2 * n + 1), from_right(2 * n + 1);
@@ -274,12 +274,15 @@ std::vector<double> ordering_table_by_diagonal_sums(int64_t n, double sigma, int
           lt_of[a] = std::max(0.0, numerator / (row_sum[a] * row_sum[b]));
         }
       }
+      double* const entries = table.data();
       for (int64_t row = 0; row < n; ++row) {
-        for (int64_t s = s_begin; s < s_end; ++s) {
-          const double* lt_of = &block_lt[(s - s_begin) * n];
-          const int64_t b = row - s, a = row + s;
-          if (b >= 0 && b < n) table[(row * n + b) * 3] = lt_of[row];   // Pr(x < y) of (row, b)
-          if (a >= 0 && a < n) table[(row * n + a) * 3 + 2] = lt_of[a]; // Pr(x > y) of (row, a)
+        // Pr(x < y) of (row, row - s) for the s with 0 <= row - s < n; Pr(x > y) of (row, row + s) likewise.
+        double* const row_entries = entries + row * n * 3;
+        for (int64_t s = std::max(s_begin, row - (n - 1)); s < std::min(s_end, row + 1); ++s) {
+          row_entries[(row - s) * 3] = block_lt[(s - s_begin) * n + row];
+        }
+        for (int64_t s = std::max(s_begin, -row); s < std::min(s_end, n - row); ++s) {
+          row_entries[(row + s) * 3 + 2] = block_lt[(s - s_begin) * n + row + s];
         }
       }
     }
