@@ -682,3 +682,20 @@ def test_audit_uses_trains_threads_and_writes_its_probabilities(tmp_path, capsys
     p_columns = [c for c in rows[0] if c.startswith("p_")]
     assert p_columns == [f"p_{v}" for v in range(3, 10)]
     assert all(abs(sum(float(r[c]) for c in p_columns) - 1) < 1e-4 for r in rows)
+
+
+# -- a fine label step: a grid of more than 1,000 ranks ----------------------------------------------------
+
+@pytest.mark.slow
+def test_a_label_step_finer_than_the_labels_trains_on_its_grid_of_ranks(tmp_path, capsys):
+    """--label-step 0.005 on whole numbers 20 … 29 makes 1,801 ranks: past 1,000 ranks the loss's
+    probability table is built in O(n^2), so such a grid trains as any other (it used to take minutes,
+    and 9,001 ranks hours, before the first step)."""
+    import json
+
+    data = tiny_csv(tmp_path / "whole.csv")
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--label-step", "0.005", "--output", str(out), "--quiet",
+                 "--no-plots", *FAST]) == 0
+    grid = json.loads((out / "results.json").read_text())["data"]
+    assert (grid["min_value"], grid["step"], grid["num_ranks"]) == (20.0, 0.005, 1801)

@@ -115,3 +115,39 @@ def test_a_huge_sigma_gives_the_uniform_kernel(sigma):
     fused = ops.ordering_probability_table(5, sigma, 1, backend="fused")
     torch.testing.assert_close(fused, ops.ordering_probability_table(5, sigma, 1, backend="reference"))
     assert torch.isfinite(fused).all()
+
+
+# Past 1,000 ranks the table is built from cumulative sums along its diagonals (csrc/tables.cpp), O(n^2)
+# instead of one O(n) sum per entry; the grids below are just past that bound, and the wide kernels and
+# large taus reach every boundary case of those sums.
+@pytest.mark.parametrize("n, sigma, tau, convention", [
+    (1001, 1.0, 3, "paper"),
+    (1001, 0.3, 0, "official"),
+    (1001, 40.0, 7, "official"),
+    (1024, 900.0, 3, "paper"),
+    (1024, 2.5, 1023, "official"),
+])
+def test_tables_past_1000_ranks_equal_the_double_sums(n, sigma, tau, convention):
+    table = ops.ordering_probability_table(n, sigma, tau, convention, backend="fused")
+    expected = reference.ordering_probability_table(n, sigma, tau, convention)
+    assert table.shape == (n, n, 3) and (table >= 0).all()
+    # Pr(x ~ y) to the rounding of sums of n terms near 1; Pr(x < y) and Pr(x > y) also relatively, down
+    # to the smallest normal numbers (a small probability is a sum of small terms, not a difference of
+    # large ones).
+    torch.testing.assert_close(table[..., 1], expected[..., 1], rtol=0, atol=5e-14)
+    normal = expected[..., [0, 2]] > torch.finfo(torch.float64).tiny
+    torch.testing.assert_close(table[..., [0, 2]][normal], expected[..., [0, 2]][normal], rtol=1e-12, atol=0)
+    assert (table[..., [0, 2]][~normal] < 1e-300).all()
+    assert torch.equal(table[..., 2], table[..., 0].T)  # Pr(x > y) for (a, b) is Pr(x < y) for (b, a)
+
+
+def test_tables_past_1000_ranks_sum_to_one():
+    n = 1500
+    table = ops.ordering_probability_table(n, 3.0, 3, "paper", backend="fused")
+    torch.testing.assert_close(table.sum(-1), torch.ones(n, n, dtype=torch.float64), rtol=0, atol=1e-15)
+    # A far-apart pair is ordered for certain, a pair within tau of each other mostly similar.
+    torch.testing.assert_close(table[0, n - 1], torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64),
+                               rtol=0, atol=1e-15)
+    assert table[n - 1, 0, 0] == 0.0 and table[700, 701, 1] > 0.5
+    tau_all = ops.ordering_probability_table(n, 3.0, n - 1, "paper", backend="fused")
+    assert torch.equal(tau_all[..., 1], torch.ones(n, n, dtype=torch.float64))

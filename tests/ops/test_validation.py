@@ -261,3 +261,15 @@ def test_the_grouped_algorithm_gives_shapes_on_meta_tensors():
     assert h.grad.device.type == "meta" and h.grad.shape == (B, DIM)
     D = torch.empty(B, N, device="meta")
     assert sol_ext.order_loss(D, labels, algorithm="grouped").shape == ()
+
+
+@pytest.mark.parametrize("num_ranks", [2**24, 2**22])
+def test_tables_too_large_to_allocate_say_to_use_fewer_ranks(num_ranks):
+    """Refused before any entry is computed (an O(n^2) pass first would run for days), by the ordering
+    table and by the noise kernel the loss builds first."""
+    pattern = (rf"num_ranks={num_ranks} needs probability tables of \d+ float64 values, more memory than could be "
+               r"allocated; use fewer ranks \(a coarser grid of labels\)")
+    with pytest.raises(ValueError, match=pattern):
+        sol_ext.ordering_probabilities(torch.tensor([0]), torch.tensor([1]), num_ranks)
+    with pytest.raises(ValueError, match=pattern):
+        sol_ext.StochasticOrderLoss(num_ranks)(torch.zeros(2, 3), torch.tensor([0, 1]), torch.zeros(num_ranks, 3))
