@@ -410,6 +410,25 @@ def test_the_free_text_warning_names_the_option_that_leaves_the_column_out(tmp_p
     assert "text column 'comment'" in err and "leave it out of the features (--drop-columns)" in err
 
 
+@pytest.mark.parametrize("missing", ["skip", "impute"])
+def test_a_column_without_any_value_is_named(tmp_path, capsys, missing):
+    from common import expect_error
+
+    data = write_csv(tmp_path / "d.csv", [(i % 5, "", i % 4) for i in range(60)], header=("a", "c", "label"))
+    expect_error(capsys, ["train", "--data", str(data), "--missing", missing, "--output", str(tmp_path / "o"),
+                          *FAST], "feature column 'c' has no value in any row", "--drop-columns")
+
+
+def test_an_id_column_that_is_the_label_and_a_repeated_feature_column_are_refused(tmp_path, capsys):
+    from common import expect_error
+
+    data = tiny_csv(tmp_path / "d.csv")
+    expect_error(capsys, ["train", "--data", str(data), "--id-column", "label", "--output", str(tmp_path / "o"),
+                          *FAST], "id column 'label' cannot also be the label column")
+    expect_error(capsys, ["train", "--data", str(data), "--feature-columns", "a,a,b", "--output",
+                          str(tmp_path / "o"), *FAST], "--feature-columns names ['a'] more than once")
+
+
 # -- done when: a wine-quality-like table, start to finish -----------------------------------------------
 
 @pytest.mark.parametrize("kind", ["csv", "parquet"])

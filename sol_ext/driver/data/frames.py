@@ -240,7 +240,8 @@ def fill_values(table: pa.Table, columns: Sequence[str], categorical: Mapping[st
     for name in columns:
         col = table.column(positions[name])
         mask = _missing_mask(col)
-        values[name] = _fill_value(col, mask, name, origin, name in categorical)
+        if mask is None or not mask.all():  # a column without any value has nothing to fill from
+            values[name] = _fill_value(col, mask, name, origin, name in categorical)
     return values
 
 
@@ -266,6 +267,14 @@ def fill_missing(table: pa.Table, columns: Sequence[str], categorical: Mapping[s
                 masks[name] = mask
     if not masks:
         return table, None
+    if policy in ("skip", "impute"):  # training: a column without any value leaves nothing to learn or fill from
+        empty = [name for name, mask in masks.items()
+                 if mask.all() and (policy == "skip" or fill is None or name not in fill)]
+        if empty and table.num_rows:
+            raise ValueError(f"{origin.name}: feature column{'s' if len(empty) > 1 else ''} "
+                             f"{listed(empty) if len(empty) > 1 else repr(empty[0])} "
+                             f"{'have' if len(empty) > 1 else 'has'} no value in any row; leave "
+                             f"{'them' if len(empty) > 1 else 'it'} out of the features (drop_columns=)")
     incomplete = np.logical_or.reduce(list(masks.values()))
     if policy == "error":
         cells = sum(int(m.sum()) for m in masks.values())

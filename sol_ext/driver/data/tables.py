@@ -566,6 +566,12 @@ def _feature_columns(path: Path, header: list[str], label_column: str, feature_c
         raise ValueError(f"the label column {label_column!r} cannot also be a feature column")
     if id_column is not None and id_column in feature_columns:
         raise ValueError(f"the id column {id_column!r} cannot also be a feature column")
+    if id_column is not None and id_column == label_column:
+        raise ValueError(f"the id column {id_column!r} cannot also be the label column; name the column "
+                         f"that identifies each row with id_column=, or leave it out")
+    repeated = sorted({c for c in feature_columns if list(feature_columns).count(c) > 1})
+    if repeated:
+        raise ValueError(f"feature_columns= names {listed(repeated)} more than once; name each column once")
     return list(feature_columns)
 
 
