@@ -429,6 +429,15 @@ def test_an_id_column_that_is_the_label_and_a_repeated_feature_column_are_refuse
                           str(tmp_path / "o"), *FAST], "--feature-columns names ['a'] more than once")
 
 
+def test_numbers_with_thousands_separators_or_percent_signs_are_named_when_one_hot(tmp_path, capsys):
+    rows = [(f"{1000 + 37 * i:,}", f"{i % 60}%", i % 4) for i in range(80)]
+    data = write_csv(tmp_path / "d.csv", rows, header=("income", "share", "label"))
+    assert main(["train", "--data", str(data), "--output", str(tmp_path / "o"), "--quiet", *FAST]) == 0
+    err = capsys.readouterr().err
+    assert "text column 'income' holds numbers written with thousands separators" in err
+    assert "text column 'share' holds numbers written as percentages" in err and "--drop-columns" in err
+
+
 # -- done when: a wine-quality-like table, start to finish -----------------------------------------------
 
 @pytest.mark.parametrize("kind", ["csv", "parquet"])

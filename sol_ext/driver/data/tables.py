@@ -46,6 +46,7 @@ from .frames import (
     refuse_repeated_names,
     table_features,
     table_labels,
+    warn_numbers_as_text,
 )
 
 __all__ = ["load_table", "load_npz", "read_table", "read_table_features", "read_feature_table", "TableRead",
@@ -420,6 +421,8 @@ def read_table_features(path: str | Path, read: TableRead
     if read.one_hot_text:
         words = [c for c in columns if c not in categorical and _text_typed(table.column(c))
                  and holds_words(table.column(c), origin)]
+        for c in words:
+            warn_numbers_as_text(table.column(c), c, origin)
         categorical = {**categorical, **{c: [] for c in words}}
     row_numbers = np.arange(table.num_rows)
     fill = read.fill
