@@ -152,8 +152,8 @@ def check_output_folder(out_dir: Path, flag: str = "--output") -> None:
     if others:
         shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
         foreign = [name for name in (CHECKPOINT_NAME, BEST_NAME) if (out_dir / name).exists()]
-        why = (f"its {' and '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} no sol-ext checkpoint "
-               f"(another program's, or damaged)" if foreign else f"no {CHECKPOINT_NAME}")
+        why = (f"its {' and '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} no sol-ext checkpoint, "
+               f"but another program's or damaged" if foreign else f"no {CHECKPOINT_NAME}")
         raise UsageError(
             f"{flag} {out_dir}: the folder holds other files ({shown}) and is not a sol-ext run "
             f"folder ({why}); a run writes into a new or empty folder or continues "

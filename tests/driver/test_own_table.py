@@ -409,6 +409,34 @@ def test_the_free_text_warning_names_the_option_that_leaves_the_column_out(tmp_p
     assert "text column 'comment'" in err and "leave it out of the features (--drop-columns)" in err
 
 
+@pytest.mark.parametrize("missing", ["skip", "impute"])
+def test_a_column_without_any_value_is_named(tmp_path, capsys, missing):
+    from common import expect_error
+
+    data = write_csv(tmp_path / "d.csv", [(i % 5, "", i % 4) for i in range(60)], header=("a", "c", "label"))
+    expect_error(capsys, ["train", "--data", str(data), "--missing", missing, "--output", str(tmp_path / "o"),
+                          *FAST], "feature column 'c' has no value in any row", "--drop-columns")
+
+
+def test_an_id_column_that_is_the_label_and_a_repeated_feature_column_are_refused(tmp_path, capsys):
+    from common import expect_error
+
+    data = tiny_csv(tmp_path / "d.csv")
+    expect_error(capsys, ["train", "--data", str(data), "--id-column", "label", "--output", str(tmp_path / "o"),
+                          *FAST], "id column 'label' cannot also be the label column")
+    expect_error(capsys, ["train", "--data", str(data), "--feature-columns", "a,a,b", "--output",
+                          str(tmp_path / "o"), *FAST], "--feature-columns names ['a'] more than once")
+
+
+def test_numbers_with_thousands_separators_or_percent_signs_are_named_when_one_hot(tmp_path, capsys):
+    rows = [(f"{1000 + 37 * i:,}", f"{i % 60}%", i % 4) for i in range(80)]
+    data = write_csv(tmp_path / "d.csv", rows, header=("income", "share", "label"))
+    assert main(["train", "--data", str(data), "--output", str(tmp_path / "o"), "--quiet", *FAST]) == 0
+    err = capsys.readouterr().err
+    assert "text column 'income' holds numbers written with thousands separators" in err
+    assert "text column 'share' holds numbers written as percentages" in err and "--drop-columns" in err
+
+
 # -- done when: a wine-quality-like table, start to finish -----------------------------------------------
 
 @pytest.mark.parametrize("kind", ["csv", "parquet"])

@@ -579,13 +579,16 @@ def test_export_holds_the_clean_targets_calibration(user_files, tmp_path, capsys
 @pytest.mark.parametrize("command", [["predict", "RUN", "--data", "new.csv"], ["export", "RUN"]])
 def test_the_command_lines_interval_scores_are_the_librarys(command, capsys):
     """--interval-score takes each score of sol_ext.intervals, refuses an unknown one, and defaults to
-    the library's default, so a run's intervals are the same from the command line and from load_run.
+    the library's default, so a run's intervals are the same from the command line and from load_run
+    (left unset when not given, so that it is refused without --interval; its help names the default).
     (The command line names them itself: it does not import torch to parse its arguments.)"""
     from sol_ext.driver.cli import build_parser
     from sol_ext.intervals import DEFAULT_SCORE, SCORES
 
     parser = build_parser()
-    assert parser.parse_args(command).interval_score == DEFAULT_SCORE
+    assert parser.parse_args(command).interval_score is None
+    sub = next(a for a in parser._actions if isinstance(a.choices, dict)).choices[command[0]]
+    assert f"(default: {DEFAULT_SCORE})" in next(a.help for a in sub._actions if a.dest == "interval_score")
     for score in SCORES:
         assert parser.parse_args([*command, "--interval-score", score]).interval_score == score
     with pytest.raises(SystemExit):

@@ -189,7 +189,7 @@ def _refuse_labels_off_the_grid(values: np.ndarray, ranks: torch.Tensor, grid: L
     fix = ("encode the test labels as the training labels are, or train on labels that include these values"
            if fixed else "choose a step and minimum the labels lie on (--label-step, --label-min; in Python: "
            "step=, min_value=), or leave them out to infer the grid from the labels")
-    raise ValueError(f"{where}: label values {shown} ({len(rows)} rows, the first {position(int(rows[0]))}) are "
+    raise ValueError(f"{where}: label values {shown} ({len(rows)} rows, the first in {position(int(rows[0]))}) are "
                      f"not on the label grid {grid_text} (step {grid.step:g}), and would be rounded to its "
                      f"nearest rank; {fix}")
 

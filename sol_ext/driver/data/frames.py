@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 __all__ = ["is_table_like", "has_column_names", "as_arrow_table", "table_features", "table_labels",
            "text_columns", "holds_words", "cell_texts", "fill_missing", "fill_values", "MISSING_POLICIES", "string_array", "TableOrigin", "MISSING_CELLS",
-           "FLOAT32_MAX"]
+           "FLOAT32_MAX", "warn_numbers_as_text"]
 
 # Cells that mean "no value" in a text column (compared lower-cased, after stripping blanks).
 MISSING_CELLS = ("", "na", "nan", "n/a", "null", "none", "?")
@@ -240,7 +240,8 @@ def fill_values(table: pa.Table, columns: Sequence[str], categorical: Mapping[st
     for name in columns:
         col = table.column(positions[name])
         mask = _missing_mask(col)
-        values[name] = _fill_value(col, mask, name, origin, name in categorical)
+        if mask is None or not mask.all():  # a column without any value has nothing to fill from
+            values[name] = _fill_value(col, mask, name, origin, name in categorical)
     return values
 
 
@@ -266,6 +267,14 @@ def fill_missing(table: pa.Table, columns: Sequence[str], categorical: Mapping[s
                 masks[name] = mask
     if not masks:
         return table, None
+    if policy in ("skip", "impute"):  # training: a column without any value leaves nothing to learn or fill from
+        empty = [name for name, mask in masks.items()
+                 if mask.all() and (policy == "skip" or fill is None or name not in fill)]
+        if empty and table.num_rows:
+            raise ValueError(f"{origin.name}: feature column{'s' if len(empty) > 1 else ''} "
+                             f"{listed(empty) if len(empty) > 1 else repr(empty[0])} "
+                             f"{'have' if len(empty) > 1 else 'has'} no value in any row; leave "
+                             f"{'them' if len(empty) > 1 else 'it'} out of the features (drop_columns=)")
     incomplete = np.logical_or.reduce(list(masks.values()))
     if policy == "error":
         cells = sum(int(m.sum()) for m in masks.values())
@@ -454,6 +463,33 @@ class MissingValuesWarning(UserWarning):
 
 class ManyCategoriesWarning(UserWarning):
     """A text column one-hot encoded into about as many features as it has rows: an id, most likely."""
+
+
+class NumbersAsTextWarning(UserWarning):
+    """A column of numbers written with thousands separators or as percentages, read as categories."""
+
+
+# Numbers as spreadsheets write them for people: "1,234", "1.234.567" (thousands separators), "45%"
+_SEPARATED_NUMBER = r"^[+-]?\d{1,3}([,.' ]\d{3})+([.,]\d+)?$"
+_PERCENT = r"^[+-]?(\d+([.,]\d*)?|[.,]\d+)\s*%$"
+
+
+def warn_numbers_as_text(col: pa.ChunkedArray, name: str, origin: TableOrigin) -> None:
+    """A warning naming ``name`` when every cell of the text column ``col`` that is about to be one-hot
+    encoded is a number written with thousands separators or as a percentage: its categories say
+    less than the numbers would."""
+    cells = pc.utf8_trim_whitespace(_text(col).drop_null())
+    cells = cells.filter(pc.not_equal(cells, ""))
+    if len(cells) == 0:
+        return
+    for pattern, how, example in ((_SEPARATED_NUMBER, "with thousands separators", "1,234"),
+                                  (_PERCENT, "as percentages", "45%")):
+        if pc.all(pc.match_substring_regex(cells, pattern)).as_py():
+            warnings.warn(f"{origin.name}: text column {name!r} holds numbers written {how} ({example!r}), which "
+                          f"are one-hot encoded as categories; to read them as numbers write them plainly "
+                          f"(1234, 0.45), or leave the column out (drop_columns=)", NumbersAsTextWarning,
+                          stacklevel=3)
+            return
 
 
 # A text column with more distinct values than this share of its rows (and than MANY_CATEGORIES) tells

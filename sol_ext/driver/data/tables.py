@@ -45,6 +45,7 @@ from .frames import (
     refuse_repeated_names,
     table_features,
     table_labels,
+    warn_numbers_as_text,
 )
 
 __all__ = ["load_table", "load_npz", "read_table", "read_table_features", "read_feature_table", "TableRead",
@@ -419,6 +420,8 @@ def read_table_features(path: str | Path, read: TableRead
     if read.one_hot_text:
         words = [c for c in columns if c not in categorical and _text_typed(table.column(c))
                  and holds_words(table.column(c), origin)]
+        for c in words:
+            warn_numbers_as_text(table.column(c), c, origin)
         categorical = {**categorical, **{c: [] for c in words}}
     row_numbers = np.arange(table.num_rows)
     fill = read.fill
@@ -563,6 +566,12 @@ def _feature_columns(path: Path, header: list[str], label_column: str, feature_c
         raise ValueError(f"the label column {label_column!r} cannot also be a feature column")
     if id_column is not None and id_column in feature_columns:
         raise ValueError(f"the id column {id_column!r} cannot also be a feature column")
+    if id_column is not None and id_column == label_column:
+        raise ValueError(f"the id column {id_column!r} cannot also be the label column; name the column "
+                         f"that identifies each row with id_column=, or leave it out")
+    repeated = sorted({c for c in feature_columns if list(feature_columns).count(c) > 1})
+    if repeated:
+        raise ValueError(f"feature_columns= names {listed(repeated)} more than once; name each column once")
     return list(feature_columns)
 
 
