@@ -38,7 +38,6 @@ except ImportError as exc:  # validate_data is scikit-learn >= 1.6
 import contextlib
 import numbers
 import re
-import warnings
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -120,7 +119,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
     label values of the grid's ranks, ``predict_proba`` gives ``p(label | x)`` over them and
     ``predict`` one of them. Unlike a plain classifier it uses the order: the default SOL read-out
     thresholds the expected rank under ``p(label | x)`` at cuts fitted to the training labels for
-    least absolute error (``inference="posterior"``: the *median* of ``p(label | x)``, the label of
+    least absolute error (``readout="posterior"``: the *median* of ``p(label | x)``, the label of
     least expected absolute error), not its most probable label, and ``score`` is the negative mean
     absolute error.
 
@@ -149,7 +148,6 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             the same data, the same model (on the same machine and torch version). ``None`` or a
             ``numpy.random.RandomState`` draw the driver's seed (from numpy's global generator, or
             from the given one) at each ``fit``; ``history_["config"]["seed"]`` records it.
-        seed: deprecated alias of ``random_state`` (a ``FutureWarning``); it will be removed.
         device: ``"auto"`` (the default: CUDA when available, else the CPU), ``"cpu"``, ``"cuda"`` or
             ``"cuda:N"``; the model is kept there.
         paper: the paper's Algorithm 1 (``sol-ext train --paper``): each setting of
@@ -164,8 +162,6 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             training labels; the default, as ``sol-ext train``'s), ``"posterior"`` (median of
             ``p(q|x)``) or ``"nearest"`` (paper eq. 6).
         momentum, patience, normalize, amp, backend: as ``sol-ext train``.
-        inference, centroid_momentum: deprecated names of ``readout`` and ``momentum`` (a
-            ``FutureWarning``); they will be removed.
         threads: torch CPU threads during ``fit`` and prediction (restored after): 0 is 1 thread,
             as ``sol-ext train --threads 0`` uses for the MLP (its small products lose more to
             thread hand-offs than they gain).
@@ -208,8 +204,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
                  label_noise: float | str = "auto", readout: str = "cuts",
                  momentum: float = 0.5, patience: Optional[int] = None,
                  normalize: bool = True, amp: bool = False, backend: str = "auto", threads: int = 0,
-                 weight_ema: float | str = "auto", verbose: int = 0, seed: Optional[int] = None,
-                 inference: Optional[str] = None, centroid_momentum: Optional[float] = None,
+                 weight_ema: float | str = "auto", verbose: int = 0,
                  handle_unknown: str = "error", missing: str = "error"):
         self.method = method
         self.epochs = epochs
@@ -246,21 +241,11 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         self.verbose = verbose
         self.handle_unknown = handle_unknown
         self.missing = missing
-        self.seed = seed
-        self.inference = inference
-        self.centroid_momentum = centroid_momentum
 
     # -- configuration ---------------------------------------------------------------------
     def train_config(self) -> TrainConfig:
         """The driver configuration of these parameters, checked (``ValueError`` naming a bad one)."""
         values = {name: getattr(self, name) for name in CONFIG_PARAMS}
-        for old, new in (("inference", "readout"), ("centroid_momentum", "momentum")):  # the deprecated names, where given
-            if getattr(self, old) is not None:
-                warnings.warn(f"SOLRanker's {old} is deprecated and will be removed; use {new}, "
-                              f"its name in SOLHead", FutureWarning, stacklevel=2)
-                if not _same(values[new], getattr(TrainConfig(), new)):
-                    raise ValueError(f"SOLRanker got {old}= and {new}=, one setting; pass {new} only.")
-                values[new] = getattr(self, old)
         if self.paper:
             defaults = TrainConfig()
             for name, value in PAPER_SETTINGS.items():
@@ -278,15 +263,8 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
             raise ValueError(f"SOLRanker: a parameter has a value of the wrong type: {err}") from None
 
     def _seed(self) -> int:
-        """The driver's seed of ``random_state`` (or of the deprecated ``seed``)."""
+        """The driver's seed of ``random_state``."""
         state = self.random_state
-        if self.seed is not None:
-            warnings.warn("SOLRanker's seed is deprecated and will be removed; use random_state "
-                          "(scikit-learn's name) instead.", FutureWarning, stacklevel=4)
-            if not _same(state, 0) and not _same(state, self.seed):
-                raise ValueError(f"SOLRanker got random_state={state!r} and seed={self.seed!r}; pass "
-                                 f"random_state only (seed is its deprecated alias).")
-            state = self.seed
         if isinstance(state, numbers.Integral) and not isinstance(state, (bool, np.bool_)):
             if not 0 <= state <= np.iinfo(np.uint32).max:
                 raise ValueError(f"random_state must be an integer in 0 … 2**32 - 1, got {state}.")
@@ -428,7 +406,7 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
     def predict(self, X: Any) -> np.ndarray:
         """``[N]`` predicted labels, each one of ``classes_``: the run's read-out (for SOL by
         default the expected rank under :meth:`predict_proba` against cuts fitted to the training
-        labels; ``inference="posterior"``: its median, ``"nearest"``: paper eq. 6; baselines:
+        labels; ``readout="posterior"``: its median, ``"nearest"``: paper eq. 6; baselines:
         their head's prediction)."""
         table = self._table(X)  # checks that the estimator is fitted
         if table.incomplete is not None and table.incomplete.any():  # not after missing="impute"

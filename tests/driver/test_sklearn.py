@@ -4,7 +4,6 @@ import dataclasses
 import pickle
 import subprocess
 import sys
-import warnings
 
 import numpy as np
 import pytest
@@ -89,7 +88,7 @@ def test_defaults_are_the_drivers():
         want = getattr(defaults, name)
         assert params[name] == (tuple(want) if isinstance(want, tuple) else want), name
     assert params["paper"] is False and params["verbose"] == 0
-    assert params["random_state"] == defaults.seed and params["seed"] is None  # seed: deprecated alias
+    assert params["random_state"] == defaults.seed and not {"seed", "inference", "centroid_momentum"} & set(params)
     # every TrainConfig field is a parameter, or left out on purpose (data, noise, encoder, test metric)
     left_out = {f.name for f in dataclasses.fields(TrainConfig)} - set(CONFIG_PARAMS)
     assert left_out == {"seed", "data", "test_data", "label_column", "delimiter", "test_fraction", "noise",
@@ -266,15 +265,6 @@ def test_core_does_not_import_sklearn_and_the_module_says_how_to_get_it():
     assert "pip install 'sol_ext[train]'" in out.stdout
 
 
-def test_former_names_of_readout_and_momentum_warn_and_apply():
-    ranker = SOLRanker(inference="nearest", centroid_momentum=0.0)
-    with pytest.warns(FutureWarning, match="inference is deprecated"):
-        config = ranker.train_config()
-    assert (config.readout, config.momentum) == ("nearest", 0.0)
-    with pytest.raises(ValueError, match="one setting"), pytest.warns(FutureWarning):
-        SOLRanker(inference="nearest", readout="posterior").train_config()
-
-
 @pytest.mark.parametrize("sigma", [1.0, "auto"])
 def test_fit_trains_in_memory_and_writes_nothing(sigma, problem, tmp_path, monkeypatch):
     """fit in a working folder it must not write to, with no usable temp dir and torch.save refused:
@@ -359,16 +349,6 @@ def test_random_state_is_the_seed_and_clones():
     for bad in (-1, "a", 1.5, True):
         with pytest.raises(ValueError, match="random_state must be"):
             SOLRanker(random_state=bad).train_config()
-
-
-def test_seed_is_a_deprecated_alias_of_random_state():
-    with pytest.warns(FutureWarning, match="seed is deprecated.*random_state"):
-        assert SOLRanker(seed=3).train_config().seed == 3
-    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="random_state=4 and seed=3"):
-        SOLRanker(seed=3, random_state=4).train_config()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        SOLRanker(random_state=3).train_config()  # no warning without seed
 
 
 def test_verbose_prints_the_training_progress(small_problem, capsys):
