@@ -7,7 +7,11 @@ Three pieces:
   L2-normalized. Its :class:`SOLTextConfig` holds the encoder's config and the head's settings, so
   ``save_pretrained`` / ``from_pretrained`` (and ``AutoModel.from_pretrained`` once ``sol_ext.hf`` is
   imported, and ``push_to_hub``) keep the encoder, the head's state and its settings together.
-  ``forward`` returns a :class:`SOLTextOutput` whose ``logits`` are the rank log-probabilities.
+  ``forward`` returns a :class:`SOLTextOutput` whose ``logits`` are the rank log-probabilities, and
+  ``config.id2label`` names each rank by its label, so ``pipeline("text-classification", model=...)``
+  gives each text its most probable rank's label and probability. The encoder keeps its attention
+  implementation and gets the attention mask: padding never changes a prediction. Labels are ranks
+  ``0 … n-1``, or, with ``label_values=[...]``, values of that grid, mapped to ranks for you.
 - :class:`SOLTrainer`, a ``transformers.Trainer`` whose ``compute_loss`` is SOL's loss against the
   head's centroids (under data-parallel training, that of the global batch with all its pairs) and
   whose evaluation and ``predict`` give the rank probabilities (``predictions``, ``[N, n]``) and the
@@ -35,7 +39,10 @@ Three pieces:
 
 The head is a submodule of the model, so the trainer's checkpoints save it and
 ``trainer.train(resume_from_checkpoint=...)`` resumes with it. Labels (``labels``) are integer ranks
-``0 … num_ranks-1``.
+``0 … num_ranks-1``, or values of ``label_values``. Importing this module registers the model type
+``sol_text`` with ``AutoConfig``, ``AutoModel`` and ``AutoModelForSequenceClassification``; a process
+that loads a saved model through them without importing it gets transformers' "does not recognize
+this architecture" error.
 """
 from __future__ import annotations
 
