@@ -368,13 +368,18 @@ def finetune_run(head: str, seed: int, data: dict, options: argparse.Namespace) 
             seconds = time.perf_counter() - start
             model.load_state_dict(keeper.state)
             model.eval()
+            # Trainer's evaluation sampler groups by length too under "group_by_length", which would
+            # reorder the predictions: the test rows are read in order
+            trainer.args.train_sampling_strategy = "random"
             test = dataset("test", head != "sol")
+            output = trainer.predict(test)
+            if not np.array_equal(np.asarray(output.label_ids), [row["labels"] for row in test]):
+                raise RuntimeError("the test predictions are not in the order of the test rows")
             if head == "sol":
-                output = trainer.predict(test)
                 ranks = output.ranks
                 score = np.asarray(output.predictions) @ np.asarray(SCALE, dtype=np.float64)
             else:
-                ranks, score = read_out(head, trainer.predict(test).predictions)
+                ranks, score = read_out(head, output.predictions)
     record = scores(ranks, score, data["consensus"][split["test"]])
     record.update(best_epoch=keeper.epoch, val_mae=keeper.best, val_maes=keeper.seen,
                   seconds_per_epoch=seconds / options.epochs, peak_memory_mb=memory.peak / 2**20,
