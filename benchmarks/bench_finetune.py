@@ -22,6 +22,9 @@ judged against ``round(consensus)`` (halves to even) of held-out sentences.
   ``--weight-decay``), linear warm-up (``--warmup`` of the steps) and decay, epochs, batch and
   maximum length. ``--train-layers N`` trains the top N transformer layers only (the embeddings and
   the layers below stay as loaded), what a 2-core CPU affords; ``all`` trains the whole encoder.
+- ``--probe-first``: a fine-tuned linear head starts from the linear head trained on the frozen
+  encoder's embeddings (linear probing, then fine-tuning), where SOL's head starts from the
+  centroids of the frozen encoder; without it, from a random initialization.
 - ``frozen``: the encoder stays as loaded (eval mode, no dropout); its embeddings of every sentence
   are computed once and the heads train on them, ``--frozen-epochs`` epochs (they cost seconds), the
   same optimizer and schedule otherwise.
@@ -350,6 +353,12 @@ def finetune_run(head: str, seed: int, data: dict, options: argparse.Namespace) 
         else:
             mean_rank = float(np.mean(values[split["train"]] - SCALE[0]))
             model = BaselineModel(encoder, head, mean_rank)
+            if options.probe_first:  # the linear head of the frozen encoder's embeddings to start from
+                h = torch.as_tensor(data["embeddings"])
+                part = {p: torch.as_tensor(split[p]) for p in ("train", "val")}
+                layer, _, _ = train_linear_head(head, h, torch.as_tensor(values - SCALE[0]), part["train"],
+                                                part["val"], options, seed)
+                model.head.load_state_dict(layer.state_dict())
             optimizers = optimizer_and_schedule(model, options, steps)
 
             def validation_mae(prediction) -> dict[str, float]:
@@ -405,6 +414,36 @@ def frozen_embeddings(options: argparse.Namespace, data: dict) -> np.ndarray:
     return out
 
 
+def train_linear_head(head: str, h: torch.Tensor, ranks: torch.Tensor, train: torch.Tensor, val: torch.Tensor,
+                      options: argparse.Namespace, seed: int) -> tuple[nn.Linear, list[float], int]:
+    """A baseline's linear layer trained ``--frozen-epochs`` epochs on fixed embeddings ``h`` (the
+    optimizer and schedule of every run), at the epoch of its lowest validation MAE: ``(layer,
+    validation MAE per epoch, that epoch)``."""
+    layer = head_layer(head, h.shape[1], float(ranks[train].float().mean())).to(h.device)
+    model = nn.ModuleDict({"head": layer})
+    epochs = options.frozen_epochs
+    optimizer, schedule = optimizer_and_schedule(model, options, math.ceil(len(train) / options.batch_size) * epochs)
+    generator = torch.Generator().manual_seed(seed)
+    seen, best, best_state, best_epoch = [], math.inf, None, 0
+    for epoch in range(1, epochs + 1):
+        layer.train()
+        for batch in torch.randperm(len(train), generator=generator).split(options.batch_size):
+            rows = train[batch.to(h.device)]
+            loss = head_loss(head, layer(h[rows]), ranks[rows])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+        layer.eval()
+        with torch.no_grad():
+            val_ranks, _ = read_out(head, layer(h[val]).cpu().numpy())
+        seen.append(float(np.mean(np.abs(val_ranks - ranks[val].cpu().numpy()))))
+        if seen[-1] < best:
+            best, best_epoch, best_state = seen[-1], epoch, copy.deepcopy(layer.state_dict())
+    layer.load_state_dict(best_state)
+    return layer, seen, best_epoch
+
+
 def frozen_run(head: str, seed: int, data: dict, options: argparse.Namespace) -> dict[str, Any]:
     """One head on the frozen encoder's embeddings: SOL's end-of-epoch step (the head's update) for
     sol, a linear head trained ``--frozen-epochs`` epochs for the others, the epoch chosen on the
@@ -430,32 +469,11 @@ def frozen_run(head: str, seed: int, data: dict, options: argparse.Namespace) ->
             score = probabilities @ np.asarray(SCALE, dtype=np.float64)
             trainable = 0
         else:
-            mean_rank = float(ranks_all[train].float().mean())
-            model = nn.ModuleDict({"head": head_layer(head, h.shape[1], mean_rank)}).to(device)
+            layer, seen, best_epoch = train_linear_head(head, h, ranks_all, train, val, options, seed)
             epochs = options.frozen_epochs
-            steps = math.ceil(len(train) / options.batch_size) * epochs
-            optimizer, schedule = optimizer_and_schedule(model, options, steps)
-            generator = torch.Generator().manual_seed(seed)
-            seen, best, best_state, best_epoch = [], math.inf, None, 0
-            for epoch in range(1, epochs + 1):
-                model.train()
-                for batch in torch.randperm(len(train), generator=generator).split(options.batch_size):
-                    rows = train[batch.to(device)]
-                    loss = head_loss(head, model["head"](h[rows]), ranks_all[rows])
-                    optimizer.zero_grad()
-                    loss.backward()
-                    optimizer.step()
-                    schedule.step()
-                model.eval()
-                with torch.no_grad():
-                    val_ranks, _ = read_out(head, model["head"](h[val]).cpu().numpy())
-                seen.append(float(np.mean(np.abs(val_ranks - ranks_all[val].cpu().numpy()))))
-                if seen[-1] < best:
-                    best, best_epoch = seen[-1], epoch
-                    best_state = copy.deepcopy(model.state_dict())
-            model.load_state_dict(best_state)
             with torch.no_grad():
-                ranks, score = read_out(head, model["head"](h[test]).cpu().numpy())
+                ranks, score = read_out(head, layer(h[test]).cpu().numpy())
+            model = layer
             trainable = sum(p.numel() for p in model.parameters())
         seconds = time.perf_counter() - start
     record = scores(ranks, score, data["consensus"][split["test"]])
@@ -522,6 +540,9 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--max-length", type=int, default=64, help="tokens per sentence (longer ones are cut)")
     parser.add_argument("--train-layers", default="2",
                         help="fine-tune the top N transformer layers only, or 'all' (default 2: a 2-core CPU's budget)")
+    parser.add_argument("--probe-first", action="store_true",
+                        help="fine-tuned linear heads start from the head trained on the frozen embeddings "
+                             "(as SOL's head starts from the frozen encoder's centroids)")
     parser.add_argument("--rows", type=int, default=None, help="use this many sentences (a fixed draw; default all)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--tag", default="", help="suffix of the result files")
@@ -583,7 +604,8 @@ def main(argv: Optional[Sequence[str]] = None, log: Callable[[str], None] = prin
                     one_rater_mae=float(np.mean(np.abs(sentences["one_rater"] - SCALE[0]
                                                        - clean_ranks(sentences["consensus"])))),
                     torch_threads=torch.get_num_threads(), command=" ".join(["python", *sys.argv]))
-    if "frozen" in options.modes:
+    probing = options.probe_first and "finetuned" in options.modes and set(options.heads) - {"sol"}
+    if "frozen" in options.modes or probing:
         start = time.perf_counter()
         data["embeddings"] = frozen_embeddings(options, data)
         settings["frozen_embedding_seconds"] = time.perf_counter() - start
@@ -608,9 +630,10 @@ def main(argv: Optional[Sequence[str]] = None, log: Callable[[str], None] = prin
                 (options.output / f"{name}.json").write_text(
                     json.dumps({"settings": settings, "runs": records}, indent=1) + "\n")
     layers = "all layers" if options.train_layers is None else f"the top {options.train_layers} layers"
+    probe = ", linear heads probed first" if options.probe_first else ""
     description = (f"{len(rows)} sentences ({', '.join(f'{k} {len(v)}' for k, v in split.items())}), "
                    f"{options.seeds} seed(s); fine-tuned: {options.epochs} epoch(s) of {layers}, max length "
-                   f"{options.max_length}, batch {options.batch_size}, lr {options.lr:g} (heads {options.head_lr:g}); "
+                   f"{options.max_length}, batch {options.batch_size}, lr {options.lr:g} (heads {options.head_lr:g}){probe}; "
                    f"frozen: {options.frozen_epochs} epochs; device {options.device}, {torch.get_num_threads()} "
                    f"threads. Test rows against round(consensus); epoch chosen on the validation rows' one-rater MAE.")
     (options.output / f"{name}.md").write_text(table(records, description))

@@ -118,3 +118,34 @@ def test_bad_options_are_refused_before_any_run(tiny_setup, tmp_path, capsys):
             bench.main(["--encoder", str(folder), "--data", str(data), *args, "--output", str(tmp_path / "o")])
         assert stopped.value.code == 2 and needle in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_probe_first_starts_a_fine_tuned_linear_head_from_the_frozen_encoders_head(tiny_setup, tmp_path, monkeypatch):
+    bench = _bench()
+    folder, data = tiny_setup
+    probed = []
+    original = bench.train_linear_head
+
+    def spy(head, *args, **kwargs):
+        layer, seen, epoch = original(head, *args, **kwargs)
+        probed.append((head, {k: v.clone() for k, v in layer.state_dict().items()}))
+        return layer, seen, epoch
+
+    started = []
+
+    class Spied(bench.BaselineModel):   # the head as the first training step finds it
+        def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, **unused):
+            if not started:
+                started.append({n: v.clone() for n, v in self.head.state_dict().items()})
+            return super().forward(input_ids, attention_mask, token_type_ids, labels)
+
+    monkeypatch.setattr(bench, "train_linear_head", spy)
+    monkeypatch.setattr(bench, "BaselineModel", Spied)
+    assert bench.main(["--data", str(data), "--encoder", str(folder), "--seeds", "1", "--epochs", "1",
+                       "--frozen-epochs", "2", "--max-length", "8", "--train-layers", "1", "--batch-size", "8",
+                       "--heads", "ce", "--modes", "finetuned", "--probe-first", "--output", str(tmp_path / "o")],
+                      log=lambda line: None) == 0
+    assert [head for head, _ in probed] == ["ce"]
+    for name, value in probed[0][1].items():
+        assert torch.equal(started[0][name], value), name   # the first training step's head is the probe's
+    assert "linear heads probed first" in (tmp_path / "o" / "finetune.md").read_text()
