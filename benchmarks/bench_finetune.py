@@ -487,7 +487,8 @@ def frozen_run(head: str, seed: int, data: dict, options: argparse.Namespace) ->
 
 
 def table(records: list[dict], description: str) -> str:
-    """Mean ± std over seeds of every metric, one row per mode and head; the best of each column bold."""
+    """Mean ± std over seeds of every metric (the value alone for one seed), one row per mode and head;
+    the best of each column bold."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
         groups.setdefault((r["mode"], r["head"]), []).append(r)
@@ -500,7 +501,7 @@ def table(records: list[dict], description: str) -> str:
         cells = []
         for key, _, _ in METRICS:
             values = np.array([r[key] for r in group])
-            text = f"{values.mean():.3f} ± {values.std(ddof=1) if len(values) > 1 else 0.0:.3f}"
+            text = f"{values.mean():.3f}" + (f" ± {values.std(ddof=1):.3f}" if len(values) > 1 else "")
             cells.append(f"**{text}**" if np.isclose(values.mean(), best[key]) else text)
         epochs = ", ".join(str(r["best_epoch"]) for r in group)
         lines.append(f"| {mode} | {head} | " + " | ".join(cells)
