@@ -190,6 +190,10 @@ class SOLTextModel(PreTrainedModel):
     config_class = SOLTextConfig
     base_model_prefix = "sol"
     main_input_name = "input_ids"
+    # from_pretrained(..., attn_implementation=...) reaches the encoder, which checks what it supports
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
 
     def __init__(self, encoder: Any, num_ranks: Optional[int] = None, *,
                  label_values: Optional[Sequence[float]] = None, pooling: str = "mean",

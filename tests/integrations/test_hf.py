@@ -319,6 +319,12 @@ def test_padding_never_changes_an_embedding_or_a_prediction(tmp_path):
     torch.testing.assert_close(one_by_one, embedded["longest"], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(model.predict_proba(**fixed), model.predict_proba(**longest), rtol=1e-5, atol=1e-7)
     assert model.predict(**fixed).tolist() == model.predict(**longest).tolist()
+    # loaded with either implementation, the encoder uses it, and it gives the same probabilities
+    model.save_pretrained(tmp_path / "saved")
+    for implementation in ("sdpa", "eager"):
+        loaded = AutoModel.from_pretrained(tmp_path / "saved", attn_implementation=implementation)
+        assert loaded.encoder.config._attn_implementation == implementation
+        torch.testing.assert_close(loaded.predict_proba(**fixed), model.predict_proba(**longest), rtol=1e-5, atol=1e-7)
 
 
 def test_label_values_map_stars_to_ranks_as_ranks_would_train(tmp_path):
