@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from transformers import TrainingArguments
+from transformers import DataCollatorWithPadding, TrainingArguments
 
 from sol_ext.hf import SOLTextModel, SOLTrainer
 
@@ -21,16 +21,23 @@ NUM_RANKS = 5  # 1 … 5 stars
 
 
 def build_trainer(encoder, train, test, output_dir: str, epochs: float = 2, batch_size: int = 32,
-                  learning_rate: float = 3e-5, sigma: float = 1.0, **arguments) -> SOLTrainer:
+                  learning_rate: float = 3e-5, sigma: float = 1.0, tokenizer=None, **arguments) -> SOLTrainer:
     """A :class:`SOLTrainer` fine-tuning ``encoder`` (an ``AutoModel``) on ``train``, evaluated on ``test``
     after every epoch; the datasets' rows hold ``input_ids``, ``attention_mask`` and ``labels`` (0…4).
-    ``arguments`` go to ``TrainingArguments``."""
+    With a ``tokenizer`` the rows may be of any length: each batch is padded to its longest row
+    (``DataCollatorWithPadding``; the attention mask keeps the padding out of the predictions), and the
+    tokenizer is saved with the model. ``arguments`` go to ``TrainingArguments``."""
     model = SOLTextModel(encoder, NUM_RANKS, sigma=sigma)
+    # ranks 0…4 are named by their stars, which a text-classification pipeline of the saved model gives
+    model.config.id2label = {rank: f"{rank + 1} stars" for rank in range(NUM_RANKS)}
+    model.config.label2id = {name: rank for rank, name in model.config.id2label.items()}
     args = TrainingArguments(output_dir, num_train_epochs=epochs, per_device_train_batch_size=batch_size,
                              per_device_eval_batch_size=2 * batch_size, learning_rate=learning_rate,
                              weight_decay=0.01, eval_strategy="epoch", save_strategy="epoch",
                              report_to=[], **arguments)
-    return SOLTrainer(model=model, args=args, train_dataset=train, eval_dataset=test)
+    collator = DataCollatorWithPadding(tokenizer) if tokenizer is not None else None
+    return SOLTrainer(model=model, args=args, train_dataset=train, eval_dataset=test, data_collator=collator,
+                      processing_class=tokenizer)
 
 
 def main() -> None:
@@ -50,15 +57,16 @@ def main() -> None:
     reviews = load_dataset("yelp_review_full")
 
     def tokenize(rows):
-        return tokenizer(rows["text"], truncation=True, max_length=options.max_length, padding="max_length")
+        return tokenizer(rows["text"], truncation=True, max_length=options.max_length)  # padded per batch
 
     train = reviews["train"].shuffle(seed=0).select(range(options.train_size)).map(tokenize, batched=True)
     test = reviews["test"].shuffle(seed=0).select(range(options.test_size)).map(tokenize, batched=True)
     trainer = build_trainer(AutoModel.from_pretrained(options.model), train, test, options.output,
-                            epochs=options.epochs)
+                            epochs=options.epochs, tokenizer=tokenizer)
     trainer.train()
     print(trainer.evaluate())  # eval_mae, eval_macro_mae, eval_qwk of the head's ranks (0…4)
-    trainer.save_model(options.output)   # config.json and weights: SOLTextModel.from_pretrained(output) loads them
+    trainer.save_model(options.output)   # config.json, weights and the tokenizer
+    # elsewhere: import sol_ext.hf; pipeline("text-classification", model=options.output)(["Great food!"])
 
 
 if __name__ == "__main__":

@@ -7,7 +7,11 @@ Three pieces:
   L2-normalized. Its :class:`SOLTextConfig` holds the encoder's config and the head's settings, so
   ``save_pretrained`` / ``from_pretrained`` (and ``AutoModel.from_pretrained`` once ``sol_ext.hf`` is
   imported, and ``push_to_hub``) keep the encoder, the head's state and its settings together.
-  ``forward`` returns a :class:`SOLTextOutput` whose ``logits`` are the rank log-probabilities.
+  ``forward`` returns a :class:`SOLTextOutput` whose ``logits`` are the rank log-probabilities, and
+  ``config.id2label`` names each rank by its label, so ``pipeline("text-classification", model=...)``
+  gives each text its most probable rank's label and probability. The encoder keeps its attention
+  implementation and gets the attention mask: padding never changes a prediction. Labels are ranks
+  ``0 … n-1``, or, with ``label_values=[...]``, values of that grid, mapped to ranks for you.
 - :class:`SOLTrainer`, a ``transformers.Trainer`` whose ``compute_loss`` is SOL's loss against the
   head's centroids (under data-parallel training, that of the global batch with all its pairs) and
   whose evaluation and ``predict`` give the rank probabilities (``predictions``, ``[N, n]``) and the
@@ -35,10 +39,15 @@ Three pieces:
 
 The head is a submodule of the model, so the trainer's checkpoints save it and
 ``trainer.train(resume_from_checkpoint=...)`` resumes with it. Labels (``labels``) are integer ranks
-``0 … num_ranks-1``.
+``0 … num_ranks-1``, or values of ``label_values``. Importing this module registers the model type
+``sol_text`` with ``AutoConfig``, ``AutoModel`` and ``AutoModelForSequenceClassification``; a process
+that loads a saved model through them without importing it gets transformers' "does not recognize
+this architecture" error.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -49,7 +58,15 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, Subset
 
 try:
-    from transformers import AutoConfig, AutoModel, EvalPrediction, PreTrainedModel, Trainer, TrainerCallback
+    from transformers import (
+        AutoConfig,
+        AutoModel,
+        AutoModelForSequenceClassification,
+        EvalPrediction,
+        PreTrainedModel,
+        Trainer,
+        TrainerCallback,
+    )
     from transformers.trainer_utils import PredictionOutput
     from transformers.utils import ModelOutput
 except ImportError as error:  # pragma: no cover - depends on the environment
@@ -60,6 +77,7 @@ try:
 except ImportError:  # transformers 4 spells it PretrainedConfig
     from transformers import PretrainedConfig as PreTrainedConfig
 
+from . import _validation as check
 from . import metrics
 from .distributed import DistributedStochasticOrderLoss, is_distributed, shard, update_centroids, update_head
 from .head import SETTINGS, SOLHead
@@ -84,20 +102,41 @@ class SOLTextConfig(PreTrainedConfig):
             <sol_ext.SOLHead.settings>`: ``num_ranks``, ``embedding_dim``, ``sigma``, …). The head's state
             (centroids, read-out) is in the weights file with the encoder's.
         pooling, normalize_embeddings: as for :class:`SOLTextModel`.
+        label_values: the label of each rank, in increasing order (``None``: the labels are the ranks
+            ``0 … n-1``).
+
+    ``id2label`` and ``label2id`` name the ranks by their labels (``{0: "1", 1: "2", …}`` for 1 … 5
+    stars), so ``num_labels`` is the number of ranks and a ``text-classification`` pipeline names
+    each text's rank by its label; pass ``id2label`` of your own (one name per rank) to name them
+    otherwise.
     """
 
     model_type = "sol_text"
     sub_configs = {"encoder_config": AutoConfig}
 
     def __init__(self, encoder_config: Any = None, head_settings: Optional[dict[str, Any]] = None,
-                 pooling: str = "mean", normalize_embeddings: bool = True, **kwargs: Any) -> None:
+                 pooling: str = "mean", normalize_embeddings: bool = True,
+                 label_values: Optional[Sequence[float]] = None, **kwargs: Any) -> None:
         if isinstance(encoder_config, dict):
             encoder_config = AutoConfig.for_model(**encoder_config)
         self.encoder_config = encoder_config
         self.head_settings = dict(head_settings or {})
         self.pooling = pooling
         self.normalize_embeddings = normalize_embeddings
+        self.label_values = None if label_values is None else [float(v) for v in label_values]
+        num_ranks = self.head_settings.get("num_ranks")
+        given = kwargs.get("id2label")
+        if num_ranks is not None and (given is None or len(given) != num_ranks):
+            names = _label_names(self.label_values if self.label_values is not None else range(num_ranks))
+            kwargs["id2label"] = dict(enumerate(names))
+            kwargs["label2id"] = {name: rank for rank, name in enumerate(names)}
+        # PreTrainedConfig.__init__ sets its attention implementation (None unless given) on every
+        # sub-config, which would take the encoder's own ("sdpa") away and, with it, the attention mask
+        kept_attention = None if encoder_config is None or "attn_implementation" in kwargs else \
+            encoder_config._attn_implementation_internal
         super().__init__(**kwargs)
+        if kept_attention is not None:
+            encoder_config._attn_implementation_internal = kept_attention
 
     @property
     def num_ranks(self) -> Optional[int]:
@@ -126,55 +165,105 @@ class SOLTextModel(PreTrainedModel):
 
     Build it around an encoder, ``SOLTextModel(encoder, num_ranks, **settings)``, or from a
     :class:`SOLTextConfig` (what ``from_pretrained`` does: the encoder is built from its config and
-    the weights loaded after).
+    the weights loaded after). The encoder keeps its attention implementation (``sdpa``, ``eager``,
+    …) and is given the batch's ``attention_mask``, so padding never changes an embedding.
 
     Args:
         encoder: a model without a task head (``AutoModel``), whose outputs have
             ``last_hidden_state [B, L, hidden_size]``; or a :class:`SOLTextConfig`.
-        num_ranks: ``n``; labels are integer ranks ``0 … n-1`` (not with a config).
+        num_ranks: ``n``; labels are integer ranks ``0 … n-1`` (not with a config). May be ``None``
+            with ``label_values``.
+        label_values: the label grid, one value per rank in increasing order (``range(1, 6)`` for 1 … 5
+            stars, ``range(-4, 5)``, ``[0.5, 1.0, 1.5]``): ``labels`` are then values of that grid,
+            mapped to ranks for you (:meth:`to_ranks`), and ``config.id2label`` names each rank by its
+            value. Default: the labels are the ranks.
         pooling: ``"mean"`` (over the attention mask; default) or ``"cls"`` (the first token).
         normalize_embeddings: L2-normalize the pooled embeddings (SOL's embeddings are).
         **head_options: settings of the :class:`~sol_ext.SOLHead` (``sigma``, ``tau``, ``momentum``, …);
             its ``embedding_dim`` is the encoder's ``config.hidden_size``.
+
+    Attributes:
+        encoder, head: the modules.
+        label_values: ``[n]`` float64 label grid (``0 … n-1`` without ``label_values``).
     """
 
     config_class = SOLTextConfig
     base_model_prefix = "sol"
     main_input_name = "input_ids"
+    # from_pretrained(..., attn_implementation=...) reaches the encoder, which checks what it supports
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
 
-    def __init__(self, encoder: Any, num_ranks: Optional[int] = None, *, pooling: str = "mean",
+    def __init__(self, encoder: Any, num_ranks: Optional[int] = None, *,
+                 label_values: Optional[Sequence[float]] = None, pooling: str = "mean",
                  normalize_embeddings: bool = True, **head_options: Any) -> None:
         if isinstance(encoder, SOLTextConfig):
             config = encoder
-            if num_ranks is not None or head_options:
-                raise TypeError("SOLTextModel(config) takes its settings from the config; pass num_ranks and "
-                                "head settings only with an encoder: SOLTextModel(encoder, num_ranks, ...)")
+            if num_ranks is not None or label_values is not None or head_options:
+                raise TypeError("SOLTextModel(config) takes its settings from the config; pass num_ranks, "
+                                "label_values and head settings only with an encoder: "
+                                "SOLTextModel(encoder, num_ranks, ...)")
             missing = [name for name in SETTINGS if name not in config.head_settings]
             if config.encoder_config is None or missing:
                 raise ValueError(f"SOLTextConfig lacks the encoder's config or the head settings "
                                  f"{', '.join(missing)}; build SOLTextModel(encoder, num_ranks, ...) instead")
             encoder = AutoModel.from_config(config.encoder_config)
             settings = dict(config.head_settings)
+            grid = _label_grid(config.label_values, settings["num_ranks"])
         else:
             hidden = getattr(getattr(encoder, "config", None), "hidden_size", None)
             if not isinstance(encoder, nn.Module) or not isinstance(hidden, int):
                 raise TypeError(f"encoder must be a transformers model with config.hidden_size (e.g. "
                                 f"AutoModel.from_pretrained(...)), got {type(encoder).__name__}")
-            if num_ranks is None:
-                raise TypeError("SOLTextModel(encoder, num_ranks) needs num_ranks, the number of ranks")
+            if num_ranks is None and label_values is None:
+                raise TypeError("SOLTextModel(encoder, num_ranks) needs num_ranks, the number of ranks "
+                                "(labels 0 … num_ranks-1), or label_values=[...], the label of each rank")
             if pooling not in POOLINGS:
                 raise ValueError(f"pooling must be one of {', '.join(map(repr, POOLINGS))}, got {pooling!r}")
-            settings = SOLHead(num_ranks, hidden, **head_options).settings()  # checked here, by name
+            grid = _label_grid(label_values, num_ranks)
+            settings = SOLHead(len(grid), hidden, **head_options).settings()  # checked here, by name
             config = SOLTextConfig(encoder_config=encoder.config, head_settings=settings, pooling=pooling,
-                                   normalize_embeddings=normalize_embeddings)
+                                   normalize_embeddings=normalize_embeddings,
+                                   label_values=None if label_values is None else grid)
         super().__init__(config)
         self.encoder = encoder
         backend = {k: head_options[k] for k in ("backend", "check_values") if k in head_options}
         self.head = SOLHead(settings["num_ranks"], settings["embedding_dim"], **backend,
                             **{name: settings[name] for name in SETTINGS[2:]})
+        self._grid = grid  # a list, not a buffer: from_pretrained builds the model on the meta device
         self.pooling = config.pooling
         self.normalize_embeddings = config.normalize_embeddings
         self.post_init()
+
+    @property
+    def label_values(self) -> torch.Tensor:
+        """``[n]`` float64 label grid (``0 … n-1`` without ``label_values``), on the CPU."""
+        return torch.tensor(self._grid, dtype=torch.float64)
+
+    def to_ranks(self, labels: Any, name: str = "labels") -> torch.Tensor:
+        """``[B]`` int64 ranks of a batch's labels: integer ranks ``0 … n-1`` as they are, or, with
+        ``label_values``, the rank of each value on the grid. Anything else (a label off the grid, a
+        float rank such as 2.5) is refused with an error naming it."""
+        labels = torch.as_tensor(labels)
+        if self.config.label_values is None:
+            if labels.is_floating_point():
+                raise TypeError(f"{name} must be integer ranks 0 … {self.head.num_ranks - 1}, got dtype "
+                                f"{labels.dtype}; give whole ranks as integers, or build "
+                                f"SOLTextModel(encoder, label_values=[...]) for labels on another grid")
+            return check.check_ranks(name, labels.reshape(-1), self.head.num_ranks)
+        grid = self.label_values.to(labels.device)
+        values = labels.to(torch.float64).reshape(-1)
+        index = torch.searchsorted(grid, values).clamp(max=len(grid) - 1)
+        below = (index - 1).clamp(min=0)
+        nearer = torch.where((values - grid[below]).abs() < (grid[index] - values).abs(), below, index)
+        off = ~torch.isclose(grid[nearer], values, rtol=1e-9, atol=1e-9)
+        if bool(off.any()):
+            i = int(torch.nonzero(off)[0, 0])
+            raise ValueError(f"{name} must be values of label_values ({_describe_grid(grid)}), got "
+                             f"{float(values[i]):g} at index {i}; fix or drop such rows, or build the model "
+                             f"with label_values that hold them")
+        return nearer
 
     def _init_weights(self, module: nn.Module) -> None:
         """Nothing to initialize: the encoder initializes (or loads) its own weights and the head has
@@ -203,7 +292,7 @@ class SOLTextModel(PreTrainedModel):
         head has a read-out, and ``loss`` (this batch's SOL loss) when ``labels`` are given."""
         h = self.embed(input_ids, attention_mask, token_type_ids, inputs_embeds)
         logits = self.rank_log_probabilities(h) if bool(self.head.has_readout) else None
-        loss = self.head.loss(h, labels) if labels is not None else None
+        loss = self.head.loss(h, self.to_ranks(labels).to(h.device)) if labels is not None else None
         return SOLTextOutput(loss=loss, logits=logits, embeddings=h)
 
     def rank_log_probabilities(self, h: torch.Tensor) -> torch.Tensor:
@@ -231,8 +320,40 @@ class SOLTextModel(PreTrainedModel):
             self.train(was_training)
 
 
+# Importing sol_ext.hf is what lets the Auto classes (and pipeline) load a saved SOLTextModel: a
+# process that has not imported it meets transformers' own "does not recognize this architecture".
 AutoConfig.register(SOLTextConfig.model_type, SOLTextConfig, exist_ok=True)
 AutoModel.register(SOLTextConfig, SOLTextModel, exist_ok=True)
+AutoModelForSequenceClassification.register(SOLTextConfig, SOLTextModel, exist_ok=True)
+
+
+def _label_grid(label_values: Optional[Sequence[float]], num_ranks: Optional[int]) -> list[float]:
+    """The label grid, one float per rank: ``label_values`` checked (finite, strictly increasing, ``n`` of
+    them if ``num_ranks`` is given), or ``0 … num_ranks-1``."""
+    if label_values is None:
+        return [float(rank) for rank in range(check.check_num_ranks(num_ranks))]
+    try:
+        grid = [float(value) for value in label_values]
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"label_values must be a sequence of numbers (the label of each rank, increasing), "
+                         f"got {label_values!r}") from error
+    if len(grid) < 2 or not all(math.isfinite(v) for v in grid) or any(b <= a for a, b in zip(grid, grid[1:])):
+        raise ValueError(f"label_values must be finite numbers in strictly increasing order, one per rank "
+                         f"(at least two), got {label_values!r}")
+    if num_ranks is not None and num_ranks != len(grid):
+        raise ValueError(f"num_ranks ({num_ranks!r}) must equal the number of label_values ({len(grid)}); "
+                         f"leave num_ranks out to take it from label_values")
+    return grid
+
+
+def _label_names(values: Sequence[float]) -> list[str]:
+    """The name of each rank in ``id2label``: its label value, written as a whole number where it is one."""
+    return [str(int(v)) if float(v).is_integer() else f"{float(v):g}" for v in values]
+
+
+def _describe_grid(grid: torch.Tensor) -> str:
+    values = _label_names(grid.tolist())
+    return ", ".join(values) if len(values) <= 6 else f"{', '.join(values[:3])}, …, {values[-1]}"
 
 
 def ranks_from_probabilities(head: SOLHead, probabilities: Any) -> np.ndarray:
@@ -251,11 +372,13 @@ def ranks_from_probabilities(head: SOLHead, probabilities: Any) -> np.ndarray:
     return ranks.numpy()
 
 
-def rank_metrics(num_ranks: int, head: Optional[SOLHead] = None):
-    """A ``compute_metrics`` for ``Trainer``: ``mae``, ``macro_mae`` and ``qwk`` of predicted ranks.
+def rank_metrics(num_ranks: int, head: Optional[SOLHead] = None, to_ranks: Optional[Any] = None):
+    """A ``compute_metrics`` for ``Trainer``: ``mae``, ``macro_mae`` and ``qwk`` of predicted ranks, in
+    rank units.
 
     The predictions may be ranks ``[N]`` or rank probabilities ``[N, n]``; the latter are turned into
-    ranks by ``head``'s read-out (:func:`ranks_from_probabilities`), or by their median without one."""
+    ranks by ``head``'s read-out (:func:`ranks_from_probabilities`), or by their median without one.
+    The labels are ranks, or, with ``to_ranks`` (:meth:`SOLTextModel.to_ranks`), labels it maps to ranks."""
 
     def compute(prediction: EvalPrediction) -> dict[str, float]:
         pred = np.asarray(prediction.predictions)
@@ -264,6 +387,8 @@ def rank_metrics(num_ranks: int, head: Optional[SOLHead] = None):
                 median_ranks(torch.as_tensor(pred, dtype=torch.float64)).numpy()
         pred = pred.reshape(-1)
         true = np.asarray(prediction.label_ids).reshape(-1)
+        if to_ranks is not None:
+            true = to_ranks(torch.as_tensor(true), "evaluation labels").cpu().numpy()
         return {"mae": metrics.mae(pred, true), "macro_mae": metrics.macro_mae(pred, true),
                 "qwk": metrics.quadratic_weighted_kappa(pred, true, num_ranks)}
 
@@ -273,9 +398,12 @@ def rank_metrics(num_ranks: int, head: Optional[SOLHead] = None):
 class SOLPredictionOutput(PredictionOutput):
     """``Trainer.predict``'s ``(predictions, label_ids, metrics)`` (it unpacks as those three), with
     ``predictions`` the rank probabilities ``[N, n]`` (rows sum to 1: what ``cleanlab`` takes as
-    ``pred_probs``) and ``ranks``, the head's ranks ``[N]``."""
+    ``pred_probs``), ``ranks``, the head's ranks ``[N]``, and ``labels``, those ranks as label values
+    (``label_values[ranks]``; the ranks themselves without a label grid). ``label_ids`` are the
+    dataset's labels as given."""
 
     ranks: np.ndarray
+    labels: np.ndarray
 
 
 class SOLCallback(TrainerCallback):
@@ -317,7 +445,7 @@ class SOLTrainer(Trainer):
             raise TypeError(f"SOLTrainer's model must be a sol_ext.hf.SOLTextModel, got "
                             f"{type(self.model).__name__}; wrap the encoder: SOLTextModel(encoder, num_ranks)")
         if self.compute_metrics is None:
-            self.compute_metrics = rank_metrics(self.model.head.num_ranks, self.model.head)
+            self.compute_metrics = rank_metrics(self.model.head.num_ranks, self.model.head, self.model.to_ranks)
         self.head_step = 0
         self.add_callback(SOLCallback(self))
 
@@ -331,9 +459,10 @@ class SOLTrainer(Trainer):
         """SOL's loss of the batch against the head's centroids; of the global batch (all processes'
         pairs) under data-parallel training."""
         inputs = dict(inputs)
-        labels = inputs.pop("labels")
+        labels = self.sol_model.to_ranks(_training_labels(inputs, "train"))
         outputs = model(**inputs)  # through the data-parallel wrapper: it averages the gradients
         h = outputs["embeddings"]
+        labels = labels.to(h.device)
         head = self.sol_model.head
         if is_distributed(None):
             loss = DistributedStochasticOrderLoss(head.criterion)(h, labels, head.centroids.detach().to(h.dtype))
@@ -351,7 +480,8 @@ class SOLTrainer(Trainer):
         head = sol.head
         with torch.no_grad():
             h = sol.embed(**{k: v for k, v in inputs.items() if k in _ENCODER_INPUTS})
-            loss = head.loss(h, labels).detach() if labels is not None else None
+            loss = (head.loss(h, sol.to_ranks(labels, "evaluation labels").to(h.device)).detach()
+                    if labels is not None else None)
             if prediction_loss_only:
                 return loss, None, None
             probabilities = head.predict_proba(h)
@@ -372,6 +502,8 @@ class SOLTrainer(Trainer):
         output = super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
         result = SOLPredictionOutput(*output)
         result.ranks = ranks_from_probabilities(self.sol_model.head, output.predictions)
+        grid = self.sol_model.label_values.numpy()
+        result.labels = result.ranks if self.sol_model.config.label_values is None else grid[result.ranks]
         return result
 
     def ensure_current_head(self, what: str = "evaluate") -> None:
@@ -411,7 +543,7 @@ class SOLTrainer(Trainer):
         try:
             for batch in self.embedding_dataloader():
                 batch = dict(self._prepare_inputs(batch))
-                ranks.append(batch.pop("labels").to(device))
+                ranks.append(sol.to_ranks(_training_labels(batch, "train")).to(device))
                 embeddings.append(sol.embed(**{k: v for k, v in batch.items() if k in _ENCODER_INPUTS}))
         finally:
             sol.train(was_training)
@@ -429,3 +561,12 @@ class SOLTrainer(Trainer):
         else:
             update_head(self.sol_model.head, h, labels)
             self.head_step = self.state.global_step
+
+
+def _training_labels(batch: dict[str, Any], what: str) -> Any:
+    """The ``labels`` of a training batch, taken out of it; refused by name where the rows have none."""
+    if "labels" not in batch:
+        raise ValueError(f"SOLTrainer.{what}: the training rows have no 'labels' (they hold "
+                         f"{', '.join(sorted(batch)) or 'nothing'}); give every row its rank (0 … n-1, or a "
+                         f"value of label_values) as 'labels', e.g. dataset.rename_column('rating', 'labels')")
+    return batch.pop("labels")

@@ -1,9 +1,15 @@
-"""``sol_ext.hf``: a tiny random BERT (no download, token ids without a tokenizer) fine-tuned with
-``SOLTrainer``: it trains, its callback runs SOL's end-of-epoch step, predictions are the head's ranks,
-checkpoints hold the head, and the worked example builds a trainer that runs."""
+"""``sol_ext.hf``: a tiny random BERT (no download; token ids, or text through a tokenizer built from a
+word list) fine-tuned with ``SOLTrainer``: it trains, its callback runs SOL's end-of-epoch step,
+predictions are the head's ranks, padding never changes them, label values map to ranks, a saved model
+names its ranks for a ``text-classification`` pipeline, checkpoints hold the head, and the worked
+example builds a trainer that runs."""
 from __future__ import annotations
 
+import copy
 import importlib.util
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,7 +17,16 @@ import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
-from transformers import AutoModel, BertConfig, BertModel, TrainerCallback, TrainingArguments  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModel,
+    BertConfig,
+    BertModel,
+    BertTokenizer,
+    DataCollatorWithPadding,
+    TrainerCallback,
+    TrainingArguments,
+    pipeline,
+)
 
 import sol_ext  # noqa: E402
 from common import REPO_ROOT
@@ -19,6 +34,11 @@ from sol_ext.hf import SOLTextConfig, SOLTextModel, SOLTextOutput, SOLTrainer  #
 
 NUM_RANKS, LENGTH, VOCAB = 5, 12, 100
 EXAMPLE = REPO_ROOT / "examples" / "hf_text_ratings.py"
+WORDS = ("awful", "bad", "poor", "dull", "fine", "okay", "good", "great", "superb", "the", "film", "was", "very",
+         "not", "plot", "acting")
+REVIEWS = [("the film was awful", 1), ("bad acting", 1), ("very poor plot", 2), ("dull", 2), ("the film was fine", 3),
+           ("okay acting not great", 3), ("good plot", 4), ("the acting was very good", 4), ("great film", 5),
+           ("superb", 5), ("very very superb acting the plot was great", 5), ("not good", 2)]
 
 
 class Ratings(torch.utils.data.Dataset):
@@ -42,6 +62,33 @@ def _encoder(seed=0):
     torch.manual_seed(seed)
     return BertModel(BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                 intermediate_size=64, max_position_embeddings=LENGTH))
+
+
+def _tokenizer(folder):
+    """A BERT word-piece tokenizer of the few words of REVIEWS, built offline."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    return BertTokenizer(str(folder / "vocab.txt"))
+
+
+def _text_encoder(tokenizer, seed=0):
+    torch.manual_seed(seed)
+    return BertModel(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                num_attention_heads=2, intermediate_size=64, max_position_embeddings=32))
+
+
+def _review_rows(tokenizer, label_offset=0):
+    """The reviews tokenized without padding (the collator pads each batch), stars as labels."""
+    return [{**tokenizer(text), "labels": stars + label_offset} for text, stars in REVIEWS * 4]
+
+
+def _review_trainer(model, tokenizer, folder, label_offset=0, **arguments):
+    """A SOLTrainer of the reviews, padded batch by batch by DataCollatorWithPadding."""
+    options = dict(max_steps=3, per_device_train_batch_size=16, report_to=[], use_cpu=True, disable_tqdm=True,
+                   save_strategy="no", seed=3, learning_rate=3e-3)
+    args = TrainingArguments(str(folder), **{**options, **arguments})
+    return SOLTrainer(model=model, args=args, train_dataset=_review_rows(tokenizer, label_offset),
+                      data_collator=DataCollatorWithPadding(tokenizer))
 
 
 def _trainer(model, tmp_path, epochs=2, **arguments):
@@ -243,3 +290,118 @@ def test_the_worked_example_builds_a_trainer_that_trains(tmp_path):
                                     batch_size=16, learning_rate=1e-3, use_cpu=True, disable_tqdm=True)
     trainer.train()
     assert set(trainer.evaluate()) >= {"eval_mae", "eval_macro_mae", "eval_qwk"}
+
+
+def test_padding_never_changes_an_embedding_or_a_prediction(tmp_path):
+    """Inside SOLTextModel the encoder keeps its attention implementation and gets the attention mask:
+    the same sentences padded to their longest, to 32 tokens, or alone give the same embeddings and
+    probabilities, and the encoder's states of the real tokens are those of the encoder alone."""
+    tokenizer = _tokenizer(tmp_path / "tok")
+    encoder = _text_encoder(tokenizer)
+    alone = copy.deepcopy(encoder).eval()
+    model = SOLTextModel(encoder, NUM_RANKS)
+    assert model.encoder.config._attn_implementation == alone.config._attn_implementation == "sdpa"
+    _review_trainer(model, tokenizer, tmp_path / "out", label_offset=-1).update_head()  # a read-out to predict with
+    texts = [text for text, _ in REVIEWS]
+    longest = tokenizer(texts, padding=True, return_tensors="pt")
+    fixed = tokenizer(texts, padding="max_length", max_length=32, return_tensors="pt")
+    assert fixed["input_ids"].shape[1] > longest["input_ids"].shape[1] + 20
+    model.eval()
+    with torch.no_grad():
+        embedded = {name: model.embed(**batch) for name, batch in (("longest", longest), ("fixed", fixed))}
+        one_by_one = torch.cat([model.embed(**tokenizer([text], return_tensors="pt")) for text in texts])
+        states = model.encoder(**fixed).last_hidden_state
+        for i, text in enumerate(texts):
+            single = tokenizer([text], return_tensors="pt")
+            n = single["input_ids"].shape[1]
+            torch.testing.assert_close(states[i, :n], alone(**single).last_hidden_state[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(embedded["fixed"], embedded["longest"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(one_by_one, embedded["longest"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model.predict_proba(**fixed), model.predict_proba(**longest), rtol=1e-5, atol=1e-7)
+    assert model.predict(**fixed).tolist() == model.predict(**longest).tolist()
+    # loaded with either implementation, the encoder uses it, and it gives the same probabilities
+    model.save_pretrained(tmp_path / "saved")
+    for implementation in ("sdpa", "eager"):
+        loaded = AutoModel.from_pretrained(tmp_path / "saved", attn_implementation=implementation)
+        assert loaded.encoder.config._attn_implementation == implementation
+        torch.testing.assert_close(loaded.predict_proba(**fixed), model.predict_proba(**longest), rtol=1e-5, atol=1e-7)
+
+
+def test_label_values_map_stars_to_ranks_as_ranks_would_train(tmp_path):
+    """Labels 1…5 with label_values=range(1, 6) train the same model as ranks 0…4 without; predictions
+    come back as ranks and as stars, metrics in rank units; a label off the grid is refused by name."""
+    tokenizer = _tokenizer(tmp_path / "tok")
+    collator = DataCollatorWithPadding(tokenizer)
+    results = {}
+    for name, offset, options in (("stars", 0, {"label_values": range(1, 6)}), ("ranks", -1, {"num_ranks": 5})):
+        model = SOLTextModel(_text_encoder(tokenizer), **options)
+        trainer = _review_trainer(model, tokenizer, tmp_path / name, offset)
+        trainer.train()
+        results[name] = (model, trainer.predict(trainer.train_dataset))
+    (stars, by_stars), (ranks, by_ranks) = results["stars"], results["ranks"]
+    assert stars.config.label_values == [1.0, 2.0, 3.0, 4.0, 5.0] and stars.config.num_labels == 5
+    torch.testing.assert_close(stars.head.centroids, ranks.head.centroids, rtol=0, atol=0)
+    assert by_stars.ranks.tolist() == by_ranks.ranks.tolist()
+    assert by_stars.labels.tolist() == [r + 1.0 for r in by_stars.ranks.tolist()]
+    assert by_ranks.labels.tolist() == by_ranks.ranks.tolist()
+    assert by_stars.metrics["test_mae"] == pytest.approx(by_ranks.metrics["test_mae"])
+    assert by_stars.label_ids.tolist() == [stars for _, stars in REVIEWS * 4]   # as the dataset gave them
+    batch = collator([{**tokenizer("good plot"), "labels": 6}])
+    with pytest.raises(ValueError, match=r"labels must be values of label_values \(1, 2, 3, 4, 5\), got 6 at index 0"):
+        stars(**batch)
+    with pytest.raises(ValueError, match="label_values must be finite numbers in strictly increasing order"):
+        SOLTextModel(_text_encoder(tokenizer), label_values=[1, 3, 2])
+    with pytest.raises(ValueError, match=r"num_ranks \(4\) must equal the number of label_values \(5\)"):
+        SOLTextModel(_text_encoder(tokenizer), 4, label_values=range(1, 6))
+    with pytest.raises(TypeError, match="needs num_ranks.*or label_values"):
+        SOLTextModel(_text_encoder(tokenizer))
+
+
+def test_a_saved_model_names_its_ranks_for_a_text_classification_pipeline(tmp_path):
+    """config.json holds num_labels, id2label and label2id of the ranks (their stars), and
+    pipeline("text-classification") gives each text its most probable rank's label and probability,
+    from the model in memory and from the saved folder (AutoModelForSequenceClassification)."""
+    tokenizer = _tokenizer(tmp_path / "tok")
+    model = SOLTextModel(_text_encoder(tokenizer), label_values=range(1, 6))
+    _review_trainer(model, tokenizer, tmp_path / "out").train()
+    model.save_pretrained(tmp_path / "saved")
+    tokenizer.save_pretrained(tmp_path / "saved")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    names = {"0": "1", "1": "2", "2": "3", "3": "4", "4": "5"}
+    assert config["id2label"] == names and config["label2id"] == {v: int(k) for k, v in names.items()}
+    texts = ["the film was awful", "superb acting", "okay"]
+    model.eval()  # a pipeline runs the model as it is: out of training mode, without dropout
+    probabilities = model.predict_proba(**tokenizer(texts, padding=True, return_tensors="pt"))
+    for source in (model, str(tmp_path / "saved")):
+        classify = pipeline("text-classification", model=source, tokenizer=tokenizer)
+        assert classify.model.config.num_labels == 5
+        for text, p, answer in zip(texts, probabilities, classify(texts)):
+            assert answer["label"] == names[str(int(p.argmax()))], text
+            assert answer["score"] == pytest.approx(float(p.max()), rel=1e-5)
+        every = classify(texts[:1], top_k=None)[0]
+        assert sorted(a["label"] for a in every) == ["1", "2", "3", "4", "5"]
+        assert {a["label"]: a["score"] for a in every} == pytest.approx(
+            {names[str(q)]: float(probabilities[0, q]) for q in range(5)}, rel=1e-5)
+
+
+def test_the_auto_classes_load_a_saved_model_once_sol_ext_hf_is_imported(tmp_path):
+    """A fresh process that has not imported sol_ext.hf gets transformers' own error, which names the
+    model type sol_text (docs/hf.md says to import sol_ext.hf); with the import, AutoModel loads it."""
+    model = SOLTextModel(_encoder(), NUM_RANKS)
+    model.save_pretrained(tmp_path / "saved")
+    load = f"from transformers import AutoModel; print(type(AutoModel.from_pretrained({str(tmp_path / 'saved')!r})).__name__)"
+    without = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=300)
+    assert without.returncode != 0 and "model type `sol_text`" in without.stderr, without.stderr[-2000:]
+    with_import = subprocess.run([sys.executable, "-c", "import sol_ext.hf; " + load], capture_output=True,
+                                 text=True, timeout=300)
+    assert with_import.returncode == 0 and with_import.stdout.strip() == "SOLTextModel", with_import.stderr[-2000:]
+
+
+def test_training_rows_without_labels_are_refused_by_name(tmp_path):
+    rows = [{k: v for k, v in row.items() if k != "labels"} for row in Ratings(32, 0)]
+    args = TrainingArguments(str(tmp_path / "out"), max_steps=2, report_to=[], use_cpu=True, disable_tqdm=True,
+                             save_strategy="no")
+    trainer = SOLTrainer(model=SOLTextModel(_encoder(), NUM_RANKS), args=args, train_dataset=rows)
+    with pytest.raises(ValueError, match=r"SOLTrainer.train: the training rows have no 'labels' \(they hold "
+                                         r"attention_mask, input_ids\); give every row its rank"):
+        trainer.train()
