@@ -10,7 +10,7 @@ from . import (
     reference,  # noqa: F401
 )
 from ._deprecation import moved_names
-from ._extension import cuda_kernels_available
+from ._extension import cpu_capability, cuda_kernels_available
 from .head import SOLHead
 from .label_issues import find_label_issues, get_label_quality_scores
 from .labels import LabelGrid
@@ -51,6 +51,7 @@ __all__ = [
     "disc_loss",
     "noise_kernel",
     "cuda_kernels_available",
+    "cpu_capability",
 ]
 
 # Building blocks exported here until their modules became their one place.
