@@ -12,6 +12,9 @@ Switches (environment variables):
   SOL_EXT_FORCE_CUDA=1   compile the CUDA kernels without a visible GPU too (fails if it can't)
   SOL_EXT_CPU_ONLY=1     never compile the CUDA kernels
   SOL_EXT_DEBUG=1        -O0 -g host code, -G -lineinfo device code
+  SOL_EXT_CPU_CAPABILITIES  the CPU kernel builds besides DEFAULT, comma separated (default on x86-64:
+                         "avx2,avx512", those the compiler can build; "" for DEFAULT only). The best one the
+                         CPU supports runs (SOL_EXT_CPU_CAPABILITY at run time overrides; docs/performance.md)
   SOL_EXT_NVCC_FLAGS     extra nvcc flags, space separated
   TORCH_CUDA_ARCH_LIST   GPU architectures (default: the visible GPU's; "8.0;9.0", i.e. A100 and
                          H100/H200, when forced without one)
@@ -99,14 +102,66 @@ def _cuda_header_fallbacks() -> list:
     return [flag for path in found[:1] for flag in ("-isystem", path)]
 
 
+# What each CPU capability's kernels (csrc/cpu/isa/<name>.cpp) need of the compiler: their target (GCC's
+# pragma, clang's attribute) over a function using an intrinsic of the width.
+_CPU_CAPABILITY_TARGETS = {
+    "avx2": ("avx2,fma,bmi,bmi2,popcnt", "__m256 f(__m256 a, __m256 b) { return _mm256_fmadd_ps(a, b, _mm256_max_ps(a, b)); }"),
+    "avx512": ("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi,bmi2,popcnt",
+               "__m512 f(__m512 a, __m512 b) { return _mm512_fmadd_ps(a, b, _mm512_max_ps(a, b)); }"),
+}
+
+
+def _probe_source(target: str, function: str) -> str:
+    return (f"#include <immintrin.h>\n#if defined(__clang__)\n"
+            f"#pragma clang attribute push(__attribute__((target(\"{target}\"))), apply_to = function)\n"
+            f"{function}\n#pragma clang attribute pop\n#else\n#pragma GCC target(\"{target}\")\n{function}\n#endif\n")
+
+
+def _cpu_capabilities() -> list:
+    """The CPU capabilities built besides DEFAULT: on x86-64 those asked for (all by default) that the
+    compiler builds; none elsewhere (the DEFAULT kernels are then the architecture's own)."""
+    import platform
+    import subprocess
+    import sysconfig
+    import tempfile
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        _say(f"CPU kernels: DEFAULT only ({platform.machine()} is not x86-64)")
+        return []
+    asked = os.environ.get("SOL_EXT_CPU_CAPABILITIES", "avx2,avx512")
+    wanted = [name.strip().lower() for name in asked.split(",") if name.strip()]
+    unknown = sorted(set(wanted) - set(_CPU_CAPABILITY_TARGETS))
+    if unknown:
+        sys.exit(f"SOL_EXT_CPU_CAPABILITIES={asked!r} names {unknown}: use a comma-separated subset of "
+                 f"{', '.join(_CPU_CAPABILITY_TARGETS)} (or '' for DEFAULT only)")
+    compiler = (os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++").split()
+    built = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name in wanted:
+            source = os.path.join(folder, f"{name}.cpp")
+            with open(source, "w") as f:
+                f.write(_probe_source(*_CPU_CAPABILITY_TARGETS[name]))
+            result = subprocess.run(compiler + ["-O2", "-c", source, "-o", os.path.join(folder, f"{name}.o")],
+                                    capture_output=True, text=True)
+            if result.returncode == 0:
+                built.append(name)
+            else:
+                _say(f"CPU kernels: no {name.upper()} build ({' '.join(compiler)} cannot compile it)")
+    _say(f"CPU kernels: {', '.join(['DEFAULT'] + [name.upper() for name in built])}; the best the CPU supports runs")
+    return built
+
+
 def _extension():
     debug = _flag("SOL_EXT_DEBUG")
     with_cuda = _want_cuda()
-    sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
+    sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp") + glob.glob("csrc/cpu/isa/*.cpp"))
     # OpenMP: without it at::parallel_for runs every kernel on one thread. -fno-trapping-math lets
     # GCC vectorize the hinge loops (it changes no result; sol_ext never enables FP traps).
+    # No -march: the kernels of each capability are compiled for it by a target pragma in their own
+    # file (csrc/cpu/isa/), and the binary runs on any machine of its architecture.
     cxx_flags = ["-O0", "-g"] if debug else ["-O3", "-fno-trapping-math"]
     cxx_flags += ["-fopenmp", f'-DSOL_EXT_TORCH_VERSION="{torch.__version__}"']
+    cxx_flags += [f"-DSOL_EXT_CPU_{name.upper()}" for name in _cpu_capabilities()]
     extra_compile_args = {"cxx": cxx_flags}
     extension = CppExtension
     if with_cuda:

@@ -9,7 +9,11 @@ and measures the peak memory a forward+backward adds on top of its inputs: on CU
 allocator's peak, on the CPU from the peak resident size of a fresh process. On CUDA with
 --no-check-values it also times the forward+backward replayed from a CUDA graph captured by hand, and
 through torch.compile(mode="reduce-overhead") (PyTorch's CUDA graphs). It prints one markdown
-table: median times, the reference/fused ratio, and pair-rank updates per second (B(B-1)/2 * n per pass).
+table: median times, the reference/fused ratio, and pair-rank updates per second (B(B-1)/2 * n per pass),
+also per core (per thread of the run) on the CPU. Beside the pairwise step it times, per op, the order
+loss alone on D (forward, backward: the op the step spends its time in) and the step with the default
+algorithm (algorithm="auto", which may sort instead, docs/performance.md); the header names the CPU
+kernels that ran (sol_ext.cpu_capability(), SOL_EXT_CPU_CAPABILITY forces one).
 
     python benchmarks/bench_loss.py --algorithms     # grouped vs pairwise vs reference (docs/math.md §13)
     python benchmarks/bench_loss.py --algorithms --busy --sizes 8192,7,64 1000000,5,64
@@ -159,6 +163,35 @@ def time_compiled(B: int, n: int, d: int, min_run_time: float):
     return tbench.Timer("step()", globals=dict(step=step)).blocked_autorange(min_run_time=min_run_time).median
 
 
+def time_order_loss_op(B: int, n: int, device: str, backend: str, min_run_time: float) -> dict:
+    """Median seconds of the order loss alone over all pairs of a float32 D [B, n] (reduction="sum"):
+    forward, and backward on a retained graph."""
+    gen = torch.Generator().manual_seed(1)
+    D = torch.randn(B, n, generator=gen).to(device).requires_grad_(True)
+    labels = torch.randint(0, n, (B,), generator=gen).to(device)
+    loss = sol_ext.order_loss(D, labels, reduction="sum", backend=backend, algorithm="pairwise")
+    env = dict(sol_ext=sol_ext, torch=torch, D=D, labels=labels, loss=loss, backend=backend)
+    statements = {
+        "order_loss forward": "sol_ext.order_loss(D, labels, reduction='sum', backend=backend, algorithm='pairwise')",
+        "order_loss backward": "torch.autograd.grad(loss, D, retain_graph=True)",
+    }
+    return {
+        phase: tbench.Timer(stmt, globals=env, num_threads=torch.get_num_threads())
+        .blocked_autorange(min_run_time=min_run_time)
+        .median
+        for phase, stmt in statements.items()
+    }
+
+
+def time_default_algorithm(B: int, n: int, d: int, device: str, backend: str, min_run_time: float) -> float:
+    """Median seconds of a forward+backward of StochasticOrderLoss with its default algorithm ("auto")."""
+    h, mu, labels = make_inputs(B, n, d, device)
+    criterion = make_loss(n, backend, "auto")
+    env = dict(criterion=criterion, h=h, mu=mu, labels=labels, torch=torch)
+    return (tbench.Timer("torch.autograd.grad(criterion(h, labels, mu), (h, mu))", globals=env,
+                         num_threads=torch.get_num_threads()).blocked_autorange(min_run_time=min_run_time).median)
+
+
 def peak_extra_memory(B: int, n: int, d: int, device: str, backend: str, algorithm: str = "auto") -> int:
     """Bytes a forward+backward allocates at its peak, beyond its inputs."""
     if device == "cuda":
@@ -230,12 +263,17 @@ def run(device: str, sizes, min_run_time: float) -> list:
         run_reference = reference_fits(pair_ranks, device)
         agreement = check_agreement(min(B, 256), n, d, device)
         assert agreement < 1e-9, f"fused and reference disagree at {(B, n, d)}: {agreement:.2e}"
-        result = {"device": device, "B": B, "n": n, "d": d, "agreement": agreement, "check_values": CHECK_VALUES}
+        result = {"device": device, "B": B, "n": n, "d": d, "agreement": agreement, "check_values": CHECK_VALUES,
+                  "threads": torch.get_num_threads(),
+                  "capability": sol_ext.cpu_capability() if device == "cpu" else None,
+                  "auto": "grouped" if sol_ext._dispatch.grouped_is_faster(B, n, torch.device(device)) else "pairwise"}
         for backend in BACKENDS:
             if backend == "reference" and not run_reference:
                 result[backend] = None
                 continue
             times = time_phases(B, n, d, device, backend, min_run_time)
+            times.update(time_order_loss_op(B, n, device, backend, min_run_time))
+            times["both, default algorithm"] = time_default_algorithm(B, n, d, device, backend, min_run_time)
             if device == "cuda" and backend == "fused" and not CHECK_VALUES:
                 times["graph"] = time_cuda_graph(B, n, d, min_run_time)
                 times["compiled"] = time_compiled(B, n, d, min_run_time)
@@ -245,28 +283,34 @@ def run(device: str, sizes, min_run_time: float) -> list:
     return rows
 
 
+PHASES = ("forward", "backward", "both", "order_loss forward", "order_loss backward", "both, default algorithm")
+
+
 def print_table(rows: list) -> None:
     print(
         "| device | B, n, d | phase | fused | reference | speed-up | fused pair-rank updates/s |"
-        " fused extra memory | reference extra memory |"
+        " per core | fused extra memory | reference extra memory |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         fused, ref = r["fused"], r["reference"]
         pair_ranks = r["B"] * (r["B"] - 1) // 2 * r["n"]
-        for phase in ("forward", "backward", "both", "graph", "compiled"):
+        cores = r.get("threads", 1) if r["device"] == "cpu" else None
+        for phase in PHASES + ("graph", "compiled"):
             if phase in ("graph", "compiled"):  # CUDA graphs (--no-check-values): captured by hand, torch.compile
                 if fused.get(phase) is not None:
                     how = "CUDA graph" if phase == "graph" else "torch.compile reduce-overhead"
                     print(f"| {r['device']} | {r['B']}, {r['n']}, {r['d']} | both, {how} | "
-                          f"{_fmt_time(fused[phase])} | | | {pair_ranks / fused[phase]:.3g} | | |")
+                          f"{_fmt_time(fused[phase])} | | | {pair_ranks / fused[phase]:.3g} | | | |")
                 continue
             ratio = f"{ref[phase] / fused[phase]:.1f}×" if ref else "—"
             memory = (_fmt_bytes(fused["memory"]), _fmt_bytes(ref["memory"] if ref else None)) if phase == "both" else ("", "")
+            name = f"{phase} ({r['auto']})" if phase == "both, default algorithm" else phase
+            rate = pair_ranks / fused[phase]
             print(
-                f"| {r['device']} | {r['B']}, {r['n']}, {r['d']} | {phase} | {_fmt_time(fused[phase])} | "
-                f"{_fmt_time(ref[phase] if ref else None)} | {ratio} | {pair_ranks / fused[phase]:.3g} | "
-                f"{memory[0]} | {memory[1]} |"
+                f"| {r['device']} | {r['B']}, {r['n']}, {r['d']} | {name} | {_fmt_time(fused[phase])} | "
+                f"{_fmt_time(ref[phase] if ref else None)} | {ratio} | {rate:.3g} | "
+                f"{f'{rate / cores:.3g}' if cores else ''} | {memory[0]} | {memory[1]} |"
             )
 
 
@@ -482,6 +526,7 @@ def _measure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
           f"{torch.get_num_threads()} CPU threads"
           + (f", {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}" if args.algorithms else "")
           + (", beside one spinning process (--busy)" if args.busy else "")
+          + (f", CPU kernels {sol_ext.cpu_capability()}" if "cpu" in devices else "")
           + (f", {torch.cuda.get_device_name()}" if "cuda" in devices else ""))
     if args.algorithms:
         print_algorithm_table(rows)

@@ -3,17 +3,65 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "cpu/cpu_capability.h"
 #include "sol_ext.h"
 
 #ifndef SOL_EXT_TORCH_VERSION
 #define SOL_EXT_TORCH_VERSION "unknown"
 #endif
 
+namespace {
+
+// A C++ error as a Python ValueError (the capability settings are values the user chose).
+template <typename Body>
+PyObject* as_python(Body body) {
+  try {
+    return body();
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_ValueError, error.what());
+    return nullptr;
+  }
+}
+
+PyObject* cpu_capability(PyObject*, PyObject*) {
+  return as_python([] { return PyUnicode_FromString(capability_name(sol_ext::cpu::cpu_capability())); });
+}
+
+PyObject* set_cpu_capability(PyObject*, PyObject* name) {
+  return as_python([name]() -> PyObject* {
+    const char* text = PyUnicode_AsUTF8(name);
+    if (text == nullptr) return nullptr;
+    sol_ext::cpu::set_cpu_capability(text);
+    Py_RETURN_NONE;
+  });
+}
+
+PyObject* cpu_capability_support(PyObject*, PyObject*) {
+  PyObject* rows = PyList_New(0);
+  for (const auto& row : sol_ext::cpu::capability_support()) {
+    PyObject* item = Py_BuildValue("(sOO)", capability_name(row.capability), row.built ? Py_True : Py_False,
+                                   row.cpu_supports ? Py_True : Py_False);
+    PyList_Append(rows, item);
+    Py_DECREF(item);
+  }
+  return rows;
+}
+
+PyMethodDef methods[] = {
+    {"cpu_capability", cpu_capability, METH_NOARGS, "The capability the CPU kernels run with (cpu/cpu_capability.h)."},
+    {"_set_cpu_capability", set_cpu_capability, METH_O, "Run the CPU kernels of this capability from now on."},
+    {"_cpu_capability_support", cpu_capability_support, METH_NOARGS,
+     "(name, built, cpu supports it) for each capability."},
+    {nullptr, nullptr, 0, nullptr}};
+
+} // namespace
+
 extern "C" {
-// Importing sol_ext._C runs the static TORCH_LIBRARY initializers below; the module itself only
-// records which torch it was built against, so that a mismatch is reported instead of crashing.
+// Importing sol_ext._C runs the static TORCH_LIBRARY initializers below; the module itself records which
+// torch it was built against, so that a mismatch is reported instead of crashing, and says which CPU
+// kernels run (cpu/cpu_capability.h).
 PyObject* PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
   PyObject* module = PyModule_Create(&module_def);
   if (module != nullptr) {
     PyModule_AddStringConstant(module, "torch_version", SOL_EXT_TORCH_VERSION);

@@ -26,7 +26,10 @@
 //       -> per-pair losses [M], M = B(B-1)/2 for all pairs x<y in batch order      (docs/math.md §6, §7)
 //       A NaN in D gives NaN for every pair that reads it, on every backend (as torch.relu does).
 //   _order_loss_backward(grad_losses [M], D, labels, pairs, sigma, tau, margin, convention) -> grad_D [B,n]
-//       Deterministic on the CPU: each row of grad_D is summed by one worker in pair order.
+//       Deterministic on the CPU: all pairs, each pair's gradient computed once and added to its two rows
+//       tile by tile, every row's sums in an order fixed by B; explicit pairs, each row of grad_D summed
+//       by one worker in pair order. The CPU kernels run at the machine's width (cpu/cpu_capability.h):
+//       bitwise reproducible for any number of threads on each capability.
 //       CUDA, all pairs: no atomics, bitwise reproducible; the summation order depends on (B, n, dtype)
 //       only, not on the GPU model.
 //       Extra memory O(B*n + M): no [M,n] or [B,B,n] intermediate.

@@ -9,7 +9,7 @@ from . import (
     grouped,  # noqa: F401  submodules, imported as sol_ext.grouped and sol_ext.reference
     reference,  # noqa: F401
 )
-from ._extension import cuda_kernels_available
+from ._extension import cpu_capability, cuda_kernels_available
 from .head import SOLHead
 from .label_issues import find_label_issues, get_label_quality_scores
 from .labels import LabelGrid
@@ -42,4 +42,5 @@ __all__ = [
     "disc_loss",
     "noise_kernel",
     "cuda_kernels_available",
+    "cpu_capability",
 ]

@@ -1,11 +1,13 @@
-// Stochastic order loss over explicit pairs ([M,2] batch indices) on the CPU, forward and backward.
+// Stochastic order loss over explicit pairs ([M,2] batch indices) on the CPU, forward and backward, at the
+// CPU's width (cpu/isa/order_loss_vec.h):
 //
 //   forward   one loss per pair, the pairs split into ranges among the workers.
 //   backward  the pairs that hold each row, as a per-row incidence list (CSR) in pair order; each row of
 //             grad_D is summed by one worker over its list: every pair's rank gradient is computed twice
 //             (once per row), and the result is bitwise reproducible for any number of threads.
 #include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
+
+#include <vector>
 
 #include "order_loss_common.h"
 
@@ -16,20 +18,16 @@ void explicit_pairs_forward(const OrderLossProblem& problem, const at::Tensor& t
                             at::Tensor& losses) {
   const int64_t* p = problem.pairs->data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES(problem.D.scalar_type(), "order_loss_cpu", [&] {
-    const auto ctx = make_context<scalar_t>(problem, table, margin);
-    scalar_t* out = losses.data_ptr<scalar_t>();
-    at::parallel_for(0, problem.M, forward_grain(problem.n), [&](int64_t begin, int64_t end) {
-      for (int64_t m = begin; m < end; ++m) out[m] = scalar_t(ctx.loss(p[2 * m], p[2 * m + 1]));
-    });
+    const auto inputs = make_inputs<scalar_t>(problem, table, margin);
+    SOL_EXT_CPU_DISPATCH(order_loss_pairs_forward(inputs, p, problem.M, losses.data_ptr<scalar_t>()));
   });
 }
 
 void explicit_pairs_backward(const OrderLossProblem& problem, const at::Tensor& table, double margin,
                              const at::Tensor& grad_losses, at::Tensor& grad_D) {
-  const int64_t B = problem.B, n = problem.n, M = problem.M;
-  const int64_t g_stride = grad_losses.stride(0);
-  // For each row x, the pairs that touch it, as (pair index, +1 if x is the pair's first element
-  // else -1), in pair order.
+  const int64_t B = problem.B, M = problem.M;
+  // For each row x, the pairs that touch it, as 2 m if x is pair m's first element, else 2 m + 1, in
+  // pair order.
   const int64_t* p = problem.pairs->data_ptr<int64_t>();
   std::vector<int64_t> row_start(B + 1, 0), entries;
   for (int64_t m = 0; m < M; ++m) {
@@ -47,22 +45,10 @@ void explicit_pairs_backward(const OrderLossProblem& problem, const at::Tensor& 
   }
 
   AT_DISPATCH_FLOATING_TYPES(problem.D.scalar_type(), "order_loss_backward_cpu", [&] {
-    const auto ctx = make_context<scalar_t>(problem, table, margin);
-    const scalar_t* g_ptr = grad_losses.data_ptr<scalar_t>();
-    scalar_t* out = grad_D.data_ptr<scalar_t>();
-    at::parallel_for(0, B, backward_grain(B, n, M), [&](int64_t begin, int64_t end) {
-      RowAccumulator<at::opmath_type<scalar_t>> row(n);
-      for (int64_t x = begin; x < end; ++x) {
-        row.reset();
-        for (int64_t e = row_start[x]; e < row_start[x + 1]; ++e) {
-          const int64_t m = entries[e] / 2;
-          const acc_t sign = entries[e] % 2 == 0 ? 1 : -1;
-          ctx.add_grad(p[2 * m], p[2 * m + 1], sign * acc_t(g_ptr[m * g_stride]), row.block());
-          row.pair_done();
-        }
-        row.write(out + x * n);
-      }
-    });
+    const auto inputs = make_inputs<scalar_t>(problem, table, margin);
+    const cpu::Strided<scalar_t> g{grad_losses.data_ptr<scalar_t>(), grad_losses.stride(0)};
+    SOL_EXT_CPU_DISPATCH(order_loss_pairs_backward(inputs, p, row_start.data(), entries.data(), g,
+                                                   grad_D.data_ptr<scalar_t>()));
   });
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../sol_ext.h"
+#include "cpu_kernels.h"
 #include "tasks.h"
 
 namespace sol_ext {
@@ -65,53 +66,6 @@ void for_each_block(int64_t B, int64_t d, const Block& block) {
   });
 }
 
-template <typename scalar_t>
-void direct_forward(const scalar_t* h, const scalar_t* mu, const scalar_t* P, int64_t B, int64_t n, int64_t d,
-                    scalar_t* D) {
-  std::vector<double> distance(n);  // ||h_x - mu_j||^2 of one row x
-  for (int64_t x = 0; x < B; ++x) {
-    for (int64_t j = 0; j < n; ++j) {
-      double total = 0.0;
-      for (int64_t k = 0; k < d; ++k) {
-        const double diff = double(h[x * d + k]) - double(mu[j * d + k]);
-        total += diff * diff;
-      }
-      distance[j] = total;
-    }
-    for (int64_t q = 0; q < n; ++q) {
-      double total = 0.0;
-      for (int64_t j = 0; j < n; ++j) total += double(P[q * n + j]) * distance[j];
-      D[x * n + q] = scalar_t(total);
-    }
-  }
-}
-
-// With W = grad_D P: grad_h[x] = 2 sum_j W[x,j] (h_x - mu_j), grad_mu[j] = -2 sum_x W[x,j] (h_x - mu_j).
-template <typename scalar_t>
-void direct_backward(const scalar_t* g, const scalar_t* h, const scalar_t* mu, const scalar_t* P, int64_t B,
-                     int64_t n, int64_t d, scalar_t* grad_h, scalar_t* grad_mu) {
-  std::vector<double> W(B * n, 0.0), gh(grad_h ? B * d : 0, 0.0), gmu(grad_mu ? n * d : 0, 0.0);
-  for (int64_t x = 0; x < B; ++x) {
-    for (int64_t j = 0; j < n; ++j) {
-      double total = 0.0;
-      for (int64_t q = 0; q < n; ++q) total += double(g[x * n + q]) * double(P[q * n + j]);
-      W[x * n + j] = total;
-    }
-  }
-  for (int64_t x = 0; x < B; ++x) {
-    for (int64_t j = 0; j < n; ++j) {
-      const double w = 2.0 * W[x * n + j];
-      for (int64_t k = 0; k < d; ++k) {
-        const double term = w * (double(h[x * d + k]) - double(mu[j * d + k]));
-        if (grad_h) gh[x * d + k] += term;
-        if (grad_mu) gmu[j * d + k] -= term;
-      }
-    }
-  }
-  for (size_t i = 0; i < gh.size(); ++i) grad_h[i] = scalar_t(gh[i]);
-  for (size_t i = 0; i < gmu.size(); ++i) grad_mu[i] = scalar_t(gmu[i]);
-}
-
 at::Tensor stochastic_dissimilarity_cpu(const at::Tensor& h_in, const at::Tensor& mu_in, double sigma) {
   check_dissimilarity_inputs(h_in, mu_in, sigma);
   if (use_direct(h_in.size(0), mu_in.size(0), h_in.size(1))) {
@@ -120,8 +74,8 @@ at::Tensor stochastic_dissimilarity_cpu(const at::Tensor& h_in, const at::Tensor
     const at::Tensor P = noise_kernel(n, sigma, h.scalar_type(), h.device());
     at::Tensor D = at::empty({B, n}, h.options());
     AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stochastic_dissimilarity_cpu", [&] {
-      direct_forward(h.const_data_ptr<scalar_t>(), mu.const_data_ptr<scalar_t>(), P.const_data_ptr<scalar_t>(),
-                     B, n, d, D.data_ptr<scalar_t>());
+      SOL_EXT_CPU_DISPATCH(dissimilarity_direct_forward(h.const_data_ptr<scalar_t>(), mu.const_data_ptr<scalar_t>(),
+                                                        P.const_data_ptr<scalar_t>(), B, n, d, D.data_ptr<scalar_t>()));
     });
     return D;
   }
@@ -139,15 +93,8 @@ at::Tensor stochastic_dissimilarity_cpu(const at::Tensor& h_in, const at::Tensor
       const at::Tensor hc = h.slice(0, r0, r1) - shift;  // centered rows
       at::Tensor D_rows = D.slice(0, r0, r1);
       at::mm_out(D_rows, hc, nu_t);  // h_x . nu_q
-      const scalar_t* h_ptr = hc.const_data_ptr<scalar_t>();
-      scalar_t* D_ptr = D_rows.data_ptr<scalar_t>();
-      for (int64_t x = 0; x < r1 - r0; ++x) {
-        double squared_norm = 0.0;
-        for (int64_t k = 0; k < d; ++k) squared_norm += double(h_ptr[x * d + k]) * h_ptr[x * d + k];
-        for (int64_t q = 0; q < n; ++q) {
-          D_ptr[x * n + q] = scalar_t(double(a_ptr[q]) * squared_norm - 2.0 * D_ptr[x * n + q] + c_ptr[q]);
-        }
-      }
+      SOL_EXT_CPU_DISPATCH(dissimilarity_forward_epilogue(hc.const_data_ptr<scalar_t>(), a_ptr, c_ptr, r1 - r0, n, d,
+                                                          D_rows.data_ptr<scalar_t>()));
     });
   });
   return D;
@@ -172,10 +119,11 @@ std::tuple<at::Tensor, at::Tensor> stochastic_dissimilarity_backward_cpu(
     at::Tensor grad_h = need_grad_h ? at::empty_like(h) : at::empty({0}, h.options());
     at::Tensor grad_mu = need_grad_mu ? at::empty_like(mu) : at::empty({0}, mu.options());
     AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stochastic_dissimilarity_backward_cpu", [&] {
-      direct_backward(grad.to(h.scalar_type()).const_data_ptr<scalar_t>(), h.const_data_ptr<scalar_t>(),
-                      mu.const_data_ptr<scalar_t>(), P.const_data_ptr<scalar_t>(), B, n, d,
-                      need_grad_h ? grad_h.data_ptr<scalar_t>() : nullptr,
-                      need_grad_mu ? grad_mu.data_ptr<scalar_t>() : nullptr);
+      const at::Tensor g = grad.to(h.scalar_type());
+      SOL_EXT_CPU_DISPATCH(dissimilarity_direct_backward(
+          g.const_data_ptr<scalar_t>(), h.const_data_ptr<scalar_t>(), mu.const_data_ptr<scalar_t>(),
+          P.const_data_ptr<scalar_t>(), B, n, d, need_grad_h ? grad_h.data_ptr<scalar_t>() : nullptr,
+          need_grad_mu ? grad_mu.data_ptr<scalar_t>() : nullptr));
     });
     return {grad_h, grad_mu};
   }
@@ -198,15 +146,8 @@ std::tuple<at::Tensor, at::Tensor> stochastic_dissimilarity_backward_cpu(
       if (need_grad_h) {
         at::Tensor out_rows = grad_h.slice(0, r0, r1);
         at::mm_out(out_rows, g, s.nu).mul_(-2);
-        const scalar_t* g_ptr = g.const_data_ptr<scalar_t>();
-        const scalar_t* h_ptr = hc.const_data_ptr<scalar_t>();
-        scalar_t* out = out_rows.data_ptr<scalar_t>();
-        for (int64_t x = 0; x < r1 - r0; ++x) {
-          double weight = 0.0;  // sum_q grad_D[x,q] a_q
-          for (int64_t q = 0; q < n; ++q) weight += double(g_ptr[x * n + q]) * a_ptr[q];
-          const scalar_t scale = scalar_t(2.0 * weight);
-          for (int64_t k = 0; k < d; ++k) out[x * d + k] += scale * h_ptr[x * d + k];
-        }
+        SOL_EXT_CPU_DISPATCH(dissimilarity_grad_h_epilogue(g.const_data_ptr<scalar_t>(), hc.const_data_ptr<scalar_t>(),
+                                                           a_ptr, r1 - r0, n, d, out_rows.data_ptr<scalar_t>()));
       }
       if (need_grad_mu) {
         at::Tensor product = block_products.select(0, b), sums = block_sums.select(0, b);

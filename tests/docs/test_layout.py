@@ -14,6 +14,7 @@ MODULE_FOLDERS = (PACKAGE, PACKAGE / "driver", PACKAGE / "driver" / "data")
 FEATURES = {
     "csrc",  # the C++/CUDA sources against their header (csrc/)
     "cuda",  # the CUDA kernels (docs/performance.md)
+    "cpu_capability",  # the CPU kernels per instruction set, chosen at run time (docs/performance.md)
     "mixed_precision",  # half precision and autocast (docs/loop.md)
     "probabilities",  # the noise kernel and ordering probabilities (docs/math.md §2, §5)
     "import_graph",  # no import cycle, no private name across modules

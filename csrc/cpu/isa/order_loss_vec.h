@@ -1,0 +1,361 @@
+// The order loss (docs/math.md §6, §7) at the capability's width: order_loss over all pairs and over
+// explicit pairs, order_loss_block; forward and backward.
+//
+// Per pair the loss is  sum_q wA(q) [delta_q + gamma]+ + wB(q) [gamma - delta_q]+ + eq [|delta_q| - gamma]+
+// with wA(q) = lt [q <= last_lower(r_x)] + gt [q >= r_x] and wB(q) = lt [q >= r_y] + gt [q <= last_lower(r_y)]
+// (PairTerms, sol_math.h). The 0/1 factors depend on one label each, so they are two tables of rows set up
+// once per call, low[r][q] = [q <= last_lower(r)] and high[r][q] = [q >= r], and every pair runs the same
+// branch-free loop over whole vectors of ranks:
+//   lt side += low[r_x] [delta + gamma]+ + high[r_y] [gamma - delta]+
+//   gt side += high[r_x] [delta + gamma]+ + low[r_y] [gamma - delta]+
+//   eq side += [|delta| - gamma]+
+// The rows of D are copied padded to whole vectors with zeros (delta = 0 there, whose hinges the tables'
+// zeros or gamma >= 0 cancel). The hinge decisions are those of PairTerms::grad, taken in D's dtype.
+//
+// All-pairs backward: each pair's rank gradient is computed once and added to both of its rows. The rows
+// go in tiles of a size fixed by B (at most 16 per side); the tiles (I, I + k) of one diagonal k touch
+// disjoint rows, so they run in parallel, and the diagonals run in order. Each row then receives its sums
+// in an order that depends on B alone: bitwise the same for any number of threads.
+
+// Pairs per float partial sum, before it is added to a float64 row sum (as RowAccumulator did).
+constexpr int kPairBlock = 32;
+
+template <typename T>
+class PairKernel {
+ public:
+  using V = vec_t<T>;
+  static constexpr int kLanes = Vec<T>::kLanes;
+
+  explicit PairKernel(const OrderLossInputs<T>& in)
+      : n_(in.n), stride_((in.n + kLanes - 1) / kLanes * kLanes), chunks_(stride_ / kLanes), labels_(in.labels),
+        labels_y_(in.labels_y), table_(in.table), gamma_(static_cast<T>(in.margin)) {
+    D_ = padded(in.D, in.rows);
+    D_y_ = in.D_y == in.D ? std::vector<T>() : padded(in.D_y, in.rows_y);
+    low_.assign(n_ * stride_, T(0));
+    high_.assign(n_ * stride_, T(0));
+    for (int64_t r = 0; r < n_; ++r) {
+      const int64_t last_lower = in.official ? r - 1 : r;
+      for (int64_t q = 0; q < n_; ++q) {
+        low_[r * stride_ + q] = q <= last_lower ? T(1) : T(0);
+        high_[r * stride_ + q] = q >= r ? T(1) : T(0);
+      }
+    }
+  }
+
+  int64_t stride() const { return stride_; }
+
+  // The loss of the pair (x, y), x a row of D, y one of D_y.
+  T loss(int64_t x, int64_t y) const {
+    const int64_t rx = labels_[x], ry = labels_y_[y];
+    const T *dx = row(x), *dy = row_y(y);
+    const T *low_x = low_.data() + rx * stride_, *high_x = high_.data() + rx * stride_;
+    const T *low_y = low_.data() + ry * stride_, *high_y = high_.data() + ry * stride_;
+    const V g = splat(gamma_);
+    V lt_side{}, gt_side{}, eq_side{};
+    for (int64_t c = 0; c < chunks_ * kLanes; c += kLanes) {
+      const V delta = load(dx + c) - load(dy + c);
+      const V above = positive_part(delta + g), below = positive_part(g - delta);
+      lt_side += load(low_x + c) * above;
+      lt_side += load(high_y + c) * below;
+      gt_side += load(high_x + c) * above;
+      gt_side += load(low_y + c) * below;
+      eq_side += positive_part(absolute(delta) - g);
+    }
+    const double* p = table_ + (rx * n_ + ry) * 3;
+    return sum_lanes<T>(T(p[0]) * lt_side + T(p[2]) * gt_side + T(p[1]) * eq_side);
+  }
+
+  // scale * d loss(x, y) / d delta_q, added to acc_x and subtracted from acc_y (each [stride], float
+  // partial sums), for the rows whose pointer is given.
+  template <bool kToX, bool kToY>
+  void add_grad(int64_t x, int64_t y, double scale, T* acc_x, T* acc_y) const {
+    const int64_t rx = labels_[x], ry = labels_y_[y];
+    const T *dx = row(x), *dy = row_y(y);
+    const T *low_x = low_.data() + rx * stride_, *high_x = high_.data() + rx * stride_;
+    const T *low_y = low_.data() + ry * stride_, *high_y = high_.data() + ry * stride_;
+    const double* p = table_ + (rx * n_ + ry) * 3;
+    const T lt = T(scale * p[0]), eq = T(scale * p[1]), gt = T(scale * p[2]);
+    const V g = splat(gamma_), minus_g = splat(T(-gamma_)), zero{};
+    const V eq_v = splat(eq);
+    for (int64_t c = 0; c < chunks_ * kLanes; c += kLanes) {
+      const V delta = load(dx + c) - load(dy + c);
+      const V w_above = lt * load(low_x + c) + gt * load(high_x + c);
+      const V w_below = lt * load(high_y + c) + gt * load(low_y + c);
+      // In IEEE arithmetic delta + g > 0 exactly when delta > -g (and so on): PairTerms::grad's decisions.
+      const V grad = (delta > minus_g ? w_above : zero) - (delta < g ? w_below : zero) + (delta > g ? eq_v : zero) -
+                     (delta < minus_g ? eq_v : zero);
+      if (kToX) store(acc_x + c, load(acc_x + c) + grad);
+      if (kToY) store(acc_y + c, load(acc_y + c) - grad);
+    }
+  }
+
+ private:
+  std::vector<T> padded(const T* D, int64_t rows) const {
+    std::vector<T> out(rows * stride_, T(0));
+    for (int64_t x = 0; x < rows; ++x) std::copy(D + x * n_, D + (x + 1) * n_, out.data() + x * stride_);
+    return out;
+  }
+  const T* row(int64_t x) const { return D_.data() + x * stride_; }
+  const T* row_y(int64_t y) const { return (D_y_.empty() ? D_.data() : D_y_.data()) + y * stride_; }
+
+  int64_t n_, stride_, chunks_;
+  const int64_t *labels_, *labels_y_;
+  const double* table_;
+  T gamma_;
+  std::vector<T> D_, D_y_, low_, high_;
+};
+
+// A float64 row sum fed by float partial sums of kPairBlock pairs each.
+template <typename T>
+class RowSum {
+ public:
+  explicit RowSum(int64_t stride) : partial_(stride, T(0)), total_(stride, 0.0) {}
+  void reset() {
+    std::fill(partial_.begin(), partial_.end(), T(0));
+    std::fill(total_.begin(), total_.end(), 0.0);
+    pending_ = 0;
+  }
+  T* partial() { return partial_.data(); }
+  void pair_done() {
+    if (++pending_ == kPairBlock) flush();
+  }
+  void write(T* out, int64_t n) {
+    flush();
+    for (int64_t q = 0; q < n; ++q) out[q] = T(total_[q]);
+  }
+
+ private:
+  void flush() {
+    for (size_t q = 0; q < total_.size(); ++q) {
+      total_[q] += partial_[q];
+      partial_[q] = T(0);
+    }
+    pending_ = 0;
+  }
+  std::vector<T> partial_;
+  std::vector<double> total_;
+  int pending_ = 0;
+};
+
+// First pair (a, b) of the all-pairs order at linear index m.
+inline void unravel_pair(int64_t m, int64_t B, int64_t& a, int64_t& b) {
+  const double two_b = 2.0 * B - 1.0;
+  a = static_cast<int64_t>((two_b - std::sqrt(std::max(0.0, two_b * two_b - 8.0 * m))) / 2.0);
+  a = std::min(std::max<int64_t>(a, 0), B - 2);
+  while (a > 0 && pair_index(a, a + 1, B) > m) --a;  // correct the float estimate
+  while (a + 1 < B - 1 && pair_index(a + 1, a + 2, B) <= m) ++a;
+  b = a + 1 + (m - pair_index(a, a + 1, B));
+}
+
+// The grain of the forward loops over pairs and of the backward loops over rows.
+inline int64_t forward_grain(int64_t n) {
+  return std::max<int64_t>(1, 32768 / n);
+}
+inline int64_t backward_grain(int64_t pairs_per_row, int64_t n) {
+  return std::max<int64_t>(1, 65536 / std::max<int64_t>(1, pairs_per_row * n));
+}
+
+template <typename T>
+void all_pairs_forward(const OrderLossInputs<T>& in, T* losses) {
+  const int64_t B = in.rows, M = B * (B - 1) / 2;
+  const PairKernel<T> kernel(in);
+  at::parallel_for(0, M, forward_grain(in.n), [&](int64_t begin, int64_t end) {
+    int64_t a, b;
+    unravel_pair(begin, B, a, b);
+    for (int64_t m = begin; m < end; ++m) {
+      losses[m] = kernel.loss(a, b);
+      if (++b == B) b = ++a + 1;
+    }
+  });
+}
+
+// Rows per tile side: at least 32, and at most 16 tiles per side.
+inline int64_t tile_rows(int64_t B) {
+  return std::max<int64_t>(32, (B + 15) / 16);
+}
+
+// The pairs x < y of tile (I, J): each pair's gradient once, into the float64 sums of its two rows, from
+// float partial sums of at most kPairBlock pairs each.
+template <typename T>
+class TileWorker {
+ public:
+  TileWorker(const PairKernel<T>& kernel, int64_t B, int64_t tile, Strided<T> grad_losses, double* x_sums,
+             double* y_sums)
+      : kernel_(kernel), B_(B), tile_(tile), stride_(kernel.stride()), grad_losses_(grad_losses), x_sums_(x_sums),
+        y_sums_(y_sums), x_partial_(stride_), y_partial_(tile * stride_) {}
+
+  void run(int64_t I, int64_t J) {
+    const int64_t x_begin = I * tile_, x_end = std::min(B_, x_begin + tile_);
+    const int64_t y_begin = J * tile_, y_end = std::min(B_, y_begin + tile_);
+    if (x_begin >= x_end || y_begin >= y_end) return;
+    std::fill(y_partial_.begin(), y_partial_.end(), T(0));
+    int64_t rows_in_y_partial = 0;
+    for (int64_t x = x_begin; x < x_end; ++x) {
+      const int64_t first_y = std::max(y_begin, x + 1);
+      if (first_y < y_end) {
+        std::fill(x_partial_.begin(), x_partial_.end(), T(0));
+        int64_t m = pair_index(x, first_y, B_);
+        int pending = 0;
+        for (int64_t y = first_y; y < y_end; ++y, ++m) {
+          kernel_.template add_grad<true, true>(x, y, double(grad_losses_[m]), x_partial_.data(),
+                                                y_partial_.data() + (y - y_begin) * stride_);
+          if (++pending == kPairBlock) {
+            flush(x_partial_.data(), x_sums_ + x * stride_, stride_);
+            pending = 0;
+          }
+        }
+        flush(x_partial_.data(), x_sums_ + x * stride_, stride_);
+      }
+      if (++rows_in_y_partial == kPairBlock) {  // each y row has at most kPairBlock pairs in its partial sum
+        flush(y_partial_.data(), y_sums_ + y_begin * stride_, (y_end - y_begin) * stride_);
+        rows_in_y_partial = 0;
+      }
+    }
+    flush(y_partial_.data(), y_sums_ + y_begin * stride_, (y_end - y_begin) * stride_);
+  }
+
+ private:
+  static void flush(T* partial, double* sums, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) {
+      sums[i] += partial[i];
+      partial[i] = T(0);
+    }
+  }
+  const PairKernel<T>& kernel_;
+  int64_t B_, tile_, stride_;
+  Strided<T> grad_losses_;
+  double *x_sums_, *y_sums_;
+  std::vector<T> x_partial_, y_partial_;
+};
+
+template <typename T>
+void all_pairs_backward(const OrderLossInputs<T>& in, Strided<T> grad_losses, T* grad_D) {
+  const int64_t B = in.rows, n = in.n;
+  const PairKernel<T> kernel(in);
+  const int64_t stride = kernel.stride(), tile = tile_rows(B), tiles = (B + tile - 1) / tile;
+  // Row x's gradient: x_sums[x] (its pairs as x) + y_sums[x] (as y, where add_grad subtracts).
+  std::vector<double> x_sums(B * stride, 0.0), y_sums(B * stride, 0.0);
+  const bool serial = B * B * n < (int64_t{1} << 20);
+  for (int64_t k = 0; k < tiles; ++k) {  // diagonal k: tiles (I, I + k), disjoint rows on each side
+    const int64_t count = tiles - k;
+    run_tasks(count, serial ? 0 : task_helpers(count), [&] {
+      return [worker = TileWorker<T>(kernel, B, tile, grad_losses, x_sums.data(), y_sums.data()),
+              k](int64_t I) mutable { worker.run(I, I + k); };
+    });
+  }
+  for (int64_t x = 0; x < B; ++x) {
+    for (int64_t q = 0; q < n; ++q) grad_D[x * n + q] = T(x_sums[x * stride + q] + y_sums[x * stride + q]);
+  }
+}
+
+template <typename T>
+void pairs_forward(const OrderLossInputs<T>& in, const int64_t* pairs, int64_t M, T* losses) {
+  const PairKernel<T> kernel(in);
+  at::parallel_for(0, M, forward_grain(in.n), [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) losses[m] = kernel.loss(pairs[2 * m], pairs[2 * m + 1]);
+  });
+}
+
+// Each row of grad_D summed by one worker over its pairs (row_start, entries) in pair order.
+template <typename T>
+void pairs_backward(const OrderLossInputs<T>& in, const int64_t* pairs, const int64_t* row_start,
+                    const int64_t* entries, Strided<T> grad_losses, T* grad_D) {
+  const int64_t B = in.rows, n = in.n;
+  const PairKernel<T> kernel(in);
+  const int64_t per_row = B > 0 ? row_start[B] / B : 0;
+  at::parallel_for(0, B, backward_grain(per_row, n), [&](int64_t begin, int64_t end) {
+    RowSum<T> row(kernel.stride());
+    for (int64_t x = begin; x < end; ++x) {
+      row.reset();
+      for (int64_t e = row_start[x]; e < row_start[x + 1]; ++e) {
+        const int64_t m = entries[e] / 2;
+        const double g = double(grad_losses[m]);
+        if (entries[e] % 2 == 0) {  // this row is the pair's x
+          kernel.template add_grad<true, false>(pairs[2 * m], pairs[2 * m + 1], g, row.partial(), nullptr);
+        } else {
+          kernel.template add_grad<false, true>(pairs[2 * m], pairs[2 * m + 1], g, nullptr, row.partial());
+        }
+        row.pair_done();
+      }
+      row.write(grad_D + x * n, n);
+    }
+  });
+}
+
+// Local row i owns the pairs (i, j) of the gathered rows with j > offset + i.
+template <typename T>
+void block_forward(const OrderLossInputs<T>& in, int64_t offset, T* row_sums) {
+  const int64_t B = in.rows, N = in.rows_y, n = in.n;
+  const PairKernel<T> kernel(in);
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, N * n));
+  at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      double total = 0;
+      for (int64_t j = offset + i + 1; j < N; ++j) total += kernel.loss(i, j);
+      row_sums[i] = T(total);
+    }
+  });
+}
+
+// d/dD[i]: the pairs of local row i in j order (x side); d/dD_all[j]: the local rows i with offset + i < j,
+// in i order (y side). Each row is one worker's.
+template <typename T>
+void block_backward(const OrderLossInputs<T>& in, int64_t offset, Strided<T> grad_rows, T* grad_D, T* grad_D_all) {
+  const int64_t B = in.rows, N = in.rows_y, n = in.n;
+  const PairKernel<T> kernel(in);
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, B * n));
+  if (grad_D != nullptr) {
+    at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
+      RowSum<T> row(kernel.stride());
+      for (int64_t i = begin; i < end; ++i) {
+        row.reset();
+        const double scale = double(grad_rows[i]);
+        for (int64_t j = offset + i + 1; j < N; ++j) {
+          kernel.template add_grad<true, false>(i, j, scale, row.partial(), nullptr);
+          row.pair_done();
+        }
+        row.write(grad_D + i * n, n);
+      }
+    });
+  }
+  if (grad_D_all != nullptr) {
+    at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
+      RowSum<T> row(kernel.stride());
+      for (int64_t j = begin; j < end; ++j) {
+        const int64_t rows = std::min(B, j - offset);
+        if (rows <= 0) continue;  // no local row pairs with j: its gradient stays 0
+        row.reset();
+        for (int64_t i = 0; i < rows; ++i) {
+          kernel.template add_grad<false, true>(i, j, double(grad_rows[i]), nullptr, row.partial());
+          row.pair_done();
+        }
+        row.write(grad_D_all + j * n, n);
+      }
+    });
+  }
+}
+
+#define SOL_EXT_DEFINE_ORDER_LOSS_KERNELS(T)                                                                       \
+  void order_loss_all_pairs_forward(const OrderLossInputs<T>& inputs, T* losses) {                                \
+    all_pairs_forward(inputs, losses);                                                                            \
+  }                                                                                                               \
+  void order_loss_all_pairs_backward(const OrderLossInputs<T>& inputs, Strided<T> grad_losses, T* grad_D) {       \
+    all_pairs_backward(inputs, grad_losses, grad_D);                                                              \
+  }                                                                                                               \
+  void order_loss_pairs_forward(const OrderLossInputs<T>& inputs, const int64_t* pairs, int64_t M, T* losses) {  \
+    pairs_forward(inputs, pairs, M, losses);                                                                      \
+  }                                                                                                               \
+  void order_loss_pairs_backward(const OrderLossInputs<T>& inputs, const int64_t* pairs, const int64_t* row_start, \
+                                 const int64_t* entries, Strided<T> grad_losses, T* grad_D) {                     \
+    pairs_backward(inputs, pairs, row_start, entries, grad_losses, grad_D);                                       \
+  }                                                                                                               \
+  void order_loss_block_forward(const OrderLossInputs<T>& inputs, int64_t offset, T* row_sums) {                  \
+    block_forward(inputs, offset, row_sums);                                                                      \
+  }                                                                                                               \
+  void order_loss_block_backward(const OrderLossInputs<T>& inputs, int64_t offset, Strided<T> grad_rows,          \
+                                 T* grad_D, T* grad_D_all) {                                                      \
+    block_backward(inputs, offset, grad_rows, grad_D, grad_D_all);                                                \
+  }
+SOL_EXT_DEFINE_ORDER_LOSS_KERNELS(float)
+SOL_EXT_DEFINE_ORDER_LOSS_KERNELS(double)
+#undef SOL_EXT_DEFINE_ORDER_LOSS_KERNELS

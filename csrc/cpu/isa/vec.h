@@ -1,0 +1,94 @@
+// Vectors of the capability's width as GCC/clang vector extensions: the compiler emits the capability's
+// instructions for them (xmm, ymm or zmm registers), and the lane count, which fixes each kernel's
+// summation order, is the capability's.
+
+template <typename T>
+struct Vec;
+template <>
+struct Vec<float> {
+  typedef float type __attribute__((vector_size(SOL_EXT_VECTOR_BYTES)));
+  static constexpr int kLanes = SOL_EXT_VECTOR_BYTES / 4;
+};
+template <>
+struct Vec<double> {
+  typedef double type __attribute__((vector_size(SOL_EXT_VECTOR_BYTES)));
+  static constexpr int kLanes = SOL_EXT_VECTOR_BYTES / 8;
+};
+template <typename T>
+using vec_t = typename Vec<T>::type;
+
+template <typename T>
+inline vec_t<T> load(const T* p) {
+  vec_t<T> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <typename T>
+inline void store(T* p, vec_t<T> v) {
+  std::memcpy(p, &v, sizeof v);
+}
+template <typename T>
+inline vec_t<T> splat(T value) {
+  return vec_t<T>{} + value;
+}
+
+// [x]+ lane by lane, keeping a NaN as std::max(x, 0) and positive_part (sol_math.h) do: MAXPS returns its
+// second operand when either is NaN. (The AVX-512 form with a full mask: GCC 12 warns about the plain one's
+// undefined pass-through operand.)
+inline vec_t<float> positive_part(vec_t<float> x) {
+#if SOL_EXT_VECTOR_BYTES == 64
+  return _mm512_mask_max_ps(x, __mmask16(0xFFFF), vec_t<float>{}, x);
+#elif SOL_EXT_VECTOR_BYTES == 32
+  return _mm256_max_ps(vec_t<float>{}, x);
+#elif defined(__SSE2__)
+  return _mm_max_ps(vec_t<float>{}, x);
+#else
+  return x < 0 ? vec_t<float>{} : x;
+#endif
+}
+inline vec_t<double> positive_part(vec_t<double> x) {
+#if SOL_EXT_VECTOR_BYTES == 64
+  return _mm512_mask_max_pd(x, __mmask8(0xFF), vec_t<double>{}, x);
+#elif SOL_EXT_VECTOR_BYTES == 32
+  return _mm256_max_pd(vec_t<double>{}, x);
+#elif defined(__SSE2__)
+  return _mm_max_pd(vec_t<double>{}, x);
+#else
+  return x < 0 ? vec_t<double>{} : x;
+#endif
+}
+
+// |x| lane by lane, the sign bit cleared as std::abs does (NaN stays NaN, -0 becomes +0).
+inline vec_t<float> absolute(vec_t<float> x) {
+  typedef int32_t bits __attribute__((vector_size(SOL_EXT_VECTOR_BYTES)));
+  return (vec_t<float>)((bits)x & 0x7fffffff);
+}
+inline vec_t<double> absolute(vec_t<double> x) {
+  typedef int64_t bits __attribute__((vector_size(SOL_EXT_VECTOR_BYTES)));
+  return (vec_t<double>)((bits)x & 0x7fffffffffffffff);
+}
+
+// v rotated by Shift lanes: lane i holds v[(i + Shift) % lanes].
+template <typename T, int Shift, int... I>
+inline vec_t<T> rotate_lanes(vec_t<T> v, std::integer_sequence<int, I...>) {
+#if defined(__clang__)
+  return __builtin_shufflevector(v, v, ((I + Shift) % Vec<T>::kLanes)...);
+#else
+  typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> index_t;
+  typedef index_t mask_t __attribute__((vector_size(SOL_EXT_VECTOR_BYTES)));
+  return __builtin_shuffle(v, mask_t{((I + Shift) % Vec<T>::kLanes)...});
+#endif
+}
+
+// The sum of the lanes, halves added pairwise (lane i += lane i + width, width = lanes/2, ..., 1): the
+// same order in every call.
+template <typename T>
+inline T sum_lanes(vec_t<T> v) {
+  constexpr int kLanes = Vec<T>::kLanes;
+  using lanes = std::make_integer_sequence<int, kLanes>;
+  if constexpr (kLanes >= 16) v += rotate_lanes<T, 8>(v, lanes{});
+  if constexpr (kLanes >= 8) v += rotate_lanes<T, 4>(v, lanes{});
+  if constexpr (kLanes >= 4) v += rotate_lanes<T, 2>(v, lanes{});
+  if constexpr (kLanes >= 2) v += rotate_lanes<T, 1>(v, lanes{});
+  return v[0];
+}
