@@ -1,6 +1,7 @@
 """The CPU kernels at every capability this machine runs (csrc/cpu/cpu_capability.h, docs/performance.md): the
 choice and its overrides, the object code of each build, and the oracle, gradcheck and determinism tests of
-the CPU ops run once per capability, forced through sol_ext._extension._set_cpu_capability."""
+the CPU ops run once per capability, forced through sol_ext._extension._set_cpu_capability (those of
+test_ops, test_autograd, test_grouped and integrations/test_distributed, called with the capability set)."""
 from __future__ import annotations
 
 import os
@@ -19,6 +20,9 @@ import test_grouped
 import test_ops
 from common import REL_TOL, REPO_ROOT, assert_rel_close
 from sol_ext import _extension, reference
+
+sys.path.insert(0, str(REPO_ROOT / "tests" / "integrations"))  # the block op's tests, run here per capability
+import test_distributed  # noqa: E402
 
 SUPPORT = {name: (built, runs) for name, built, runs in _extension._cpu_capability_support()}
 
@@ -223,6 +227,14 @@ def test_order_loss_block_and_its_gradients_match_the_oracle(capability, dtype, 
     expected = torch.autograd.grad(want, (D64, D_all64), upstream)
     for name, g, e in zip(("dD", "dD_all"), got, expected):
         assert_rel_close(g.double(), e, REL_TOL[dtype], name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_blocks_of_a_partition_count_every_pair_once(capability, dtype):
+    """The local rows at offset 0 start where the gathered rows do: the kernel must still read D_all for y."""
+    test_distributed.test_blocks_of_a_partition_count_every_pair_once(dtype)
+    test_distributed.test_gradcheck_block("cpu")
+    test_distributed.test_block_backward_is_bitwise_reproducible_across_thread_counts()
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

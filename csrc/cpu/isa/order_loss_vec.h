@@ -30,7 +30,9 @@ class PairKernel {
       : n_(in.n), stride_((in.n + kLanes - 1) / kLanes * kLanes), chunks_(stride_ / kLanes), labels_(in.labels),
         labels_y_(in.labels_y), table_(in.table), gamma_(static_cast<T>(in.margin)) {
     D_ = padded(in.D, in.rows);
-    D_y_ = in.D_y == in.D ? std::vector<T>() : padded(in.D_y, in.rows_y);
+    // The y rows are D's own only when they are the same rows (order_loss_block's local rows at offset 0
+    // begin where the gathered ones do, and are fewer).
+    D_y_ = in.D_y == in.D && in.rows_y == in.rows ? std::vector<T>() : padded(in.D_y, in.rows_y);
     low_.assign(n_ * stride_, T(0));
     high_.assign(n_ * stride_, T(0));
     for (int64_t r = 0; r < n_; ++r) {
