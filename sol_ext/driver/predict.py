@@ -250,7 +250,8 @@ def _warn_about_the_calibration(args: argparse.Namespace, model: TrainedModel) -
     the run's training data (intervals come out too narrow)."""
     from pathlib import Path
 
-    from .options import run_data, warn
+    from .checkpoint import run_data
+    from .console import warn
 
     count = model.intervals.count
     if math.isinf(model.intervals.threshold(args.interval)):
