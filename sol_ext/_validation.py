@@ -205,6 +205,16 @@ def check_dissimilarities_finite(D: torch.Tensor, h: torch.Tensor, mu: torch.Ten
         )
 
 
+def nearest_grid_ranks(values: torch.Tensor, grid: torch.Tensor) -> tuple[torch.Tensor, Optional[int]]:
+    """The rank of the nearest value of an increasing ``grid [n]`` for each of ``values`` (float64), and
+    the index of the first value that is not one of the grid's (within 1e-9), or None when all are."""
+    index = torch.searchsorted(grid, values).clamp(max=len(grid) - 1)
+    below = (index - 1).clamp(min=0)
+    nearer = torch.where((values - grid[below]).abs() < (grid[index] - values).abs(), below, index)
+    off = ~torch.isclose(grid[nearer], values, rtol=1e-9, atol=1e-9)
+    return nearer, (int(torch.nonzero(off)[0, 0]) if bool(off.any()) else None)
+
+
 def check_ranks(
     name: str, ranks, num_ranks: int, length: Optional[int] = None, values: bool = True
 ) -> torch.Tensor:

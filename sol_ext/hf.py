@@ -254,12 +254,8 @@ class SOLTextModel(PreTrainedModel):
             return check.check_ranks(name, labels.reshape(-1), self.head.num_ranks)
         grid = self.label_values.to(labels.device)
         values = labels.to(torch.float64).reshape(-1)
-        index = torch.searchsorted(grid, values).clamp(max=len(grid) - 1)
-        below = (index - 1).clamp(min=0)
-        nearer = torch.where((values - grid[below]).abs() < (grid[index] - values).abs(), below, index)
-        off = ~torch.isclose(grid[nearer], values, rtol=1e-9, atol=1e-9)
-        if bool(off.any()):
-            i = int(torch.nonzero(off)[0, 0])
+        nearer, i = check.nearest_grid_ranks(values, grid)
+        if i is not None:
             raise ValueError(f"{name} must be values of label_values ({_describe_grid(grid)}), got "
                              f"{float(values[i]):g} at index {i}; fix or drop such rows, or build the model "
                              f"with label_values that hold them")
