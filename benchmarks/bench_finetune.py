@@ -345,7 +345,7 @@ def finetune_run(head: str, seed: int, data: dict, options: argparse.Namespace) 
     with tempfile.TemporaryDirectory() as folder:
         args = training_arguments(folder, options, seed, options.epochs)
         if head == "sol":
-            model = SOLTextModel(encoder, label_values=SCALE)
+            model = SOLTextModel(encoder, label_values=SCALE, sigma=options.sol_sigma, margin=options.sol_margin)
             optimizers = optimizer_and_schedule(model, options, steps)
             trainer = SOLTrainer(model=model, args=args, train_dataset=dataset("train", False),
                                  eval_dataset=dataset("val", False), data_collator=collator, optimizers=optimizers)
@@ -538,6 +538,8 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--head-lr", type=float, default=3e-3, help="a linear head's learning rate")
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--warmup", type=float, default=0.1, help="fraction of the steps of linear warm-up")
+    parser.add_argument("--sol-sigma", type=float, default=1.0, help="SOL's noise level sigma (SOLHead's default 1)")
+    parser.add_argument("--sol-margin", type=float, default=0.25, help="SOL's margin (SOLHead's default 0.25)")
     parser.add_argument("--max-length", type=int, default=64, help="tokens per sentence (longer ones are cut)")
     parser.add_argument("--train-layers", default="2",
                         help="fine-tune the top N transformer layers only, or 'all' (default 2: a 2-core CPU's budget)")
