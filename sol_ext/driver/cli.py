@@ -71,8 +71,8 @@ def _add_train(sub) -> argparse.ArgumentParser:
     t.add_argument("--config", default=None, metavar="FILE",
                    help="TOML file of settings, one 'key = value' line each, keys as the options "
                         "above (epochs = 40, label_column = \"age\"); options given here override it. "
-                        "A run's config.toml repeats it from any folder: its relative data paths "
-                        "are read from the folder it was trained in (Python < 3.11 needs the tomli "
+                        "Relative paths in the file are read from the file's folder; a run's "
+                        "config.toml repeats it from any folder (Python < 3.11 needs the tomli "
                         "package)")
     t.add_argument("--print-config", action="store_true",
                    help="print the run's settings as TOML (what --config reads) and exit without "

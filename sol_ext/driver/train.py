@@ -400,7 +400,7 @@ def _write_run(args: argparse.Namespace, run: CheckedRun, outcome: RunOutcome, s
     out = run.out_dir
     calibrate_run(out, run.config, run.data, outcome.results, context=run.context)
     atomic_write_text(out / CONFIG_FILE_NAME, config_toml(
-        run.config, paper=args.paper, threads=args.threads, relative_to=run.data.read_from))
+        run.config, paper=args.paper, threads=args.threads, read_from=run.data.read_from))
     path = write_outputs(outcome, run.data, out, plots=args.plots)
     print(format_table([outcome.results]))
     print(f"{time.perf_counter() - start:.1f} s; results in {path}")
