@@ -727,3 +727,23 @@ def test_a_label_step_finer_than_the_labels_trains_on_its_grid_of_ranks(tmp_path
                  "--no-plots", *FAST]) == 0
     grid = json.loads((out / "results.json").read_text())["data"]
     assert (grid["min_value"], grid["step"], grid["num_ranks"]) == (20.0, 0.005, 1801)
+
+
+@pytest.mark.parametrize("step,ranks", [("0.001", "9001"), ("0.0001", "90001")])
+def test_a_label_step_of_too_many_ranks_is_refused_before_training(tmp_path, capsys, monkeypatch, step, ranks):
+    """--label-step 0.001 (9,001 ranks) or 0.0001 (90,001) on labels 0 … 9: refused while the data
+    are read, naming the flags and a step that fits, before anything of the size of the grid is
+    allocated (the label-noise fit of 9,001 ranks took minutes and 8 GB; 90,001 ran out of memory)."""
+    import sol_ext.driver.fit
+    from common import expect_error
+    from sol_ext.driver.data.encoding import MAX_GIVEN_RANKS
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the run trained")
+
+    monkeypatch.setattr(sol_ext.driver.fit.Fit, "__init__", no_training)
+    data = write_csv(tmp_path / "d.csv", [(i % 7, i % 3, i % 10) for i in range(100)])
+    expect_error(capsys, ["train", "--data", str(data), "--label-step", step, "--output", str(tmp_path / "o"), *FAST],
+                 "label column 'label'", f"{ranks} ranks", f"more than the {MAX_GIVEN_RANKS} ranks",
+                 "--label-step (e.g. 0.005: 1801 ranks)", "--label-min/--label-max")
+    assert not (tmp_path / "o").exists()
