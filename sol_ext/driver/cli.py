@@ -303,8 +303,10 @@ _WARNING_FLAGS = {"step": "--label-step", "min_value": "--label-min", "max_value
 def _own_warnings_as_lines(flags: dict[str, str]):
     """Show sol_ext's own warnings (a label scale resting on a typo, an id-like text column) as one
     line ``sol-ext: warning: ...`` naming the command's flags, not as Python's two-line warning;
-    other warnings keep Python's form."""
+    other warnings keep Python's form. They are the command's output: shown whatever Python's
+    warning filters say (PYTHONWARNINGS=ignore, common in CI, or =error)."""
     with warnings.catch_warnings():
+        warnings.filterwarnings("default", module=r"sol_ext(\.|$)")
         python_form = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None):

@@ -594,3 +594,17 @@ def test_results_table_shows_label_mae_in_label_units(tmp_path):
     table = format_table([results])
     assert "0.380->0.300" in table and "37.98" not in table
     assert "label units" in table.splitlines()[0]
+
+
+@pytest.mark.parametrize("action", ["ignore", "error"])
+def test_own_data_warnings_print_whatever_python_s_warning_filters_say(tmp_path, capsys, action):
+    """PYTHONWARNINGS=ignore (common in CI) or =error: sol-ext's data warnings are the command's
+    output, printed as one line, and the run goes on."""
+    import warnings
+
+    rows = [(i % 7, "" if i % 20 == 0 else i % 3, 20 + i % 5) for i in range(100)]
+    data = write_csv(tmp_path / "d.csv", rows)
+    with warnings.catch_warnings():
+        warnings.simplefilter(action)  # as PYTHONWARNINGS sets it
+        assert main(train_argv(data, tmp_path / "o", *SIGMA1, "--epochs", "1", "--missing", "skip")) == 0
+    assert "sol-ext: warning: " in capsys.readouterr().err
