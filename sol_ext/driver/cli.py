@@ -68,7 +68,7 @@ def _add_train(sub) -> argparse.ArgumentParser:
                         "plots are deleted)")
     t.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     t.add_argument("--quiet", action="store_true", help="no per-epoch lines, no progress bar")
-    t.add_argument("--config", default=None, metavar="FILE",
+    t.add_argument("--config", default=None, metavar="FILE", action=_OneFile,
                    help="TOML file of settings, one 'key = value' line each, keys as the options "
                         "above (epochs = 40, label_column = \"age\"); options given here override it. "
                         "Relative paths in the file are read from the file's folder; a run's "
@@ -79,6 +79,17 @@ def _add_train(sub) -> argparse.ArgumentParser:
                         "training")
 
     return t
+
+
+class _OneFile(argparse.Action):
+    """An option naming one file, refused when given twice: the last one would win without a word."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        earlier = getattr(namespace, self.dest, None)
+        if earlier is not None:
+            parser.error(f"{option_string} given twice ({earlier}, {value}); pass one file: put the "
+                         f"settings of both in it, or give a setting as its option to override the file")
+        setattr(namespace, self.dest, value)
 
 
 def _add_predict(sub) -> argparse.ArgumentParser:

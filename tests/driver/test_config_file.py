@@ -149,6 +149,8 @@ def test_option_spelling_and_whole_numbers_are_accepted(tmp_path):
     ('output = ""\n', ["key 'output' is an empty string"]),
     ('threads = "4"\n', ["key 'threads' must be an integer"]),
     ('relative_to = "/elsewhere"\n', ["unknown key 'relative_to'"]),  # paths follow the file
+    ('missing = "drop"\n', ["--missing 'drop' is not one of skip, impute, error"]),
+    ('missing = "mark"\n', ["--missing 'mark' is not one of skip, impute, error"]),  # prediction's
 ])
 def test_bad_settings_are_refused_naming_the_file_and_key(text, words, tmp_path, capsys):
     path = tmp_path / "bad.toml"
@@ -388,3 +390,15 @@ def test_each_option_is_generated_from_its_field():
         assert option["help"] in by_dest[f.name].help, f.name
     assert PAPER_SETTINGS["readout"] == "nearest" and PAPER_SETTINGS["momentum"] == 0.0
     assert "inference" not in PAPER_SETTINGS
+
+
+def test_two_config_files_are_refused(tmp_path, capsys):
+    """--config twice: the first file would be ignored without a word."""
+    first, second = tmp_path / "a.toml", tmp_path / "b.toml"
+    first.write_text("epochs = 3\n")
+    second.write_text("lr = 0.1\n")
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--config", str(first), "--config", str(second), "--print-config"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--config given twice ({first}, {second}); pass one file" in err
