@@ -64,8 +64,8 @@ def _add_train(sub) -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true",
                    help="continue the run in --output from its last checkpoint")
     t.add_argument("--overwrite", action="store_true",
-                   help="start afresh even if --output holds a run (its checkpoints, results and "
-                        "plots are deleted)")
+                   help="start afresh even if --output holds a run (the files sol-ext wrote there "
+                        "are deleted: checkpoints, results, plots, predictions, exports; your own stay)")
     t.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     t.add_argument("--quiet", action="store_true", help="no per-epoch lines, no progress bar")
     t.add_argument("--config", default=None, metavar="FILE", action=_OneFile,
