@@ -239,7 +239,8 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["sol_ext", "sol_ext.*"]),
     py_modules=["sol_ext_launcher"],  # the command's entry point, outside the package (see there)
-    package_data={"sol_ext": ["datasets/*", "py.typed"]},  # py.typed: the package has type hints
+    # py.typed: the package has type hints; command_help.json: the commands' --help without torch
+    package_data={"sol_ext": ["datasets/*", "py.typed", "driver/command_help.json"]},
     # The library (the loss, SOLHead, the ops and their kernels, metrics, intervals, label issues) needs torch
     # and numpy only; the kernels load only beside the torch they were compiled with (_extension.py checks).
     install_requires=[f"torch=={torch.__version__.split('+')[0]}", "numpy"],

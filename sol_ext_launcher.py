@@ -9,16 +9,19 @@ raise at all: it ends the program at once.
 ``sol-ext --help`` and ``sol-ext --version`` are answered here, without loading the package (and so
 torch): the version from the installed distribution's metadata, the help from :func:`top_level_parser`,
 which holds the same text as the program's own parser (``sol_ext.driver.cli.build_parser``; a test
-keeps the two equal). A command's own help (``sol-ext predict --help``) needs the program's parser,
-which is built inside the package.
+keeps the two equal). A command's own help (``sol-ext predict --help``) too: the program's parser of
+each command is saved as data in the package (:data:`COMMAND_HELP_FILE`, written by
+``scripts/write_command_help.py``; a test keeps it equal to the parser) and rebuilt here with argparse.
 """
 
 import argparse
 import importlib.metadata
 import importlib.util
+import json
 import os
 import signal
 import sys
+from pathlib import Path
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program ended by Ctrl-C
 EXIT_MISSING = 1
@@ -63,9 +66,90 @@ def top_level_parser(version: str) -> argparse.ArgumentParser:
     return parser
 
 
+# Each command's parser as data (describe_parser), in the sol_ext package folder: `sol-ext train --help`
+# is answered from it without importing the package.
+COMMAND_HELP_FILE = Path("driver", "command_help.json")
+HELP_FLAGS = ("-h", "--help")
+
+
+def describe_parser(parser: argparse.ArgumentParser) -> dict:
+    """What ``parser``'s help shows, as JSON data (:func:`parser_from_description` rebuilds it): its
+    prog and description, its argument groups in order and the options of each, the mutually
+    exclusive groups. Parsing needs more (types, actions): this is for the help only."""
+    actions = [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
+    index = {id(a): i for i, a in enumerate(actions)}
+
+    def shown(default):  # what %(default)s shows
+        return default if default is None or isinstance(default, (str, int, float)) else str(default)
+
+    return {
+        "prog": parser.prog, "description": parser.description,
+        "actions": [{"option_strings": list(a.option_strings), "dest": a.dest, "nargs": a.nargs,
+                     "metavar": list(a.metavar) if isinstance(a.metavar, tuple) else a.metavar,
+                     "choices": None if a.choices is None else [str(c) for c in a.choices],
+                     "required": a.required, "default": shown(a.default), "help": a.help} for a in actions],
+        "groups": [{"title": g.title, "description": g.description,
+                    "actions": [index[id(a)] for a in g._group_actions if id(a) in index]}
+                   for g in parser._action_groups],
+        "exclusive": [[index[id(a)] for a in g._group_actions] for g in parser._mutually_exclusive_groups],
+    }
+
+
+def parser_from_description(description: dict) -> argparse.ArgumentParser:
+    """A parser whose help is that of the parser :func:`describe_parser` described."""
+    parser = argparse.ArgumentParser(prog=description["prog"], description=description["description"])
+    home = {}
+    for k, group in enumerate(description["groups"]):
+        if k < len(parser._action_groups):  # the parser's own: positional arguments, options
+            container = parser._action_groups[k]
+            container.title, container.description = group["title"], group["description"]
+        else:
+            container = parser.add_argument_group(group["title"], group["description"])
+        home.update(dict.fromkeys(group["actions"], container))
+    for members in description["exclusive"]:
+        exclusive = home[members[0]].add_mutually_exclusive_group()
+        home.update(dict.fromkeys(members, exclusive))
+    for i, action in enumerate(description["actions"]):
+        # argparse knows SUPPRESS by identity, not by its text
+        options = {key: argparse.SUPPRESS if action[key] == argparse.SUPPRESS else action[key]
+                   for key in ("help", "default")}
+        if action["nargs"] == 0:  # a flag (store_true and the like)
+            options.update(action="store_const", const=None)
+        else:
+            metavar = action["metavar"]
+            options.update(nargs=action["nargs"], choices=action["choices"],
+                           metavar=tuple(metavar) if isinstance(metavar, list) else metavar)
+        if action["option_strings"]:
+            home[i].add_argument(*action["option_strings"], dest=action["dest"], required=action["required"],
+                                 **options)
+        else:
+            home[i].add_argument(action["dest"], **options)
+    return parser
+
+
+def command_help_parser(command: str):
+    """The help parser of ``command`` from :data:`COMMAND_HELP_FILE`, or None where the package
+    folder or the file is not found (a source tree without it: the program answers)."""
+    spec = importlib.util.find_spec("sol_ext")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        path = Path(list(spec.submodule_search_locations)[0], COMMAND_HELP_FILE)
+        described = json.loads(path.read_text(encoding="utf-8")).get(command)
+    except (OSError, ValueError):
+        return None
+    return None if described is None else parser_from_description(described)
+
+
 def answer_without_the_package(argv: list) -> bool:
-    """Answer ``sol-ext --help`` / ``-h`` / ``--version`` / ``-V`` (alone) here; False for anything
-    else, which the program answers."""
+    """Answer ``sol-ext --help`` / ``-h`` / ``--version`` / ``-V`` (alone) and ``sol-ext COMMAND
+    --help`` here; False for anything else, which the program answers."""
+    if len(argv) == 2 and argv[0] in dict(COMMANDS) and argv[1] in HELP_FLAGS:
+        parser = command_help_parser(argv[0])
+        if parser is None:
+            return False
+        parser.print_help()
+        return True
     if len(argv) != 1 or argv[0] not in ("-h", "--help", "-V", "--version"):
         return False
     try:

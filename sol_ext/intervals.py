@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import torch
 
@@ -117,13 +117,16 @@ def nonconformity_scores(probabilities: torch.Tensor, score: str = DEFAULT_SCORE
 class IntervalCalibration:
     """What prediction needs of a calibration set: its scores, sorted, with the cumulative weight of
     each (1 a row for the labels target; the clean-rank posterior's mass for the clean target), and
-    the number of calibration rows ``count``. Any coverage is read from it at prediction time."""
+    the number of calibration rows ``count``, and the number of ranks ``num_ranks`` of the
+    probabilities it was made on (None where the caller keeps them equal, as :class:`~sol_ext.SOLHead`
+    does). Any coverage is read from it at prediction time."""
 
     score: str
     target: str
     scores: torch.Tensor  # [M] float64, ascending
     cumulative_weights: torch.Tensor  # [M] float64, ascending, the last = count
     count: int
+    num_ranks: Optional[int] = None
 
     def threshold(self, coverage: float) -> float:
         """The conformal threshold: the smallest score ``t`` whose calibration weight at or below it
@@ -139,7 +142,7 @@ class IntervalCalibration:
     def to_state(self) -> dict[str, Any]:
         """A state of tensors and plain values (``torch.save``, ``weights_only=True``)."""
         return {"score": self.score, "target": self.target, "scores": self.scores,
-                "cumulative_weights": self.cumulative_weights, "count": self.count}
+                "cumulative_weights": self.cumulative_weights, "count": self.count, "num_ranks": self.num_ranks}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "IntervalCalibration":
@@ -147,7 +150,8 @@ class IntervalCalibration:
                    target=check.check_choice("target", state["target"], TARGETS),
                    scores=state["scores"].to(torch.float64).cpu(),
                    cumulative_weights=state["cumulative_weights"].to(torch.float64).cpu(),
-                   count=int(state["count"]))
+                   count=int(state["count"]),
+                   num_ranks=None if state["num_ranks"] is None else int(state["num_ranks"]))
 
 
 def calibrate_intervals(probabilities: torch.Tensor, ranks: torch.Tensor, *, score: str = DEFAULT_SCORE,
@@ -189,7 +193,8 @@ def calibrate_intervals(probabilities: torch.Tensor, ranks: torch.Tensor, *, sco
         scores, weights = all_scores.flatten(), (posterior / total).flatten()
     order = torch.argsort(scores, stable=True)
     return IntervalCalibration(score=score, target=target, scores=scores[order].cpu(),
-                               cumulative_weights=weights[order].cumsum(0).cpu(), count=int(p.shape[0]))
+                               cumulative_weights=weights[order].cumsum(0).cpu(), count=int(p.shape[0]),
+                               num_ranks=n)
 
 
 def fitted_deconvolution(probabilities: torch.Tensor, ranks: torch.Tensor,
@@ -242,7 +247,12 @@ def rank_intervals(probabilities: torch.Tensor, calibration: IntervalCalibration
     if not isinstance(calibration, IntervalCalibration):
         raise TypeError(f"calibration must be an IntervalCalibration (calibrate_intervals), got "
                         f"{type(calibration).__name__}")
-    return intervals_at(_checked_probabilities(probabilities), calibration.score, calibration.threshold(coverage))
+    p = _checked_probabilities(probabilities)
+    if calibration.num_ranks is not None and p.shape[1] != calibration.num_ranks:
+        raise ValueError(f"probabilities have {p.shape[1]} ranks, but the calibration was made on "
+                         f"{calibration.num_ranks}; calibrate on held-out probabilities of the model that "
+                         f"gives these")
+    return intervals_at(p, calibration.score, calibration.threshold(coverage))
 
 
 def intervals_at(p: torch.Tensor, score: str, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -293,7 +303,8 @@ def noise_std_from_pairs(first: Any, second: Any) -> float:
 
 
 def _check_coverage(coverage: Any) -> float:
-    if isinstance(coverage, bool) or not isinstance(coverage, (int, float)) or not 0 < float(coverage) < 1:
+    # any real number, numpy's float32 among them
+    if not check._is_real(coverage) or not 0 < float(coverage) < 1:
         raise ValueError(f"coverage must be a probability strictly between 0 and 1 (e.g. 0.9), got {coverage!r}")
     return float(coverage)
 
@@ -318,9 +329,12 @@ def _label_likelihood(label_noise: LabelNoise, n: int) -> torch.Tensor:
     if label_noise is None:
         raise ValueError("label_noise is needed (target='clean'): the std of the labels' noise in ranks (SOL's "
                          "sigma), or a matrix [n, n] whose row c is the distribution of a label given clean rank c")
+    if isinstance(label_noise, torch.Tensor) and label_noise.dim() == 0:
+        label_noise = label_noise.item()  # a std held in a tensor
     if isinstance(label_noise, torch.Tensor):
         if label_noise.shape != (n, n):
-            raise ValueError(f"label_noise as a matrix must be [n, n] = [{n}, {n}], got {tuple(label_noise.shape)}")
+            raise ValueError(f"label_noise must be a number (the noise std in ranks) or a matrix [n, n] = "
+                             f"[{n}, {n}], got a tensor of shape {tuple(label_noise.shape)}")
         likelihood = label_noise.detach().to(torch.float64).cpu()
         if (not bool(torch.isfinite(likelihood).all()) or bool((likelihood < 0).any())
                 or not torch.allclose(likelihood.sum(dim=1), torch.ones((), dtype=torch.float64), atol=1e-6)):

@@ -188,6 +188,17 @@ def run_paths(config: dict[str, Any], read_from: Optional[str]) -> dict[str, Opt
     return {key: located(config.get(key)) for key in ("data", "test_data", "weights")}
 
 
+def _with_paths_located(config: TrainConfig, read_from: Optional[str]) -> TrainConfig:
+    """``config`` with each relative data path that exists from ``read_from`` (the working folder it
+    was given in) as a resolved absolute path, and each absolute one resolved, so that two spellings
+    of one file compare equal."""
+    located = {}
+    for key, given in run_paths(dataclasses.asdict(config), read_from).items():
+        if given and Path(given).exists() and (read_from is not None or Path(given).is_absolute()):
+            located[key] = str(Path(given).resolve())
+    return dataclasses.replace(config, **located) if located else config
+
+
 def run_data(run_dir: Path, model=None) -> list[tuple[str, Optional[str]]]:
     """``(what, path)`` of the data files the run in ``run_dir`` was trained on (from its loaded
     ``model`` where given), found from any working folder: inputs no output may replace."""
@@ -378,7 +389,10 @@ def load_checkpoint(path: Path, config: TrainConfig | None = None,
     state = _checked_format(state, path)
     if config is not None:
         saved = TrainConfig.from_dict(state["config"])
-        diff = config_mismatches(saved, config)
+        # a data path names a file: the run's config.toml names it by an absolute path, the run by
+        # the path it was typed as
+        read_from = (state.get("predictor") or {}).get("read_from")
+        diff = config_mismatches(_with_paths_located(saved, read_from), _with_paths_located(config, os.getcwd()))
         if diff:
             raise CheckpointMismatch(
                 f"checkpoint {str(path)!r} was written with another configuration "

@@ -64,21 +64,32 @@ def _add_train(sub) -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true",
                    help="continue the run in --output from its last checkpoint")
     t.add_argument("--overwrite", action="store_true",
-                   help="start afresh even if --output holds a run (its checkpoints, results and "
-                        "plots are deleted)")
+                   help="start afresh even if --output holds a run (the files sol-ext wrote there "
+                        "are deleted: checkpoints, results, plots, predictions, exports; your own stay)")
     t.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     t.add_argument("--quiet", action="store_true", help="no per-epoch lines, no progress bar")
-    t.add_argument("--config", default=None, metavar="FILE",
+    t.add_argument("--config", default=None, metavar="FILE", action=_OneFile,
                    help="TOML file of settings, one 'key = value' line each, keys as the options "
                         "above (epochs = 40, label_column = \"age\"); options given here override it. "
-                        "A run's config.toml repeats it from any folder: its relative data paths "
-                        "are read from the folder it was trained in (Python < 3.11 needs the tomli "
+                        "Relative paths in the file are read from the file's folder; a run's "
+                        "config.toml repeats it from any folder (Python < 3.11 needs the tomli "
                         "package)")
     t.add_argument("--print-config", action="store_true",
                    help="print the run's settings as TOML (what --config reads) and exit without "
                         "training")
 
     return t
+
+
+class _OneFile(argparse.Action):
+    """An option naming one file, refused when given twice: the last one would win without a word."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        earlier = getattr(namespace, self.dest, None)
+        if earlier is not None:
+            parser.error(f"{option_string} given twice ({earlier}, {value}); pass one file: put the "
+                         f"settings of both in it, or give a setting as its option to override the file")
+        setattr(namespace, self.dest, value)
 
 
 def _add_predict(sub) -> argparse.ArgumentParser:
@@ -303,8 +314,10 @@ _WARNING_FLAGS = {"step": "--label-step", "min_value": "--label-min", "max_value
 def _own_warnings_as_lines(flags: dict[str, str]):
     """Show sol_ext's own warnings (a label scale resting on a typo, an id-like text column) as one
     line ``sol-ext: warning: ...`` naming the command's flags, not as Python's two-line warning;
-    other warnings keep Python's form."""
+    other warnings keep Python's form. They are the command's output: shown whatever Python's
+    warning filters say (PYTHONWARNINGS=ignore, common in CI, or =error)."""
     with warnings.catch_warnings():
+        warnings.filterwarnings("default", module=r"sol_ext(\.|$)")
         python_form = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None):

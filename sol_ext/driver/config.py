@@ -146,6 +146,10 @@ def setting(default: Any, help: str, group: Optional[str], *, paper: Any = _NOT_
     return dataclasses.field(default=default, metadata=metadata)
 
 
+# Settings of a fixed set of values that TrainConfig.validate checks with their own message.
+_CHECKED_WITH_THEIR_RANGE = ("method", "pairs", "readout", "convention", "relabel", "augment")
+
+
 @dataclass
 class TrainConfig:
     """Everything that determines a run. Units: ranks unless said otherwise.
@@ -426,7 +430,8 @@ class TrainConfig:
                   f"{f.name}={value} is not a finite number; expected a finite value.")
 
     def _check_choices(self) -> None:
-        """The method, the encoder, the pair set, the read-out and the loss convention are known ones."""
+        """The method, the encoder, the pair set, the read-out, the loss convention and every other
+        setting of a fixed set of values are known ones."""
         _need(self.method in METHODS,
               f"unknown method {self.method!r}; expected one of {', '.join(METHODS)}.")
         check_encoder_name(self.encoder)
@@ -436,6 +441,12 @@ class TrainConfig:
               f"unknown readout {self.readout!r}; expected one of {', '.join(READOUTS)}.")
         _need(self.convention in ("paper", "official"),
               f"unknown convention {self.convention!r}; expected 'paper' or 'official'.")
+        # every other setting with a fixed set of values: a --config file is not held to the
+        # option's choices by the parser
+        for f in dataclasses.fields(self):
+            choices, value = f.metadata.get("choices"), getattr(self, f.name)
+            if choices is not None and value is not None and f.name not in _CHECKED_WITH_THEIR_RANGE:
+                _need(value in choices, f"{f.name}={value!r} is not one of {', '.join(choices)}.")
 
     def _check_data(self) -> None:
         """The added noise, the test split, the columns and the label scale fit the data."""

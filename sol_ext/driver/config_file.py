@@ -14,10 +14,11 @@ paper's settings (``--paper``), ``output`` and ``threads`` (``--output``, ``--th
 A run's settings are, from the lowest to the highest priority: the defaults (or the paper's
 settings), the file, the options on the command line. A setting left out of the file keeps its
 default; there is no TOML value for "unset" (``--print-config`` leaves unset settings out).
-Relative paths are relative to the working folder, as on the command line, except the data paths
-(``data``, ``test_data``, ``weights``) of a file with ``relative_to = "FOLDER"``: they are read from
-that folder. A run's ``config.toml`` and ``--print-config`` name the working folder so, and the
-file repeats the run on the same files from any folder (as ``predict`` and ``audit`` find them).
+A relative path in the file (``data``, ``test_data``, ``weights``, ``output``) is relative to the
+folder the file is in, wherever the command runs, so a template printed by ``--print-config`` and
+saved beside its data finds that data; paths typed on the command line stay relative to the
+working folder. A run's ``config.toml`` names its data by absolute paths, so it repeats the run on
+the same files from any folder (as ``predict`` and ``audit`` find them).
 
 The file may start with a UTF-8 byte order mark. Reading TOML needs Python >= 3.11 (``tomllib``)
 or the ``tomli`` package; it is written by ``tomli-w``.
@@ -43,15 +44,13 @@ CONFIG_FILE_NAME = "config.toml"
 
 # The file's switch for the paper's settings: a command-line option, not a TrainConfig field.
 PAPER_KEY = "paper"
-# The folder the file's relative data paths are read from (a run's working folder).
-RELATIVE_TO_KEY = "relative_to"
 # Keys of the file beside the TrainConfig fields: options of `sol-ext train` that are not settings
-# of the training itself, and the folder of the data paths; name -> the kinds of value it takes.
+# of the training itself; name -> the kinds of value it takes.
 OPTION_KINDS: dict[str, tuple[str, ...]] = {PAPER_KEY: ("bool",), "output": ("str",),
-                                            "threads": ("int",), RELATIVE_TO_KEY: ("str",)}
-# Settings that are paths: an empty string would silently mean the working folder.
-PATH_KEYS = ("data", "test_data", "weights", "output", RELATIVE_TO_KEY)
-# The data paths, which `relative_to` applies to (as predict and audit locate a run's data).
+                                            "threads": ("int",)}
+# Settings that are paths, read from the file's folder: an empty string would silently mean it.
+PATH_KEYS = ("data", "test_data", "weights", "output")
+# The paths that name a run's data (as predict and audit locate it).
 DATA_PATH_KEYS = ("data", "test_data", "weights")
 UTF8_BOM = b"\xef\xbb\xbf"
 
@@ -131,8 +130,8 @@ def _converted(value: Any, kinds: Sequence[str]) -> tuple[bool, Any]:
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """The settings of the TOML file ``path``: ``{TrainConfig field: value}``, and ``"paper": bool``,
-    ``"output": str``, ``"threads": int`` where the file sets them. Relative data paths are taken
-    from the file's ``relative_to`` folder where it names one (:func:`_located`).
+    ``"output": str``, ``"threads": int`` where the file sets them. Relative paths are taken from
+    the file's folder (:func:`_located`).
 
     Raises:
         UsageError: one line naming the file, for a file that cannot be read or is not TOML, and
@@ -166,29 +165,29 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
                              f"({_kind_of(value)}).")
         if name in PATH_KEYS and converted == "":
             raise UsageError(f"--config {path}: key '{key}' is an empty string, which would mean "
-                             f"the working folder; expected a path"
+                             f"the file's folder; expected a path"
                              + (" or a built-in data set's name." if name == "data" else "."))
         settings[name] = converted
-    return _located(settings, settings.pop(RELATIVE_TO_KEY, None))
+    return _located(settings, path.parent)
 
 
-def _located(settings: dict[str, Any], relative_to: Optional[str]) -> dict[str, Any]:
-    """``settings`` with each relative data path taken from the folder ``relative_to`` (the working
-    folder of the run the file was written for), unless that is the working folder now. The path is
-    taken from there whether or not the file is still there: a file of the same name in another
-    folder is other data (a missing one is then refused naming where it was looked for)."""
+def _located(settings: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``settings`` with each relative path taken from ``folder``, the config file's, unless that
+    is the working folder (then the path stays as written). The path is taken from there whether or
+    not the file is there: a file of the same name in the working folder is other data (a missing one
+    is then refused naming where it was looked for)."""
     from .data import is_builtin
 
-    if relative_to is None or _same_folder(relative_to, os.getcwd()):
+    if _same_folder(folder, os.getcwd()):
         return settings
-    for key in DATA_PATH_KEYS:
+    for key in PATH_KEYS:
         given = settings.get(key)
         if given and not Path(given).is_absolute() and not (key == "data" and is_builtin(given)):
-            settings[key] = str(Path(relative_to) / given)
+            settings[key] = str(folder / given)
     return settings
 
 
-def _same_folder(a: str, b: str) -> bool:
+def _same_folder(a: str | Path, b: str | Path) -> bool:
     try:
         return os.path.samefile(a, b)
     except OSError:
@@ -205,32 +204,33 @@ def _toml_line(name: str, value: Any) -> str:
     return tomli_w.dumps({name: value}).rstrip("\n")
 
 
-def _relative_data_paths(config: TrainConfig) -> bool:
-    """Whether ``config`` has a data path that is relative to the working folder."""
+def _absolute_data_paths(config: TrainConfig, read_from: str) -> dict[str, str]:
+    """``{key: absolute path}`` of ``config``'s relative data paths, taken from ``read_from``, the
+    working folder they were given in."""
     from .data import is_builtin
 
-    return any(value and not Path(value).is_absolute() and not (key == "data" and is_builtin(value))
-               for key, value in ((k, getattr(config, k)) for k in DATA_PATH_KEYS))
+    return {key: str(Path(read_from) / value) for key, value in
+            ((k, getattr(config, k)) for k in DATA_PATH_KEYS)
+            if value and not Path(value).is_absolute() and not (key == "data" and is_builtin(value))}
 
 
 def config_toml(config: TrainConfig, paper: bool = False, output: Optional[str] = None,
-                threads: int = 0, relative_to: Optional[str] = None) -> str:
+                threads: int = 0, read_from: Optional[str] = None) -> str:
     """``config`` as the TOML text that :func:`read_config_file` reads back to the same
     configuration: one ``key = value`` line per setting, in TrainConfig's order; unset (None)
     settings are left out, and ``paper = true`` comes first where the run has ``--paper`` (its
     settings are written out too; it also names the default output folder). ``output`` and
     ``threads`` (where not the default 0) follow the settings.
 
-    ``relative_to``, the working folder the relative data paths were given in (default: the
-    current one), is written where the configuration has such a path, so that the file finds the
-    same data from any folder."""
-    lines = ["# sol-ext train settings; sol-ext train --config FILE reads them back"]
+    Paths are written as given: the reader takes a relative one from the file's folder. With
+    ``read_from``, the working folder the relative data paths were given in, they are written as
+    absolute paths instead (a run's ``config.toml``, which finds the run's data from any folder)."""
+    located = _absolute_data_paths(config, read_from) if read_from is not None else {}
+    lines = ["# sol-ext train settings; sol-ext train --config FILE reads them back; relative "
+             "paths are read from the folder of the file"]
     if paper:
         lines.append(_toml_line(PAPER_KEY, True))
-    if _relative_data_paths(config):
-        lines.append("# the folder the relative data paths are read from")
-        lines.append(_toml_line(RELATIVE_TO_KEY, os.getcwd() if relative_to is None else relative_to))
-    for name, value in config.to_dict().items():
+    for name, value in {**config.to_dict(), **located}.items():
         if name == "noise" and config.noise_automatic:
             value = "auto"  # resolved again by the data the file names
         if value is not None:
@@ -240,4 +240,3 @@ def config_toml(config: TrainConfig, paper: bool = False, output: Optional[str] 
     if threads:
         lines.append(_toml_line("threads", threads))
     return "\n".join(lines) + "\n"
-

@@ -31,7 +31,7 @@ from .errors import UsageError
 from .report import PLOT_NAMES, RESULTS_NAME
 
 __all__ = ["RUN_FILE_NAMES", "COMPARE_FILE_NAMES", "Input", "check_output", "check_inputs_kept",
-           "check_run_inputs", "check_compare_folder", "package_file_owner"]
+           "check_run_inputs", "check_compare_folder", "package_file_owner", "run_outputs"]
 
 # What sol-ext writes into a run folder (the lock and the temporaries are the run's too).
 RUN_FILE_NAMES = frozenset({CHECKPOINT_NAME, BEST_NAME, RESULTS_NAME, CONFIG_FILE_NAME, *PLOT_NAMES,
@@ -67,6 +67,20 @@ def _is_export(real: Path) -> bool:
     """Whether ``real`` is a program sol-ext exported (its sidecar beside it) or such a sidecar."""
     return _is_sidecar(real.with_name(real.name + ".json")) or \
         (real.suffix == ".json" and real.with_suffix("").is_file() and _is_sidecar(real))
+
+
+def run_outputs(folder: Path | str) -> list[Path]:
+    """The files sol-ext wrote into the run folder ``folder``, which ``train --overwrite`` removes:
+    the run's files (:data:`RUN_FILE_NAMES` but the lock) and exports of any name with their
+    sidecars (recognised by the sidecar's content). A file of one's own there is not among them."""
+    folder = Path(folder)
+    found = [folder / name for name in sorted(RUN_FILE_NAMES - {".lock"})
+             if (folder / name).is_file() or (folder / name).is_symlink()]
+    try:
+        others = sorted(p for p in folder.iterdir() if p.name not in RUN_FILE_NAMES)
+    except OSError:
+        return found
+    return found + [p for p in others if p.is_file() and _is_export(_real(p))]
 
 
 def package_file_owner(path: Path | str) -> Optional[str]:
@@ -162,9 +176,10 @@ def check_output(text: str, flag: str, *, inputs: Sequence[Input] = (),
     return path
 
 
-def check_run_inputs(out: Path, flag: str, inputs: Sequence[Input]) -> None:
+def check_run_inputs(out: Path, flag: str, inputs: Sequence[Input], overwrite: bool = False) -> None:
     """Refuse training inputs that ``train`` would write over or, with ``--overwrite``, delete in
-    its output folder ``out``: its checkpoints, results and plots, or the sigma search's trials.
+    its output folder ``out``: its checkpoints, results and plots, the sigma search's trials, and
+    with ``overwrite`` every file of :func:`run_outputs` (the old run's predictions and exports).
 
     Raises:
         UsageError: naming ``flag``, the file and the input's flag.
@@ -172,6 +187,8 @@ def check_run_inputs(out: Path, flag: str, inputs: Sequence[Input]) -> None:
     out = Path(out)
     for name in (CHECKPOINT_NAME, BEST_NAME, RESULTS_NAME, *PLOT_NAMES):
         check_inputs_kept(out / name, flag, inputs)
+    for path in run_outputs(out) if overwrite else ():
+        check_inputs_kept(path, flag, inputs)
     search = _real(out / SIGMA_SEARCH_NAME)
     for what, given in inputs:
         if given and Path(given).exists() and search in _real(given).parents:

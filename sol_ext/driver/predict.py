@@ -349,8 +349,15 @@ def predict_command(args: argparse.Namespace) -> int:
 
         if to_stdout:
             sys.stdout.flush()
-            write(sys.stdout.buffer)
-            sys.stdout.buffer.flush()
+            try:
+                write(sys.stdout.buffer)
+                sys.stdout.buffer.flush()
+            except KeyboardInterrupt:
+                if not written.started:  # no line of the CSV has been written yet
+                    raise
+                # rows have reached stdout: a pipe reading them must not take them for the whole
+                raise KeyboardInterrupt(f"interrupted; the CSV on stdout is incomplete: {written.rows:,} rows "
+                                        f"were written in full, then it stops (maybe in a line).") from None
         else:
             atomic_write_stream(path, write)
     if written.incomplete:
@@ -422,6 +429,7 @@ class _Written:
     def __init__(self, model: TrainedModel, coverage: Optional[float], skip_missing: bool):
         self.model, self.coverage, self.skip_missing = model, coverage, skip_missing
         self.read = self.rows = self.incomplete = self.parts_written = 0
+        self.started = False  # whether a line may have been written
         self.scores = _ScoreTotals(model)
         self.widths = _IntervalTotals()
 
@@ -436,6 +444,7 @@ class _Written:
         self.scores.add(part)
         if interval is not None:
             self.widths.add(interval, part.values, part.incomplete)
+        self.started = True
         write_prediction_csv(f, part, interval, header=not self.parts_written)
         self.parts_written += 1
         self.rows += len(part.ids)

@@ -24,7 +24,7 @@ from .prepare import PreparedData
 from .synthetic_noise import noise_statistics
 
 __all__ = ["RESULTS_NAME", "PLOT_NAMES", "RunOutcome", "run_results", "cs_theta_of", "label_stats",
-           "test_set_metrics", "epoch_line", "write_outputs", "clear_results", "format_table"]
+           "test_set_metrics", "epoch_line", "write_outputs", "format_table"]
 
 RESULTS_NAME = "results.json"
 # the last, the reliability diagram, is drawn where the results hold a calibration (sol_ext.driver.calibration)
@@ -135,13 +135,6 @@ def run_results(config: TrainConfig, data: PreparedData, history: list[dict[str,
 def noise_label(noise: str, kappa: float) -> str:
     """``"gaussian kappa=0.3"``; ``"none"`` when no noise is added (kappa then means nothing)."""
     return "none" if noise == "none" else f"{noise} kappa={kappa:g}"
-
-
-def clear_results(out_dir: Path) -> None:
-    """Remove a run's results and plots (``train --overwrite`` discards the run in a run
-    folder; a resumed run keeps them until it writes its own)."""
-    for name in (RESULTS_NAME, *PLOT_NAMES):
-        (out_dir / name).unlink(missing_ok=True)
 
 
 def write_outputs(outcome: RunOutcome, data: PreparedData, out_dir: Path,

@@ -46,10 +46,10 @@ from .device import resolve_device
 from .errors import UsageError
 from .fit import Fit, FitContext, validation_split
 from .options import check_test_data, check_threads, data_inputs, output_folder, set_threads, train_config
-from .outputs import check_run_inputs
+from .outputs import check_run_inputs, run_outputs
 from .parallel import Parallel
 from .prepare import PreparedData, prepare_data
-from .report import RunOutcome, clear_results, format_table, noise_label, write_outputs
+from .report import RunOutcome, format_table, noise_label, write_outputs
 from .rundir import check_output_folder, run_folder
 
 __all__ = ["train", "check_run", "fit_run", "CheckedRun", "plan_run", "train_command", "validation_split",
@@ -329,7 +329,7 @@ def train_command(args: argparse.Namespace) -> int:
     try:
         if par.is_main:  # before the lock file: a folder that is not a run's stays untouched
             check_output_folder(out)
-            check_run_inputs(out, "--output", data_inputs(cfg))
+            check_run_inputs(out, "--output", data_inputs(cfg), overwrite=args.overwrite)
         # one run at a time in `out` (rank 0 holds it for all); a Ctrl-C says what it holds
         with run_folder(out) if par.is_main else contextlib.nullcontext(out):
             if par.is_main:
@@ -384,10 +384,10 @@ def _prepare_run(args: argparse.Namespace, cfg: TrainConfig, out: Path,
                     f"samples, {data.num_ranks} ranks; {cfg.method} on {run.context.device}, noise "
                     f"{noise_label(cfg.noise, cfg.kappa)}{processes} -> {out}")
     if par.is_main and args.overwrite:
-        # the old run goes: predict/export/audit must not find its model or results
-        clear_results(out)
-        for name in (CHECKPOINT_NAME, BEST_NAME, CONFIG_FILE_NAME):
-            (out / name).unlink(missing_ok=True)
+        # the old run goes: predict/export/audit must not find its model, results, predictions
+        # or exports (the user's own files there stay)
+        for path in run_outputs(out):
+            path.unlink(missing_ok=True)
         shutil.rmtree(out / SIGMA_SEARCH_NAME, ignore_errors=True)
     return run, start
 
@@ -400,7 +400,7 @@ def _write_run(args: argparse.Namespace, run: CheckedRun, outcome: RunOutcome, s
     out = run.out_dir
     calibrate_run(out, run.config, run.data, outcome.results, context=run.context)
     atomic_write_text(out / CONFIG_FILE_NAME, config_toml(
-        run.config, paper=args.paper, threads=args.threads, relative_to=run.data.read_from))
+        run.config, paper=args.paper, threads=args.threads, read_from=run.data.read_from))
     path = write_outputs(outcome, run.data, out, plots=args.plots)
     print(format_table([outcome.results]))
     print(f"{time.perf_counter() - start:.1f} s; results in {path}")

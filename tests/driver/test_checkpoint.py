@@ -137,3 +137,22 @@ def test_default_output_names_paper_and_no_noise(tmp_path, capsys, monkeypatch):
 
     assert _default_output(TrainConfig(), paper=True) == Path("runs/abalone-sol-paper-gaussian0.3-seed0")
     assert _default_output(TrainConfig(), paper=False) == Path("runs/abalone-sol-gaussian0.3-seed0")
+
+
+def test_a_run_resumes_from_its_config_file_which_names_its_data_by_absolute_path(tmp_path, monkeypatch):
+    """train --config RUN/config.toml --resume: the file names the data by an absolute path, the
+    checkpoint by the relative path typed; one file, so the run resumes. Other data is still refused."""
+    import json
+
+    from sol_ext.driver.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    tiny_csv(tmp_path / "d.csv")
+    tiny_csv(tmp_path / "other.csv", seed=1)
+    assert main(["train", "--data", "d.csv", "--output", "run", "--sigma", "1", *QUICK_TRAIN]) == 0
+    config = str(tmp_path / "run" / "config.toml")
+    assert main(["train", "--config", config, "--output", "run", "--resume", "--epochs", "3", "--quiet",
+                 "--no-plots"]) == 0
+    assert len(json.loads((tmp_path / "run" / "results.json").read_text())["history"]) == 3
+    assert main(["train", "--config", config, "--data", "other.csv", "--output", "run", "--resume",
+                 "--epochs", "4", "--quiet", "--no-plots"]) == 2

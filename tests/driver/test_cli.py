@@ -594,3 +594,57 @@ def test_results_table_shows_label_mae_in_label_units(tmp_path):
     table = format_table([results])
     assert "0.380->0.300" in table and "37.98" not in table
     assert "label units" in table.splitlines()[0]
+
+
+@pytest.mark.parametrize("action", ["ignore", "error"])
+def test_own_data_warnings_print_whatever_python_s_warning_filters_say(tmp_path, capsys, action):
+    """PYTHONWARNINGS=ignore (common in CI) or =error: sol-ext's data warnings are the command's
+    output, printed as one line, and the run goes on."""
+    import warnings
+
+    rows = [(i % 7, "" if i % 20 == 0 else i % 3, 20 + i % 5) for i in range(100)]
+    data = write_csv(tmp_path / "d.csv", rows)
+    with warnings.catch_warnings():
+        warnings.simplefilter(action)  # as PYTHONWARNINGS sets it
+        assert main(train_argv(data, tmp_path / "o", *SIGMA1, "--epochs", "1", "--missing", "skip")) == 0
+    assert "sol-ext: warning: " in capsys.readouterr().err
+
+
+# -- a command's --help without torch ---------------------------------------------------------------
+
+def test_the_saved_command_parsers_are_today_s():
+    """sol_ext/driver/command_help.json, from which the launcher answers COMMAND --help, describes
+    the parsers build_parser makes now."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("write_command_help", REPO_ROOT / "scripts" / "write_command_help.py")
+    writer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(writer)
+    saved = (REPO_ROOT / "sol_ext" / "driver" / "command_help.json").read_text(encoding="utf-8")
+    assert saved == writer.command_help_text(), "an option changed: run python scripts/write_command_help.py"
+
+
+@pytest.mark.parametrize("command", ["train", "predict", "export", "audit", "compare"])
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_a_command_s_help_answers_without_importing_torch(command, flag, monkeypatch):
+    """sol-ext COMMAND --help is answered by the launcher without loading sol_ext (torch), with the
+    text of the program's own parser."""
+    import io
+    from contextlib import redirect_stdout
+
+    from sol_ext.driver.cli import build_parser
+
+    monkeypatch.setenv("COLUMNS", "100")
+    code = ("import sys, sol_ext_launcher\n"
+            f"sys.argv = ['sol-ext', {command!r}, {flag!r}]\n"
+            "status = sol_ext_launcher.main()\n"
+            "print('torch loaded:', 'torch' in sys.modules, 'status:', status)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    answer, last = proc.stdout.rsplit("torch loaded:", 1)
+    assert last.split() == ["False", "status:", "0"]
+    program = io.StringIO()
+    with redirect_stdout(program), pytest.raises(SystemExit):
+        build_parser().parse_args([command, flag])
+    assert answer == program.getvalue()

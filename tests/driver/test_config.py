@@ -63,3 +63,19 @@ def test_defaults_differ_from_the_paper_only_where_paper_settings_say():
         dataclasses.replace(BASE, readout="mean").validate()
     with pytest.raises(ValueError, match="relabel"):
         dataclasses.replace(BASE, relabel="always").validate()
+
+
+def test_every_setting_of_a_fixed_set_of_values_refuses_another():
+    """A value outside a setting's choices (which the parser holds the command line to) is refused by
+    validate too, as a --config file or Python gives it: missing="drop", or "mark", which is
+    prediction's."""
+    with_choices = [f for f in dataclasses.fields(TrainConfig) if f.metadata.get("choices")]
+    assert {f.name for f in with_choices} >= {"missing", "backend", "method", "augment"}
+    for field in with_choices:
+        with pytest.raises(ValueError, match=field.name.replace("_", "[ _]") + "|" + "unknown"):
+            TrainConfig(**{field.name: "drop"}).validate()
+    with pytest.raises(ValueError, match="missing='mark' is not one of skip, impute, error"):
+        TrainConfig(missing="mark").validate()
+    missing = next(f for f in with_choices if f.name == "missing")
+    for choice in missing.metadata["choices"]:
+        TrainConfig(missing=choice).validate()

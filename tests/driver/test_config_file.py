@@ -11,6 +11,7 @@ import random
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -64,9 +65,10 @@ ROUND_TRIPS = [
 
 
 @pytest.mark.parametrize("argv", ROUND_TRIPS, ids=range(len(ROUND_TRIPS)))
-def test_printed_settings_read_back_to_the_same_config(argv, tmp_path, capsys):
-    """print -> file -> --config gives the TrainConfig of the original command line, and prints the
-    same text again."""
+def test_printed_settings_read_back_to_the_same_config(argv, tmp_path, capsys, monkeypatch):
+    """print -> file in the working folder -> --config gives the TrainConfig of the original command
+    line, and prints the same text again."""
+    monkeypatch.chdir(tmp_path)  # the file's folder: its relative paths read as typed
     text = printed(argv, capsys)
     path = tmp_path / "run.toml"
     path.write_text(text, encoding="utf-8")
@@ -74,8 +76,9 @@ def test_printed_settings_read_back_to_the_same_config(argv, tmp_path, capsys):
     assert printed(["--config", str(path)], capsys) == text
 
 
-def test_every_setting_has_a_toml_form_that_reads_back(tmp_path):
+def test_every_setting_has_a_toml_form_that_reads_back(tmp_path, monkeypatch):
     """Each TrainConfig field has a TOML kind; a config with every optional field set round-trips."""
+    monkeypatch.chdir(tmp_path)  # the file's folder: its relative paths read as written
     assert set(FIELD_KINDS) == {f.name for f in dataclasses.fields(TrainConfig)}
     config = TrainConfig(data="a.csv", test_data="b.csv", label_column="y", delimiter="\t",
                          noise="uniform", encoder="resnet18", weights="w.pth", image_size=32,
@@ -93,7 +96,8 @@ def test_the_readme_example_file_is_read(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text(re.search(r"```toml\n(.*?)```", part, re.S).group(1))
     cfg = resolved(["--config", str(path)])
-    assert (cfg.data, cfg.label_column, cfg.epochs, cfg.hidden) == ("my.csv", "age", 40, (256, 128))
+    assert (cfg.data, cfg.label_column, cfg.epochs, cfg.hidden) == (
+        str(tmp_path / "my.csv"), "age", 40, (256, 128))  # beside the file
 
 
 def test_command_line_options_override_the_file(tmp_path):
@@ -144,6 +148,9 @@ def test_option_spelling_and_whole_numbers_are_accepted(tmp_path):
     ('test_data = ""\n', ["key 'test_data' is an empty string", "expected a path."]),
     ('output = ""\n', ["key 'output' is an empty string"]),
     ('threads = "4"\n', ["key 'threads' must be an integer"]),
+    ('relative_to = "/elsewhere"\n', ["unknown key 'relative_to'"]),  # paths follow the file
+    ('missing = "drop"\n', ["--missing 'drop' is not one of skip, impute, error"]),
+    ('missing = "mark"\n', ["--missing 'mark' is not one of skip, impute, error"]),  # prediction's
 ])
 def test_bad_settings_are_refused_naming_the_file_and_key(text, words, tmp_path, capsys):
     path = tmp_path / "bad.toml"
@@ -225,7 +232,8 @@ EVERY_OPTION = [
 ]
 
 
-def test_every_option_round_trips_through_print_config(tmp_path, capsys):
+def test_every_option_round_trips_through_print_config(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the files' folder
     default = TrainConfig()
     changed = {f.name for argv in EVERY_OPTION for f in dataclasses.fields(TrainConfig)
                if getattr(resolved(argv), f.name) != getattr(default, f.name)}
@@ -254,9 +262,10 @@ def _plane_string(plane: int, count: int = 40) -> str:
 
 
 @pytest.mark.parametrize("plane", range(17))
-def test_strings_of_every_unicode_plane_round_trip(plane, tmp_path, capsys):
+def test_strings_of_every_unicode_plane_round_trip(plane, tmp_path, capsys, monkeypatch):
     """A column name and a data path of characters from any plane (an emoji is outside the BMP)
     are written as TOML and read back to the same strings."""
+    monkeypatch.chdir(tmp_path)  # the file's folder
     text = _plane_string(plane)
     argv = ["--data", f"{text}.csv", "--label-column", text, "--delimiter", text[0]]
     printed_text = printed(argv, capsys)
@@ -268,8 +277,9 @@ def test_strings_of_every_unicode_plane_round_trip(plane, tmp_path, capsys):
 
 
 def test_a_run_s_config_repeats_it_from_another_folder(tmp_path, capsys, monkeypatch):
-    """config.toml of a run trained on a relative path trains on that run's file when read from
-    another folder that has a file of the same name with other data."""
+    """config.toml of a run trained on a relative path names that run's file by its absolute path,
+    and trains on it when read from another folder that has a file of the same name with other
+    data."""
     first, other = tmp_path / "first", tmp_path / "other"
     first.mkdir()
     other.mkdir()
@@ -279,25 +289,51 @@ def test_a_run_s_config_repeats_it_from_another_folder(tmp_path, capsys, monkeyp
             "--lr", "0.01", "--sigma", "1", "--quiet", "--no-plots"]
     monkeypatch.chdir(first)
     assert main(["train", "--data", "d.csv", "--output", "run", *fast]) == 0
-    monkeypatch.chdir(other)
     config = first / "run" / CONFIG_FILE_NAME
+    assert f"data = {json.dumps(str(first / 'd.csv'))}" in config.read_text()
+    monkeypatch.chdir(other)
     assert resolved(["--config", str(config)]).data == str(first / "d.csv")
     assert main(["train", "--config", str(config), "--output", "again", "--quiet", "--no-plots"]) == 0
     before = json.loads((first / "run" / "results.json").read_text())
     again = json.loads((other / "again" / "results.json").read_text())
     assert again["test"] == before["test"] and again["data"] == before["data"]
-    # from the folder it was trained in, the path stays as typed
-    monkeypatch.chdir(first)
-    assert resolved(["--config", str(config)]).data == "d.csv"
 
 
-def test_a_run_s_config_names_where_its_data_was_when_the_file_is_gone(tmp_path, capsys,
-                                                                        monkeypatch):
-    path = tmp_path / "run.toml"
-    path.write_text(f"relative_to = {json.dumps(str(tmp_path / 'gone'))}\ndata = \"d.csv\"\n")
-    (tmp_path / "d.csv").write_text("a,label\n1,2\n")  # a file of that name here is not the run's
+def test_a_printed_template_reads_its_paths_from_the_file_s_folder(tmp_path, capsys, monkeypatch):
+    """--print-config saved into another folder, beside another d.csv, trains on that folder's file
+    from any working folder; a path typed on the command line stays the working folder's."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    (there / "sub").mkdir(parents=True)
+    tiny_csv(here / "d.csv", seed=0)
+    tiny_csv(there / "d.csv", seed=1, num_ranks=6)  # the data the template is saved beside
+    tiny_csv(there / "t.csv", seed=2, num_ranks=6)
+    monkeypatch.chdir(here)
+    template = printed(["--data", "d.csv", "--test-data", "t.csv", "--output", "sub/out",
+                        "--epochs", "1", "--batch-size", "16", "--embedding-dim", "4", "--hidden",
+                        "16", "--sigma", "1"], capsys)
+    assert 'data = "d.csv"' in template and "relative" in template.splitlines()[0]
+    (there / "cfg.toml").write_text(template, encoding="utf-8")
+    cfg = resolved(["--config", "../there/cfg.toml"])
+    assert (cfg.data, cfg.test_data) == (str(Path("../there/d.csv")), str(Path("../there/t.csv")))
+    assert resolved(["--config", "../there/cfg.toml", "--data", "d.csv"]).data == "d.csv"
+    assert main(["train", "--config", "../there/cfg.toml", "--quiet", "--no-plots"]) == 0
+    results = json.loads((there / "sub" / "out" / "results.json").read_text())  # output too
+    assert results["config"]["data"] == str(Path("../there/d.csv"))
+    assert not (here / "sub").exists()
+    monkeypatch.chdir(there)  # from the file's own folder, the paths read as written
+    assert resolved(["--config", "cfg.toml"]).data == "d.csv"
+
+
+def test_a_file_s_missing_data_is_not_taken_from_the_working_folder(tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "cfg"
+    folder.mkdir()
+    path = folder / "run.toml"
+    path.write_text('data = "d.csv"\nepochs = 1\n')
+    tiny_csv(tmp_path / "d.csv")  # a file of that name here is not the one the file names
     monkeypatch.chdir(tmp_path)
-    assert resolved(["--config", str(path)]).data == str(tmp_path / "gone" / "d.csv")
+    assert resolved(["--config", str(path)]).data == str(folder / "d.csv")
+    assert str(folder / "d.csv") in one_error_line(["--config", str(path), "--quiet"], capsys)
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
@@ -354,3 +390,15 @@ def test_each_option_is_generated_from_its_field():
         assert option["help"] in by_dest[f.name].help, f.name
     assert PAPER_SETTINGS["readout"] == "nearest" and PAPER_SETTINGS["momentum"] == 0.0
     assert "inference" not in PAPER_SETTINGS
+
+
+def test_two_config_files_are_refused(tmp_path, capsys):
+    """--config twice: the first file would be ignored without a word."""
+    first, second = tmp_path / "a.toml", tmp_path / "b.toml"
+    first.write_text("epochs = 3\n")
+    second.write_text("lr = 0.1\n")
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--config", str(first), "--config", str(second), "--print-config"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--config given twice ({first}, {second}); pass one file" in err

@@ -247,6 +247,31 @@ def test_train_refuses_data_that_it_would_write_over(own_run, capsys):
     assert snapshot(out) == before
 
 
+def test_train_overwrite_removes_the_old_run_s_outputs_and_keeps_one_s_own_files(own_run, capsys):
+    """train --overwrite starts afresh: the old model's predictions, audit and exports (model.pt2,
+    an export of another name, their sidecars) go with its checkpoints; a note of one's own stays."""
+    out, data = own_run
+    assert main(["export", str(out), "--output", str(out / "named.pt2")]) == 0
+    (out / "notes.txt").write_text("mine")
+    (out / "mine.json").write_text('{"format": "something else"}')
+    old = {"predictions.csv", "audit.csv", "model.pt2", "model.pt2.json", "named.pt2", "named.pt2.json"}
+    assert old <= set(snapshot(out))
+    assert main(["train", "--data", str(data), "--output", str(out), "--overwrite", "--seed", "5", *FAST]) == 0
+    left = set(snapshot(out))
+    assert not old & left, old & left
+    assert {"notes.txt", "mine.json", "best.pt", "results.json"} <= left
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_train_overwrite_refuses_data_among_the_old_run_s_outputs(own_run, capsys):
+    """--overwrite would remove the old run's predictions.csv: as --test-data it is refused first."""
+    out, data = own_run
+    before = snapshot(out)
+    expect_error(capsys, ["train", "--data", str(data), "--test-data", str(out / "predictions.csv"),
+                          "--output", str(out), "--overwrite", *FAST], "--output", "predictions.csv")
+    assert snapshot(out) == before
+
+
 def test_compare_refuses_a_folder_of_other_files(tmp_path, capsys):
     data = tiny_csv(tmp_path / "d.csv")
     folder = tmp_path / "mine"

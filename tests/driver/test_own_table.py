@@ -727,3 +727,54 @@ def test_a_label_step_finer_than_the_labels_trains_on_its_grid_of_ranks(tmp_path
                  "--no-plots", *FAST]) == 0
     grid = json.loads((out / "results.json").read_text())["data"]
     assert (grid["min_value"], grid["step"], grid["num_ranks"]) == (20.0, 0.005, 1801)
+
+
+@pytest.mark.parametrize("step,ranks", [("0.001", "9001"), ("0.0001", "90001")])
+def test_a_label_step_of_too_many_ranks_is_refused_before_training(tmp_path, capsys, monkeypatch, step, ranks):
+    """--label-step 0.001 (9,001 ranks) or 0.0001 (90,001) on labels 0 … 9: refused while the data
+    are read, naming the flags and a step that fits, before anything of the size of the grid is
+    allocated (the label-noise fit of 9,001 ranks took minutes and 8 GB; 90,001 ran out of memory)."""
+    import sol_ext.driver.fit
+    from common import expect_error
+    from sol_ext.driver.data.encoding import MAX_GIVEN_RANKS
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the run trained")
+
+    monkeypatch.setattr(sol_ext.driver.fit.Fit, "__init__", no_training)
+    data = write_csv(tmp_path / "d.csv", [(i % 7, i % 3, i % 10) for i in range(100)])
+    expect_error(capsys, ["train", "--data", str(data), "--label-step", step, "--output", str(tmp_path / "o"), *FAST],
+                 "label column 'label'", f"{ranks} ranks", f"more than the {MAX_GIVEN_RANKS} ranks",
+                 "--label-step (e.g. 0.005: 1801 ranks)", "--label-min/--label-max")
+    assert not (tmp_path / "o").exists()
+
+
+def test_train_s_unseen_test_category_names_what_train_can_do(tmp_path, capsys):
+    """A --test-data row with a region the training file lacks: train has no --handle-unknown, so the
+    error names what train can do (fix the test rows, or --drop-columns), not predict's option."""
+    from common import expect_error
+
+    data = _write_rows(tmp_path / "wine.csv", _wine_rows())
+    rows = _wine_rows(n=30, seed=3)
+    rows[4]["region"] = "Algarve"
+    test = _write_rows(tmp_path / "test.csv", rows)
+    expect_error(capsys, ["train", "--data", str(data), "--test-data", str(test), "--label-column", "quality",
+                          "--id-column", "wine_id", "--output", str(tmp_path / "o"), *FAST],
+                 "'Algarve'", "outside the training file's categories", "test file", "--drop-columns",
+                 absent=("handle_unknown", "--handle-unknown"))
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_number_written_otherwise_than_its_category_is_refused_saying_why(tmp_path, capsys):
+    """Codes 1, 2, 3 trained as categories, predicted from a file that writes them 1.0, 2.0, 3.0:
+    refused saying that categories are compared as text, not as an unknown category alone."""
+    from common import expect_error
+
+    rows = [{"code": 1 + i % 3, "x": i % 7, "label": i % 5} for i in range(90)]
+    data = _write_rows(tmp_path / "codes.csv", rows)
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--categorical", "code", "--output", str(out), "--quiet", *FAST]) == 0
+    floats = _write_rows(tmp_path / "floats.csv", [{**r, "code": f"{r['code']:.1f}"} for r in rows[:9]])
+    expect_error(capsys, ["predict", str(out), "--data", str(floats), "--output", "-"],
+                 "['1.0', '2.0', '3.0'] outside its categories ['1', '2', '3']",
+                 "categories are compared as text: '1.0' is not '1'", "--handle-unknown 'ignore'")

@@ -701,3 +701,36 @@ def test_a_damaged_stored_calibration_fails_only_the_intervals_naming_best_pt(us
                  str(run / "best.pt"), "stored calibration rows are damaged", "--calibration FILE")
     assert main(["predict", str(run), "--data", str(test), "--interval", "0.9", "--calibration", str(train),
                  "--output", str(tmp_path / "q.csv")]) == 0
+
+
+def test_ctrl_c_after_rows_reached_stdout_says_the_csv_is_incomplete(user_files, monkeypatch, capsys):
+    """Ctrl-C while predict --output - writes its slices: rows are on stdout already, so the line says
+    the CSV there is incomplete, not that nothing was written; before the first row it still does."""
+    import sol_ext.driver.predict as predict
+    from sol_ext.driver.data import inputs
+
+    root, train, test, _, _ = user_files
+    out, _ = train_run(root, train, test, "sol")
+    monkeypatch.setattr(inputs, "SLICE_ROWS", 50)  # 120 rows: three slices
+    write_slice, calls = predict.write_prediction_csv, []
+
+    def interrupted_at_the_third_slice(f, *args, **kwargs):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return write_slice(f, *args, **kwargs)
+
+    monkeypatch.setattr(predict, "write_prediction_csv", interrupted_at_the_third_slice)
+    capsys.readouterr()  # what training printed
+    assert main(["predict", str(out), "--data", str(test), "--output", "-"]) == 130
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 1 + 100
+    assert "the CSV on stdout is incomplete: 100 rows were written in full" in captured.err
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(predict._ScoreTotals, "add", interrupted)  # before the first line
+    assert main(["predict", str(out), "--data", str(test), "--output", "-"]) == 130
+    captured = capsys.readouterr()
+    assert captured.out == "" and "nothing was written" in captured.err

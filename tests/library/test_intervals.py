@@ -182,6 +182,10 @@ def test_bad_pairs_are_refused_by_name(first, second, error, names):
     (lambda p, y: calibrate_intervals(p, y + N_RANKS), ValueError, "ranks"),
     (lambda p, y: rank_intervals(p, calibrate_intervals(p, y), coverage=1.0), ValueError, "coverage"),
     (lambda p, y: rank_intervals(p, "0.9"), TypeError, "calibration"),
+    (lambda p, y: rank_intervals(p[:, :6].softmax(1), calibrate_intervals(p, y)), ValueError,
+     "probabilities have 6 ranks, but the calibration was made on 12"),
+    (lambda p, y: calibrate_intervals(p, y, target="clean", label_noise=torch.ones(2)), ValueError,
+     r"label_noise must be a number \(the noise std in ranks\) or a matrix \[n, n\] = \[12, 12\]"),
 ])
 def test_bad_arguments_are_refused_by_name(call, error, names):
     p, labels = calibrated_model(20, seed=8)
@@ -212,3 +216,29 @@ def test_a_head_calibrates_predicts_intervals_and_saves_the_calibration():
     plain.update(x[:600], labels[:600])
     restored.load_state_dict(plain.state_dict())
     assert restored.interval_calibration is None
+
+
+def test_numpy_reals_and_a_std_in_a_0_d_tensor_are_taken_as_numbers():
+    """coverage=np.float32(0.9) is a real number between 0 and 1, and label_noise=torch.tensor(1.0) a
+    std, not a matrix of the wrong shape."""
+    import numpy as np
+
+    p, labels = calibrated_model(200, seed=3)
+    calibration = calibrate_intervals(p, labels)
+    as_float = rank_intervals(p, calibration, coverage=float(np.float32(0.9)))
+    for given in (np.float32(0.9), np.float64(float(np.float32(0.9)))):
+        assert all(torch.equal(a, b) for a, b in zip(rank_intervals(p, calibration, coverage=given), as_float))
+    in_tensor = calibrate_intervals(p, labels, target="clean", label_noise=torch.tensor(1.0))
+    as_number = calibrate_intervals(p, labels, target="clean", label_noise=1.0)
+    assert torch.equal(in_tensor.scores, as_number.scores)
+    assert torch.equal(in_tensor.cumulative_weights, as_number.cumulative_weights)
+
+
+def test_a_calibration_keeps_its_number_of_ranks_through_its_state():
+    p, labels = calibrated_model(50, seed=4)
+    calibration = calibrate_intervals(p, labels)
+    assert calibration.num_ranks == N_RANKS
+    again = IntervalCalibration.from_state(torch.load(_saved(calibration.to_state()), weights_only=True))
+    assert again.num_ranks == N_RANKS
+    with pytest.raises(ValueError, match="calibration was made on 12"):
+        rank_intervals(torch.full((3, 9), 1 / 9, dtype=torch.float64), again)

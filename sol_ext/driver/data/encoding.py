@@ -7,6 +7,7 @@ grid (docs/math.md section 1). The grid itself is library API: :mod:`sol_ext.lab
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,9 +19,15 @@ from ...labels import MAX_INFERRED_RANKS, LabelGrid, LabelScaleWarning, infer_st
 from .image_files import ImageFiles
 
 __all__ = ["OrdinalDataset", "make_dataset", "LabelSpec", "DatasetIdentity", "KINDS", "LabelGrid", "infer_step", "LabelScaleWarning",
-           "MAX_INFERRED_RANKS"]
+           "MAX_INFERRED_RANKS", "MAX_GIVEN_RANKS"]
 
 KINDS = ("tabular", "embeddings", "images")
+
+# Most ranks of a grid set by a given step or range: the loss's probability table and the label-noise
+# fit of --refine grow with the square of the ranks (2,000: about 10 s for the fit on one core; 9,001
+# took minutes and 8 GB). An inferred step stops earlier, at MAX_INFERRED_RANKS: such a grid is
+# rather a sign of continuous labels.
+MAX_GIVEN_RANKS = 2000
 
 
 # --------------------------------------------------------------------------------------------------
@@ -159,6 +166,8 @@ def make_dataset(features: torch.Tensor, values: np.ndarray, identity: DatasetId
         if labels.grid is not None:  # both a grid and grid settings: the caller's mistake, not the file's
             raise
         raise ValueError(f"{_labels_of(where, schema)}: {err}") from None
+    if labels.grid is None and grid.num_ranks > MAX_GIVEN_RANKS:
+        _refuse_too_many_ranks(grid, _labels_of(where, schema))
     # a file's labels are every data row in order (a row without one is refused when read)
     in_file = (schema or {}).get("format") in ("csv", "table", "images")
     try:
@@ -172,6 +181,20 @@ def make_dataset(features: torch.Tensor, values: np.ndarray, identity: DatasetId
     return OrdinalDataset(features=features, ranks=ranks, grid=grid, name=identity.name, kind=identity.kind,
                           feature_names=tuple(identity.feature_names), schema=dict(schema or {}),
                           ids=None if identity.ids is None else tuple(identity.ids))
+
+
+def _refuse_too_many_ranks(grid: LabelGrid, where: str) -> None:
+    """ValueError for a given step or range that makes a grid of more than ``MAX_GIVEN_RANKS`` ranks,
+    with a step that keeps the range within it (a coarser 1, 2 or 5 times a power of ten)."""
+    span = grid.max_value - grid.min_value
+    least = span / (MAX_GIVEN_RANKS - 1)
+    power = 10.0 ** math.floor(math.log10(least))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= least)
+    raise ValueError(f"{where}: the label grid {grid.min_value:g} … {grid.max_value:g} in steps of "
+                     f"{grid.step:g} has {grid.num_ranks} ranks, more than the {MAX_GIVEN_RANKS} ranks sol-ext "
+                     f"trains on (its cost grows with the square of the ranks); choose a coarser --label-step "
+                     f"(e.g. {step:g}: {int(round(span / step)) + 1} ranks) or a narrower --label-min/--label-max "
+                     f"(in Python: step=, min_value=, max_value=)")
 
 
 def _refuse_labels_off_the_grid(values: np.ndarray, ranks: torch.Tensor, grid: LabelGrid, where: str,

@@ -13,6 +13,7 @@ with its own ``to_arrow``/``from_pandas`` route.
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ import pyarrow.compute as pc
 
 __all__ = ["is_table_like", "has_column_names", "as_arrow_table", "table_features", "table_labels",
            "text_columns", "holds_words", "cell_texts", "fill_missing", "fill_values", "MISSING_POLICIES", "string_array", "TableOrigin", "MISSING_CELLS",
-           "FLOAT32_MAX", "warn_numbers_as_text"]
+           "FLOAT32_MAX", "warn_numbers_as_text", "UnknownCategoryError"]
 
 # Cells that mean "no value" in a text column (compared lower-cased, after stripping blanks).
 MISSING_CELLS = ("", "na", "nan", "n/a", "null", "none", "?")
@@ -469,6 +470,45 @@ class NumbersAsTextWarning(UserWarning):
     """A column of numbers written with thousands separators or as percentages, read as categories."""
 
 
+class UnknownCategoryError(ValueError):
+    """A categorical column holds values outside the categories it was trained with. The message
+    says how to predict them anyway (``handle_unknown``); :meth:`of_a_test_file` says what a
+    training run, which encodes its test file as its training file, can do instead."""
+
+    def __init__(self, where: str, column: str, found: Sequence[str], categories: Sequence[str]):
+        self.where, self.column, self.found, self.categories = where, column, list(found), list(categories)
+        super().__init__(f"{where}: categorical column {column!r} has values {listed(self.found)} outside its "
+                         f"categories {listed(self.categories)}{self._as_text()}; fix the cells, or pass "
+                         f"handle_unknown='ignore' to encode them as none of the categories (all of the "
+                         f"column's one-hot features 0)")
+
+    def _as_text(self) -> str:
+        """Why ``1.0`` is not the category ``1``: categories are compared as text."""
+        numbers = [v for v in self.found if _number_of(v) is not None
+                   and any(_number_of(c) == _number_of(v) for c in self.categories)]
+        if not numbers:
+            return ""
+        match = next(c for c in self.categories if _number_of(c) == _number_of(numbers[0]))
+        return (f" (categories are compared as text: {numbers[0]!r} is not {match!r}; write the cells as "
+                f"the training file does)")
+
+    def of_a_test_file(self) -> str:
+        """The message for a training run's test file, whose categories are the training file's."""
+        return (f"{self.where}: categorical column {self.column!r} has values {listed(self.found)} outside the "
+                f"training file's categories {listed(self.categories)}{self._as_text()}; fix or leave out "
+                f"those rows of the test file, train on data that has these categories, or leave the column "
+                f"out of the features (drop_columns=)")
+
+
+def _number_of(text: str) -> Optional[float]:
+    """``text`` as a number where it is one (``"1.0"`` -> 1.0), else None."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
 # Numbers as spreadsheets write them for people: "1,234", "1.234.567" (thousands separators), "45%"
 _SEPARATED_NUMBER = r"^[+-]?\d{1,3}([,.' ]\d{3})+([.,]\d+)?$"
 _PERCENT = r"^[+-]?(\d+([.,]\d*)?|[.,]\d+)\s*%$"
@@ -518,9 +558,7 @@ def _categories(col: pa.ChunkedArray, name: str, origin: TableOrigin,
     unknown = pc.invert(pc.is_in(cells, string_array(cats)))
     if handle_unknown != "ignore" and _first(unknown) is not None:
         found = sorted(set(pc.filter(cells, unknown).to_pylist()))
-        raise ValueError(f"{origin.name}: categorical column {name!r} has values {listed(found)} outside its "
-                         f"categories {listed(cats)}; fix the cells, or pass handle_unknown='ignore' to encode "
-                         f"them as none of the categories (all of the column's one-hot features 0)")
+        raise UnknownCategoryError(origin.name, name, found, cats)
     return cells, cats
 
 

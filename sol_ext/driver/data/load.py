@@ -8,6 +8,7 @@ from typing import Any
 
 from .builtin import load_abalone, load_fashion_mnist_degradation, load_wine_red
 from .encoding import OrdinalDataset
+from .frames import UnknownCategoryError
 from .images import load_image_folder
 from .tables import check_delimiter, load_npz, load_table, table_columns, table_format
 
@@ -164,7 +165,10 @@ def load_train_test(train_spec: str | Path, test_spec: str | Path, test_label_co
                     categorical={k: list(v) for k, v in train.schema["categorical"].items()})
     if train.schema.get("format") == "images" and not is_builtin(test_spec):
         rest["channels"] = train.schema["channels"]  # gray or colour as the training images
-    test = load_dataset(test_spec, grid=train.grid, **rest)
+    try:
+        test = load_dataset(test_spec, grid=train.grid, **rest)
+    except UnknownCategoryError as exc:  # its advice is prediction's: say what training can do
+        raise ValueError(exc.of_a_test_file()) from None
     if train.features.shape[1:] != test.features.shape[1:]:
         raise ValueError(f"train and test features differ in shape: {tuple(train.features.shape[1:])} vs "
                          f"{tuple(test.features.shape[1:])}")
