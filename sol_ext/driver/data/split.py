@@ -52,6 +52,8 @@ def feature_scaling(train: OrdinalDataset) -> tuple[torch.Tensor, torch.Tensor] 
         return None
     features = train.features.features if isinstance(train.features, TextRows) else train.features
     x = features.to(torch.float64)
+    if x.shape[1] == 0:  # a text alone: no other feature to scale
+        return x.new_zeros(0), x.new_ones(0)
     mean = x.mean(dim=0)
     std = x.std(dim=0, unbiased=False)
     return mean, torch.where(std > 1e-12, std, torch.ones_like(std))
