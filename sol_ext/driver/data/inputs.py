@@ -22,7 +22,6 @@ import torch
 from .builtin import DATASETS_DIR
 from .frames import cell_texts, fill_missing, table_features, table_labels
 from .image_files import ImageFiles
-from .texts import TextRows
 from .load import BUILTIN_NAMES, TABULAR_FORMATS, load_dataset
 from .tables import (
     TableRead,
@@ -36,6 +35,7 @@ from .tables import (
     require_file,
     table_format,
 )
+from .texts import TextRows
 
 __all__ = ["Inputs", "read_inputs", "TableSlices", "table_slices", "SLICE_ROWS"]
 

@@ -35,7 +35,6 @@ from ..errors import DataFileError, data_file_errors
 from .encoding import DatasetIdentity, LabelSpec, OrdinalDataset, make_dataset
 from .frames import (
     MissingValuesWarning,
-    text_cells,
     TableOrigin,
     cell_texts,
     fill_missing,
@@ -46,6 +45,7 @@ from .frames import (
     refuse_repeated_names,
     table_features,
     table_labels,
+    text_cells,
     warn_numbers_as_text,
 )
 from .texts import TextRows
