@@ -211,6 +211,7 @@ EXTRAS = {
     "torchmetrics": ["torchmetrics"],  # sol_ext.torchmetrics
     "lightning": ["lightning>=2.0"],  # sol_ext.lightning.SOLModule
     "hf": ["transformers>=4.46", "accelerate"],  # sol_ext.hf
+    "text": ["transformers>=4.46"],  # sol-ext train --text-column/--text-encoder (sol_ext.driver.text)
     # export a trained run to ONNX (onnx, onnxscript) and run it without torch (onnxruntime)
     "onnx": ["onnx>=1.17", "onnxscript>=0.3", "onnxruntime>=1.20"],
     # the documentation site: mkdocs build --strict (mkdocs.yml); the math rendered to MathML as it builds;

@@ -84,7 +84,7 @@ from .head import SETTINGS, SOLHead
 from .readout import cut_ranks, expected_ranks, log_posterior, median_ranks
 
 __all__ = ["SOLTextConfig", "SOLTextModel", "SOLTextOutput", "SOLTrainer", "SOLCallback", "SOLPredictionOutput",
-           "POOLINGS", "rank_metrics", "ranks_from_probabilities"]
+           "POOLINGS", "pool_states", "rank_metrics", "ranks_from_probabilities"]
 
 # "mean": the mean of the last hidden states over the attention mask; "cls": the first token's state.
 POOLINGS = ("mean", "cls")
@@ -272,13 +272,7 @@ class SOLTextModel(PreTrainedModel):
         given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
                  "inputs_embeds": inputs_embeds}
         states = self.encoder(**{k: v for k, v in given.items() if v is not None}).last_hidden_state
-        if self.pooling == "cls":
-            pooled = states[:, 0]
-        else:
-            mask = (torch.ones(states.shape[:2], device=states.device) if attention_mask is None
-                    else attention_mask.to(states.dtype)).unsqueeze(-1)
-            pooled = (states * mask).sum(1) / mask.sum(1).clamp_min(1.0)
-        pooled = pooled.float()  # the head's float32 centroids; float32 under mixed precision too
+        pooled = pool_states(states, attention_mask, self.pooling)
         return F.normalize(pooled, dim=1) if self.normalize_embeddings else pooled
 
     def forward(self, input_ids: Optional[torch.Tensor] = None, attention_mask: Optional[torch.Tensor] = None,
@@ -321,6 +315,19 @@ class SOLTextModel(PreTrainedModel):
 AutoConfig.register(SOLTextConfig.model_type, SOLTextConfig, exist_ok=True)
 AutoModel.register(SOLTextConfig, SOLTextModel, exist_ok=True)
 AutoModelForSequenceClassification.register(SOLTextConfig, SOLTextModel, exist_ok=True)
+
+
+def pool_states(states: torch.Tensor, attention_mask: Optional[torch.Tensor], pooling: str = "mean") -> torch.Tensor:
+    """``[B, hidden]`` float32 pooled embeddings of an encoder's last hidden states ``[B, L, hidden]``:
+    their mean over the attention mask ``[B, L]`` (``"mean"``; every position without a mask), so
+    padding never changes an embedding, or the first token's state (``"cls"``)."""
+    if pooling == "cls":
+        pooled = states[:, 0]
+    else:
+        mask = (torch.ones(states.shape[:2], device=states.device) if attention_mask is None
+                else attention_mask.to(states.dtype)).unsqueeze(-1)
+        pooled = (states * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+    return pooled.float()  # the head's float32 centroids; float32 under mixed precision too
 
 
 def _label_grid(label_values: Optional[Sequence[float]], num_ranks: Optional[int]) -> list[float]:

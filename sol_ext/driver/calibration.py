@@ -63,7 +63,7 @@ def calibrate_run(out_dir: Path, config: TrainConfig, data: PreparedData,
     Returns the validation split's probabilities, or ``None``."""
     path = Path(out_dir) / BEST_NAME
     state = load_checkpoint(path)
-    model = _selected_model(state, context.device)
+    model = _selected_model(state, context.device, Path(out_dir))
     validation = validation_probabilities(model, data, context.split.val)
     if validation is not None:
         state[CALIBRATION_KEY] = {"probabilities": validation.probabilities, "ranks": validation.ranks}
@@ -120,8 +120,8 @@ def calibration_summary(validation: Optional[HeldOutProbabilities],
     return summary
 
 
-def _selected_model(state: dict[str, Any], device: torch.device) -> TrainedModel:
+def _selected_model(state: dict[str, Any], device: torch.device, run_dir: Path) -> TrainedModel:
     """The model of ``best.pt``'s ``state``, on the run's device, built without touching the random
     state the training leaves (its initial weights are drawn, then replaced by the saved ones)."""
     with torch.random.fork_rng(devices=[]):
-        return model_from_state(state, device, source=BEST_NAME)
+        return model_from_state(state, device, source=BEST_NAME, run_dir=run_dir)

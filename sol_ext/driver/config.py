@@ -86,6 +86,14 @@ MAX_EPOCHS = 100_000
 # from ~3e37 on, a RuntimeError inside torch; anything near this diverges at once anyway.
 MAX_LR = 1e30
 
+# Text runs: AdamW's decoupled weight decay with weight_decay="auto", and the share of the steps the
+# learning rates warm up over by default: what fine-tuning a pretrained sentence encoder usually
+# takes (benchmarks/bench_finetune.py). A text is cut to at most MAX_TEXT_TOKENS tokens: far above any
+# encoder's positions, and it refuses a typo with a clear error.
+TEXT_WEIGHT_DECAY = 0.01
+TEXT_WARMUP = 0.1
+MAX_TEXT_TOKENS = 65536
+
 # Largest image side: far above any backbone's input, and it refuses a typo with a clear error.
 MAX_IMAGE_SIZE = 4096
 
@@ -99,6 +107,7 @@ CONFIG_FIELDS_FREE_ON_RESUME = frozenset({"epochs", "patience", "device", "backe
 OPTION_GROUPS: dict[str, Optional[str]] = {
     "data": None,
     "images": None,
+    "text": "a column of free text read by a Hugging Face encoder, fine-tuned end to end (extra text)",
     "label noise added to the training labels": None,
     "method and encoder": None,
     "SOL settings": "defaults: ours; --paper restores the paper's Algorithm 1 (docs/math.md §8, "
@@ -230,6 +239,26 @@ class TrainConfig:
         "resnet18-f37072fd.pth; vgg16_bn's for vgg16bn); nothing is downloaded. Images are then "
         "normalized with ImageNet's mean and std, inside the model", "method and encoder",
         metavar="FILE")
+    # -- text: a column of free text read by a Hugging Face encoder (sol_ext.driver.text)
+    text_column: Optional[str] = setting(
+        None, "column of free text (a review, a description) read by --text-encoder instead of one-hot "
+        "encoded; the other feature columns join it", "text", metavar="COLUMN")
+    text_encoder: Optional[str] = setting(
+        None, "folder of a Hugging Face encoder and its tokenizer (save_pretrained's), loaded offline and "
+        "fine-tuned; the run folder keeps the fine-tuned one in text_encoder/", "text", metavar="FOLDER")
+    max_length: int = setting(
+        64, "tokens read of each text (longer ones are cut); a batch is padded to its longest text",
+        "text", metavar="TOKENS")
+    train_layers: Optional[int] = setting(
+        None, "fine-tune only the top N transformer layers (the token embeddings and the layers below "
+        "stay as loaded: faster on a CPU) (default: all)", "text", metavar="N")
+    text_lr: float = setting(
+        5e-5, "AdamW learning rate of the text encoder; --lr is that of the layers on top (the embedding "
+        "layer, the other features' MLP)", "text")
+    warmup: Optional[float] = setting(
+        None, "share of the training steps over which the learning rates rise linearly from 0; they then "
+        "fall linearly to 0 at the last step (default: 0.1 for text runs; text runs only)", "text",
+        metavar="SHARE")
     # -- images
     image_size: Optional[int] = setting(
         None, "side every image is resized to (default: 64 for an image list, 28 for "
@@ -381,11 +410,24 @@ class TrainConfig:
                              "the noise kernel is built.")
         return float(self.sigma)
 
+    @property
+    def reads_text(self) -> bool:
+        """Whether the run reads a text column with a text encoder (``text_column``)."""
+        return self.text_column is not None
+
+    @property
+    def warmup_share(self) -> float:
+        """The share of the steps the learning rates warm up over (text runs)."""
+        return TEXT_WARMUP if self.warmup is None else float(self.warmup)
+
     def weight_decay_for(self, num_ranks: int, encoder: str) -> float:
         """Adam's weight decay of a run on ``num_ranks`` ranks with the resolved ``encoder``
-        (resolves ``"auto"``: the SOL methods' per-rank decay applies to the MLP encoder only)."""
+        (resolves ``"auto"``: the SOL methods' per-rank decay applies to the MLP encoder only; a text
+        encoder's AdamW decays by TEXT_WEIGHT_DECAY)."""
         if self.weight_decay != "auto":
             return float(self.weight_decay)
+        if encoder == "text":
+            return TEXT_WEIGHT_DECAY
         if self.uses_centroids and encoder == "mlp":
             return SOL_WEIGHT_DECAY_PER_RANK * num_ranks
         return BASELINE_WEIGHT_DECAY
@@ -416,7 +458,34 @@ class TrainConfig:
         self._check_sol()
         self._check_training()
         self._check_model()
+        self._check_text()
         return self
+
+    def _check_text(self) -> None:
+        """A text column and its encoder come together, on a table file, with the text encoder."""
+        _need((self.text_column is None) == (self.text_encoder is None),
+              "text_column= names the column a text encoder reads and text_encoder= the encoder's folder: "
+              + ("pass text_encoder= too (a folder with a Hugging Face model and its tokenizer)."
+                 if self.text_encoder is None else "pass text_column= too (the column of texts)."))
+        _need(not self.reads_text or not is_builtin(self.data),
+              f"text_column= names a column of a table file of yours; the built-in data set {self.data!r} has "
+              "no text: pass --data a table with a text column.")
+        _need(not self.reads_text or self.encoder in ("auto", "text"),
+              f"--encoder {self.encoder}: a text run's encoder is text_encoder=; leave --encoder out.")
+        _need(self.encoder != "text" or self.reads_text,
+              "--encoder text reads a text column: pass text_column= and text_encoder=.")
+        _need(2 <= self.max_length <= MAX_TEXT_TOKENS,
+              f"max_length={self.max_length} is out of range; expected 2 … {MAX_TEXT_TOKENS} tokens per text.")
+        _need(self.train_layers is None or self.train_layers >= 1,
+              f"train_layers={self.train_layers} must be at least 1 (the top layer), or left out to "
+              "fine-tune every layer.")
+        _need(self.text_lr > 0 and self.text_lr <= MAX_LR,
+              f"text_lr={self.text_lr:g} is out of range; expected a learning rate > 0 (default 5e-05).")
+        _need(self.warmup is None or 0.0 <= self.warmup < 1.0,
+              f"warmup={self.warmup} is out of range; expected a share of the steps in [0, 1).")
+        for name in ("warmup", "train_layers"):
+            _need(getattr(self, name) is None or self.reads_text,
+                  f"{name}= applies to text runs (text_column=, text_encoder=); leave {name}= out.")
 
     def _check_finite(self) -> None:
         """Every number is finite."""
@@ -434,7 +503,8 @@ class TrainConfig:
         setting of a fixed set of values are known ones."""
         _need(self.method in METHODS,
               f"unknown method {self.method!r}; expected one of {', '.join(METHODS)}.")
-        check_encoder_name(self.encoder)
+        if self.encoder != "text":  # a text run's encoder is its text_encoder folder
+            check_encoder_name(self.encoder)
         _need(self.pairs in PAIR_MODES,
               f"unknown pair set {self.pairs!r}; expected one of {', '.join(PAIR_MODES)}.")
         _need(self.readout in READOUTS,

@@ -438,8 +438,9 @@ class TorchvisionBackbone(nn.Module):
 
 
 def default_encoder(kind: str) -> str:
-    """Encoder for a data set kind (``tabular``/``embeddings`` -> ``mlp``, ``images`` -> ``cnn``)."""
-    return "cnn" if kind == "images" else "mlp"
+    """Encoder for a data set kind (``tabular``/``embeddings`` -> ``mlp``, ``images`` -> ``cnn``,
+    ``text`` -> ``text``: a Hugging Face encoder, :mod:`sol_ext.driver.text`)."""
+    return {"images": "cnn", "text": "text"}.get(kind, "mlp")
 
 
 def build_encoder(name: str, input_shape: Sequence[int], embedding_dim: int,

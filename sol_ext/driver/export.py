@@ -252,6 +252,10 @@ def export_command(args) -> int:
 
     form = args.format or ("onnx" if str(args.output or "").lower().endswith(".onnx") else "pt2")
     model = load_run(args.run_dir)
+    if model.kind == "text":  # a tokenizer is no part of a torch.export or ONNX graph
+        raise UsageError(f"{args.run_dir} is a text run (--text-column): export supports table and image runs; "
+                         f"predict with sol-ext predict {args.run_dir} or sol_ext.driver.load_run, whose "
+                         f"text_encoder/ folder transformers also loads")
     default = args.run_dir / f"model.{form}"
     own = [default, sidecar_path(default)]  # a rerun replaces the default export
     inputs = run_data(args.run_dir, model)

@@ -76,6 +76,7 @@ from .pairs import balanced_pairs, sample_references
 from .parallel import Parallel
 from .prepare import PreparedData
 from .report import RunOutcome, epoch_line, label_stats, run_results, test_set_metrics
+from .text import TEXT_ENCODER_DIR, encoder_parameters, save_text_encoder
 from .weight_ema import weight_average
 
 __all__ = ["Fit", "FitContext", "Split", "validation_split"]
@@ -221,8 +222,8 @@ def _embed_all(model: RankModel, inputs: RunInputs, batch_size: int, device: tor
     """Embeddings of every row of ``inputs``: each process embeds its shard, then the shards are
     gathered, so every process holds the same ``[N, d]``."""
     count = len(inputs)
-    if count == 0:  # no test set: [0, d] (the width from one zero input)
-        return embed(model, torch.zeros(1, *inputs.sample_shape), batch_size, device)[:0]
+    if count == 0:  # no test set: [0, d] (the width from one placeholder input)
+        return embed(model, inputs.placeholder(), batch_size, device)[:0]
     if not par.enabled:
         return inputs.embed(model, batch_size)
     shard = distributed.shard(count)
@@ -246,9 +247,10 @@ def _run_inputs(config: TrainConfig, data: PreparedData, split: Split, device: t
         bar = f"embedding the {what}" if progress and par.is_main else ""
         return RunInputs(features, device, augment, workers, progress=bar)
 
-    return (part(data.train_x[split.fit], "training images", transform),
-            None if split.val is None else part(data.train_x[split.val], "validation images"),
-            part(data.test_x, "test images"))
+    noun = "texts" if data.kind == "text" else "images"
+    return (part(data.train_x[split.fit], f"training {noun}", transform),
+            None if split.val is None else part(data.train_x[split.val], f"validation {noun}"),
+            part(data.test_x, f"test {noun}"))
 
 
 @dataclass
@@ -313,6 +315,8 @@ class Fit:
         self.gen = torch.Generator().manual_seed(config.seed + 1)  # shuffling and pair sampling
         (self.model, self.step_model, self.optimizer, self.head, self.sol_loss,
          self.scaler) = _learner(config, data, self.device, par)
+        # the learning rates a text run's schedule scales (a resumed optimizer state holds scaled ones)
+        self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         # the weights every pass over the data uses (embedding, centroids, read-out, checkpoints'
         # "model"): the trained ones, or their moving average (weight_ema)
         self.averaged = weight_average(config, self.model)
@@ -405,7 +409,9 @@ class Fit:
         inputs = self.fit_x.training_batches([rows for _, rows, _ in plan], self.gen)
         bar = _Progress(self.progress, len(plan), f"epoch {epoch}/{config.epochs}")
         total = 0.0
-        for (idx, rows, global_count), x in zip(plan, inputs):
+        for step, ((idx, rows, global_count), x) in enumerate(zip(plan, inputs)):
+            if self.data.kind == "text":
+                self._schedule((epoch - 1) * len(plan) + step, config.epochs * len(plan))
             y, pairs = labels[rows.to(device)], None
             if config.pairs == "balanced":
                 pairs = balanced_pairs(y, config.tau, config.pairs_per_class, self.gen)
@@ -426,6 +432,16 @@ class Fit:
         if not bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all()):
             raise FloatingPointError(_diverged(config, epoch, "the weights"))
         return total / max(len(plan), 1)
+
+    def _schedule(self, step: int, steps: int) -> None:
+        """A text run's learning rates at training step ``step`` (from 0) of ``steps``: a linear rise
+        from 0 over ``config.warmup_share`` of the steps, then a linear fall to 0 at the last (as
+        transformers' ``get_linear_schedule_with_warmup``). The step counts from the run's start, so a
+        resumed run goes on where it stopped."""
+        warm = int(round(self.config.warmup_share * steps))
+        factor = step / max(1, warm) if step < warm else max(0.0, (steps - step) / max(1, steps - warm))
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base * factor
 
     def _step(self, loss: torch.Tensor, share: float, epoch: int) -> torch.Tensor:
         """One optimizer step on ``loss``; returns the value the epoch's mean adds up."""
@@ -520,9 +536,15 @@ class Fit:
         corrected, suggestion = relabeled
         improved = par.agree(self.best is None or record["val_mae"] is None
                              or record["val_mae"] < self.best.state.val_mae, self.device)
+        predictor = predictor_record(config, data)
+        if data.kind == "text" and improved and par.is_main and not self.in_memory:
+            # the selected epoch's encoder and tokenizer, for load_run and for transformers itself;
+            # best.pt keeps each file's checksum
+            predictor["text_encoder_files"] = save_text_encoder(self.eval_model.encoder,
+                                                                self.out_dir / TEXT_ENCODER_DIR)
         snapshot = EpochState.of_epoch(
             self.config_as_given(), self.eval_model, self.head, fingerprint=self.fingerprint,
-            epoch=epoch, world_size=par.world_size, predictor=predictor_record(config, data),
+            epoch=epoch, world_size=par.world_size, predictor=predictor,
             labels=self.labels, corrected_labels=corrected, given_labels=self.given,
             clean_labels=self.clean, train_rows=_rows(data, split.fit),
             val_rows=None if split.val is None else _rows(data, split.val), train_pred=out.fit_pred,
@@ -578,7 +600,14 @@ def _learner(config: TrainConfig, data: PreparedData, device: torch.device, par:
     step_model = (DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
                                           else None) if par.enabled else model)
     weight_decay = config.weight_decay_for(data.num_ranks, encoder_name(config, data.kind))
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=weight_decay)
+    if data.kind == "text":
+        # fine-tuning: AdamW, the pretrained encoder at its own (small) learning rate, the layers on
+        # top at --lr; both warm up and decay (Fit._schedule)
+        text_parameters, others = encoder_parameters(model)
+        optimizer = torch.optim.AdamW([{"params": text_parameters, "lr": config.text_lr},
+                                       {"params": others, "lr": config.lr}], weight_decay=weight_decay)
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=weight_decay)
     # SOL's centroids, loss and read-out (sol_ext.SOLHead); the baselines' heads are in the model
     head = make_sol_head(config, data.num_ranks).to(device) if config.uses_centroids else None
     sol_loss = None if head is None else head.criterion

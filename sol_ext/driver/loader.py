@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..centroids import embed
-from .data import ImageFiles
+from .data import ImageFiles, TextRows
 
 __all__ = ["AUGMENTATIONS", "training_transform", "SampleSet", "RunInputs", "auto_workers",
            "embedding_batch_size", "keep_large_buffers_off_heap", "MMAP_THRESHOLD"]
@@ -128,8 +128,9 @@ def embedding_batch_size(kind: str, batch_size: int) -> int:
     """Rows per forward pass of the passes without gradient: at least 4,096 for vectors (each pass
     of a small MLP costs more in calls than in arithmetic: 200,000 rows take 0.12 s in passes of
     256, 0.04 s in passes of 4,096), the training batch for images, whose activations set the
-    run's peak memory (resnet18 at 224 px on the CPU: 1.2 GB at 64 images, 2.6 GB at 256)."""
-    return batch_size if kind == "images" else max(4096, batch_size)
+    run's peak memory (resnet18 at 224 px on the CPU: 1.2 GB at 64 images, 2.6 GB at 256), and
+    for texts, whose batches are padded to their longest text."""
+    return batch_size if kind in ("images", "text") else max(4096, batch_size)
 
 
 def auto_workers(processes_per_machine: int = 1) -> int:
@@ -199,6 +200,12 @@ class RunInputs:
     def sample_shape(self) -> tuple[int, ...]:
         return tuple(self.features.shape[1:])
 
+    def placeholder(self) -> torch.Tensor | TextRows:
+        """One input of these rows' shape (zeros; a text of one word), for the embedding width."""
+        if isinstance(self.features, TextRows):
+            return TextRows(["text"], torch.zeros(1, *self.sample_shape))
+        return torch.zeros(1, *self.sample_shape)
+
     def _load(self, batches: list[list[tuple[int, Optional[int]]]]) -> Iterator[torch.Tensor]:
         pin = self.device.type == "cuda"
         if self._loader is None:
@@ -235,6 +242,8 @@ class RunInputs:
     def embed(self, model: nn.Module, batch_size: int, rows: Optional[slice] = None) -> torch.Tensor:
         """Embeddings ``[k, d]`` of ``rows`` (default: all) in eval mode, without augmentation."""
         index = range(len(self))[rows if rows is not None else slice(None)]
+        if isinstance(self.features, TextRows) and self.progress:
+            return self._embed_texts(model, self.features[rows if rows is not None else slice(None)], batch_size)
         if not self.loaded:
             return embed(model, self.features[rows if rows is not None else slice(None)], batch_size,
                          self.device)
@@ -259,3 +268,22 @@ class RunInputs:
             model.train(was_training)
             if bar is not None:
                 bar.close()
+
+    def _embed_texts(self, model: nn.Module, texts: TextRows, batch_size: int) -> torch.Tensor:
+        """:meth:`embed` of rows of text with a bar (a text encoder's pass takes minutes on a CPU)."""
+        from tqdm import tqdm
+
+        was_training = model.training
+        model.eval()
+        bar = tqdm(total=len(texts), desc=self.progress, unit="text", leave=False, dynamic_ncols=True)
+        try:
+            out = []
+            for start in range(0, len(texts), batch_size):
+                out.append(model(texts[start:start + batch_size].to(self.device)))
+                bar.update(min(batch_size, len(texts) - start))
+            if not out:
+                raise ValueError("embed: got an empty data set (0 rows); expected at least one sample.")
+            return torch.cat(out)
+        finally:
+            model.train(was_training)
+            bar.close()

@@ -11,6 +11,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -48,7 +51,7 @@ class RankModel(nn.Module):
         self.head = head
         self.normalize = normalize
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # TextRows for a text encoder
         h = self.encoder(x)
         return F.normalize(h, dim=1) if self.normalize else h
 
@@ -59,11 +62,21 @@ def encoder_name(config: TrainConfig, kind: str) -> str:
 
 
 def build_model(config: TrainConfig, input_shape: tuple[int, ...], kind: str,
-                num_ranks: int) -> RankModel:
+                num_ranks: int, text_encoder: Optional[str | Path] = None) -> RankModel:
     """Encoder (``config.encoder``, ``auto`` picked from the data ``kind``) and head for
-    ``config.method``. Embeddings are normalized for the SOL methods only, when asked."""
-    encoder = build_encoder(encoder_name(config, kind), input_shape, config.embedding_dim, config.hidden,
-                            config.weights)
+    ``config.method``. Embeddings are normalized for the SOL methods only, when asked. A text run's
+    encoder is loaded from ``text_encoder`` (default ``config.text_encoder``: a run folder's
+    ``text_encoder/`` holds the fine-tuned one)."""
+    if encoder_name(config, kind) == "text":
+        from .text import build_text_encoder
+
+        folder = config.text_encoder if text_encoder is None else text_encoder
+        encoder: nn.Module = build_text_encoder(
+            folder, input_shape, config.embedding_dim, config.hidden, config.max_length, config.train_layers,
+            flag="--text-encoder" if text_encoder is None else "the run's")
+    else:
+        encoder = build_encoder(encoder_name(config, kind), input_shape, config.embedding_dim, config.hidden,
+                                config.weights)
     d = config.embedding_dim
     head: nn.Module = {"l1": lambda: nn.Linear(d, 1), "ce": lambda: nn.Linear(d, num_ranks),
                        "corn": lambda: nn.Linear(d, max(num_ranks - 1, 1))}.get(

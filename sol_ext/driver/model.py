@@ -24,7 +24,7 @@ from ..intervals import DEFAULT_SCORE, IntervalCalibration, calibrate_intervals,
 from ..labels import LabelGrid
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
 from .config import TrainConfig
-from .data import ImageFiles, apply_scaling, read_inputs
+from .data import ImageFiles, TextRows, apply_scaling, read_inputs
 from .data.frames import (
     FLOAT32_MAX,
     TableOrigin,
@@ -33,11 +33,13 @@ from .data.frames import (
     fill_missing,
     is_table_like,
     table_features,
+    text_cells,
 )
 from .data.inputs import SLICE_ROWS, table_slices
 from .device import resolve_device
 from .loader import RunInputs, embedding_batch_size
 from .methods import RankModel, build_model, head_probabilities, head_ranks, make_sol_head
+from .text import TEXT_ENCODER_DIR, check_text_encoder
 
 __all__ = ["TrainedModel", "Prediction", "load_run", "model_from_state", "CALIBRATION_KEY"]
 
@@ -203,6 +205,10 @@ class TrainedModel:
         elif is_table_like(data):
             x, incomplete = self._frame_features(data)
             ids, values = self._frame_ids(data, x.shape[0]), None
+        elif self.kind == "text":
+            column = self.preprocessing.get("schema", {}).get("text_column")
+            raise ValueError(f"data: the run reads texts from a column {column!r}; give a file or a data frame "
+                             f"with that column (and the run's other columns), not an array")
         else:
             x = _real_array(data)
             if x.dim() == 1 and len(self.input_shape) == 1:
@@ -241,6 +247,8 @@ class TrainedModel:
                              f"{list(self.input_shape)}{detail}")
         if isinstance(x, ImageFiles):
             return x
+        if isinstance(x, TextRows):
+            return x.with_features(self._model_inputs(data, x.features))
         finite = torch.isfinite(x).flatten(1).all(dim=1)
         if not bool(finite.all()):
             rows = (~finite).nonzero().flatten()
@@ -269,6 +277,7 @@ class TrainedModel:
         schema = self.preprocessing.get("schema", {})
         if "columns" not in schema:
             what = "images" if self.kind == "images" else "arrays without column names"
+            # (a text run's schema names its columns: a data frame is read by them)
             raise ValueError(f"data: a data frame gives columns by name, but the model was trained on "
                              f"{what}; pass an array of its {len(self.feature_names) or 'training'} "
                              "features in the training order")
@@ -280,8 +289,17 @@ class TrainedModel:
                 table_features(table, [name], categorical, origin, self.handle_unknown)
         table, incomplete = fill_missing(table, columns, categorical, origin, self.missing,
                                          schema.get("fill_values") or {})
-        x, _, _ = table_features(table, columns, categorical, origin, self.handle_unknown)
-        return torch.from_numpy(x), (None if self.missing == "impute" else incomplete)
+        text_column = schema.get("text_column")
+        if text_column is None:
+            x, _, _ = table_features(table, columns, categorical, origin, self.handle_unknown)
+            return torch.from_numpy(x), (None if self.missing == "impute" else incomplete)
+        if text_column not in table.column_names:
+            raise ValueError(f"data has no text column {text_column!r}, which the run reads its texts from; its "
+                             f"columns are {table.column_names[:10]}. Give the data that column, by that name")
+        x = (table_features(table, columns, categorical, origin, self.handle_unknown)[0] if columns
+             else np.zeros((table.num_rows, 0), dtype=np.float32))
+        texts = TextRows(text_cells(table.column(text_column), text_column, origin), torch.from_numpy(x))
+        return texts, (None if self.missing == "impute" else incomplete)
 
     # -- predictions -------------------------------------------------------------------------
     @torch.no_grad()
@@ -298,7 +316,7 @@ class TrainedModel:
     def _embed(self, x: torch.Tensor | ImageFiles) -> torch.Tensor:
         batch_size = embedding_batch_size(self.kind, self.config.batch_size)
         inputs = RunInputs(x, self.device, workers=self.workers)
-        if self.device.type != "cpu" or self.kind == "images" or self.config.encoder not in ("auto", "mlp"):
+        if self.device.type != "cpu" or self.kind in ("images", "text") or self.config.encoder not in ("auto", "mlp"):
             return inputs.embed(self.model, batch_size)
         # The MLP's passes are many small products, one short parallel region each: beside a busy process
         # the second thread spin-waits on each one (200,000 x 11 rows: 0.37 s on 1 thread, 3.3 s on 2).
@@ -547,7 +565,7 @@ def load_run(path: str | Path, device: torch.device | str = "cpu", workers: int 
         raise ValueError(f"handle_unknown={handle_unknown!r}; expected 'error' or 'ignore'")
     if missing not in (None, "mark", "impute", "error"):
         raise ValueError(f"missing={missing!r}; expected 'mark', 'impute' or 'error'")
-    model = model_from_state(load_checkpoint(file), device, source=str(file), workers=workers)
+    model = model_from_state(load_checkpoint(file), device, source=str(file), workers=workers, run_dir=file.parent)
     model.handle_unknown = handle_unknown
     if missing is not None:
         model.missing = missing
@@ -571,9 +589,10 @@ def _stored_calibration_problem(stored: Any, n: int) -> Optional[str]:
 
 
 def model_from_state(state: dict[str, Any], device: torch.device | str = "cpu",
-                     source: str = "the state", workers: int = 0) -> TrainedModel:
+                     source: str = "the state", workers: int = 0, run_dir: Optional[Path] = None) -> TrainedModel:
     """A :class:`TrainedModel` from the ``predictor``, ``model`` and ``head`` entries of a run's
-    ``best.pt`` (or of :meth:`TrainedModel.to_state`)."""
+    ``best.pt`` (or of :meth:`TrainedModel.to_state`). A text run's encoder and tokenizer are those of
+    ``run_dir/text_encoder`` (checked against the checksums in ``best.pt``)."""
     record = state.get("predictor")
     if record is None or record.get("preprocessing") is None:
         raise ValueError(f"{source} was written by an earlier version of sol_ext that did not save the "
@@ -581,8 +600,15 @@ def model_from_state(state: dict[str, Any], device: torch.device | str = "cpu",
     # the weights come from the run: never read a pretrained-weights file again
     config = dataclasses.replace(TrainConfig.from_dict(record["config"]), weights=None)
     n = int(record["preprocessing"]["grid"]["num_ranks"])
+    text_encoder = None
+    if record["kind"] == "text":
+        if run_dir is None:
+            raise ValueError(f"{source} is a text run's model, whose encoder and tokenizer are in its run folder: "
+                             "load it with sol_ext.driver.load_run(RUN)")
+        text_encoder = Path(run_dir) / TEXT_ENCODER_DIR
+        check_text_encoder(text_encoder, record.get("text_encoder_files"))
     try:
-        model = build_model(config, tuple(record["input_shape"]), record["kind"], n)
+        model = build_model(config, tuple(record["input_shape"]), record["kind"], n, text_encoder=text_encoder)
         model.load_state_dict(state["model"])
         head = None
         if config.uses_centroids:

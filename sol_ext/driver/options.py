@@ -182,7 +182,8 @@ def output_folder(text: str, flag: str = "--output") -> Path:
 
 def data_inputs(cfg: TrainConfig) -> list:
     """``(what, path)`` of the data a run reads: no output may be written over them."""
-    return [("the --data file", cfg.data), ("the --test-data file", cfg.test_data)]
+    return [("the --data file", cfg.data), ("the --test-data file", cfg.test_data),
+            ("the --text-encoder folder", cfg.text_encoder)]
 
 
 def _same_data(a: str, b: str) -> bool:

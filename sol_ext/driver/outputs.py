@@ -11,7 +11,8 @@ flag and the file, when it would replace
 * a file sol-ext wrote into a run folder (``best.pt``, ``checkpoint.pt``, ``results.json``,
   ``config.toml``, the plots, ``predictions.csv``, ``audit.csv``, the exports ``model.pt2``,
   ``model.onnx`` and their sidecars ``model.pt2.json``, ``model.onnx.json``, an export of another name
-  there (recognised by its sidecar's content), anything under ``sigma-search/``) or a comparison's
+  there (recognised by its sidecar's content), anything under ``sigma-search/`` and, of a text run,
+  ``text_encoder/``) or a comparison's
   ``compare.json``/``compare.md``, always, unless it is
   the command's own default output (a rerun of ``sol-ext predict RUN`` replaces
   ``RUN/predictions.csv``, as one expects);
@@ -29,6 +30,7 @@ from .checkpoint import BEST_NAME, CHECKPOINT_NAME, SIGMA_SEARCH_NAME
 from .config_file import CONFIG_FILE_NAME
 from .errors import UsageError
 from .report import PLOT_NAMES, RESULTS_NAME
+from .text import TEXT_ENCODER_DIR
 
 __all__ = ["RUN_FILE_NAMES", "COMPARE_FILE_NAMES", "Input", "check_output", "check_inputs_kept",
            "check_run_inputs", "check_compare_folder", "package_file_owner", "run_outputs"]
@@ -95,6 +97,8 @@ def package_file_owner(path: Path | str) -> Optional[str]:
     for above in real.parents:  # the trials of a sigma search: RUN/sigma-search/...
         if above.name == SIGMA_SEARCH_NAME and _holds_run(above.parent):
             return f"the sigma search of the run folder {above.parent}"
+        if above.name == TEXT_ENCODER_DIR and _holds_run(above.parent):  # RUN/text_encoder/...
+            return f"the text encoder of the run folder {above.parent}"
     return None
 
 
@@ -178,8 +182,9 @@ def check_output(text: str, flag: str, *, inputs: Sequence[Input] = (),
 
 def check_run_inputs(out: Path, flag: str, inputs: Sequence[Input], overwrite: bool = False) -> None:
     """Refuse training inputs that ``train`` would write over or, with ``--overwrite``, delete in
-    its output folder ``out``: its checkpoints, results and plots, the sigma search's trials, and
-    with ``overwrite`` every file of :func:`run_outputs` (the old run's predictions and exports).
+    its output folder ``out``: its checkpoints, results and plots, the sigma search's trials, a text
+    run's ``text_encoder/``, and with ``overwrite`` every file of :func:`run_outputs` (the old run's
+    predictions and exports).
 
     Raises:
         UsageError: naming ``flag``, the file and the input's flag.
@@ -189,11 +194,12 @@ def check_run_inputs(out: Path, flag: str, inputs: Sequence[Input], overwrite: b
         check_inputs_kept(out / name, flag, inputs)
     for path in run_outputs(out) if overwrite else ():
         check_inputs_kept(path, flag, inputs)
-    search = _real(out / SIGMA_SEARCH_NAME)
-    for what, given in inputs:
-        if given and Path(given).exists() and search in _real(given).parents:
-            raise UsageError(f"{flag} {out}: {what} ({given}) is inside {out / SIGMA_SEARCH_NAME}, "
-                             f"which the run writes and removes: move the data out of it.")
+    for folder in (SIGMA_SEARCH_NAME, TEXT_ENCODER_DIR):
+        written = _real(out / folder)
+        for what, given in inputs:
+            if given and Path(given).exists() and (written == _real(given) or written in _real(given).parents):
+                raise UsageError(f"{flag} {out}: {what} ({given}) is inside {out / folder}, which the run "
+                                 f"writes and removes: copy it out of there, or choose another {flag}.")
 
 
 def check_compare_folder(out: Path, flag: str, inputs: Sequence[Input] = ()) -> None:

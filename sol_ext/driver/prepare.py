@@ -110,6 +110,8 @@ def _options(config: TrainConfig) -> dict[str, Any]:
         opts["encoding"] = config.encoding
     if config.id_column is not None:
         opts["id_column"] = config.id_column
+    if config.text_column is not None:
+        opts["text_column"] = config.text_column
     for name in ("feature_columns", "drop_columns", "categorical"):
         if getattr(config, name) is not None:
             opts[name] = config.column_list(name)

@@ -51,6 +51,7 @@ from .parallel import Parallel
 from .prepare import PreparedData, prepare_data
 from .report import RunOutcome, format_table, noise_label, write_outputs
 from .rundir import check_output_folder, run_folder
+from .text import TEXT_ENCODER_DIR, require_transformers
 
 __all__ = ["train", "check_run", "fit_run", "CheckedRun", "plan_run", "train_command", "validation_split",
            "BEST_NAME", "SIGMA_SEARCH_NAME", "Trial", "SingleRun", "SigmaSearch", "trial_config"]
@@ -299,6 +300,9 @@ class SigmaSearch:
         """The checkpoints of the picked sigma, relabeled as the run of ``config`` (``sigma="auto"``)
         with its ``sigma_choice``, move from the search folder into ``out_dir``."""
         winner = trial_dir(self.work, sigma_choice["sigma"])
+        if (winner / TEXT_ENCODER_DIR).is_dir():  # a text run's encoder, which best.pt's checksums cover
+            shutil.rmtree(self.out_dir / TEXT_ENCODER_DIR, ignore_errors=True)
+            shutil.move(str(winner / TEXT_ENCODER_DIR), str(self.out_dir / TEXT_ENCODER_DIR))
         # best.pt first: checkpoint.pt marks the search as done (a Ctrl-C between the two leaves
         # the search, which --resume adopts again)
         for name in (BEST_NAME, CHECKPOINT_NAME):
@@ -319,6 +323,8 @@ def train_command(args: argparse.Namespace) -> int:
     cfg = train_config(args)  # without --noise: gaussian on a built-in set, else none (TrainConfig)
     check_threads(args.threads)  # after the --config file, which may set it
     check_test_data(args, cfg)
+    if cfg.reads_text:  # before any data are read: one line with the install command
+        require_transformers()
     if args.print_config:
         sys.stdout.write(config_toml(cfg, paper=args.paper, output=args.output, threads=args.threads))
         return 0
@@ -389,6 +395,7 @@ def _prepare_run(args: argparse.Namespace, cfg: TrainConfig, out: Path,
         for path in run_outputs(out):
             path.unlink(missing_ok=True)
         shutil.rmtree(out / SIGMA_SEARCH_NAME, ignore_errors=True)
+        shutil.rmtree(out / TEXT_ENCODER_DIR, ignore_errors=True)
     return run, start
 
 

@@ -50,6 +50,7 @@ TESTED_IN = {
     "sol_ext/driver/data/load.py": "driver/test_data.py",
     "sol_ext/driver/data/split.py": "driver/test_data.py",
     "sol_ext/driver/data/tables.py": "driver/test_frames.py",
+    "sol_ext/driver/data/texts.py": "driver/test_text.py",
 }
 
 

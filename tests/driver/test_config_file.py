@@ -210,9 +210,9 @@ def test_a_run_trains_with_the_file_and_keeps_its_settings(tmp_path, capsys):
 # --------------------------------------------------------------------------------------------------
 # Every option, every Unicode plane, and a run's file from another folder
 
-# Two command lines that set, between them, every TrainConfig field to a value other than its
+# Three command lines that set, between them, every TrainConfig field to a value other than its
 # default (--test-data and --test-fraction exclude each other, as a label noise std and the outlier
-# rule do), and the command's own options --paper, --output and --threads.
+# rule do; a text run's options go with no image encoder), and the command's own options --paper, --output and --threads.
 EVERY_OPTION = [
     ["--data", "x\U0001F600.csv", "--test-data", "t.csv", "--label-column", "age", "--delimiter", ";",
      "--test-label-column", "true age", "--label-min", "0", "--label-max", "30", "--label-step", "0.5",
@@ -229,6 +229,8 @@ EVERY_OPTION = [
      "--amp", "--backend", "reference", "--cs-theta", "1.5", "--output", "out dir", "--threads", "1"],
     ["--paper", "--method", "l1", "--test-fraction", "0.3", "--relabel", "outlier", "--no-refine",
      "--data", "mine.csv", "--feature-columns", "a,b"],
+    ["--data", "reviews.csv", "--text-column", "review", "--text-encoder", "models/mini lm", "--max-length", "32",
+     "--train-layers", "2", "--text-lr", "1e-4", "--warmup", "0.2"],
 ]
 
 

@@ -11,6 +11,8 @@ Sources (nothing is downloaded):
 - ``load_table(path, label_column)``: a table of feature columns and a label column,
   read by pyarrow: CSV/TSV, comma, semicolon or tab delimited (detected from the header, or
   ``delimiter=``), also gzipped; Parquet; Feather / Arrow IPC.
+- ``load_table(path, label_column, text_column=...)``: a table with a column of free text, kept as
+  text (:class:`TextRows`) for a text encoder's tokenizer; the other columns as features beside it.
 - ``load_npz(path)``: precomputed embeddings ``[N, d]`` (key ``embeddings`` or ``features``) and ``labels``.
 - ``load_image_folder(csv_path)``: images listed in a CSV of ``(path, label)`` rows, kept as files
   (:class:`ImageFiles`) and decoded when a batch needs them.
@@ -22,7 +24,7 @@ Data frames (pandas, polars, ``pyarrow.Table``) and table files share one adapte
 columns by name, in a given order, categorical ones one-hot with given categories.
 
 The modules, by source: ``encoding`` (:class:`OrdinalDataset`), ``tables`` (table files
-and ``.npz``), ``frames`` (tables to features), ``image_files`` (:class:`ImageFiles`, decoding), ``images`` (image folders), ``builtin`` (Abalone, Wine Quality, Fashion-MNIST), ``load``
+and ``.npz``), ``frames`` (tables to features), ``image_files`` (:class:`ImageFiles`, decoding), ``texts`` (:class:`TextRows`, a table's text column), ``images`` (image folders), ``builtin`` (Abalone, Wine Quality, Fashion-MNIST), ``load``
 (``load_dataset``, ``load_train_test``), ``split`` (splitting and scaling) and ``inputs`` (new files read
 as a run's training data were, for prediction). Import from here.
 """
@@ -43,9 +45,10 @@ from .inputs import Inputs, read_inputs
 from .load import is_builtin, load_dataset, load_train_test
 from .split import apply_scaling, feature_scaling, split_indices, standardize, train_test_split
 from .tables import load_npz, load_table
+from .texts import TextRows
 
 __all__ = [
-    "OrdinalDataset", "infer_step", "ImageFiles", "read_image",
+    "OrdinalDataset", "infer_step", "ImageFiles", "read_image", "TextRows",
     "load_abalone", "load_wine_red", "load_table", "load_npz", "load_image_folder",
     "load_fashion_mnist_degradation",
     "degradation_strengths", "load_dataset", "is_builtin", "load_train_test", "split_indices", "train_test_split",

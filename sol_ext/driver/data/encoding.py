@@ -17,11 +17,12 @@ import torch
 
 from ...labels import MAX_INFERRED_RANKS, LabelGrid, LabelScaleWarning, infer_step
 from .image_files import ImageFiles
+from .texts import TextRows
 
 __all__ = ["OrdinalDataset", "make_dataset", "LabelSpec", "DatasetIdentity", "KINDS", "LabelGrid", "infer_step", "LabelScaleWarning",
            "MAX_INFERRED_RANKS", "MAX_GIVEN_RANKS"]
 
-KINDS = ("tabular", "embeddings", "images")
+KINDS = ("tabular", "embeddings", "images", "text")
 
 # Most ranks of a grid set by a given step or range: the loss's probability table and the label-noise
 # fit of --refine grow with the square of the ranks (2,000: about 10 s for the fit on one core; 9,001
@@ -40,11 +41,12 @@ class OrdinalDataset:
 
     Attributes:
         features: float32 ``[N, F]`` for ``kind`` "tabular"/"embeddings", ``[N, C, H, W]`` in [0, 1] for
-            "images": a tensor, or :class:`~sol_ext.driver.data.ImageFiles` decoded on access.
+            "images": a tensor, or :class:`~sol_ext.driver.data.ImageFiles` decoded on access; for
+            "text", :class:`~sol_ext.driver.data.TextRows` (a text per row, and the other features).
         ranks: int64 ``[N]`` in ``0 … n-1``: the labels as given (clean truth, or noisy training labels).
         grid: the label grid; ``grid.decode(ranks)`` gives label values.
         name: a short name for reports ("abalone", a file stem).
-        kind: "tabular" | "embeddings" | "images".
+        kind: "tabular" | "embeddings" | "images" | "text".
         feature_names: names of the ``F`` columns for tabular data ("Sex=F", "Length", …), else empty.
         schema: how the features were read, so that new files can be read the same way for
             prediction (:func:`sol_ext.driver.data.read_inputs`): ``{"format": "csv", "columns": [...],
@@ -68,9 +70,22 @@ class OrdinalDataset:
         lazy = isinstance(f, ImageFiles)  # decoded on access
         if lazy and self.kind != "images":
             raise ValueError(f"image files are features of kind 'images', not {self.kind!r}")
+        if isinstance(f, TextRows) != (self.kind == "text"):
+            raise ValueError(f"rows of text (TextRows) are the features of kind 'text', and only they; got "
+                             f"{type(f).__name__} of kind {self.kind!r}")
+        self.feature_names = tuple(self.feature_names)
+        if isinstance(f, TextRows):  # texts, and the other columns' features, read as a table's
+            self._check_shapes(f.features, r)
+            return
         if not lazy and (not isinstance(f, torch.Tensor) or not f.is_floating_point()):
             raise ValueError(f"features must be a floating-point tensor, got {type(f).__name__} "
                              f"{getattr(f, 'dtype', '')}")
+        self._check_shapes(f, r)
+        if lazy:
+            return
+        self.features = self._finite(f)
+
+    def _check_shapes(self, f: Any, r: torch.Tensor) -> None:
         want = 4 if self.kind == "images" else 2
         if len(f.shape) != want:
             raise ValueError(f"{self.kind} features must be {'[N, C, H, W]' if want == 4 else '[N, F]'}, "
@@ -85,9 +100,8 @@ class OrdinalDataset:
         lo, hi = int(r.min()), int(r.max())
         if lo < 0 or hi >= self.grid.num_ranks:
             raise ValueError(f"ranks must lie in 0 … {self.grid.num_ranks - 1}, got {lo} … {hi}")
-        self.feature_names = tuple(self.feature_names)
-        if lazy:
-            return
+
+    def _finite(self, f: torch.Tensor) -> torch.Tensor:
         finite = torch.isfinite(f.reshape(f.shape[0], -1))
         if not bool(finite.all()):
             row, col = (int(i) for i in torch.nonzero(~finite)[0])
@@ -95,7 +109,7 @@ class OrdinalDataset:
                      else f"feature {col}")
             raise ValueError(f"dataset {self.name!r} has a NaN or infinite feature ({where}, sample {row}); "
                              "drop or impute such samples before loading")
-        self.features = f.to(torch.float32)
+        return f.to(torch.float32)
 
     def __len__(self) -> int:
         return int(self.ranks.shape[0])

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 __all__ = ["is_table_like", "has_column_names", "as_arrow_table", "table_features", "table_labels",
-           "text_columns", "holds_words", "cell_texts", "fill_missing", "fill_values", "MISSING_POLICIES", "string_array", "TableOrigin", "MISSING_CELLS",
+           "text_columns", "holds_words", "cell_texts", "text_cells", "fill_missing", "fill_values", "MISSING_POLICIES", "string_array", "TableOrigin", "MISSING_CELLS",
            "FLOAT32_MAX", "warn_numbers_as_text", "UnknownCategoryError"]
 
 # Cells that mean "no value" in a text column (compared lower-cased, after stripping blanks).
@@ -307,6 +307,21 @@ def fill_missing(table: pa.Table, columns: Sequence[str], categorical: Mapping[s
 def cell_texts(col: pa.ChunkedArray) -> list[str]:
     """A column's cells as stripped text, a missing cell as ``""`` (an id column's ids)."""
     return [c or "" for c in pc.fill_null(_text(col), "").to_pylist()]
+
+
+def text_cells(col: pa.ChunkedArray, name: str, origin: TableOrigin) -> list[str]:
+    """The cells of a column of free text (``--text-column``) as stripped text; ValueError naming the
+    first empty one (a text encoder has nothing to read there)."""
+    cells = _text(col)
+    empty = pc.fill_null(pc.equal(cells, ""), True)
+    bad = _first(empty)
+    if bad is not None:
+        count = pc.sum(empty).as_py()
+        fix = ("write a text in it, or leave the row out of the data" if origin.for_run else
+               "write a text in it, or leave the row out; or pass the column of texts with text_column=")
+        raise ValueError(f"{origin.name}: text column {name!r} has {count} empty cell{'s' if count > 1 else ''}, "
+                         f"the first in {origin.row(bad)}; {fix}")
+    return cells.to_pylist()
 
 
 def _first(mask: Any) -> Optional[int]:

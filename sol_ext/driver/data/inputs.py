@@ -35,6 +35,7 @@ from .tables import (
     require_file,
     table_format,
 )
+from .texts import TextRows
 
 __all__ = ["Inputs", "read_inputs", "TableSlices", "table_slices", "SLICE_ROWS"]
 
@@ -53,7 +54,8 @@ class Inputs:
 
     Attributes:
         features: float32 ``[N, F]``, or images ``[N, C, H, W]`` in [0, 1] (image files stay
-            :class:`ImageFiles`, decoded when a batch needs them).
+            :class:`ImageFiles`, decoded when a batch needs them), or :class:`TextRows` (a run
+            trained on a text column).
         ids: one id per row: the data row number (from 0), or the image path as written in the list.
         values: ``[N]`` float64 label values when the data have labels, else ``None``.
         incomplete: ``[N]`` bool, the rows of a table with a missing feature value (their features
@@ -193,8 +195,8 @@ def _table_file(spec: str | Path, schema: dict[str, Any]) -> Optional[tuple[Path
     """``(path, delimiter of a built-in table, name in errors)`` of a table file that
     :func:`read_inputs` reads with ``_read_table``; None for other data."""
     key = str(spec).strip()
-    if schema.get("format") not in TABULAR_FORMATS:
-        return None
+    if schema.get("format") not in TABULAR_FORMATS or schema.get("text_column") is not None:
+        return None  # texts are read whole: a text encoder's passes cost far more than the read
     if key.lower() in _BUILTIN_TABLES:
         file, delimiter = _BUILTIN_TABLES[key.lower()]
         return DATASETS_DIR / file, delimiter, f"{key} ({file})"
@@ -224,9 +226,11 @@ def _read_table(path: Path, schema: dict[str, Any], delimiter: Optional[str], wh
     read = TableRead(list(schema["columns"]), categorical, schema.get("label_column"), delimiter=delimiter,
                      encoding=schema.get("encoding") if (table_format(path) or "csv") == "csv" else None,
                      id_column=schema.get("id_column"), label_optional=True, where=where, missing=missing,
-                     handle_unknown=handle_unknown, fill=schema.get("fill_values") or {}, for_run=True)
+                     handle_unknown=handle_unknown, fill=schema.get("fill_values") or {}, for_run=True,
+                     text_column=schema.get("text_column"))
     x, _, _, values, ids, incomplete, _ = read_table_features(path, read)
-    return Inputs(torch.from_numpy(x), ids, values, None if missing == "impute" else incomplete)
+    return Inputs(x if isinstance(x, TextRows) else torch.from_numpy(x), ids, values,
+                  None if missing == "impute" else incomplete)
 
 
 def _read_npz(path: Path, schema: dict[str, Any]) -> Inputs:

@@ -138,7 +138,7 @@ def _load_table_file(path: Path, options: dict[str, Any], csv_options: dict[str,
 
 
 # Options of table files only (load_table's).
-_TABLE_OPTIONS = ("id_column", "drop_columns", "feature_columns", "categorical")
+_TABLE_OPTIONS = ("id_column", "drop_columns", "feature_columns", "categorical", "text_column")
 
 
 def load_train_test(train_spec: str | Path, test_spec: str | Path, test_label_column: str | None = None,

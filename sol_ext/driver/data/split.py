@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from .encoding import OrdinalDataset
+from .texts import TextRows
 
 __all__ = ["split_indices", "train_test_split", "standardize", "feature_scaling", "apply_scaling"]
 
@@ -49,16 +50,23 @@ def feature_scaling(train: OrdinalDataset) -> tuple[torch.Tensor, torch.Tensor] 
     uses them; constant columns get std 1 (centred only). ``None`` for images (kept in [0, 1])."""
     if train.kind == "images":
         return None
-    x = train.features.to(torch.float64)
+    features = train.features.features if isinstance(train.features, TextRows) else train.features
+    x = features.to(torch.float64)
+    if x.shape[1] == 0:  # a text alone: no other feature to scale
+        return x.new_zeros(0), x.new_ones(0)
     mean = x.mean(dim=0)
     std = x.std(dim=0, unbiased=False)
     return mean, torch.where(std > 1e-12, std, torch.ones_like(std))
 
 
-def apply_scaling(features: torch.Tensor, scaling: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-    """``(features - mean) / std`` in float64, returned as float32 (``scaling`` None: unchanged)."""
+def apply_scaling(features: torch.Tensor | TextRows,
+                  scaling: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor | TextRows:
+    """``(features - mean) / std`` in float64, returned as float32 (``scaling`` None: unchanged); of
+    rows of text, their other features."""
     if scaling is None:
         return features
+    if isinstance(features, TextRows):
+        return features.with_features(apply_scaling(features.features, scaling))
     mean, std = scaling
     return ((features.to(torch.float64) - mean) / std).float()
 

@@ -45,8 +45,10 @@ from .frames import (
     refuse_repeated_names,
     table_features,
     table_labels,
+    text_cells,
     warn_numbers_as_text,
 )
+from .texts import TextRows
 
 __all__ = ["load_table", "load_npz", "read_table", "read_table_features", "read_feature_table", "TableRead",
            "read_table_dataset", "table_columns",
@@ -387,6 +389,7 @@ class TableRead:
             None: its column's median or most common category in this file.
         for_run: the columns are a trained run's (a prediction): errors advise what the file can
             change.
+        text_column: a column of free text, read as text (:class:`~.texts.TextRows`), or None.
     """
 
     columns: Sequence[str]
@@ -402,12 +405,14 @@ class TableRead:
     handle_unknown: str = "error"
     fill: Mapping[str, Any] | None = None
     for_run: bool = False
+    text_column: str | None = None
 
 
 def read_table_features(path: str | Path, read: TableRead
                         ) -> tuple[np.ndarray, list[str], dict[str, list[str]], np.ndarray | None, list[str],
                                    np.ndarray | None, dict[str, Any] | None]:
-    """A table file's features (:func:`~.frames.table_features` of ``read.columns``), its labels (None
+    """A table file's features (:func:`~.frames.table_features` of ``read.columns``; with
+    ``read.text_column``, :class:`~.texts.TextRows` of its texts and those features), its labels (None
     when ``read.label_optional`` and the file has none, or an empty label column) and the id of each
     row: the cells of ``read.id_column``, else the row number from 0. Then ``[N]`` bool of the rows of
     the file with a missing feature cell (None where none has one), the rest are of the rows kept
@@ -434,7 +439,12 @@ def read_table_features(path: str | Path, read: TableRead
     if read.missing == "skip" and incomplete is not None:
         row_numbers = row_numbers[~incomplete]
         origin = origin.kept(row_numbers)  # an error in a later column names the file's row
-    x, names, used = table_features(table, columns, categorical, origin, read.handle_unknown)
+    if read.text_column is not None and not columns:  # the text alone
+        x, names, used = np.zeros((table.num_rows, 0), dtype=np.float32), [], {}
+    else:
+        x, names, used = table_features(table, columns, categorical, origin, read.handle_unknown)
+    if read.text_column is not None:
+        x = TextRows(text_cells(table.column(read.text_column), read.text_column, origin), torch.from_numpy(x))
     values = (table_labels(table, read.label_column, origin, optional=read.label_optional)
               if has_label else None)
     ids = cell_texts(table.column(read.id_column)) if read.id_column is not None else [str(i) for i in row_numbers]
@@ -466,6 +476,11 @@ def read_feature_table(path: str | Path, read: TableRead) -> tuple[pa.Table, Tab
     has_label = label_column is not None and label_column in header
     if label_column is not None and not has_label and not read.label_optional:
         table_labels(empty(), label_column, origin)
+    text_column = read.text_column
+    if text_column is not None and text_column not in present:
+        raise ValueError(f"{origin.name} has no text column {text_column!r}; its columns are {listed(header)}. "
+                         + ("Give the file that column: the run reads its texts from it" if read.for_run else
+                            "Pass the right name with text_column="))
     if id_column is not None and id_column not in present:
         raise ValueError(f"{origin.name} has no id column {id_column!r}; its columns are {listed(header)}. "
                          + ("Give the file that column: the run names each row by it" if read.for_run else
@@ -476,6 +491,8 @@ def read_feature_table(path: str | Path, read: TableRead) -> tuple[pa.Table, Tab
         types[label_column] = pa.float64()
     if id_column is not None:
         types[id_column] = pa.string()
+    if text_column is not None:
+        types[text_column] = pa.string()
     table = read_table(path, types, delimiter, encoding)
     if table.num_rows == 0:
         raise ValueError(f"{path} has a header but no data rows: the dataset would be empty")
@@ -492,7 +509,8 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
                categorical: Sequence[str] | Mapping[str, Sequence[str]] = (),
                name: str | None = None, delimiter: str | None = None, one_hot_text: bool = False,
                id_column: str | None = None, drop_columns: Sequence[str] = (),
-               missing: str = "error", encoding: str | None = None) -> OrdinalDataset:
+               missing: str = "error", encoding: str | None = None,
+               text_column: str | None = None) -> OrdinalDataset:
     """A tabular dataset from a table file with named columns: CSV/TSV with a header row (``.csv``,
     ``.tsv``, also gzipped ``.gz``), Parquet (``.parquet``) or Feather / Arrow IPC (``.feather``, ``.arrow``),
     read by pyarrow.
@@ -517,10 +535,14 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
         missing: rows with a missing feature cell: ``"error"`` names every such cell, ``"skip"`` leaves
             the rows out (with a :class:`~.frames.MissingValuesWarning` counting them), ``"impute"``
             fills each cell with its column's median or most common category (warned likewise).
+        text_column: a column of free text (a review, a description): kept as text for a text encoder,
+            not one-hot encoded; every cell must hold some text. The other feature columns are read
+            beside it (none: the text alone).
 
     Returns:
         ``OrdinalDataset`` of kind "tabular" with raw (unscaled) float32 features ``[N, F]``; scale them
-        with :func:`standardize` after splitting.
+        with :func:`standardize` after splitting. With ``text_column``, of kind "text" with
+        :class:`~.texts.TextRows` (the texts and those features).
     """
     # The keyword API users call; it checks the arguments against the file's header and hands the
     # reading to read_table_dataset as one TableRead and one LabelSpec.
@@ -532,7 +554,11 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
                              f"{option} out")
     encoding = _check_encoding(encoding)
     header = table_columns(path, delimiter, encoding)
-    columns = _feature_columns(path, header, label_column, feature_columns, id_column, drop_columns)
+    if text_column is not None:
+        _check_text_column(path, header, text_column, label_column, id_column, feature_columns)
+    columns = _feature_columns(path, header, label_column, feature_columns, id_column,
+                               [*drop_columns, *([] if text_column is None else [text_column])]
+                               if feature_columns is None else drop_columns)
     cats = _categorical_map(categorical)
     for c in cats:
         if c not in columns:
@@ -542,8 +568,23 @@ def load_table(path: str | Path, label_column: str = "label", feature_columns: S
     if missing == "mark":
         raise ValueError("missing='mark' is for prediction; expected 'error', 'skip' or 'impute'")
     read = TableRead(columns, cats, label_column, delimiter=delimiter, encoding=encoding, id_column=id_column,
-                     one_hot_text=one_hot_text, missing=missing)
+                     one_hot_text=one_hot_text, missing=missing, text_column=text_column)
     return read_table_dataset(path, read, LabelSpec(grid, step, min_value, max_value), name)
+
+
+def _check_text_column(path: Path, header: list[str], text_column: str, label_column: str,
+                       id_column: str | None, feature_columns: Sequence[str] | None) -> None:
+    """ValueError for a text column the file lacks, or that is also the label, the id or a feature column."""
+    if text_column not in header:
+        raise ValueError(f"{path} has no text column {text_column!r}; its columns are {listed(header)}. Pass the "
+                         "right name with text_column=")
+    for role, name in (("label", label_column), ("id", id_column)):
+        if text_column == name:
+            raise ValueError(f"the text column {text_column!r} cannot also be the {role} column; pass another "
+                             f"text_column=")
+    if feature_columns is not None and text_column in feature_columns:
+        raise ValueError(f"the text column {text_column!r} is read as text, not as a feature column: leave it "
+                         "out of feature_columns=")
 
 
 def _feature_columns(path: Path, header: list[str], label_column: str, feature_columns: Sequence[str] | None,
@@ -590,13 +631,15 @@ def read_table_dataset(path: Path, read: TableRead, labels: LabelSpec, name: str
         schema["id_column"] = read.id_column
     if read.encoding is not None:
         schema["encoding"] = read.encoding  # a file to predict is read so too
+    if read.text_column is not None:
+        schema["text_column"] = read.text_column
     # how a prediction fills a missing cell as this file's were (or would have been) filled
     schema["missing"] = read.missing
     if fill is not None:
         schema["fill_values"] = fill
-    identity = DatasetIdentity(name or file_stem(path), "tabular", source=str(path), schema=schema,
-                               feature_names=names, ids=ids if keep_ids else None)
-    return make_dataset(torch.from_numpy(x), values, identity, labels)
+    identity = DatasetIdentity(name or file_stem(path), "tabular" if read.text_column is None else "text",
+                               source=str(path), schema=schema, feature_names=names, ids=ids if keep_ids else None)
+    return make_dataset(x if isinstance(x, TextRows) else torch.from_numpy(x), values, identity, labels)
 
 
 def file_stem(path: Path) -> str:
