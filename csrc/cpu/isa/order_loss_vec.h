@@ -73,14 +73,17 @@ class PairKernel {
 #pragma GCC unroll 4
       for (int k = 0; k < K; ++k) {
         const V delta = load(dx[k] + c) - load(dy[k] + c);
-        const V above = positive_part(delta + g), below = positive_part(g - delta);
+        const V up = delta + g, down = g - delta;
+        const V above = positive_part(up), below = positive_part(down);
         const T *low_x = fx[k] + 2 * c, *high_x = low_x + kLanes;
         const T *low_y = fy[k] + 2 * c, *high_y = low_y + kLanes;
         lt_side[k] += load(low_x) * above;
         lt_side[k] += load(high_y) * below;
         gt_side[k] += load(high_x) * above;
         gt_side[k] += load(low_y) * below;
-        eq_side[k] += positive_part(absolute(delta) - g);
+        // [|delta| - g]+ is -[min(up, down)]-: |delta| - g rounds as -(g - |delta|) does, and the smaller
+        // of up and down is g - |delta|. Two operations instead of three, the same number.
+        eq_side[k] -= negative_part(smaller(up, down));
       }
     }
     for (int k = 0; k < K; ++k) {
@@ -125,8 +128,17 @@ class PairKernel {
         const V w_above = lt[k] * load(low_x) + gt[k] * load(high_x);
         const V w_below = lt[k] * load(high_y) + gt[k] * load(low_y);
         // In IEEE arithmetic delta + g > 0 exactly when delta > -g (and so on): PairTerms::grad's decisions.
+#if SOL_EXT_VECTOR_BYTES == 64
+        // ((a - b) + [delta > g] eq) - [delta < -g] eq as two masked operations (AVX-512's masks) instead
+        // of two masked moves, an add and a subtract: adding or subtracting 0 changes only a zero's sign,
+        // which no partial sum can tell (they start at +0, and a sum that starts at +0 never becomes -0).
+        V grad = (delta > minus_g ? w_above : zero) - (delta < g ? w_below : zero);
+        grad = delta > g ? grad + eq[k] : grad;
+        grad = delta < minus_g ? grad - eq[k] : grad;
+#else
         const V grad = (delta > minus_g ? w_above : zero) - (delta < g ? w_below : zero) +
                        (delta > g ? eq[k] : zero) - (delta < minus_g ? eq[k] : zero);
+#endif
         if (kSharedSign > 0) sum = sum + grad;
         if (kSharedSign < 0) sum = sum - grad;
         if (own != nullptr) store(own[k] + c, load(own[k] + c) - grad);

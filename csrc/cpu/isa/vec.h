@@ -58,14 +58,52 @@ inline vec_t<double> positive_part(vec_t<double> x) {
 #endif
 }
 
-// |x| lane by lane, the sign bit cleared as std::abs does (NaN stays NaN, -0 becomes +0).
-inline vec_t<float> absolute(vec_t<float> x) {
-  typedef int32_t bits __attribute__((vector_size(SOL_EXT_VECTOR_BYTES)));
-  return (vec_t<float>)((bits)x & 0x7fffffff);
+// [x]- = min(x, 0) lane by lane, keeping a NaN (MINPS returns its second operand when either is NaN).
+inline vec_t<float> negative_part(vec_t<float> x) {
+#if SOL_EXT_VECTOR_BYTES == 64
+  return _mm512_mask_min_ps(x, __mmask16(0xFFFF), vec_t<float>{}, x);
+#elif SOL_EXT_VECTOR_BYTES == 32
+  return _mm256_min_ps(vec_t<float>{}, x);
+#elif defined(__SSE2__)
+  return _mm_min_ps(vec_t<float>{}, x);
+#else
+  return x > 0 ? vec_t<float>{} : x;
+#endif
 }
-inline vec_t<double> absolute(vec_t<double> x) {
-  typedef int64_t bits __attribute__((vector_size(SOL_EXT_VECTOR_BYTES)));
-  return (vec_t<double>)((bits)x & 0x7fffffffffffffff);
+inline vec_t<double> negative_part(vec_t<double> x) {
+#if SOL_EXT_VECTOR_BYTES == 64
+  return _mm512_mask_min_pd(x, __mmask8(0xFF), vec_t<double>{}, x);
+#elif SOL_EXT_VECTOR_BYTES == 32
+  return _mm256_min_pd(vec_t<double>{}, x);
+#elif defined(__SSE2__)
+  return _mm_min_pd(vec_t<double>{}, x);
+#else
+  return x > 0 ? vec_t<double>{} : x;
+#endif
+}
+
+// min(x, y) lane by lane, y where either is NaN (MINPS).
+inline vec_t<float> smaller(vec_t<float> x, vec_t<float> y) {
+#if SOL_EXT_VECTOR_BYTES == 64
+  return _mm512_mask_min_ps(y, __mmask16(0xFFFF), x, y);
+#elif SOL_EXT_VECTOR_BYTES == 32
+  return _mm256_min_ps(x, y);
+#elif defined(__SSE2__)
+  return _mm_min_ps(x, y);
+#else
+  return x < y ? x : y;
+#endif
+}
+inline vec_t<double> smaller(vec_t<double> x, vec_t<double> y) {
+#if SOL_EXT_VECTOR_BYTES == 64
+  return _mm512_mask_min_pd(y, __mmask8(0xFF), x, y);
+#elif SOL_EXT_VECTOR_BYTES == 32
+  return _mm256_min_pd(x, y);
+#elif defined(__SSE2__)
+  return _mm_min_pd(x, y);
+#else
+  return x < y ? x : y;
+#endif
 }
 
 // v rotated by Shift lanes: lane i holds v[(i + Shift) % lanes].
