@@ -86,9 +86,9 @@ class PairKernel {
         eq_side[k] -= negative_part(smaller(up, down));
       }
     }
-    for (int k = 0; k < K; ++k) {
-      out[k] = sum_lanes<T>(T(p[k][0]) * lt_side[k] + T(p[k][2]) * gt_side[k] + T(p[k][1]) * eq_side[k]);
-    }
+    V total[K];
+    for (int k = 0; k < K; ++k) total[k] = T(p[k][0]) * lt_side[k] + T(p[k][2]) * gt_side[k] + T(p[k][1]) * eq_side[k];
+    sum_lanes_of<T, K>(total, out);
   }
 
   // The loss of the pair (x, y).
