@@ -328,7 +328,7 @@ void all_pairs_backward(const OrderLossInputs<T>& in, Strided<T> grad_losses, T*
   const int64_t B = in.rows, n = in.n;
   const PairKernel<T> kernel(in);
   const int64_t stride = kernel.stride(), tile = tile_rows(B), tiles = (B + tile - 1) / tile;
-  // Row x's gradient: x_sums[x] (its pairs as x) + y_sums[x] (as y, where add_grad subtracts).
+  // Row x's gradient: x_sums[x] (its pairs as x) + y_sums[x] (as y, where add_grads subtracts).
   std::vector<double> x_sums(B * stride, 0.0), y_sums(B * stride, 0.0);
   const bool serial = B * B * n < (int64_t{1} << 20);
   for (int64_t k = 0; k < tiles; ++k) {  // diagonal k: tiles (I, I + k), disjoint rows on each side
