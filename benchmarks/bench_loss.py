@@ -15,6 +15,13 @@ loss alone on D (forward, backward: the op the step spends its time in) and the 
 algorithm (algorithm="auto", which may sort instead, docs/performance.md); the header names the CPU
 kernels that ran (sol_ext.cpu_capability(), SOL_EXT_CPU_CAPABILITY forces one).
 
+    python benchmarks/bench_loss.py --device cpu --cpu-time --sizes 256,101,512 1024,217,512
+
+--cpu-time prints, instead, the rates of the CPU order-loss op alone (torch.ops.sol_ext.order_loss and its
+backward on a float32 D, all pairs) per CPU capability, from the calling thread's CPU time
+(time.thread_time, one thread, the best of --rounds rounds): on a machine shared with other jobs, wall time
+is mostly the scheduler's, CPU time much less so.
+
     python benchmarks/bench_loss.py --algorithms     # grouped vs pairwise vs reference (docs/math.md §13)
     python benchmarks/bench_loss.py --algorithms --busy --sizes 8192,7,64 1000000,5,64
 
@@ -190,6 +197,53 @@ def time_default_algorithm(B: int, n: int, d: int, device: str, backend: str, mi
     env = dict(criterion=criterion, h=h, mu=mu, labels=labels, torch=torch)
     return (tbench.Timer("torch.autograd.grad(criterion(h, labels, mu), (h, mu))", globals=env,
                          num_threads=torch.get_num_threads()).blocked_autorange(min_run_time=min_run_time).median)
+
+
+def cpu_time_rates(sizes: list, rounds: int) -> list:
+    """Pair-rank terms per second of CPU time of the CPU order-loss op alone, forward and backward, per
+    capability this machine runs: the best of ``rounds`` rounds of calls on one thread."""
+    from sol_ext._extension import _set_cpu_capability
+
+    torch.set_num_threads(1)
+    chosen, rows = sol_ext.cpu_capability(), []
+    for B, n, _ in sizes:
+        gen = torch.Generator().manual_seed(1)
+        D = torch.randn(B, n, generator=gen)
+        labels = torch.randint(0, n, (B,), generator=gen)
+        pair_ranks = B * (B - 1) // 2 * n
+        grad = torch.ones(()).expand(B * (B - 1) // 2)
+        calls = {
+            "forward": functools.partial(torch.ops.sol_ext.order_loss, D, labels, None, 1.0, 3, 0.25, "paper"),
+            "backward": functools.partial(torch.ops.sol_ext._order_loss_backward, grad, D, labels, None, 1.0, 3, 0.25,
+                                          "paper"),
+        }
+        repeats = max(1, int(2e8 // pair_ranks))  # about 0.05 s per round at 4 G terms/s
+        for capability in ("DEFAULT", "AVX2", "AVX512"):
+            try:
+                _set_cpu_capability(capability)
+            except ValueError:  # not built, or not this CPU's
+                continue
+            row = dict(B=B, n=n, capability=capability)
+            for phase, call in calls.items():
+                call()
+                best = float("inf")
+                for _ in range(rounds):
+                    start = time.thread_time()
+                    for _ in range(repeats):
+                        call()
+                    best = min(best, (time.thread_time() - start) / repeats)
+                row[phase] = pair_ranks / best
+            rows.append(row)
+    _set_cpu_capability(chosen)
+    return rows
+
+
+def print_cpu_time_table(rows: list) -> None:
+    print("| B, n | CPU kernels | order_loss forward (CPU time) | order_loss backward (CPU time) |")
+    print("| --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['B']}, {r['n']} | {r['capability']} | {r['forward'] / 1e9:.2f} G terms/s | "
+              f"{r['backward'] / 1e9:.2f} G terms/s |")
 
 
 def peak_extra_memory(B: int, n: int, d: int, device: str, backend: str, algorithm: str = "auto") -> int:
@@ -486,6 +540,9 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=30.0,
                         help="--algorithms: skip pairwise/reference where one call would take longer (seconds)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="rates of the CPU order-loss op alone per CPU capability, from CPU time (one thread)")
+    parser.add_argument("--rounds", type=int, default=15, help="--cpu-time: rounds per measurement (the best counts)")
     parser.add_argument("--busy", action="store_true",
                         help="run one spinning process beside the measurement (a busy machine)")
     args = parser.parse_args(argv)
@@ -509,6 +566,13 @@ def _measure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if args.device == "cuda":
             parser.error("no CUDA GPU, or this build of sol_ext has no CUDA kernels")
         devices.remove("cuda")
+    if args.cpu_time:
+        sizes = [tuple(map(int, s.split(","))) for s in args.sizes] if args.sizes else DEFAULT_SIZES["cpu"]
+        rows = cpu_time_rates(sizes, args.rounds)
+        print(f"\nThe CPU order-loss op alone, all pairs, float32, one thread; torch {torch.__version__}, "
+              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; the best of {args.rounds} rounds")
+        print_cpu_time_table(rows)
+        return 0
     if args.algorithms:
         measure = functools.partial(run_algorithms, budget=args.budget, profile=args.profile)
         default_sizes = ALGORITHM_SIZES

@@ -271,3 +271,33 @@ def test_every_capability_agrees_with_the_others_to_rounding(dtype):
     for name, (losses, grad) in results.items():
         assert_rel_close(losses, base[0], 10 * REL_TOL[dtype], f"{name} losses")
         assert_rel_close(grad, base[1], 10 * REL_TOL[dtype], f"{name} dD")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_each_pair_loss_is_the_one_it_has_alone(capability, dtype):
+    """The kernels run several pairs side by side in one loop: each pair's loss is bitwise the one it has
+    evaluated by itself, whatever pairs share its pass (all pairs, explicit pairs, a block's row sums)."""
+    gen = torch.Generator().manual_seed(7)
+    B, n = 13, 21  # odd B, n not a multiple of any lane count: passes cross rows and leave tails
+    D = torch.randn(B, n, generator=gen, dtype=dtype)
+    D[:, ::4] = D[:, ::4].round(decimals=1)  # ties: delta == +-margin
+    labels = torch.randint(0, n, (B,), generator=gen)
+    settings = (1.0, 3, 0.25, "official")
+    alone = torch.stack([torch.ops.sol_ext.order_loss(D, labels, torch.tensor([[x, y]]), *settings)[0]
+                         for x in range(B) for y in range(x + 1, B)])
+    assert torch.equal(torch.ops.sol_ext.order_loss(D, labels, None, *settings), alone)
+    pairs = torch.randint(0, B, (37, 2), generator=gen)
+    alone_pairs = torch.stack([torch.ops.sol_ext.order_loss(D, labels, pair[None], *settings)[0] for pair in pairs])
+    assert torch.equal(torch.ops.sol_ext.order_loss(D, labels, pairs, *settings), alone_pairs)
+    rows = torch.ops.sol_ext.order_loss_block(D, labels, D, labels, 0, *settings)
+    row_sums = [float(sum(float(alone[k]) for k in range(len(alone)) if _pair_row(k, B) == x)) for x in range(B)]
+    assert torch.equal(rows, torch.tensor(row_sums, dtype=dtype))
+
+
+def _pair_row(k: int, B: int) -> int:
+    """The first row x of the k-th pair x < y in batch order."""
+    x = 0
+    while k >= B - 1 - x:
+        k -= B - 1 - x
+        x += 1
+    return x

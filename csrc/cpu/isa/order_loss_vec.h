@@ -20,6 +20,13 @@
 // Pairs per float partial sum, before it is added to a float64 row sum (as RowAccumulator did).
 constexpr int kPairBlock = 32;
 
+// Pairs evaluated side by side in one loop over the ranks. One pair's loop is a chain of dependent adds
+// (bound by the add's latency); several pairs give the cores independent chains to fill both vector
+// ports, and each pair keeps its own accumulators in its own order, so the results are those of one pair
+// at a time. Two with 16 vector registers (SSE2), four with 32 or with 16 of twice the width.
+constexpr int kPairsAtOnce = SOL_EXT_VECTOR_BYTES == 16 ? 2 : 4;
+static_assert(kPairBlock % kPairsAtOnce == 0, "a pass of pairs never straddles a flush of the partial sums");
+
 template <typename T>
 class PairKernel {
  public:
@@ -27,67 +34,116 @@ class PairKernel {
   static constexpr int kLanes = Vec<T>::kLanes;
 
   explicit PairKernel(const OrderLossInputs<T>& in)
-      : n_(in.n), stride_((in.n + kLanes - 1) / kLanes * kLanes), chunks_(stride_ / kLanes), labels_(in.labels),
-        labels_y_(in.labels_y), table_(in.table), gamma_(static_cast<T>(in.margin)) {
+      : n_(in.n), stride_((in.n + kLanes - 1) / kLanes * kLanes), labels_(in.labels), labels_y_(in.labels_y),
+        table_(in.table), gamma_(static_cast<T>(in.margin)) {
     D_ = padded(in.D, in.rows);
     // The y rows are D's own only when they are the same rows (order_loss_block's local rows at offset 0
     // begin where the gathered ones do, and are fewer).
     D_y_ = in.D_y == in.D && in.rows_y == in.rows ? std::vector<T>() : padded(in.D_y, in.rows_y);
-    low_.assign(n_ * stride_, T(0));
-    high_.assign(n_ * stride_, T(0));
+    // Rank r's factors, vector by vector: low[r][c..c+lanes) then high[r][c..c+lanes), one pointer per rank.
+    factors_.assign(n_ * 2 * stride_, T(0));
     for (int64_t r = 0; r < n_; ++r) {
       const int64_t last_lower = in.official ? r - 1 : r;
       for (int64_t q = 0; q < n_; ++q) {
-        low_[r * stride_ + q] = q <= last_lower ? T(1) : T(0);
-        high_[r * stride_ + q] = q >= r ? T(1) : T(0);
+        T* chunk = factors_.data() + r * 2 * stride_ + q / kLanes * 2 * kLanes + q % kLanes;
+        chunk[0] = q <= last_lower ? T(1) : T(0);
+        chunk[kLanes] = q >= r ? T(1) : T(0);
       }
     }
   }
 
   int64_t stride() const { return stride_; }
 
-  // The loss of the pair (x, y), x a row of D, y one of D_y.
-  T loss(int64_t x, int64_t y) const {
-    const int64_t rx = labels_[x], ry = labels_y_[y];
-    const T *dx = row(x), *dy = row_y(y);
-    const T *low_x = low_.data() + rx * stride_, *high_x = high_.data() + rx * stride_;
-    const T *low_y = low_.data() + ry * stride_, *high_y = high_.data() + ry * stride_;
-    const V g = splat(gamma_);
-    V lt_side{}, gt_side{}, eq_side{};
-    for (int64_t c = 0; c < chunks_ * kLanes; c += kLanes) {
-      const V delta = load(dx + c) - load(dy + c);
-      const V above = positive_part(delta + g), below = positive_part(g - delta);
-      lt_side += load(low_x + c) * above;
-      lt_side += load(high_y + c) * below;
-      gt_side += load(high_x + c) * above;
-      gt_side += load(low_y + c) * below;
-      eq_side += positive_part(absolute(delta) - g);
+  // The losses of K pairs (x[k], y[k]), x a row of D, y one of D_y, into out[k]. kSameX: x[k] == x[0].
+  template <int K, bool kSameX>
+  void losses(const int64_t* x, const int64_t* y, T* out) const {
+    const T *dx[K], *dy[K], *fx[K], *fy[K];
+    const double* p[K];
+    for (int k = 0; k < K; ++k) {
+      const int64_t rx = labels_[x[kSameX ? 0 : k]], ry = labels_y_[y[k]];
+      dx[k] = row(x[kSameX ? 0 : k]);
+      dy[k] = row_y(y[k]);
+      fx[k] = factors(rx);
+      fy[k] = factors(ry);
+      p[k] = table_ + (rx * n_ + ry) * 3;
     }
-    const double* p = table_ + (rx * n_ + ry) * 3;
-    return sum_lanes<T>(T(p[0]) * lt_side + T(p[2]) * gt_side + T(p[1]) * eq_side);
+    const V g = splat(gamma_);
+    V lt_side[K] = {}, gt_side[K] = {}, eq_side[K] = {};
+    for (int64_t c = 0; c < stride_; c += kLanes) {
+#pragma GCC unroll 4
+      for (int k = 0; k < K; ++k) {
+        const V delta = load(dx[k] + c) - load(dy[k] + c);
+        const V up = delta + g, down = g - delta;
+        const V above = positive_part(up), below = positive_part(down);
+        const T *low_x = fx[k] + 2 * c, *high_x = low_x + kLanes;
+        const T *low_y = fy[k] + 2 * c, *high_y = low_y + kLanes;
+        lt_side[k] += load(low_x) * above;
+        lt_side[k] += load(high_y) * below;
+        gt_side[k] += load(high_x) * above;
+        gt_side[k] += load(low_y) * below;
+        // [|delta| - g]+ is -[min(up, down)]-: |delta| - g rounds as -(g - |delta|) does, and the smaller
+        // of up and down is g - |delta|. Two operations instead of three, the same number.
+        eq_side[k] -= negative_part(smaller(up, down));
+      }
+    }
+    V total[K];
+    for (int k = 0; k < K; ++k) total[k] = T(p[k][0]) * lt_side[k] + T(p[k][2]) * gt_side[k] + T(p[k][1]) * eq_side[k];
+    sum_lanes_of<T, K>(total, out);
   }
 
-  // scale * d loss(x, y) / d delta_q, added to acc_x and subtracted from acc_y (each [stride], float
-  // partial sums), for the rows whose pointer is given.
-  template <bool kToX, bool kToY>
-  void add_grad(int64_t x, int64_t y, double scale, T* acc_x, T* acc_y) const {
-    const int64_t rx = labels_[x], ry = labels_y_[y];
-    const T *dx = row(x), *dy = row_y(y);
-    const T *low_x = low_.data() + rx * stride_, *high_x = high_.data() + rx * stride_;
-    const T *low_y = low_.data() + ry * stride_, *high_y = high_.data() + ry * stride_;
-    const double* p = table_ + (rx * n_ + ry) * 3;
-    const T lt = T(scale * p[0]), eq = T(scale * p[1]), gt = T(scale * p[2]);
+  // The loss of the pair (x, y).
+  T loss(int64_t x, int64_t y) const {
+    T out;
+    losses<1, true>(&x, &y, &out);
+    return out;
+  }
+
+  // The rank gradients of K pairs, scale[k] * d loss(x[k], y[k]) / d delta_q, each [stride] in float
+  // partial sums: added to shared in the order k = 0, 1, ... (kSharedSign +1), subtracted from it (-1) or
+  // not (0), and subtracted from own[k] when own is not null. kSameX: x[k] == x[0].
+  template <int K, bool kSameX, int kSharedSign>
+  void add_grads(const int64_t* x, const int64_t* y, const double* scale, T* shared, T* const* own) const {
+    const T *dx[K], *dy[K], *fx[K], *fy[K];
+    V lt[K], eq[K], gt[K];
+    for (int k = 0; k < K; ++k) {
+      const int64_t rx = labels_[x[kSameX ? 0 : k]], ry = labels_y_[y[k]];
+      dx[k] = row(x[kSameX ? 0 : k]);
+      dy[k] = row_y(y[k]);
+      fx[k] = factors(rx);
+      fy[k] = factors(ry);
+      const double* p = table_ + (rx * n_ + ry) * 3;
+      lt[k] = splat(T(scale[k] * p[0]));
+      eq[k] = splat(T(scale[k] * p[1]));
+      gt[k] = splat(T(scale[k] * p[2]));
+    }
     const V g = splat(gamma_), minus_g = splat(T(-gamma_)), zero{};
-    const V eq_v = splat(eq);
-    for (int64_t c = 0; c < chunks_ * kLanes; c += kLanes) {
-      const V delta = load(dx + c) - load(dy + c);
-      const V w_above = lt * load(low_x + c) + gt * load(high_x + c);
-      const V w_below = lt * load(high_y + c) + gt * load(low_y + c);
-      // In IEEE arithmetic delta + g > 0 exactly when delta > -g (and so on): PairTerms::grad's decisions.
-      const V grad = (delta > minus_g ? w_above : zero) - (delta < g ? w_below : zero) + (delta > g ? eq_v : zero) -
-                     (delta < minus_g ? eq_v : zero);
-      if (kToX) store(acc_x + c, load(acc_x + c) + grad);
-      if (kToY) store(acc_y + c, load(acc_y + c) - grad);
+    for (int64_t c = 0; c < stride_; c += kLanes) {
+      V sum{};
+      if (kSharedSign != 0) sum = load(shared + c);
+#pragma GCC unroll 4
+      for (int k = 0; k < K; ++k) {
+        const V delta = load(dx[k] + c) - load(dy[k] + c);
+        const T *low_x = fx[k] + 2 * c, *high_x = low_x + kLanes;
+        const T *low_y = fy[k] + 2 * c, *high_y = low_y + kLanes;
+        const V w_above = lt[k] * load(low_x) + gt[k] * load(high_x);
+        const V w_below = lt[k] * load(high_y) + gt[k] * load(low_y);
+        // In IEEE arithmetic delta + g > 0 exactly when delta > -g (and so on): PairTerms::grad's decisions.
+#if SOL_EXT_VECTOR_BYTES == 64
+        // ((a - b) + [delta > g] eq) - [delta < -g] eq as two masked operations (AVX-512's masks) instead
+        // of two masked moves, an add and a subtract: adding or subtracting 0 changes only a zero's sign,
+        // which no partial sum can tell (they start at +0, and a sum that starts at +0 never becomes -0).
+        V grad = (delta > minus_g ? w_above : zero) - (delta < g ? w_below : zero);
+        grad = delta > g ? grad + eq[k] : grad;
+        grad = delta < minus_g ? grad - eq[k] : grad;
+#else
+        const V grad = (delta > minus_g ? w_above : zero) - (delta < g ? w_below : zero) +
+                       (delta > g ? eq[k] : zero) - (delta < minus_g ? eq[k] : zero);
+#endif
+        if (kSharedSign > 0) sum = sum + grad;
+        if (kSharedSign < 0) sum = sum - grad;
+        if (own != nullptr) store(own[k] + c, load(own[k] + c) - grad);
+      }
+      if (kSharedSign != 0) store(shared + c, sum);
     }
   }
 
@@ -99,12 +155,13 @@ class PairKernel {
   }
   const T* row(int64_t x) const { return D_.data() + x * stride_; }
   const T* row_y(int64_t y) const { return (D_y_.empty() ? D_.data() : D_y_.data()) + y * stride_; }
+  const T* factors(int64_t r) const { return factors_.data() + r * 2 * stride_; }
 
-  int64_t n_, stride_, chunks_;
+  int64_t n_, stride_;
   const int64_t *labels_, *labels_y_;
   const double* table_;
   T gamma_;
-  std::vector<T> D_, D_y_, low_, high_;
+  std::vector<T> D_, D_y_, factors_;
 };
 
 // A float64 row sum fed by float partial sums of kPairBlock pairs each.
@@ -118,8 +175,10 @@ class RowSum {
     pending_ = 0;
   }
   T* partial() { return partial_.data(); }
-  void pair_done() {
-    if (++pending_ == kPairBlock) flush();
+  // count pairs were added to partial(): a pass of pairs (kPairsAtOnce) or one.
+  void pairs_done(int count) {
+    pending_ += count;
+    if (pending_ == kPairBlock) flush();
   }
   void write(T* out, int64_t n) {
     flush();
@@ -161,10 +220,25 @@ template <typename T>
 void all_pairs_forward(const OrderLossInputs<T>& in, T* losses) {
   const int64_t B = in.rows, M = B * (B - 1) / 2;
   const PairKernel<T> kernel(in);
+  constexpr int K = kPairsAtOnce;
   at::parallel_for(0, M, forward_grain(in.n), [&](int64_t begin, int64_t end) {
-    int64_t a, b;
+    int64_t a, b, x[K], y[K];
     unravel_pair(begin, B, a, b);
-    for (int64_t m = begin; m < end; ++m) {
+    int64_t m = begin;
+    for (; m + K <= end; m += K) {
+      const bool same_x = b + K <= B;
+      for (int k = 0; k < K; ++k) {
+        x[k] = a;
+        y[k] = b;
+        if (++b == B) b = ++a + 1;
+      }
+      if (same_x) {
+        kernel.template losses<K, true>(x, y, losses + m);
+      } else {
+        kernel.template losses<K, false>(x, y, losses + m);
+      }
+    }
+    for (; m < end; ++m) {
       losses[m] = kernel.loss(a, b);
       if (++b == B) b = ++a + 1;
     }
@@ -180,6 +254,8 @@ inline int64_t tile_rows(int64_t B) {
 // float partial sums of at most kPairBlock pairs each.
 template <typename T>
 class TileWorker {
+  static constexpr int K = kPairsAtOnce;
+
  public:
   TileWorker(const PairKernel<T>& kernel, int64_t B, int64_t tile, Strided<T> grad_losses, double* x_sums,
              double* y_sums)
@@ -196,11 +272,28 @@ class TileWorker {
       const int64_t first_y = std::max(y_begin, x + 1);
       if (first_y < y_end) {
         std::fill(x_partial_.begin(), x_partial_.end(), T(0));
-        int64_t m = pair_index(x, first_y, B_);
+        int64_t m = pair_index(x, first_y, B_), y = first_y;
         int pending = 0;
-        for (int64_t y = first_y; y < y_end; ++y, ++m) {
-          kernel_.template add_grad<true, true>(x, y, double(grad_losses_[m]), x_partial_.data(),
-                                                y_partial_.data() + (y - y_begin) * stride_);
+        for (; y <= y_end - K; y += K, m += K) {  // kPairBlock is a whole number of these passes
+          int64_t ys[K];
+          double scales[K];
+          T* y_rows[K];
+          for (int k = 0; k < K; ++k) {
+            ys[k] = y + k;
+            scales[k] = double(grad_losses_[m + k]);
+            y_rows[k] = y_partial_.data() + (y + k - y_begin) * stride_;
+          }
+          kernel_.template add_grads<K, true, +1>(&x, ys, scales, x_partial_.data(), y_rows);
+          pending += K;
+          if (pending == kPairBlock) {
+            flush(x_partial_.data(), x_sums_ + x * stride_, stride_);
+            pending = 0;
+          }
+        }
+        for (; y < y_end; ++y, ++m) {
+          const double scale = double(grad_losses_[m]);
+          T* y_row = y_partial_.data() + (y - y_begin) * stride_;
+          kernel_.template add_grads<1, true, +1>(&x, &y, &scale, x_partial_.data(), &y_row);
           if (++pending == kPairBlock) {
             flush(x_partial_.data(), x_sums_ + x * stride_, stride_);
             pending = 0;
@@ -235,7 +328,7 @@ void all_pairs_backward(const OrderLossInputs<T>& in, Strided<T> grad_losses, T*
   const int64_t B = in.rows, n = in.n;
   const PairKernel<T> kernel(in);
   const int64_t stride = kernel.stride(), tile = tile_rows(B), tiles = (B + tile - 1) / tile;
-  // Row x's gradient: x_sums[x] (its pairs as x) + y_sums[x] (as y, where add_grad subtracts).
+  // Row x's gradient: x_sums[x] (its pairs as x) + y_sums[x] (as y, where add_grads subtracts).
   std::vector<double> x_sums(B * stride, 0.0), y_sums(B * stride, 0.0);
   const bool serial = B * B * n < (int64_t{1} << 20);
   for (int64_t k = 0; k < tiles; ++k) {  // diagonal k: tiles (I, I + k), disjoint rows on each side
@@ -253,12 +346,23 @@ void all_pairs_backward(const OrderLossInputs<T>& in, Strided<T> grad_losses, T*
 template <typename T>
 void pairs_forward(const OrderLossInputs<T>& in, const int64_t* pairs, int64_t M, T* losses) {
   const PairKernel<T> kernel(in);
+  constexpr int K = kPairsAtOnce;
   at::parallel_for(0, M, forward_grain(in.n), [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) losses[m] = kernel.loss(pairs[2 * m], pairs[2 * m + 1]);
+    int64_t m = begin, x[K], y[K];
+    for (; m + K <= end; m += K) {
+      for (int k = 0; k < K; ++k) {
+        x[k] = pairs[2 * (m + k)];
+        y[k] = pairs[2 * (m + k) + 1];
+      }
+      kernel.template losses<K, false>(x, y, losses + m);
+    }
+    for (; m < end; ++m) losses[m] = kernel.loss(pairs[2 * m], pairs[2 * m + 1]);
   });
 }
 
-// Each row of grad_D summed by one worker over its pairs (row_start, entries) in pair order.
+// Each row of grad_D summed by one worker over its pairs (row_start, entries) in pair order. A pair whose y
+// the row is adds the gradient of the negated scale: -(a gradient) is that of -scale bitwise (each rounding
+// is symmetric), and acc - grad is acc + (-grad).
 template <typename T>
 void pairs_backward(const OrderLossInputs<T>& in, const int64_t* pairs, const int64_t* row_start,
                     const int64_t* entries, Strided<T> grad_losses, T* grad_D) {
@@ -266,18 +370,29 @@ void pairs_backward(const OrderLossInputs<T>& in, const int64_t* pairs, const in
   const PairKernel<T> kernel(in);
   const int64_t per_row = B > 0 ? row_start[B] / B : 0;
   at::parallel_for(0, B, backward_grain(per_row, n), [&](int64_t begin, int64_t end) {
+    constexpr int K = kPairsAtOnce;
     RowSum<T> row(kernel.stride());
+    int64_t xs[K], ys[K];
+    double scales[K];
     for (int64_t x = begin; x < end; ++x) {
       row.reset();
-      for (int64_t e = row_start[x]; e < row_start[x + 1]; ++e) {
-        const int64_t m = entries[e] / 2;
+      int64_t e = row_start[x];
+      const auto take = [&](int k) {
+        const int64_t m = entries[e + k] / 2;
         const double g = double(grad_losses[m]);
-        if (entries[e] % 2 == 0) {  // this row is the pair's x
-          kernel.template add_grad<true, false>(pairs[2 * m], pairs[2 * m + 1], g, row.partial(), nullptr);
-        } else {
-          kernel.template add_grad<false, true>(pairs[2 * m], pairs[2 * m + 1], g, nullptr, row.partial());
-        }
-        row.pair_done();
+        xs[k] = pairs[2 * m];
+        ys[k] = pairs[2 * m + 1];
+        scales[k] = entries[e + k] % 2 == 0 ? g : -g;  // even: this row is the pair's x
+      };
+      for (; e + K <= row_start[x + 1]; e += K) {
+        for (int k = 0; k < K; ++k) take(k);
+        kernel.template add_grads<K, false, +1>(xs, ys, scales, row.partial(), nullptr);
+        row.pairs_done(K);
+      }
+      for (; e < row_start[x + 1]; ++e) {
+        take(0);
+        kernel.template add_grads<1, false, +1>(xs, ys, scales, row.partial(), nullptr);
+        row.pairs_done(1);
       }
       row.write(grad_D + x * n, n);
     }
@@ -291,9 +406,18 @@ void block_forward(const OrderLossInputs<T>& in, int64_t offset, T* row_sums) {
   const PairKernel<T> kernel(in);
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, N * n));
   at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
+    constexpr int K = kPairsAtOnce;
+    int64_t js[K];
+    T values[K];
     for (int64_t i = begin; i < end; ++i) {
       double total = 0;
-      for (int64_t j = offset + i + 1; j < N; ++j) total += kernel.loss(i, j);
+      int64_t j = offset + i + 1;
+      for (; j + K <= N; j += K) {
+        for (int k = 0; k < K; ++k) js[k] = j + k;
+        kernel.template losses<K, true>(&i, js, values);
+        for (int k = 0; k < K; ++k) total += values[k];
+      }
+      for (; j < N; ++j) total += kernel.loss(i, j);
       row_sums[i] = T(total);
     }
   });
@@ -306,15 +430,25 @@ void block_backward(const OrderLossInputs<T>& in, int64_t offset, Strided<T> gra
   const int64_t B = in.rows, N = in.rows_y, n = in.n;
   const PairKernel<T> kernel(in);
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, B * n));
+  constexpr int K = kPairsAtOnce;
   if (grad_D != nullptr) {
     at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
       RowSum<T> row(kernel.stride());
+      int64_t js[K];
       for (int64_t i = begin; i < end; ++i) {
         row.reset();
         const double scale = double(grad_rows[i]);
-        for (int64_t j = offset + i + 1; j < N; ++j) {
-          kernel.template add_grad<true, false>(i, j, scale, row.partial(), nullptr);
-          row.pair_done();
+        double scales[K];
+        std::fill(scales, scales + K, scale);
+        int64_t j = offset + i + 1;
+        for (; j + K <= N; j += K) {
+          for (int k = 0; k < K; ++k) js[k] = j + k;
+          kernel.template add_grads<K, true, +1>(&i, js, scales, row.partial(), nullptr);
+          row.pairs_done(K);
+        }
+        for (; j < N; ++j) {
+          kernel.template add_grads<1, true, +1>(&i, &j, &scale, row.partial(), nullptr);
+          row.pairs_done(1);
         }
         row.write(grad_D + i * n, n);
       }
@@ -323,13 +457,26 @@ void block_backward(const OrderLossInputs<T>& in, int64_t offset, Strided<T> gra
   if (grad_D_all != nullptr) {
     at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
       RowSum<T> row(kernel.stride());
+      int64_t is[K], js[K];
+      double scales[K];
       for (int64_t j = begin; j < end; ++j) {
         const int64_t rows = std::min(B, j - offset);
         if (rows <= 0) continue;  // no local row pairs with j: its gradient stays 0
         row.reset();
-        for (int64_t i = 0; i < rows; ++i) {
-          kernel.template add_grad<false, true>(i, j, double(grad_rows[i]), nullptr, row.partial());
-          row.pair_done();
+        int64_t i = 0;
+        for (; i + K <= rows; i += K) {
+          for (int k = 0; k < K; ++k) {
+            is[k] = i + k;
+            js[k] = j;
+            scales[k] = double(grad_rows[i + k]);
+          }
+          kernel.template add_grads<K, false, -1>(is, js, scales, row.partial(), nullptr);
+          row.pairs_done(K);
+        }
+        for (; i < rows; ++i) {
+          const double scale = double(grad_rows[i]);
+          kernel.template add_grads<1, false, -1>(&i, &j, &scale, row.partial(), nullptr);
+          row.pairs_done(1);
         }
         row.write(grad_D_all + j * n, n);
       }
