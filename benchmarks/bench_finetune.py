@@ -534,7 +534,7 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=2, help="fine-tuning epochs (the best on validation is kept)")
     parser.add_argument("--frozen-epochs", type=int, default=30, help="epochs of a linear head on frozen embeddings")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=5e-5, help="the encoder's learning rate")
+    parser.add_argument("--lr", type=float, default=1e-4, help="the encoder's learning rate (sol-ext's --text-lr default)")
     parser.add_argument("--head-lr", type=float, default=3e-3, help="a linear head's learning rate")
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--warmup", type=float, default=0.1, help="fraction of the steps of linear warm-up")

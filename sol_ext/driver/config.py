@@ -253,8 +253,8 @@ class TrainConfig:
         None, "fine-tune only the top N transformer layers (the token embeddings and the layers below "
         "stay as loaded: faster on a CPU) (default: all)", "text", metavar="N")
     text_lr: float = setting(
-        5e-5, "AdamW learning rate of the text encoder; --lr is that of the layers on top (the embedding "
-        "layer, the other features' MLP)", "text")
+        1e-4, "AdamW learning rate of the text encoder; --lr is that of the layers on top (the embedding "
+        "layer, the other features' MLP)", "text", paper=2e-5)
     warmup: Optional[float] = setting(
         None, "share of the training steps over which the learning rates rise linearly from 0; they then "
         "fall linearly to 0 at the last step (default: 0.1 for text runs; text runs only)", "text",
@@ -480,7 +480,7 @@ class TrainConfig:
               f"train_layers={self.train_layers} must be at least 1 (the top layer), or left out to "
               "fine-tune every layer.")
         _need(self.text_lr > 0 and self.text_lr <= MAX_LR,
-              f"text_lr={self.text_lr:g} is out of range; expected a learning rate > 0 (default 5e-05).")
+              f"text_lr={self.text_lr:g} is out of range; expected a learning rate > 0 (default 1e-4).")
         _need(self.warmup is None or 0.0 <= self.warmup < 1.0,
               f"warmup={self.warmup} is out of range; expected a share of the steps in [0, 1).")
         for name in ("warmup", "train_layers"):
