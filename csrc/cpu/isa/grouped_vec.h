@@ -112,33 +112,6 @@ inline double dot(const double* a, const double* b, int64_t n) {
   return s;
 }
 
-// A worker's per-sample buffers, kept by its thread for the next call (the helper threads of tasks.h live
-// as long as the process): the steps of a training loop then write to pages already mapped, not to fresh
-// ones that fault on first touch. A buffer more than twice the size a call needs is given back first.
-template <typename Key, typename scalar_t>
-struct RankBuffers {
-  std::vector<Item<Key>> items, scratch;
-  std::vector<scalar_t> s;    // D[., q] in sorted order
-  std::vector<int32_t> lab;   // labels in sorted order
-  std::vector<int64_t> pos;   // pos[x] of the current hinge
-  std::vector<double> g;      // gradient in sorted order
-
-  static RankBuffers& of_this_thread(int64_t B) {
-    thread_local RankBuffers buffers;
-    buffers.fit(B);
-    return buffers;
-  }
-
- private:
-  void fit(int64_t B) {
-    auto resize = [B](auto& buffer) {
-      if (static_cast<int64_t>(buffer.capacity()) > 2 * B) std::decay_t<decltype(buffer)>().swap(buffer);
-      buffer.resize(B);
-    };
-    resize(items), resize(scratch), resize(s), resize(lab), resize(pos), resize(g);
-  }
-};
-
 // The grouped sum of one rank at a time, with a worker's buffers. scalar_t is D's dtype, in which the hinge
 // decisions are taken as the pairwise kernels take them (docs/math.md §13.4): the hinge of (x, y) with
 // constant c is active when the difference D[x, q] - D[y, q], rounded to scalar_t, exceeds -c (c held in
@@ -151,10 +124,8 @@ class RankSum {
   RankSum(const scalar_t* D, const int64_t* labels, int64_t B, int64_t n, const double* L, const double* U,
           const double* E2, scalar_t gamma, bool official)
       : D_(D), labels_(labels), B_(B), n_(n), L_(L), U_(U), E2_(E2), gamma_(gamma), official_(official),
-        label_bits_(bits_for(B - 1) + bits_for(n - 1) <= 32 ? bits_for(n - 1) : -1),
-        buffers_(RankBuffers<Key, scalar_t>::of_this_thread(B)), items_(buffers_.items), scratch_(buffers_.scratch),
-        s_(buffers_.s), lab_(buffers_.lab), pos_(buffers_.pos), g_(buffers_.g), counts_(n), per_label_(n),
-        w_plus_(n * n), w_plus_t_(n * n) {}
+        label_bits_(bits_for(B - 1) + bits_for(n - 1) <= 32 ? bits_for(n - 1) : -1), items_(B), s_(B), lab_(B),
+        pos_(B), g_(B), counts_(n), per_label_(n), w_plus_(n * n), w_plus_t_(n * n) {}
 
   // Rank q's share of the sum over the ordered pairs x != y; writes `scale` times d(share)/dD[., q] to
   // column q of grad [B, n] when grad is not null. NaN (value and gradient) when the column holds a NaN,
@@ -263,17 +234,15 @@ class RankSum {
   scalar_t gamma_;
   bool official_;
   int label_bits_;  // of the items' payloads, or -1: the payload is the row alone (Item)
-  RankBuffers<Key, scalar_t>& buffers_;
-  std::vector<Item<Key>>& items_;
-  std::vector<Item<Key>>& scratch_;
-  std::vector<scalar_t>& s_;
-  std::vector<int32_t>& lab_;
-  std::vector<int64_t>& pos_;
-  std::vector<double>& g_;
+  std::vector<Item<Key>> items_, scratch_;
+  std::vector<scalar_t> s_;        // D[., q] in sorted order
+  std::vector<int32_t> lab_;       // labels in sorted order
+  std::vector<int64_t> pos_;       // pos[x] of the current hinge
+  std::vector<double> g_;          // gradient in sorted order
   std::vector<double> counts_, per_label_, w_plus_, w_plus_t_;
 };
 
-// One rank per task (tasks.h); each worker is one RankSum, on its thread's buffers, and writes its ranks' slots.
+// One rank per task (tasks.h); each worker owns the buffers of one RankSum, and writes its ranks' slots.
 template <typename scalar_t>
 void rank_shares(const GroupedInputs<scalar_t>& in, double* shares, double* grad) {
   run_tasks(in.rank_end - in.rank_begin, in.helpers, [&] {
