@@ -401,20 +401,25 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_forward_backward(B: int, n: int, d: int, device: str, how: str, min_run_time: float, repeats: int = 5):
+def time_forward_backward(B: int, n: int, d: int, device: str, how: str, min_run_time: float, repeats: int = 5,
+                          cpu_time: bool = False):
     """Median seconds of one forward+backward (gradients of h and mu) of StochasticOrderLoss, after one
-    warm-up call: repeated while the total stays under ``min_run_time`` (at least once, at most ``repeats``)."""
+    warm-up call: repeated while the total stays under ``min_run_time`` (at least once, at most ``repeats``).
+    ``cpu_time``: also the median CPU seconds of the calling thread (``time.thread_time``), which a busy
+    machine inflates far less than the wall time; on one thread that is the whole step's."""
     h, mu, labels = make_inputs(B, n, d, device)
     criterion = sol_ext.StochasticOrderLoss(n, check_values=CHECK_VALUES, **ALGORITHM_RUNS[how])
     torch.autograd.grad(criterion(h, labels, mu), (h, mu))
     _sync(device)
-    times = []
+    times, cpu_times = [], []
     while len(times) < repeats and (not times or sum(times) < min_run_time):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         torch.autograd.grad(criterion(h, labels, mu), (h, mu))
         _sync(device)
         times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+        cpu_times.append(time.thread_time() - cpu_start)
+    wall = sorted(times)[len(times) // 2]
+    return (wall, sorted(cpu_times)[len(cpu_times) // 2]) if cpu_time else wall
 
 
 def _pairwise_rate(n: int, d: int, device: str, how: str, min_run_time: float) -> float:
@@ -437,19 +442,21 @@ def check_algorithms_agree(B: int, n: int, d: int, device: str) -> float:
 
 
 def _time_on_both_thread_counts(B: int, n: int, d: int, how: str, min_run_time: float, rounds: int = 5):
-    """(default threads, one thread): medians over ``rounds`` alternating rounds of each, so that a change
-    in how loaded the machine is reaches both figures of the ratio alike."""
+    """(default threads, one thread, one thread's CPU time): medians over ``rounds`` alternating rounds of
+    each, so that a change in how loaded the machine is reaches both figures of the ratio alike."""
     threads = torch.get_num_threads()
-    default, one = [], []
+    default, one, one_cpu = [], [], []
     try:
         for _ in range(rounds):
             torch.set_num_threads(threads)
             default.append(time_forward_backward(B, n, d, "cpu", how, min_run_time / rounds))
             torch.set_num_threads(1)
-            one.append(time_forward_backward(B, n, d, "cpu", how, min_run_time / rounds))
+            wall, cpu = time_forward_backward(B, n, d, "cpu", how, min_run_time / rounds, cpu_time=True)
+            one.append(wall)
+            one_cpu.append(cpu)
     finally:
         torch.set_num_threads(threads)
-    return sorted(default)[rounds // 2], sorted(one)[rounds // 2]
+    return sorted(default)[rounds // 2], sorted(one)[rounds // 2], sorted(one_cpu)[rounds // 2]
 
 
 def run_algorithms(device: str, sizes, min_run_time: float, budget: float, memory: bool = True,
@@ -476,7 +483,8 @@ def run_algorithms(device: str, sizes, min_run_time: float, budget: float, memor
                     continue
             result[how] = time_forward_backward(B, n, d, device, how, min_run_time)
         if device == "cpu":
-            result["grouped"], result["grouped_1_thread"] = _time_on_both_thread_counts(B, n, d, "grouped", min_run_time)
+            result["grouped"], result["grouped_1_thread"], result["grouped_1_thread_cpu"] = _time_on_both_thread_counts(
+                B, n, d, "grouped", min_run_time)
         else:
             with _environment(CUDA_GROUPED_SETTING, "fused"):
                 result["grouped_fused"] = time_forward_backward(B, n, d, device, "grouped", min_run_time)
@@ -497,7 +505,7 @@ def run_algorithms(device: str, sizes, min_run_time: float, budget: float, memor
 def print_algorithm_table(rows: list) -> None:
     # The fused CUDA implementation's two columns only where it was timed (CUDA rows).
     with_fused = any(r.get("grouped_fused") is not None for r in rows)
-    header = ["device", "B, n, d", "grouped", "grouped, 1 thread", "grouped / 1 thread"]
+    header = ["device", "B, n, d", "grouped", "grouped, 1 thread", "grouped, 1 thread CPU time", "grouped / 1 thread"]
     header += ["grouped, fused CUDA kernels"] if with_fused else []
     header += ["pairwise (fused)", "reference", "pairwise / grouped"]
     header += ["pairwise / grouped (fused CUDA kernels)"] if with_fused else []
@@ -518,7 +526,7 @@ def print_algorithm_table(rows: list) -> None:
             faster = "grouped" if r["grouped"] <= r["pairwise"] else "pairwise"
         ok = "yes" if r["auto"] == faster else f"no ({faster} is)"
         one = r.get("grouped_1_thread")
-        cells[1:1] = [_fmt_time(one), f"{r['grouped'] / one:.2f}" if one else "—"]
+        cells[1:1] = [_fmt_time(one), _fmt_time(r.get("grouped_1_thread_cpu")), f"{r['grouped'] / one:.2f}" if one else "—"]
         cells[3:3] = [_fmt_time(fused)] if with_fused else []
         print(f"| {r['device']} | {r['B']}, {r['n']}, {r['d']} | {' | '.join(cells)} | {' | '.join(ratios)} | "
               f"{r['auto']} | {ok} | {_fmt_bytes(r.get('grouped_memory'))} |")

@@ -36,7 +36,7 @@ def test_algorithms_run_reports_grouped_pairwise_and_auto(tmp_path, capsys, monk
     assert [(r["B"], r["n"], r["d"]) for r in rows] == [(40, 3, 8), (300, 4, 8)]
     for r in rows:
         assert r["device"] == "cpu" and r["agreement"] < 1e-10
-        assert all(r[how] > 0 for how in ("grouped", "grouped_1_thread", "pairwise", "reference"))
+        assert all(r[how] > 0 for how in ("grouped", "grouped_1_thread", "grouped_1_thread_cpu", "pairwise", "reference"))
         assert r["auto"] in ("grouped", "pairwise") and r["grouped_memory"] >= 0
         assert f"| cpu | {r['B']}, {r['n']}, {r['d']} |" in printed
 

@@ -237,13 +237,15 @@ def grouped_is_faster(batch_size: int, num_ranks: int, device: torch.device, fus
     ``fused``: whether pairwise would run the fused kernels (else the plain-PyTorch reference). Grouped costs
     about ``n^2 B`` (plus ``n B log B``), pairwise ``B^2 n / 2``, so grouped wins from some ``B``
     proportional to ``n`` on. Crossovers measured (StochasticOrderLoss forward+backward, float32, d = 64) on a
-    2-core x86 CPU shared with other jobs (load average 4-5), at torch's default thread count (2):
+    2-core x86 CPU shared with other jobs, at torch's default thread count (2) unless said:
 
-    - CPU, both fused (the grouped op, csrc/cpu/grouped_order_loss_kernel.cpp): ``B`` of about 55 for ``n``
-      of 5-20, 135 for ``n = 60``, 270 for ``n = 101``, 560 for ``n = 217`` (on one thread: 55, 75, 150,
-      350; there pairwise has no second thread). Rule: ``B >= max(64, 2.6 n)``.
+    - CPU, both fused (the grouped op, csrc/cpu/grouped_order_loss_kernel.cpp; the pairwise kernels at the
+      CPU's vector width): on one thread, by CPU time (the machine was too busy, load average about 10, for
+      wall times to tell), ``B`` of about 40 for ``n = 5``, 110 for ``n = 20``, 280 for ``n = 60``, 600 for
+      ``n = 101`` and 1000-1300 for ``n = 217``. Rule: ``B >= max(64, 5.5 n)``.
     - plain-PyTorch reference (no fused kernels for this device or dtype; it forms ``[B(B-1)/2, n]``
-      tensors): ``B`` of 32-64 for ``n <= 40``, about 150 for ``n = 101``. Rule: ``B >= max(48, 1.5 n)``.
+      tensors; load average 4-5): ``B`` of 32-64 for ``n <= 40``, about 150 for ``n = 101``. Rule:
+      ``B >= max(48, 1.5 n)``.
     - CUDA, both fused (the CUDA op, csrc/cuda/grouped_order_loss_kernel.cu), on an H100 (torch 2.11,
       ``benchmarks/results/gpu/h100-algorithms.json``): pairwise is faster at ``B = 1024`` (by 1.4x to 2x for
       ``n`` of 5 to 60), the two are level at ``B = 4096`` (within 10 %), and grouped is 6.7x, 14x and 13x
@@ -257,7 +259,7 @@ def grouped_is_faster(batch_size: int, num_ranks: int, device: torch.device, fus
     if not fused:
         return B >= max(48, 1.5 * n)
     if device.type == "cpu":
-        return B >= max(64, 2.6 * n)
+        return B >= max(64, 5.5 * n)
     return B >= 8192 and n <= B / 64
 
 

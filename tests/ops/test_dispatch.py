@@ -37,8 +37,10 @@ def test_auto_rule():
     assert choose("auto", 8192, 7, cpu, fused=True) == "grouped"
     assert choose("auto", 1_000_000, 5, cpu, fused=True) == "grouped"
     assert choose("auto", 4096, 217, cpu, fused=True) == "grouped"
-    assert choose("auto", 1024, 217, cpu, fused=True) == "grouped"
-    assert choose("auto", 512, 217, cpu, fused=True) == "pairwise"
+    assert choose("auto", 1280, 217, cpu, fused=True) == "grouped"
+    assert choose("auto", 1024, 217, cpu, fused=True) == "pairwise"
+    assert choose("auto", 384, 60, cpu, fused=True) == "grouped"
+    assert choose("auto", 256, 60, cpu, fused=True) == "pairwise"
     assert choose("auto", 64, 5, cpu, fused=True) == "grouped"
     assert choose("auto", 48, 5, cpu, fused=True) == "pairwise"
     assert choose("auto", 200, 60, cpu, fused=False) == "grouped"  # against the plain reference

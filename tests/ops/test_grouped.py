@@ -324,6 +324,24 @@ def test_long_columns_match_pairwise(margin, convention, dtype):
         assert (g_ours.double() - g_fused.double()).abs().max() <= 1e-6 * g_fused.abs().max()
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_columns_of_the_11_bit_radix_sort_match_the_torch_path(dtype):
+    """Columns of 2^14 values and more sort on 11-bit digits: values of every sign and exponent (each digit
+    of the keys varies), -0.0 beside +0.0 and runs of equal values; value and dD equal the torch path's."""
+    gen = torch.Generator().manual_seed(12)
+    B, n = 20_000, 5
+    D = torch.randn(B, n, generator=gen, dtype=torch.float64) * torch.exp(torch.randn(B, n, generator=gen) * 8)
+    D[::9] = (torch.randint(-4, 5, (len(D[::9]), n), generator=gen) * 0.25).double()
+    D[::13] = -0.0
+    D = D.to(dtype)
+    labels = torch.randint(0, n, (B,), generator=gen)
+    args = (labels, 0.9, 2, 0.25, "paper", 0, n, True)
+    total, grad = torch.ops.sol_ext.grouped_order_sum(D, *args)
+    torch_total, torch_grad = grouped.grouped_order_sum_torch(D, *args)
+    assert_close(total, torch_total, "loss")
+    assert_close(grad, torch_grad, "dD")
+
+
 def test_cpu_float_inputs_run_the_fused_op_only(monkeypatch):
     """CPU float32/float64: the loss runs the C++ op, not the per-chunk torch operations."""
 

@@ -20,41 +20,69 @@ inline scalar_t from_key(Key key) {
   return v;
 }
 
-// A value's key and its row (batches of up to 2^31 - 1 rows).
+// A value's key and a payload: its row, shifted left by RankSum's label bits, with its label in those
+// bits (no label bits, the row alone, where the two do not fit in 32 bits). Payloads grow with the row, so
+// sorting by (key, payload) sorts ties by row; the labels then come out in sorted order from the sort
+// itself rather than from reads of labels[row] all over the batch.
 template <typename Key>
 struct Item {
   Key key;
-  uint32_t index;
+  uint32_t payload;
 };
 
-// Sorts items by key, ties by index (the items arrive in index order): an LSD radix sort on bytes, which
-// is stable and several times faster than a comparison sort on long columns; std::sort for short ones.
+// An LSD radix sort of items by key on digits of kDigitBits bits: stable, so ties stay in payload order
+// (the order the items arrive in). A digit that every key shares takes no pass. The sorted items end in
+// `items` (the vectors are swapped when they end in `scratch`).
+template <int kDigitBits, typename Key>
+void radix_sort(std::vector<Item<Key>>& items, std::vector<Item<Key>>& scratch) {
+  constexpr int kDigits = (8 * sizeof(Key) + kDigitBits - 1) / kDigitBits;
+  constexpr int kRadix = 1 << kDigitBits;
+  constexpr Key kDigitMask = kRadix - 1;
+  const int64_t B = static_cast<int64_t>(items.size());
+  std::vector<uint32_t> histogram(kDigits * kRadix, 0);  // B < 2^31
+  for (const auto& item : items) {
+    for (int digit = 0; digit < kDigits; ++digit) {
+      ++histogram[digit * kRadix + ((item.key >> (kDigitBits * digit)) & kDigitMask)];
+    }
+  }
+  scratch.resize(B);
+  Item<Key>* from = items.data();
+  Item<Key>* to = scratch.data();
+  for (int digit = 0; digit < kDigits; ++digit) {
+    uint32_t* count = histogram.data() + digit * kRadix;
+    const int shift = kDigitBits * digit;
+    if (count[(from[0].key >> shift) & kDigitMask] == B) continue;  // one value of this digit: nothing to move
+    uint32_t start = 0;
+    for (int v = 0; v < kRadix; ++v) std::swap(count[v], start), start += count[v];  // exclusive prefix sums
+    for (int64_t i = 0; i < B; ++i) to[count[(from[i].key >> shift) & kDigitMask]++] = from[i];
+    std::swap(from, to);
+  }
+  if (from != items.data()) items.swap(scratch);
+}
+
+// Sorts items by key, ties by payload (the items arrive in payload order): a radix sort, several times
+// faster than a comparison sort on long columns, with 11-bit digits on the longest (3 passes over 4-byte
+// keys instead of 4; below 2^14 items the 2048 counters of a pass cost more than the pass saved);
+// std::sort for short columns. Every one gives the same order: the keys and payloads decide it.
 template <typename Key>
 void sort_items(std::vector<Item<Key>>& items, std::vector<Item<Key>>& scratch) {
   const int64_t B = static_cast<int64_t>(items.size());
   if (B < 256) {
     std::sort(items.begin(), items.end(), [](const Item<Key>& a, const Item<Key>& b) {
-      return a.key < b.key || (a.key == b.key && a.index < b.index);
+      return a.key < b.key || (a.key == b.key && a.payload < b.payload);
     });
-    return;
+  } else if (B < (int64_t(1) << 14)) {
+    radix_sort<8>(items, scratch);
+  } else {
+    radix_sort<11>(items, scratch);
   }
-  constexpr int kBytes = sizeof(Key);
-  std::vector<int64_t> histogram(kBytes * 256, 0);
-  for (const auto& item : items) {
-    for (int byte = 0; byte < kBytes; ++byte) ++histogram[byte * 256 + ((item.key >> (8 * byte)) & 0xff)];
-  }
-  scratch.resize(B);
-  Item<Key>* from = items.data();
-  Item<Key>* to = scratch.data();
-  for (int byte = 0; byte < kBytes; ++byte) {
-    int64_t* count = histogram.data() + byte * 256;
-    if (*std::max_element(count, count + 256) == B) continue;  // one value of this byte: nothing to move
-    int64_t start = 0;
-    for (int v = 0; v < 256; ++v) std::swap(count[v], start), start += count[v];  // exclusive prefix sums
-    for (int64_t i = 0; i < B; ++i) to[count[(from[i].key >> (8 * byte)) & 0xff]++] = from[i];
-    std::swap(from, to);
-  }
-  if (from != items.data()) std::copy(from, from + B, items.data());
+}
+
+// The number of bits that hold 0 .. largest.
+inline int bits_for(int64_t largest) {
+  int bits = 0;
+  while (bits < 63 && (largest >> bits) != 0) ++bits;
+  return bits;
 }
 
 // Sums in blocks of kBlock terms, then the blocks: the same order every time, and an error that grows
@@ -96,13 +124,15 @@ class RankSum {
   RankSum(const scalar_t* D, const int64_t* labels, int64_t B, int64_t n, const double* L, const double* U,
           const double* E2, scalar_t gamma, bool official)
       : D_(D), labels_(labels), B_(B), n_(n), L_(L), U_(U), E2_(E2), gamma_(gamma), official_(official),
-        items_(B), s_(B), lab_(B), pos_(B), g_(B), counts_(n), per_label_(n), w_plus_(n * n), w_plus_t_(n * n) {}
+        label_bits_(bits_for(B - 1) + bits_for(n - 1) <= 32 ? bits_for(n - 1) : -1), items_(B), s_(B), lab_(B),
+        pos_(B), g_(B), counts_(n), per_label_(n), w_plus_(n * n), w_plus_t_(n * n) {}
 
   // Rank q's share of the sum over the ordered pairs x != y; writes `scale` times d(share)/dD[., q] to
   // column q of grad [B, n] when grad is not null. NaN (value and gradient) when the column holds a NaN,
   // as the pairwise kernels give.
   double run(int64_t q, double* grad, double scale) {
     const int64_t B = B_, n = n_;
+    const bool packed = label_bits_ >= 0;
     for (int64_t i = 0; i < B; ++i) {
       const scalar_t v = D_[i * n + q];
       if (std::isnan(v)) {
@@ -111,13 +141,16 @@ class RankSum {
         }
         return std::numeric_limits<double>::quiet_NaN();
       }
-      items_[i] = {sort_key<Key>(v), static_cast<uint32_t>(i)};
+      const uint32_t row = static_cast<uint32_t>(i);
+      items_[i] = {sort_key<Key>(v), packed ? row << label_bits_ | static_cast<uint32_t>(labels_[i]) : row};
     }
     sort_items(items_, scratch_);
     std::fill(per_label_.begin(), per_label_.end(), 0.0);
+    const uint32_t label_mask = packed ? (uint32_t(1) << label_bits_) - 1 : 0;
     for (int64_t i = 0; i < B; ++i) {
+      const uint32_t payload = items_[i].payload;
       s_[i] = from_key<scalar_t>(items_[i].key);
-      lab_[i] = static_cast<int32_t>(labels_[items_[i].index]);
+      lab_[i] = static_cast<int32_t>(packed ? payload & label_mask : labels_[payload]);
       per_label_[lab_[i]] += 1;
     }
     set_weights(q);
@@ -135,7 +168,8 @@ class RankSum {
     BlockSum inner;
     for (int64_t i = 0; i < B; ++i) inner.add(g_[i] * (static_cast<double>(s_[i]) - mid));
     if (grad != nullptr) {
-      for (int64_t i = 0; i < B; ++i) grad[int64_t(items_[i].index) * n + q] = scale * g_[i];
+      const int row_shift = packed ? label_bits_ : 0;
+      for (int64_t i = 0; i < B; ++i) grad[int64_t(items_[i].payload >> row_shift) * n + q] = scale * g_[i];
     }
     return inner.value() + value;
   }
@@ -199,6 +233,7 @@ class RankSum {
   const double *L_, *U_, *E2_;
   scalar_t gamma_;
   bool official_;
+  int label_bits_;  // of the items' payloads, or -1: the payload is the row alone (Item)
   std::vector<Item<Key>> items_, scratch_;
   std::vector<scalar_t> s_;        // D[., q] in sorted order
   std::vector<int32_t> lab_;       // labels in sorted order
