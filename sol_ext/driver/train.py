@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
+from .. import cpu_capability
 from .checkpoint import (
     BEST_NAME,
     CHECKPOINT_NAME,
@@ -386,8 +387,10 @@ def _prepare_run(args: argparse.Namespace, cfg: TrainConfig, out: Path,
                             par.world_size)
     set_threads(args.threads, cfg, data.kind)
     processes = f", {par.world_size} processes x batch {cfg.batch_size}" if par.enabled else ""
+    # the CPU kernels that run (sol_ext.cpu_capability()): `sol-ext --version` answers without torch
+    kernels = f" ({cpu_capability()} kernels)" if run.context.device.type == "cpu" else ""
     run.context.log(f"{data.name}: {data.train_x.shape[0]} training / {data.test_x.shape[0]} test "
-                    f"samples, {data.num_ranks} ranks; {cfg.method} on {run.context.device}, noise "
+                    f"samples, {data.num_ranks} ranks; {cfg.method} on {run.context.device}{kernels}, noise "
                     f"{noise_label(cfg.noise, cfg.kappa)}{processes} -> {out}")
     if par.is_main and args.overwrite:
         # the old run goes: predict/export/audit must not find its model, results, predictions
