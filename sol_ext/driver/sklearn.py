@@ -249,7 +249,8 @@ class SOLRanker(ClassifierMixin, BaseEstimator):
         if self.paper:
             defaults = TrainConfig()
             for name, value in PAPER_SETTINGS.items():
-                if _same(values[name], getattr(defaults, name)):
+                # a setting SOLRanker has no parameter for (a text run's text_lr) is the command line's
+                if name in values and _same(values[name], getattr(defaults, name)):
                     values[name] = value
         try:
             hidden = values["hidden"]
