@@ -57,16 +57,9 @@ class PairKernel {
   // The losses of K pairs (x[k], y[k]), x a row of D, y one of D_y, into out[k]. kSameX: x[k] == x[0].
   template <int K, bool kSameX>
   void losses(const int64_t* x, const int64_t* y, T* out) const {
-    const T *dx[K], *dy[K], *fx[K], *fy[K];
-    const double* p[K];
-    for (int k = 0; k < K; ++k) {
-      const int64_t rx = labels_[x[kSameX ? 0 : k]], ry = labels_y_[y[k]];
-      dx[k] = row(x[kSameX ? 0 : k]);
-      dy[k] = row_y(y[k]);
-      fx[k] = factors(rx);
-      fy[k] = factors(ry);
-      p[k] = table_ + (rx * n_ + ry) * 3;
-    }
+    const Pairs<K> pairs = gather<K, kSameX>(x, y);
+    const T* const *dx = pairs.dx, * const *dy = pairs.dy, * const *fx = pairs.fx, * const *fy = pairs.fy;
+    const double* const* p = pairs.p;
     const V g = splat(gamma_);
     V lt_side[K] = {}, gt_side[K] = {}, eq_side[K] = {};
     for (int64_t c = 0; c < stride_; c += kLanes) {
@@ -103,18 +96,13 @@ class PairKernel {
   // not (0), and subtracted from own[k] when own is not null. kSameX: x[k] == x[0].
   template <int K, bool kSameX, int kSharedSign>
   void add_grads(const int64_t* x, const int64_t* y, const double* scale, T* shared, T* const* own) const {
-    const T *dx[K], *dy[K], *fx[K], *fy[K];
+    const Pairs<K> pairs = gather<K, kSameX>(x, y);
+    const T* const *dx = pairs.dx, * const *dy = pairs.dy, * const *fx = pairs.fx, * const *fy = pairs.fy;
     V lt[K], eq[K], gt[K];
     for (int k = 0; k < K; ++k) {
-      const int64_t rx = labels_[x[kSameX ? 0 : k]], ry = labels_y_[y[k]];
-      dx[k] = row(x[kSameX ? 0 : k]);
-      dy[k] = row_y(y[k]);
-      fx[k] = factors(rx);
-      fy[k] = factors(ry);
-      const double* p = table_ + (rx * n_ + ry) * 3;
-      lt[k] = splat(T(scale[k] * p[0]));
-      eq[k] = splat(T(scale[k] * p[1]));
-      gt[k] = splat(T(scale[k] * p[2]));
+      lt[k] = splat(T(scale[k] * pairs.p[k][0]));
+      eq[k] = splat(T(scale[k] * pairs.p[k][1]));
+      gt[k] = splat(T(scale[k] * pairs.p[k][2]));
     }
     const V g = splat(gamma_), minus_g = splat(T(-gamma_)), zero{};
     for (int64_t c = 0; c < stride_; c += kLanes) {
@@ -153,6 +141,27 @@ class PairKernel {
     for (int64_t x = 0; x < rows; ++x) std::copy(D + x * n_, D + (x + 1) * n_, out.data() + x * stride_);
     return out;
   }
+  // What the loop over the ranks reads of K pairs (x[k], y[k]): their rows of D, their labels' factor
+  // rows and their row of the probability table. kSameX: x[k] == x[0].
+  template <int K>
+  struct Pairs {
+    const T *dx[K], *dy[K], *fx[K], *fy[K];
+    const double* p[K];
+  };
+  template <int K, bool kSameX>
+  Pairs<K> gather(const int64_t* x, const int64_t* y) const {
+    Pairs<K> pairs;
+    for (int k = 0; k < K; ++k) {
+      const int64_t rx = labels_[x[kSameX ? 0 : k]], ry = labels_y_[y[k]];
+      pairs.dx[k] = row(x[kSameX ? 0 : k]);
+      pairs.dy[k] = row_y(y[k]);
+      pairs.fx[k] = factors(rx);
+      pairs.fy[k] = factors(ry);
+      pairs.p[k] = table_ + (rx * n_ + ry) * 3;
+    }
+    return pairs;
+  }
+
   const T* row(int64_t x) const { return D_.data() + x * stride_; }
   const T* row_y(int64_t y) const { return (D_y_.empty() ? D_.data() : D_y_.data()) + y * stride_; }
   const T* factors(int64_t r) const { return factors_.data() + r * 2 * stride_; }
