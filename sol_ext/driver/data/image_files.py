@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-__all__ = ["ImageFiles", "read_image", "image_size_pair"]
+__all__ = ["ImageFiles", "read_image", "image_size_pair", "row_numbers"]
 
 
 def import_pil() -> Any:
@@ -93,12 +93,7 @@ class ImageFiles:
         return len(self.files)
 
     def __getitem__(self, index: Any) -> "ImageFiles":
-        if isinstance(index, torch.Tensor):
-            index = index.cpu().numpy()
-        index = np.arange(len(self.files))[index] if isinstance(index, slice) else np.asarray(index)
-        if index.dtype == np.bool_:
-            index = np.flatnonzero(index)
-        index = index.reshape(-1)
+        index = row_numbers(index, len(self.files))
         return ImageFiles(self.files[index], self.channels, self.size, self.source, self.rows[index])
 
     def read(self, i: int) -> torch.Tensor:
@@ -115,6 +110,17 @@ class ImageFiles:
 
     def __repr__(self) -> str:
         return f"ImageFiles({len(self)} files of {self.source or '?'}, {self.channels} x {self.size})"
+
+
+def row_numbers(index: Any, count: int) -> np.ndarray:
+    """``[k]`` int row numbers of ``index`` (a tensor, array or list of numbers or booleans, a slice, a
+    number) into ``count`` rows: what the data sets whose rows are read on access are indexed with."""
+    if isinstance(index, torch.Tensor):
+        index = index.cpu().numpy()
+    rows = np.arange(count)[index] if isinstance(index, slice) else np.asarray(index)
+    if rows.dtype == np.bool_:
+        rows = np.flatnonzero(rows)
+    return rows.reshape(-1)
 
 
 def image_size_pair(image_size: int | Sequence[int]) -> tuple[int, int]:

@@ -9,6 +9,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from .image_files import row_numbers
+
 __all__ = ["TextRows"]
 
 
@@ -48,12 +50,7 @@ class TextRows:
         return len(self.texts)
 
     def __getitem__(self, index: Any) -> "TextRows":
-        if isinstance(index, torch.Tensor):
-            index = index.cpu().numpy()
-        rows = np.arange(len(self.texts))[index] if isinstance(index, slice) else np.asarray(index)
-        if rows.dtype == np.bool_:
-            rows = np.flatnonzero(rows)
-        rows = rows.reshape(-1)
+        rows = row_numbers(index, len(self.texts))
         return TextRows(self.texts[rows], self.features[torch.from_numpy(rows).to(self.features.device)])
 
     def to(self, *args: Any, **kwargs: Any) -> "TextRows":
