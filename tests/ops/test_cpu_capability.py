@@ -157,6 +157,19 @@ def test_each_build_of_the_order_loss_uses_its_vector_width(name, register):
 
 @pytest.mark.skipif(not X86 or shutil.which("objdump") is None or shutil.which("nm") is None,
                     reason="needs x86-64 and binutils (objdump, nm)")
+def test_the_avx512_grouped_sweeps_compute_their_dot_products_inline():
+    """The label-weight dot products are most of the grouped op's sweeps: a call per product (and its lanes'
+    round trip through memory) cost a fifth of the op at (1,000,000, 5)."""
+    if not SUPPORT["AVX512"][0]:
+        pytest.skip("this build has no AVX512 kernels")
+    code = _disassembly(r"3cpu6AVX5127RankSum.*3run")
+    assert code, f"no AVX512 grouped kernel in {EXTENSION.name}"
+    calls = [line for text in code.values() for line in text.splitlines() if "call" in line and "dot" in line]
+    assert not calls, f"the AVX512 sweeps call a dot product: {calls[:2]}"
+
+
+@pytest.mark.skipif(not X86 or shutil.which("objdump") is None or shutil.which("nm") is None,
+                    reason="needs x86-64 and binutils (objdump, nm)")
 def test_no_function_outside_the_wide_builds_uses_avx_registers():
     """The op files, the dispatcher and the DEFAULT kernels, and the library code they instantiate, stay
     within SSE2: a machine without AVX runs every function it reaches."""
