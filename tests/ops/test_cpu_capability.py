@@ -157,6 +157,20 @@ def test_each_build_of_the_order_loss_uses_its_vector_width(name, register):
 
 @pytest.mark.skipif(not X86 or shutil.which("objdump") is None or shutil.which("nm") is None,
                     reason="needs x86-64 and binutils (objdump, nm)")
+def test_the_avx512_forward_keeps_the_sums_of_its_pairs_in_registers():
+    """A pass of pairs at n = 101 is seven vectors long: storing its twelve sums to the stack and loading them
+    back cost a tenth of the forward."""
+    if not SUPPORT["AVX512"][0]:
+        pytest.skip("this build has no AVX512 kernels")
+    code = _disassembly(r"3cpu6AVX51210PairKernelIfE6lossesILi4E")
+    assert code, f"no AVX512 pass of four pairs in {EXTENSION.name}"
+    for name, text in code.items():
+        spills = [line for line in text.splitlines() if re.search(r"%zmm\d+.*\(%rsp\)|\(%rsp\).*%zmm", line)]
+        assert not spills, f"{name} moves vectors through the stack: {spills[:2]}"
+
+
+@pytest.mark.skipif(not X86 or shutil.which("objdump") is None or shutil.which("nm") is None,
+                    reason="needs x86-64 and binutils (objdump, nm)")
 def test_the_avx512_grouped_sweeps_compute_their_dot_products_inline():
     """The label-weight dot products are most of the grouped op's sweeps: a call per product (and its lanes'
     round trip through memory) cost a fifth of the op at (1,000,000, 5)."""

@@ -27,6 +27,17 @@ constexpr int kPairBlock = 32;
 constexpr int kPairsAtOnce = SOL_EXT_VECTOR_BYTES == 16 ? 2 : 4;
 static_assert(kPairBlock % kPairsAtOnce == 0, "a pass of pairs never straddles a flush of the partial sums");
 
+// f(k) for the pairs k = 0 .. K - 1 of a pass, k a compile-time constant: the pairs' accumulators are then
+// registers (an array of them indexed in a loop is kept in memory around the loop).
+template <typename F, int... k>
+inline void each_pair_of(F& f, std::integer_sequence<int, k...>) {
+  (f(std::integral_constant<int, k>{}), ...);
+}
+template <int K, typename F>
+inline void each_pair(F&& f) {
+  each_pair_of(f, std::make_integer_sequence<int, K>{});
+}
+
 template <typename T>
 class PairKernel {
  public:
@@ -50,6 +61,8 @@ class PairKernel {
         chunk[kLanes] = q >= r ? T(1) : T(0);
       }
     }
+    // The forward's probabilities as its lanes take them (T(p), rounded once here rather than per pass).
+    table_lanes_.assign(in.table, in.table + n_ * n_ * 3);
   }
 
   int64_t stride() const { return stride_; }
@@ -59,12 +72,10 @@ class PairKernel {
   void losses(const int64_t* x, const int64_t* y, T* out) const {
     const Pairs<K> pairs = gather<K, kSameX>(x, y);
     const T* const *dx = pairs.dx, * const *dy = pairs.dy, * const *fx = pairs.fx, * const *fy = pairs.fy;
-    const double* const* p = pairs.p;
     const V g = splat(gamma_);
     V lt_side[K] = {}, gt_side[K] = {}, eq_side[K] = {};
     for (int64_t c = 0; c < stride_; c += kLanes) {
-#pragma GCC unroll 4
-      for (int k = 0; k < K; ++k) {
+      each_pair<K>([&](auto k) {
         const V delta = load(dx[k] + c) - load(dy[k] + c);
         const V up = delta + g, down = g - delta;
         const V above = positive_part(up), below = positive_part(down);
@@ -77,10 +88,13 @@ class PairKernel {
         // [|delta| - g]+ is -[min(up, down)]-: |delta| - g rounds as -(g - |delta|) does, and the smaller
         // of up and down is g - |delta|. Two operations instead of three, the same number.
         eq_side[k] -= negative_part(smaller(up, down));
-      }
+      });
     }
     V total[K];
-    for (int k = 0; k < K; ++k) total[k] = T(p[k][0]) * lt_side[k] + T(p[k][2]) * gt_side[k] + T(p[k][1]) * eq_side[k];
+    each_pair<K>([&](auto k) {
+      const T* p = pairs.p_lanes[k];
+      total[k] = p[0] * lt_side[k] + p[2] * gt_side[k] + p[1] * eq_side[k];
+    });
     sum_lanes_of<T, K>(total, out);
   }
 
@@ -147,6 +161,7 @@ class PairKernel {
   struct Pairs {
     const T *dx[K], *dy[K], *fx[K], *fy[K];
     const double* p[K];
+    const T* p_lanes[K];  // the same row in T
   };
   template <int K, bool kSameX>
   Pairs<K> gather(const int64_t* x, const int64_t* y) const {
@@ -158,6 +173,7 @@ class PairKernel {
       pairs.fx[k] = factors(rx);
       pairs.fy[k] = factors(ry);
       pairs.p[k] = table_ + (rx * n_ + ry) * 3;
+      pairs.p_lanes[k] = table_lanes_.data() + (rx * n_ + ry) * 3;
     }
     return pairs;
   }
@@ -170,7 +186,7 @@ class PairKernel {
   const int64_t *labels_, *labels_y_;
   const double* table_;
   T gamma_;
-  std::vector<T> D_, D_y_, factors_;
+  std::vector<T> D_, D_y_, factors_, table_lanes_;
 };
 
 // A float64 row sum fed by float partial sums of kPairBlock pairs each.
