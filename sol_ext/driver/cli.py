@@ -307,7 +307,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 # Library argument names in sol_ext's warnings -> the flags that set them on the command line.
-_WARNING_FLAGS = {"step": "--label-step", "min_value": "--label-min", "max_value": "--label-max"}
+_WARNING_FLAGS = {"step": "--label-step", "min_value": "--label-min", "max_value": "--label-max",
+                  "coverage": "--interval"}
 
 
 @contextlib.contextmanager
