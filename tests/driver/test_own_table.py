@@ -767,16 +767,43 @@ def test_train_s_unseen_test_category_names_what_train_can_do(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_a_number_written_otherwise_than_its_category_is_refused_saying_why(tmp_path, capsys):
-    """Codes 1, 2, 3 trained as categories, predicted from a file that writes them 1.0, 2.0, 3.0:
-    refused saying that categories are compared as text, not as an unknown category alone."""
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+@pytest.mark.parametrize("trained, written", [("1", "1.0"), ("1.0", "1")])
+def test_a_code_written_otherwise_is_its_category_from_a_csv_and_from_parquet(kind, trained, written,
+                                                                              tmp_path, capsys):
+    """Codes trained as categories written one way (1, 2, 3 or 1.0, 2.0, 3.0) and predicted from a file
+    that writes them the other way: a CSV's text, or a Parquet column of floats or integers (whose
+    cells have no text of their own), predicts as the training file's own writing does. A code of
+    no category's value (4.0) is still refused by name."""
+    import csv
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     from common import expect_error
 
+    def code(value, style):
+        return f"{value:.1f}" if style == "1.0" else str(value)
+
     rows = [{"code": 1 + i % 3, "x": i % 7, "label": i % 5} for i in range(90)]
-    data = _write_rows(tmp_path / "codes.csv", rows)
+    data = _write_rows(tmp_path / "codes.csv", [{**r, "code": code(r["code"], trained)} for r in rows])
     out = tmp_path / "run"
     assert main(["train", "--data", str(data), "--categorical", "code", "--output", str(out), "--quiet", *FAST]) == 0
-    floats = _write_rows(tmp_path / "floats.csv", [{**r, "code": f"{r['code']:.1f}"} for r in rows[:9]])
-    expect_error(capsys, ["predict", str(out), "--data", str(floats), "--output", "-"],
-                 "['1.0', '2.0', '3.0'] outside its categories ['1', '2', '3']",
-                 "categories are compared as text: '1.0' is not '1'", "--handle-unknown 'ignore'")
+    same = _write_rows(tmp_path / "same.csv", [{**r, "code": code(r["code"], trained)} for r in rows[:9]])
+    if kind == "csv":
+        other = _write_rows(tmp_path / "other.csv", [{**r, "code": code(r["code"], written)} for r in rows[:9]])
+    else:  # numbers without text: floats for 1.0, integers for 1
+        other = tmp_path / "other.parquet"
+        codes = [float(r["code"]) if written == "1.0" else r["code"] for r in rows[:9]]
+        pq.write_table(pa.table({"code": codes, "x": [r["x"] for r in rows[:9]],
+                                 "label": [r["label"] for r in rows[:9]]}), other)
+    predictions = {}
+    for name, path in (("same", same), ("other", other)):
+        assert main(["predict", str(out), "--data", str(path), "--output", str(tmp_path / f"{name}.out.csv")]) == 0
+        predictions[name] = list(csv.DictReader(open(tmp_path / f"{name}.out.csv", encoding="utf-8")))
+    assert predictions["other"] == predictions["same"]
+    unknown = _write_rows(tmp_path / "unknown.csv", [{**rows[0], "code": "4.0"}, *rows[1:3]])
+    expect_error(capsys, ["predict", str(out), "--data", str(unknown), "--output", "-"],
+                 "categorical column 'code' has values ['4.0'] outside its categories",
+                 "--handle-unknown 'ignore'")
+

@@ -13,7 +13,8 @@ with its own ``to_arrow``/``from_pandas`` route.
 from __future__ import annotations
 
 import dataclasses
-import math
+import decimal
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -493,35 +494,51 @@ class UnknownCategoryError(ValueError):
     def __init__(self, where: str, column: str, found: Sequence[str], categories: Sequence[str]):
         self.where, self.column, self.found, self.categories = where, column, list(found), list(categories)
         super().__init__(f"{where}: categorical column {column!r} has values {listed(self.found)} outside its "
-                         f"categories {listed(self.categories)}{self._as_text()}; fix the cells, or pass "
+                         f"categories {listed(self.categories)}; fix the cells, or pass "
                          f"handle_unknown='ignore' to encode them as none of the categories (all of the "
                          f"column's one-hot features 0)")
-
-    def _as_text(self) -> str:
-        """Why ``1.0`` is not the category ``1``: categories are compared as text."""
-        numbers = [v for v in self.found if _number_of(v) is not None
-                   and any(_number_of(c) == _number_of(v) for c in self.categories)]
-        if not numbers:
-            return ""
-        match = next(c for c in self.categories if _number_of(c) == _number_of(numbers[0]))
-        return (f" (categories are compared as text: {numbers[0]!r} is not {match!r}; write the cells as "
-                f"the training file does)")
 
     def of_a_test_file(self) -> str:
         """The message for a training run's test file, whose categories are the training file's."""
         return (f"{self.where}: categorical column {self.column!r} has values {listed(self.found)} outside the "
-                f"training file's categories {listed(self.categories)}{self._as_text()}; fix or leave out "
+                f"training file's categories {listed(self.categories)}; fix or leave out "
                 f"those rows of the test file, train on data that has these categories, or leave the column "
                 f"out of the features (drop_columns=)")
 
 
-def _number_of(text: str) -> Optional[float]:
-    """``text`` as a number where it is one (``"1.0"`` -> 1.0), else None."""
-    try:
-        value = float(text)
-    except ValueError:
+def _value_of(text: str) -> Optional[decimal.Decimal]:
+    """The exact value of ``text`` where it is a finite number as Python writes one (``"1.0"`` and
+    ``"1"`` alike: 1), else None. Decimal, not float: codes such as 12345678901234567891 stay apart."""
+    if not re.match(_NUMBER, text):
         return None
-    return value if math.isfinite(value) else None
+    value = decimal.Decimal(text)
+    return value if value.is_finite() else None
+
+
+def _categories_by_value(cells: pa.ChunkedArray, unknown: pa.ChunkedArray,
+                         cats: Sequence[str]) -> pa.ChunkedArray:
+    """``cells`` with each cell that is no category of ``cats`` (``unknown``) but the number of exactly
+    one, written otherwise (``1.0`` for ``1``, ``2.50`` for ``2.5``), replaced by that category: a
+    code column reads the same from a file that writes its codes another way, and from a Parquet or
+    data frame column of floats (1.0, whose text is ``1``) against codes a CSV wrote ``1.0``."""
+    by_value: dict[decimal.Decimal, list[str]] = {}
+    for c in cats:
+        value = _value_of(c)
+        if value is not None:
+            by_value.setdefault(value, []).append(c)
+    if not by_value:
+        return cells
+    written: list[str] = []
+    category: list[str] = []
+    for text in pc.unique(pc.filter(cells, unknown)).to_pylist():
+        same = by_value.get(_value_of(text), [])
+        if len(same) == 1:  # two categories of one value (1 and 1.0 in training): neither is chosen
+            written.append(text)
+            category.append(same[0])
+    if not written:
+        return cells
+    renamed = pc.take(string_array(category), pc.index_in(cells, string_array(written)))
+    return pc.coalesce(renamed.cast(cells.type), cells)
 
 
 # Numbers as spreadsheets write them for people: "1,234", "1.234.567" (thousands separators), "45%"
@@ -571,6 +588,9 @@ def _categories(col: pa.ChunkedArray, name: str, origin: TableOrigin,
                       "rows. If it is an id or free text, leave it out of the features (drop_columns=).",
                       ManyCategoriesWarning, stacklevel=2)
     unknown = pc.invert(pc.is_in(cells, string_array(cats)))
+    if given and _first(unknown) is not None:
+        cells = _categories_by_value(cells, unknown, cats)
+        unknown = pc.invert(pc.is_in(cells, string_array(cats)))
     if handle_unknown != "ignore" and _first(unknown) is not None:
         found = sorted(set(pc.filter(cells, unknown).to_pylist()))
         raise UnknownCategoryError(origin.name, name, found, cats)
