@@ -430,6 +430,37 @@ def test_an_id_column_that_is_the_label_and_a_repeated_feature_column_are_refuse
                           str(tmp_path / "o"), *FAST], "--feature-columns names ['a'] more than once")
 
 
+@pytest.mark.parametrize("flag", ["--feature-columns", "--drop-columns", "--categorical"])
+@pytest.mark.parametrize("columns, entry", [("a,,b", "entry 2 of 3"), ("a,b,", "entry 3 of 3"), (",a", "entry 1 of 2")])
+def test_an_empty_entry_of_a_column_list_is_refused_naming_the_option(tmp_path, capsys, flag, columns, entry):
+    """--feature-columns a,,b (and the other column lists): a typo or a lost name, refused naming the
+    option, the list and the empty entry, before anything is written (it used to be skipped)."""
+    from common import expect_error
+
+    data = tiny_csv(tmp_path / "d.csv")
+    expect_error(capsys, ["train", "--data", str(data), flag, columns, "--output", str(tmp_path / "o"), *FAST],
+                 f"{flag} {columns!r} has an empty entry ({entry})", "name one column between each pair of commas")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["train", "--hidden", "16,,16"], "--hidden"),
+    (["compare", "--seeds", "0,,1"], "--seeds"),
+    (["compare", "--kappas", "0.2,"], "--kappas"),
+    (["compare", "--methods", "sol,,l1"], "--methods"),
+    (["compare", "--noises", "laplacian,,uniform"], "--noises"),
+])
+def test_an_empty_entry_of_a_list_option_is_refused_naming_it(capsys, argv, flag):
+    """The number and name lists of train and compare refuse an empty entry as the column lists do;
+    an empty list ('--noises ""': none) stays one."""
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args([*argv, "--data", "tiny"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: " in err and "has an empty entry (entry " in err, err
+    assert build_parser().parse_args(["compare", "--noises", "", "--data", "tiny"]).noises == []
+
+
 def test_numbers_with_thousands_separators_or_percent_signs_are_named_when_one_hot(tmp_path, capsys):
     rows = [(f"{1000 + 37 * i:,}", f"{i % 60}%", i % 4) for i in range(80)]
     data = write_csv(tmp_path / "d.csv", rows, header=("income", "share", "label"))
@@ -806,4 +837,3 @@ def test_a_code_written_otherwise_is_its_category_from_a_csv_and_from_parquet(ki
     expect_error(capsys, ["predict", str(out), "--data", str(unknown), "--output", "-"],
                  "categorical column 'code' has values ['4.0'] outside its categories",
                  "--handle-unknown 'ignore'")
-
