@@ -461,6 +461,18 @@ def test_an_empty_entry_of_a_list_option_is_refused_naming_it(capsys, argv, flag
     assert build_parser().parse_args(["compare", "--noises", "", "--data", "tiny"]).noises == []
 
 
+def test_a_column_of_two_rows_a_value_is_named_and_one_of_four_is_not(tmp_path, capsys):
+    """150 distinct values in 300 rows (each twice) one-hot encoded: warned, naming the column and
+    --drop-columns; 75 values (four rows each) train without the warning."""
+    for values, warned in ((150, True), (75, False)):
+        rows = [(f"v{i % values}", i % 5, i % 4) for i in range(300)]
+        data = write_csv(tmp_path / f"d{values}.csv", rows, header=("city", "b", "label"))
+        assert main(["train", "--data", str(data), "--output", str(tmp_path / f"o{values}"), "--quiet", *FAST]) == 0
+        err = capsys.readouterr().err
+        assert (f"text column 'city' has {values} distinct values in 300 rows" in err) == warned, err
+        assert ("leave it out of the features (--drop-columns)" in err) == warned, err
+
+
 def test_numbers_with_thousands_separators_or_percent_signs_are_named_when_one_hot(tmp_path, capsys):
     rows = [(f"{1000 + 37 * i:,}", f"{i % 60}%", i % 4) for i in range(80)]
     data = write_csv(tmp_path / "d.csv", rows, header=("income", "share", "label"))

