@@ -379,13 +379,15 @@ class SOLHead(nn.Module):
         score, target, count = (int(c) for c in self.interval_codes)
         return IntervalCalibration(score=INTERVAL_SCORES[score], target=INTERVAL_TARGETS[target],
                                    scores=self.interval_scores.cpu(), cumulative_weights=self.interval_weights.cpu(),
-                                   count=count)
+                                   count=count, num_ranks=self.num_ranks)
 
     @torch.no_grad()
     def predict_interval(self, h: torch.Tensor, coverage: float = 0.9) -> tuple[torch.Tensor, torch.Tensor]:
         """``(lower, upper)``: ``[B]`` int64 ranks of a contiguous interval per row of embeddings
         ``h [B, d]`` that holds the label (or the clean rank, by the calibration's target) with
-        probability ``coverage``, after :meth:`calibrate_intervals`."""
+        probability ``coverage``, after :meth:`calibrate_intervals`. A calibration of too few rows for
+        ``coverage`` makes every interval the whole scale, with a
+        :class:`~sol_ext.intervals.CalibrationSizeWarning`."""
         calibration = self.interval_calibration
         if calibration is None:
             raise RuntimeError("SOLHead.predict_interval: the head has no interval calibration yet; call "

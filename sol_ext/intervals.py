@@ -35,17 +35,18 @@ and ``π`` right, the intervals cover the clean rank at the requested rate in ex
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import torch
 
 from . import _validation as check
 from .ops import noise_kernel
 
-__all__ = ["SCORES", "DEFAULT_SCORE", "TARGETS", "IntervalCalibration", "calibrate_intervals",
-           "nonconformity_scores", "rank_intervals", "intervals_at", "fitted_deconvolution",
-           "noise_std_from_pairs"]
+__all__ = ["SCORES", "DEFAULT_SCORE", "TARGETS", "IntervalCalibration", "CalibrationSizeWarning",
+           "calibrate_intervals", "minimum_calibration_rows", "nonconformity_scores", "rank_intervals",
+           "intervals_at", "fitted_deconvolution", "noise_std_from_pairs"]
 
 SCORES = ("hpd", "cumulative", "absolute")
 # The narrowest intervals at the coverage asked in benchmarks/bench_intervals.py: on 13 of its 18 cells and
@@ -59,6 +60,18 @@ MAX_DECONVOLUTION_ITERATIONS = 500
 DECONVOLUTION_PATIENCE = 50
 
 LabelNoise = Union[float, torch.Tensor, None]
+
+
+class CalibrationSizeWarning(UserWarning):
+    """Too few calibration rows for the coverage asked: every interval is then the whole scale."""
+
+
+def minimum_calibration_rows(coverage: float) -> int:
+    """The fewest calibration rows that can calibrate ``coverage``: the conformal threshold is the
+    ``ceil((M + 1) * coverage)``-th smallest of ``M`` scores, which exists once ``M >= coverage /
+    (1 - coverage)`` (9 rows for 0.9, 19 for 0.95)."""
+    coverage = _check_coverage(coverage)
+    return math.ceil(round(coverage / (1 - coverage), 9))  # 0.9 / 0.1 is 9.000000000000002
 
 
 # --------------------------------------------------------------------------------------------------
@@ -116,24 +129,30 @@ def nonconformity_scores(probabilities: torch.Tensor, score: str = DEFAULT_SCORE
 @dataclass(frozen=True)
 class IntervalCalibration:
     """What prediction needs of a calibration set: its scores, sorted, with the cumulative weight of
-    each (1 a row for the labels target; the clean-rank posterior's mass for the clean target), and
-    the number of calibration rows ``count``, and the number of ranks ``num_ranks`` of the
-    probabilities it was made on (None where the caller keeps them equal, as :class:`~sol_ext.SOLHead`
-    does). Any coverage is read from it at prediction time."""
+    each (1 a row for the labels target; the clean-rank posterior's mass for the clean target), the
+    number of calibration rows ``count``, and the number of ranks ``num_ranks`` of the probabilities
+    it was made on (:func:`rank_intervals` refuses others). Any coverage is read from it at
+    prediction time."""
 
     score: str
     target: str
     scores: torch.Tensor  # [M] float64, ascending
     cumulative_weights: torch.Tensor  # [M] float64, ascending, the last = count
     count: int
-    num_ranks: Optional[int] = None
+    num_ranks: int
 
     def threshold(self, coverage: float) -> float:
         """The conformal threshold: the smallest score ``t`` whose calibration weight at or below it
-        reaches ``coverage * (count + 1)`` (``inf``, every rank, when no score does)."""
+        reaches ``coverage * (count + 1)``; ``inf``, every rank, when no score does, with a
+        :class:`CalibrationSizeWarning` (fewer rows than :func:`minimum_calibration_rows`)."""
         coverage = _check_coverage(coverage)
         needed = coverage * (self.count + 1)
         if needed > self.count * (1 + 1e-12):
+            # warned from this line whichever path asks, so that Python (and sol-ext) say it once
+            warnings.warn(f"coverage={coverage:g}: {self.count} calibration row{'s' if self.count != 1 else ''} "
+                          f"cannot calibrate {coverage:.0%} (it needs at least "
+                          f"{minimum_calibration_rows(coverage)}); every interval is the whole scale: calibrate "
+                          f"on more held-out rows.", CalibrationSizeWarning, stacklevel=1)
             return math.inf
         k = int(torch.searchsorted(self.cumulative_weights, torch.tensor([needed * (1 - 1e-12)],
                                                                         dtype=torch.float64)))
@@ -150,8 +169,7 @@ class IntervalCalibration:
                    target=check.check_choice("target", state["target"], TARGETS),
                    scores=state["scores"].to(torch.float64).cpu(),
                    cumulative_weights=state["cumulative_weights"].to(torch.float64).cpu(),
-                   count=int(state["count"]),
-                   num_ranks=None if state["num_ranks"] is None else int(state["num_ranks"]))
+                   count=int(state["count"]), num_ranks=int(state["num_ranks"]))
 
 
 def calibrate_intervals(probabilities: torch.Tensor, ranks: torch.Tensor, *, score: str = DEFAULT_SCORE,
@@ -248,7 +266,7 @@ def rank_intervals(probabilities: torch.Tensor, calibration: IntervalCalibration
         raise TypeError(f"calibration must be an IntervalCalibration (calibrate_intervals), got "
                         f"{type(calibration).__name__}")
     p = _checked_probabilities(probabilities)
-    if calibration.num_ranks is not None and p.shape[1] != calibration.num_ranks:
+    if p.shape[1] != calibration.num_ranks:
         raise ValueError(f"probabilities have {p.shape[1]} ranks, but the calibration was made on "
                          f"{calibration.num_ranks}; calibrate on held-out probabilities of the model that "
                          f"gives these")

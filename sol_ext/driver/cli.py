@@ -218,13 +218,13 @@ def _add_compare(sub) -> argparse.ArgumentParser:
                        description="Train every method at Gaussian kappa in {0, 0.2, 0.3, 0.4} "
                                    "and Laplacian, uniform, skewed at 0.3, over 3 seeds; print "
                                    "markdown tables of mean ± std test MAE and CS.")
-    c.add_argument("--methods", type=lambda t: [m.strip() for m in t.split(",") if m.strip()],
+    c.add_argument("--methods", type=comma_list(str),
                    default=None, help="comma list of " + ", ".join(COMPARE_METHODS) + " (sol-paper: "
                                       "sol with --paper; default: all but sol-paper, corn where "
                                       "coral-pytorch is installed)")
     c.add_argument("--kappas", type=comma_list(float), default=None,
                    help="Gaussian noise ratios (default: 0,0.2,0.3,0.4)")
-    c.add_argument("--noises", type=lambda t: [m.strip() for m in t.split(",") if m.strip()],
+    c.add_argument("--noises", type=comma_list(str),
                    default=None, help="other noise types at kappa 0.3 (default: "
                                       "laplacian,uniform,skewed; '' for none)")
     c.add_argument("--seeds", type=comma_list(int), default=[0, 1, 2],
@@ -307,7 +307,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 # Library argument names in sol_ext's warnings -> the flags that set them on the command line.
-_WARNING_FLAGS = {"step": "--label-step", "min_value": "--label-min", "max_value": "--label-max"}
+_WARNING_FLAGS = {"step": "--label-step", "min_value": "--label-min", "max_value": "--label-max",
+                  "coverage": "--interval"}
 
 
 @contextlib.contextmanager

@@ -394,7 +394,7 @@ class TrainConfig:
     def column_list(self, name: str) -> list[str]:
         """The columns of the comma-separated setting ``name`` (``feature_columns``, ...)."""
         text = getattr(self, name)
-        return [] if text is None else [c.strip() for c in text.split(",") if c.strip()]
+        return [] if text is None else [c.strip() for c in text.split(",")]
 
     @property
     def uses_centroids(self) -> bool:
@@ -534,6 +534,12 @@ class TrainConfig:
             _need(getattr(self, name) is None or not is_builtin(self.data),
                   f"{name}= applies to a table file of yours; the built-in data set {self.data!r} has "
                   f"its own columns: leave {name}= out.")
+        for name in ("feature_columns", "drop_columns", "categorical"):
+            text = getattr(self, name)
+            entries = [] if text is None else [c.strip() for c in text.split(",")]
+            if "" in entries:  # "a,,b": a typo, or a column's name lost
+                raise ValueError(f"{name}={text!r} has an empty entry (entry {entries.index('') + 1} of "
+                                 f"{len(entries)}); name one column between each pair of commas, e.g. a,b.")
         _need(self.test_label_column is None or self.test_data is not None,
               "test_label_column= names the label column of test_data=; there is no test_data=.")
         for name in ("label_min", "label_max", "label_step"):

@@ -25,13 +25,23 @@ THREADS_PER_CORE = 4  # --threads beyond this many per CPU core is a typo (torch
 
 
 def comma_list(kind: Callable[[str], Any] = float) -> Callable[[str], list]:
-    """An argparse type: a comma-separated list of ``kind`` (``"128,128"``; empty items skipped)."""
+    """An argparse type: a comma-separated list of ``kind`` (``"128,128"``; ``""`` is the empty
+    list). An empty entry (``"128,,128"``, a trailing comma) is refused: it is a typo or a lost value."""
+    what = "names" if kind is str else "numbers"
+
     def parse(text: str) -> list:
+        if not text.strip():
+            return []
+        entries = [t.strip() for t in text.split(",")]
+        if "" in entries:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} has an empty entry (entry {entries.index('') + 1} of {len(entries)}); give "
+                f"comma-separated {what} with one between each pair of commas")
         try:
-            return [kind(t) for t in text.split(",") if t.strip()]
+            return [kind(t) for t in entries]
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"expected a comma-separated list of numbers, got {text!r}") from None
+                f"expected a comma-separated list of {what}, got {text!r}") from None
     return parse
 
 

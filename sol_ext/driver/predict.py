@@ -253,11 +253,8 @@ def _warn_about_the_calibration(args: argparse.Namespace, model: TrainedModel) -
     from .checkpoint import run_data
     from .console import warn
 
-    count = model.intervals.count
-    if math.isinf(model.intervals.threshold(args.interval)):
-        warn(f"--interval {args.interval:g}: {count} calibration row{'s' if count != 1 else ''} cannot calibrate "
-             f"{args.interval:.0%} (it needs at least {math.ceil(round(args.interval / (1 - args.interval), 9))}); every "
-             f"interval is the whole scale: calibrate on more held-out rows.")
+    # too few rows: the library's CalibrationSizeWarning, the line SOLHead and load_run users see too
+    model.intervals.threshold(args.interval)
     if args.calibration is not None:
         for what, given in run_data(args.run_dir, model)[:1]:  # the training data, not the test data
             if given and Path(given).is_file() and Path(args.calibration).is_file() \

@@ -300,6 +300,22 @@ def test_adapter_takes_columns_by_name_and_names_bad_cells():
         table_features(table, ["k"], {}, TableOrigin("data", file=False))
 
 
+def test_a_cell_of_a_categorys_value_written_otherwise_is_that_category():
+    """A cell that is no category but the number of exactly one (2.0 for 2, 0.50 for 0.5, the float
+    2.0 of a Parquet column) is that category; a number two categories share (1 and 1.0 both
+    trained) and one that equals a category only as a float (a 20-digit code) stay unknown."""
+    from sol_ext.driver.data.frames import UnknownCategoryError
+
+    origin = TableOrigin("t")
+    table = pa.table({"k": ["2.0", "0.50", "1", "2"], "f": [2.0, 0.5, 1.0, 2.0]})
+    for column in ("k", "f"):
+        x, names, _ = table_features(table, [column], {column: ["0.5", "1", "2"]}, origin)
+        assert x.argmax(axis=1).tolist() == [2, 0, 1, 2] and names[0] == f"{column}=0.5"
+    for categories, cell in ((["1", "1.0", "2"], "1.00"), (["12345678901234567890"], "12345678901234567891")):
+        with pytest.raises(UnknownCategoryError, match=f"values \\['{cell}'\\] outside its categories"):
+            table_features(pa.table({"k": [cell]}), ["k"], {"k": categories}, origin)
+
+
 def test_read_inputs_of_a_feather_file(numeric, tmp_path):
     root, _, columns = numeric
     feather.write_feather(pa.table({k: columns[k] for k in ("d", "c", "b", "a")}), tmp_path / "n.feather")

@@ -430,6 +430,49 @@ def test_an_id_column_that_is_the_label_and_a_repeated_feature_column_are_refuse
                           str(tmp_path / "o"), *FAST], "--feature-columns names ['a'] more than once")
 
 
+@pytest.mark.parametrize("flag", ["--feature-columns", "--drop-columns", "--categorical"])
+@pytest.mark.parametrize("columns, entry", [("a,,b", "entry 2 of 3"), ("a,b,", "entry 3 of 3"), (",a", "entry 1 of 2")])
+def test_an_empty_entry_of_a_column_list_is_refused_naming_the_option(tmp_path, capsys, flag, columns, entry):
+    """--feature-columns a,,b (and the other column lists): a typo or a lost name, refused naming the
+    option, the list and the empty entry, before anything is written (it used to be skipped)."""
+    from common import expect_error
+
+    data = tiny_csv(tmp_path / "d.csv")
+    expect_error(capsys, ["train", "--data", str(data), flag, columns, "--output", str(tmp_path / "o"), *FAST],
+                 f"{flag} {columns!r} has an empty entry ({entry})", "name one column between each pair of commas")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["train", "--hidden", "16,,16"], "--hidden"),
+    (["compare", "--seeds", "0,,1"], "--seeds"),
+    (["compare", "--kappas", "0.2,"], "--kappas"),
+    (["compare", "--methods", "sol,,l1"], "--methods"),
+    (["compare", "--noises", "laplacian,,uniform"], "--noises"),
+])
+def test_an_empty_entry_of_a_list_option_is_refused_naming_it(capsys, argv, flag):
+    """The number and name lists of train and compare refuse an empty entry as the column lists do;
+    an empty list ('--noises ""': none) stays one."""
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args([*argv, "--data", "tiny"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: " in err and "has an empty entry (entry " in err, err
+    assert build_parser().parse_args(["compare", "--noises", "", "--data", "tiny"]).noises == []
+
+
+def test_a_column_of_two_rows_a_value_is_named_and_one_of_four_is_not(tmp_path, capsys):
+    """150 distinct values in 300 rows (each twice) one-hot encoded: warned, naming the column and
+    --drop-columns; 75 values (four rows each) train without the warning."""
+    for values, warned in ((150, True), (75, False)):
+        rows = [(f"v{i % values}", i % 5, i % 4) for i in range(300)]
+        data = write_csv(tmp_path / f"d{values}.csv", rows, header=("city", "b", "label"))
+        assert main(["train", "--data", str(data), "--output", str(tmp_path / f"o{values}"), "--quiet", *FAST]) == 0
+        err = capsys.readouterr().err
+        assert (f"text column 'city' has {values} distinct values in 300 rows" in err) == warned, err
+        assert ("leave it out of the features (--drop-columns)" in err) == warned, err
+
+
 def test_numbers_with_thousands_separators_or_percent_signs_are_named_when_one_hot(tmp_path, capsys):
     rows = [(f"{1000 + 37 * i:,}", f"{i % 60}%", i % 4) for i in range(80)]
     data = write_csv(tmp_path / "d.csv", rows, header=("income", "share", "label"))
@@ -767,16 +810,42 @@ def test_train_s_unseen_test_category_names_what_train_can_do(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_a_number_written_otherwise_than_its_category_is_refused_saying_why(tmp_path, capsys):
-    """Codes 1, 2, 3 trained as categories, predicted from a file that writes them 1.0, 2.0, 3.0:
-    refused saying that categories are compared as text, not as an unknown category alone."""
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+@pytest.mark.parametrize("trained, written", [("1", "1.0"), ("1.0", "1")])
+def test_a_code_written_otherwise_is_its_category_from_a_csv_and_from_parquet(kind, trained, written,
+                                                                              tmp_path, capsys):
+    """Codes trained as categories written one way (1, 2, 3 or 1.0, 2.0, 3.0) and predicted from a file
+    that writes them the other way: a CSV's text, or a Parquet column of floats or integers (whose
+    cells have no text of their own), predicts as the training file's own writing does. A code of
+    no category's value (4.0) is still refused by name."""
+    import csv
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     from common import expect_error
 
+    def code(value, style):
+        return f"{value:.1f}" if style == "1.0" else str(value)
+
     rows = [{"code": 1 + i % 3, "x": i % 7, "label": i % 5} for i in range(90)]
-    data = _write_rows(tmp_path / "codes.csv", rows)
+    data = _write_rows(tmp_path / "codes.csv", [{**r, "code": code(r["code"], trained)} for r in rows])
     out = tmp_path / "run"
     assert main(["train", "--data", str(data), "--categorical", "code", "--output", str(out), "--quiet", *FAST]) == 0
-    floats = _write_rows(tmp_path / "floats.csv", [{**r, "code": f"{r['code']:.1f}"} for r in rows[:9]])
-    expect_error(capsys, ["predict", str(out), "--data", str(floats), "--output", "-"],
-                 "['1.0', '2.0', '3.0'] outside its categories ['1', '2', '3']",
-                 "categories are compared as text: '1.0' is not '1'", "--handle-unknown 'ignore'")
+    same = _write_rows(tmp_path / "same.csv", [{**r, "code": code(r["code"], trained)} for r in rows[:9]])
+    if kind == "csv":
+        other = _write_rows(tmp_path / "other.csv", [{**r, "code": code(r["code"], written)} for r in rows[:9]])
+    else:  # numbers without text: floats for 1.0, integers for 1
+        other = tmp_path / "other.parquet"
+        codes = [float(r["code"]) if written == "1.0" else r["code"] for r in rows[:9]]
+        pq.write_table(pa.table({"code": codes, "x": [r["x"] for r in rows[:9]],
+                                 "label": [r["label"] for r in rows[:9]]}), other)
+    predictions = {}
+    for name, path in (("same", same), ("other", other)):
+        assert main(["predict", str(out), "--data", str(path), "--output", str(tmp_path / f"{name}.out.csv")]) == 0
+        predictions[name] = list(csv.DictReader(open(tmp_path / f"{name}.out.csv", encoding="utf-8")))
+    assert predictions["other"] == predictions["same"]
+    unknown = _write_rows(tmp_path / "unknown.csv", [{**rows[0], "code": "4.0"}, *rows[1:3]])
+    expect_error(capsys, ["predict", str(out), "--data", str(unknown), "--output", "-"],
+                 "categorical column 'code' has values ['4.0'] outside its categories",
+                 "--handle-unknown 'ignore'")

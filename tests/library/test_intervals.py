@@ -242,3 +242,61 @@ def test_a_calibration_keeps_its_number_of_ranks_through_its_state():
     assert again.num_ranks == N_RANKS
     with pytest.raises(ValueError, match="calibration was made on 12"):
         rank_intervals(torch.full((3, 9), 1 / 9, dtype=torch.float64), again)
+
+
+def _fitted_head(n: int = 8, d: int = 6):
+    gen = torch.Generator().manual_seed(9)
+    x = torch.nn.functional.normalize(torch.randn(900, d, generator=gen, dtype=torch.float64), dim=1)
+    labels = ((x[:, 0] + 1) / 2 * (n - 1)).round().long()
+    head = sol_ext.SOLHead(n, d, sigma=1.0)
+    head.update(x[:600], labels[:600])
+    return head, x, labels
+
+
+def test_a_head_calibrated_on_too_few_rows_warns_as_sol_ext_predict_does():
+    """One calibration row cannot calibrate 90 %: every interval is the whole scale, and the head
+    says so with the line `sol-ext predict --interval 0.9` prints (coverage= is --interval there);
+    the 9 rows it names are enough."""
+    import warnings
+
+    from sol_ext.intervals import CalibrationSizeWarning
+
+    head, x, labels = _fitted_head()
+    head.calibrate_intervals(x[600:601], labels[600:601])
+    with pytest.warns(CalibrationSizeWarning, match=r"^coverage=0\.9: 1 calibration row cannot calibrate 90% "
+                                                    r"\(it needs at least 9\); every interval is the whole scale"):
+        lower, upper = head.predict_interval(x[750:760], coverage=0.9)
+    assert bool((lower == 0).all()) and bool((upper == 7).all())
+    head.calibrate_intervals(x[600:609], labels[600:609])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CalibrationSizeWarning)
+        lower, upper = head.predict_interval(x[750:760], coverage=0.9)
+    assert bool((upper - lower < 7).any())
+
+
+@pytest.mark.parametrize("coverage", [0.8, 0.9, 0.95, 0.99, 0.999])
+def test_the_minimum_of_calibration_rows_is_where_the_threshold_turns_finite(coverage):
+    import warnings
+
+    from sol_ext.intervals import CalibrationSizeWarning, minimum_calibration_rows
+
+    rows = minimum_calibration_rows(coverage)
+    p, labels = calibrated_model(rows, seed=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CalibrationSizeWarning)
+        assert math.isfinite(calibrate_intervals(p, labels).threshold(coverage))
+    with pytest.warns(CalibrationSizeWarning, match=f"it needs at least {rows}\\)"):
+        assert math.isinf(calibrate_intervals(p[1:], labels[1:]).threshold(coverage))
+
+
+def test_a_heads_calibration_holds_its_number_of_ranks():
+    """The head's calibration, taken out of it (or out of a saved state), refuses probabilities of
+    another number of ranks, as a calibration of calibrate_intervals does."""
+    head, x, labels = _fitted_head()
+    head.calibrate_intervals(x[600:750], labels[600:750])
+    restored = sol_ext.SOLHead(8, 6, sigma=1.0)
+    restored.load_state_dict(head.state_dict())
+    for calibration in (head.interval_calibration, restored.interval_calibration):
+        assert calibration.num_ranks == 8
+        with pytest.raises(ValueError, match="probabilities have 9 ranks, but the calibration was made on 8"):
+            rank_intervals(torch.full((3, 9), 1 / 9, dtype=torch.float64), calibration)
