@@ -18,6 +18,7 @@ A run folder (``sol-ext train --output``) holds
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -29,6 +30,7 @@ from typing import Any, BinaryIO, Callable, Optional
 import torch
 
 from .config import SIGMA_GRID, TrainConfig, config_mismatches
+from .interrupts import removed_if_stopped
 from .prepare import PreparedData
 
 __all__ = ["CHECKPOINT_NAME", "BEST_NAME", "SIGMA_SEARCH_NAME", "SIGMA_SEARCH_RECORD", "EpochState",
@@ -263,23 +265,24 @@ def _replace_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
         return
     path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
     tmp = _temporary_name(path)
-    try:
-        # O_EXCL: never write through a file someone else made; the umask sets the mode
+    with removed_if_stopped(tmp):  # also by a second Ctrl-C, which ends the command at once
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except OSError as exc:
-            raise _write_error(path, exc) from None
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise _write_error(path, exc) from None
-    except BaseException:  # also Ctrl-C: leave no temporary behind
-        tmp.unlink(missing_ok=True)
-        raise
+            # O_EXCL: never write through a file someone else made; the umask sets the mode
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except OSError as exc:
+                raise _write_error(path, exc) from None
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise _write_error(path, exc) from None
+        except BaseException:  # also Ctrl-C: leave no temporary behind
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -300,34 +303,36 @@ def atomic_write_files(contents: dict[Path, bytes]) -> None:
     first, then the renames, so that an error or a Ctrl-C while writing leaves the old files and
     no temporary."""
     written: list[tuple[Path, Path]] = []
-    try:
-        for path, data in contents.items():
-            if _written_in_place(Path(path)):
-                _write_in_place(Path(path), lambda f, data=data: f.write(data))
-                continue
-            path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
-            tmp = _temporary_name(Path(path))
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            except OSError as exc:
-                raise _write_error(Path(path), exc) from None
-            written.append((tmp, Path(path)))
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-            except OSError as exc:  # a full disk: one line naming the file
-                raise _write_error(Path(path), exc) from None
-        for tmp, path in written:
-            try:
-                os.replace(tmp, path)
-            except OSError as exc:
-                raise _write_error(path, exc) from None
-    except BaseException:  # also Ctrl-C: leave no temporary behind
-        for tmp, _ in written:
-            tmp.unlink(missing_ok=True)
-        raise
+    with contextlib.ExitStack() as removed:  # also by a second Ctrl-C, which ends the command at once
+        try:
+            for path, data in contents.items():
+                if _written_in_place(Path(path)):
+                    _write_in_place(Path(path), lambda f, data=data: f.write(data))
+                    continue
+                path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
+                tmp = _temporary_name(Path(path))
+                removed.enter_context(removed_if_stopped(tmp))
+                try:
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+                except OSError as exc:
+                    raise _write_error(Path(path), exc) from None
+                written.append((tmp, Path(path)))
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                except OSError as exc:  # a full disk: one line naming the file
+                    raise _write_error(Path(path), exc) from None
+            for tmp, path in written:
+                try:
+                    os.replace(tmp, path)
+                except OSError as exc:
+                    raise _write_error(path, exc) from None
+        except BaseException:  # also Ctrl-C: leave no temporary behind
+            for tmp, _ in written:
+                tmp.unlink(missing_ok=True)
+            raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:

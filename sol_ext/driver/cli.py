@@ -4,7 +4,8 @@ Errors in the input (a bad data file, an unknown option value, a checkpoint of a
 print one line ``sol-ext: error: ...`` and exit with status 2; ``--traceback`` (or the environment
 variable ``SOL_EXT_TRACEBACK=1``) prints the full traceback above it. Every output path is checked by
 :mod:`sol_ext.driver.outputs` before anything is computed; Ctrl-C prints ``sol-ext: interrupted``
-and exits with status 130, leaving no partial file.
+and exits with status 130, leaving no partial file; a second one, during that clean stop, ends the
+command at once (:mod:`sol_ext.driver.interrupts`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import atexit
 import contextlib
 import importlib
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -21,6 +23,7 @@ from typing import Optional, Sequence
 
 from .config import COMPARE_METHODS
 from .errors import UsageError, command_line_flags, user_error_message, with_flags
+from .interrupts import second_interrupt_stops_at_once
 from .options import add_settings, comma_list
 
 __all__ = ["main", "build_parser", "end_process"]
@@ -262,6 +265,10 @@ def end_process(status: int) -> None:
     DistributedDataParallel, torch's gloo can abort in the shutdown ("terminate called without an
     active exception"), which would report a finished run as failed.
     """
+    # the command's outcome is known (and said): a Ctrl-C while the exit handlers run ends the
+    # process at once with it, not with a traceback of the handler it interrupted
+    with contextlib.suppress(ValueError):  # not the main thread
+        signal.signal(signal.SIGINT, lambda signum, frame: os._exit(status))
     world_size = os.environ.get("WORLD_SIZE", "1")
     if not (world_size.isdigit() and int(world_size) > 1):
         atexit._run_exitfuncs()  # what the shutdown would run first; documented since Python 2
@@ -277,6 +284,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # argparse exits with status 2 on bad syntax; every setting's option defaults to None, so
     # those not None are the ones typed (options.train_config lets them override a --config file)
     args = parser.parse_args(argv)
+    # a second Ctrl-C, pressed while the first stops the command cleanly, ends it at once
+    with second_interrupt_stops_at_once():
+        return _run_command(parser, args)
+
+
+def _run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The command of ``args``; its exit status, a line for an error or a Ctrl-C."""
     try:
         from .parallel import Parallel
 

@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - not on Linux or macOS: no locking
 
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, SIGMA_SEARCH_NAME, checkpoint_epoch, sigma_search_progress
 from .errors import UsageError
+from .interrupts import removed_if_stopped, signal_arrived, stopping_in
 
 __all__ = ["LOCK_NAME", "OutputFolderBusy", "RunInterrupted", "lock_output_folder",
            "interruption_note", "run_folder", "make_output_folder", "check_output_folder",
@@ -58,6 +59,7 @@ class Terminated(KeyboardInterrupt):
 
 
 def _raise_terminated(signum, frame) -> None:
+    signal_arrived(128 + signal.SIGTERM)  # a second signal, during the clean stop, ends it at once
     raise Terminated()
 
 
@@ -205,16 +207,19 @@ def lock_output_folder(out_dir: Path, flag: str = "--output") -> Iterator[Path]:
         if current:
             break
         os.close(fd)
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
-        yield out_dir
-    finally:
-        path.unlink(missing_ok=True)  # while still locked: see the check above
-        if created:
-            with contextlib.suppress(OSError):  # not empty: the run wrote something
-                out_dir.rmdir()
-        os.close(fd)
+    # a second Ctrl-C, which ends the command at once, removes them too
+    with removed_if_stopped(out_dir, folder=True) if created else contextlib.nullcontext(), \
+            removed_if_stopped(path):
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+            yield out_dir
+        finally:
+            path.unlink(missing_ok=True)  # while still locked: see the check above
+            if created:
+                with contextlib.suppress(OSError):  # not empty: the run wrote something
+                    out_dir.rmdir()
+            os.close(fd)
 
 
 def interruption_note(out_dir: Path) -> str:
@@ -237,7 +242,7 @@ def run_folder(out_dir: Path, note: Optional[Callable[[], str]] = None,
                flag: str = "--output") -> Iterator[Path]:
     """:func:`lock_output_folder`, and a Ctrl-C inside the block becomes :class:`RunInterrupted`
     with ``note()`` (default: :func:`interruption_note`) as its message."""
-    with lock_output_folder(out_dir, flag) as folder, _sigterm_as_interrupt():
+    with lock_output_folder(out_dir, flag) as folder, _sigterm_as_interrupt(), stopping_in(folder):
         try:
             yield folder
         except RunInterrupted:

@@ -389,6 +389,116 @@ def test_ctrl_c_while_starting_prints_no_traceback(tmp_path):
     assert len(err.strip().splitlines()) == 1, err
 
 
+# A second Ctrl-C while the first one stops the run: `sol-ext train` as installed, in a process of
+# its own (the second one ends that process), with the two signals sent at set moments. The first
+# arrives at an optimizer step of epoch 2, after epoch 1's checkpoint; ``SECOND`` sends the other.
+SECOND_CTRL_C = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    import sol_ext_launcher
+    import sol_ext.driver.rundir as rundir
+
+    steps, first_at_step = [], 10  # 6 steps an epoch
+    zero_grad = torch.optim.Optimizer.zero_grad
+
+    def first_ctrl_c_in_epoch_2(self, *args, **kwargs):
+        steps.append(1)
+        if len(steps) == first_at_step:
+            os.kill(os.getpid(), signal.SIGINT)
+        return zero_grad(self, *args, **kwargs)
+
+    torch.optim.Optimizer.zero_grad = first_ctrl_c_in_epoch_2
+    {second}
+    sys.exit(sol_ext_launcher.main())
+""")
+
+
+def _ctrl_c_twice(tmp_path, second: str):
+    """Run ``sol-ext train`` (2 epochs) with the two Ctrl-C of :data:`SECOND_CTRL_C`; its exit status,
+    stderr and run folder."""
+    data = tiny_csv(tmp_path / "d.csv")
+    out = tmp_path / "run"
+    script = SECOND_CTRL_C.replace("{second}", textwrap.dedent(second).strip())
+    argv = ["train", "--data", str(data), "--output", str(out), "--quiet", "--no-plots", "--sigma", "1", *FAST]
+    proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, cwd=tmp_path)
+    return proc.returncode, proc.stderr, out
+
+
+def _whole_checkpoint_of_epoch_1(out):
+    """The run folder holds epoch 1's checkpoint, whole, and no temporary or lock file."""
+    from sol_ext.driver.checkpoint import load_checkpoint
+
+    assert sorted(p.name for p in out.iterdir()) == ["best.pt", "checkpoint.pt"]
+    assert load_checkpoint(out / "checkpoint.pt")["epoch"] == 1  # its checksums verified
+
+
+def test_a_second_ctrl_c_while_the_run_stops_ends_it_at_once(tmp_path):
+    """The second arrives while the clean stop reads what the folder holds."""
+    code, err, out = _ctrl_c_twice(tmp_path, """
+        note = rundir.interruption_note
+
+        def second_ctrl_c(folder):
+            os.kill(os.getpid(), signal.SIGINT)
+            return note(folder)
+
+        rundir.interruption_note = second_ctrl_c
+    """)
+    assert code == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("sol-ext: interrupted again; stopped at once"), err
+    assert str(out) in err and "--resume" in err, err
+    _whole_checkpoint_of_epoch_1(out)
+
+
+def test_a_second_ctrl_c_while_a_checkpoint_is_written_leaves_no_temporary(tmp_path):
+    """The first Ctrl-C arrives while epoch 2's checkpoint is written, the second as its temporary
+    is being removed: that temporary goes all the same, and epoch 1's checkpoint stays whole."""
+    code, err, out = _ctrl_c_twice(tmp_path, """
+        import pathlib
+        import sol_ext.driver.checkpoint as checkpoint
+        first_at_step = None  # the first Ctrl-C comes while the checkpoint is written instead
+        save, unlink, sent = torch.save, pathlib.Path.unlink, []
+
+        def first_ctrl_c_while_writing(state, f, *args, **kwargs):
+            if state.get("epoch") == 2 and "optimizer" in state:
+                f.write(b"half a checkpoint")
+                os.kill(os.getpid(), signal.SIGINT)
+            return save(state, f, *args, **kwargs)
+
+        def second_ctrl_c_while_removing(path, *args, **kwargs):
+            if path.name.endswith(".tmp") and not sent:
+                sent.append(1)
+                os.kill(os.getpid(), signal.SIGINT)
+            return unlink(path, *args, **kwargs)
+
+        checkpoint.torch.save = first_ctrl_c_while_writing
+        pathlib.Path.unlink = second_ctrl_c_while_removing
+    """)
+    _whole_checkpoint_of_epoch_1(out)
+    assert code == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("sol-ext: interrupted again; stopped at once"), err
+
+
+def test_a_second_ctrl_c_while_the_process_exits_prints_no_traceback(tmp_path):
+    """The second arrives after the first's line, while the exit handlers run (torch's, which
+    printed the KeyboardInterrupt's traceback): the process ends at once with the first's status."""
+    code, err, out = _ctrl_c_twice(tmp_path, """
+        import atexit, time
+
+        def second_ctrl_c():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+
+        atexit.register(second_ctrl_c)
+    """)
+    assert code == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("sol-ext: interrupted;") and "checkpoint of epoch 1" in err, err
+    _whole_checkpoint_of_epoch_1(out)
+
+
 # ---------------------------------------------------------------------------------------------
 # compare: every option checked before the first run
 
