@@ -73,8 +73,9 @@ def _stop_at_once(status: int) -> None:
             path.rmdir()
     folder = _state["folder"]
     where = "" if folder is None else f" in {folder}"
-    # checkpoint.CHECKPOINT_NAME (that module imports this one): a run's last whole epoch
-    resume = "" if folder is None or not (folder / "checkpoint.pt").is_file() else \
+    from .checkpoint import CHECKPOINT_NAME  # here: that module imports this one; loaded by now
+
+    resume = "" if folder is None or not (folder / CHECKPOINT_NAME).is_file() else \
         "; its checkpoint continues with --resume"
     # the streams may be in the middle of a write the signal interrupted: what they hold is
     # flushed where they let it, and the line goes to the descriptor itself
