@@ -25,7 +25,7 @@ __all__ = ["second_interrupt_stops_at_once", "removed_if_stopped", "stopping_in"
 # stop would have; a folder made for the run is removed too where nothing else was written there
 _files: set[Path] = set()
 _folders: set[Path] = set()
-_state = {"interrupted": False, "pid": None, "folder": None}
+_state = {"interrupted": False, "pid": None, "folder": None, "resumable": None}
 
 
 @contextlib.contextmanager
@@ -41,16 +41,17 @@ def removed_if_stopped(path: Path, folder: bool = False) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def stopping_in(folder: Path) -> Iterator[None]:
+def stopping_in(folder: Path, resumable: Path) -> Iterator[None]:
     """Within the block, and after it once interrupted (the clean stop goes on outside it), the
-    line of a stop at once names ``folder`` (the run's output folder)."""
-    previous = _state["folder"]
-    _state["folder"] = Path(folder)
+    line of a stop at once names ``folder`` (the run's output folder), and says ``--resume``
+    continues where the file ``resumable`` (the run's checkpoint) exists."""
+    previous = _state["folder"], _state["resumable"]
+    _state["folder"], _state["resumable"] = Path(folder), Path(resumable)
     try:
         yield
     finally:
         if not _state["interrupted"]:
-            _state["folder"] = previous
+            _state["folder"], _state["resumable"] = previous
 
 
 def signal_arrived(status: int) -> None:
@@ -73,9 +74,8 @@ def _stop_at_once(status: int) -> None:
             path.rmdir()
     folder = _state["folder"]
     where = "" if folder is None else f" in {folder}"
-    from .checkpoint import CHECKPOINT_NAME  # here: that module imports this one; loaded by now
-
-    resume = "" if folder is None or not (folder / CHECKPOINT_NAME).is_file() else \
+    resumable = _state["resumable"]
+    resume = "" if resumable is None or not resumable.is_file() else \
         "; its checkpoint continues with --resume"
     # the streams may be in the middle of a write the signal interrupted: what they hold is
     # flushed where they let it, and the line goes to the descriptor itself

@@ -242,7 +242,8 @@ def run_folder(out_dir: Path, note: Optional[Callable[[], str]] = None,
                flag: str = "--output") -> Iterator[Path]:
     """:func:`lock_output_folder`, and a Ctrl-C inside the block becomes :class:`RunInterrupted`
     with ``note()`` (default: :func:`interruption_note`) as its message."""
-    with lock_output_folder(out_dir, flag) as folder, _sigterm_as_interrupt(), stopping_in(folder):
+    with lock_output_folder(out_dir, flag) as folder, _sigterm_as_interrupt(), \
+            stopping_in(folder, folder / CHECKPOINT_NAME):
         try:
             yield folder
         except RunInterrupted:

@@ -36,6 +36,7 @@ TESTED_IN = {
     "sol_ext/driver/compare.py": "driver/test_cli.py",
     "sol_ext/driver/device.py": "driver/test_cli.py",
     "sol_ext/driver/export.py": "driver/test_predict.py",
+    "sol_ext/driver/interrupts.py": "driver/test_cli.py",  # a second Ctrl-C, through the command
     "sol_ext/driver/loader.py": "driver/test_images.py",
     "sol_ext/driver/methods.py": "driver/test_train.py",
     "sol_ext/driver/options.py": "driver/test_config_file.py",
