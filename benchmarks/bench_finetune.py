@@ -33,7 +33,8 @@ The heads, on the pooled embedding:
 
 - ``sol``: :class:`sol_ext.hf.SOLTextModel` with the package's defaults (``label_values`` −4 … 4,
   mean pooling, the :class:`~sol_ext.SOLHead` settings' defaults), trained by
-  :class:`sol_ext.hf.SOLTrainer` (SOL's loss, its end-of-epoch step, the head's read-out); frozen,
+  :class:`sol_ext.hf.SOLTrainer` (SOL's loss, its end-of-epoch step, the head's read-out; the
+  centroids updated ``--centroid-updates`` times an epoch, the trainer's default unless given); frozen,
   the head's end-of-epoch step on the frozen embeddings (there is nothing else to train);
 - ``corn``: coral-pytorch's CORN loss on a linear layer (8 logits), its rank the count of the
   conditional probabilities' running products above 1/2;
@@ -44,7 +45,8 @@ The heads, on the pooled embedding:
 Reports, per run, on the test rows: MAE, macro-MAE and QWK of the ranks against ``round(consensus)``;
 Pearson and Spearman of a continuous score against the consensus itself (SOL and CE: the expected
 rating under their probabilities; CORN: the expected rank; L1: its output); the chosen epoch and its
-validation MAE; the wall time per epoch (training steps, SOL's end-of-epoch pass and the validation);
+validation MAE (and, for SOL, the validation Pearson of its expected rating against the one-rater
+labels); the wall time per epoch (training steps, SOL's end-of-epoch pass and the validation);
 and the peak memory (CUDA: the peak allocated; CPU: the peak resident memory of the process during
 the run). Writes ``finetune[_TAG].json`` (every run, the settings) and ``.md`` (mean ± std over
 seeds) to ``--output``. corn needs coral-pytorch.
@@ -298,12 +300,13 @@ class BestEpoch:
         class Keeper(TrainerCallback):
             def __init__(self) -> None:
                 self.best, self.epoch, self.state, self.seen = math.inf, 0, None, []
+                self.metrics: dict[str, float] = {}
 
             def on_evaluate(self, args, state, control, metrics=None, **kwargs):
                 value = float(metrics[metric])
                 self.seen.append(value)
                 if value < self.best:
-                    self.best, self.epoch = value, int(round(state.epoch or 0))
+                    self.best, self.epoch, self.metrics = value, int(round(state.epoch or 0)), dict(metrics)
                     self.state = copy.deepcopy(model.state_dict())
 
         return Keeper()
@@ -328,7 +331,7 @@ def finetune_run(head: str, seed: int, data: dict, options: argparse.Namespace) 
     rows scored."""
     from transformers import DataCollatorWithPadding, Trainer, set_seed
 
-    from sol_ext.hf import SOLTextModel, SOLTrainer
+    from sol_ext.hf import SOLTextModel, SOLTrainer, rank_metrics
 
     set_seed(seed)
     encoder = load_encoder(options.encoder, options.train_layers)
@@ -347,8 +350,18 @@ def finetune_run(head: str, seed: int, data: dict, options: argparse.Namespace) 
         if head == "sol":
             model = SOLTextModel(encoder, label_values=SCALE, sigma=options.sol_sigma, margin=options.sol_margin)
             optimizers = optimizer_and_schedule(model, options, steps)
+            rank_scores = rank_metrics(len(SCALE), model.head, model.to_ranks)
+
+            def sol_validation(prediction) -> dict[str, float]:
+                expected = np.asarray(prediction.predictions) @ np.asarray(SCALE, dtype=np.float64)
+                labels = np.asarray(prediction.label_ids, dtype=np.float64)
+                return {**rank_scores(prediction), "pearson": float(np.corrcoef(expected, labels)[0, 1])}
+
+            updates = {} if options.centroid_updates is None else \
+                {"centroid_updates_per_epoch": options.centroid_updates}
             trainer = SOLTrainer(model=model, args=args, train_dataset=dataset("train", False),
-                                 eval_dataset=dataset("val", False), data_collator=collator, optimizers=optimizers)
+                                 eval_dataset=dataset("val", False), data_collator=collator, optimizers=optimizers,
+                                 compute_metrics=sol_validation, **updates)
             metric = "eval_mae"
         else:
             mean_rank = float(np.mean(values[split["train"]] - SCALE[0]))
@@ -390,6 +403,10 @@ def finetune_run(head: str, seed: int, data: dict, options: argparse.Namespace) 
             else:
                 ranks, score = read_out(head, output.predictions)
     record = scores(ranks, score, data["consensus"][split["test"]])
+    if "eval_pearson" in keeper.metrics:
+        record["val_pearson"] = keeper.metrics["eval_pearson"]
+    if head == "sol":
+        record["centroid_updates_per_epoch"] = trainer.centroid_updates_per_epoch
     record.update(best_epoch=keeper.epoch, val_mae=keeper.best, val_maes=keeper.seen,
                   seconds_per_epoch=seconds / options.epochs, peak_memory_mb=memory.peak / 2**20,
                   memory=memory.kind, trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad))
@@ -540,6 +557,9 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=0.1, help="fraction of the steps of linear warm-up")
     parser.add_argument("--sol-sigma", type=float, default=1.0, help="SOL's noise level sigma (SOLHead's default 1)")
     parser.add_argument("--sol-margin", type=float, default=0.25, help="SOL's margin (SOLHead's default 0.25)")
+    parser.add_argument("--centroid-updates", type=int, default=None,
+                        help="SOL's centroid updates per epoch (SOLTrainer's centroid_updates_per_epoch; "
+                             "default: its default)")
     parser.add_argument("--max-length", type=int, default=64, help="tokens per sentence (longer ones are cut)")
     parser.add_argument("--train-layers", default="2",
                         help="fine-tune the top N transformer layers only, or 'all' (default 2: a 2-core CPU's budget)")
@@ -583,6 +603,8 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     for name in ("epochs", "frozen_epochs", "batch_size", "max_length"):
         if getattr(options, name) < 1:
             refuse(f"--{name.replace('_', '-')} must be at least 1, got {getattr(options, name)}")
+    if options.centroid_updates is not None and options.centroid_updates < 1:
+        refuse(f"--centroid-updates must be at least 1 (the end of the epoch), got {options.centroid_updates}")
     if options.rows is not None and options.rows < 10:
         refuse(f"--rows must be at least 10 (a split of 60/20/20 with rows in each), got {options.rows}")
     if not options.data.is_file():
@@ -634,7 +656,9 @@ def main(argv: Optional[Sequence[str]] = None, log: Callable[[str], None] = prin
                 records.append(record)
                 log(f"{mode:9s} {head:4s} seed {seed}: test MAE {record['mae']:.3f} macro-MAE "
                     f"{record['macro_mae']:.3f} QWK {record['qwk']:.3f} Pearson {record['pearson']:.3f} "
-                    f"Spearman {record['spearman']:.3f} (epoch {record['best_epoch']}, "
+                    f"Spearman {record['spearman']:.3f} (epoch {record['best_epoch']}, val MAE "
+                    f"{record['val_mae']:.3f}"
+                    + (f" Pearson {record['val_pearson']:.3f}" if "val_pearson" in record else "") + ", "
                     f"{record['seconds_per_epoch']:.0f} s/epoch)")
                 # written after every run: a run stopped early keeps what it measured
                 (options.output / f"{name}.json").write_text(

@@ -21,7 +21,9 @@ Three pieces:
   before that epoch's evaluation and checkpoint, the whole training set is embedded with the model in
   eval mode and the head updated (damped centroid rule, read-out); under data parallelism each process
   embeds its :func:`~sol_ext.distributed.shard` and :func:`sol_ext.distributed.update_head` all-reduces
-  the update, so every process holds the same head. An evaluation or ``predict`` after training steps
+  the update, so every process holds the same head. With ``SOLTrainer(...,
+  centroid_updates_per_epoch=k)``, the centroids alone are also updated that way ``k - 1`` times
+  inside every epoch, at even fractions of it, so they follow the encoder as it moves. An evaluation or ``predict`` after training steps
   the head has not seen (``eval_strategy="steps"``, ``max_steps`` inside an epoch) updates the head
   the same way first, so it scores the model as it is, and the checkpoint saved with that evaluation
   holds that head.
@@ -413,10 +415,27 @@ class SOLCallback(TrainerCallback):
     """SOL's end-of-epoch step for a :class:`SOLTrainer` (it adds one to itself): the first centroids
     when training begins (unless the head has some), then :meth:`SOLTrainer.update_head` at the end of
     every epoch (unless an evaluation at that step already updated it), before that epoch's evaluation
-    and checkpoint."""
+    and checkpoint. With ``centroid_updates_per_epoch`` ``k > 1``, the centroids alone are updated
+    too after the optimizer step that passes each of ``1/k, 2/k, … (k-1)/k`` of an epoch (unless an
+    evaluation at that step updates the whole head)."""
 
     def __init__(self, trainer: "SOLTrainer") -> None:
         self.trainer = trainer
+        self.epoch_before_step = 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.epoch_before_step = state.epoch or 0.0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        updates = self.trainer.centroid_updates_per_epoch
+        if updates == 1 or control.should_evaluate:
+            return
+        # the number of 1/k-epoch marks passed before and after this step (a small slack for the
+        # rounding of state.epoch, epoch + steps / steps_in_epoch)
+        before = math.floor(self.epoch_before_step * updates + 1e-6)
+        after = math.floor((state.epoch or 0.0) * updates + 1e-6)
+        if after > before and after % updates != 0:  # a whole epoch's mark is on_epoch_end's
+            self.trainer.update_head(centroids_only=True)
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not bool(self.trainer.sol_model.head.has_centroids):
@@ -438,11 +457,22 @@ class SOLTrainer(Trainer):
     ``predictions``. ``train_dataset`` must be map-style (it is read again, in order, at the end of
     every epoch); its rows hold the encoder inputs and ``labels``.
 
+    Args:
+        centroid_updates_per_epoch: how many times every epoch updates the centroids, each time from
+            the whole training set embedded in eval mode by the damped centroid rule: ``1``, at the
+            epoch's end only (with the read-out); ``k > 1``, also after each ``1/k`` of the epoch (the
+            centroids only; each costs one pass over the training set without gradients). Default 1.
+
     Attributes:
         head_step: the training step (``state.global_step``) at which the head was last updated.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, centroid_updates_per_epoch: int = 1, **kwargs: Any) -> None:
+        if isinstance(centroid_updates_per_epoch, bool) or not isinstance(centroid_updates_per_epoch, int) \
+                or centroid_updates_per_epoch < 1:
+            raise ValueError(f"centroid_updates_per_epoch must be a whole number of updates, at least 1 (the "
+                             f"end of the epoch), got {centroid_updates_per_epoch!r}")
+        self.centroid_updates_per_epoch = centroid_updates_per_epoch
         super().__init__(*args, **kwargs)
         if not isinstance(self.model, SOLTextModel):
             raise TypeError(f"SOLTrainer's model must be a sol_ext.hf.SOLTextModel, got "

@@ -91,11 +91,12 @@ def _review_trainer(model, tokenizer, folder, label_offset=0, **arguments):
                       data_collator=DataCollatorWithPadding(tokenizer))
 
 
-def _trainer(model, tmp_path, epochs=2, **arguments):
+def _trainer(model, tmp_path, epochs=2, centroid_updates_per_epoch=None, **arguments):
     options = dict(num_train_epochs=epochs, per_device_train_batch_size=16, per_device_eval_batch_size=32,
                    learning_rate=1e-3, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="epoch", seed=3)
     args = TrainingArguments(str(tmp_path / "out"), **{**options, **arguments})
-    return SOLTrainer(model=model, args=args, train_dataset=Ratings(64, 0), eval_dataset=Ratings(32, 1))
+    updates = {} if centroid_updates_per_epoch is None else {"centroid_updates_per_epoch": centroid_updates_per_epoch}
+    return SOLTrainer(model=model, args=args, train_dataset=Ratings(64, 0), eval_dataset=Ratings(32, 1), **updates)
 
 
 def _all_embeddings(model, data):
@@ -158,6 +159,62 @@ def test_evaluation_and_predictions_are_the_heads_ranks(tmp_path):
     batch = torch.utils.data.default_collate([test[i] for i in range(4)])
     assert model.predict(**batch).tolist() == ranks[:4].tolist()
     assert model.predict_proba(**batch).shape == (4, NUM_RANKS)
+
+
+class CentroidRecorder(TrainerCallback):
+    """After each step (and SOLCallback's work at it): the step, the head's centroids, and the centroid
+    rule (momentum 0) of the model as it is then, on the whole training set."""
+
+    def __init__(self, model, train):
+        self.model, self.train, self.seen = model, train, []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        was_training = self.model.training
+        h, labels = _all_embeddings(self.model, self.train)
+        self.model.train(was_training)
+        rule = sol_ext.SOLHead(NUM_RANKS, 32, momentum=0.0)
+        rule.update_centroids(h, labels)
+        self.seen.append((state.global_step, self.model.head.centroids.clone(), rule.centroids))
+
+
+@pytest.mark.parametrize("updates", [1, 2, 4])
+def test_centroids_follow_the_encoder_inside_an_epoch_as_often_as_asked(tmp_path, updates):
+    """4-step epochs, momentum 0 (an update is the rule alone): with k updates an epoch, the centroids
+    after steps 4/k, 2·4/k, … are the rule of the model at that step, and stay as they were between
+    them; with 1, they stay the first centroids all the first epoch, as before there was a choice."""
+    model = SOLTextModel(_encoder(), NUM_RANKS, momentum=0.0)
+    h, labels = _all_embeddings(model, Ratings(64, 0))
+    first = sol_ext.SOLHead(NUM_RANKS, 32, momentum=0.0)
+    first.update_centroids(h, labels)
+    trainer = _trainer(model, tmp_path, epochs=2, centroid_updates_per_epoch=updates, learning_rate=3e-3,
+                       save_strategy="no")
+    assert trainer.centroid_updates_per_epoch == updates
+    recorder = CentroidRecorder(model, trainer.train_dataset)
+    trainer.add_callback(recorder)
+    trainer.train()
+    assert [step for step, _, _ in recorder.seen] == list(range(1, 9))
+    current = first.centroids
+    for step, centroids, rule in recorder.seen:
+        if step % 4 == 0:   # on_epoch_end comes after on_step_end: the epoch's own update is not yet done
+            continue
+        if step % (4 // updates) == 0:
+            torch.testing.assert_close(centroids, rule, rtol=1e-5, atol=1e-6, msg=f"step {step}")
+            assert not torch.allclose(centroids, current), step   # the encoder moved: so did they
+            current = centroids
+        elif step < 4:
+            torch.testing.assert_close(centroids, current, rtol=0, atol=0, msg=f"step {step}")
+    # the epoch's end updated the whole head as ever
+    h, labels = _all_embeddings(model, trainer.train_dataset)
+    expected = sol_ext.SOLHead(NUM_RANKS, 32, momentum=0.0)
+    expected.update(h, labels)
+    torch.testing.assert_close(model.head.centroids, expected.centroids, rtol=1e-5, atol=1e-6)
+
+
+def test_centroid_updates_per_epoch_must_be_a_whole_number_from_one(tmp_path):
+    for bad in (0, -2, 2.0, True):
+        with pytest.raises(ValueError, match="centroid_updates_per_epoch must be a whole number of updates, "
+                                             "at least 1"):
+            _trainer(SOLTextModel(_encoder(), NUM_RANKS), tmp_path, centroid_updates_per_epoch=bad)
 
 
 class EvaluationRecorder(TrainerCallback):
