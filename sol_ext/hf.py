@@ -24,9 +24,9 @@ Three pieces:
   the update, so every process holds the same head. With ``SOLTrainer(...,
   centroid_updates_per_epoch=k)`` (default 1), the centroids alone are also updated that way ``k - 1``
   times inside every epoch, after each ``1/k`` of it, so they follow the encoder as it moves. An
-  evaluation or ``predict`` after training steps the head has not seen (``eval_strategy="steps"``, ``max_steps`` inside an epoch) updates the head
-  the same way first, so it scores the model as it is, and the checkpoint saved with that evaluation
-  holds that head.
+  evaluation or ``predict`` after training steps the head has not seen (``eval_strategy="steps"``,
+  ``max_steps`` inside an epoch) updates the head the same way first, so it scores the model as it
+  is, and the checkpoint saved with that evaluation holds that head.
 
 ::
 
