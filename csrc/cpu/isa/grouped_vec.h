@@ -109,9 +109,16 @@ class BlockSum {
 // The label-weight dot product in the order GCC's vectorized reduction below gives it at this width (one
 // loop, never inlined there): eight lanes over whole vectors, the remainder into lane 0, then 0 + lane 0
 // + ... + lane 7. Written out it inlines into the sweeps, which no longer pay a call and a round trip of
-// the lanes through memory per product; the numbers are the same.
+// the lanes through memory per product; the numbers are the same. Below eight terms lanes 1 .. 7 stay
+// +0, and 0 + lane 0 is never -0, so adding them changes nothing: the short dot product (a few ranks,
+// the common case) skips those seven dependent additions.
 __attribute__((always_inline)) inline double dot(const double* a, const double* b, int64_t n) {
   constexpr int kLanes = 8;
+  if (n < kLanes) {
+    double lane0 = 0;
+    for (int64_t k = 0; k < n; ++k) lane0 = std::fma(a[k], b[k], lane0);
+    return 0.0 + lane0;
+  }
   double lane[kLanes] = {};
   int64_t k = 0;
   for (; k + kLanes <= n; k += kLanes) {
@@ -146,18 +153,16 @@ class RankSum {
         label_bits_(bits_for(B - 1) + bits_for(n - 1) <= 32 ? bits_for(n - 1) : -1), items_(B), s_(B), lab_(B),
         pos_(B), g_(B), counts_(n), per_label_(n), w_plus_(n * n), w_plus_t_(n * n) {}
 
-  // Rank q's share of the sum over the ordered pairs x != y; writes `scale` times d(share)/dD[., q] to
-  // column q of grad [B, n] when grad is not null. NaN (value and gradient) when the column holds a NaN,
-  // as the pairwise kernels give.
-  double run(int64_t q, double* grad, double scale) {
+  // Rank q's share of the sum over the ordered pairs x != y; writes `scale` times d(share)/dD[x, q] to
+  // column[x] (x < B) when column is not null. NaN (value and gradient) when D[., q] holds a NaN, as the
+  // pairwise kernels give.
+  double run(int64_t q, double* column, double scale) {
     const int64_t B = B_, n = n_;
     const bool packed = label_bits_ >= 0;
     for (int64_t i = 0; i < B; ++i) {
       const scalar_t v = D_[i * n + q];
       if (std::isnan(v)) {
-        if (grad != nullptr) {
-          for (int64_t x = 0; x < B; ++x) grad[x * n + q] = std::numeric_limits<double>::quiet_NaN();
-        }
+        if (column != nullptr) std::fill(column, column + B, std::numeric_limits<double>::quiet_NaN());
         return std::numeric_limits<double>::quiet_NaN();
       }
       const uint32_t row = static_cast<uint32_t>(i);
@@ -186,9 +191,9 @@ class RankSum {
     const double mid = 0.5 * (static_cast<double>(s_[0]) + static_cast<double>(s_[B - 1]));
     BlockSum inner;
     for (int64_t i = 0; i < B; ++i) inner.add(g_[i] * (static_cast<double>(s_[i]) - mid));
-    if (grad != nullptr) {
+    if (column != nullptr) {
       const int row_shift = packed ? label_bits_ : 0;
-      for (int64_t i = 0; i < B; ++i) grad[int64_t(items_[i].payload >> row_shift) * n + q] = scale * g_[i];
+      for (int64_t i = 0; i < B; ++i) column[items_[i].payload >> row_shift] = scale * g_[i];
     }
     return inner.value() + value;
   }
@@ -223,7 +228,7 @@ class RankSum {
     for (int64_t i = 0; i < B; ++i) {
       const scalar_t x = s_[i];
       while (p < B && scalar_t(x - s_[p]) > threshold) counts_[lab_[p++]] += 1;
-      pos_[i] = p;
+      pos_[i] = static_cast<int32_t>(p);
       const double side = dot(W + lab_[i] * n, counts_.data(), n);
       g_[i] += side;
       x_sides.add(side);
@@ -256,27 +261,28 @@ class RankSum {
   std::vector<Item<Key>> items_, scratch_;
   std::vector<scalar_t> s_;        // D[., q] in sorted order
   std::vector<int32_t> lab_;       // labels in sorted order
-  std::vector<int64_t> pos_;       // pos[x] of the current hinge
+  std::vector<int32_t> pos_;       // pos[x] of the current hinge (B < 2^31)
   std::vector<double> g_;          // gradient in sorted order
   std::vector<double> counts_, per_label_, w_plus_, w_plus_t_;
 };
 
-// One rank per task (tasks.h); each worker owns the buffers of one RankSum, and writes its ranks' slots.
+// One rank per task (tasks.h); each worker owns the buffers of one RankSum, and writes its ranks' slots
+// and gradient columns.
 template <typename scalar_t>
-void rank_shares(const GroupedInputs<scalar_t>& in, double* shares, double* grad) {
+void rank_shares(const GroupedInputs<scalar_t>& in, double* shares, double* columns) {
   run_tasks(in.rank_end - in.rank_begin, in.helpers, [&] {
     return [rank_sum = RankSum<scalar_t>(in.D, in.labels, in.B, in.n, in.L, in.U, in.E2,
                                          static_cast<scalar_t>(in.margin), in.official),
-            shares, grad, rank_begin = in.rank_begin](int64_t k) mutable {
+            shares, columns, B = in.B, rank_begin = in.rank_begin](int64_t k) mutable {
       // x 0.5: the unordered pairs carry half of the ordered pairs x != y (docs/math.md §13.2)
-      shares[k] = rank_sum.run(rank_begin + k, grad, 0.5);
+      shares[k] = rank_sum.run(rank_begin + k, columns == nullptr ? nullptr : columns + k * B, 0.5);
     };
   });
 }
 
-void grouped_rank_shares(const GroupedInputs<float>& inputs, double* shares, double* grad) {
-  rank_shares(inputs, shares, grad);
+void grouped_rank_shares(const GroupedInputs<float>& inputs, double* shares, double* columns) {
+  rank_shares(inputs, shares, columns);
 }
-void grouped_rank_shares(const GroupedInputs<double>& inputs, double* shares, double* grad) {
-  rank_shares(inputs, shares, grad);
+void grouped_rank_shares(const GroupedInputs<double>& inputs, double* shares, double* columns) {
+  rank_shares(inputs, shares, columns);
 }
