@@ -151,7 +151,7 @@ class RankSum {
           const double* E2, scalar_t gamma, bool official)
       : D_(D), labels_(labels), B_(B), n_(n), L_(L), U_(U), E2_(E2), gamma_(gamma), official_(official),
         label_bits_(bits_for(B - 1) + bits_for(n - 1) <= 32 ? bits_for(n - 1) : -1), items_(B), s_(B), lab_(B),
-        pos_(B), g_(B), counts_(n), per_label_(n), w_plus_(n * n), w_plus_t_(n * n) {}
+        pos_(B), g_(B), below_(n), above_(n), per_label_(n), w_plus_(n * n), w_plus_t_(n * n) {}
 
   // Rank q's share of the sum over the ordered pairs x != y; writes `scale` times d(share)/dD[x, q] to
   // column[x] (x < B) when column is not null. NaN (value and gradient) when D[., q] holds a NaN, as the
@@ -221,26 +221,50 @@ class RankSum {
   // pairs x = y (§13.2, §13.3).
   double sweep(const double* W, const double* W_t, double c, scalar_t threshold) {
     const int64_t B = B_, n = n_;
-    // x's side: the y active with x are the sorted positions 0 .. pos[x] - 1 (pos does not decrease).
-    std::fill(counts_.begin(), counts_.end(), 0.0);
+    // x's side: the y active with x are the sorted positions 0 .. pos[x] - 1 (pos does not decrease);
+    // `below_` holds their labels.
+    // y's side: the x active with the y at position j are the positions first_above .. B - 1, where
+    // first_above = #{x: pos[x] <= j}; `above_` holds the labels of those x.
+    std::fill(below_.begin(), below_.end(), 0.0);
+    std::copy(per_label_.begin(), per_label_.end(), above_.begin());
     BlockSum x_sides;
-    int64_t p = 0;
+    int64_t p = 0, first_above = 0;
+#if SOL_EXT_VECTOR_BYTES == 64
+    // Both sides in one pass over the sorted column: y's side at j needs pos[x] up to the first x with
+    // pos[x] > j, and once x's side has reached position i, that x is at most i for every j < pos[i].
+    // j also trails i, so that every position gets its x side's gradient before its y side's, the order
+    // of two separate passes: the same numbers.
+    int64_t j = 0;
+    const auto y_side = [&](int64_t j) {
+      while (first_above < B && pos_[first_above] <= j) above_[lab_[first_above++]] -= 1;
+      g_[j] -= dot(W_t + lab_[j] * n, above_.data(), n);
+    };
     for (int64_t i = 0; i < B; ++i) {
       const scalar_t x = s_[i];
-      while (p < B && scalar_t(x - s_[p]) > threshold) counts_[lab_[p++]] += 1;
+      while (p < B && scalar_t(x - s_[p]) > threshold) below_[lab_[p++]] += 1;
       pos_[i] = static_cast<int32_t>(p);
-      const double side = dot(W + lab_[i] * n, counts_.data(), n);
+      const double side = dot(W + lab_[i] * n, below_.data(), n);
+      g_[i] += side;
+      x_sides.add(side);
+      for (const int64_t ready = std::min<int64_t>(p, i + 1); j < ready; ++j) y_side(j);
+    }
+    for (; j < B; ++j) y_side(j);
+#else
+    // Two passes, x's side then y's: GCC's vectorized dot (above) takes its summation order from the loop
+    // it is inlined into, and these two loops give the numbers this capability has always given.
+    for (int64_t i = 0; i < B; ++i) {
+      const scalar_t x = s_[i];
+      while (p < B && scalar_t(x - s_[p]) > threshold) below_[lab_[p++]] += 1;
+      pos_[i] = static_cast<int32_t>(p);
+      const double side = dot(W + lab_[i] * n, below_.data(), n);
       g_[i] += side;
       x_sides.add(side);
     }
-    // y's side: the x active with the y at position i are the positions first_above .. B - 1, where
-    // first_above = #{x: pos[x] <= i}; `counts_` holds the labels of those x.
-    std::copy(per_label_.begin(), per_label_.end(), counts_.begin());
-    int64_t first_above = 0;
     for (int64_t i = 0; i < B; ++i) {
-      while (first_above < B && pos_[first_above] <= i) counts_[lab_[first_above++]] -= 1;
-      g_[i] -= dot(W_t + lab_[i] * n, counts_.data(), n);
+      while (first_above < B && pos_[first_above] <= i) above_[lab_[first_above++]] -= 1;
+      g_[i] -= dot(W_t + lab_[i] * n, above_.data(), n);
     }
+#endif
     if (c == 0) return 0.0;
     double value = c * x_sides.value();
     if (scalar_t(0) > threshold) {  // x's own hinge is active (delta = 0): take the pairs x = x out
@@ -263,7 +287,8 @@ class RankSum {
   std::vector<int32_t> lab_;       // labels in sorted order
   std::vector<int32_t> pos_;       // pos[x] of the current hinge (B < 2^31)
   std::vector<double> g_;          // gradient in sorted order
-  std::vector<double> counts_, per_label_, w_plus_, w_plus_t_;
+  std::vector<double> below_, above_;  // label counts of a sweep's two sides
+  std::vector<double> per_label_, w_plus_, w_plus_t_;
 };
 
 // One rank per task (tasks.h); each worker owns the buffers of one RankSum, and writes its ranks' slots
