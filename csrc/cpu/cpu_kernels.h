@@ -39,7 +39,8 @@ struct Strided {
 
 // One grouped_order_sum call (grouped_order_loss_kernel.cpp): D [B, n], the [n, n] weight matrices L, U,
 // E2 (docs/math.md §13.1), ranks rank_begin..rank_end-1. shares[k] gets rank rank_begin + k's share;
-// grad (when not null) [B, n] float64 gets 0.5 times its gradient in those ranks' columns.
+// columns (when not null) [K, B] float64, K = rank_end - rank_begin: row k gets 0.5 times the gradient
+// of rank rank_begin + k's share with respect to D[., rank_begin + k].
 template <typename scalar_t>
 struct GroupedInputs {
   const scalar_t* D;
@@ -71,7 +72,7 @@ struct GroupedInputs {
   void order_loss_block_backward(const OrderLossInputs<T>& inputs, int64_t offset, Strided<T> grad_rows,          \
                                  T* grad_D, T* grad_D_all);                                                        \
   /* grouped_order_sum's per-rank shares (and gradient) */                                                         \
-  void grouped_rank_shares(const GroupedInputs<T>& inputs, double* shares, double* grad);                          \
+  void grouped_rank_shares(const GroupedInputs<T>& inputs, double* shares, double* columns);                       \
   /* stochastic_dissimilarity of small problems, from the definition (P [n, n] in T) */                           \
   void dissimilarity_direct_forward(const T* h, const T* mu, const T* P, int64_t B, int64_t n, int64_t d, T* D);  \
   void dissimilarity_direct_backward(const T* grad_D, const T* h, const T* mu, const T* P, int64_t B, int64_t n,  \

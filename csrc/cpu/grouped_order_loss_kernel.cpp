@@ -2,7 +2,10 @@
 //
 // Each rank q of the range is one task: sort the column D[., q], then two sweeps along the sorted order
 // per hinge family give every sample's share of the gradient, and the value follows from them (§13.3).
-// No [B, B] or [pairs, n] tensor: O(B + n^2) extra memory per worker besides the [B, n] gradient.
+// No [B, B] or [pairs, n] tensor: O(B + n^2) extra memory per worker besides the [B, n] gradient and the
+// ranks' gradient columns. A rank writes its gradient by sample, in sorted order: to a [B] column of its
+// own, whose cache lines hold 8 samples each, rather than to grad's rows, whose lines hold 8 / n samples;
+// the columns then go into grad in one pass in row order (about twice as fast at n = 5, B = 10^6).
 //
 // Determinism: one worker computes a whole rank, in a fixed order, into that rank's slot; the ranks'
 // values are added in rank order at the end. The result is therefore bitwise the same for any number of
@@ -14,6 +17,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "../sol_ext.h"
@@ -64,7 +68,9 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cpu(
   const at::Tensor table = ordering_table(n, sigma, tau, conv, at::kDouble, D.device());
   const at::Tensor lt = table.select(2, 0), eq = table.select(2, 1), gt = table.select(2, 2);
   const at::Tensor L = (lt + gt.t()).contiguous(), U = (gt + lt.t()).contiguous(), E2 = (eq + eq.t()).contiguous();
-  double* grad_ptr = need_grad ? grad.data_ptr<double>() : nullptr;
+  // [K, B]: row k the gradient of rank rank_begin + k, every value written by that rank
+  at::Tensor columns = need_grad ? at::empty({K, B}, options) : at::empty({0}, options);
+  double* columns_ptr = need_grad ? columns.data_ptr<double>() : nullptr;
   std::vector<double> shares(K, 0.0);  // per rank of the range
 
   // One rank per task (tasks.h), at the CPU's width (cpu_kernels.h).
@@ -73,8 +79,19 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cpu(
     const cpu::GroupedInputs<scalar_t> inputs{D.data_ptr<scalar_t>(), labels_ptr, B, n, L.data_ptr<double>(),
                                               U.data_ptr<double>(), E2.data_ptr<double>(), margin,
                                               conv == Convention::Official, rank_begin, rank_end, helpers};
-    SOL_EXT_CPU_DISPATCH(grouped_rank_shares(inputs, shares.data(), grad_ptr));
+    SOL_EXT_CPU_DISPATCH(grouped_rank_shares(inputs, shares.data(), columns_ptr));
   });
+  if (need_grad) {  // grad[x, rank_begin + k] = columns[k, x], in tiles of rows that stay in cache
+    constexpr int64_t kTileRows = 64;
+    double* g = grad.data_ptr<double>();
+    for (int64_t x0 = 0; x0 < B; x0 += kTileRows) {
+      const int64_t x1 = std::min(B, x0 + kTileRows);
+      for (int64_t k = 0; k < K; ++k) {
+        const double* column = columns_ptr + k * B;
+        for (int64_t x = x0; x < x1; ++x) g[x * n + rank_begin + k] = column[x];
+      }
+    }
+  }
   double total = 0;
   for (const double share : shares) total += share;  // in rank order: any number of threads
   return {at::full({}, 0.5 * total, options), grad};

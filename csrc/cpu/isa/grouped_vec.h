@@ -109,9 +109,16 @@ class BlockSum {
 // The label-weight dot product in the order GCC's vectorized reduction below gives it at this width (one
 // loop, never inlined there): eight lanes over whole vectors, the remainder into lane 0, then 0 + lane 0
 // + ... + lane 7. Written out it inlines into the sweeps, which no longer pay a call and a round trip of
-// the lanes through memory per product; the numbers are the same.
+// the lanes through memory per product; the numbers are the same. Below eight terms lanes 1 .. 7 stay
+// +0, and 0 + lane 0 is never -0, so adding them changes nothing: the short dot product (a few ranks,
+// the common case) skips those seven dependent additions.
 __attribute__((always_inline)) inline double dot(const double* a, const double* b, int64_t n) {
   constexpr int kLanes = 8;
+  if (n < kLanes) {
+    double lane0 = 0;
+    for (int64_t k = 0; k < n; ++k) lane0 = std::fma(a[k], b[k], lane0);
+    return 0.0 + lane0;
+  }
   double lane[kLanes] = {};
   int64_t k = 0;
   for (; k + kLanes <= n; k += kLanes) {
@@ -144,20 +151,19 @@ class RankSum {
           const double* E2, scalar_t gamma, bool official)
       : D_(D), labels_(labels), B_(B), n_(n), L_(L), U_(U), E2_(E2), gamma_(gamma), official_(official),
         label_bits_(bits_for(B - 1) + bits_for(n - 1) <= 32 ? bits_for(n - 1) : -1), items_(B), s_(B), lab_(B),
-        pos_(B), g_(B), counts_(n), per_label_(n), w_plus_(n * n), w_plus_t_(n * n) {}
+        pos_(B), pos2_(SOL_EXT_VECTOR_BYTES == 64 ? B : 0), g_(B), below_(n), above_(n), below2_(n), above2_(n),
+        per_label_(n), w_plus_(n * n), w_plus_t_(n * n) {}
 
-  // Rank q's share of the sum over the ordered pairs x != y; writes `scale` times d(share)/dD[., q] to
-  // column q of grad [B, n] when grad is not null. NaN (value and gradient) when the column holds a NaN,
-  // as the pairwise kernels give.
-  double run(int64_t q, double* grad, double scale) {
+  // Rank q's share of the sum over the ordered pairs x != y; writes `scale` times d(share)/dD[x, q] to
+  // column[x] (x < B) when column is not null. NaN (value and gradient) when D[., q] holds a NaN, as the
+  // pairwise kernels give.
+  double run(int64_t q, double* column, double scale) {
     const int64_t B = B_, n = n_;
     const bool packed = label_bits_ >= 0;
     for (int64_t i = 0; i < B; ++i) {
       const scalar_t v = D_[i * n + q];
       if (std::isnan(v)) {
-        if (grad != nullptr) {
-          for (int64_t x = 0; x < B; ++x) grad[x * n + q] = std::numeric_limits<double>::quiet_NaN();
-        }
+        if (column != nullptr) std::fill(column, column + B, std::numeric_limits<double>::quiet_NaN());
         return std::numeric_limits<double>::quiet_NaN();
       }
       const uint32_t row = static_cast<uint32_t>(i);
@@ -176,19 +182,33 @@ class RankSum {
     std::fill(g_.begin(), g_.end(), 0.0);
     const double gamma = static_cast<double>(gamma_);
     double value = 0;
+#if SOL_EXT_VECTOR_BYTES == 64
+    if (gamma_ == scalar_t(0)) {  // [delta]+ and the positive half of [|delta|]+ are one hinge (§13.1)
+      Family one{w_plus_.data(), w_plus_t_.data(), 0.0, scalar_t(0), pos_.data(), below_.data(), above_.data()};
+      sweep({&one});
+      value += side_value(one);
+    } else {
+      Family plus{w_plus_.data(), w_plus_t_.data(), gamma, -gamma_, pos_.data(), below_.data(), above_.data()};
+      Family abs{E2_, E2_, -gamma, gamma_, pos2_.data(), below2_.data(), above2_.data()};  // E2 is symmetric
+      sweep({&plus, &abs});
+      value += side_value(plus);
+      value += side_value(abs);
+    }
+#else
     if (gamma_ == scalar_t(0)) {  // [delta]+ and the positive half of [|delta|]+ are one hinge (§13.1)
       value += sweep(w_plus_.data(), w_plus_t_.data(), 0.0, scalar_t(0));
     } else {
       value += sweep(w_plus_.data(), w_plus_t_.data(), gamma, -gamma_);
       value += sweep(E2_, E2_, -gamma, gamma_);  // E2 is symmetric
     }
+#endif
     // <gradient, D>, with D[., q] taken about the middle of its range (§13.3)
     const double mid = 0.5 * (static_cast<double>(s_[0]) + static_cast<double>(s_[B - 1]));
     BlockSum inner;
     for (int64_t i = 0; i < B; ++i) inner.add(g_[i] * (static_cast<double>(s_[i]) - mid));
-    if (grad != nullptr) {
+    if (column != nullptr) {
       const int row_shift = packed ? label_bits_ : 0;
-      for (int64_t i = 0; i < B; ++i) grad[int64_t(items_[i].payload >> row_shift) * n + q] = scale * g_[i];
+      for (int64_t i = 0; i < B; ++i) column[items_[i].payload >> row_shift] = scale * g_[i];
     }
     return inner.value() + value;
   }
@@ -210,31 +230,113 @@ class RankSum {
     }
   }
 
+#if SOL_EXT_VECTOR_BYTES == 64
+  // One hinge family, h(D[x, q] - D[y, q] + c) with weights W(r_x, r_y) (W_t: W transposed), active when
+  // the difference exceeds `threshold` (= -c in scalar_t), and where its sweep stands.
+  // x's side: the y active with the x at position i are the sorted positions 0 .. pos[i] - 1 (pos does
+  // not decrease); `below` holds their labels. y's side: the x active with the y at position j are the
+  // positions first_above .. B - 1, where first_above = #{x: pos[x] <= j}; `above` holds their labels.
+  struct Family {
+    const double *W, *W_t;
+    double c;
+    scalar_t threshold;
+    int32_t* pos;
+    double *below, *above;
+    int64_t p = 0, first_above = 0;
+    int64_t x_done = 0, y_done = 0;  // positions whose x side, y side, is in g_
+    BlockSum x_sides;
+  };
+
+  // x's side of the next position: its gradient into g_, and pos.
+  void x_side(Family& f) {
+    const int64_t B = B_, n = n_, i = f.x_done++;
+    const scalar_t x = s_[i];
+    while (f.p < B && scalar_t(x - s_[f.p]) > f.threshold) f.below[lab_[f.p++]] += 1;
+    f.pos[i] = static_cast<int32_t>(f.p);
+    const double side = dot(f.W + lab_[i] * n, f.below, n);
+    g_[i] += side;
+    f.x_sides.add(side);
+  }
+
+  // y's side of the next position j, once it is ready: pos[x] is known up to the first x with pos[x] > j
+  // (once x's side has passed position i, that x is at most i for every j < pos[i]), and j has its x side.
+  bool y_side_ready(const Family& f) const { return f.y_done < std::min(f.p, f.x_done); }
+  void y_side(Family& f) {
+    const int64_t B = B_, n = n_, j = f.y_done++;
+    while (f.first_above < B && f.pos[f.first_above] <= j) f.above[lab_[f.first_above++]] -= 1;
+    g_[j] -= dot(f.W_t + lab_[j] * n, f.above, n);
+  }
+
+  // The families' sweeps (one or two) in one pass over the sorted column, the second family's sides
+  // trailing the first's: every position gets its gradient terms in the order that one pass per side and
+  // per family gives, x's side then y's, first family then second (the same numbers), while the sorted
+  // column's data are still in cache.
+  void sweep(std::initializer_list<Family*> families) {
+    for (Family* f : families) {
+      std::fill(f->below, f->below + n_, 0.0);
+      std::copy(per_label_.begin(), per_label_.end(), f->above);
+    }
+    Family& first = **families.begin();
+    Family* second = families.size() > 1 ? *(families.begin() + 1) : nullptr;
+    const auto advance_second = [&](int64_t done) {  // second's sides up to the positions first has done
+      while (second->x_done < done) {
+        x_side(*second);
+        while (y_side_ready(*second)) y_side(*second);
+      }
+    };
+    for (int64_t i = 0; i < B_; ++i) {
+      x_side(first);
+      while (y_side_ready(first)) y_side(first);
+      if (second != nullptr) advance_second(first.y_done);
+    }
+    while (first.y_done < B_) y_side(first);
+    if (second != nullptr) {
+      advance_second(B_);
+      while (second->y_done < B_) y_side(*second);
+    }
+  }
+
+  // The part of a family's value that is not <gradient, D>: c times the sum of the x sides, less the
+  // pairs x = y (§13.2, §13.3).
+  double side_value(const Family& f) const {
+    if (f.c == 0) return 0.0;
+    const int64_t n = n_;
+    double value = f.c * f.x_sides.value();
+    if (scalar_t(0) > f.threshold) {  // x's own hinge is active (delta = 0): take the pairs x = x out
+      double diagonal = 0;
+      for (int64_t a = 0; a < n; ++a) diagonal += per_label_[a] * f.W[a * n + a];
+      value -= f.c * diagonal;
+    }
+    return value;
+  }
+#else
   // One hinge family, h(D[x, q] - D[y, q] + c) with weights W(r_x, r_y) (W_t: W transposed), active when
   // the difference exceeds `threshold` (= -c in scalar_t). Adds its gradient to g_ (sorted order) and
   // returns the part of the value that is not <gradient, D>: c times the sum of the x sides, less the
-  // pairs x = y (§13.2, §13.3).
+  // pairs x = y (§13.2, §13.3). Two passes, x's side then y's: GCC's vectorized dot (above) takes its
+  // summation order from the loop it is inlined into, and these two loops give the numbers this
+  // capability has always given (AVX-512's sweep above is one pass).
   double sweep(const double* W, const double* W_t, double c, scalar_t threshold) {
     const int64_t B = B_, n = n_;
     // x's side: the y active with x are the sorted positions 0 .. pos[x] - 1 (pos does not decrease).
-    std::fill(counts_.begin(), counts_.end(), 0.0);
+    std::fill(below_.begin(), below_.end(), 0.0);
     BlockSum x_sides;
     int64_t p = 0;
     for (int64_t i = 0; i < B; ++i) {
       const scalar_t x = s_[i];
-      while (p < B && scalar_t(x - s_[p]) > threshold) counts_[lab_[p++]] += 1;
-      pos_[i] = p;
-      const double side = dot(W + lab_[i] * n, counts_.data(), n);
+      while (p < B && scalar_t(x - s_[p]) > threshold) below_[lab_[p++]] += 1;
+      pos_[i] = static_cast<int32_t>(p);
+      const double side = dot(W + lab_[i] * n, below_.data(), n);
       g_[i] += side;
       x_sides.add(side);
     }
     // y's side: the x active with the y at position i are the positions first_above .. B - 1, where
-    // first_above = #{x: pos[x] <= i}; `counts_` holds the labels of those x.
-    std::copy(per_label_.begin(), per_label_.end(), counts_.begin());
+    // first_above = #{x: pos[x] <= i}; `above_` holds the labels of those x.
+    std::copy(per_label_.begin(), per_label_.end(), above_.begin());
     int64_t first_above = 0;
     for (int64_t i = 0; i < B; ++i) {
-      while (first_above < B && pos_[first_above] <= i) counts_[lab_[first_above++]] -= 1;
-      g_[i] -= dot(W_t + lab_[i] * n, counts_.data(), n);
+      while (first_above < B && pos_[first_above] <= i) above_[lab_[first_above++]] -= 1;
+      g_[i] -= dot(W_t + lab_[i] * n, above_.data(), n);
     }
     if (c == 0) return 0.0;
     double value = c * x_sides.value();
@@ -245,6 +347,7 @@ class RankSum {
     }
     return value;
   }
+#endif
 
   const scalar_t* D_;
   const int64_t* labels_;
@@ -256,27 +359,30 @@ class RankSum {
   std::vector<Item<Key>> items_, scratch_;
   std::vector<scalar_t> s_;        // D[., q] in sorted order
   std::vector<int32_t> lab_;       // labels in sorted order
-  std::vector<int64_t> pos_;       // pos[x] of the current hinge
+  std::vector<int32_t> pos_;       // pos[x] of the current hinge (B < 2^31)
+  std::vector<int32_t> pos2_;      // pos of the second family of a one-pass sweep (AVX-512)
   std::vector<double> g_;          // gradient in sorted order
-  std::vector<double> counts_, per_label_, w_plus_, w_plus_t_;
+  std::vector<double> below_, above_, below2_, above2_;  // label counts of the families' two sides
+  std::vector<double> per_label_, w_plus_, w_plus_t_;
 };
 
-// One rank per task (tasks.h); each worker owns the buffers of one RankSum, and writes its ranks' slots.
+// One rank per task (tasks.h); each worker owns the buffers of one RankSum, and writes its ranks' slots
+// and gradient columns.
 template <typename scalar_t>
-void rank_shares(const GroupedInputs<scalar_t>& in, double* shares, double* grad) {
+void rank_shares(const GroupedInputs<scalar_t>& in, double* shares, double* columns) {
   run_tasks(in.rank_end - in.rank_begin, in.helpers, [&] {
     return [rank_sum = RankSum<scalar_t>(in.D, in.labels, in.B, in.n, in.L, in.U, in.E2,
                                          static_cast<scalar_t>(in.margin), in.official),
-            shares, grad, rank_begin = in.rank_begin](int64_t k) mutable {
+            shares, columns, B = in.B, rank_begin = in.rank_begin](int64_t k) mutable {
       // x 0.5: the unordered pairs carry half of the ordered pairs x != y (docs/math.md §13.2)
-      shares[k] = rank_sum.run(rank_begin + k, grad, 0.5);
+      shares[k] = rank_sum.run(rank_begin + k, columns == nullptr ? nullptr : columns + k * B, 0.5);
     };
   });
 }
 
-void grouped_rank_shares(const GroupedInputs<float>& inputs, double* shares, double* grad) {
-  rank_shares(inputs, shares, grad);
+void grouped_rank_shares(const GroupedInputs<float>& inputs, double* shares, double* columns) {
+  rank_shares(inputs, shares, columns);
 }
-void grouped_rank_shares(const GroupedInputs<double>& inputs, double* shares, double* grad) {
-  rank_shares(inputs, shares, grad);
+void grouped_rank_shares(const GroupedInputs<double>& inputs, double* shares, double* columns) {
+  rank_shares(inputs, shares, columns);
 }
