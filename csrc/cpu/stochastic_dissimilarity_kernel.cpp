@@ -57,7 +57,11 @@ at::Tensor sum_in_order(const at::Tensor& parts) {
   return sums.view(parts.sizes().slice(1)).to(parts.scalar_type());
 }
 
-// Runs block(b, r0, r1) for the blocks of B rows.
+// Runs block(b, r0, r1) for the blocks of B rows. The ops run it under SerialRegions, as the whole-step
+// ops do: a block's MKL products then stay on one thread whether a helper or the caller runs it (alone,
+// with one block, the caller's MKL would otherwise split a product's sum over the rows across its
+// threads), so D and its gradients are bitwise the same for any number of threads, and the same as
+// inside StochasticOrderLoss's one op.
 template <typename Block>
 void for_each_block(int64_t B, int64_t d, const Block& block) {
   const int64_t rows = block_rows(d), blocks = num_blocks(B, d);
@@ -68,6 +72,7 @@ void for_each_block(int64_t B, int64_t d, const Block& block) {
 
 at::Tensor stochastic_dissimilarity_cpu(const at::Tensor& h_in, const at::Tensor& mu_in, double sigma) {
   check_dissimilarity_inputs(h_in, mu_in, sigma);
+  const SerialRegions serial;  // see for_each_block
   if (use_direct(h_in.size(0), mu_in.size(0), h_in.size(1))) {
     const at::Tensor h = h_in.contiguous(), mu = mu_in.contiguous();
     const int64_t B = h.size(0), d = h.size(1), n = mu.size(0);
@@ -111,6 +116,7 @@ std::tuple<at::Tensor, at::Tensor> stochastic_dissimilarity_backward_cpu(
     bool need_grad_h,
     bool need_grad_mu) {
   check_dissimilarity_backward_inputs(grad_in, h_in, mu_in, sigma);
+  const SerialRegions serial;  // see for_each_block
   const at::Tensor grad = grad_in.contiguous();
   if (use_direct(h_in.size(0), mu_in.size(0), h_in.size(1))) {
     const at::Tensor h = h_in.contiguous(), mu = mu_in.contiguous();

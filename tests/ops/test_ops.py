@@ -315,6 +315,28 @@ def test_reduced_losses_are_bitwise_identical_for_any_number_of_threads():
         assert torch.equal(one, two), f"{one.item()!r} (1 thread) != {two.item()!r} (2 threads)"
 
 
+@pytest.mark.parametrize("B, d", [(6000, 6), (256, 512), (700, 512)])  # one row block, one, three
+def test_dissimilarity_and_its_gradients_are_bitwise_identical_for_any_number_of_threads(B, d):
+    """D, dh and dmu of the fused op on the CPU: a row block's matrix products stay on one thread (MKL
+    on two splits dmu's sum over the rows differently), so one block or several give the same bits on
+    one thread and on two."""
+    gen = torch.Generator().manual_seed(1)
+    h = torch.randn(B, d, generator=gen).requires_grad_()
+    mu = torch.randn(7, d, generator=gen).requires_grad_()
+    weights = torch.randn(B, 7, generator=gen)
+    previous = torch.get_num_threads()
+    results = {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            D = sol_ext.stochastic_dissimilarity(h, mu, 0.8, backend="fused")
+            results[threads] = (D, *torch.autograd.grad((D * weights).sum(), (h, mu)))
+    finally:
+        torch.set_num_threads(previous)
+    for name, one, two in zip(("D", "dh", "dmu"), results[1], results[2]):
+        assert torch.equal(one, two), f"{name}: 1 thread and 2 threads differ by {(one - two).abs().max().item()}"
+
+
 @pytest.mark.parametrize("count", [1, 7, 4096, 4097, 9000])
 def test_fixed_order_sum_adds_in_blocks_in_order(count):
     """The CPU reduction's order: in float64, each block of 4096 losses from first to last, then the block
