@@ -358,6 +358,10 @@ def _label_likelihood(label_noise: LabelNoise, n: int) -> torch.Tensor:
                 or not torch.allclose(likelihood.sum(dim=1), torch.ones((), dtype=torch.float64), atol=1e-6)):
             raise ValueError("label_noise as a matrix must hold finite non-negative rows that sum to 1")
         return likelihood
+    if isinstance(label_noise, (int, float)) and not isinstance(label_noise, bool) and label_noise == 0:
+        # e.g. noise_std_from_pairs of two labellings that agree on every item
+        raise ValueError("label_noise=0: with no noise in the labels the clean rank is the label; calibrate "
+                         "with target='labels' (the default), or give the noise's std (> 0)")
     sigma = check.check_positive_float("label_noise", label_noise)
     # SOL's discrete Gaussian: the kernel is symmetric in form, row c normalized over the labels
     return noise_kernel(n, sigma)

@@ -145,6 +145,11 @@ def test_a_twice_labelled_subset_gives_the_noise_std(spread):
     assert abs(noise_std_from_pairs(first, second) - 1.3) < 0.03
     assert abs(noise_std_from_pairs(first.tolist(), second.numpy()) - 1.3) < 0.03  # lists and arrays too
     assert noise_std_from_pairs(clean, clean) == 0.0
+    # no noise: the clean target's refusal names the target that applies
+    probabilities = torch.full((4, 3), 1 / 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="label_noise=0: .*target='labels'"):
+        calibrate_intervals(probabilities, torch.tensor([0, 1, 2, 1]), target="clean",
+                            label_noise=noise_std_from_pairs(clean, clean))
 
 
 def test_a_raters_constant_bias_counts_as_noise():
