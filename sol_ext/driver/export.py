@@ -248,7 +248,7 @@ def export_command(args) -> int:
     from .checkpoint import run_data
     from .errors import UsageError
     from .model import load_run
-    from .outputs import check_output
+    from .outputs import check_output, exported_program_format
 
     form = args.format or ("onnx" if str(args.output or "").lower().endswith(".onnx") else "pt2")
     model = load_run(args.run_dir)
@@ -266,6 +266,11 @@ def export_command(args) -> int:
     if text and Path(text).suffix.lower() == SIDECAR_SUFFIX:
         raise UsageError(f"--output {text}: a program named .json would be taken for a sidecar; "
                          f"choose a name that does not end in .json, e.g. model.{form}.")
+    if text and exported_program_format(text) == form and not any(Path(text).samefile(p) for p in own if p.exists()):
+        if not args.overwrite:
+            raise UsageError(f"--output {text}: is an earlier {'ONNX' if form == 'onnx' else '.pt2'} export; pass --overwrite to replace it and "
+                             f"its sidecar, or choose another file.")
+        own += [Path(text), sidecar_path(Path(text))]  # --overwrite replaces an earlier export of this kind
     path = check_output(text, "--output", inputs=inputs, replaceable=own, overwrite=args.overwrite,
                         stdout_ok=False)
     check_output(str(sidecar_path(path)), f"--output {text} (its sidecar)", inputs=inputs,

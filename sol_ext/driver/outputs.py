@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Tuple
 
@@ -33,7 +34,8 @@ from .report import PLOT_NAMES, RESULTS_NAME
 from .text import TEXT_ENCODER_DIR
 
 __all__ = ["RUN_FILE_NAMES", "COMPARE_FILE_NAMES", "Input", "check_output", "check_inputs_kept",
-           "check_run_inputs", "check_compare_folder", "package_file_owner", "run_outputs"]
+           "check_run_inputs", "check_compare_folder", "package_file_owner", "run_outputs",
+           "exported_program_format"]
 
 # What sol-ext writes into a run folder (the lock and the temporaries are the run's too).
 RUN_FILE_NAMES = frozenset({CHECKPOINT_NAME, BEST_NAME, RESULTS_NAME, CONFIG_FILE_NAME, *PLOT_NAMES,
@@ -69,6 +71,15 @@ def _is_export(real: Path) -> bool:
     """Whether ``real`` is a program sol-ext exported (its sidecar beside it) or such a sidecar."""
     return _is_sidecar(real.with_name(real.name + ".json")) or \
         (real.suffix == ".json" and real.with_suffix("").is_file() and _is_sidecar(real))
+
+
+def exported_program_format(path: Path | str) -> Optional[str]:
+    """``"pt2"`` or ``"onnx"`` when ``path`` is a program sol-ext exported (its sidecar beside it),
+    read by content (a ``.pt2`` is a zip archive, an ONNX model is not); None otherwise."""
+    real = _real(Path(path))
+    if not real.is_file() or real.suffix == ".json" or not _is_export(real):
+        return None
+    return "pt2" if zipfile.is_zipfile(real) else "onnx"
 
 
 def run_outputs(folder: Path | str) -> list[Path]:

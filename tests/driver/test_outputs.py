@@ -213,19 +213,38 @@ def test_a_pt2_and_an_onnx_export_of_one_run_keep_a_sidecar_each(own_run, capsys
 
 def test_no_command_writes_over_the_onnx_export_or_a_named_export(own_run, capsys):
     """RUN/model.onnx and an export of another name into the run folder (known by its sidecar's
-    content) are sol-ext's files: predict, audit and export refuse them even with --overwrite."""
+    content) are sol-ext's files: predict, audit and an export of the other format refuse them even
+    with --overwrite."""
     pytest.importorskip("onnxscript")
     out, data = own_run
     assert main(["export", str(out), "--format", "onnx"]) == 0
     assert main(["export", str(out), "--output", str(out / "iv.pt2")]) == 0
     before = snapshot(out)
     for target in (out / "model.onnx", out / "model.onnx.json", out / "iv.pt2", out / "iv.pt2.json"):
+        other_format = "onnx" if ".pt2" in target.name else "pt2"
         for argv, flag in ((["predict", str(out), "--data", str(data), "--output", str(target)], "--output"),
                            (["audit", str(out), "--in-sample", "--csv", str(target)], "--csv"),
-                           (["export", str(out), "--format", "pt2", "--output", str(target)], "--output")):
+                           (["export", str(out), "--format", other_format, "--output", str(target)], "--output")):
             refused = "sidecar" if argv[0] == "export" and target.suffix == ".json" else "written by sol-ext"
             expect_error(capsys, [*argv, "--overwrite"], f"{flag} {target}", refused)
     assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("form, name", [("pt2", "iv.pt2"), ("onnx", "iv.onnx")])
+def test_an_export_of_a_name_is_exported_again_with_overwrite(own_run, capsys, form, name):
+    """An export into the run folder under a name of one's own: the same format again replaces it
+    and its sidecar with --overwrite, and without it is refused pointing at --overwrite."""
+    if form == "onnx":
+        pytest.importorskip("onnxscript")
+    out, _ = own_run
+    target = out / name
+    assert main(["export", str(out), "--format", form, "--interval", "0.9", "--output", str(target)]) == 0
+    expect_error(capsys, ["export", str(out), "--format", form, "--output", str(target)],
+                 f"--output {target}", "earlier", "--overwrite")
+    assert json.loads((out / f"{name}.json").read_text())["intervals"]["coverage"] == 0.9
+    assert main(["export", str(out), "--format", form, "--output", str(target), "--overwrite"]) == 0
+    assert "intervals" not in json.loads((out / f"{name}.json").read_text())
+    capsys.readouterr()
 
 
 def test_audit_refuses_to_write_over_the_runs_files_and_its_data(run, capsys):
