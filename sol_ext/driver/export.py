@@ -266,11 +266,13 @@ def export_command(args) -> int:
     if text and Path(text).suffix.lower() == SIDECAR_SUFFIX:
         raise UsageError(f"--output {text}: a program named .json would be taken for a sidecar; "
                          f"choose a name that does not end in .json, e.g. model.{form}.")
-    if text and exported_program_format(text) == form and not any(Path(text).samefile(p) for p in own if p.exists()):
+    is_default = default.exists() and Path(text).exists() and Path(text).samefile(default)
+    if not is_default and exported_program_format(text) == form:  # an earlier export under a name of one's own
         if not args.overwrite:
-            raise UsageError(f"--output {text}: is an earlier {'ONNX' if form == 'onnx' else '.pt2'} export; pass --overwrite to replace it and "
-                             f"its sidecar, or choose another file.")
-        own += [Path(text), sidecar_path(Path(text))]  # --overwrite replaces an earlier export of this kind
+            kind = "ONNX" if form == "onnx" else ".pt2"
+            raise UsageError(f"--output {text}: is an earlier {kind} export; pass --overwrite to replace it "
+                             f"and its sidecar, or choose another file.")
+        own += [Path(text), sidecar_path(Path(text))]
     path = check_output(text, "--output", inputs=inputs, replaceable=own, overwrite=args.overwrite,
                         stdout_ok=False)
     check_output(str(sidecar_path(path)), f"--output {text} (its sidecar)", inputs=inputs,
