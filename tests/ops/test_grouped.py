@@ -239,6 +239,26 @@ def test_bitwise_the_same_for_any_number_of_threads(B, n):
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
+@pytest.mark.parametrize("n", [5, 20])  # the sweep over a table of label counts (n <= 16), and the other
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_call_after_a_larger_one_gives_the_same_numbers(n, dtype):
+    """Each thread keeps its sorting buffers from one call to the next (csrc/cpu/isa/grouped_vec.h): what a
+    larger call left past the end of a shorter column must not reach the shorter call's result."""
+    gen = torch.Generator().manual_seed(5)
+    small = (torch.randn(300, n, generator=gen, dtype=torch.float64) + 2).to(dtype)
+    small_labels = torch.randint(0, n, (300,), generator=gen)
+    large = (torch.randn(5000, n, generator=gen, dtype=torch.float64) + 2).to(dtype)
+    large_labels = torch.randint(0, n, (5000,), generator=gen)
+    op = torch.ops.sol_ext.grouped_order_sum
+    before = op(small, small_labels, 1.0, 1, 0.25, "paper", 0, n, True)
+    op(large, large_labels, 1.0, 1, 0.25, "paper", 0, n, True)
+    after = op(small, small_labels, 1.0, 1, 0.25, "paper", 0, n, True)
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
+    expected = grouped.grouped_order_sum_torch(small, small_labels, 1.0, 1, 0.25, "paper", 0, n, True)
+    assert_close(after[0], expected[0], "value after a larger call")
+    assert_close(after[1], expected[1], "gradient after a larger call")
+
+
 # ------------------------------------------------------------------------------------------------
 # The fused CPU op, torch.ops.sol_ext.grouped_order_sum.
 # ------------------------------------------------------------------------------------------------
