@@ -22,6 +22,7 @@
 
 #include "../sol_ext.h"
 #include "cpu_kernels.h"
+#include "large_buffers.h"
 #include "tasks.h"
 
 namespace sol_ext {
@@ -68,11 +69,8 @@ std::tuple<at::Tensor, at::Tensor> grouped_order_sum_cpu(
   const at::Tensor table = ordering_table(n, sigma, tau, conv, at::kDouble, D.device());
   const at::Tensor lt = table.select(2, 0), eq = table.select(2, 1), gt = table.select(2, 2);
   const at::Tensor L = (lt + gt.t()).contiguous(), U = (gt + lt.t()).contiguous(), E2 = (eq + eq.t()).contiguous();
-  // [K, B]: row k the gradient of rank rank_begin + k, every value written by that rank. Kept by the
-  // calling thread from one call to the next, as the ranks' buffers are by theirs (grouped_vec.h): fresh
-  // memory costs a page fault per 4 kB on first touch.
-  thread_local std::vector<double> columns;
-  if (need_grad) columns.resize(K * B);
+  // [K, B]: row k the gradient of rank rank_begin + k, every value written by that rank
+  LargeVector<double> columns(need_grad ? K * B : 0);
   double* columns_ptr = need_grad ? columns.data() : nullptr;
   std::vector<double> shares(K, 0.0);  // per rank of the range
 

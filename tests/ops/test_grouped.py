@@ -242,8 +242,8 @@ def test_bitwise_the_same_for_any_number_of_threads(B, n):
 @pytest.mark.parametrize("n", [5, 20])  # the sweep over a table of label counts (n <= 16), and the other
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_a_call_after_a_larger_one_gives_the_same_numbers(n, dtype):
-    """Each thread keeps its sorting buffers from one call to the next (csrc/cpu/isa/grouped_vec.h): what a
-    larger call left past the end of a shorter column must not reach the shorter call's result."""
+    """The sorting buffers are memory whose first writes are the kernel's (csrc/cpu/large_buffers.h), which
+    may hold what a larger call left: past the end of a shorter column it must not reach the result."""
     gen = torch.Generator().manual_seed(5)
     small = (torch.randn(300, n, generator=gen, dtype=torch.float64) + 2).to(dtype)
     small_labels = torch.randint(0, n, (300,), generator=gen)

@@ -34,7 +34,7 @@ struct Item {
 // (the order the items arrive in). A digit that every key shares takes no pass. The sorted items end in
 // `items` (the vectors are swapped when they end in `scratch`).
 template <int kDigitBits, typename Key>
-void radix_sort(std::vector<Item<Key>>& items, std::vector<Item<Key>>& scratch) {
+void radix_sort(LargeVector<Item<Key>>& items, LargeVector<Item<Key>>& scratch) {
   constexpr int kDigits = (8 * sizeof(Key) + kDigitBits - 1) / kDigitBits;
   constexpr int kRadix = 1 << kDigitBits;
   constexpr Key kDigitMask = kRadix - 1;
@@ -65,7 +65,7 @@ void radix_sort(std::vector<Item<Key>>& items, std::vector<Item<Key>>& scratch) 
 // keys instead of 4; below 2^14 items the 2048 counters of a pass cost more than the pass saved);
 // std::sort for short columns. Every one gives the same order: the keys and payloads decide it.
 template <typename Key>
-void sort_items(std::vector<Item<Key>>& items, std::vector<Item<Key>>& scratch) {
+void sort_items(LargeVector<Item<Key>>& items, LargeVector<Item<Key>>& scratch) {
   const int64_t B = static_cast<int64_t>(items.size());
   if (B < 256) {
     std::sort(items.begin(), items.end(), [](const Item<Key>& a, const Item<Key>& b) {
@@ -143,23 +143,6 @@ inline double dot(const double* a, const double* b, int64_t n) {
 }
 #endif
 
-// A thread's per-sample buffers of RankSum (below), kept from one call to the next: a column of 10^6
-// samples needs some 70 MB of them, and memory fresh from the system costs a page fault per 4 kB on first
-// touch, a tenth of such a call. They hold the largest column the thread has sorted so far.
-template <typename scalar_t>
-struct RankBuffers {
-  using Key = std::conditional_t<std::is_same_v<scalar_t, double>, uint64_t, uint32_t>;
-  std::vector<Item<Key>> items, scratch;
-  std::vector<scalar_t> s;
-  std::vector<int32_t> lab, pos, pos2, counts;
-  std::vector<double> g, x2;
-};
-template <typename scalar_t>
-RankBuffers<scalar_t>& thread_rank_buffers() {
-  thread_local RankBuffers<scalar_t> buffers;
-  return buffers;
-}
-
 // The grouped sum of one rank at a time, with a worker's buffers. scalar_t is D's dtype, in which the hinge
 // decisions are taken as the pairwise kernels take them (docs/math.md §13.4): the hinge of (x, y) with
 // constant c is active when the difference D[x, q] - D[y, q], rounded to scalar_t, exceeds -c (c held in
@@ -167,32 +150,23 @@ RankBuffers<scalar_t>& thread_rank_buffers() {
 template <typename scalar_t>
 class RankSum {
  public:
-  using Key = typename RankBuffers<scalar_t>::Key;
+  using Key = std::conditional_t<std::is_same_v<scalar_t, double>, uint64_t, uint32_t>;
 
   RankSum(const scalar_t* D, const int64_t* labels, int64_t B, int64_t n, const double* L, const double* U,
           const double* E2, scalar_t gamma, bool official)
       : D_(D), labels_(labels), B_(B), n_(n), L_(L), U_(U), E2_(E2), gamma_(gamma), official_(official),
-        label_bits_(bits_for(B - 1) + bits_for(n - 1) <= 32 ? bits_for(n - 1) : -1),
-        buffers_(thread_rank_buffers<scalar_t>()), items_(buffers_.items), scratch_(buffers_.scratch),
-        s_(buffers_.s), lab_(buffers_.lab), pos_(buffers_.pos), pos2_(buffers_.pos2), g_(buffers_.g), below_(n),
-        above_(n), below2_(n), above2_(n), per_label_(n), w_plus_(n * n), w_plus_t_(n * n) {
+        label_bits_(bits_for(B - 1) + bits_for(n - 1) <= 32 ? bits_for(n - 1) : -1), items_(B), s_(B), lab_(B),
+        pos_(B), pos2_(SOL_EXT_VECTOR_BYTES == 64 ? B : 0), g_(B), below_(n), above_(n), below2_(n), above2_(n),
+        per_label_(n), w_plus_(n * n), w_plus_t_(n * n) {
     for (int64_t i = 0; i < B; ++i) per_label_[labels[i]] += 1;  // the same for every rank
-    items_.resize(B);
-    s_.resize(B);
-    lab_.resize(B);
-    pos_.resize(B);
-    g_.resize(B);
 #if SOL_EXT_VECTOR_BYTES == 64
     if (count_sweep()) {
       // past the column: values that no hinge takes in (sweep_counts reads a vector from any position)
-      s_.resize(B + kWindow);
-      std::fill(s_.begin() + B, s_.end(), std::numeric_limits<scalar_t>::infinity());
+      s_.resize(B + kWindow, std::numeric_limits<scalar_t>::infinity());
       pos_.resize(B + 16);  // first_above (sweep_counts writes 16 from any position)
       pos2_.resize(B + 16);
-      buffers_.counts.resize((B + 1) * n);
-      buffers_.x2.resize(B);
-    } else {
-      pos2_.resize(B);
+      counts_.resize((B + 1) * n);
+      x2_.resize(B);
     }
 #endif
   }
@@ -354,7 +328,7 @@ class RankSum {
   // counts[p * n + b] = #{p' < p: lab[p'] = b} for p = 0 .. B, the counts in one vector.
   void count_labels() {
     const int64_t B = B_, n = n_;
-    int32_t* counts = buffers_.counts.data();
+    int32_t* counts = counts_.data();
     const __mmask16 row = static_cast<__mmask16>((1u << n) - 1);
     __m512i c = _mm512_setzero_si512();
     _mm512_mask_storeu_epi32(counts, row, c);
@@ -383,9 +357,9 @@ class RankSum {
   void sweep_counts(std::initializer_list<Family*> families) {
     const int64_t B = B_, n = n_;
     count_labels();
-    const int32_t* counts = buffers_.counts.data();
+    const int32_t* counts = counts_.data();
     const int32_t* total = counts + B * n;
-    double* x2 = buffers_.x2.data();
+    double* x2 = x2_.data();
     Family& one = **families.begin();
     Family* two = families.size() > 1 ? *(families.begin() + 1) : nullptr;
     // f.pos[j] = x for j in from .. to - 1, and for up to 15 positions past them, which later x (or the
@@ -523,13 +497,14 @@ class RankSum {
   scalar_t gamma_;
   bool official_;
   int label_bits_;  // of the items' payloads, or -1: the payload is the row alone (Item)
-  RankBuffers<scalar_t>& buffers_;  // this thread's
-  std::vector<Item<Key>>&items_, &scratch_;
-  std::vector<scalar_t>& s_;        // D[., q] in sorted order
-  std::vector<int32_t>& lab_;       // labels in sorted order
-  std::vector<int32_t>& pos_;       // pos[x] of the current hinge (B < 2^31)
-  std::vector<int32_t>& pos2_;      // pos of the second family of a one-pass sweep (AVX-512)
-  std::vector<double>& g_;          // gradient in sorted order
+  LargeVector<Item<Key>> items_, scratch_;
+  LargeVector<scalar_t> s_;        // D[., q] in sorted order
+  LargeVector<int32_t> lab_;       // labels in sorted order
+  LargeVector<int32_t> pos_;       // pos[x] of the current hinge (B < 2^31); sweep_counts: first_above
+  LargeVector<int32_t> pos2_;      // the same of the second family (AVX-512)
+  LargeVector<double> g_;          // gradient in sorted order
+  LargeVector<int32_t> counts_;    // label counts below each position (sweep_counts)
+  LargeVector<double> x2_;         // the second family's x sides (sweep_counts)
   std::vector<double> below_, above_, below2_, above2_;  // label counts of the families' two sides
   std::vector<double> per_label_, w_plus_, w_plus_t_;
 };

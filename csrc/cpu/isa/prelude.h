@@ -24,4 +24,5 @@
 
 #include "../../sol_math.h"
 #include "../cpu_kernels.h"
+#include "../large_buffers.h"
 #include "../tasks.h"
