@@ -3,9 +3,10 @@
 // Each rank q of the range is one task: sort the column D[., q], then two sweeps along the sorted order
 // per hinge family give every sample's share of the gradient, and the value follows from them (§13.3).
 // No [B, B] or [pairs, n] tensor: O(B + n^2) extra memory per worker besides the [B, n] gradient and the
-// ranks' gradient columns (O(n B) on AVX-512 up to 16 ranks, for a table of label counts: grouped_vec.h). A rank writes its gradient by sample, in sorted order: to a [B] column of its
-// own, whose cache lines hold 8 samples each, rather than to grad's rows, whose lines hold 8 / n samples;
-// the columns then go into grad in one pass in row order (about twice as fast at n = 5, B = 10^6).
+// ranks' gradient columns (O(n B) on AVX-512 up to 16 ranks, for a table of label counts: grouped_vec.h).
+// A rank writes its gradient by sample, in sorted order: to a [B] column of its own, whose cache lines
+// hold 8 samples each, rather than to grad's rows, whose lines hold 8 / n samples; the columns then go
+// into grad in one pass in row order (about twice as fast at n = 5, B = 10^6).
 //
 // Determinism: one worker computes a whole rank, in a fixed order, into that rank's slot; the ranks'
 // values are added in rank order at the end. The result is therefore bitwise the same for any number of

@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdlib>
 #include <new>
-#include <utility>
 #include <vector>
 
 #if defined(__linux__)
@@ -43,23 +42,16 @@ struct LargeAllocator {
   }
   void deallocate(T* p, std::size_t) { std::free(p); }
 
-  template <typename U, typename... Args>
-  void construct(U* p, Args&&... args) {
-    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
-  }
+  // Without arguments: default-initialized (with them std::allocator_traits constructs as usual).
   template <typename U>
   void construct(U* p) noexcept {
-    ::new (static_cast<void*>(p)) U;  // default-initialized
+    ::new (static_cast<void*>(p)) U;
   }
 };
 
 template <typename T, typename U>
 bool operator==(const LargeAllocator<T>&, const LargeAllocator<U>&) {
   return true;
-}
-template <typename T, typename U>
-bool operator!=(const LargeAllocator<T>&, const LargeAllocator<U>&) {
-  return false;
 }
 
 template <typename T>

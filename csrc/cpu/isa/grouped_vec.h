@@ -155,21 +155,23 @@ class RankSum {
   RankSum(const scalar_t* D, const int64_t* labels, int64_t B, int64_t n, const double* L, const double* U,
           const double* E2, scalar_t gamma, bool official)
       : D_(D), labels_(labels), B_(B), n_(n), L_(L), U_(U), E2_(E2), gamma_(gamma), official_(official),
-        label_bits_(bits_for(B - 1) + bits_for(n - 1) <= 32 ? bits_for(n - 1) : -1), items_(B), s_(B), lab_(B),
-        pos_(B), pos2_(SOL_EXT_VECTOR_BYTES == 64 ? B : 0), g_(B), below_(n), above_(n), below2_(n), above2_(n),
-        per_label_(n), w_plus_(n * n), w_plus_t_(n * n) {
+        label_bits_(bits_for(B - 1) + bits_for(n - 1) <= 32 ? bits_for(n - 1) : -1), items_(B),
+        s_(B + past_column(n)), lab_(B), pos_(B + past_column(n)),
+        pos2_(SOL_EXT_VECTOR_BYTES == 64 ? B + past_column(n) : 0), g_(B), counts_(count_sweep(n) ? (B + 1) * n : 0),
+        x2_(count_sweep(n) ? B : 0), below_(n), above_(n), below2_(n), above2_(n), per_label_(n), w_plus_(n * n),
+        w_plus_t_(n * n) {
     for (int64_t i = 0; i < B; ++i) per_label_[labels[i]] += 1;  // the same for every rank
-#if SOL_EXT_VECTOR_BYTES == 64
-    if (count_sweep()) {
-      // past the column: values that no hinge takes in (sweep_counts reads a vector from any position)
-      s_.resize(B + kWindow, std::numeric_limits<scalar_t>::infinity());
-      pos_.resize(B + 16);  // first_above (sweep_counts writes 16 from any position)
-      pos2_.resize(B + 16);
-      counts_.resize((B + 1) * n);
-      x2_.resize(B);
-    }
-#endif
+    // past the column: values that no hinge takes in (sweep_counts reads a vector from any position)
+    std::fill(s_.begin() + B, s_.end(), std::numeric_limits<scalar_t>::infinity());
   }
+
+  // On AVX-512 up to 16 ranks the label counts below a position fit in one vector: sweep_counts reads
+  // them from a table (counts_) instead of keeping them as the samples enter, and takes no branch per
+  // sample, about 1.5 times as fast as sweep at n = 7. With longer rows the table costs more than it saves.
+  static bool count_sweep(int64_t n) { return SOL_EXT_VECTOR_BYTES == 64 && n <= 16; }
+  // What sweep_counts reads and writes past the column: 16 values of s (a vector of floats, two of
+  // doubles) and of first_above.
+  static int64_t past_column(int64_t n) { return count_sweep(n) ? 16 : 0; }
 
   // Rank q's share of the sum over the ordered pairs x != y; writes `scale` times d(share)/dD[x, q] to
   // column[x] (x < B) when column is not null. NaN (value and gradient) when D[., q] holds a NaN, as the
@@ -199,7 +201,7 @@ class RankSum {
     double value = 0;
 #if SOL_EXT_VECTOR_BYTES == 64
     const auto sweep_families = [this](std::initializer_list<Family*> families) {
-      if (count_sweep()) {
+      if (count_sweep(n_)) {
         sweep_counts(families);
       } else {
         sweep(families);
@@ -319,11 +321,7 @@ class RankSum {
     }
   }
 
-  // Up to 16 ranks the label counts below a position fit in one vector: sweep_counts reads them from a
-  // table (counts_) instead of keeping them as the samples enter, and takes no branch per sample, about
-  // 1.5 times as fast as sweep at n = 7. With longer rows the table costs more than it saves.
   static constexpr int kWindow = 64 / sizeof(scalar_t);  // values in a vector
-  bool count_sweep() const { return n_ <= 16; }
 
   // counts[p * n + b] = #{p' < p: lab[p'] = b} for p = 0 .. B, the counts in one vector.
   void count_labels() {
