@@ -48,27 +48,52 @@ void direct_backward(const scalar_t* g, const scalar_t* h, const scalar_t* mu, c
   for (size_t i = 0; i < gmu.size(); ++i) grad_mu[i] = scalar_t(gmu[i]);
 }
 
+// Each row's float64 sum (of d or n terms) is a chain of dependent adds, bound by the add's latency: the
+// epilogues take kRowsAtOnce rows side by side, each row's sum in its own order (the same numbers as one
+// row at a time), so that the core has independent chains to run.
+constexpr int kRowsAtOnce = 8;
+
+// group(x0, count) for the rows x0 .. x0 + count - 1, count kRowsAtOnce (a compile-time constant: the sums are
+// then registers) while whole groups are left, then 1.
+template <typename Rows>
+void in_row_groups(int64_t rows, const Rows& group) {
+  int64_t x = 0;
+  for (; x + kRowsAtOnce <= rows; x += kRowsAtOnce) group(x, std::integral_constant<int, kRowsAtOnce>{});
+  for (; x < rows; ++x) group(x, std::integral_constant<int, 1>{});
+}
+
 template <typename scalar_t>
 void forward_epilogue(const scalar_t* h, const scalar_t* a, const scalar_t* c, int64_t rows, int64_t n, int64_t d,
                       scalar_t* D) {
-  for (int64_t x = 0; x < rows; ++x) {
-    double squared_norm = 0.0;
-    for (int64_t k = 0; k < d; ++k) squared_norm += double(h[x * d + k]) * h[x * d + k];
-    for (int64_t q = 0; q < n; ++q) {
-      D[x * n + q] = scalar_t(double(a[q]) * squared_norm - 2.0 * D[x * n + q] + c[q]);
+  in_row_groups(rows, [&](int64_t x0, auto count) {
+    constexpr int R = decltype(count)::value;
+    double squared_norm[R] = {};
+    for (int64_t k = 0; k < d; ++k) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) squared_norm[r] += double(h[(x0 + r) * d + k]) * h[(x0 + r) * d + k];
     }
-  }
+    for (int r = 0; r < R; ++r) {
+      scalar_t* D_row = D + (x0 + r) * n;
+      for (int64_t q = 0; q < n; ++q) D_row[q] = scalar_t(double(a[q]) * squared_norm[r] - 2.0 * D_row[q] + c[q]);
+    }
+  });
 }
 
 template <typename scalar_t>
 void grad_h_epilogue(const scalar_t* grad_D, const scalar_t* h, const scalar_t* a, int64_t rows, int64_t n, int64_t d,
                      scalar_t* grad_h) {
-  for (int64_t x = 0; x < rows; ++x) {
-    double weight = 0.0;  // sum_q grad_D[x,q] a_q
-    for (int64_t q = 0; q < n; ++q) weight += double(grad_D[x * n + q]) * a[q];
-    const scalar_t scale = scalar_t(2.0 * weight);
-    for (int64_t k = 0; k < d; ++k) grad_h[x * d + k] += scale * h[x * d + k];
-  }
+  in_row_groups(rows, [&](int64_t x0, auto count) {
+    constexpr int R = decltype(count)::value;
+    double weight[R] = {};  // sum_q grad_D[x,q] a_q
+    for (int64_t q = 0; q < n; ++q) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) weight[r] += double(grad_D[(x0 + r) * n + q]) * a[q];
+    }
+    for (int r = 0; r < R; ++r) {
+      const scalar_t scale = scalar_t(2.0 * weight[r]);
+      for (int64_t k = 0; k < d; ++k) grad_h[(x0 + r) * d + k] += scale * h[(x0 + r) * d + k];
+    }
+  });
 }
 
 #define SOL_EXT_DEFINE_DISSIMILARITY_KERNELS(T)                                                                     \
