@@ -138,37 +138,64 @@ std::tuple<at::Tensor, at::Tensor> stochastic_dissimilarity_backward_cpu(
   const at::Tensor mu = mu_raw - shift;
   const int64_t B = h.size(0), d = h.size(1), n = mu.size(0);
   if (!need_grad_h && !need_grad_mu) return {at::empty({0}, h.options()), at::empty({0}, mu.options())};
-  const SmoothedCentroids s = smooth_centroids(mu, sigma);
-  const int64_t blocks = num_blocks(B, d);
+  const at::Tensor P = noise_kernel(n, sigma, h.scalar_type(), h.device());
+  // grad_mu = P^T (-2 products) + 2 mu * (P^T sums), from grad_D^T h [n, d] and grad_D's column sums [n]
+  const auto grad_mu_of = [&](const at::Tensor& products, const at::Tensor& sums) {
+    const at::Tensor Pt = P.t();
+    at::Tensor grad_mu = at::mm(Pt, products).mul_(-2);
+    return grad_mu.addcmul_(mu, at::mv(Pt, sums).unsqueeze(1), 2);
+  };
+  const auto grad_h_rows = [&](const SmoothedCentroids& s, int64_t r0, int64_t r1, at::Tensor& grad_h) {
+    const at::Tensor hc = h.slice(0, r0, r1) - shift;  // centered rows
+    const at::Tensor g = grad.slice(0, r0, r1);
+    at::Tensor out_rows = grad_h.slice(0, r0, r1);
+    at::mm_out(out_rows, g, s.nu).mul_(-2);
+    AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stochastic_dissimilarity_backward_cpu", [&] {
+      SOL_EXT_CPU_DISPATCH(dissimilarity_grad_h_epilogue(g.const_data_ptr<scalar_t>(), hc.const_data_ptr<scalar_t>(),
+                                                         s.a.data_ptr<scalar_t>(), r1 - r0, n, d,
+                                                         out_rows.data_ptr<scalar_t>()));
+    });
+  };
+  const auto grad_mu_terms = [&](int64_t r0, int64_t r1, at::Tensor& product, at::Tensor& sums) {
+    const at::Tensor hc = h.slice(0, r0, r1) - shift;  // centered rows
+    const at::Tensor g = grad.slice(0, r0, r1);
+    at::mm_out(product, g.t(), hc);
+    at::sum_out(sums, g, {0});
+  };
   at::Tensor grad_h = need_grad_h ? at::empty_like(h) : at::empty({0}, h.options());
+  const int64_t blocks = num_blocks(B, d);
+  if (blocks == 1) {
+    // One block: grad_h and grad_mu are two tasks, each with its own products (the same numbers as in
+    // turn: one block's sums over the batch are its own).
+    at::Tensor grad_mu = at::empty({0}, mu.options());
+    const int64_t parts = int64_t(need_grad_h) + int64_t(need_grad_mu);
+    run_tasks(parts, task_helpers(parts), [&] {
+      return [&](int64_t part) {
+        if (need_grad_h && part == 0) {
+          grad_h_rows(smooth_centroids(mu, sigma), 0, B, grad_h);
+        } else {
+          at::Tensor product = at::empty({n, d}, h.options()), sums = at::empty({n}, h.options());
+          grad_mu_terms(0, B, product, sums);
+          grad_mu = grad_mu_of(product, sums);
+        }
+      };
+    });
+    return {grad_h, grad_mu};
+  }
+  const SmoothedCentroids s = smooth_centroids(mu, sigma);
   // per block: grad_D^T h [n, d] and the column sums of grad_D [n], for grad_mu
   at::Tensor block_products = need_grad_mu ? at::empty({blocks, n, d}, h.options()) : at::Tensor();
   at::Tensor block_sums = need_grad_mu ? at::empty({blocks, n}, h.options()) : at::Tensor();
-  AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stochastic_dissimilarity_backward_cpu", [&] {
-    const scalar_t* a_ptr = s.a.data_ptr<scalar_t>();
-    for_each_block(B, d, [&](int64_t b, int64_t r0, int64_t r1) {
-      const at::Tensor hc = h.slice(0, r0, r1) - shift;  // centered rows
-      const at::Tensor g = grad.slice(0, r0, r1);
-      if (need_grad_h) {
-        at::Tensor out_rows = grad_h.slice(0, r0, r1);
-        at::mm_out(out_rows, g, s.nu).mul_(-2);
-        SOL_EXT_CPU_DISPATCH(dissimilarity_grad_h_epilogue(g.const_data_ptr<scalar_t>(), hc.const_data_ptr<scalar_t>(),
-                                                           a_ptr, r1 - r0, n, d, out_rows.data_ptr<scalar_t>()));
-      }
-      if (need_grad_mu) {
-        at::Tensor product = block_products.select(0, b), sums = block_sums.select(0, b);
-        at::mm_out(product, g.t(), hc);
-        at::sum_out(sums, g, {0});
-      }
-    });
+  for_each_block(B, d, [&](int64_t b, int64_t r0, int64_t r1) {
+    if (need_grad_h) grad_h_rows(s, r0, r1, grad_h);
+    if (need_grad_mu) {
+      at::Tensor product = block_products.select(0, b), sums = block_sums.select(0, b);
+      grad_mu_terms(r0, r1, product, sums);
+    }
   });
   if (!need_grad_mu) return {grad_h, at::empty({0}, mu.options())};
   // the blocks' sums in block order, in float64
-  const at::Tensor products = sum_in_order(block_products), sums = sum_in_order(block_sums);
-  const at::Tensor Pt = s.P.t();
-  at::Tensor grad_mu = at::mm(Pt, products).mul_(-2);
-  grad_mu.addcmul_(mu, at::mv(Pt, sums).unsqueeze(1), 2);
-  return {grad_h, grad_mu};
+  return {grad_h, grad_mu_of(sum_in_order(block_products), sum_in_order(block_sums))};
 }
 
 } // namespace
