@@ -256,10 +256,11 @@ def test_compiled_training_step_matches_eager(device):
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-12, atol=1e-14)
 
 
-def test_all_pairs_backward_is_bitwise_reproducible_across_thread_counts():
+@pytest.mark.parametrize("B, n", [(200, 40), (600, 20)])  # rows of tiles as tasks; diagonals of tiles (B > 512)
+def test_all_pairs_backward_is_bitwise_reproducible_across_thread_counts(B, n):
     gen = torch.Generator().manual_seed(3)
-    D = torch.randn(200, 40, generator=gen, dtype=torch.float32).requires_grad_()
-    labels = torch.randint(0, 40, (200,), generator=gen)
+    D = torch.randn(B, n, generator=gen, dtype=torch.float32).requires_grad_()
+    labels = torch.randint(0, n, (B,), generator=gen)
     threads = torch.get_num_threads()
     grads = []
     try:

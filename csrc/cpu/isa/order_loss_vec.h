@@ -282,12 +282,13 @@ class TileWorker {
   static constexpr int K = kPairsAtOnce;
 
  public:
-  TileWorker(const PairKernel<T>& kernel, int64_t B, int64_t tile, Strided<T> grad_losses, double* x_sums,
-             double* y_sums)
-      : kernel_(kernel), B_(B), tile_(tile), stride_(kernel.stride()), grad_losses_(grad_losses), x_sums_(x_sums),
-        y_sums_(y_sums), x_partial_(stride_), y_partial_(tile * stride_) {}
+  TileWorker(const PairKernel<T>& kernel, int64_t B, int64_t tile, Strided<T> grad_losses)
+      : kernel_(kernel), B_(B), tile_(tile), stride_(kernel.stride()), grad_losses_(grad_losses), x_partial_(stride_),
+        y_partial_(tile * stride_) {}
 
-  void run(int64_t I, int64_t J) {
+  // x_sums, y_sums: [B, stride] float64 row sums. With y_slots ([B, stride], tile <= kPairBlock), the y rows'
+  // partial sums of this tile, one per row, are written there instead of being added to y_sums.
+  void run(int64_t I, int64_t J, double* x_sums, double* y_sums, T* y_slots = nullptr) {
     const int64_t x_begin = I * tile_, x_end = std::min(B_, x_begin + tile_);
     const int64_t y_begin = J * tile_, y_end = std::min(B_, y_begin + tile_);
     if (x_begin >= x_end || y_begin >= y_end) return;
@@ -311,7 +312,7 @@ class TileWorker {
           kernel_.template add_grads<K, true, +1>(&x, ys, scales, x_partial_.data(), y_rows);
           pending += K;
           if (pending == kPairBlock) {
-            flush(x_partial_.data(), x_sums_ + x * stride_, stride_);
+            flush(x_partial_.data(), x_sums + x * stride_, stride_);
             pending = 0;
           }
         }
@@ -320,18 +321,23 @@ class TileWorker {
           T* y_row = y_partial_.data() + (y - y_begin) * stride_;
           kernel_.template add_grads<1, true, +1>(&x, &y, &scale, x_partial_.data(), &y_row);
           if (++pending == kPairBlock) {
-            flush(x_partial_.data(), x_sums_ + x * stride_, stride_);
+            flush(x_partial_.data(), x_sums + x * stride_, stride_);
             pending = 0;
           }
         }
-        flush(x_partial_.data(), x_sums_ + x * stride_, stride_);
+        flush(x_partial_.data(), x_sums + x * stride_, stride_);
       }
-      if (++rows_in_y_partial == kPairBlock) {  // each y row has at most kPairBlock pairs in its partial sum
-        flush(y_partial_.data(), y_sums_ + y_begin * stride_, (y_end - y_begin) * stride_);
+      // each y row has at most kPairBlock pairs in its partial sum (with slots, the tile's rows are no more)
+      if (++rows_in_y_partial == kPairBlock && y_slots == nullptr) {
+        flush(y_partial_.data(), y_sums + y_begin * stride_, (y_end - y_begin) * stride_);
         rows_in_y_partial = 0;
       }
     }
-    flush(y_partial_.data(), y_sums_ + y_begin * stride_, (y_end - y_begin) * stride_);
+    if (y_slots != nullptr) {
+      std::copy(y_partial_.begin(), y_partial_.begin() + (y_end - y_begin) * stride_, y_slots + y_begin * stride_);
+    } else {
+      flush(y_partial_.data(), y_sums + y_begin * stride_, (y_end - y_begin) * stride_);
+    }
   }
 
  private:
@@ -344,23 +350,56 @@ class TileWorker {
   const PairKernel<T>& kernel_;
   int64_t B_, tile_, stride_;
   Strided<T> grad_losses_;
-  double *x_sums_, *y_sums_;
   std::vector<T> x_partial_, y_partial_;
 };
+
+// Up to 512 rows (tiles of kPairBlock rows): one task per row of tiles I, which runs the tiles (I, I), (I, I + 1),
+// ... in order and so adds tile I's x rows' partial sums to their float64 sums in the order of the diagonals;
+// tile (I, J)'s y rows get one partial sum each, kept in slot I, and a last pass adds each row's slots in the
+// diagonals' order (I = J, J - 1, ..., 0). Every sum is then what the diagonals give, bitwise, with one
+// call to run_tasks instead of one per diagonal (whose waits cost more than a small batch's arithmetic).
+template <typename T>
+void all_pairs_backward_by_tile_rows(const PairKernel<T>& kernel, int64_t B, int64_t n, Strided<T> grad_losses,
+                                     bool serial, T* grad_D) {
+  const int64_t stride = kernel.stride(), tile = kPairBlock, tiles = (B + tile - 1) / tile;
+  LargeVector<double> x_sums(B * stride);
+  LargeVector<T> y_slots(tiles * B * stride);  // slot I of row y: tile (I, J(y))'s partial sum
+  run_tasks(tiles, serial ? 0 : task_helpers(tiles), [&] {
+    return [&, worker = TileWorker<T>(kernel, B, tile, grad_losses)](int64_t I) mutable {
+      const int64_t rows_begin = I * tile, rows_end = std::min(B, rows_begin + tile);
+      std::fill(x_sums.data() + rows_begin * stride, x_sums.data() + rows_end * stride, 0.0);
+      for (int64_t J = I; J < tiles; ++J) worker.run(I, J, x_sums.data(), nullptr, y_slots.data() + I * B * stride);
+    };
+  });
+  std::vector<double> y_sum(stride);
+  for (int64_t y = 0; y < B; ++y) {
+    std::fill(y_sum.begin(), y_sum.end(), 0.0);
+    for (int64_t I = y / tile; I >= 0; --I) {
+      const T* slot = y_slots.data() + (I * B + y) * stride;
+      for (int64_t q = 0; q < stride; ++q) y_sum[q] += slot[q];
+    }
+    for (int64_t q = 0; q < n; ++q) grad_D[y * n + q] = T(x_sums[y * stride + q] + y_sum[q]);
+  }
+}
 
 template <typename T>
 void all_pairs_backward(const OrderLossInputs<T>& in, Strided<T> grad_losses, T* grad_D) {
   const int64_t B = in.rows, n = in.n;
   const PairKernel<T> kernel(in);
   const int64_t stride = kernel.stride(), tile = tile_rows(B), tiles = (B + tile - 1) / tile;
+  const bool serial = B * B * n < (int64_t{1} << 20);
+  if (tile <= kPairBlock) {
+    all_pairs_backward_by_tile_rows(kernel, B, n, grad_losses, serial, grad_D);
+    return;
+  }
   // Row x's gradient: x_sums[x] (its pairs as x) + y_sums[x] (as y, where add_grads subtracts).
   std::vector<double> x_sums(B * stride, 0.0), y_sums(B * stride, 0.0);
-  const bool serial = B * B * n < (int64_t{1} << 20);
   for (int64_t k = 0; k < tiles; ++k) {  // diagonal k: tiles (I, I + k), disjoint rows on each side
     const int64_t count = tiles - k;
     run_tasks(count, serial ? 0 : task_helpers(count), [&] {
-      return [worker = TileWorker<T>(kernel, B, tile, grad_losses, x_sums.data(), y_sums.data()),
-              k](int64_t I) mutable { worker.run(I, I + k); };
+      return [worker = TileWorker<T>(kernel, B, tile, grad_losses), &x_sums, &y_sums, k](int64_t I) mutable {
+        worker.run(I, I + k, x_sums.data(), y_sums.data());
+      };
     });
   }
   for (int64_t x = 0; x < B; ++x) {
