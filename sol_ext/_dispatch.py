@@ -306,7 +306,10 @@ class LossPlan:
     then the order and discriminative terms. ``algorithm``: ``"pairwise"`` or ``"grouped"``, for the order
     term over all pairs. ``backend``: ``"fused"`` or ``"reference"``, what the leaf ops run. ``checks``: where
     the value checks run: ``"op"`` inside the CPU grouped op (which reads its inputs and its loss itself),
-    ``"python"`` on the inputs before the op and on ``D`` and the loss after it, ``"indices"``
+    ``"python"`` on the inputs before the op and on ``D`` and the loss after it, ``"after"`` (the CPU pairwise
+    step) on the labels and pairs before the op and on ``D`` and the loss after it, ``h`` and ``mu`` only
+    where ``D`` is not finite (:func:`sol_ext._validation.check_inputs_through_dissimilarities`: reading
+    ``h`` before the op took an OpenMP team, whose spinning threads then slowed the op's helpers), ``"indices"``
     (``check_values=False`` on a CPU path in plain torch operations, where a negative index would silently
     wrap around) only the ranges of ``labels`` and ``pairs``, or ``"none"``.
     """
@@ -343,7 +346,7 @@ def plan_loss(
     else:
         op = LEAF_OPS
     if check_values:
-        checks = "op" if op == GROUPED_STEP and on_cpu else "python"
+        checks = ("op" if op == GROUPED_STEP else "after" if op == PAIRWISE_STEP else "python") if on_cpu else "python"
     else:  # the kernels check their indices themselves; a GPU asserts them on the device (check_ranks)
         checks = "indices" if on_cpu and not how.fused else "none"
     return LossPlan(op=op, algorithm=how.algorithm, backend="fused" if how.fused else "reference", checks=checks)
@@ -375,7 +378,7 @@ def prepare_loss(
         )
     plan = plan_loss(where, backend, h, mu.shape[0], algorithm=algorithm, pairs=pairs, reduction=reduction,
                      check_values=check_values, leaf_ops=leaf_ops)
-    read = plan.checks in ("python", "indices")
+    read = plan.checks in ("python", "after", "indices")
     labels = check.check_ranks("labels", labels, mu.shape[0], length=h.shape[0], values=read)
     pairs = check.check_pairs(pairs, h.shape[0], values=read)
     if plan.checks == "python":

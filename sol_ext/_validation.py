@@ -190,6 +190,23 @@ def check_dissimilarities(D: torch.Tensor, name: str = "D", values: bool = True)
     return max(abs(v) for v in extremes(name, D))
 
 
+def check_inputs_through_dissimilarities(D: torch.Tensor, h: torch.Tensor, mu: torch.Tensor) -> None:
+    """:func:`check_finite` of ``h`` and ``mu``, then :func:`check_dissimilarities_finite`, read from ``D``
+    first: a NaN or inf in a row of ``h`` makes that row of ``D`` non-finite, and one in ``mu`` all of ``D``,
+    so a finite ``D`` clears both, and ``h`` ([B, d], the largest input) is read only to name the culprit
+    (with no rows, ``mu`` is read itself)."""
+    if values_hidden(D):
+        return
+    if D.numel() == 0:
+        check_finite("mu", mu)
+        return
+    if all(math.isfinite(v) for v in torch.stack(torch.aminmax(D.detach())).tolist()):
+        return
+    check_finite("h", h)
+    check_finite("mu", mu)
+    check_dissimilarities_finite(D, h, mu)
+
+
 def check_dissimilarities_finite(D: torch.Tensor, h: torch.Tensor, mu: torch.Tensor) -> None:
     """Finite ``h`` and ``mu`` can still give an inf ``D`` (squared distances past the dtype's range), and
     the order loss then turns ``inf - inf`` into NaN: refuse it here, as :func:`sol_ext.order_loss` refuses an inf ``D``."""

@@ -148,7 +148,7 @@ def stochastic_order_loss(
         reduction=reduction, check_values=check_values,
     )
     fused = plan.backend == "fused"
-    read = plan.checks == "python"
+    read = plan.checks in ("python", "after")
     with computing(h.device):  # one branch per plan.op (the package supports Python 3.9: no match statement)
         if plan.op == "grouped_stochastic_order_loss":  # on the CPU with the value checks inside and no
             # OpenMP team, which on a busy machine waits for a descheduled thread (csrc/stochastic_order_loss.cpp)
@@ -171,7 +171,9 @@ def stochastic_order_loss(
                 order = reduce_losses(_order_losses(D, labels, pairs, sigma, tau, margin, convention, fused), reduction)
             loss = order + disc_weight * reduce_losses(_disc_losses(D, labels, T, fused), reduction)
     if read:
-        if plan.op != "leaf_ops":  # the leaf ops' D is checked above
+        if plan.checks == "after":  # h and mu through D
+            check.check_inputs_through_dissimilarities(D, h, mu)
+        elif plan.op != "leaf_ops":  # the leaf ops' D is checked above
             check.check_dissimilarities_finite(D, h, mu)
         check.check_embedding_loss_finite(loss, h, mu, margin)
     return loss

@@ -72,8 +72,8 @@ def test_auto_module_uses_grouped_for_a_large_batch():
 @pytest.mark.parametrize("check_values", [True, False])
 def test_the_plan_of_the_whole_loss_on_the_cpu(check_values):
     """Which op runs and where the value checks run: the one-op steps with the fused kernels (the grouped one
-    reads its inputs itself), the leaf ops for the reference, whose indices are read even without value
-    checks (a negative one would wrap around)."""
+    reads its inputs itself, the pairwise one's h and mu are read through D after it), the leaf ops for the
+    reference, whose indices are read even without value checks (a negative one would wrap around)."""
     plan = _dispatch.plan_loss
     small, large = torch.zeros(8, 4), torch.zeros(600, 4)
     pairwise_step = plan("loss", "auto", small, 5, check_values=check_values)
@@ -86,7 +86,7 @@ def test_the_plan_of_the_whole_loss_on_the_cpu(check_values):
     leaf = plan("loss", "auto", large, 5, check_values=check_values, leaf_ops=True)
     assert (leaf.op, leaf.algorithm, leaf.backend) == ("leaf_ops", "grouped", "fused")
     if check_values:
-        assert [p.checks for p in (pairwise_step, grouped_step, reference, leaf)] == ["python", "op", "python",
+        assert [p.checks for p in (pairwise_step, grouped_step, reference, leaf)] == ["after", "op", "python",
                                                                                      "python"]
     else:
         assert [p.checks for p in (pairwise_step, grouped_step, reference, leaf)] == ["none", "none", "indices",
