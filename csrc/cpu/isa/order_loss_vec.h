@@ -241,12 +241,17 @@ inline int64_t backward_grain(int64_t pairs_per_row, int64_t n) {
   return std::max<int64_t>(1, 65536 / std::max<int64_t>(1, pairs_per_row * n));
 }
 
+// The pairs in ranges of forward_grain(n), each range a task (tasks.h), not an OpenMP team: after its region
+// a team's threads spin on their cores for a while, and the backward's helpers that run next (or the
+// dissimilarity's) would share a core with one (each pair's loss is its own: the same numbers either way).
 template <typename T>
 void all_pairs_forward(const OrderLossInputs<T>& in, T* losses) {
   const int64_t B = in.rows, M = B * (B - 1) / 2;
   const PairKernel<T> kernel(in);
   constexpr int K = kPairsAtOnce;
-  at::parallel_for(0, M, forward_grain(in.n), [&](int64_t begin, int64_t end) {
+  const int64_t grain = forward_grain(in.n), tasks = (M + grain - 1) / grain;
+  run_tasks(tasks, task_helpers(tasks), [&] { return [&](int64_t task) {
+    const int64_t begin = task * grain, end = std::min(M, begin + grain);
     int64_t a, b, x[K], y[K];
     unravel_pair(begin, B, a, b);
     int64_t m = begin;
@@ -267,7 +272,7 @@ void all_pairs_forward(const OrderLossInputs<T>& in, T* losses) {
       losses[m] = kernel.loss(a, b);
       if (++b == B) b = ++a + 1;
     }
-  });
+  }; });
 }
 
 // Rows per tile side: at least 32, and at most 16 tiles per side.
