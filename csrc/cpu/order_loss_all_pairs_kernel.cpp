@@ -1,7 +1,7 @@
 // Stochastic order loss over all pairs of the batch (pairs = None) on the CPU, forward and backward, at the
 // CPU's width (cpu/isa/order_loss_vec.h):
 //
-//   forward   the pairs x < y in batch order, split into ranges of pairs among the workers.
+//   forward   the pairs x < y in batch order, in ranges of pairs that the workers take in turn (run_tasks).
 //   backward  each pair's rank gradient computed once and added to both of its rows, tile by tile of a
 //             size fixed by B, each row's sums in an order fixed by B: bitwise reproducible for any
 //             number of threads.

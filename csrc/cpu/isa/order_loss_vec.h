@@ -14,8 +14,10 @@
 //
 // All-pairs backward: each pair's rank gradient is computed once and added to both of its rows. The rows
 // go in tiles of a size fixed by B (at most 16 per side); the tiles (I, I + k) of one diagonal k touch
-// disjoint rows, so they run in parallel, and the diagonals run in order. Each row then receives its sums
-// in an order that depends on B alone: bitwise the same for any number of threads.
+// disjoint rows, so they run in parallel, and the diagonals run in order. Up to 512 rows (tiles of 32) the
+// same sums come from one task per row of tiles instead, with no wait between diagonals
+// (all_pairs_backward_by_tile_rows). Each row receives its sums in an order that depends on B alone:
+// bitwise the same for any number of threads.
 
 // Pairs per float partial sum, before it is added to a float64 row sum (as RowAccumulator did).
 constexpr int kPairBlock = 32;
@@ -250,7 +252,7 @@ void all_pairs_forward(const OrderLossInputs<T>& in, T* losses) {
   const PairKernel<T> kernel(in);
   constexpr int K = kPairsAtOnce;
   const int64_t grain = forward_grain(in.n), tasks = (M + grain - 1) / grain;
-  run_tasks(tasks, task_helpers(tasks), [&] { return [&](int64_t task) {
+  const auto range = [&](int64_t task) {
     const int64_t begin = task * grain, end = std::min(M, begin + grain);
     int64_t a, b, x[K], y[K];
     unravel_pair(begin, B, a, b);
@@ -272,7 +274,8 @@ void all_pairs_forward(const OrderLossInputs<T>& in, T* losses) {
       losses[m] = kernel.loss(a, b);
       if (++b == B) b = ++a + 1;
     }
-  }; });
+  };
+  run_tasks(tasks, task_helpers(tasks), [&] { return range; });
 }
 
 // Rows per tile side: at least 32, and at most 16 tiles per side.
