@@ -21,6 +21,7 @@
 // node: at small batches the time of a step is mostly that per-call overhead, not arithmetic.
 // The reductions are those of sol_ext/_reduction.py, operation for operation (the same numbers).
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -90,14 +91,16 @@ at::Tensor reduce(const at::Tensor& losses, bool mean) {
     return mean ? total.div(std::max<int64_t>(count, 1)) : total;
   }
   constexpr int64_t kBlock = 4096;
-  const at::Tensor values = losses.to(at::kDouble).contiguous();
-  const double* v = values.const_data_ptr<double>();
+  const at::Tensor values = losses.contiguous();
   double total = 0.0;
-  for (int64_t start = 0; start < count; start += kBlock) {
-    double block = 0.0;
-    for (int64_t i = start; i < std::min(start + kBlock, count); ++i) block += v[i];
-    total = start == 0 ? block : total + block;
-  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "reduce", [&] {
+    const scalar_t* v = values.const_data_ptr<scalar_t>();  // each value widened to float64 as it is read
+    for (int64_t start = 0; start < count; start += kBlock) {
+      double block = 0.0;
+      for (int64_t i = start; i < std::min(start + kBlock, count); ++i) block += static_cast<double>(v[i]);
+      total = start == 0 ? block : total + block;
+    }
+  });
   if (mean) total /= static_cast<double>(std::max<int64_t>(count, 1));
   return at::scalar_tensor(total, losses.options().dtype(dtype));
 }

@@ -41,8 +41,8 @@ at::Tensor order_loss_backward_cpu(
     c10::string_view convention) {
   const OrderLossProblem problem = prepare_order_loss(D_in, labels_in, pairs_in, sigma, tau, margin, convention);
   check_grad_losses(grad_losses, problem.D, problem.M);
-  at::Tensor grad_D = at::zeros_like(problem.D);
-  if (problem.M == 0) return grad_D;
+  if (problem.M == 0) return at::zeros_like(problem.D);
+  at::Tensor grad_D = at::empty_like(problem.D);  // the kernels write every row, a row without pairs as zeros
   const at::Tensor table = problem.table(sigma, tau, at::kDouble);
   // A stride-0 gradient (the backward of a mean or sum) is read in place, never materialized.
   const at::Tensor g = grad_losses.to(problem.D.scalar_type());
